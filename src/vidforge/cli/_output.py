@@ -1,0 +1,89 @@
+"""Output for humans (rich), for machines (`--json`: one JSON object per line on stdout) and `--quiet`.
+
+Exit codes (also in the README): 0 success, 1 failure while running, 2 a user error (fix the input),
+3 partial success (the batch finished but some inputs were rejected or failed; see the errors file)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR, EXIT_PARTIAL = 0, 1, 2, 3
+
+
+@dataclass
+class Output:
+    json: bool = False
+    quiet: bool = False
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        self.console = Console(stderr=False, highlight=False)
+        self.err_console = Console(stderr=True, highlight=False)
+
+    @property
+    def show_progress(self) -> bool:
+        """Progress bars go to stderr for humans only; JSON and quiet runs stay clean for cron logs."""
+        return not (self.json or self.quiet)
+
+    def info(self, message: str) -> None:
+        """A line for a human reading along; dropped in --json and --quiet modes."""
+        if not (self.json or self.quiet):
+            self.err_console.print(message)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """A machine-readable line in --json mode (e.g. per-unit progress); nothing otherwise."""
+        if self.json:
+            self._json_line({"event": kind, **fields})
+
+    def result(self, data: Mapping[str, Any], *, title: str | None = None, text: str | None = None) -> None:
+        """The command's outcome: a JSON line, or `text` (or a key/value table) for humans."""
+        if self.json:
+            self._json_line({"event": "result", **data})
+        elif not self.quiet:
+            if text is not None:
+                self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            else:
+                self.table([(k, _fmt(v)) for k, v in data.items()], columns=("", ""), title=title)
+
+    def table(self, rows: Sequence[Sequence[Any]], columns: Sequence[str], title: str | None = None) -> None:
+        if self.json or self.quiet:
+            return
+        table = Table(title=title, show_header=any(columns))
+        for col in columns:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*(_fmt(v) for v in row))
+        self.console.print(table)
+
+    def error(self, message: str, *, kind: str) -> None:
+        """One line: JSON on stdout in --json mode (so a cron wrapper parses it), else on stderr."""
+        if self.json:
+            self._json_line({"event": "error", "kind": kind, "message": message})
+        else:
+            self.err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+
+    @staticmethod
+    def _json_line(obj: Mapping[str, Any]) -> None:
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def current_output() -> Output:
+    """The Output the root callback made for this invocation (a default one outside a CLI run)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    return obj if isinstance(obj, Output) else Output()

@@ -1,0 +1,49 @@
+"""The `vidforge` command: global options and the wiring of every subcommand (one module each)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vidforge import __version__
+from vidforge.cli import profile_cmd
+from vidforge.cli._errors import GuardedGroup
+from vidforge.cli._output import Output
+
+app = typer.Typer(
+    name="vidforge",
+    cls=GuardedGroup,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    help="Raw videos to a trained video diffusion model and back.\n\n"
+    "Every stage reads one run-profile (--profile, default profiles/local_cpu.yaml). "
+    "Exit codes: 0 ok, 1 failure, 2 fix your input, 3 partial success (see the errors file).",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"vidforge {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    json_: Annotated[bool, typer.Option("--json", help="Machine-readable JSON lines on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for failures.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    ctx.obj = Output(json=json_, quiet=quiet, debug=debug)
+
+
+app.add_typer(profile_cmd.app, name="profile")
+
+
+def main() -> None:
+    app()

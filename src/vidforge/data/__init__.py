@@ -1,0 +1,1 @@
+"""Data between stages: manifests, resumable units, shards, the training loader."""

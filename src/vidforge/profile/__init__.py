@@ -1,0 +1,34 @@
+"""The run-profile: one frozen pydantic model shared by every stage. Pure data; imports no torch."""
+
+from vidforge.profile.cluster import Accelerator, Cluster
+from vidforge.profile.diffusion import Diffusion
+from vidforge.profile.loading import (
+    PROFILE_ENV,
+    ProfileError,
+    apply_override,
+    dump_profile,
+    load_profile,
+    resolve_profile_path,
+    validate_profile,
+)
+from vidforge.profile.model import PRESETS, Model
+from vidforge.profile.parallel import Layout, Parallel
+from vidforge.profile.run_profile import RunProfile
+
+__all__ = [
+    "PRESETS",
+    "PROFILE_ENV",
+    "Accelerator",
+    "Cluster",
+    "Diffusion",
+    "Layout",
+    "Model",
+    "Parallel",
+    "ProfileError",
+    "RunProfile",
+    "apply_override",
+    "dump_profile",
+    "load_profile",
+    "resolve_profile_path",
+    "validate_profile",
+]

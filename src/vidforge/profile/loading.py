@@ -1,0 +1,138 @@
+"""Finding, reading and overriding run-profiles, with one-line errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from vidforge.errors import UserInputError
+from vidforge.profile.run_profile import RunProfile
+
+PROFILE_ENV = "VIDFORGE_PROFILE"
+PROFILE_DIR = Path("profiles")
+DEFAULT_PROFILE = PROFILE_DIR / "local_cpu.yaml"
+
+
+class ProfileError(UserInputError):
+    """A profile the user must change. The message is one line: where, what, and what to do."""
+
+
+def resolve_profile_path(profile: str | os.PathLike | None) -> Path | None:
+    """The file to read: the argument, else $VIDFORGE_PROFILE, else profiles/local_cpu.yaml if present.
+    A bare name (`dit1b_1xh200`) means profiles/<name>.yaml. None means the built-in defaults."""
+    chosen = profile if profile is not None else os.environ.get(PROFILE_ENV) or None
+    if chosen is None:
+        return DEFAULT_PROFILE if DEFAULT_PROFILE.is_file() else None
+    path = Path(chosen)
+    if not path.is_file() and path.suffix == "" and len(path.parts) == 1:
+        named = PROFILE_DIR / f"{path.name}.yaml"
+        if named.is_file():
+            return named
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))) or "none found in ./profiles"
+        raise ProfileError(f"profile not found: {chosen}; pass --profile PATH or a shipped name ({shipped})")
+    return path
+
+
+def load_profile(profile: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> RunProfile:
+    """Read a profile, apply `section.field=value` overrides, validate. Raises ProfileError."""
+    path = resolve_profile_path(profile)
+    data: dict[str, Any] = {}
+    where = "built-in default profile"
+    if path is not None:
+        where = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark else ""
+            raise ProfileError(f"{where}: not valid YAML{at}: {getattr(err, 'problem', err)}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ProfileError(f"{where}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        data = loaded or {}
+        data.setdefault("name", path.stem)
+    for item in overrides:
+        apply_override(data, item)
+    return validate_profile(data, where)
+
+
+def validate_profile(data: dict[str, Any], where: str = "profile") -> RunProfile:
+    try:
+        return RunProfile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(f"{where}: {format_validation_error(err)}") from None
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Set `section.field=value` (nested to any depth) in the raw data. The value is read as YAML, so
+    `3` is an int, `true` a bool, `[1,2,2]` a list; the schema then checks the type."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ProfileError(f"--set {item!r}: expected section.field=value, e.g. --set parallel.tp=2")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if isinstance(child, str):  # a shorthand such as `accelerator: h100` becomes a mapping to override
+            child = {"name": child} if part != "accelerator" else _expand_accelerator(child)
+        if not isinstance(child, dict):
+            child = {}
+        node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def _expand_accelerator(name: str) -> dict[str, Any]:
+    from vidforge.profile.cluster import KNOWN_ACCELERATORS
+
+    return {"name": name, **KNOWN_ACCELERATORS.get(name, {})}
+
+
+_SUBPATH = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*): (.*)$", re.S)
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """pydantic's errors as `path: message` joined on one line."""
+    return "; ".join(_format_one(e) for e in err.errors(include_url=False))
+
+
+def _format_one(error: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in error["loc"])
+    msg = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if error["type"] == "extra_forbidden":
+        valid = _valid_fields(error["loc"][:-1])
+        msg = "unknown field" + (f"; valid fields here: {', '.join(valid)}" if valid else "")
+    elif error["type"] not in {"value_error", "layout"}:
+        given = error.get("input")
+        if not isinstance(given, dict | list):
+            msg = f"{msg}, got {given!r}"
+    sub = _SUBPATH.match(msg)
+    if sub and error["type"] in {"value_error", "layout"}:
+        path = f"{path}.{sub.group(1)}" if path else sub.group(1)
+        msg = sub.group(2)
+    return f"{path}: {msg}" if path else msg
+
+
+def _valid_fields(loc: Iterable[Any]) -> list[str]:
+    model: Any = RunProfile
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def dump_profile(profile: RunProfile) -> str:
+    """The resolved profile as YAML (what `vidforge profile show` prints)."""
+    return yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False)

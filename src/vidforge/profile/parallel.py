@@ -1,0 +1,105 @@
+"""`parallel`: the 4D layout, pp × dp_replicate × dp_shard × cp × tp, tp innermost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from vidforge.profile.base import Section
+
+CpImpl = Literal["all-gather", "ring", "ulysses", "st-hybrid"]
+PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+
+
+class Parallel(Section):
+    """How the world of ranks is split. Mesh order, outermost first: pp, dp_replicate, dp_shard, cp, tp,
+    so tensor parallel sits on the fastest links (inside a node)."""
+
+    dp_replicate: int = Field(1, ge=1)
+    """Data-parallel replicas (the replicate dimension of HSDP: whole copies that all-reduce gradients)."""
+    dp_shard: int = Field(-1)
+    """FSDP shard degree: parameters, gradients and optimizer states sharded over this many ranks.
+    -1 means "whatever the other degrees leave of the world size"."""
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel degree (Megatron column/row split of attention and MLP). Must divide model.heads."""
+    sequence_parallel: bool = True
+    """With tp > 1, also shard norms and residuals along the sequence (Megatron SP). No effect at tp = 1."""
+    cp: int = Field(1, ge=1)
+    """Context-parallel degree: the token sequence split over this many ranks."""
+    cp_impl: CpImpl = "all-gather"
+    """Context-parallel attention: `all-gather` of K/V (NeMo), `ring` of K/V blocks with log-sum-exp
+    merging, `ulysses` all-to-all between heads and sequence, or `st-hybrid` (ST-DiT: all-to-all between
+    spatial and temporal layouts)."""
+    pp: int = Field(1, ge=1)
+    """Pipeline-parallel degree: the blocks split into this many stages."""
+    vpp: int = Field(1, ge=1)
+    """Virtual stages per pipeline rank (interleaved 1F1B); pp × vpp must divide model.layers."""
+    pp_schedule: PpSchedule = "1f1b"
+    """Pipeline schedule: `gpipe`, `1f1b`, or `interleaved-1f1b` (needs vpp > 1)."""
+    pp_microbatches: int = Field(0, ge=0)
+    """Micro-batches per step through the pipeline; 0 means pp × vpp, the fewest that keep every stage busy."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallel:
+        if self.dp_shard == 0 or self.dp_shard < -1:
+            raise ValueError(f"dp_shard: must be >= 1, or -1 for the rest of the world size, got {self.dp_shard}")
+        if self.pp_schedule == "interleaved-1f1b" and self.vpp < 2:
+            raise ValueError("pp_schedule: interleaved-1f1b needs parallel.vpp >= 2; set vpp or use 1f1b")
+        if self.vpp > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise ValueError(f"vpp: {self.vpp} virtual stages need pp_schedule=interleaved-1f1b, got {self.pp_schedule}")
+        return self
+
+    def resolve(self, world_size: int) -> Layout:
+        """The concrete degrees for a world size. Raises ValueError naming the fields when they don't fit."""
+        fixed = self.pp * self.dp_replicate * self.cp * self.tp
+        fixed_desc = (
+            f"pp={self.pp} x dp_replicate={self.dp_replicate} x cp={self.cp} x tp={self.tp}"
+        )
+        if self.dp_shard == -1:
+            if world_size % fixed:
+                raise ValueError(
+                    f"{fixed_desc} = {fixed} does not divide the world size {world_size}; change the degrees"
+                )
+            dp_shard = world_size // fixed
+        else:
+            dp_shard = self.dp_shard
+            if fixed * dp_shard != world_size:
+                raise ValueError(
+                    f"{fixed_desc} x dp_shard={dp_shard} = {fixed * dp_shard}, but the world size is {world_size}; "
+                    f"set dp_shard to -1 or make the product equal {world_size}"
+                )
+        microbatches = self.pp_microbatches or self.pp * self.vpp
+        return Layout(self.pp, self.dp_replicate, dp_shard, self.cp, self.tp, self.vpp, microbatches)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Resolved degrees, no -1 left. The runtime mesh is built from this."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    vpp: int = 1
+    pp_microbatches: int = 1
+
+    MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Ranks that see different data."""
+        return self.dp_replicate * self.dp_shard
+
+    def degrees(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.MESH_DIMS}
+
+    def describe(self) -> str:
+        active = [f"{n.upper()}{d}" for n, d in self.degrees().items() if d > 1]
+        return "x".join(active) if active else "single rank"

@@ -1,0 +1,75 @@
+"""RunProfile: every section together, and the checks that span sections (layout vs. cluster vs. model)."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+from pydantic_core import PydanticCustomError
+
+from vidforge.profile.base import Section
+from vidforge.profile.cluster import Cluster
+from vidforge.profile.curation import Curation
+from vidforge.profile.data import Data
+from vidforge.profile.diffusion import Diffusion
+from vidforge.profile.model import Model
+from vidforge.profile.parallel import Layout, Parallel
+from vidforge.profile.text_encoder import TextEncoder
+from vidforge.profile.tokenizer import Tokenizer
+
+
+class RunProfile(Section):
+    """One run's whole configuration. Its defaults are the local default: one CPU process, tiny DiT."""
+
+    name: str = "local_cpu"
+    """A label for reports and run directories; by convention the YAML file's stem."""
+    cluster: Cluster = Cluster()
+    """Machines, accelerator and links."""
+    parallel: Parallel = Parallel()
+    """The 4D parallel layout."""
+    model: Model = Model()
+    """The diffusion transformer."""
+    diffusion: Diffusion = Diffusion()
+    """EDM noise, preconditioning and sampling."""
+    curation: Curation = Curation()
+    """`vidforge clip` and `vidforge caption`."""
+    data: Data = Data()
+    """Shards and the training loader."""
+    tokenizer: Tokenizer = Tokenizer()
+    """Video tokenizer (latents)."""
+    text_encoder: TextEncoder = TextEncoder()
+    """Caption embeddings for cross-attention."""
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> RunProfile:
+        for problem in layout_problems(self):
+            # A custom error keeps the message verbatim (no "Value error," prefix) and the path in front.
+            raise PydanticCustomError("layout", problem)
+        return self
+
+    @property
+    def layout(self) -> Layout:
+        return self.parallel.resolve(self.cluster.world_size)
+
+
+def layout_problems(profile: RunProfile) -> list[str]:
+    """Everything wrong with how the layout fits the cluster and the model, each as `path: message`."""
+    par, model, cluster = profile.parallel, profile.model, profile.cluster
+    problems = []
+    try:
+        par.resolve(cluster.world_size)
+    except ValueError as err:
+        problems.append(f"parallel: {err} (world size = {cluster.world_size_field})")
+    if model.heads % par.tp:
+        problems.append(f"parallel.tp: must divide model.heads={model.heads}, got {par.tp}")
+    if par.cp > 1 and par.cp_impl == "ulysses" and model.heads % (par.tp * par.cp):
+        problems.append(
+            f"parallel.cp: ulysses context parallel needs tp x cp = {par.tp * par.cp} to divide "
+            f"model.heads={model.heads}; use cp_impl=ring or all-gather, or another cp"
+        )
+    if par.cp > 1 and par.cp_impl == "st-hybrid" and model.architecture != "stdit":
+        problems.append("parallel.cp_impl: st-hybrid is for model.architecture=stdit; use all-gather, ring or ulysses")
+    stages = par.pp * par.vpp
+    if model.layers % stages:
+        problems.append(
+            f"parallel.pp: pp x vpp = {stages} must divide model.layers={model.layers}, got pp={par.pp}, vpp={par.vpp}"
+        )
+    return problems
