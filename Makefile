@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/vidforge demo --out runs/demo
+	PYTHON=$(BIN)/python VIDFORGE=$(BIN)/vidforge bash commands/demo.sh runs/demo
 
 test: install
 	$(BIN)/python -m pytest -q

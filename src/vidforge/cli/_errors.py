@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import traceback
 
-import click
 import typer
 from typer.core import TyperGroup
 
-from vidforge.cli._output import EXIT_FAILURE, EXIT_USER_ERROR, Output, current_output
+from vidforge.cli._output import EXIT_FAILURE, EXIT_USER_ERROR, Output
 from vidforge.errors import UserInputError
 
 
@@ -16,21 +15,26 @@ class GuardedGroup(TyperGroup):
     """The root command group. User errors print one line and exit 2; anything else that goes wrong while
     running prints one line and exits 1 (`--debug` shows the traceback instead)."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own: usage errors, exits
             raise
         except UserInputError as err:
-            current_output().error(str(err), kind="user")
+            _output_of(ctx).error(str(err), kind="user")
             raise typer.Exit(EXIT_USER_ERROR) from None
         except KeyboardInterrupt:
-            current_output().error("interrupted; rerun the same command to resume", kind="interrupted")
+            _output_of(ctx).error("interrupted; rerun the same command to resume", kind="interrupted")
             raise typer.Exit(130) from None
         except Exception as err:  # noqa: BLE001 - this is the boundary
-            out: Output = current_output()
+            out = _output_of(ctx)
             if out.debug:
                 traceback.print_exc()
             hint = "" if out.debug else " (rerun with --debug for the traceback)"
             out.error(f"{type(err).__name__}: {err}{hint}", kind="failure")
             raise typer.Exit(EXIT_FAILURE) from None
+
+
+def _output_of(ctx: typer.Context) -> Output:
+    # The root callback stores the Output on the root context; it may not have run (bad global option).
+    return ctx.obj if isinstance(ctx.obj, Output) else Output()

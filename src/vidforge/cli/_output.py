@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
+from contextvars import ContextVar
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import click
 from rich.console import Console
 from rich.table import Table
 
@@ -82,8 +82,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+_CURRENT: ContextVar[Output | None] = ContextVar("vidforge_output", default=None)
+
+
+def set_current_output(output: Output) -> None:
+    """Called by the root callback, once per invocation, before any subcommand runs."""
+    _CURRENT.set(output)
+
+
 def current_output() -> Output:
-    """The Output the root callback made for this invocation (a default one outside a CLI run)."""
-    ctx = click.get_current_context(silent=True)
-    obj = ctx.find_root().obj if ctx is not None else None
-    return obj if isinstance(obj, Output) else Output()
+    """The Output of this invocation (a plain human one outside a CLI run)."""
+    return _CURRENT.get() or Output()

@@ -9,7 +9,7 @@ import typer
 from vidforge import __version__
 from vidforge.cli import profile_cmd
 from vidforge.cli._errors import GuardedGroup
-from vidforge.cli._output import Output
+from vidforge.cli._output import Output, set_current_output
 
 app = typer.Typer(
     name="vidforge",
@@ -40,6 +40,7 @@ def root(
     ] = False,
 ) -> None:
     ctx.obj = Output(json=json_, quiet=quiet, debug=debug)
+    set_current_output(ctx.obj)
 
 
 app.add_typer(profile_cmd.app, name="profile")

@@ -40,9 +40,10 @@ class RunProfile(Section):
 
     @model_validator(mode="after")
     def _check_layout(self) -> RunProfile:
-        for problem in layout_problems(self):
-            # A custom error keeps the message verbatim (no "Value error," prefix) and the path in front.
-            raise PydanticCustomError("layout", problem)
+        problems = layout_problems(self)
+        if problems:
+            # A custom error keeps the messages verbatim (no "Value error," prefix), each with its path.
+            raise PydanticCustomError("layout", "; ".join(problems))
         return self
 
     @property
@@ -54,10 +55,6 @@ def layout_problems(profile: RunProfile) -> list[str]:
     """Everything wrong with how the layout fits the cluster and the model, each as `path: message`."""
     par, model, cluster = profile.parallel, profile.model, profile.cluster
     problems = []
-    try:
-        par.resolve(cluster.world_size)
-    except ValueError as err:
-        problems.append(f"parallel: {err} (world size = {cluster.world_size_field})")
     if model.heads % par.tp:
         problems.append(f"parallel.tp: must divide model.heads={model.heads}, got {par.tp}")
     if par.cp > 1 and par.cp_impl == "ulysses" and model.heads % (par.tp * par.cp):
@@ -72,4 +69,8 @@ def layout_problems(profile: RunProfile) -> list[str]:
         problems.append(
             f"parallel.pp: pp x vpp = {stages} must divide model.layers={model.layers}, got pp={par.pp}, vpp={par.vpp}"
         )
+    try:
+        par.resolve(cluster.world_size)
+    except ValueError as err:
+        problems.append(f"parallel: {err} (world size = {cluster.world_size_field})")
     return problems

@@ -1,0 +1,180 @@
+"""The run-profile: every validation rule rejects a bad profile with a message naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vidforge.profile import ProfileError, RunProfile, load_profile
+from vidforge.profile.base import Section
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "profiles").glob("*.yaml"))
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def error_of(tmp_path: Path, data: dict, overrides: tuple[str, ...] = ()) -> str:
+    with pytest.raises(ProfileError) as info:
+        load_profile(write(tmp_path, data), overrides)
+    message = str(info.value)
+    assert "\n" not in message, "errors must be one line"
+    return message
+
+
+CPU4 = {"cluster": {"accelerator": "cpu", "cpu_processes": 4}}
+GPU64 = {"cluster": {"accelerator": "h100", "nodes": 8, "gpus_per_node": 8}}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_every_shipped_profile_validates(path: Path) -> None:
+    profile = load_profile(path)
+    assert profile.layout.world_size == profile.cluster.world_size
+    assert profile.name == path.stem
+
+
+def test_default_profile_file_equals_builtin_defaults() -> None:
+    assert load_profile(ROOT / "profiles" / "local_cpu.yaml") == RunProfile()
+
+
+def test_world_size_must_equal_layout_product(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, {**CPU4, "parallel": {"tp": 2, "dp_shard": 3}})
+    assert "parallel: " in msg and "world size is 4" in msg and "dp_shard" in msg
+
+
+def test_dp_shard_minus_one_takes_the_rest(tmp_path: Path) -> None:
+    layout = load_profile(write(tmp_path, {**GPU64, "parallel": {"tp": 2, "cp": 4}})).layout
+    assert (layout.dp_shard, layout.cp, layout.tp, layout.world_size) == (8, 4, 2, 64)
+
+
+def test_rest_must_divide_world(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, {**CPU4, "model": {"preset": "small"}, "parallel": {"cp": 3}})
+    assert "does not divide the world size 4" in msg
+
+
+def test_tp_must_divide_heads(tmp_path: Path) -> None:
+    data = {**GPU64, "model": {"preset": "dit-28b", "heads": 24, "hidden": 24 * 64}, "parallel": {"tp": 5}}
+    msg = error_of(tmp_path, data)
+    assert "parallel.tp: must divide model.heads=24, got 5" in msg
+
+
+def test_ulysses_needs_tp_times_cp_to_divide_heads(tmp_path: Path) -> None:
+    data = {**GPU64, "model": {"preset": "dit-7b", "heads": 24, "hidden": 24 * 128}}
+    data["parallel"] = {"tp": 4, "cp": 8, "cp_impl": "ulysses"}  # 24 % 32 != 0
+    assert "parallel.cp: ulysses context parallel needs tp x cp = 32" in error_of(tmp_path, data)
+    data["parallel"]["cp_impl"] = "ring"  # ring has no such constraint
+    assert load_profile(write(tmp_path, data)).layout.cp == 8
+
+
+def test_pp_times_vpp_must_divide_layers(tmp_path: Path) -> None:
+    data = {**GPU64, "model": {"preset": "dit-7b"}}
+    data["parallel"] = {"pp": 4, "vpp": 2, "pp_schedule": "interleaved-1f1b"}  # 8 does not divide 28
+    assert "parallel.pp: pp x vpp = 8 must divide model.layers=28" in error_of(tmp_path, data)
+
+
+def test_interleaved_schedule_needs_vpp(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, {"parallel": {"pp_schedule": "interleaved-1f1b"}})
+    assert msg.endswith("parallel.pp_schedule: interleaved-1f1b needs parallel.vpp >= 2; set vpp or use 1f1b")
+
+
+def test_vpp_needs_interleaved_schedule(tmp_path: Path) -> None:
+    assert "parallel.vpp: " in error_of(tmp_path, {"parallel": {"vpp": 2}})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("cp_impl", "zigzag", "parallel.cp_impl: Input should be 'all-gather', 'ring', 'ulysses' or 'st-hybrid'"),
+        ("pp_schedule", "zb", "parallel.pp_schedule: Input should be 'gpipe', '1f1b' or 'interleaved-1f1b'"),
+        ("tp", 0, "parallel.tp: Input should be greater than or equal to 1, got 0"),
+        ("dp_shard", 0, "parallel.dp_shard: must be >= 1, or -1"),
+        ("tp", "two", "parallel.tp: Input should be a valid integer"),
+    ],
+)
+def test_impossible_values_name_the_field(tmp_path: Path, field: str, value: object, expected: str) -> None:
+    assert expected in error_of(tmp_path, {"parallel": {field: value}})
+
+
+def test_st_hybrid_needs_stdit(tmp_path: Path) -> None:
+    data = {"cluster": {"cpu_processes": 2}, "parallel": {"cp": 2, "cp_impl": "st-hybrid"}}
+    assert "parallel.cp_impl: st-hybrid is for model.architecture=stdit" in error_of(tmp_path, data)
+
+
+def test_unknown_keys_are_errors_with_the_valid_ones(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, {"parallel": {"tensor_parallel": 2}})
+    assert msg.startswith(f"{tmp_path / 'p.yaml'}: parallel.tensor_parallel: unknown field; valid fields here:")
+    assert "tp" in msg
+    assert "clusterr: unknown field" in error_of(tmp_path, {"clusterr": {}})
+
+
+def test_unknown_preset_and_accelerator(tmp_path: Path) -> None:
+    assert "model.preset: unknown 'dit-3b'" in error_of(tmp_path, {"model": {"preset": "dit-3b"}})
+    assert "cluster.accelerator: unknown accelerator 'tpu'" in error_of(tmp_path, {"cluster": {"accelerator": "tpu"}})
+
+
+def test_model_shape_rules(tmp_path: Path) -> None:
+    assert "model.hidden: must be divisible by model.heads=5" in error_of(tmp_path, {"model": {"heads": 5}})
+
+
+def test_sigma_range(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, {"diffusion": {"sigma_min": 100.0}})
+    assert "diffusion.sigma_min: must be below diffusion.sigma_max=80.0" in msg
+
+
+def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("parallel: [tp: 2\n")
+    with pytest.raises(ProfileError, match=r"bad.yaml: not valid YAML at line"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="profile not found: nope.yaml; pass --profile PATH"):
+        load_profile("nope.yaml")
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n")
+    with pytest.raises(ProfileError, match="top level must be a mapping"):
+        load_profile(top)
+
+
+def test_overrides_are_typed_by_the_schema(tmp_path: Path) -> None:
+    path = write(tmp_path, CPU4)
+    profile = load_profile(path, ["parallel.tp=2", "parallel.sequence_parallel=false", "model.patch=[1,1,1]"])
+    assert profile.parallel.tp == 2 and profile.parallel.sequence_parallel is False
+    assert profile.model.patch == (1, 1, 1)
+    # a shorthand accelerator name can still be overridden field by field
+    gpu = load_profile(path, ["cluster.accelerator=h200", "cluster.accelerator.memory_gib=100"])
+    assert gpu.cluster.accelerator.peak_bf16_flops == 989e12 and gpu.cluster.accelerator.memory_gib == 100
+    with pytest.raises(ProfileError, match="expected section.field=value"):
+        load_profile(path, ["parallel.tp"])
+
+
+def test_preset_fills_fields_and_explicit_fields_win() -> None:
+    profile = RunProfile.model_validate({"model": {"preset": "dit-7b", "layers": 4}})
+    assert (profile.model.layers, profile.model.hidden, profile.model.heads) == (4, 4096, 32)
+
+
+def test_profile_is_frozen() -> None:
+    with pytest.raises(Exception, match="frozen"):
+        RunProfile().parallel.tp = 2  # type: ignore[misc]
+
+
+def _sections(model: type[Section]) -> list[type[Section]]:
+    found = [model]
+    for field in model.model_fields.values():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, Section):
+            found += _sections(field.annotation)
+    return found
+
+
+def test_every_field_is_documented() -> None:
+    undocumented = [
+        f"{section.__name__}.{name}"
+        for section in _sections(RunProfile)
+        for name, field in section.model_fields.items()
+        if not field.description
+    ]
+    assert undocumented == []
