@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
-from contextvars import ContextVar
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
