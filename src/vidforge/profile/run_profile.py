@@ -14,6 +14,7 @@ from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout, Parallel
 from vidforge.profile.text_encoder import TextEncoder
 from vidforge.profile.tokenizer import Tokenizer
+from vidforge.profile.train import Train
 
 
 class RunProfile(Section):
@@ -37,6 +38,8 @@ class RunProfile(Section):
     """Video tokenizer (latents)."""
     text_encoder: TextEncoder = TextEncoder()
     """Caption embeddings for cross-attention."""
+    train: Train = Train()
+    """The training loop of `vidforge train`."""
 
     @model_validator(mode="after")
     def _check_layout(self) -> RunProfile:

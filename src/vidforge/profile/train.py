@@ -1,0 +1,70 @@
+"""`train`: the optimisation loop of `vidforge train` (schedule, precision, memory, checkpoints, metrics)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from vidforge.profile.base import Section
+
+
+class Train(Section):
+    """What one training run does. Global batch = micro_batch x grad_accum x data-parallel ranks."""
+
+    steps: int = Field(1000, ge=1)
+    """Optimizer steps to run."""
+    micro_batch: int = Field(1, ge=1)
+    """Samples (or packed sequences) per rank per forward/backward."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches accumulated per optimizer step."""
+    lr: float = Field(1e-4, gt=0)
+    """Peak learning rate of AdamW."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Cosine schedule floor as a fraction of lr."""
+    warmup_steps: int = Field(100, ge=0)
+    """Linear warm-up from 0 to lr."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """After warm-up: cosine decay to min_lr_ratio x lr at the last step, or constant."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """Compute dtype. bf16 keeps fp32 master weights and optimizer states (FSDP mixed precision)."""
+    ema_decay: float = Field(0.999, ge=0, lt=1)
+    """Exponential moving average of the weights kept for sampling; 0 disables it."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in the backward: none, every block (full), or a ratio of blocks (selective)."""
+    checkpoint_ratio: float = Field(0.5, ge=0, le=1)
+    """With selective checkpointing, the fraction of blocks that recompute."""
+    compile: bool = False
+    """torch.compile each block (GPU)."""
+    fsdp_cpu_offload: bool = False
+    """Keep FSDP-sharded parameters and optimizer states in CPU memory."""
+    seed: int = 0
+    """Seed of weights, noise, caption dropout and the loader's shuffle."""
+    save_every: int = Field(100, ge=1)
+    """Steps between checkpoints (one is also written at the end)."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
+    async_checkpoint: bool = False
+    """Write checkpoints in the background (torch.distributed.checkpoint async_save)."""
+    log_every: int = Field(10, ge=1)
+    """Steps between metric lines."""
+    nan_policy: Literal["stop", "skip"] = "stop"
+    """On a NaN/inf loss or gradient: stop the run with a message, or skip the step and go on."""
+    max_skipped_steps: int = Field(10, ge=0)
+    """With nan_policy=skip, stop anyway after this many skipped steps in a row."""
+    validate_every: int = Field(0, ge=0)
+    """Steps between validation samples from the EMA model; 0 disables."""
+    validation_prompts: tuple[str, ...] = ("a red square moving right",)
+    """Prompts the periodic validation samples."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Train:
+        if self.warmup_steps >= self.steps and self.steps > 1:
+            raise ValueError(f"warmup_steps: must be below train.steps={self.steps}, got {self.warmup_steps}")
+        return self

@@ -1,0 +1,1 @@
+"""The training loop of `vidforge train`: schedule, EMA, checkpoints, metrics."""

@@ -1,0 +1,139 @@
+"""Training checkpoints with torch.distributed.checkpoint (DCP): sharded, resharding on load, optional
+async writes, complete only once marked.
+
+Layout of a run directory:
+    checkpoints/step_00000100/   DCP files: model, optimizer, EMA (sharded tensors, any layout can load)
+    checkpoints/step_00000100/rank00000.json        per-rank state: step, loader, scheduler, RNG
+    checkpoints/step_00000100/COMPLETE              written last, after every rank finished
+`latest()` only ever returns a marked checkpoint, so a run killed while saving resumes from the one before.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from vidforge.data.manifest import atomic_path
+from vidforge.train.ema import EMA
+
+MARKER = "COMPLETE"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    """torch's generators (all a training step draws from), as JSON: base64 of their byte states."""
+
+    def b64(t: torch.Tensor) -> str:
+        return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+    return {
+        "torch": b64(torch.get_rng_state()),
+        "cuda": [b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    def unb64(s: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+    torch.set_rng_state(unb64(state["torch"]))
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([unb64(s) for s in state["cuda"]])
+
+
+class CheckpointManager:
+    """Saves and finds checkpoints of one run directory."""
+
+    def __init__(self, run_dir: str | Path, keep: int = 3, use_async: bool = False):
+        self.root = Path(run_dir) / "checkpoints"
+        self.keep = keep
+        self.use_async = use_async
+        self._pending: Future | None = None
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step_{step:08d}"
+
+    def complete_steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        return sorted(int(p.name[5:]) for p in self.root.glob("step_*") if (p / MARKER).is_file())
+
+    def latest(self) -> int | None:
+        steps = self.complete_steps()
+        return steps[-1] if steps else None
+
+    def save(
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, ema: EMA | None, extra: dict[str, Any]
+    ) -> None:
+        """Write checkpoint `step`. `extra` is this rank's JSON-able state (loader position, scheduler)."""
+        self.wait()
+        path = self.path(step)
+        if _rank() == 0 and path.exists():  # a half-written attempt at the same step
+            shutil.rmtree(path)
+        _barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        tensors = {"model": model_sd, "optim": optim_sd}
+        if ema is not None:
+            tensors["ema"] = ema.state_dict()
+        with atomic_path(path / f"rank{_rank():05d}.json") as tmp:
+            tmp.write_text(json.dumps({"step": step, "rng": rng_state(), **extra}))
+        if self.use_async and dist.is_initialized():
+            self._pending = dcp.async_save(tensors, checkpoint_id=str(path))
+            self._pending_step = step
+        else:
+            dcp.save(tensors, checkpoint_id=str(path))
+            self._finish(step)
+
+    def wait(self) -> None:
+        """Block until an async save is on disk, then mark it complete."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+            self._finish(self._pending_step)
+
+    def _finish(self, step: int) -> None:
+        _barrier()
+        if _rank() == 0:
+            (self.path(step) / MARKER).write_text(str(step))
+            for old in self.complete_steps()[: -self.keep]:
+                shutil.rmtree(self.path(old), ignore_errors=True)
+        _barrier()
+
+    def load(
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, ema: EMA | None
+    ) -> dict[str, Any]:
+        """Load checkpoint `step` into the (possibly differently sharded) model and optimizer; returns this
+        rank's extra state. Its RNG state is restored too."""
+        path = self.path(step)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        if ema is not None:
+            tensors["ema"] = ema.state_dict()
+        dcp.load(tensors, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+        if ema is not None:
+            ema.load_state_dict(tensors["ema"])
+        rank_file = path / f"rank{_rank():05d}.json"
+        if not rank_file.is_file():  # resumed on more ranks than saved: start from rank 0's position
+            rank_file = path / "rank00000.json"
+        extra = json.loads(rank_file.read_text())
+        set_rng_state(extra.pop("rng"))
+        return extra
