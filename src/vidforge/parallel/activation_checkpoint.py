@@ -1,0 +1,28 @@
+"""Activation checkpointing of whole blocks: recompute a block's activations in the backward instead of
+keeping them. `selective` checkpoints an evenly spread fraction of the blocks, trading memory for time."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+
+def checkpointed_indices(num_blocks: int, mode: str, ratio: float) -> list[int]:
+    """Which blocks recompute: all for `full`, none for `none`, round(ratio x n) spread evenly for
+    `selective` (every k-th block rather than the first ones, so memory is saved all along the depth)."""
+    if mode == "none" or num_blocks == 0:
+        return []
+    if mode == "full":
+        return list(range(num_blocks))
+    if mode != "selective":
+        raise ValueError(f"train.activation_checkpointing: expected none, full or selective, got {mode!r}")
+    count = round(ratio * num_blocks)
+    return sorted({int(i * num_blocks / count) for i in range(count)}) if count else []
+
+
+def apply_activation_checkpointing(blocks: nn.ModuleList, mode: str, ratio: float = 0.5) -> list[int]:
+    """Wrap the chosen blocks in place; returns their indices."""
+    chosen = checkpointed_indices(len(blocks), mode, ratio)
+    for i in chosen:
+        blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=False)
+    return chosen

@@ -1,0 +1,97 @@
+"""ParallelDims: the runtime side of the profile's layout. It owns the DeviceMesh (built once, on first
+use) and answers questions such as "is FSDP on?" so that the rest of the code never re-derives them.
+
+Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, cp, tp (tp innermost: the fastest links).
+Flattened views built with it:
+    dp          = dp_replicate x dp_shard        ranks that read different data
+    dp_shard_cp = dp_shard x cp                  FSDP shards over cp too (cp ranks hold the same weights)
+    dp_cp       = dp_replicate x dp_shard x cp   the loss is averaged over these
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from vidforge.profile import RunProfile
+from vidforge.profile.parallel import Layout
+
+
+@dataclass
+class ParallelDims:
+    layout: Layout
+    device_type: str = "cpu"
+    _mesh: DeviceMesh | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_profile(cls, profile: RunProfile) -> ParallelDims:
+        device = "cuda" if profile.cluster.accelerator.kind == "cuda" and torch.cuda.is_available() else "cpu"
+        return cls(profile.layout, device)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.layout.dp > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.layout.dp_shard * self.layout.cp > 1
+
+    @property
+    def hsdp_enabled(self) -> bool:
+        return self.layout.dp_replicate > 1 and self.fsdp_enabled
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.layout.tp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.layout.cp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.layout.pp > 1
+
+    @cached_property
+    def mesh(self) -> DeviceMesh:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised; call vidforge.parallel.dims.init_distributed()")
+        if dist.get_world_size() != self.world_size:
+            raise RuntimeError(
+                f"the layout {self.layout.describe()} needs {self.world_size} ranks, but {dist.get_world_size()} "
+                "were started; change --nproc or the profile's cluster section"
+            )
+        degrees = self.layout.degrees()
+        mesh = init_device_mesh(self.device_type, tuple(degrees.values()), mesh_dim_names=tuple(degrees))
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        return mesh
+
+    def fsdp_mesh(self) -> DeviceMesh:
+        """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
+        if self.layout.dp_replicate > 1:
+            return self.mesh["dp_replicate", "dp_shard_cp"]
+        return self.mesh["dp_shard_cp"]
+
+
+def init_distributed(device_type: str = "cpu") -> tuple[int, int]:
+    """Join the process group torchrun (or SLURM via torchrun) set up; a no-op for a single process.
+    Returns (rank, world_size)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 or dist.is_initialized():
+        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
