@@ -1,0 +1,166 @@
+"""Captions from an OpenAI-compatible chat-completions endpoint serving a vision-language model (vLLM,
+SGLang and the like): N evenly spaced frames go as JPEG data-URL images, followed by the prompt.
+
+Requests run on a bounded thread pool (`concurrency`), each with a timeout and retries with exponential
+backoff on timeouts, connection errors, 429 and 5xx. The API key is read from an environment variable
+at setup and sent as a Bearer header; it is never logged, stored in results or put in error messages."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import cv2
+import numpy as np
+
+from vidforge.curate.captioners import CaptionResult, ClipItem
+from vidforge.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class EndpointError(RuntimeError):
+    """A request that failed for good (after retries, or with an answer that retrying cannot fix)."""
+
+
+def encode_jpeg_data_url(frame: np.ndarray, max_side: int, quality: int) -> str:
+    """An RGB uint8 frame as a `data:image/jpeg;base64,...` URL, downscaled to `max_side` if larger."""
+    h, w = frame.shape[:2]
+    scale = max_side / max(h, w)
+    if scale < 1:
+        frame = cv2.resize(
+            frame, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA
+        )
+    ok, buf = cv2.imencode(
+        ".jpg", cv2.cvtColor(frame, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
+    )
+    if not ok:
+        raise ValueError("JPEG encoding failed")
+    return "data:image/jpeg;base64," + base64.b64encode(buf.tobytes()).decode("ascii")
+
+
+def build_request(frames: np.ndarray, settings: Any) -> dict[str, Any]:
+    """The chat-completions body: one user message with the frames as images, then the prompt."""
+    content: list[dict[str, Any]] = [
+        {
+            "type": "image_url",
+            "image_url": {"url": encode_jpeg_data_url(f, settings.image_max_side, settings.jpeg_quality)},
+        }
+        for f in frames
+    ]
+    content.append({"type": "text", "text": settings.prompt})
+    return {
+        "model": settings.model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": settings.max_tokens,
+        "temperature": settings.temperature,
+    }
+
+
+class EndpointCaptioner:
+    name = "endpoint"
+
+    def __init__(self, settings: Any, sleep=time.sleep):
+        self.settings = settings
+        self.frames = settings.frames
+        self._sleep = sleep
+        self._headers: dict[str, str] | None = None
+        self.url = settings.url.rstrip("/") + "/chat/completions"
+
+    @property
+    def source(self) -> str:
+        return f"endpoint:{self.settings.model}"
+
+    def setup(self) -> None:
+        if not self.settings.url.startswith(("http://", "https://")):
+            raise UserInputError(
+                f"curation.caption.endpoint.url must start with http:// or https://, got {self.settings.url!r}"
+            )
+        headers = {"Content-Type": "application/json"}
+        env = self.settings.api_key_env
+        key = os.environ.get(env, "") if env else ""
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._headers = headers
+        log.info(
+            "caption endpoint %s model %s (API key %s)",
+            self.url,
+            self.settings.model,
+            f"from ${env}" if key else "not set",
+        )
+
+    def close(self) -> None:
+        self._headers = None
+
+    def _post(self, data: bytes) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.url, data=data, headers=self._headers or {}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.settings.timeout_s) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def request(self, body: dict[str, Any]) -> str:
+        """POST one request, retrying what can be retried; returns the answer's text."""
+        if self._headers is None:
+            raise RuntimeError("call setup() first")
+        data = json.dumps(body).encode("utf-8")
+        attempts = self.settings.retries + 1
+        last = ""
+        for attempt in range(attempts):
+            if attempt:
+                self._sleep(self.settings.backoff_s * 2 ** (attempt - 1))
+            try:
+                status, payload = self._post(data)
+            except TimeoutError:
+                last = f"timed out after {self.settings.timeout_s:g} s"
+                continue
+            except (urllib.error.URLError, ConnectionError, OSError) as err:
+                reason = getattr(err, "reason", err)
+                if isinstance(reason, (TimeoutError, socket.timeout)):
+                    last = f"timed out after {self.settings.timeout_s:g} s"
+                else:
+                    last = f"connection failed ({type(reason).__name__})"
+                continue
+            text = payload.decode("utf-8", "replace")
+            if status in RETRYABLE_STATUS:
+                last = f"HTTP {status}"
+                continue
+            if status != 200:
+                raise EndpointError(f"HTTP {status}: {text[:200]}")
+            try:
+                message = json.loads(text)["choices"][0]["message"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise EndpointError(f"not a chat-completions answer: {text[:200]}") from None
+            return _message_text(message)
+        raise EndpointError(f"{last} ({attempts} attempt{'s' if attempts > 1 else ''})")
+
+    def _one(self, item: ClipItem) -> CaptionResult:
+        try:
+            text = self.request(build_request(item.sample(self.frames), self.settings))
+        except Exception as err:  # noqa: BLE001 - one clip's failure must not stop the batch
+            return CaptionResult(None, self.source, error=f"{type(err).__name__}: {err}")
+        return CaptionResult(text, self.source)
+
+    def caption(self, items: list[ClipItem]) -> list[CaptionResult]:
+        if self._headers is None:
+            self.setup()
+        with ThreadPoolExecutor(max_workers=min(self.settings.concurrency, max(1, len(items)))) as pool:
+            return list(pool.map(self._one, items))
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # some servers answer with content parts
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
