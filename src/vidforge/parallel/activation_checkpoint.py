@@ -20,9 +20,10 @@ def checkpointed_indices(num_blocks: int, mode: str, ratio: float) -> list[int]:
     return sorted({int(i * num_blocks / count) for i in range(count)}) if count else []
 
 
-def apply_activation_checkpointing(blocks: nn.ModuleList, mode: str, ratio: float = 0.5) -> list[int]:
-    """Wrap the chosen blocks in place; returns their indices."""
-    chosen = checkpointed_indices(len(blocks), mode, ratio)
+def apply_activation_checkpointing(blocks: nn.ModuleDict | nn.ModuleList, mode: str, ratio: float = 0.5) -> list[int]:
+    """Wrap the chosen blocks in place (a ModuleDict keeps its keys); returns their positions."""
+    keys = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else list(range(len(blocks)))
+    chosen = checkpointed_indices(len(keys), mode, ratio)
     for i in chosen:
-        blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=False)
+        blocks[keys[i]] = checkpoint_wrapper(blocks[keys[i]], preserve_rng_state=False)
     return chosen

@@ -11,7 +11,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 def apply_fsdp(
     model: nn.Module,
     mesh: DeviceMesh,
-    blocks: nn.ModuleList | list[nn.Module],
+    blocks: nn.ModuleDict | nn.ModuleList,
     *,
     param_dtype: torch.dtype = torch.bfloat16,
     reduce_dtype: torch.dtype = torch.float32,
@@ -24,8 +24,9 @@ def apply_fsdp(
     kwargs = {"mesh": mesh, "mp_policy": policy}
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    last = len(blocks) - 1
-    for i, block in enumerate(blocks):
+    modules = list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
+    last = len(modules) - 1
+    for i, block in enumerate(modules):
         # The last block's parameters are needed again at once by the backward: keep them gathered.
         fully_shard(block, reshard_after_forward=reshard_after_forward and i < last, **kwargs)
     fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
