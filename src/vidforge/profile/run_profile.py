@@ -10,6 +10,7 @@ from vidforge.profile.cluster import Cluster
 from vidforge.profile.curation import Curation
 from vidforge.profile.data import Data
 from vidforge.profile.diffusion import Diffusion
+from vidforge.profile.infer import Infer
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout, Parallel
 from vidforge.profile.text_encoder import TextEncoder
@@ -40,6 +41,8 @@ class RunProfile(Section):
     """Caption embeddings for cross-attention."""
     train: Train = Train()
     """The training loop of `vidforge train`."""
+    infer: Infer = Infer()
+    """Sampling videos with `vidforge infer`."""
 
     @model_validator(mode="after")
     def _check_layout(self) -> RunProfile:

@@ -1,0 +1,31 @@
+"""`infer`: what `vidforge infer` generates. Sampler, steps and guidance scale are in `diffusion`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from vidforge.profile.base import Section
+
+
+class Infer(Section):
+    """Output size, seed and writing of sampled videos."""
+
+    frames: int = Field(9, ge=1)
+    """Frames of each generated video, in pixel space. Must fit the tokenizer's temporal compression
+    (4k+1 for a 4x causal VAE)."""
+    height: int = Field(64, ge=8)
+    """Height in pixels; a multiple of the tokenizer's spatial compression times the patch size."""
+    width: int = Field(64, ge=8)
+    """Width in pixels; same rule as height."""
+    seed: int = 0
+    """Seed of the initial noise: the same seed and prompt give the same video."""
+    negative_prompt: str = ""
+    """Caption of the unconditional guidance branch; empty uses the learned null caption."""
+    batch_size: int = Field(4, ge=1)
+    """Prompts sampled together."""
+    fps: int = Field(8, ge=1)
+    """Frame rate of the written MP4."""
+    crf: int = Field(18, ge=0, le=51)
+    """x264 quality of the written MP4 (lower is better)."""
+    use_ema: bool = True
+    """Sample with the EMA weights when the checkpoint has them."""
