@@ -48,3 +48,7 @@ app.add_typer(profile_cmd.app, name="profile")
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()
