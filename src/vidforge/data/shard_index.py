@@ -1,0 +1,85 @@
+"""The shard index (`index.json`), written last by `shard` and `tokenize`: per shard its split, bucket,
+sample count, bytes and sha256, plus what produced the embeddings and latents.
+
+    {"format": "vidforge-shards", "version": 1, "kind": "media" | "latent",
+     "samples": 120, "bytes": 1234567, "splits": {"train": 118, "val": 2},
+     "text_encoder": {...}, "tokenizer": {...},            # tokenizer: latent shards only
+     "shards": [{"name": "train-000000.tar", "split": "train", "bucket": "all",
+                 "samples": 100, "bytes": 1000448, "sha256": "…", "keys_digest": "…"}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vidforge.data.manifest import write_json
+from vidforge.errors import UserInputError
+
+INDEX = "index.json"
+FORMAT = "vidforge-shards"
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    name: str
+    split: str
+    samples: int
+    bytes: int
+    sha256: str
+    bucket: str = "all"
+    keys_digest: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ShardIndex:
+    root: Path
+    kind: str
+    shards: list[ShardEntry]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def split(self, name: str) -> list[ShardEntry]:
+        return [s for s in self.shards if s.split == name]
+
+    def path(self, entry: ShardEntry) -> Path:
+        return self.root / entry.name
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+
+def write_index(root: str | os.PathLike, kind: str, shards: list[dict[str, Any]], **meta: Any) -> dict:
+    shards = sorted(shards, key=lambda s: s["name"])
+    splits: dict[str, int] = {}
+    for s in shards:
+        splits[s["split"]] = splits.get(s["split"], 0) + s["samples"]
+    index = {"format": FORMAT, "version": 1, "kind": kind, "samples": sum(s["samples"] for s in shards),
+             "bytes": sum(s["bytes"] for s in shards), "splits": splits, **meta, "shards": shards}
+    write_json(Path(root) / INDEX, index)
+    return index
+
+
+def read_index(root: str | os.PathLike) -> ShardIndex:
+    """The index of a shard directory; a missing or foreign index is a user error naming the fix."""
+    root = Path(root)
+    path = root / INDEX
+    if not path.is_file():
+        raise UserInputError(f"{root}: no {INDEX}; pass the output directory of `vidforge shard` or "
+                             "`vidforge tokenize` (a run that did not finish writes no index: rerun it)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserInputError(f"{path}: not valid JSON ({err.msg}); rerun the command that wrote it") from None
+    if data.get("format") != FORMAT:
+        raise UserInputError(f"{path}: not a vidforge shard index (format {data.get('format')!r})")
+    fields = set(ShardEntry.__dataclass_fields__)
+    shards = [ShardEntry(**{k: v for k, v in s.items() if k in fields}) for s in data["shards"]]
+    meta = {k: v for k, v in data.items() if k != "shards"}
+    return ShardIndex(root, data["kind"], shards, meta)

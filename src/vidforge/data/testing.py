@@ -1,0 +1,63 @@
+"""Small synthetic inputs for tests and benchmarks: an annotated directory in the layout `vidforge
+caption` writes (clips/, manifest.jsonl with clip fields, caption, keep, reasons, media)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from vidforge.data.manifest import stable_id, write_jsonl
+from vidforge.data.media import write_video
+
+WORDS = ("a red ball rolls across a wooden table while the camera slowly pans to the left under warm light "
+         "a dog runs along the beach at sunset waves breaking behind it city traffic at night seen from above").split()
+
+
+def synthetic_frames(frames: int, height: int, width: int, seed: int) -> np.ndarray:
+    """Moving gradients and a square: compressible, but every frame differs."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = rng.integers(0, 255, 3)
+    out = np.empty((frames, height, width, 3), np.uint8)
+    for t in range(frames):
+        for c in range(3):
+            out[t, :, :, c] = (base[c] + 2 * xx + 3 * yy + 5 * t * (c + 1)) % 256
+        y0, x0 = (4 * t) % max(1, height - 8), (3 * t) % max(1, width - 8)
+        out[t, y0 : y0 + 8, x0 : x0 + 8] = 255
+    return out
+
+
+def make_annotated_dir(out: str | os.PathLike, videos: int = 4, images: int = 2, rejected: int = 1,
+                       size: tuple[int, int] = (48, 64), frames: tuple[int, int] = (9, 20), seed: int = 0,
+                       caption_words: tuple[int, int] = (4, 30)) -> Path:
+    """Write `videos` mp4 clips and `images` images (png, jpg, webp in turn) plus `rejected` clips with
+    keep=false, and the manifest. Sizes vary around `size` (H, W); frame counts within `frames`."""
+    out = Path(out)
+    (out / "clips").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(videos + images + rejected):
+        is_image = videos <= i < videos + images
+        h = int(size[0] + 16 * rng.integers(0, 2))
+        w = int(size[1] + 16 * rng.integers(-1, 2))
+        n = 1 if is_image else int(rng.integers(frames[0], frames[1] + 1))
+        clip_id = stable_id("synthetic", seed, i)
+        ext = ("png", "jpg", "webp")[(i - videos) % 3] if is_image else "mp4"
+        media = f"clips/{clip_id}.{ext}"
+        pixels = synthetic_frames(n, h, w, seed * 1000 + i)
+        if is_image:
+            from PIL import Image
+
+            Image.fromarray(pixels[0]).save(out / media, **({"lossless": True} if ext == "webp" else {}))
+        else:
+            write_video(out / media, pixels, fps=8)
+        caption = " ".join(rng.choice(WORDS, int(rng.integers(*caption_words))))
+        keep = i < videos + images
+        records.append({"clip_id": clip_id, "source": f"synthetic/{i}.mp4", "start_frame": 0, "end_frame": n,
+                        "start_s": 0.0, "end_s": n / 8, "fps": 8.0, "width": w, "height": h, "frames": n,
+                        "caption": caption, "keep": keep, "reasons": [] if keep else ["too static"],
+                        "media": media})
+    write_jsonl(out / "manifest.jsonl", records)
+    return out
