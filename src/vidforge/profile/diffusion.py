@@ -38,5 +38,7 @@ class Diffusion(Section):
     @model_validator(mode="after")
     def _check(self) -> Diffusion:
         if self.sigma_min >= self.sigma_max:
-            raise ValueError(f"sigma_min: must be below diffusion.sigma_max={self.sigma_max}, got {self.sigma_min}")
+            raise ValueError(
+                f"sigma_min: must be below diffusion.sigma_max={self.sigma_max}, got {self.sigma_min}"
+            )
         return self

@@ -10,15 +10,95 @@ from pydantic import Field, model_validator
 from vidforge.profile.base import Section
 
 # Shapes of the published models each preset follows. hidden/heads/layers/mlp are the papers' numbers.
+# Every preset names its architecture so that `{preset: stdit-7b}` alone builds an ST-DiT. The large
+# presets use AdaLN-LoRA (rank 256, as NeMo does): a full modulation projection per block would add
+# 9 x hidden^2 per layer (4.2e9 parameters at dit-7b's width). Parameter counts of vidforge's blocks
+# (`vidforge.models.count_parameters`): dit-1b 1.5e9, dit-7b 8.0e9, dit-14b 13.5e9, dit-28b 30.3e9,
+# stdit-7b 7.3e9, stdit-12b 12.9e9.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"layers": 2, "hidden": 64, "heads": 4, "mlp_hidden": 256, "text_dim": 32, "in_channels": 4},
-    "small": {"layers": 6, "hidden": 256, "heads": 8, "mlp_hidden": 1024, "text_dim": 256},
-    # Wan2.1-1.3B.
-    "dit-1b": {"layers": 30, "hidden": 1536, "heads": 12, "mlp_hidden": 8960, "in_channels": 16, "text_dim": 4096},
+    "tiny": {
+        "architecture": "dit",
+        "layers": 2,
+        "hidden": 64,
+        "heads": 4,
+        "mlp_hidden": 256,
+        "text_dim": 32,
+        "in_channels": 4,
+    },
+    "small": {
+        "architecture": "dit",
+        "layers": 6,
+        "hidden": 256,
+        "heads": 8,
+        "mlp_hidden": 1024,
+        "text_dim": 256,
+        "in_channels": 4,
+    },
+    # Wan2.1-1.3B: 30 x 1536, 12 heads of 128, MLP 8960, umT5 text (4096), 16 latent channels.
+    "dit-1b": {
+        "architecture": "dit",
+        "layers": 30,
+        "hidden": 1536,
+        "heads": 12,
+        "mlp_hidden": 8960,
+        "in_channels": 16,
+        "text_dim": 4096,
+        "adaln_lora_rank": 256,
+    },
     # NeMo video foundation model paper, DiT-7B / 28B; Wan2.1-14B.
-    "dit-7b": {"layers": 28, "hidden": 4096, "heads": 32, "mlp_hidden": 16384, "in_channels": 16, "text_dim": 4096},
-    "dit-14b": {"layers": 36, "hidden": 5120, "heads": 40, "mlp_hidden": 13824, "in_channels": 16, "text_dim": 4096},
-    "dit-28b": {"layers": 48, "hidden": 6144, "heads": 48, "mlp_hidden": 24576, "in_channels": 16, "text_dim": 4096},
+    "dit-7b": {
+        "architecture": "dit",
+        "layers": 28,
+        "hidden": 4096,
+        "heads": 32,
+        "mlp_hidden": 16384,
+        "in_channels": 16,
+        "text_dim": 4096,
+        "adaln_lora_rank": 256,
+    },
+    "dit-14b": {
+        "architecture": "dit",
+        "layers": 36,
+        "hidden": 5120,
+        "heads": 40,
+        "mlp_hidden": 13824,
+        "in_channels": 16,
+        "text_dim": 4096,
+        "adaln_lora_rank": 256,
+    },
+    "dit-28b": {
+        "architecture": "dit",
+        "layers": 48,
+        "hidden": 6144,
+        "heads": 48,
+        "mlp_hidden": 24576,
+        "in_channels": 16,
+        "text_dim": 4096,
+        "adaln_lora_rank": 256,
+    },
+    # The NeMo paper's ST-DiT 7B and 12B sizes. An ST-DiT block holds two self-attentions (spatial,
+    # temporal), so at equal width it has ~1.3x the parameters of a DiT block. The paper gives the
+    # sizes, not every dimension: these widths and depths are ours, chosen to land on those sizes.
+    "stdit-7b": {
+        "architecture": "stdit",
+        "layers": 36,
+        "hidden": 3072,
+        "heads": 24,
+        "mlp_hidden": 12288,
+        "in_channels": 16,
+        "text_dim": 4096,
+        "adaln_lora_rank": 256,
+    },
+    "stdit-12b": {
+        "architecture": "stdit",
+        "layers": 36,
+        "hidden": 4096,
+        "heads": 32,
+        "mlp_hidden": 16384,
+        "in_channels": 16,
+        "text_dim": 4096,
+        "adaln_lora_rank": 256,
+    },
 }
 
 
@@ -26,9 +106,14 @@ class Model(Section):
     """The DiT / ST-DiT architecture."""
 
     preset: str | None = "tiny"
-    """Named shape to start from: tiny, small, dit-1b, dit-7b, dit-14b, dit-28b (see `vidforge.models`)."""
+    """Named shape to start from: tiny, small, dit-1b, dit-7b, dit-14b, dit-28b, stdit-7b, stdit-12b
+    (see `vidforge.models`). null means every field is given explicitly."""
     architecture: Literal["dit", "stdit"] = "dit"
     """`dit`: full 3D self-attention over all tokens. `stdit`: spatial then temporal attention blocks."""
+    stdit_block: Literal["sequential", "parallel"] = "sequential"
+    """ST-DiT only. `sequential`: spatial, temporal, cross-attention and MLP one after another (NeMo
+    ST-DiT). `parallel`: Vchitect-2.0's block, where spatial, temporal and full-sequence attention read
+    the same normalised input and their outputs are summed."""
     layers: int = Field(2, ge=1)
     """Transformer blocks."""
     hidden: int = Field(64, ge=1)
@@ -38,17 +123,27 @@ class Model(Section):
     mlp_hidden: int = Field(256, ge=1)
     """Inner width of the MLP."""
     mlp_act: Literal["gelu-tanh", "swiglu"] = "gelu-tanh"
-    """MLP activation: GELU (tanh approximation) or SwiGLU."""
+    """MLP activation: GELU (tanh approximation) with two matrices, or SwiGLU with three."""
     patch: tuple[int, int, int] = (1, 2, 2)
-    """Latent patch size (pt, ph, pw)."""
+    """Latent patch size (pt, ph, pw): each token covers pt frames x ph rows x pw columns of the latent."""
     in_channels: int = Field(4, ge=1)
     """Latent channels produced by the tokenizer."""
     text_dim: int = Field(32, ge=1)
     """Width of the text encoder's hidden states that cross-attention reads."""
     adaln_lora_rank: int = Field(0, ge=0)
-    """Rank of the AdaLN-LoRA modulation projection; 0 uses a full projection per block."""
+    """Rank of the AdaLN-LoRA modulation (NeMo; Gupta et al. 2023): one shared full projection of the
+    timestep embedding plus, per block, a rank-r update. 0 uses a full projection per block."""
     qk_norm: bool = True
-    """RMSNorm on queries and keys per head."""
+    """RMSNorm on queries and keys per head (keeps attention logits bounded in bf16)."""
+    rope_theta: float = Field(10000.0, gt=0)
+    """Base of the rotary position embedding's frequencies."""
+    attention: Literal["sdpa", "flex", "flash", "dense"] = "sdpa"
+    """Attention backend. `sdpa`: torch scaled_dot_product_attention (packed sequences run per sample).
+    `flex`: FlexAttention with a document mask (GPU; compiled). `flash`: flash-attn varlen (needs the
+    `gpu` extra). `dense`: an explicit block-diagonal mask, slow but runs anywhere (CPU reference)."""
+    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
+    """With attention=sdpa on GPU: force one SDPA kernel (`cudnn` measured fastest on H200), or let
+    torch choose (`auto`). Ignored on CPU."""
 
     @model_validator(mode="before")
     @classmethod
@@ -59,17 +154,30 @@ class Model(Section):
         if name is None:
             return data
         if name not in PRESETS:
-            raise ValueError(f"preset: unknown {name!r}; use one of {sorted(PRESETS)} or null with explicit fields")
+            raise ValueError(
+                f"preset: unknown {name!r}; use one of {sorted(PRESETS)} or null with explicit fields"
+            )
         return {**PRESETS[name], **data}
 
     @model_validator(mode="after")
     def _check(self) -> Model:
         if self.hidden % self.heads:
             raise ValueError(f"hidden: must be divisible by model.heads={self.heads}, got {self.hidden}")
-        if (self.hidden // self.heads) % 2:
-            raise ValueError(f"hidden: head size {self.hidden // self.heads} must be even for rotary embeddings")
+        if (self.hidden // self.heads) % 2 or self.hidden // self.heads < 6:
+            raise ValueError(
+                f"hidden: head size hidden/heads = {self.hidden // self.heads} must be even and at least 6 "
+                "for 3D rotary embeddings (t, h and w each get an even share); change hidden or heads"
+            )
+        if any(p < 1 for p in self.patch):
+            raise ValueError(f"patch: every patch size must be >= 1, got {list(self.patch)}")
         return self
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Features per token before the patch embedding: in_channels x pt x ph x pw."""
+        pt, ph, pw = self.patch
+        return self.in_channels * pt * ph * pw
