@@ -1,0 +1,346 @@
+"""The one attention dispatcher every attention layer calls.
+
+Tensor layout: q, k and v are (B, S, heads, head_dim) ("BSHD", what a Linear followed by a view gives
+and what flash-attn takes); the output has the query's shape. Which keys a query may see is described
+by one of:
+
+- `None`: every key (a plain batch of equal-length sequences);
+- `KeyPadding(mask)`: a (B, S_kv) boolean mask of valid keys (text tokens padded to one length);
+- `Segments(q_lens, kv_lens)`: packed sequences in one row (B = 1): query segment i sees only key
+  segment i. Self-attention over packed samples, per-frame (spatial) and per-position (temporal)
+  attention of ST-DiT, and cross-attention of packed samples to their own captions are all this.
+
+Backends (`model.attention`): `sdpa` (torch SDPA; packed segments run as batched SDPA calls over runs
+of equal-length segments, so no work is spent on masked blocks), `dense` (explicit mask and softmax;
+the slow reference that runs anywhere), `flex` (FlexAttention with a document mask; compiled on GPU,
+eager forward on CPU), `flash` (flash-attn, varlen for packed or padded inputs). Context parallelism
+wraps `Attend` modules from outside; the mask objects carry the host-side lengths it needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BACKENDS = ("sdpa", "dense", "flex", "flash")
+SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
+
+
+@dataclass(eq=False)
+class KeyPadding:
+    """Valid keys per batch row: `mask` is (B, S_kv) bool, True where the key may be attended to. Every
+    row needs at least one valid key (the model's null text embedding guarantees that)."""
+
+    mask: torch.Tensor
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mask.ndim != 2 or self.mask.dtype != torch.bool:
+            raise ValueError(
+                f"KeyPadding.mask must be a (B, S_kv) bool tensor, got {self.mask.dtype} {tuple(self.mask.shape)}"
+            )
+
+
+@dataclass(eq=False)
+class Segments:
+    """Block-diagonal attention over packed sequences in one row: query tokens
+    [cu_q[i], cu_q[i+1]) attend only to key tokens [cu_kv[i], cu_kv[i+1]). Self-attention passes the
+    same lengths twice. Lengths are host integers (a packing plan is host data), so backends can group
+    and slice without synchronising with the device."""
+
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.q_lens = tuple(int(n) for n in self.q_lens)
+        self.kv_lens = tuple(int(n) for n in self.kv_lens)
+        if len(self.q_lens) != len(self.kv_lens) or not self.q_lens:
+            raise ValueError(
+                f"Segments need as many key as query segments (>= 1), got {len(self.q_lens)} and {len(self.kv_lens)}"
+            )
+        if min(self.q_lens) < 1 or min(self.kv_lens) < 1:
+            raise ValueError("Segments: every segment needs at least one query and one key token")
+
+    @classmethod
+    def self_attention(cls, lens: Sequence[int]) -> Segments:
+        return cls(tuple(lens), tuple(lens))
+
+    @property
+    def total_q(self) -> int:
+        return sum(self.q_lens)
+
+    @property
+    def total_kv(self) -> int:
+        return sum(self.kv_lens)
+
+    @property
+    def max_q(self) -> int:
+        return max(self.q_lens)
+
+    @property
+    def max_kv(self) -> int:
+        return max(self.kv_lens)
+
+    def cu_seqlens(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cumulative offsets (N+1,) int32 of queries and keys, as flash-attn varlen takes them."""
+        key = ("cu", str(device))
+        if key not in self._cache:
+            q = torch.tensor((0, *self.q_lens), dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+            kv = torch.tensor((0, *self.kv_lens), dtype=torch.int32, device=device).cumsum(
+                0, dtype=torch.int32
+            )
+            self._cache[key] = (q, kv)
+        return self._cache[key]
+
+    def document_ids(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Segment index of every query token and every key token."""
+        key = ("doc", str(device))
+        if key not in self._cache:
+            n = len(self.q_lens)
+            ids = torch.arange(n, device=device)
+            q = torch.repeat_interleave(ids, torch.tensor(self.q_lens, device=device))
+            kv = torch.repeat_interleave(ids, torch.tensor(self.kv_lens, device=device))
+            self._cache[key] = (q, kv)
+        return self._cache[key]
+
+    def runs(self) -> list[tuple[int, int, int, int, int]]:
+        """Consecutive segments of equal (q_len, kv_len) grouped: (q_start, kv_start, count, q_len, kv_len).
+        Packed samples have one run each for self-attention, and one per sample for ST-DiT's frames and
+        positions, so SDPA runs a handful of batched calls rather than one per segment."""
+        if "runs" not in self._cache:
+            runs: list[list[int]] = []
+            q_start = kv_start = 0
+            for ql, kl in zip(self.q_lens, self.kv_lens, strict=True):
+                if runs and runs[-1][3] == ql and runs[-1][4] == kl:
+                    runs[-1][2] += 1
+                else:
+                    runs.append([q_start, kv_start, 1, ql, kl])
+                q_start += ql
+                kv_start += kl
+            self._cache["runs"] = [tuple(r) for r in runs]
+        return self._cache["runs"]
+
+
+AttentionMask = KeyPadding | Segments | None
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: AttentionMask = None,
+    backend: str = "sdpa",
+    sdpa_backend: str = "auto",
+) -> torch.Tensor:
+    """Softmax attention with scale 1/sqrt(head_dim). q: (B, S_q, H, D); k, v: (B, S_kv, H, D); returns
+    (B, S_q, H, D). See the module docstring for `mask` and `backend`."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"attention takes (B, S, heads, head_dim) tensors, got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
+    if isinstance(mask, Segments):
+        if q.shape[0] != 1 or q.shape[1] != mask.total_q or k.shape[1] != mask.total_kv:
+            raise ValueError(
+                f"packed Segments need one row holding {mask.total_q} queries and {mask.total_kv} keys, "
+                f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+    if backend == "sdpa":
+        return _sdpa(q, k, v, mask, sdpa_backend)
+    if backend == "dense":
+        return _dense(q, k, v, mask)
+    if backend == "flex":
+        return _flex(q, k, v, mask)
+    if backend == "flash":
+        return _flash(q, k, v, mask)
+    raise ValueError(f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+
+
+class Attend(nn.Module):
+    """A parameter-free module around `attention`, one per attention layer, so that parallelism code can
+    find and replace it (context parallel wraps it with its K/V exchange) without touching the layer."""
+
+    def __init__(self, backend: str = "sdpa", sdpa_backend: str = "auto") -> None:
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}"
+            )
+        if sdpa_backend not in SDPA_BACKENDS:
+            raise ValueError(
+                f"model.sdpa_backend: unknown {sdpa_backend!r}; use one of {', '.join(SDPA_BACKENDS)}"
+            )
+        self.backend = backend
+        self.sdpa_backend = sdpa_backend
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask = None
+    ) -> torch.Tensor:
+        return attention(q, k, v, mask, self.backend, self.sdpa_backend)
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend}" + (
+            f", sdpa_backend={self.sdpa_backend}" if self.backend == "sdpa" else ""
+        )
+
+
+# --- sdpa -------------------------------------------------------------------------------------------
+
+
+def _sdpa_context(device: torch.device, sdpa_backend: str):
+    if sdpa_backend == "auto" or device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernel = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[sdpa_backend]
+    return sdpa_kernel([kernel])
+
+
+def _sdpa_bshd(q, k, v, attn_mask=None):
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
+    )
+    return out.transpose(1, 2)
+
+
+def _sdpa(q, k, v, mask, sdpa_backend):
+    with _sdpa_context(q.device, sdpa_backend):
+        if mask is None:
+            return _sdpa_bshd(q, k, v)
+        if isinstance(mask, KeyPadding):
+            return _sdpa_bshd(q, k, v, mask.mask[:, None, None, :])
+        # Packed: one batched call per run of equal-length segments; no FLOPs spent across samples.
+        heads, dim = q.shape[2], q.shape[3]
+        outs = []
+        for q_start, kv_start, count, q_len, kv_len in mask.runs():
+            qs = q[0, q_start : q_start + count * q_len].reshape(count, q_len, heads, dim)
+            ks = k[0, kv_start : kv_start + count * kv_len].reshape(count, kv_len, heads, dim)
+            vs = v[0, kv_start : kv_start + count * kv_len].reshape(count, kv_len, heads, v.shape[3])
+            outs.append(_sdpa_bshd(qs, ks, vs).reshape(count * q_len, heads, v.shape[3]))
+        return torch.cat(outs, dim=0).unsqueeze(0)
+
+
+# --- dense ------------------------------------------------------------------------------------------
+
+
+def _dense(q, k, v, mask):
+    """Explicit scores, mask and softmax (in float32, or float64 for float64 inputs)."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.to(compute), k.to(compute)) / math.sqrt(q.shape[-1])
+    if isinstance(mask, KeyPadding):
+        allowed = mask.mask[:, None, None, :]
+    elif isinstance(mask, Segments):
+        q_doc, kv_doc = mask.document_ids(q.device)
+        allowed = (q_doc[:, None] == kv_doc[None, :])[None, None]
+    else:
+        allowed = None
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v.to(compute))
+    return out.to(q.dtype)
+
+
+# --- flex -------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex_block_mask(mask, batch, q_len, kv_len, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if mask is None:
+        return None
+    key = ("flex", str(device), batch, q_len, kv_len)
+    if key in mask._cache:
+        return mask._cache[key]
+    if isinstance(mask, KeyPadding):
+        valid = mask.mask
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return valid[b, kv_idx]
+
+        block = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+    else:
+        q_doc, kv_doc = mask.document_ids(device)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return q_doc[q_idx] == kv_doc[kv_idx]
+
+        block = create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
+    mask._cache[key] = block
+    return block
+
+
+def _flex(q, k, v, mask):
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError as err:  # pragma: no cover - torch >= 2.5 has it
+        raise ValueError("model.attention=flex needs torch >= 2.5; use sdpa") from err
+    block_mask = _flex_block_mask(mask, q.shape[0], q.shape[1], k.shape[1], q.device)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if q.device.type == "cuda":
+        out = _compiled_flex()(qt, kt, vt, block_mask=block_mask)
+    else:
+        # Eager FlexAttention materialises the scores; fine for CPU tests, and it warns about exactly that.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            out = flex_attention(qt, kt, vt, block_mask=block_mask)
+    return out.transpose(1, 2)
+
+
+# --- flash-attn -------------------------------------------------------------------------------------
+
+
+def flash_attn_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _flash(q, k, v, mask):
+    try:
+        from flash_attn import flash_attn_func, flash_attn_varlen_func
+    except ImportError as err:
+        raise ValueError(
+            "model.attention=flash needs the flash-attn package (pip install 'vidforge[gpu]'); use sdpa"
+        ) from err
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"model.attention=flash runs on CUDA in fp16/bf16, got {q.device.type} {q.dtype}; use autocast or sdpa"
+        )
+    if mask is None:
+        return flash_attn_func(q, k, v)
+    if isinstance(mask, Segments):
+        cu_q, cu_kv = mask.cu_seqlens(q.device)
+        out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_kv, mask.max_q, mask.max_kv)
+        return out.unsqueeze(0)
+    # Key padding: queries are all valid; drop padded keys and run varlen with one segment per row.
+    batch, q_len = q.shape[:2]
+    lens = mask.mask.sum(dim=1, dtype=torch.int32)
+    cu_kv = F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    cu_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=q.device)
+    out = flash_attn_varlen_func(
+        q.reshape(batch * q_len, *q.shape[2:]), k[mask.mask], v[mask.mask], cu_q, cu_kv, q_len, k.shape[1]
+    )
+    return out.reshape(q.shape[0], q_len, *out.shape[1:])

@@ -1,0 +1,86 @@
+"""Model checkpoints as a folder: `model.safetensors` (the weights) and `config.json` (the profile's
+`model` section). Loading rebuilds the model from the config and reads tensors with safetensors;
+nothing is ever unpickled. (Training state - optimizer, EMA, data position - is the training loop's
+DCP checkpoint; this is the portable artefact that inference and fine-tuning start from.)"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vidforge.models.dit import DiT
+from vidforge.models.presets import build_model
+from vidforge.profile.model import Model
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+FORMAT = "vidforge-dit"
+
+
+def save_model(model: DiT, directory: str | os.PathLike) -> Path:
+    """Write the model's weights and config into `directory` (created if needed). The files are written
+    under temporary names and renamed, so a killed save never leaves a half-written checkpoint."""
+    if not isinstance(getattr(model, "config", None), Model):
+        raise ValueError(
+            "save_model needs a model built by vidforge.models.build_model (it carries its config)"
+        )
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    tmp_weights, tmp_config = out / f".{WEIGHTS}.tmp", out / f".{CONFIG}.tmp"
+    save_file(tensors, str(tmp_weights), metadata={"format": FORMAT})
+    tmp_config.write_text(
+        json.dumps({"format": FORMAT, "model": model.config.model_dump(mode="json")}, indent=2) + "\n"
+    )
+    os.replace(tmp_weights, out / WEIGHTS)
+    os.replace(tmp_config, out / CONFIG)
+    return out
+
+
+def read_config(directory: str | os.PathLike) -> Model:
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        raise ValueError(f"{path}: no model config; point at a folder written by vidforge.models.save_model")
+    data = json.loads(path.read_text())
+    if data.get("format") != FORMAT or "model" not in data:
+        raise ValueError(
+            f"{path}: not a vidforge model config (format {data.get('format')!r}, expected {FORMAT!r})"
+        )
+    return Model.model_validate(data["model"])
+
+
+def load_model(
+    directory: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> DiT:
+    """Rebuild the model from `config.json` and load `model.safetensors` into it (every tensor must
+    match: no missing or unexpected names, no shape changes). Built on the meta device first, so the
+    weights are allocated once."""
+    directory = Path(directory)
+    config = read_config(directory)
+    weights = directory / WEIGHTS
+    if not weights.is_file():
+        raise ValueError(f"{weights}: missing; the folder has a config but no weights")
+    model = build_model(config, device="meta")
+    state = {}
+    with safe_open(str(weights), framework="pt", device=str(device)) as f:
+        for name in f.keys():
+            tensor = f.get_tensor(name)
+            state[name] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{weights}: does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(
+                f"{weights}: {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=True, assign=True)
+    return model

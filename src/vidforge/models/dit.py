@@ -1,0 +1,213 @@
+"""The video diffusion transformer: patch embedding, conditioning, a stack of blocks, final layer.
+
+One class serves both architectures; `model.architecture` picks the block (DiT, ST-DiT sequential or
+parallel). The network F here is the raw EDM network: `vidforge.diffusion.EDM` wraps it with the
+preconditioning (c_in on the input, c_skip/c_out on the output, c_noise as `noise_level`).
+
+Inputs, either
+- a plain batch: x (B, C, T, H, W) latents, returning (B, C, T, H, W); or
+- a packed row: x (1, S, pt*ph*pw*C) patch tokens of several samples (`pack_latents`) with the
+  `SequenceLayout` that describes them, returning tokens of the same shape;
+plus, per sample (N = B, or the layout's sample count): noise_level (N,), text (N, L, text_dim),
+text_mask (N, L) bool (True = real token), drop_text (N,) bool (True = use the learned null caption).
+
+Pipeline parallel may delete `patch_embed`, `final` or entries of `blocks` (a ModuleDict keyed by the
+block index, so names stay stable); a stage without `patch_embed` takes hidden states (B, S, hidden)
+and needs `grid` or `layout`, a stage without `final` returns hidden states.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vidforge.models.attention import KeyPadding, Segments
+from vidforge.models.blocks import DiTBlock
+from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
+from vidforge.models.packing import SequenceLayout, grid_positions
+from vidforge.models.patchify import Grid, patchify, token_grid, unpatchify
+from vidforge.models.rope import rope_tables
+from vidforge.models.scopes import batch_scopes, packed_scopes
+from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
+from vidforge.profile.model import Model
+
+
+def block_class(cfg: Model) -> type[nn.Module]:
+    if cfg.architecture == "dit":
+        return DiTBlock
+    return ParallelSTDiTBlock if cfg.stdit_block == "parallel" else STDiTBlock
+
+
+class DiT(nn.Module):
+    """DiT / ST-DiT over video latents, built from the profile's `model` section."""
+
+    def __init__(self, config: Model) -> None:
+        super().__init__()
+        self.config = config
+        block = block_class(config)
+        hidden = config.hidden
+        self.patch_embed = nn.Linear(config.patch_dim, hidden)
+        self.time_embed = TimestepEmbedding(hidden)
+        self.text_embed = TextProjection(config.text_dim, hidden)
+        # The caption used for the unconditional branch of classifier-free guidance: one learned token.
+        self.null_text = nn.Parameter(torch.zeros(1, config.text_dim))
+        # AdaLN-LoRA: the full-rank part of every block's modulation, shared by all blocks.
+        self.shared_modulation = nn.Linear(hidden, block.chunks * hidden) if config.adaln_lora_rank else None
+        self.blocks = nn.ModuleDict({str(i): block(config) for i in range(config.layers)})
+        self.final = FinalLayer(hidden, config.patch_dim)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """DiT's initialisation: Xavier-uniform matrices, zero biases, N(0, 0.02) for the timestep MLP,
+        then zero for every modulation output and the final layer (adaLN-Zero). Callable again after
+        building on the meta device and materialising with `to_empty`."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+        for layer in (self.time_embed.fc1, self.time_embed.fc2):
+            nn.init.normal_(layer.weight, std=0.02)
+        nn.init.normal_(self.null_text, std=0.02)
+        for module in self.modules():
+            if isinstance(module, Modulation | FinalLayer):
+                module.zero_init()
+        if self.shared_modulation is not None:
+            nn.init.zeros_(self.shared_modulation.weight)
+            nn.init.zeros_(self.shared_modulation.bias)
+
+    # --- conditioning ---------------------------------------------------------------------------------
+
+    def with_null_text(
+        self, text: torch.Tensor, text_mask: torch.Tensor | None, drop_text: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Replace the captions of samples where drop_text is True by the learned null caption (one token,
+        the rest masked). Done with `where`, so no host synchronisation."""
+        if drop_text is None:
+            return text, text_mask
+        n, length, _ = text.shape
+        drop = drop_text.to(torch.bool, copy=False)
+        if drop.shape != (n,):
+            raise ValueError(f"drop_text must be (N,) = ({n},) bool, got {tuple(drop_text.shape)}")
+        if text_mask is None:
+            text_mask = torch.ones(n, length, dtype=torch.bool, device=text.device)
+        null = F.pad(self.null_text.to(text.dtype).expand(n, 1, -1), (0, 0, 0, length - 1))
+        null_mask = torch.zeros(length, dtype=torch.bool, device=text.device)
+        null_mask[0] = True
+        text = torch.where(drop[:, None, None], null, text)
+        text_mask = torch.where(drop[:, None], null_mask[None], text_mask)
+        return text, text_mask
+
+    def condition(
+        self,
+        noise_level: torch.Tensor,
+        text: torch.Tensor,
+        text_mask: torch.Tensor | None = None,
+        drop_text: torch.Tensor | None = None,
+        *,
+        batch: int = 1,
+        grid: Grid | None = None,
+        layout: SequenceLayout | None = None,
+    ) -> Conditioning:
+        """Everything the blocks need besides the tokens. Small and cheap, so pipeline stages recompute
+        it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row)."""
+        samples = layout.num_samples if layout is not None else batch
+        device = text.device
+        if noise_level.shape != (samples,):
+            raise ValueError(
+                f"noise_level must be (N,) = ({samples},), one per sample, got {tuple(noise_level.shape)}"
+            )
+        if text.ndim != 3 or text.shape[0] != samples or text.shape[2] != self.config.text_dim:
+            raise ValueError(
+                f"text must be (N, L, text_dim) = ({samples}, L, {self.config.text_dim}), got {tuple(text.shape)}; "
+                "check model.text_dim against the text encoder"
+            )
+        if text_mask is not None and (text_mask.shape != text.shape[:2] or text_mask.dtype != torch.bool):
+            raise ValueError(
+                f"text_mask must be (N, L) = {tuple(text.shape[:2])} bool, got {text_mask.dtype} {tuple(text_mask.shape)}"
+            )
+        time = self.time_embed(noise_level)
+        shared = self.shared_modulation(F.silu(time)) if self.shared_modulation is not None else None
+        text, text_mask = self.with_null_text(text, text_mask, drop_text)
+        if layout is not None:
+            # Packed: keep only real caption tokens, one key segment per sample.
+            if text_mask is None:
+                text_mask = torch.ones(text.shape[:2], dtype=torch.bool, device=device)
+            text_lens = text_mask.sum(dim=1).tolist()
+            text_tokens = self.text_embed(text[text_mask]).unsqueeze(0)
+            cross_mask = Segments(layout.seqlens, text_lens)
+            positions = layout.positions(device)
+            scopes = packed_scopes(layout, device)
+            token_sample = layout.sample_index(device)
+        else:
+            if grid is None:
+                raise ValueError("condition() needs the token grid of a plain batch, or a packed layout")
+            text_tokens = self.text_embed(text)
+            cross_mask = KeyPadding(text_mask) if text_mask is not None else None
+            positions = grid_positions(grid, device)
+            scopes = batch_scopes(batch, grid)
+            token_sample = None
+        table_dtype = torch.float64 if self.param_dtype == torch.float64 else torch.float32
+        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta, table_dtype)
+        return Conditioning(time, shared, text_tokens, cross_mask, rope, scopes, token_sample)
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return self.time_embed.fc1.weight.dtype
+
+    # --- forward --------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        noise_level: torch.Tensor,
+        text: torch.Tensor,
+        text_mask: torch.Tensor | None = None,
+        *,
+        layout: SequenceLayout | None = None,
+        grid: Grid | None = None,
+        drop_text: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        cfg = self.config
+        latents_in = x.ndim == 5
+        if latents_in:
+            if layout is not None:
+                raise ValueError("a packed layout goes with packed tokens (1, S, features); see pack_latents")
+            if x.shape[1] != cfg.in_channels:
+                raise ValueError(
+                    f"latents have {x.shape[1]} channels but model.in_channels={cfg.in_channels}"
+                )
+            grid = token_grid(x.shape[2:], cfg.patch)
+            tokens = patchify(x, cfg.patch)
+        elif x.ndim == 3:
+            tokens = x
+            if layout is not None:
+                if x.shape[0] != 1 or x.shape[1] != layout.total:
+                    raise ValueError(
+                        f"packed tokens must be (1, {layout.total}, features) for this layout, got {tuple(x.shape)}"
+                    )
+            elif grid is None or x.shape[1] != grid[0] * grid[1] * grid[2]:
+                raise ValueError(
+                    f"tokens {tuple(x.shape)} need a packed `layout` or the token `grid` they cover"
+                )
+        else:
+            raise ValueError(
+                f"x must be latents (B, C, T, H, W) or tokens (B, S, features), got {tuple(x.shape)}"
+            )
+
+        cond = self.condition(
+            noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid, layout=layout
+        )
+        h = self.patch_embed(tokens) if self.patch_embed is not None else tokens
+        for block in self.blocks.values():
+            h = block(h, cond)
+        if self.final is None:
+            return h
+        out = self.final(h, cond)
+        if latents_in:
+            return unpatchify(out, grid, cfg.patch, cfg.in_channels)
+        return out

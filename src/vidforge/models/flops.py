@@ -1,0 +1,125 @@
+"""Analytic FLOPs of a forward pass and a training step, for any model section and sequence layout.
+
+Counts matrix multiplies only (2*m*n*k each), as MFU conventionally does and as
+`torch.utils.flop_counter.FlopCounterMode` does: every Linear, and attention's two products (QK^T and
+PV). Attention counts the useful work only: per sample S_i^2 for full attention, per frame and per
+position for spatial and temporal attention, S_i x L_i for cross-attention; a dense block-diagonal mask
+over a packed row costs more than this.
+
+Backward costs twice the forward for each matmul (the input gradient and the weight gradient), except
+where the input needs no gradient (the patch embedding of data, the first layers of the timestep and
+text MLPs), which cost once. Full activation recompute repeats the blocks' forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vidforge.models.packing import SequenceLayout
+from vidforge.models.patchify import Grid
+from vidforge.profile.model import Model
+
+TIMESTEP_FREQUENCIES = 256  # sinusoidal features of TimestepEmbedding
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Forward FLOPs by part, and what the backward and recompute rules need."""
+
+    parts: dict[str, int] = field(default_factory=dict)
+    """Forward FLOPs: `embed` (patch, timestep, text, shared modulation), `modulation`, `projections`
+    (q/k/v/out of every attention), `attention` (QK^T and PV), `mlp`, `final`."""
+    no_grad_input: int = 0
+    """Forward FLOPs of matmuls whose input needs no gradient: their backward costs 1x, not 2x."""
+    blocks: int = 0
+    """Forward FLOPs inside the transformer blocks (what full activation recompute runs again)."""
+
+    @property
+    def forward(self) -> int:
+        return sum(self.parts.values())
+
+    def train_step(self, recompute: Literal["none", "full"] = "none") -> int:
+        """Forward + backward (+ the blocks' forward again under full recompute)."""
+        if recompute not in ("none", "full"):
+            raise ValueError(f"recompute: use none or full, got {recompute!r}")
+        backward = 2 * self.forward - self.no_grad_input
+        return self.forward + backward + (self.blocks if recompute == "full" else 0)
+
+
+def _grids(layout: SequenceLayout | Sequence[Grid]) -> list[Grid]:
+    grids = list(layout.grids) if isinstance(layout, SequenceLayout) else [tuple(g) for g in layout]
+    if not grids or any(len(g) != 3 or min(g) < 1 for g in grids):
+        raise ValueError(f"layout: give a SequenceLayout or token grids (t, h, w) per sample, got {grids}")
+    return grids
+
+
+def forward_flops(
+    cfg: Model, layout: SequenceLayout | Sequence[Grid], text_lens: int | Sequence[int]
+) -> FlopCount:
+    """FLOPs of one forward of the model `cfg` over the samples whose token grids `layout` gives (a
+    plain batch of B clips is B equal grids). `text_lens`: caption tokens each sample's text projection
+    and cross-attention process (a plain batch processes the padded length; a packed row the real
+    lengths), one number for all or one per sample."""
+    grids = _grids(layout)
+    n = len(grids)
+    lens = [int(text_lens)] * n if isinstance(text_lens, int) else [int(x) for x in text_lens]
+    if len(lens) != n:
+        raise ValueError(f"text_lens: one per sample ({n}), got {len(lens)}")
+    d, m, p, r = cfg.hidden, cfg.mlp_hidden, cfg.patch_dim, cfg.adaln_lora_rank
+    seqlens = [t * h * w for t, h, w in grids]
+    s, text = sum(seqlens), sum(lens)
+
+    # Which attention scopes each block runs, and its modulation chunks.
+    if cfg.architecture == "dit":
+        scopes, chunks = ("full",), 9
+    elif cfg.stdit_block == "parallel":
+        scopes, chunks = ("spatial", "temporal", "full"), 9
+    else:
+        scopes, chunks = ("spatial", "temporal"), 12
+
+    def core(scope: str) -> int:
+        """QK^T and PV of one self-attention: 2 products x 2*d FLOPs per (query, key) pair."""
+        if scope == "full":
+            pairs = sum(x * x for x in seqlens)
+        elif scope == "spatial":
+            pairs = sum(t * (h * w) ** 2 for t, h, w in grids)
+        else:
+            pairs = sum(h * w * t * t for t, h, w in grids)
+        return 4 * d * pairs
+
+    patch = 2 * s * p * d
+    time_fc1, time_fc2 = 2 * n * TIMESTEP_FREQUENCIES * d, 2 * n * d * d
+    text_fc1, text_fc2 = 2 * text * cfg.text_dim * d, 2 * text * d * d
+    shared = 2 * n * d * chunks * d if r else 0
+    embed = patch + time_fc1 + time_fc2 + text_fc1 + text_fc2 + shared
+
+    modulation = (2 * n * d * r + 2 * n * r * chunks * d) if r else 2 * n * d * chunks * d
+    self_proj = 4 * 2 * s * d * d * len(scopes)
+    cross_proj = 2 * (2 * s * d * d) + 2 * (2 * text * d * d)
+    attn = sum(core(sc) for sc in scopes) + 4 * d * sum(si * li for si, li in zip(seqlens, lens, strict=True))
+    mlp = (3 if cfg.mlp_act == "swiglu" else 2) * 2 * s * d * m
+    final = 2 * n * d * 2 * d + 2 * s * d * p
+
+    layers = cfg.layers
+    parts = {
+        "embed": embed,
+        "modulation": layers * modulation,
+        "projections": layers * (self_proj + cross_proj),
+        "attention": layers * attn,
+        "mlp": layers * mlp,
+        "final": final,
+    }
+    blocks = parts["modulation"] + parts["projections"] + parts["attention"] + parts["mlp"]
+    return FlopCount(parts=parts, no_grad_input=patch + time_fc1 + text_fc1, blocks=blocks)
+
+
+def train_step_flops(
+    cfg: Model,
+    layout: SequenceLayout | Sequence[Grid],
+    text_lens: int | Sequence[int],
+    recompute: Literal["none", "full"] = "none",
+) -> int:
+    """FLOPs of forward + backward (about 3x forward; about 4x with full activation recompute)."""
+    return forward_flops(cfg, layout, text_lens).train_step(recompute)

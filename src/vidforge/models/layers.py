@@ -1,0 +1,216 @@
+"""The layers DiT and ST-DiT blocks are made of. Every matrix is a plain `nn.Linear` with a stable
+name, so tensor parallel can be declared from outside: q/k/v and fc1/fc3 column-wise, out and fc2
+row-wise. Tokens are (B, S, hidden); a packed row has B = 1."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vidforge.models.attention import Attend, AttentionMask
+from vidforge.models.rope import apply_rope
+from vidforge.models.scopes import Scope
+
+
+@dataclass(eq=False)
+class Conditioning:
+    """Everything a block reads besides its tokens, computed once per forward by `DiT.condition` (and
+    recomputed on each pipeline stage rather than sent along).
+
+    time: (N, hidden) timestep embedding, one row per sample (N = B, or the packed sample count).
+    shared_modulation: (N, chunks*hidden) AdaLN-LoRA's shared term, or None without AdaLN-LoRA.
+    text: projected caption tokens: (B, L, hidden), or (1, sum of valid L_i, hidden) when packed.
+    text_mask: the cross-attention mask: KeyPadding, Segments (packed) or None.
+    rope: cos and sin tables, each (S, head_dim/2).
+    scopes: the attention scopes by name ("full", "spatial", "temporal").
+    token_sample: (S,) sample index of every token when packed; None for a plain batch.
+    """
+
+    time: torch.Tensor
+    shared_modulation: torch.Tensor | None
+    text: torch.Tensor
+    text_mask: AttentionMask
+    rope: tuple[torch.Tensor, torch.Tensor]
+    scopes: dict[str, Scope] = field(default_factory=dict)
+    token_sample: torch.Tensor | None = None
+
+    def per_token(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-sample rows (N, F) broadcast against tokens: (B, 1, F), or (1, S, F) when packed."""
+        if self.token_sample is None:
+            return values.unsqueeze(1)
+        return values[self.token_sample].unsqueeze(0)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class TimestepEmbedding(nn.Module):
+    """Noise level -> (N, hidden): sinusoidal features, then Linear-SiLU-Linear (DiT). The EDM noise
+    input c_noise = ln(sigma)/4 spans about [-1.6, 1.1]; it is multiplied by `scale` so that the
+    sinusoids' periods (1 to 10^4) resolve that range."""
+
+    def __init__(self, hidden: int, frequencies: int = 256, scale: float = 1000.0) -> None:
+        super().__init__()
+        self.frequencies = frequencies
+        self.scale = scale
+        self.fc1 = nn.Linear(frequencies, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+
+    def sinusoids(self, noise_level: torch.Tensor) -> torch.Tensor:
+        half = self.frequencies // 2
+        freqs = torch.exp(
+            -math.log(10000.0) * torch.arange(half, device=noise_level.device, dtype=torch.float32) / half
+        )
+        angle = noise_level.float()[:, None] * self.scale * freqs[None]
+        return torch.cat([angle.cos(), angle.sin()], dim=-1)
+
+    def forward(self, noise_level: torch.Tensor) -> torch.Tensor:
+        features = self.sinusoids(noise_level).to(self.fc1.weight.dtype)
+        return self.fc2(F.silu(self.fc1(features)))
+
+
+class TextProjection(nn.Module):
+    """Text encoder states (.., text_dim) -> (.., hidden): Linear-GELU(tanh)-Linear (Wan, PixArt)."""
+
+    def __init__(self, text_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(text_dim, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(text), approximate="tanh"))
+
+
+class Modulation(nn.Module):
+    """Adaptive LayerNorm parameters (shift, scale, gate per sub-layer) from the timestep embedding.
+
+    Full (rank 0): one Linear(hidden, chunks*hidden) per block. AdaLN-LoRA (rank r): a rank-r product
+    up(down(.)) per block added to one shared full projection computed by the model (NeMo; Gupta et al.
+    2023), cutting the per-block modulation parameters from chunks*hidden^2 to r*(chunks+1)*hidden.
+    The output projection starts at zero, so every block starts as the identity (DiT's adaLN-Zero)."""
+
+    def __init__(self, hidden: int, chunks: int, lora_rank: int = 0) -> None:
+        super().__init__()
+        self.chunks = chunks
+        self.lora_rank = lora_rank
+        if lora_rank:
+            self.down = nn.Linear(hidden, lora_rank, bias=False)
+            self.up = nn.Linear(lora_rank, chunks * hidden, bias=False)
+        else:
+            self.proj = nn.Linear(hidden, chunks * hidden)
+        self.zero_init()
+
+    def zero_init(self) -> None:
+        """Zero the output projection (called again by `DiT.init_weights` after its generic init)."""
+        out = self.up if self.lora_rank else self.proj
+        nn.init.zeros_(out.weight)
+        if out.bias is not None:
+            nn.init.zeros_(out.bias)
+
+    def forward(self, cond: Conditioning) -> tuple[torch.Tensor, ...]:
+        act = F.silu(cond.time)
+        if self.lora_rank:
+            if cond.shared_modulation is None:
+                raise ValueError("AdaLN-LoRA blocks need the model's shared modulation in Conditioning")
+            params = self.up(self.down(act)) + cond.shared_modulation
+        else:
+            params = self.proj(act)
+        return cond.per_token(params).chunk(self.chunks, dim=-1)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with per-head QK RMSNorm and 3D RoPE; the `scope` decides whether it
+    is full, spatial or temporal attention."""
+
+    def __init__(self, hidden: int, heads: int, qk_norm: bool = True, attend: Attend | None = None) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = hidden // heads
+        self.q = nn.Linear(hidden, hidden)
+        self.k = nn.Linear(hidden, hidden)
+        self.v = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.attend = attend or Attend()
+
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """q, k, v as (B, S, heads, head_dim), normalised and rotated; what `attend` receives before the
+        scope regroups them (exposed so tests can compute the attention independently)."""
+        q = self.q_norm(self.q(x).unflatten(-1, (self.heads, self.head_dim)))
+        k = self.k_norm(self.k(x).unflatten(-1, (self.heads, self.head_dim)))
+        v = self.v(x).unflatten(-1, (self.heads, self.head_dim))
+        cos, sin = rope
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], scope: Scope) -> torch.Tensor:
+        q, k, v = self.project(x, rope)
+        out = self.attend(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask)
+        return self.out(scope.scatter(out).flatten(-2))
+
+
+class CrossAttention(nn.Module):
+    """Tokens attend to the (projected) caption tokens of their own sample. No RoPE on text."""
+
+    def __init__(self, hidden: int, heads: int, qk_norm: bool = True, attend: Attend | None = None) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = hidden // heads
+        self.q = nn.Linear(hidden, hidden)
+        self.k = nn.Linear(hidden, hidden)
+        self.v = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.attend = attend or Attend()
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        q = self.q_norm(self.q(x).unflatten(-1, (self.heads, self.head_dim)))
+        k = self.k_norm(self.k(text).unflatten(-1, (self.heads, self.head_dim)))
+        v = self.v(text).unflatten(-1, (self.heads, self.head_dim))
+        return self.out(self.attend(q, k, v, mask).flatten(-2))
+
+
+class MLP(nn.Module):
+    """GELU-tanh: fc2(gelu(fc1 x)). SwiGLU: fc2(silu(fc1 x) * fc3 x) (fc1 the gate, fc3 the up
+    projection, as in LLaMA's w1/w3)."""
+
+    def __init__(self, hidden: int, inner: int, activation: str = "gelu-tanh") -> None:
+        super().__init__()
+        if activation not in ("gelu-tanh", "swiglu"):
+            raise ValueError(f"model.mlp_act: unknown {activation!r}; use gelu-tanh or swiglu")
+        self.activation = activation
+        self.fc1 = nn.Linear(hidden, inner)
+        self.fc2 = nn.Linear(inner, hidden)
+        self.fc3 = nn.Linear(hidden, inner) if activation == "swiglu" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fc3 is not None:
+            return self.fc2(F.silu(self.fc1(x)) * self.fc3(x))
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class FinalLayer(nn.Module):
+    """Adaptive LayerNorm (shift, scale) and a projection back to patch features; both zero-initialised
+    so the network's output starts at zero (DiT)."""
+
+    def __init__(self, hidden: int, patch_dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
+        self.modulation = nn.Linear(hidden, 2 * hidden)
+        self.proj = nn.Linear(hidden, patch_dim)
+        self.zero_init()
+
+    def zero_init(self) -> None:
+        for layer in (self.modulation, self.proj):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        shift, scale = cond.per_token(self.modulation(F.silu(cond.time))).chunk(2, dim=-1)
+        return self.proj(modulate(self.norm(x), shift, scale))

@@ -1,0 +1,42 @@
+"""3D rotary position embedding: the head dimension is split into t, h and w parts, each rotated by
+its own axis position (Wan's split: h and w get 2*(d//6) channels each, t the rest, so every part is
+even). Because RoPE only encodes relative offsets, the same tables serve full, spatial (constant t)
+and temporal (constant h, w) attention."""
+
+from __future__ import annotations
+
+import torch
+
+
+def axis_dims(head_dim: int) -> tuple[int, int, int]:
+    """Channels of the head dimension given to the t, h and w axes."""
+    if head_dim % 2 or head_dim < 6:
+        raise ValueError(f"head_dim must be even and >= 6 for 3D rotary embeddings, got {head_dim}")
+    spatial = 2 * (head_dim // 6)
+    return head_dim - 2 * spatial, spatial, spatial
+
+
+def rope_tables(
+    positions: torch.Tensor, head_dim: int, theta: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for integer positions (S, 3) = (t, h, w): each (S, head_dim // 2)."""
+    angles = []
+    for axis, dim in enumerate(axis_dims(head_dim)):
+        freqs = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
+        angles.append(positions[:, axis, None].to(torch.float64) * freqs[None, :])
+    angle = torch.cat(angles, dim=-1)
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive channel pairs (x[2i], x[2i+1]) of x (B, S, heads, head_dim) by the angles whose
+    cos/sin are (S, head_dim/2) or (B, S, head_dim/2). Computed in float32 (float64 stays float64)."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if cos.ndim == 2:
+        cos, sin = cos[None], sin[None]
+    cos = cos[:, :, None, :].to(compute)
+    sin = sin[:, :, None, :].to(compute)
+    pairs = x.to(compute).unflatten(-1, (-1, 2))
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.flatten(-2).to(x.dtype)

@@ -1,0 +1,77 @@
+"""Attention scopes: which tokens attend to which, expressed as a regrouping of the token row plus a
+mask for the dispatcher.
+
+- `full`: every token of a sample attends to every token of the same sample (DiT).
+- `spatial`: tokens of one frame attend to each other (ST-DiT).
+- `temporal`: tokens at one (h, w) position attend across frames (ST-DiT).
+
+A plain batch (B equal grids) regroups by reshaping, so the dispatcher sees a bigger batch of short
+sequences and no mask; a packed row keeps B = 1 and passes `Segments` (temporal first permutes tokens
+so that each position's frames are contiguous). q, k, v are (B, S, heads, head_dim) throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vidforge.models.attention import AttentionMask
+from vidforge.models.packing import SequenceLayout
+from vidforge.models.patchify import Grid
+
+SCOPES = ("full", "spatial", "temporal")
+
+
+@dataclass(eq=False)
+class Scope:
+    """One way of grouping tokens for attention. `gather` maps (B, S, H, D) to the dispatcher's
+    (B', S', H, D); `scatter` maps the result back; `mask` goes to the dispatcher."""
+
+    name: str
+    mask: AttentionMask = None
+    batch: int = 1
+    grid: Grid | None = None
+    order: torch.Tensor | None = None  # packed temporal: permutation into (h, w, t) order
+    inverse: torch.Tensor | None = None
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        if self.order is not None:
+            return x[:, self.order]
+        if self.grid is None or self.name == "full":
+            return x
+        b, _, heads, dim = x.shape
+        t, h, w = self.grid
+        if self.name == "spatial":
+            return x.reshape(b * t, h * w, heads, dim)
+        return x.reshape(b, t, h * w, heads, dim).transpose(1, 2).reshape(b * h * w, t, heads, dim)
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        if self.inverse is not None:
+            return x[:, self.inverse]
+        if self.grid is None or self.name == "full":
+            return x
+        t, h, w = self.grid
+        heads, dim = x.shape[2], x.shape[3]
+        if self.name == "spatial":
+            return x.reshape(self.batch, t * h * w, heads, dim)
+        return (
+            x.reshape(self.batch, h * w, t, heads, dim)
+            .transpose(1, 2)
+            .reshape(self.batch, t * h * w, heads, dim)
+        )
+
+
+def batch_scopes(batch: int, grid: Grid) -> dict[str, Scope]:
+    """Scopes for a plain batch of `batch` samples that share one token grid."""
+    return {name: Scope(name, None, batch, tuple(grid)) for name in SCOPES}
+
+
+def packed_scopes(layout: SequenceLayout, device: torch.device | str = "cpu") -> dict[str, Scope]:
+    """Scopes for one packed row."""
+    order = layout.temporal_order(device)
+    return {
+        "full": Scope("full", layout.segments()),
+        "spatial": Scope("spatial", layout.frame_segments()),
+        "temporal": Scope("temporal", layout.position_segments(), order=order, inverse=torch.argsort(order)),
+    }
