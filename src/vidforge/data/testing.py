@@ -61,3 +61,34 @@ def make_annotated_dir(out: str | os.PathLike, videos: int = 4, images: int = 2,
                         "media": media})
     write_jsonl(out / "manifest.jsonl", records)
     return out
+
+
+def make_latent_shards(out: str | os.PathLike, shards: int = 4, per_shard: int = 6, channels: int = 4,
+                       shapes: tuple[tuple[int, int, int], ...] = ((1, 4, 4), (2, 4, 6), (3, 6, 4), (5, 4, 4)),
+                       text_shape: tuple[int, int] = (8, 16), seed: int = 0, val_shards: int = 0) -> Path:
+    """Latent shards as `vidforge tokenize` writes them (latent.npy (C, T, H, W), text_emb/mask, json, txt)
+    with the index, filled so every value identifies its sample: latent = sample number + position/1000."""
+    from vidforge.data.shard_index import write_index
+    from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
+
+    out = Path(out)
+    rng = np.random.default_rng(seed)
+    entries = []
+    number = 0
+    for s in range(shards + val_shards):
+        split = "train" if s < shards else "val"
+        with ShardWriter(out / f"{split}-{s:06d}.tar") as writer:
+            for _ in range(per_shard):
+                t, h, w = shapes[int(rng.integers(len(shapes)))]
+                latent = (number + np.arange(channels * t * h * w).reshape(channels, t, h, w) / 1e4).astype(np.float32)
+                length = int(rng.integers(1, text_shape[0] + 1))
+                mask = np.arange(text_shape[0]) < length
+                emb = (rng.standard_normal(text_shape) * mask[:, None]).astype(np.float16)
+                key = f"s{number:06d}"
+                writer.add(key, {"latent.npy": npy_bytes(latent), "text_emb.npy": npy_bytes(emb),
+                                 "text_mask.npy": npy_bytes(mask), "txt": f"caption {number}".encode(),
+                                 "json": json_bytes({"key": key, "number": number, "latent_shape": latent.shape})})
+                number += 1
+            entries.append({**writer.close(), "split": split, "bucket": "all"})
+    write_index(out, "latent", entries, created_by="vidforge.data.testing")
+    return out

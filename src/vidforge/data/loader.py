@@ -1,0 +1,218 @@
+"""The training loader: blended, shuffled, rank-aware, resumable reading of shard directories.
+
+    loader = ShardLoader.from_profile(profile, ["runs/latents"], dp_rank=r, dp_size=n)
+    for sample in loader: ...                    # dicts of decoded members: "latent.npy", "text_emb.npy", ...
+    state = loader.state_dict()                  # JSON-able; save it with the training checkpoint
+    loader.load_state_dict(state)                # a fresh loader continues exactly where this one was
+
+Sample references come from `blending` (a pure function of seed, rank and epoch plus a small state); a
+sample is fetched by random access into its shard, whose tar is checked (truncation, sample count,
+sha256 by `verify`) before any sample of it is returned. A shard or sample that fails is logged and
+skipped, or raises, by `on_error`. Wrong data is never returned silently.
+
+Model-parallel groups (tp x cp x pp ranks that must see identical samples) share a dp_rank, so their
+reference streams are identical; a `GroupComm` makes each shard be read once per group: `broadcast`
+(group rank 0 reads, sends), `allgather` (each reads every size-th sample of a chunk, all exchange;
+NeMo's way) or `each` (every rank reads everything)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from vidforge.data.blending import Blender, Ref, SourceStream
+from vidforge.data.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, read_media
+from vidforge.data.shard_index import ShardIndex, read_index
+from vidforge.data.shard_reader import SampleError, ShardError, check_shard, decode_members, read_members
+
+log = logging.getLogger("vidforge.data")
+
+
+class DataError(RuntimeError):
+    """A shard or sample failed and `on_error` is `fail`."""
+
+
+def group_share(n: int, group_rank: int, group_size: int) -> list[int]:
+    """Positions of a chunk of `n` references that one rank of a model-parallel group reads (allgather)."""
+    return list(range(group_rank, n, group_size))
+
+
+def merge_shares(parts: Sequence[Sequence[tuple[int, Any]]], n: int) -> list[Any]:
+    """The chunk in order from every rank's (position, sample-or-None) parts; raises if one is missing."""
+    slots: list[Any] = [None] * n
+    filled = [False] * n
+    for part in parts:
+        for pos, sample in part:
+            slots[pos], filled[pos] = sample, True
+    if not all(filled):
+        raise RuntimeError(f"model-parallel group exchange lost positions {[i for i, f in enumerate(filled) if not f]}")
+    return slots
+
+
+class GroupComm:
+    """The ranks of one model-parallel group (torch.distributed process group), for sample exchange."""
+
+    def __init__(self, group: Any = None, mode: str = "allgather"):
+        import torch.distributed as dist
+
+        self.dist, self.group, self.mode = dist, group, mode
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        self.dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        src = self.dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        self.dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+
+class ShardLoader:
+    """See the module docstring. `sources` are shard directories, or (directory, weight) pairs."""
+
+    def __init__(self, sources: Sequence[str | os.PathLike | tuple[str | os.PathLike, float]], *, split: str = "train",
+                 seed: int = 0, shuffle_buffer: int = 256, epochs: int | None = None, dp_rank: int = 0,
+                 dp_size: int = 1, on_error: str = "skip", verify: str = "sha256", group: GroupComm | None = None,
+                 decode_media: bool = False, cache_shards: int = 64):
+        if not sources:
+            raise ValueError("ShardLoader needs at least one source")
+        pairs = [(s, 1.0) if not isinstance(s, tuple) else s for s in sources]
+        self.indexes: list[ShardIndex] = [read_index(p) for p, _ in pairs]
+        self.shards = [ix.split(split) for ix in self.indexes]
+        streams = []
+        for i, (ix, shards) in enumerate(zip(self.indexes, self.shards, strict=True)):
+            if not shards:
+                from vidforge.errors import UserInputError
+
+                raise UserInputError(f"{ix.root}: no shards of split {split!r}")
+            streams.append(SourceStream(i, [s.samples for s in shards], seed=seed, dp_rank=dp_rank, dp_size=dp_size,
+                                        shuffle_buffer=shuffle_buffer, epochs=epochs, name=str(ix.root)))
+        self.blender = Blender(streams, [w for _, w in pairs], seed=seed, dp_rank=dp_rank)
+        self.on_error, self.verify, self.group, self.decode_media = on_error, verify, group, decode_media
+        self.pending: list[tuple[Ref, dict | None]] = []  # fetched (group exchange) but not yet returned
+        self._tables: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._checked: set[tuple[int, int]] = set()
+        self._cache_shards = cache_shards
+        self.stats = {"yielded": 0, "skipped_samples": 0, "skipped_shards": 0}
+
+    @classmethod
+    def from_profile(cls, profile: Any, paths: Sequence[str | os.PathLike] = (), *, split: str = "train",
+                     dp_rank: int = 0, dp_size: int = 1, group: GroupComm | None = None,
+                     decode_media: bool = False) -> ShardLoader:
+        cfg = profile.data
+        sources: list[Any] = [(s.path, s.weight) for s in cfg.sources] or [(p, 1.0) for p in paths]
+        return cls(sources, split=split, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, epochs=cfg.epochs,
+                   dp_rank=dp_rank, dp_size=dp_size, on_error=cfg.on_error, verify=cfg.verify, group=group,
+                   decode_media=decode_media)
+
+    # --- fetching ---------------------------------------------------------------------------------------
+
+    def _fail(self, message: str, kind: str) -> None:
+        if self.on_error == "fail":
+            raise DataError(message)
+        log.warning("skipping %s: %s", kind, message)
+        self.stats[f"skipped_{kind}s"] += 1
+
+    def _table(self, source: int, shard: int) -> Any:
+        key = (source, shard)
+        if key in self._tables:
+            self._tables.move_to_end(key)
+            return self._tables[key]
+        entry = self.shards[source][shard]
+        path = self.indexes[source].path(entry)
+        try:
+            table = check_shard(path, entry, self.verify if key not in self._checked else "count")
+        except ShardError as err:
+            table = err
+            self._fail(f"{self.indexes[source].root}/{err}", "shard")
+        self._checked.add(key)
+        self._tables[key] = table
+        if len(self._tables) > self._cache_shards:
+            self._tables.popitem(last=False)
+        return table
+
+    def fetch(self, ref: Ref) -> dict[str, Any] | None:
+        """The decoded sample a reference points to, or None when it is skipped (logged)."""
+        source, shard, index = ref
+        table = self._table(source, shard)
+        if isinstance(table, ShardError):
+            return None  # counted once when the shard failed
+        path = self.indexes[source].path(self.shards[source][shard])
+        if index >= len(table):
+            self._fail(f"{path.name}: no sample {index}", "sample")
+            return None
+        try:
+            sample = decode_members(table[index].key, read_members(path, table[index]))
+            if self.decode_media:
+                media = [e for e in sample if e in IMAGE_EXTENSIONS or e in VIDEO_EXTENSIONS]
+                if media:
+                    kind = "image" if media[0] in IMAGE_EXTENSIONS else "video"
+                    from vidforge.data.media import MediaError
+
+                    try:
+                        sample["frames"] = read_media(sample[media[0]], kind)
+                    except MediaError as err:
+                        raise SampleError(f"{sample['__key__']}.{media[0]}: {err}") from None
+        except (SampleError, ShardError, OSError) as err:
+            self._fail(f"{path.name}: {err}", "sample")
+            return None
+        sample["__ref__"] = ref
+        sample["__shard__"] = str(path)
+        return sample
+
+    # --- the stream -------------------------------------------------------------------------------------
+
+    def _refill(self) -> bool:
+        """Fetch the next chunk into `pending` (one sample alone, or a group's chunk). False at the end."""
+        g = self.group
+        size = 1 if g is None or g.mode == "each" else g.size
+        refs = []
+        for _ in range(size):
+            ref = self.blender.next()
+            if ref is None:
+                break
+            refs.append(ref)
+        if not refs:
+            return False
+        if g is None or g.mode == "each":
+            samples = [self.fetch(r) for r in refs]
+        elif g.mode == "broadcast":
+            samples = g.broadcast([self.fetch(r) for r in refs] if g.rank == 0 else None)
+        else:
+            mine = [(pos, self.fetch(refs[pos])) for pos in group_share(len(refs), g.rank, g.size)]
+            samples = merge_shares(g.all_gather(mine), len(refs))
+        self.pending.extend(zip(refs, samples, strict=True))
+        return True
+
+    def next_sample(self) -> dict[str, Any] | None:
+        while True:
+            while self.pending:
+                _, sample = self.pending.pop(0)
+                if sample is not None:
+                    self.stats["yielded"] += 1
+                    return sample
+            if not self._refill():
+                return None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while (sample := self.next_sample()) is not None:
+            yield sample
+
+    # --- resume -----------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Exact position: the blender and every source stream, plus samples fetched but not returned."""
+        return {"version": 1, "blender": self.blender.state_dict(), "pending": [list(r) for r, _ in self.pending],
+                "sources": [str(Path(ix.root)) for ix in self.indexes]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.blender.load_state_dict(state["blender"])
+        self.pending = [(tuple(r), self.fetch(tuple(r))) for r in state["pending"]]
