@@ -112,8 +112,10 @@ class Scene:
     text: str | None = None  # large centred text
     frozen_from: int | None = None  # from this local frame on, the picture freezes (a static span)
     fade_from: int | None = None  # from this local frame on, fade linearly to black by the scene's end
-    jump_at: int | None = None  # from this local frame on, the picture is brighter (a false cut)
-    jump_gain: float = 1.6
+    flash_at: int | None = (
+        None  # a camera flash starts at this local frame: a detector cuts, the scene goes on
+    )
+    flash_frames: int = 2
     grain: float = 2.5  # std of monochrome camera noise; real footage has it, frozen frames repeat it
 
 
@@ -168,8 +170,8 @@ def render_scene(scene: Scene, width: int = WIDTH, height: int = HEIGHT, seed: i
                 thickness,
                 cv2.LINE_AA,
             )
-        if scene.jump_at is not None and t >= scene.jump_at:
-            frame = np.clip(frame.astype(np.float32) * scene.jump_gain + 30, 0, 255).astype(np.uint8)
+        if scene.flash_at is not None and scene.flash_at <= t < scene.flash_at + scene.flash_frames:
+            frame = np.clip(frame.astype(np.float32) * 0.3 + 200, 0, 255).astype(np.uint8)
         if scene.fade_from is not None and t >= scene.fade_from:
             span = scene.frames - scene.fade_from
             gain = 1.0 - (t - scene.fade_from + 1) / span
@@ -274,8 +276,8 @@ def catalogue(seed: int = 0) -> dict[str, list[Scene]]:
                 shapes=[Shape("square", "white", 16, (56, 4), "down", 2)],
             ),
         ],
-        # One scene split by a sudden global brightness jump (a detector cuts; the content goes on),
-        # then a true cut to different content.
+        # One scene interrupted by a two-frame camera flash (a detector cuts there although the same content
+        # goes on: the case event stitching undoes), then a true cut to different content.
         "false_split": [
             Scene(
                 60,
@@ -283,7 +285,7 @@ def catalogue(seed: int = 0) -> dict[str, list[Scene]]:
                 ((40, 40, 90), (90, 90, 150)),
                 pattern=3,
                 shapes=[Shape("square", "green", 18, (4, _jitter(rng, 20, 50)), "right", 1)],
-                jump_at=30,
+                flash_at=30,
             ),
             Scene(30, 'the word "STOP" in large letters', ((250, 240, 200), (250, 200, 160)), text="STOP"),
         ],
@@ -363,12 +365,12 @@ def truth_of(name: str, scenes: list[Scene], fps: int, width: int, height: int) 
     for index, scene in enumerate(scenes):
         if index:
             cuts.append(start)
-        if scene.jump_at is not None:
-            false_cuts.append(start + scene.jump_at)
+        if scene.flash_at is not None:
+            false_cuts.append(start + scene.flash_at)
         if scene.frozen_from is not None:
             # A static span holds the frames that repeat their predecessor: those after `frozen_from`.
             static_spans.append([start + scene.frozen_from + 1, start + scene.frames])
-        elif not any(s.speed for s in scene.shapes) and scene.fade_from is None and scene.jump_at is None:
+        elif not any(s.speed for s in scene.shapes) and scene.fade_from is None and scene.flash_at is None:
             static_spans.append([start + 1, start + scene.frames])  # nothing moves at all
         if scene.text:
             box = list(_text_box(scene.text, width, height)[3])
