@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from vidforge import __version__
-from vidforge.cli import profile_cmd
+from vidforge.cli import caption_cmd, profile_cmd
 from vidforge.cli._errors import GuardedGroup
 from vidforge.cli._output import Output, set_current_output
 
@@ -44,6 +44,7 @@ def root(
 
 
 app.add_typer(profile_cmd.app, name="profile")
+app.command("caption")(caption_cmd.caption)
 
 
 def main() -> None:

@@ -1,0 +1,171 @@
+"""`vidforge caption` end to end on the sample videos, each taken as one clip of a clip-stage output
+(sidecar captions, a tiny random CLIP, motion): the output contract, the decisions, an undecodable clip
+recorded as an error while the batch goes on, and reruns/resumes producing the same files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import av
+import pytest
+from typer.testing import CliRunner
+
+from vidforge.cli.app import app
+from vidforge.data.manifest import stable_id, write_jsonl
+
+runner = CliRunner()
+NAMES = ["red_square", "motion_static", "motion_slow", "motion_fast", "fade_text"]
+SETTINGS = [
+    "curation.caption.backend=sidecar",
+    "curation.caption.random_weights=true",
+    "curation.caption.clip.model=tiny-clip",
+    "curation.caption.clip.frames=2",
+    "curation.caption.ocr.enabled=false",
+    "curation.caption.aesthetic.min_score=-1000",
+    "curation.caption.clip_score.min_score=-1",
+    "curation.caption.batch_clips=2",
+]
+
+
+@pytest.fixture
+def clips_dir(tmp_path, sample_videos, sample_truth):
+    """A stand-in for a `vidforge clip` output: each sample video whole as one clip, plus a corrupt one."""
+    root = tmp_path / "clips_run"
+    (root / "clips").mkdir(parents=True)
+    records = []
+    for name in NAMES:
+        truth = sample_truth[name]
+        source = sample_videos / truth["file"]
+        cid = stable_id(source, 0, truth["frames"])
+        shutil.copy(source, root / "clips" / f"{cid}.mp4")
+        records.append(
+            {
+                "clip_id": cid,
+                "source": str(source),
+                "start_frame": 0,
+                "end_frame": truth["frames"],
+                "start_s": 0.0,
+                "end_s": truth["seconds"],
+                "fps": truth["fps"],
+                "width": truth["width"],
+                "height": truth["height"],
+                "frames": truth["frames"],
+                "media": f"clips/{cid}.mp4",
+            }
+        )
+    bad = stable_id("broken", 0, 10)
+    (root / "clips" / f"{bad}.mp4").write_bytes(b"not a video at all")
+    records.append(
+        {
+            "clip_id": bad,
+            "source": str(sample_videos / "red_square.mp4"),
+            "start_s": 0.0,
+            "end_s": 1.0,
+            "media": f"clips/{bad}.mp4",
+        }
+    )
+    write_jsonl(root / "manifest.jsonl", records)
+    return root
+
+
+def _run(clips, out, *extra):
+    args = ["--json", "caption", str(clips), "-o", str(out)]
+    for s in SETTINGS:
+        args += ["--set", s]
+    return runner.invoke(app, args + list(extra), catch_exceptions=False)
+
+
+def _read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_caption_cli_end_to_end(clips_dir, tmp_path, sample_truth):
+    out = tmp_path / "captioned"
+    result = _run(clips_dir, out)
+    assert result.exit_code == 3, result.output  # one clip failed: partial success
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    summary = lines[-1]
+    assert summary["event"] == "result" and summary["clips"] == 6 and summary["errors"] == 1
+
+    inputs = {r["clip_id"]: r for r in _read(clips_dir / "manifest.jsonl")}
+    manifest = {r["clip_id"]: r for r in _read(out / "manifest.jsonl")}
+    assert set(manifest) == set(inputs)
+    by_name = {}
+    for cid, rec in manifest.items():
+        for key, value in inputs[cid].items():  # every field of the clip record is carried
+            if key != "media":
+                assert rec[key] == value
+        for key in (
+            "caption",
+            "caption_source",
+            "aesthetic",
+            "text_area",
+            "texty_frames",
+            "motion",
+            "clip_score",
+            "keep",
+            "reasons",
+            "media",
+        ):
+            assert key in rec
+        assert rec["random_weights"] is True
+        by_name[os.path.basename(rec["source"]).removesuffix(".mp4") if rec.get("frames") else "broken"] = rec
+
+    # Captions from the sidecars, by overlap (each clip is a whole one-scene video or the first scene wins).
+    for name in ("red_square", "motion_static", "motion_slow", "motion_fast"):
+        assert by_name[name]["caption"] == sample_truth[name]["scenes"][0]["caption"]
+        assert by_name[name]["caption_source"] == "sidecar:json"
+    # Motion decides: the static clip is rejected, the moving ones kept.
+    assert by_name["motion_static"]["reasons"] == ["too_static"] and not by_name["motion_static"]["keep"]
+    for name in ("motion_slow", "motion_fast", "red_square"):
+        assert by_name[name]["keep"] and by_name[name]["reasons"] == [], by_name[name]
+    assert (
+        by_name["motion_static"]["motion"]
+        < by_name["motion_slow"]["motion"]
+        < by_name["motion_fast"]["motion"]
+    )
+    # The undecodable clip: an error, rejected, the others done.
+    broken = by_name["broken"]
+    assert broken["keep"] is False and broken["reasons"] == ["error:decode"]
+    [err] = _read(out / "errors.jsonl")
+    assert err["clip_id"] == broken["clip_id"] and err["step"] == "decode"
+
+    # Media linked into OUT (hard links on one filesystem).
+    for cid, rec in manifest.items():
+        if rec is broken:
+            continue
+        target = out / rec["media"]
+        assert rec["media"] == f"clips/{cid}.mp4" and target.is_file()
+        assert os.path.samefile(target, clips_dir / inputs[cid]["media"])
+        with av.open(str(target)) as c:
+            assert c.streams.video[0].frames > 0
+
+    rejected = _read(out / "rejected.jsonl")
+    assert {r["clip_id"] for r in rejected} == {c for c, r in manifest.items() if not r["keep"]}
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["by_reason"]["too_static"] == sum("too_static" in r["reasons"] for r in manifest.values())
+    assert saved["kept"] + saved["rejected"] == 6
+    assert (out / "histograms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # A rerun does nothing new and writes the same files.
+    before = {p: (out / p).read_bytes() for p in ("manifest.jsonl", "errors.jsonl", "rejected.jsonl")}
+    again = _run(clips_dir, out)
+    assert json.loads(again.output.splitlines()[-1])["skipped"] == 6
+    assert {p: (out / p).read_bytes() for p in before} == before
+
+
+def test_caption_resume_matches_an_uninterrupted_run(clips_dir, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    _run(clips_dir, whole)
+    first = _run(clips_dir, resumed, "--limit", "3")  # stands in for a run killed after three clips
+    assert json.loads(first.output.splitlines()[-1])["clips"] == 3
+    _run(clips_dir, resumed)
+    assert (resumed / "manifest.jsonl").read_bytes() == (whole / "manifest.jsonl").read_bytes()
+    assert (resumed / "errors.jsonl").read_bytes() == (whole / "errors.jsonl").read_bytes()
+
+
+def test_caption_cli_user_errors(tmp_path):
+    result = runner.invoke(app, ["caption", str(tmp_path), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "manifest.jsonl" in result.output
