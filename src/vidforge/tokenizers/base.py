@@ -1,0 +1,74 @@
+"""What every video tokenizer offers, and the conversions between uint8 frames and model tensors.
+
+Videos enter as (B, 3, F, H, W) floats in [-1, 1] with F = 4k+1 (causal: the first frame alone, then
+groups of `temporal_compression`); latents are (B, C, 1 + (F-1)/ct, H/cs, W/cs), already normalised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from vidforge.errors import UserInputError
+
+
+def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
+    """(F, H, W, 3) uint8 -> (3, F, H, W) float32 in [-1, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0)
+
+
+def tensor_to_frames(video: torch.Tensor) -> np.ndarray:
+    """(3, F, H, W) in [-1, 1] -> (F, H, W, 3) uint8 (rounded, clamped)."""
+    x = (video.detach().float().cpu().clamp(-1, 1) + 1.0) * 127.5
+    return x.round().to(torch.uint8).permute(1, 2, 3, 0).contiguous().numpy()
+
+
+class VideoTokenizer:
+    """Interface: `encode` (B, 3, F, H, W) -> normalised latents; `decode` is its inverse."""
+
+    temporal_compression: int
+    spatial_compression: int
+    latent_channels: int
+    device: torch.device
+
+    def encode(self, video: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def check_input(self, video: torch.Tensor) -> None:
+        if video.ndim != 5 or video.shape[1] != 3:
+            raise ValueError(f"expected video (B, 3, F, H, W), got {tuple(video.shape)}")
+        f, h, w = video.shape[2:]
+        ct, cs = self.temporal_compression, self.spatial_compression
+        if (f - 1) % ct or h % cs or w % cs:
+            raise ValueError(f"video of {f} frames {h}x{w}: frames must be {ct}k+1 and sizes multiples of {cs}")
+
+    def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        return (self.latent_channels, 1 + (frames - 1) // self.temporal_compression,
+                height // self.spatial_compression, width // self.spatial_compression)
+
+
+def build_tokenizer(profile: Any, device: str | None = None) -> VideoTokenizer:
+    """The profile's tokenizer (`profile.tokenizer`)."""
+    cfg = profile.tokenizer
+    from vidforge.text.encoders import resolve_device
+
+    dev = resolve_device(device or cfg.device)
+    if cfg.kind == "pixel":
+        from vidforge.tokenizers.pixel import PixelTokenizer
+
+        return PixelTokenizer(cfg.temporal_compression, cfg.spatial_compression, device=dev)
+    if cfg.path is None and cfg.config is None:
+        raise UserInputError(f"tokenizer.path: the {cfg.kind} VAE needs a local diffusers folder (or tokenizer.config, "
+                             "a JSON of init arguments, for random weights); or use tokenizer.kind=pixel")
+    from vidforge.tokenizers.vae import DiffusersVAE
+
+    return DiffusersVAE(cfg.kind, path=cfg.path, config=cfg.config, device=dev, dtype=cfg.dtype,
+                        normalize=cfg.normalize, tiling=cfg.tiling, tile_size=cfg.tile_size, tile_stride=cfg.tile_stride,
+                        frame_batch=cfg.frame_batch, expect=(cfg.temporal_compression, cfg.spatial_compression))

@@ -1,0 +1,238 @@
+"""`vidforge tokenize`: media shards (from `vidforge shard`) to latent shards for training.
+
+Per sample: decode the clip or image, pick its bucket (nearest aspect, longest 4k+1 frame count it fills),
+resize and centre-crop there, encode with the profile's tokenizer, and write `<key>.latent.npy`
+(C, T, H, W) float32 with the text embedding, mask, caption and metadata carried over. The index is
+written last, as for `shard`.
+
+Throughput: background threads read, decode and resize the next clips (`tokenizer.prefetch`) and a
+writer thread appends to the tar, so the encoder (the GPU) never waits on them. Under torchrun each rank
+takes a disjoint set of shards (rank::world); rank 0 writes the index after a barrier."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resolution_bucket
+from vidforge.data.media import MediaError, media_kind, read_media
+from vidforge.data.shard_index import ShardEntry, read_index, write_index
+from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
+from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
+from vidforge.data.units import UnitLedger
+from vidforge.errors import UserInputError
+from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer, frames_to_tensor, tensor_to_frames
+
+CARRIED = ("text_emb.npy", "text_mask.npy", "txt")
+
+
+@dataclass
+class TokenizeSummary:
+    shards: int = 0
+    written: int = 0
+    skipped: int = 0
+    samples: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+    out: str = ""
+    errors: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"out": self.out, "shards": self.shards, "written": self.written, "skipped": self.skipped,
+                "samples": self.samples, "rejected": self.rejected, "seconds": round(self.seconds, 3),
+                "clips/s": round(self.samples / self.seconds, 3) if self.seconds else 0.0,
+                "encode clips/s": round(self.samples / self.encode_seconds, 3) if self.encode_seconds else 0.0}
+
+
+@dataclass
+class Prepared:
+    key: str
+    video: np.ndarray | None  # (F, H, W, 3) uint8 at the bucket's size
+    members: dict[str, bytes]
+    meta: dict[str, Any]
+    error: str | None = None
+
+
+def prepare(path: Path, sample: SampleMembers, data_cfg: Any) -> Prepared:
+    """Read one sample's members, decode its media and fit it to its bucket (runs in a worker thread)."""
+    import json
+
+    members = read_members(path, sample)
+    meta = json.loads(members.get("json", b"{}"))
+    media = [e for e in members if e not in CARRIED and e != "json"]
+    if not media:
+        return Prepared(sample.key, None, members, meta, "no media member")
+    kind = media_kind(f"x.{media[0]}", data_cfg.image_extensions)
+    n = max(data_cfg.frame_buckets)
+    try:
+        frames = read_media(members[media[0]], kind, max_frames=n)
+    except MediaError as err:
+        return Prepared(sample.key, None, members, meta, str(err))
+    f, h, w, _ = frames.shape
+    frames_used = frame_bucket(f, data_cfg.frame_buckets)
+    if frames_used is None:
+        return Prepared(sample.key, None, members, meta, f"{f} frames: shorter than every data.frame_buckets")
+    bh, bw = resolution_bucket(h, w, data_cfg.buckets)
+    video = resize_crop(frames[:frames_used], bh, bw)
+    meta = {**meta, "bucket": bucket_label(bh, bw, frames_used), "frames_used": frames_used,
+            "source_size": [h, w], "source_frames": f}
+    return Prepared(sample.key, video, members, meta)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def tokenize_shard(in_path: Path, entry: ShardEntry, out_path: Path, tokenizer: VideoTokenizer, profile: Any,
+                   pool: ThreadPoolExecutor) -> tuple[dict, list[dict], float]:
+    """One media shard to one latent shard. Returns (index entry, rejected samples, seconds encoding)."""
+    samples = check_shard(in_path, entry, "sha256")
+    prefetch = max(1, profile.tokenizer.prefetch)
+    batch_size = profile.tokenizer.batch_size
+    errors: list[dict] = []
+    encode_s = 0.0
+    queue: deque[Future] = deque()
+    it = iter(samples)
+
+    def top_up() -> None:
+        while len(queue) < prefetch + batch_size and (s := next(it, None)) is not None:
+            queue.append(pool.submit(prepare, in_path, s, profile.data))
+
+    with ShardWriter(out_path) as writer, ThreadPoolExecutor(1, thread_name_prefix="vf-write") as write_pool:
+        writes: list[Future] = []
+
+        def write(p: Prepared, latent: np.ndarray) -> None:
+            meta = {**p.meta, "latent_shape": list(latent.shape), "tokenizer": tokenizer.describe()["kind"]}
+            members = {"latent.npy": npy_bytes(latent), "json": json_bytes(meta)}
+            members.update({k: p.members[k] for k in CARRIED if k in p.members})
+            writer.add(p.key, members)
+
+        top_up()
+        while queue:
+            batch: list[Prepared] = []
+            while queue and len(batch) < batch_size:
+                p = queue.popleft().result()
+                top_up()
+                if p.error is not None:
+                    errors.append({"shard": entry.name, "key": p.key, "reason": p.error})
+                    continue
+                if batch and p.video.shape != batch[0].video.shape:
+                    queue.appendleft(_done(p))
+                    break
+                batch.append(p)
+            if not batch:
+                continue
+            video = torch.stack([frames_to_tensor(p.video) for p in batch]).to(tokenizer.device, non_blocking=True)
+            _sync(tokenizer.device)
+            t0 = time.perf_counter()
+            latents = tokenizer.encode(video)
+            _sync(tokenizer.device)
+            encode_s += time.perf_counter() - t0
+            latents = latents.float().cpu().numpy()
+            for p, latent in zip(batch, latents, strict=True):
+                writes.append(write_pool.submit(write, p, latent))
+        for w in writes:
+            w.result()  # re-raise a failed write
+        result = writer.close()
+    return {**result, "split": entry.split, "bucket": entry.bucket, "keys_digest": entry.keys_digest}, errors, encode_s
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _barrier(world: int) -> None:
+    if world <= 1:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    dist.barrier()
+
+
+def run(profile: Any, shards_dir: str | os.PathLike, out: str | os.PathLike, *, tokenizer: VideoTokenizer | None = None,
+        on_shard: Callable[[dict[str, Any], int], None] | None = None) -> TokenizeSummary:
+    """Tokenize every shard of `shards_dir` (this rank's share under torchrun) into `out`."""
+    shards_dir, out = Path(shards_dir), Path(out)
+    index = read_index(shards_dir)
+    if index.kind != "media":
+        raise UserInputError(f"{shards_dir}: holds {index.kind} shards; pass the output directory of `vidforge shard`")
+    if out.resolve() == shards_dir.resolve():
+        raise UserInputError(f"-o {out}: must differ from the input directory")
+    rank, world = _rank_world()
+    if tokenizer is None:
+        device = None
+        if torch.cuda.is_available() and profile.tokenizer.device == "auto":
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
+        tokenizer = build_tokenizer(profile, device)
+    started = time.perf_counter()
+    ledger = UnitLedger(out)
+    if rank == 0:
+        ledger.recover()
+    _barrier(world)
+    done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
+    shards = sorted(index.shards, key=lambda s: s.name)
+    summary = TokenizeSummary(shards=len(shards), out=str(out))
+    workers = max(1, min(8, profile.tokenizer.prefetch))
+    with ThreadPoolExecutor(workers, thread_name_prefix="vf-decode") as pool:
+        for entry in shards[rank::world]:
+            unit = f"{entry.name}#{entry.sha256}"
+            path = out / entry.name
+            result = done.get(unit)
+            if result is not None and path.is_file() and path.stat().st_size == result["bytes"]:
+                summary.skipped += 1
+            else:
+                try:
+                    result, errors, encode_s = tokenize_shard(index.path(entry), entry, path, tokenizer, profile, pool)
+                except ShardError as err:
+                    summary.errors.append({"shard": entry.name, "reason": str(err)})
+                    continue
+                summary.encode_seconds += encode_s
+                ledger.commit(unit, [result], errors)
+                summary.written += 1
+            summary.samples += result["samples"]
+            if on_shard is not None:
+                on_shard(result, len(shards))
+    _barrier(world)
+    units = {f"{s.name}#{s.sha256}" for s in shards}
+    entries = [e for e in ledger.entries() if e["unit"] in units]
+    summary.errors += [e["data"] for e in entries if e["kind"] == "error"]
+    summary.rejected = len(summary.errors)
+    summary.seconds = time.perf_counter() - started
+    if rank == 0:
+        records = [e["data"] for e in entries if e["kind"] == "record"]
+        from vidforge.data.manifest import write_jsonl
+
+        write_jsonl(out / "manifest.jsonl", sorted(records, key=lambda r: r["name"]))
+        write_jsonl(out / "errors.jsonl", summary.errors)
+        write_index(out, "latent", records, created_by="vidforge tokenize", tokenizer=tokenizer.describe(),
+                        text_encoder=index.meta.get("text_encoder"), source=str(shards_dir))
+    return summary
+
+
+def decode(tokenizer: VideoTokenizer, latent: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A latent (C, T, H, W) back to uint8 frames (F, H, W, 3): the inverse of tokenize, used by `infer`."""
+    z = torch.as_tensor(np.asarray(latent) if not isinstance(latent, torch.Tensor) else latent)[None]
+    return tensor_to_frames(tokenizer.decode(z.float())[0])
