@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from vidforge import __version__
-from vidforge.cli import caption_cmd, profile_cmd
+from vidforge.cli import caption_cmd, profile_cmd, shard_cmd, tokenize_cmd
 from vidforge.cli._errors import GuardedGroup
 from vidforge.cli._output import Output, set_current_output
 
@@ -45,6 +45,8 @@ def root(
 
 app.add_typer(profile_cmd.app, name="profile")
 app.command("caption")(caption_cmd.caption)
+app.command("shard")(shard_cmd.shard)
+app.command("tokenize")(tokenize_cmd.tokenize)
 
 
 def main() -> None:
