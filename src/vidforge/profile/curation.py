@@ -2,12 +2,113 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field, model_validator
+
 from vidforge.profile.base import Section
 from vidforge.profile.caption import Caption
 
 
 class Curation(Section):
-    """Settings of `vidforge clip` (shot detection, stitching, duration, static filter, transcode, embedding)."""
+    """Settings of `vidforge clip` (shot detection, stitching, duration, static filter, transcode, embedding).
+    Defaults follow Vchitect-2.0's curation (after Panda-70M) and PySceneDetect's own detector defaults."""
+
+    # -- inputs ---------------------------------------------------------------------------------------
+    extensions: tuple[str, ...] = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts")
+    """File suffixes taken as videos when an input is a directory (searched recursively)."""
+
+    # -- 1. decode ------------------------------------------------------------------------------------
+    decode_threads: int = Field(0, ge=0)
+    """Decoder threads per source (PyAV/libavcodec frame and slice threads); 0 lets libavcodec choose."""
+
+    # -- 2. shot detection ----------------------------------------------------------------------------
+    detector: Literal["adaptive", "content"] = "adaptive"
+    """PySceneDetect detector: `adaptive` (AdaptiveDetector: a cut where the frame difference stands out
+    from its neighbours) or `content` (ContentDetector: a fixed threshold on the frame difference)."""
+    adaptive_threshold: float | None = Field(None, gt=0)
+    """AdaptiveDetector's ratio threshold; null keeps PySceneDetect's default (3.0)."""
+    window_width: int | None = Field(None, ge=1)
+    """AdaptiveDetector's rolling-average window (frames each side); null keeps the default (2)."""
+    min_content_val: float | None = Field(None, ge=0)
+    """AdaptiveDetector's minimum frame difference for a cut; null keeps the default (15.0)."""
+    content_threshold: float | None = Field(None, gt=0)
+    """ContentDetector's threshold; null keeps PySceneDetect's default (27.0)."""
+    min_scene_len: int | None = Field(None, ge=1)
+    """Shortest shot in frames the detector may emit; null keeps PySceneDetect's default (15)."""
+
+    # -- 3. event stitching ---------------------------------------------------------------------------
+    stitch: bool = True
+    """Merge adjacent shots whose boundary frames look alike (undoes false cuts: flashes, camera jumps)."""
+    stitch_frames: int = Field(8, ge=1)
+    """N: frames embedded at the end of a shot and at the start of the next to compare them."""
+    stitch_threshold: float = Field(0.6, ge=-1, le=1)
+    """Cosine similarity of the two mean-pooled embeddings at or above which the shots merge."""
+
+    # -- 4. duration policy ---------------------------------------------------------------------------
+    min_seconds: float = Field(1.0, ge=0)
+    """Clips shorter than this (after trimming) are dropped."""
+    max_seconds: float = Field(30.0, gt=0)
+    """Clips longer than this are split into the fewest even pieces that are each at most this long."""
+    trim_seconds: float = Field(0.0, ge=0)
+    """Cut this much from each end of every clip (drops transition frames next to a cut)."""
+
+    # -- 5. static filter -----------------------------------------------------------------------------
+    static_threshold: float = Field(0.9, ge=0)
+    """A frame is static when the mean absolute difference of its greyscale (0-255, at detection
+    resolution) to the previous frame is below this."""
+    static_max_ratio: float = Field(0.3, ge=0, le=1)
+    """Clips whose fraction of static frames exceeds this are dropped (the ratio is recorded for all)."""
+
+    # -- 6. transcode ---------------------------------------------------------------------------------
+    crf: int = Field(23, ge=0, le=51)
+    """x264 constant rate factor of the clips (lower is better quality, bigger files)."""
+    preset: Literal[
+        "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"
+    ] = "veryfast"
+    """x264 speed/size preset."""
+    max_resolution: int = Field(0, ge=0)
+    """Longest side of the clips in pixels (downscaled, aspect kept, even sizes); 0 keeps the source's."""
+    fps: float | None = Field(None, gt=0)
+    """Frame rate of the clips; null keeps the source's (variable-rate sources get their average rate)."""
+    encoder_threads: int = Field(0, ge=0)
+    """x264 threads per clip; 0 lets x264 choose."""
+
+    # -- 7. clip embedding ----------------------------------------------------------------------------
+    embed: bool = True
+    """Compute an open-clip image embedding per clip (for search and dedup), row-aligned with the manifest."""
+    embed_frames: int = Field(4, ge=1)
+    """K: frames sampled evenly from each clip; their embeddings are mean-pooled and normalised."""
+    embed_model: str = "vidforge-tiny"
+    """open-clip architecture (e.g. `ViT-B-32`), `local-dir:/path` (a folder with open_clip_config.json and
+    weights), or `vidforge-tiny`, a small built-in architecture for tests and CPU runs."""
+    embed_checkpoint: str | None = None
+    """Local weights file for `embed_model`. Null (and no `local-dir:`) means random weights: fine for
+    plumbing and tests, meaningless for real stitching or dedup; the run says so."""
+    embed_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the embedding model runs; `auto` uses CUDA when it is available."""
+    dedup_threshold: float | None = Field(None, ge=-1, le=1)
+    """Drop a clip whose embedding has cosine similarity at or above this with an earlier kept clip (in
+    manifest order); null keeps all. `vidforge clip --dedup` sets it."""
+
+    # -- execution ------------------------------------------------------------------------------------
+    decode_workers: int = Field(1, ge=0)
+    """Processes decoding and analysing sources in the local executor; 0 runs the stage in the main process."""
+    transcode_workers: int = Field(1, ge=0)
+    """Processes transcoding clips in the local executor; 0 runs the stage in the main process."""
+    queue_depth: int = Field(2, ge=1)
+    """Items each worker may hold queued ahead (backpressure): memory stays bounded by workers x depth."""
 
     caption: Caption = Caption()
     """Captioning and quality filtering (`vidforge caption`)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Curation:
+        if self.min_seconds > self.max_seconds:
+            raise ValueError(
+                f"min_seconds: must not exceed curation.max_seconds={self.max_seconds}, got {self.min_seconds}"
+            )
+        for ext in self.extensions:
+            if not ext.startswith("."):
+                raise ValueError(f"extensions: each must start with a dot, e.g. '.mp4', got {ext!r}")
+        return self

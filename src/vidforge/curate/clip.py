@@ -1,0 +1,227 @@
+"""`vidforge clip`: raw videos -> clips with a manifest, embeddings, errors and a run summary.
+
+Output directory:
+    clips/<clip_id>.mp4   H.264 clips (ids: hash of source, start frame, end frame)
+    manifest.jsonl        one record per clip, ordered by (source, start_frame)
+    embeddings.npy        float32 (clips, D), row i = manifest line i (`embedding_row`); absent if embed off
+    errors.jsonl          sources or clips that failed: {source, stage, reason[, item]}
+    rejected.jsonl        clips a filter dropped: {clip_id, source, start_frame, end_frame, stage, reason, ...}
+    summary.json          counts, seconds in and out, throughput, per-stage times
+    .units/               the ledger: one committed file per finished source (what makes reruns resume)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vidforge.curate.decode import AnalyseStage
+from vidforge.curate.dedup import near_duplicates
+from vidforge.curate.executors import make_executor
+from vidforge.curate.inputs import expand_inputs
+from vidforge.curate.items import ClipPlan, ClipResult
+from vidforge.curate.plan import PlanStage
+from vidforge.curate.stage import Stage, StageStats
+from vidforge.curate.transcode import TranscodeStage
+from vidforge.data.manifest import atomic_path, write_json, write_jsonl
+from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
+
+CLIPS_DIR = "clips"
+EMBEDDINGS = "embeddings.npy"
+REJECTED = "rejected.jsonl"
+SUMMARY = "summary.json"
+
+
+@dataclass
+class ClipRun:
+    """What a run did. `summary` is what summary.json holds; `partial` is true when errors.jsonl is not
+    empty (the CLI exits 3)."""
+
+    summary: dict[str, Any]
+    stages: list[StageStats] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        return self.summary["errors"] > 0
+
+
+def build_stages(cfg, out: Path) -> list[Stage]:
+    """The clip pipeline for these settings (the embedding stage only when embeddings are on)."""
+    stages: list[Stage] = [
+        AnalyseStage(cfg, workers=cfg.decode_workers),
+        PlanStage(cfg),
+        TranscodeStage(cfg, out / CLIPS_DIR, samples=cfg.embed_frames if cfg.embed else 0,
+                       workers=cfg.transcode_workers),
+    ]
+    if cfg.embed:
+        from vidforge.curate.embedding import EmbedStage
+
+        stages.append(EmbedStage(cfg))
+    return stages
+
+
+def run(
+    profile,
+    inputs: Sequence[str],
+    out: str | os.PathLike,
+    *,
+    executor: str = "local",
+    ray_address: str | None = None,
+    dedup: float | None = None,
+    monitor: Callable[[list[StageStats]], None] | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
+) -> ClipRun:
+    """Cut `inputs` into clips under `out`. Finished sources are skipped, so a rerun is a no-op and a
+    killed run resumes. Bad inputs land in errors.jsonl and the batch goes on."""
+    cfg = profile.curation
+    if dedup is not None:
+        cfg = cfg.model_copy(update={"dedup_threshold": dedup})
+    out = Path(out)
+    sources = expand_inputs(list(inputs), cfg.extensions)
+    ledger = UnitLedger(out)
+    ledger.recover()
+    todo = [s for s in sources if not ledger.is_done(s)]
+    stages = build_stages(cfg, out)
+    options = {"queue_depth": cfg.queue_depth}
+    if executor == "ray":
+        options["address"] = ray_address
+    runner = make_executor(executor, **options)
+    seconds_in = 0.0
+    started = time.perf_counter()
+
+    def commit(source: str, items: list[Any], errors: list[dict[str, Any]]) -> None:
+        nonlocal seconds_in
+        records = []
+        for item in sorted(items, key=lambda i: _plan_of(i).start):
+            records.append(_clip_record(item, out) if isinstance(item, ClipResult) else _rejected_record(item))
+        if items:
+            seconds_in += _plan_of(items[0]).info.duration_s
+        ledger.commit(source, records, [{"source": source, **e} for e in errors])
+
+    if on_start is not None:
+        on_start({"sources": len(sources), "todo": len(todo), "stages": [s.name for s in stages],
+                  "embedder": _embedder_note(cfg)})
+    stats = runner.run(stages, ((s, s) for s in todo), commit, monitor) if todo else None
+    wall = time.perf_counter() - started
+    summary = finalize(out, cfg, sources)
+    summary.update({
+        "sources_skipped": len(sources) - len(todo),
+        "seconds_in": round(seconds_in, 3),
+        "wall_seconds": round(wall, 3),
+        "throughput_x_realtime": round(seconds_in / wall, 3) if wall > 0 else 0.0,
+        "executor": executor,
+        "embedding_model": _embedder_note(cfg),
+        "stages": [_stage_summary(s) for s in (stats.stages if stats else [])],
+    })
+    write_json(out / SUMMARY, summary)
+    return ClipRun(summary, stats.stages if stats else [])
+
+
+def _plan_of(item) -> ClipPlan:
+    return item.plan if isinstance(item, ClipResult) else item
+
+
+def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
+    p = r.plan
+    return {
+        "kind": "clip",
+        "clip_id": p.clip_id,
+        "path": os.path.relpath(r.path, out),
+        "source": p.source,
+        "start_frame": p.start,
+        "end_frame": p.end,
+        "start_s": round(p.start_s, 6),
+        "end_s": round(p.end_s, 6),
+        "fps": r.fps,
+        "width": r.width,
+        "height": r.height,
+        "frames": r.frames,
+        "duration_s": round(r.frames / r.fps, 6),
+        "shot_score": None if p.score is None else round(p.score, 4),
+        "static_ratio": round(p.static_ratio, 4),
+        "stitched": p.stitched > 1,
+        "shots": p.stitched,
+        "source_fps": float(p.info.fps),
+        "source_width": p.info.width,
+        "source_height": p.info.height,
+        "_embedding": None if r.embedding is None else [float(x) for x in r.embedding],
+    }
+
+
+def _rejected_record(p: ClipPlan) -> dict[str, Any]:
+    stage, reason = p.rejected or ("", "")
+    return {
+        "kind": "rejected", "clip_id": p.clip_id, "source": p.source, "start_frame": p.start,
+        "end_frame": p.end, "start_s": round(p.start_s, 6), "end_s": round(p.end_s, 6), "stage": stage,
+        "reason": reason, "static_ratio": round(p.static_ratio, 4), "shots": p.stitched,
+    }
+
+
+def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
+    """Join the ledger into manifest.jsonl, embeddings.npy, errors.jsonl and rejected.jsonl, in an order
+    that does not depend on completion order (so a resumed run writes the same files). Applies dedup."""
+    ledger = UnitLedger(out)
+    wanted = set(sources)
+    entries = [e for e in ledger.entries() if e["unit"] in wanted]
+    data = [e["data"] for e in entries if e["kind"] == "record"]
+    clips = sorted((d for d in data if d["kind"] == "clip"), key=lambda d: (d["source"], d["start_frame"]))
+    rejected = [d for d in data if d["kind"] == "rejected"]
+    errors = sorted((e["data"] for e in entries if e["kind"] == "error"),
+                    key=lambda d: (d["source"], d["stage"], str(d.get("item", ""))))
+    vectors = [d["_embedding"] for d in clips]
+    have_embeddings = bool(clips) and all(v is not None for v in vectors)
+    matrix = np.asarray(vectors, np.float32) if have_embeddings else np.zeros((0, 0), np.float32)
+    if have_embeddings and cfg.dedup_threshold is not None:
+        dropped = near_duplicates(matrix, cfg.dedup_threshold)
+        for row, (kept, sim) in dropped.items():
+            d = clips[row]
+            rejected.append({"kind": "rejected", "clip_id": d["clip_id"], "source": d["source"],
+                             "start_frame": d["start_frame"], "end_frame": d["end_frame"], "start_s": d["start_s"],
+                             "end_s": d["end_s"], "stage": "dedup", "static_ratio": d["static_ratio"],
+                             "reason": f"near-duplicate of {clips[kept]['clip_id']} (cosine {sim:.3f})",
+                             "shots": d["shots"]})
+        keep = [i for i in range(len(clips)) if i not in dropped]
+        clips, matrix = [clips[i] for i in keep], matrix[keep]
+    manifest = []
+    for row, d in enumerate(clips):
+        record = {k: v for k, v in d.items() if k not in ("kind", "_embedding")}
+        record["embedding_row"] = row if have_embeddings else None
+        manifest.append(record)
+    rejected.sort(key=lambda d: (d["source"], d["start_frame"], d["stage"]))
+    write_jsonl(out / MANIFEST, manifest)
+    write_jsonl(out / ERRORS, errors)
+    write_jsonl(out / REJECTED, [{k: v for k, v in d.items() if k != "kind"} for d in rejected])
+    if have_embeddings:
+        with atomic_path(out / EMBEDDINGS) as tmp, open(tmp, "wb") as f:
+            np.save(f, matrix)
+    else:
+        (out / EMBEDDINGS).unlink(missing_ok=True)
+    failed = {e["source"] for e in errors} - {d["source"] for d in clips}
+    return {
+        "sources": len(sources),
+        "sources_failed": len(failed),
+        "clips": len(manifest),
+        "rejected": dict(sorted(Counter(d["stage"] for d in rejected).items())),
+        "errors": len(errors),
+        "seconds_out": round(sum(d["duration_s"] for d in manifest), 3),
+    }
+
+
+def _stage_summary(s: StageStats) -> dict[str, Any]:
+    return {"stage": s.name, "items": s.items_in, "errors": s.errors, "workers": s.workers,
+            "busy_seconds": round(s.busy_seconds, 3)}
+
+
+def _embedder_note(cfg) -> str | None:
+    if not (cfg.embed or cfg.stitch):
+        return None
+    if cfg.embed_checkpoint or cfg.embed_model.startswith("local-dir:"):
+        return f"{cfg.embed_model} (local weights)"
+    return f"{cfg.embed_model} (random weights: no curation.embed_checkpoint)"

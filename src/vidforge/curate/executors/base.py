@@ -1,0 +1,149 @@
+"""The driver loop every executor shares. It owns the queues between stages; a Backend owns the workers.
+
+Backpressure: a stage gets new batches only while it has fewer than `capacity` in flight and the next
+stage's queue is not full, and new units are admitted only when the first stage has room, so memory is
+bounded by the capacities, not by the input size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vidforge.curate.stage import Outcome, RunStats, Stage, StageStats
+
+UnitCallback = Callable[[str, list[Any], list[dict[str, Any]]], None]
+"""Called once per unit when all its items have left the pipeline: (unit key, final items, errors)."""
+Monitor = Callable[[list[StageStats]], None]
+"""Called after every completed batch with the live per-stage counters (progress bars)."""
+
+
+class WorkerLost(Exception):
+    """A worker died (crashed process, lost actor) with a batch in flight; the batch is retried once."""
+
+
+class Backend(Protocol):
+    def start(self, stages: list[Stage]) -> None: ...
+    def capacity(self, index: int) -> int: ...
+    def submit(self, index: int, items: list[Any]) -> Any: ...
+    def wait(self, handles: list[Any], timeout: float) -> list[Any]: ...
+    def outcomes(self, handle: Any) -> list[Outcome]: ...
+    def rebalance(self, stats: list[StageStats]) -> None: ...
+    def workers(self, index: int) -> int: ...
+    def stop(self) -> None: ...
+
+
+@dataclass
+class _Envelope:
+    unit: str
+    payload: Any
+    attempts: int = 0
+
+
+def drive(
+    stages: list[Stage],
+    units: Iterable[tuple[str, Any]],
+    on_unit: UnitCallback,
+    backend: Backend,
+    monitor: Monitor | None = None,
+) -> RunStats:
+    """Run `units` ((key, first item) pairs) through `stages` on `backend`; see the module docstring."""
+    for stage in stages:  # fail fast, before any worker starts
+        stage.setup()
+    stats = [StageStats(s.name) for s in stages]
+    started = time.perf_counter()
+    backend.start(stages)
+    try:
+        units_done = _loop(stages, iter(units), on_unit, backend, stats, monitor)
+    finally:
+        backend.stop()
+        for stage in stages:
+            stage.teardown()
+    for i, s in enumerate(stats):
+        s.workers = max(s.workers, backend.workers(i))
+    return RunStats(stages=stats, units=units_done, wall_seconds=time.perf_counter() - started)
+
+
+def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
+    """The scheduling loop; returns how many units completed."""
+    last = len(stages) - 1
+    pending: list[deque[_Envelope]] = [deque() for _ in stages]
+    inflight: dict[Any, tuple[int, list[_Envelope]]] = {}
+    per_stage = [0] * len(stages)
+    outstanding: dict[str, int] = defaultdict(int)
+    results: dict[str, list[Any]] = defaultdict(list)
+    errors: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    exhausted, units_done = False, 0
+
+    def settle(unit: str, delta: int) -> None:
+        nonlocal units_done
+        outstanding[unit] += delta
+        if outstanding[unit] == 0:
+            del outstanding[unit]
+            on_unit(unit, results.pop(unit, []), errors.pop(unit, []))
+            units_done += 1
+
+    while True:
+        while not exhausted and len(pending[0]) < backend.capacity(0):
+            try:
+                unit, payload = next(units)
+            except StopIteration:
+                exhausted = True
+                break
+            outstanding[unit] += 1
+            pending[0].append(_Envelope(unit, payload))
+        for i in reversed(range(len(stages))):
+            room_after = i == last or len(pending[i + 1]) < backend.capacity(i + 1) * stages[i + 1].batch_size
+            while pending[i] and per_stage[i] < backend.capacity(i) and room_after:
+                batch = [pending[i].popleft() for _ in range(min(stages[i].batch_size, len(pending[i])))]
+                inflight[backend.submit(i, [e.payload for e in batch])] = (i, batch)
+                per_stage[i] += 1
+                stats[i].items_in += len(batch)
+        if not inflight:
+            if exhausted and not any(pending):
+                break
+            continue
+        for handle in backend.wait(list(inflight), timeout=0.5):
+            i, batch = inflight.pop(handle)
+            per_stage[i] -= 1
+            try:
+                outs = backend.outcomes(handle)
+            except WorkerLost as err:
+                stats[i].items_in -= len(batch)
+                for env in reversed(batch):
+                    if env.attempts == 0:
+                        env.attempts += 1
+                        pending[i].appendleft(env)
+                    else:
+                        errors[env.unit].append({"stage": stages[i].name, "reason": f"worker died: {err}"})
+                        stats[i].errors += 1
+                        settle(env.unit, -1)
+                continue
+            for env, out in zip(batch, outs, strict=False):
+                stats[i].busy_seconds += out.seconds
+                if not out.ok:
+                    stats[i].errors += 1
+                    record = {"stage": stages[i].name, "reason": out.reason}
+                    label = getattr(env.payload, "label", None)
+                    if label is not None:
+                        record["item"] = label
+                    errors[env.unit].append(record)
+                    settle(env.unit, -1)
+                    continue
+                value = out.value
+                children = value if isinstance(value, list) else ([] if value is None else [value])
+                stats[i].items_out += len(children)
+                outstanding[env.unit] += len(children)
+                if i == last:
+                    results[env.unit].extend(children)
+                    outstanding[env.unit] -= len(children)
+                else:
+                    pending[i + 1].extend(_Envelope(env.unit, c) for c in children)
+                settle(env.unit, -1)
+        backend.rebalance(stats)
+        if monitor is not None:
+            monitor(stats)
+    return units_done

@@ -1,0 +1,101 @@
+"""The local executor: a process pool per CPU stage (decode, transcode), a thread per model stage.
+
+Worker processes are started with `spawn`, not `fork`: the driver may hold torch's thread pools and a
+CUDA context, which a forked child inherits in a broken state. Stage modules that run in processes
+import no torch, so a spawned worker starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from vidforge.curate.executors.base import Monitor, UnitCallback, WorkerLost, drive
+from vidforge.curate.stage import Outcome, RunStats, Stage, StageStats, run_batch
+
+_WORKER_STAGE: Stage | None = None
+
+
+def _init_worker(stage: Stage) -> None:
+    global _WORKER_STAGE
+    stage.setup()
+    _WORKER_STAGE = stage
+
+
+def _work(items: list[Any]) -> list[Outcome]:
+    assert _WORKER_STAGE is not None
+    return run_batch(_WORKER_STAGE, items)
+
+
+class LocalExecutor:
+    """Runs stages on this machine. `queue_depth` batches per worker may wait in flight (backpressure)."""
+
+    def __init__(self, queue_depth: int = 2, start_method: str = "spawn"):
+        self.queue_depth = queue_depth
+        self.context = multiprocessing.get_context(start_method)
+        self._stages: list[Stage] = []
+        self._pools: list[Any] = []
+
+    def run(self, stages: list[Stage], units, on_unit: UnitCallback, monitor: Monitor | None = None) -> RunStats:
+        return drive(stages, units, on_unit, self, monitor)
+
+    # -- Backend -------------------------------------------------------------------------------------
+    def start(self, stages: list[Stage]) -> None:
+        self._stages = stages
+        self._pools = [self._make_pool(s) for s in stages]
+
+    def _make_pool(self, stage: Stage):
+        if stage.workers == 0:
+            return None
+        if stage.kind == "thread":
+            return ThreadPoolExecutor(max_workers=stage.workers, thread_name_prefix=stage.name)
+        return ProcessPoolExecutor(stage.workers, mp_context=self.context, initializer=_init_worker,
+                                   initargs=(stage,))
+
+    def capacity(self, index: int) -> int:
+        return max(1, self._stages[index].workers) * self.queue_depth
+
+    def workers(self, index: int) -> int:
+        return self._stages[index].workers
+
+    def submit(self, index: int, items: list[Any]) -> Future:
+        stage, pool = self._stages[index], self._pools[index]
+        if pool is None:  # inline: run now, hand back a finished future
+            future: Future = Future()
+            future.set_result(run_batch(stage, items))
+            return future
+        if stage.kind == "thread":
+            return pool.submit(run_batch, stage, items)
+        try:
+            return pool.submit(_work, items)
+        except BrokenProcessPool:
+            self._restart(index)
+            return self._pools[index].submit(_work, items)
+
+    def wait(self, handles: list[Future], timeout: float) -> list[Future]:
+        done, _ = wait(handles, timeout=timeout, return_when=FIRST_COMPLETED)
+        return list(done)
+
+    def outcomes(self, handle: Future) -> list[Outcome]:
+        try:
+            return handle.result()
+        except BrokenProcessPool as err:
+            for index, pool in enumerate(self._pools):
+                if isinstance(pool, ProcessPoolExecutor) and getattr(pool, "_broken", False):
+                    self._restart(index)
+            raise WorkerLost(str(err) or "a worker process terminated abruptly") from None
+
+    def _restart(self, index: int) -> None:
+        self._pools[index].shutdown(wait=False, cancel_futures=True)
+        self._pools[index] = self._make_pool(self._stages[index])
+
+    def rebalance(self, stats: list[StageStats]) -> None:
+        """Fixed pools: the profile sets the workers per stage."""
+
+    def stop(self) -> None:
+        for pool in self._pools:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._pools = []

@@ -1,0 +1,91 @@
+"""What flows between the clip stages. Plain dataclasses of numbers and small arrays (picklable, cheap to
+send to a worker process or a Ray actor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+
+@dataclass
+class VideoInfo:
+    """A source's video stream as decoded. `width`/`height` are as displayed (after rotation)."""
+
+    width: int
+    height: int
+    fps: Fraction
+    frames: int
+    duration_s: float
+    codec: str
+    rotation: int = 0
+    variable_rate: bool = False
+
+
+@dataclass
+class Shot:
+    """Frames [start, end) of one source; `score` is the detector's score at the cut that opens it."""
+
+    start: int
+    end: int
+    score: float | None = None
+    merged: int = 1  # shots this one was stitched from
+
+
+@dataclass
+class Analysis:
+    """Stage 1's output for one source: shots, per-frame static flags and stitching thumbnails."""
+
+    source: str
+    info: VideoInfo
+    pts: np.ndarray  # int64 presentation timestamps, one per frame, in `time_base` units
+    time_base: Fraction
+    shots: list[Shot]
+    static: np.ndarray  # bool per frame: grey mean abs difference to the previous frame below threshold
+    boundary: dict[int, np.ndarray] = field(default_factory=dict)  # frame index -> RGB thumbnail (H, W, 3)
+
+    @property
+    def label(self) -> str:
+        return self.source
+
+
+@dataclass
+class ClipPlan:
+    """One clip to cut (or one that a filter rejected: `rejected` holds the stage and reason)."""
+
+    source: str
+    clip_id: str
+    start: int
+    end: int  # exclusive
+    info: VideoInfo
+    pts: np.ndarray  # the clip's frame timestamps (to find its first frame after a seek)
+    time_base: Fraction
+    start_s: float
+    end_s: float
+    score: float | None
+    static_ratio: float
+    stitched: int = 1
+    rejected: tuple[str, str] | None = None  # (stage, reason)
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}[{self.start}:{self.end}]"
+
+
+@dataclass
+class ClipResult:
+    """A transcoded clip: where it is, what it holds, K sampled frames for the embedding stage."""
+
+    plan: ClipPlan
+    path: str
+    frames: int
+    width: int
+    height: int
+    fps: float
+    samples: np.ndarray | None = None  # (K, h, w, 3) uint8, dropped after embedding
+    embedding: np.ndarray | None = None  # (D,) float32, normalised
+
+    @property
+    def label(self) -> str:
+        return self.plan.label
