@@ -178,3 +178,13 @@ def test_every_field_is_documented() -> None:
         if not field.description
     ]
     assert undocumented == []
+
+
+def test_default_and_shipped_names_resolve_from_any_directory(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VIDFORGE_PROFILE", raising=False)
+    assert load_profile().name == "local_cpu"
+    assert load_profile("dit1b_1xh200").model.hidden == 1536
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "local_cpu.yaml").write_text("name: mine\n")  # a user's own comes first
+    assert load_profile().name == "mine"

@@ -11,7 +11,7 @@ import typer
 from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import current_output
 from vidforge.profile import ProfileError, RunProfile, dump_profile, load_profile
-from vidforge.profile.loading import PROFILE_DIR
+from vidforge.profile.loading import shipped_profiles
 
 app = typer.Typer(
     help="Inspect and check run-profiles (the YAML every stage reads).\n\n"
@@ -80,10 +80,10 @@ def schema() -> None:
 
 @app.command("list")
 def list_() -> None:
-    """List the profiles shipped in ./profiles with their layouts."""
+    """List the shipped profiles (and any in ./profiles) with their layouts."""
     out = current_output()
     rows = []
-    for path in sorted(PROFILE_DIR.glob("*.yaml")):
+    for path in shipped_profiles():
         resolved = load_profile(path)
         layout = resolved.layout
         rows.append((path.stem, resolved.model.preset or "custom", layout.describe(), layout.world_size))

@@ -27,5 +27,3 @@ class Infer(Section):
     """Frame rate of the written MP4."""
     crf: int = Field(18, ge=0, le=51)
     """x264 quality of the written MP4 (lower is better)."""
-    use_ema: bool = True
-    """Sample with the EMA weights when the checkpoint has them."""

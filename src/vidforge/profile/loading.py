@@ -15,48 +15,55 @@ from vidforge.errors import UserInputError
 from vidforge.profile.run_profile import RunProfile
 
 PROFILE_ENV = "VIDFORGE_PROFILE"
-PROFILE_DIR = Path("profiles")
-DEFAULT_PROFILE = PROFILE_DIR / "local_cpu.yaml"
+# Shipped profiles live in the package (the repository's profiles/ links there), so a bare name and the
+# default resolve from any working directory; a ./profiles of the user's own is searched first.
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILE_DIRS = (Path("profiles"), SHIPPED_DIR)
+DEFAULT_NAME = "local_cpu"
 
 
 class ProfileError(UserInputError):
     """A profile the user must change. The message is one line: where, what, and what to do."""
 
 
-def resolve_profile_path(profile: str | os.PathLike | None) -> Path | None:
-    """The file to read: the argument, else $VIDFORGE_PROFILE, else profiles/local_cpu.yaml if present.
-    A bare name (`dit1b_1xh200`) means profiles/<name>.yaml. None means the built-in defaults."""
-    chosen = profile if profile is not None else os.environ.get(PROFILE_ENV) or None
-    if chosen is None:
-        return DEFAULT_PROFILE if DEFAULT_PROFILE.is_file() else None
+def shipped_profiles() -> list[Path]:
+    """Profiles by name: ./profiles first, then those shipped with vidforge."""
+    found: dict[str, Path] = {}
+    for directory in PROFILE_DIRS:
+        for path in sorted(directory.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return [found[name] for name in sorted(found)]
+
+
+def resolve_profile_path(profile: str | os.PathLike | None) -> Path:
+    """The file to read: the argument, else $VIDFORGE_PROFILE, else `local_cpu`. A bare name
+    (`dit1b_1xh200`) means profiles/<name>.yaml, in ./profiles or among the shipped ones."""
+    chosen = profile if profile is not None else os.environ.get(PROFILE_ENV) or DEFAULT_NAME
     path = Path(chosen)
-    if not path.is_file() and path.suffix == "" and len(path.parts) == 1:
-        named = PROFILE_DIR / f"{path.name}.yaml"
-        if named.is_file():
-            return named
-    if not path.is_file():
-        shipped = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))) or "none found in ./profiles"
-        raise ProfileError(f"profile not found: {chosen}; pass --profile PATH or a shipped name ({shipped})")
-    return path
+    if path.is_file():
+        return path
+    if path.suffix == "" and len(path.parts) == 1:
+        for candidate in shipped_profiles():
+            if candidate.stem == path.name:
+                return candidate
+    names = ", ".join(p.stem for p in shipped_profiles())
+    raise ProfileError(f"profile not found: {chosen}; pass --profile PATH or a shipped name ({names})")
 
 
 def load_profile(profile: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> RunProfile:
     """Read a profile, apply `section.field=value` overrides, validate. Raises ProfileError."""
     path = resolve_profile_path(profile)
-    data: dict[str, Any] = {}
-    where = "built-in default profile"
-    if path is not None:
-        where = str(path)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark else ""
-            raise ProfileError(f"{where}: not valid YAML{at}: {getattr(err, 'problem', err)}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ProfileError(f"{where}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-        data = loaded or {}
-        data.setdefault("name", path.stem)
+    where = str(path)
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise ProfileError(f"{where}: not valid YAML{at}: {getattr(err, 'problem', err)}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ProfileError(f"{where}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+    data: dict[str, Any] = loaded or {}
+    data.setdefault("name", path.stem)
     for item in overrides:
         apply_override(data, item)
     return validate_profile(data, where)

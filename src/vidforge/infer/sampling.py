@@ -1,0 +1,72 @@
+"""From caption embeddings to latents: the EDM denoiser of a DiT under classifier-free guidance, driven by
+the profile's sampler. Shared by `vidforge infer` and the training loop's validation samples."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from vidforge.diffusion import EDM, classifier_free_guidance, sample
+from vidforge.profile import RunProfile
+
+
+def initial_noise(seeds: Sequence[int], latent_shape: Sequence[int]) -> torch.Tensor:
+    """Standard normal noise, one generator per sample: a prompt's video depends on its seed only, not
+    on which other prompts share its batch."""
+    return torch.stack([torch.randn(tuple(latent_shape), generator=torch.Generator().manual_seed(s)) for s in seeds])
+
+
+@torch.no_grad()
+def sample_latents(
+    model: nn.Module,
+    profile: RunProfile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    seeds: Sequence[int],
+    latent_shape: Sequence[int],
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Latents (B, C, T, H, W) for captions `text` (B, L, D) with `text_mask` (B, L). The unconditional
+    guidance branch uses the learned null caption, or `negative` (1, L, D) embeddings and mask if given.
+    Conditional and unconditional rows run in one batch."""
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    edm = EDM.from_profile(profile.diffusion)
+    b = text.shape[0]
+    text, text_mask = text.to(device, dtype), text_mask.to(device)
+    if negative is not None:
+        neg_text = negative[0].to(device, dtype).expand(b, -1, -1)
+        neg_mask = negative[1].to(device).expand(b, -1)
+        length = max(text.shape[1], neg_text.shape[1])
+        text, text_mask = _pad(text, length), _pad_mask(text_mask, length)
+        neg_text, neg_mask = _pad(neg_text, length), _pad_mask(neg_mask, length)
+
+    def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if negative is not None and rows == 2 * b:
+            texts, masks = torch.cat([text, neg_text]), torch.cat([text_mask, neg_mask])
+            drop = torch.zeros(rows, dtype=torch.bool, device=device)
+        else:
+            texts, masks = text.repeat(rows // b, 1, 1), text_mask.repeat(rows // b, 1)
+            drop = uncond
+        per_sample = sigma.reshape(()).expand(rows)
+
+        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
+            return model(x_in.to(dtype), c_noise.to(dtype), texts, masks, drop_text=drop).float()
+
+        return edm.denoise(network, x, per_sample)
+
+    denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
+    noise = initial_noise(seeds, latent_shape).to(device)
+    generator = torch.Generator(device=device).manual_seed(int(seeds[0]))  # churn noise, if any
+    return sample(denoiser, noise, profile.diffusion, generator=generator)
+
+
+def _pad(text: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.nn.functional.pad(text, (0, 0, 0, length - text.shape[1]))
+
+
+def _pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.nn.functional.pad(mask, (0, length - mask.shape[1]), value=False)

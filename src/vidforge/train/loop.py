@@ -1,0 +1,263 @@
+"""`vidforge train`: a DiT / ST-DiT on latent shards with the EDM loss.
+
+Order of construction (torchtitan's): model -> activation checkpointing -> compile -> FSDP2 -> EMA and
+AdamW over the (sharded) parameters -> loader -> resume. Every rank runs this function; under one process
+it runs without a process group."""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vidforge.data.loader import ShardLoader
+from vidforge.data.packing import PackedBatch, build_batcher
+from vidforge.diffusion import EDM
+from vidforge.errors import UserInputError
+from vidforge.models import build_model, train_step_flops
+from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+from vidforge.parallel.dims import ParallelDims, init_distributed
+from vidforge.parallel.fsdp import apply_fsdp
+from vidforge.profile import RunProfile, dump_profile
+from vidforge.train.checkpoint import CheckpointManager
+from vidforge.train.ema import EMA
+from vidforge.train.export import export_weights
+from vidforge.train.lr import lr_multiplier
+from vidforge.train.metrics import MetricsLog, loss_by_sigma, sigma_bucket_names
+from vidforge.train.step import micro_batch_loss
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients stopped being finite."""
+
+
+@dataclass
+class TrainSummary:
+    run_dir: str
+    start_step: int
+    last_step: int
+    final_loss: float | None
+    skipped_steps: int
+    tokens_per_s: float
+    step_time_s: float
+    mfu: float
+    peak_memory_gib: float
+    packing_efficiency: float | None
+    export_dir: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _device(profile: RunProfile) -> torch.device:
+    if profile.cluster.accelerator.kind == "cuda":
+        if not torch.cuda.is_available():
+            raise UserInputError(
+                "cluster.accelerator: the profile asks for CUDA but no GPU is visible; use --profile local_cpu"
+            )
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB: process RSS
+
+
+def run(
+    profile: RunProfile,
+    data: Sequence[str | Path],
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: Progress | None = None,
+) -> TrainSummary:
+    cfg = profile.train
+    device = _device(profile)
+    rank, world = init_distributed(device.type)
+    dims = ParallelDims.from_profile(profile)
+    if world != dims.world_size:
+        raise UserInputError(
+            f"the layout {dims.layout.describe()} needs {dims.world_size} rank(s) but {world} started; "
+            f"use --nproc {dims.world_size} or change cluster/parallel in the profile"
+        )
+    if dims.tp_enabled or dims.cp_enabled or dims.pp_enabled:
+        raise UserInputError(
+            "parallel.tp/cp/pp: tensor, context and pipeline parallel training are not built yet; "
+            "train with dp_shard (FSDP2) and dp_replicate (HSDP), keeping tp=cp=pp=1"
+        )
+    run_dir = Path(run_dir)
+    checkpoints = CheckpointManager(run_dir, keep=cfg.keep_checkpoints, use_async=cfg.async_checkpoint)
+    latest = checkpoints.latest()
+    if latest is not None and not resume:
+        raise UserInputError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume or a new --run-dir")
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "profile.yaml").write_text(dump_profile(profile))
+
+    # --- model, parallelism, optimizer ---------------------------------------------------------------
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = build_model(profile.model, device=device)
+    notes: list[str] = []
+    apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
+    if cfg.compile:
+        for key, block in model.blocks.items():
+            model.blocks[key] = torch.compile(block)
+    bf16 = cfg.precision == "bf16"
+    autocast_dtype = None
+    if dims.fsdp_enabled or dims.dp_enabled:
+        param_dtype = torch.bfloat16 if bf16 else torch.float32
+        apply_fsdp(model, dims.fsdp_mesh(), model.blocks, param_dtype=param_dtype, cpu_offload=cfg.fsdp_cpu_offload)
+    elif bf16:
+        autocast_dtype = torch.bfloat16  # one process: fp32 weights, bf16 compute
+    ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+        fused=device.type == "cuda" or None,
+    )
+    edm = EDM.from_profile(profile.diffusion)
+
+    # --- data ---------------------------------------------------------------------------------------
+    dp_rank = dims.mesh["dp"].get_local_rank() if dist.is_initialized() else 0
+    # No model-parallel group yet (tp = cp = pp = 1): every rank is its own data-parallel reader.
+    loader = ShardLoader.from_profile(profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp)
+    batcher = build_batcher(profile, loader)
+
+    # --- resume -------------------------------------------------------------------------------------
+    step = 0
+    if resume and latest is not None:
+        extra = checkpoints.load(latest, model, optimizer, ema)
+        batcher.load_state_dict(extra["loader"])
+        step = extra["step"]
+        notes.append(f"resumed from step {step}")
+    elif resume:
+        notes.append("no complete checkpoint to resume from: started fresh")
+    start_step = step
+    metrics = MetricsLog(run_dir, enabled=rank == 0, resume_step=step)
+    recompute = "full" if cfg.activation_checkpointing == "full" else "none"
+    peak = profile.cluster.accelerator.peak_bf16_flops
+
+    skipped_in_row = skipped = 0
+    last_loss: float | None = None
+    window = {"time": 0.0, "tokens": 0.0, "flops": 0.0, "steps": 0}
+    buckets: dict[str, list[float]] = {name: [0.0, 0.0] for name in sigma_bucket_names()}
+    step_time = tokens_per_s = mfu = 0.0
+    exhausted = False
+    model.train()
+    while step < cfg.steps:
+        started = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_multiplier(step, cfg)
+        loss_sum = tokens = flops = 0.0
+        for _ in range(cfg.grad_accum):
+            batch = batcher.next_batch()
+            if batch is None:
+                exhausted = True
+                break
+            micro = micro_batch_loss(model, edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype)
+            (micro.loss / cfg.grad_accum).backward()
+            loss_sum += micro.loss.item() / cfg.grad_accum
+            tokens += micro.tokens
+            text_lens = batch.text_mask.sum(dim=1).tolist()
+            grids = batch.layout if isinstance(batch, PackedBatch) else _batch_grids(batch, profile)
+            flops += train_step_flops(profile.model, grids, text_lens, recompute)
+            for name, (total, count) in loss_by_sigma(micro.sigma, micro.per_sample).items():
+                buckets[name][0] += total
+                buckets[name][1] += count
+        if exhausted:
+            optimizer.zero_grad(set_to_none=True)
+            notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
+            break
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        loss_sum, tokens, flops = _all_reduce_sum([loss_sum, tokens, flops], device)
+        loss_mean = loss_sum / dims.layout.dp
+        if not (math.isfinite(loss_mean) and math.isfinite(grad_norm)):
+            optimizer.zero_grad(set_to_none=True)
+            what = f"step {step}: loss {loss_mean}, gradient norm {grad_norm}"
+            skipped += 1
+            skipped_in_row += 1
+            if cfg.nan_policy == "stop" or skipped_in_row > cfg.max_skipped_steps:
+                raise TrainingDiverged(
+                    f"{what}; lower train.lr, keep train.grad_clip on, or set train.nan_policy=skip "
+                    f"(skipped {skipped} step(s) so far)"
+                )
+            notes.append(f"skipped {what}")
+            step += 1
+            continue
+        skipped_in_row = 0
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(model)
+        step += 1
+        last_loss = loss_mean
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - started
+        window["time"] += elapsed
+        window["tokens"] += tokens
+        window["flops"] += flops
+        window["steps"] += 1
+
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            step_time = window["time"] / window["steps"]
+            tokens_per_s = window["tokens"] / window["time"]
+            mfu = window["flops"] / (window["time"] * world * peak)
+            record = {
+                "step": step, "loss": loss_mean, "grad_norm": grad_norm,
+                "lr": optimizer.param_groups[0]["lr"], "step_time_s": step_time, "tokens_per_s": tokens_per_s,
+                "mfu": mfu, "peak_memory_gib": _peak_memory_gib(device),
+                **{name: total / count for name, (total, count) in buckets.items() if count},
+            }
+            if hasattr(batcher, "efficiency"):
+                record["packing_efficiency"] = batcher.efficiency
+            metrics.write(record)
+            if progress is not None and rank == 0:
+                progress(record)
+            window = {"time": 0.0, "tokens": 0.0, "flops": 0.0, "steps": 0}
+            buckets = {name: [0.0, 0.0] for name in sigma_bucket_names()}
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            checkpoints.save(step, model, optimizer, ema, {"loader": batcher.state_dict()})
+        if cfg.validate_every and step % cfg.validate_every == 0:
+            from vidforge.train.validation import validate
+
+            validate(profile, model, ema, run_dir / "validation" / f"step_{step:08d}", rank)
+
+    if step > start_step and (step % cfg.save_every and step != cfg.steps):
+        checkpoints.save(step, model, optimizer, ema, {"loader": batcher.state_dict()})
+    checkpoints.wait()
+    export_dir = export_weights(profile, model, ema, run_dir / "export", rank) if step > 0 else None
+    metrics.close()
+    efficiency = getattr(batcher, "efficiency", None)
+    return TrainSummary(
+        run_dir=str(run_dir), start_step=start_step, last_step=step, final_loss=last_loss, skipped_steps=skipped,
+        tokens_per_s=tokens_per_s, step_time_s=step_time, mfu=mfu, peak_memory_gib=_peak_memory_gib(device),
+        packing_efficiency=efficiency, export_dir=str(export_dir) if export_dir else None, notes=notes,
+    )
+
+
+def _batch_grids(batch: Any, profile: RunProfile) -> list[tuple[int, int, int]]:
+    pt, ph, pw = profile.model.patch
+    b, _, t, h, w = batch.latents.shape
+    return [(t // pt, h // ph, w // pw)] * b
+
+
+def summary_dict(summary: TrainSummary) -> dict[str, Any]:
+    return asdict(summary)
