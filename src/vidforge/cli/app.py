@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from vidforge import __version__
-from vidforge.cli import caption_cmd, profile_cmd, shard_cmd, tokenize_cmd
+from vidforge.cli import caption_cmd, clip_cmd, infer_cmd, profile_cmd, shard_cmd, tokenize_cmd, train_cmd
 from vidforge.cli._errors import GuardedGroup
 from vidforge.cli._output import Output, set_current_output
 
@@ -44,9 +44,12 @@ def root(
 
 
 app.add_typer(profile_cmd.app, name="profile")
+app.command("clip")(clip_cmd.clip)
 app.command("caption")(caption_cmd.caption)
 app.command("shard")(shard_cmd.shard)
 app.command("tokenize")(tokenize_cmd.tokenize)
+app.command("train")(train_cmd.train)
+app.command("infer")(infer_cmd.infer)
 
 
 def main() -> None:

@@ -98,6 +98,7 @@ class StageStats:
 
     name: str
     items_in: int = 0
+    items_done: int = 0
     items_out: int = 0
     errors: int = 0
     busy_seconds: float = 0.0

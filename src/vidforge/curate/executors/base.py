@@ -124,6 +124,7 @@ def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
                 continue
             for env, out in zip(batch, outs, strict=False):
                 stats[i].busy_seconds += out.seconds
+                stats[i].items_done += 1
                 if not out.ok:
                     stats[i].errors += 1
                     record = {"stage": stages[i].name, "reason": out.reason}

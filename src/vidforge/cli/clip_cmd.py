@@ -1,0 +1,87 @@
+"""`vidforge clip INPUT... -o OUT`: raw videos to clips (calls vidforge.curate.clip.run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._output import EXIT_PARTIAL, current_output
+
+
+def clip(
+    inputs: Annotated[list[str], typer.Argument(help="Video files, directories, glob patterns, list files "
+                                                     "(.txt/.csv) or fsspec URLs.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (clips/, manifest.jsonl, ...).")],
+    executor: Annotated[str, typer.Option("--executor", help="local (process pools) or ray.")] = "local",
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join; default: "
+                                                    "start a local Ray instance.")] = None,
+    dedup: Annotated[float | None, typer.Option("--dedup", metavar="THRESHOLD",
+                                                help="Drop clips whose embedding cosine with an earlier "
+                                                     "clip is at least this.")] = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Cut raw videos into clean clips: shot detection, stitching, duration and static filters,
+    frame-accurate H.264 transcode and clip embeddings. Reruns skip finished sources.
+
+    Example: vidforge clip raw/ -o curated/ --set curation.max_seconds=10 --dedup 0.95
+
+    Exit codes: 0 all sources processed, 3 some failed (see OUT/errors.jsonl), 2 fix your input.
+    """
+    from vidforge.curate.clip import run
+
+    out_ = current_output()
+    resolved = profile_from(profile, set_)
+    progress = _Progress() if out_.show_progress else None
+
+    def started(info: dict) -> None:
+        if info["embedder"] and "random weights" in info["embedder"]:
+            out_.info(f"[yellow]note:[/] embeddings and stitching use {info['embedder']}")
+        out_.info(f"{info['sources']} source(s), {info['sources'] - info['todo']} already done")
+        out_.event("start", **info)
+        if progress is not None:
+            progress.start(info["stages"], info["todo"])
+
+    try:
+        result = run(resolved, inputs, out, executor=executor, ray_address=ray_address, dedup=dedup,
+                     monitor=progress.update if progress else None, on_start=started)
+    finally:
+        if progress is not None:
+            progress.stop()
+    summary = result.summary
+    if result.stages:
+        out_.table([(s["stage"], s["items"], s["errors"], s["workers"], s["busy_seconds"])
+                    for s in summary["stages"]], columns=("stage", "items", "errors", "workers", "busy s"))
+    out_.result({k: v for k, v in summary.items() if k != "stages"} | {"out": str(out)}, title="clip")
+    if result.partial:
+        out_.info(f"[yellow]{summary['errors']} error(s)[/]: see {out / 'errors.jsonl'}")
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+class _Progress:
+    """A rich progress bar per stage on stderr."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=current_output().err_console, transient=False)
+        self.tasks: dict[str, int] = {}
+
+    def start(self, stages: list[str], sources: int) -> None:
+        for name in stages:
+            self.tasks[name] = self.progress.add_task(name, total=sources if name == "decode" else None)
+        self.progress.start()
+
+    def update(self, stats) -> None:
+        for s in stats:
+            task = self.tasks.get(s.name)
+            if task is not None:
+                total = self.progress.tasks[task].total if s.name == "decode" else s.items_in
+                self.progress.update(task, completed=s.items_done, total=total)
+
+    def stop(self) -> None:
+        self.progress.stop()
