@@ -7,6 +7,7 @@ with a local weights file, a `local-dir:` folder, or, without weights, a randoml
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,10 +97,14 @@ class ImageEmbedder:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # random weights must be the same in every worker and every run
             try:
+                # open-clip logs a warning on the root logger for random weights; the run reports it itself
+                logging.disable(logging.WARNING)
                 model = open_clip.create_model(model_name, pretrained=None if local_dir else checkpoint, device=dev)
             except (RuntimeError, KeyError, ValueError) as err:
                 raise UserInputError(f"curation.embed_checkpoint={checkpoint}: cannot load it into "
                                      f"{model_name} ({str(err).splitlines()[0][:200]})") from None
+            finally:
+                logging.disable(logging.NOTSET)
         model.eval()
         size = model.visual.image_size
         size = size[0] if isinstance(size, tuple | list) else int(size)

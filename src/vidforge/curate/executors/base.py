@@ -59,11 +59,11 @@ def drive(
     try:
         units_done = _loop(stages, iter(units), on_unit, backend, stats, monitor)
     finally:
+        for i, s in enumerate(stats):
+            s.workers = backend.workers(i)
         backend.stop()
         for stage in stages:
             stage.teardown()
-    for i, s in enumerate(stats):
-        s.workers = max(s.workers, backend.workers(i))
     return RunStats(stages=stats, units=units_done, wall_seconds=time.perf_counter() - started)
 
 
