@@ -1,0 +1,46 @@
+"""`vidforge infer --checkpoint RUN --prompt TEXT -o OUT`: sample videos from a trained model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vidforge.cli._options import SetOpt
+from vidforge.cli._output import current_output
+from vidforge.errors import UserInputError
+
+
+def infer(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A `vidforge train` run dir or its export/.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the MP4s, contact_sheet.png, samples.jsonl.")],
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", help="A caption to render; repeatable.")] = None,
+    prompts_file: Annotated[
+        Path | None, typer.Option("--prompts-file", help="A text file with one prompt per line.")
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="Profile to use instead of the one saved with the model.")
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Sample videos: text encoder -> sampler (diffusion.sampler heun|res, steps, guidance) -> DiT ->
+    tokenizer decode -> H.264 MP4 and a PNG contact sheet. The same seed and prompt give the same video.
+
+    Example: vidforge infer -c runs/train --prompt "a red square moving right" -o runs/samples
+    Example: vidforge infer -c runs/train --prompts-file prompts.txt -o out --set diffusion.sampler=res --set infer.seed=7
+    """
+    from vidforge.infer.run import run
+
+    prompts = list(prompt or [])
+    if prompts_file is not None:
+        if not prompts_file.is_file():
+            raise UserInputError(f"--prompts-file {prompts_file}: no such file")
+        prompts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
+    result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile)
+    output = current_output()
+    if output.json:
+        output.result({"videos": result.videos, "contact_sheet": result.contact_sheet, "seconds": result.seconds})
+    else:
+        output.table([(Path(v).name,) for v in result.videos], columns=("video",), title=f"vidforge infer -> {out}")
+        output.result({}, text=f"contact sheet: {result.contact_sheet}  ({result.seconds_per_video:.1f} s per video)")
