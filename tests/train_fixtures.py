@@ -1,0 +1,58 @@
+"""Latent shards for training tests, made by the real `shard` and `tokenize` stages from a synthetic
+annotated directory (pixel tokenizer, random open-clip text tower: no weights needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vidforge.data.manifest import stable_id, write_jsonl
+from vidforge.data.sharding import run as shard_run
+from vidforge.data.testing import make_annotated_dir
+from vidforge.profile import RunProfile, load_profile
+from vidforge.tokenizers.tokenize import run as tokenize_run
+
+# A tiny DiT on 48x64 clips of 9 frames: pixel tokenizer 4x8x8 -> latents (768, 3, 6, 8) -> 36 tokens.
+TRAIN_SETS = (
+    "model.in_channels=768",
+    "data.buckets=[[48,64]]",
+    "data.frame_buckets=[9]",
+    "data.val_fraction=0",
+    "data.token_budget=72",
+    "data.shuffle_buffer=4",
+    "train.precision=fp32",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "train.save_every=3",
+    "train.steps=6",
+    "train.lr=1e-3",
+    "diffusion.steps=4",
+    "infer.frames=9",
+    "infer.height=48",
+    "infer.width=64",
+)
+
+
+def train_profile(*extra: str) -> RunProfile:
+    return load_profile("local_cpu", [*TRAIN_SETS, *extra])
+
+
+def make_latents(root: Path, *, identical: bool = False, samples: int = 4) -> Path:
+    """Latent shards under root/latents. identical=True: every sample is the same clip and caption, one
+    sample per shard, so data-parallel ranks see the same data as a single process does."""
+    annotated = make_annotated_dir(root / "annotated", videos=samples, images=0, rejected=0, size=(48, 64),
+                                   frames=(9, 12), seed=0)
+    sets = ["data.shard_max_samples=1"] if identical else []
+    if identical:
+        records = [json.loads(line) for line in (annotated / "manifest.jsonl").read_text().splitlines()]
+        first = records[0]
+        write_jsonl(annotated / "manifest.jsonl",
+                    [{**first, "clip_id": stable_id("copy", i)} for i in range(samples)])
+    profile = train_profile(*sets)
+    shard_run(profile, annotated, root / "shards")
+    tokenize_run(profile, root / "shards", root / "latents")
+    return root / "latents"
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,140 @@
+"""`vidforge train` and `vidforge infer` in one process: resume, NaN handling, export, determinism."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_fixtures import losses, make_latents, train_profile  # noqa: E402
+
+from vidforge.cli.app import app  # noqa: E402
+from vidforge.errors import UserInputError  # noqa: E402
+from vidforge.infer import run as infer_run  # noqa: E402
+from vidforge.train import loop  # noqa: E402
+from vidforge.train.step import MicroLoss  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def latents(tmp_path_factory) -> Path:
+    return make_latents(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def trained(latents, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("run")
+    loop.run(train_profile(), [latents], run_dir)
+    return run_dir
+
+
+def test_run_logs_every_step_checkpoints_and_exports(trained) -> None:
+    values = losses(trained)
+    assert len(values) == 6 and all(math.isfinite(v) for v in values)
+    assert (trained / "export" / "model.safetensors").is_file()
+    assert (trained / "export" / "profile.yaml").is_file()
+    assert sorted(p.name for p in (trained / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
+
+
+def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_path, monkeypatch) -> None:
+    # A run "killed" right after its step-3 checkpoint: stop it there by raising from the step after.
+    real = loop.micro_batch_loss
+    calls = {"n": 0}
+
+    def dies_at_step_4(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "micro_batch_loss", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(train_profile(), [latents], tmp_path)
+    monkeypatch.setattr(loop, "micro_batch_loss", real)
+    with pytest.raises(UserInputError, match="pass --resume"):
+        loop.run(train_profile(), [latents], tmp_path)
+    summary = loop.run(train_profile(), [latents], tmp_path, resume=True)
+    assert summary.start_step == 3 and summary.last_step == 6
+    assert losses(tmp_path) == losses(trained)  # bitwise: same floats, same order
+
+
+def _poisoned(at_call: int):
+    real = loop.micro_batch_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        out = real(*args, **kwargs)
+        if calls["n"] == at_call:
+            return MicroLoss(out.loss * float("nan"), out.sigma, out.per_sample, out.tokens)
+        return out
+
+    return poisoned
+
+
+def test_nan_loss_stops_with_a_clear_message(latents, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(loop, "micro_batch_loss", _poisoned(2))
+    with pytest.raises(loop.TrainingDiverged, match=r"step 1: loss nan.*train.nan_policy=skip"):
+        loop.run(train_profile(), [latents], tmp_path)
+
+
+def test_nan_loss_is_skipped_by_setting(latents, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(loop, "micro_batch_loss", _poisoned(2))
+    summary = loop.run(train_profile("train.nan_policy=skip"), [latents], tmp_path)
+    assert summary.skipped_steps == 1 and summary.last_step == 6 and math.isfinite(summary.final_loss)
+
+
+def test_infer_is_deterministic_and_writes_videos(trained, tmp_path) -> None:
+    prompts = ["a red square moving right", "a blue circle"]
+    first = infer_run.run(trained, prompts, tmp_path / "a")
+    second = infer_run.run(trained, prompts[:1], tmp_path / "b")  # batch composition must not matter
+    assert len(first.videos) == 2 and Path(first.contact_sheet).is_file()
+    frames_a = _decode(first.videos[0])
+    frames_b = _decode(second.videos[0])
+    assert frames_a.shape == (9, 48, 64, 3)
+    np.testing.assert_array_equal(frames_a, frames_b)
+    other_seed = infer_run.run(trained, prompts[:1], tmp_path / "c", overrides=["infer.seed=5"])
+    assert not np.array_equal(_decode(other_seed.videos[0]), frames_a)
+
+
+def _decode(path: str) -> np.ndarray:
+    import av
+
+    with av.open(path) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def test_infer_refuses_sizes_the_model_cannot_take(trained, tmp_path) -> None:
+    result = CliRunner().invoke(
+        app, ["infer", "-c", str(trained), "--prompt", "x", "-o", str(tmp_path), "--set", "infer.height=50"]
+    )
+    assert result.exit_code == 2
+    assert "infer.height: must be a multiple of 16" in result.stderr
+    result = CliRunner().invoke(
+        app, ["infer", "-c", str(trained), "--prompt", "x", "-o", str(tmp_path), "--set", "infer.frames=8"]
+    )
+    assert result.exit_code == 2 and "infer.frames: the tokenizer needs 4k+1 frames" in result.stderr
+
+
+def test_train_cli_refuses_layouts_it_cannot_run(latents, tmp_path) -> None:
+    result = CliRunner().invoke(
+        app, ["train", "--data", str(latents), "--run-dir", str(tmp_path), "--set", "cluster.cpu_processes=2"]
+    )
+    assert result.exit_code == 2 and "needs 2 rank(s) but 1 started; use --nproc 2" in result.stderr
+
+
+def test_sampling_with_guidance_uses_both_branches(trained) -> None:
+    from vidforge.infer.sampling import sample_latents
+    from vidforge.models import load_model
+
+    model = load_model(trained / "export")
+    text = torch.randn(1, 5, model.config.text_dim)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    guided = sample_latents(model, train_profile("diffusion.guidance=3"), text, mask, [0], (768, 3, 6, 8))
+    plain = sample_latents(model, train_profile("diffusion.guidance=1"), text, mask, [0], (768, 3, 6, 8))
+    assert guided.shape == (1, 768, 3, 6, 8) and not torch.equal(guided, plain)
