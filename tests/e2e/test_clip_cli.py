@@ -47,7 +47,7 @@ def _decode(path) -> list[np.ndarray]:
 def stitch_threshold(sample_videos) -> float:
     """Between the false cut's similarity and the true cut's, both measured independently here with the
     same (random-weight) embedder on frames decoded by our analysis: the merge must follow it."""
-    cfg = _profile().curation
+    cfg = _profile("curation.stitch=true").curation
     embedder = ImageEmbedder.from_profile(cfg)
     a = analyse(str(sample_videos / "false_split.mp4"), cfg)
     false_cut, true_cut = [boundary_similarity(x, y, a.boundary, 8, embedder.pooled)
@@ -60,7 +60,7 @@ def stitch_threshold(sample_videos) -> float:
 def curated(tmp_path_factory, sample_videos, stitch_threshold) -> Path:
     out = tmp_path_factory.mktemp("curated")
     names = ["cuts", "static", "false_split", "red_square"]
-    clip.run(_profile(f"curation.stitch_threshold={stitch_threshold}"),
+    clip.run(_profile("curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"),
              [str(sample_videos / f"{n}.mp4") for n in names], out)
     return out
 
@@ -115,7 +115,7 @@ def test_rerun_is_a_no_op(curated, sample_videos, stitch_threshold):
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(curated.rglob("*")) if p.is_file()
               and p.name != "summary.json"}
     names = ["cuts", "static", "false_split", "red_square"]
-    run = clip.run(_profile(f"curation.stitch_threshold={stitch_threshold}"),
+    run = clip.run(_profile("curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"),
                    [str(sample_videos / f"{n}.mp4") for n in names], curated)
     assert run.summary["sources_skipped"] == 4 and run.stages == []
     after = {p: p.read_bytes() for p in sorted(curated.rglob("*")) if p.is_file() and p.name != "summary.json"}
@@ -256,8 +256,9 @@ def test_cli_user_errors_exit_2(tmp_path):
     assert result.exit_code == 2
 
 
+@pytest.mark.slow  # ~20 s: starts the CLI (and its worker processes) twice
 def test_killed_run_resumes_to_the_same_manifest(tmp_path, sample_videos, stitch_threshold):
-    sets = [f"curation.stitch_threshold={stitch_threshold}", "curation.embed=false"]
+    sets = ["curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}", "curation.embed=false"]
     reference = tmp_path / "ref"
     clip.run(_profile(*sets), [str(sample_videos)], reference)
     out = tmp_path / "killed"
@@ -289,7 +290,7 @@ def test_ray_executor_gives_the_same_manifest(tmp_path, sample_videos, curated, 
     pytest.importorskip("ray")
     names = ["cuts", "static", "false_split", "red_square"]
     out = tmp_path / "ray"
-    clip.run(load_profile(None, [f"curation.stitch_threshold={stitch_threshold}"]),
+    clip.run(load_profile(None, ["curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"]),
              [str(sample_videos / f"{n}.mp4") for n in names], out, executor="ray")
     assert (out / "manifest.jsonl").read_text() == (curated / "manifest.jsonl").read_text()
     assert np.array_equal(np.load(out / "embeddings.npy"), np.load(curated / "embeddings.npy"))

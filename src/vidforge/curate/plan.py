@@ -1,8 +1,10 @@
 """Stages 3-5 for one source: stitch shots, apply the duration policy and the static filter, and name
-every resulting clip. Runs beside the model (stitching embeds frames), one item per source in, one item
-per clip out (rejected clips included, so the ledger records why they went)."""
+every resulting clip. Runs beside the model (stitching embeds frames); one item per source in and out
+(rejected clips included, so the ledger records why they went)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from vidforge.curate.duration import apply_duration
 from vidforge.curate.items import Analysis, ClipPlan, Shot
@@ -47,8 +49,21 @@ def _plan(a: Analysis, shot: Shot, start: int, end: int, rejected, ratio: float 
                     static_ratio=ratio, stitched=shot.merged, rejected=rejected)
 
 
+@dataclass
+class SourcePlans:
+    """All clips planned for one source: transcoded together in one decode pass."""
+
+    source: str
+    plans: list[ClipPlan]
+
+    @property
+    def label(self) -> str:
+        return self.source
+
+
 class PlanStage(Stage):
-    """Analysis -> [ClipPlan]. A thread of the driver, sharing the embedding model."""
+    """Analysis -> SourcePlans (every clip of the source, kept or rejected). A thread of the driver,
+    sharing the embedding model."""
 
     name = "plan"
     kind = "thread"
@@ -64,9 +79,9 @@ class PlanStage(Stage):
 
             self.embedder = ImageEmbedder.from_profile(self.cfg)
 
-    def process(self, analysis: Analysis) -> list[ClipPlan]:
+    def process(self, analysis: Analysis) -> SourcePlans:
         pooled = self.embedder.pooled if self.embedder is not None else None
-        return plan_clips(analysis, self.cfg, pooled)
+        return SourcePlans(analysis.source, plan_clips(analysis, self.cfg, pooled))
 
     def __getstate__(self):  # the model is rebuilt by setup() wherever the stage runs
         return {**self.__dict__, "embedder": None}

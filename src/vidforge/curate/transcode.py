@@ -44,57 +44,123 @@ def _rotate(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
     return av.VideoFrame.from_ndarray(rgb, format="rgb24")
 
 
-def transcode(plan: ClipPlan, out_path: Path, cfg: Curation, samples: int = 0) -> ClipResult:
-    info = plan.info
-    want = plan.end - plan.start
-    first_pts, last_pts = int(plan.pts[0]), int(plan.pts[-1])
-    wanted = set(int(p) for p in plan.pts)
-    width, height = output_size(info.width, info.height, cfg.max_resolution)
-    in_rate = Fraction(info.fps)
-    rate = Fraction(cfg.fps).limit_denominator(1001) if cfg.fps else in_rate
-    picks = set(sample_indices(want, samples)) if samples else set()
-    kept_samples: list[np.ndarray] = []
-    written = 0
-    with open_source(plan.source) as container, atomic_path(out_path) as tmp:
+class _ClipWriter:
+    """Encodes one clip: frames in, H.264 MP4 out under a temporary name, renamed when complete."""
+
+    def __init__(self, plan: ClipPlan, out_path: Path, cfg: Curation, samples: int):
+        info = plan.info
+        self.plan, self.out_path, self.cfg = plan, out_path, cfg
+        self.want, self.wanted = plan.end - plan.start, {int(p) for p in plan.pts}
+        self.first_pts, self.last_pts = int(plan.pts[0]), int(plan.pts[-1])
+        self.width, self.height = output_size(info.width, info.height, cfg.max_resolution)
+        self.rate = Fraction(cfg.fps).limit_denominator(1001) if cfg.fps else Fraction(info.fps)
+        # Keep our own copy: the muxer replaces the stream's time base when it writes the header.
+        self.frame_tb = Fraction(self.rate.denominator, self.rate.numerator)
+        self.picks = set(sample_indices(self.want, samples)) if samples else set()
+        self.samples: list[np.ndarray] = []
+        self.taken = self.written = 0
+        self._atomic = atomic_path(out_path)
+        tmp = self._atomic.__enter__()
+        self.output = av.open(str(tmp), "w", format="mp4")
+        enc = self.output.add_stream("libx264", rate=self.rate)
+        enc.width, enc.height, enc.pix_fmt = self.width, self.height, "yuv420p"
+        enc.time_base = self.frame_tb
+        enc.options = {"crf": str(cfg.crf), "preset": cfg.preset}
+        if cfg.encoder_threads:
+            enc.codec_context.thread_count = cfg.encoder_threads
+        self.enc = enc
+
+    @property
+    def complete(self) -> bool:
+        return self.taken == self.want
+
+    def add(self, frame: av.VideoFrame) -> None:
+        pts, rotation = frame.pts, self.plan.info.rotation
+        if rotation:
+            frame = _rotate(frame, rotation)
+        out = frame.reformat(width=self.width, height=self.height, format="yuv420p")
+        if self.taken in self.picks:
+            sw, sh = output_size(self.width, self.height, SAMPLE_SIDE)
+            self.samples.append(out.reformat(width=sw, height=sh, format="rgb24").to_ndarray())
+        t = float((pts - self.first_pts) * self.plan.time_base)
+        repeats = _repeats(t, self.rate, self.written) if self.cfg.fps else 1
+        for _ in range(repeats):
+            copy = out if repeats == 1 else out.reformat()
+            copy.pts, copy.time_base = self.written, self.frame_tb
+            self.output.mux(self.enc.encode(copy))
+            self.written += 1
+        self.taken += 1
+
+    def finish(self) -> ClipResult:
+        self.output.mux(self.enc.encode(None))
+        self.output.close()
+        if not self.complete:
+            self.abort()
+            raise ItemError(f"decoded {self.taken} of the clip's {self.want} frames (source changed or damaged?)")
+        self._atomic.__exit__(None, None, None)
+        return ClipResult(plan=self.plan, path=str(self.out_path), frames=self.written, width=self.width,
+                          height=self.height, fps=float(self.rate),
+                          samples=np.stack(self.samples) if self.samples else None)
+
+    def abort(self) -> None:
+        try:
+            self.output.close()
+        except Exception:  # noqa: BLE001 - already failing; the temporary file goes either way
+            pass
+        self._atomic.__exit__(ItemError, ItemError("aborted"), None)
+
+
+def transcode_source(plans: list[ClipPlan], clips_dir: Path, cfg: Curation, samples: int = 0) -> list:
+    """Cut every kept clip of one source in a single decode pass (seeking once, to the first clip).
+    Per-clip seeks would decode from the previous keyframe again for every clip: with long GOPs that
+    costs more than the encode. Rejected plans and clips that fail come back as they are / as errors."""
+    kept = sorted((p for p in plans if p.rejected is None), key=lambda p: p.start)
+    results: list = [p for p in plans if p.rejected is not None]
+    if not kept:
+        return results
+    source = kept[0].source
+    with open_source(source) as container:
         stream = video_stream(container)
         stream.thread_type = "AUTO"
-        with av.open(str(tmp), "w", format="mp4") as output:
-            enc = output.add_stream("libx264", rate=rate)
-            enc.width, enc.height, enc.pix_fmt = width, height, "yuv420p"
-            # Keep our own copy: the muxer replaces the stream's time base when it writes the header.
-            frame_tb = Fraction(rate.denominator, rate.numerator)
-            enc.time_base = frame_tb
-            enc.options = {"crf": str(cfg.crf), "preset": cfg.preset}
-            if cfg.encoder_threads:
-                enc.codec_context.thread_count = cfg.encoder_threads
-            taken = 0
-            for frame in _frames_from(container, stream, first_pts):
+        queue = list(kept)
+        writer: _ClipWriter | None = None
+        try:
+            for frame in _frames_from(container, stream, int(queue[0].pts[0])):
                 pts = frame.pts
-                if pts is None or pts < first_pts or pts not in wanted:
-                    if pts is not None and pts > last_pts:
-                        break
+                if pts is None:
                     continue
-                if info.rotation:
-                    frame = _rotate(frame, info.rotation)
-                out = frame.reformat(width=width, height=height, format="yuv420p")
-                if taken in picks:
-                    sw, sh = output_size(width, height, SAMPLE_SIDE)
-                    kept_samples.append(out.reformat(width=sw, height=sh, format="rgb24").to_ndarray())
-                t = float((pts - first_pts) * plan.time_base)
-                repeats = _repeats(t, rate, written) if cfg.fps else 1
-                for _ in range(repeats):
-                    copy = out if repeats == 1 else out.reformat()
-                    copy.pts, copy.time_base = written, frame_tb
-                    output.mux(enc.encode(copy))
-                    written += 1
-                taken += 1
-                if taken == want:
-                    break
-            output.mux(enc.encode(None))
-        if taken != want:
-            raise ItemError(f"decoded {taken} of the clip's {want} frames (source changed or damaged?)")
-    return ClipResult(plan=plan, path=str(out_path), frames=written, width=width, height=height, fps=float(rate),
-                      samples=np.stack(kept_samples) if kept_samples else None)
+                if writer is None:
+                    if pts < int(queue[0].pts[0]):
+                        continue
+                    writer = _ClipWriter(queue[0], clips_dir / f"{queue[0].clip_id}.mp4", cfg, samples)
+                if pts in writer.wanted:
+                    writer.add(frame)
+                if writer.complete or pts >= writer.last_pts:
+                    results.append(writer.finish())
+                    writer = None
+                    queue.pop(0)
+                    if not queue:
+                        break
+            if writer is not None:
+                results.append(writer.finish())
+                queue.pop(0)
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+    for plan in queue:  # the source ended before these clips: recorded as errors, not silently lost
+        raise ItemError(f"source ended before clip {plan.start}:{plan.end}")
+    return results
+
+
+def transcode(plan: ClipPlan, out_path: Path, cfg: Curation, samples: int = 0) -> ClipResult:
+    """One clip on its own (seeks to it)."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    (result,) = transcode_source([plan], out_path.parent, cfg, samples)
+    if result.path != str(out_path):
+        os.replace(result.path, out_path)
+        result.path = str(out_path)
+    return result
 
 
 def _repeats(t: float, rate: Fraction, written: int) -> int:
@@ -127,7 +193,8 @@ def _frames_from(container, stream, first_pts: int):
 
 
 class TranscodeStage(Stage):
-    """ClipPlan -> ClipResult (rejected plans pass through). CPU-bound (decode + x264): worker processes."""
+    """[ClipPlan] of one source -> [ClipResult | rejected ClipPlan], in one decode pass. CPU-bound
+    (decode + x264): worker processes, parallel across sources."""
 
     name = "transcode"
     kind = "process"
@@ -144,7 +211,5 @@ class TranscodeStage(Stage):
             raise UserInputError("this PyAV build has no libx264 encoder; install av wheels from PyPI") from None
         Path(self.clips_dir).mkdir(parents=True, exist_ok=True)
 
-    def process(self, plan: ClipPlan):
-        if plan.rejected is not None:
-            return plan
-        return transcode(plan, Path(self.clips_dir) / f"{plan.clip_id}.mp4", self.cfg, self.samples)
+    def process(self, plans):
+        return transcode_source(plans.plans, Path(self.clips_dir), self.cfg, self.samples)

@@ -1,0 +1,131 @@
+"""Benchmark `vidforge clip` against `scenedetect detect-adaptive split-video` and against one plain
+decode + encode of the same input (the floor for any tool that re-encodes every frame).
+
+Same input, same x264 crf and preset everywhere. For the comparison, vidforge runs with stitching and
+embeddings off and its filters open (min_seconds=0, static_max_ratio=1), so both tools detect with
+AdaptiveDetector and encode every shot; the full pipeline (defaults) is timed too.
+
+Usage:  python bench/clip_vs_scenedetect.py [--videos 3 --seconds 30 --width 640 --height 360]
+                                           [--crf 23 --preset veryfast] [--ffmpeg PATH]
+scenedetect's split-video needs an `ffmpeg` binary (on PATH, or --ffmpeg, e.g. the one in the
+imageio-ffmpeg wheel). Prints a table and one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import av
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def decode_encode(videos: list[Path], out: Path, crf: int, preset: str) -> None:
+    """One decode and one x264 encode of every frame: the least work a re-encoding clipper can do."""
+    out.mkdir(parents=True, exist_ok=True)
+    for video in videos:
+        with av.open(str(video)) as src, av.open(str(out / video.name), "w") as dst:
+            stream = src.streams.video[0]
+            stream.thread_type = "AUTO"
+            rate = stream.average_rate
+            enc = dst.add_stream("libx264", rate=rate)
+            enc.width, enc.height, enc.pix_fmt = stream.width, stream.height, "yuv420p"
+            tb = Fraction(rate.denominator, rate.numerator)
+            enc.time_base = tb
+            enc.options = {"crf": str(crf), "preset": preset}
+            for i, frame in enumerate(src.decode(stream)):
+                frame = frame.reformat(format="yuv420p")
+                frame.pts, frame.time_base = i, tb
+                dst.mux(enc.encode(frame))
+            dst.mux(enc.encode(None))
+
+
+def scenedetect_cli(videos: list[Path], out: Path, crf: int, preset: str, ffmpeg_dir: str | None) -> None:
+    env = dict(os.environ)
+    if ffmpeg_dir:
+        env["PATH"] = f"{ffmpeg_dir}:{env['PATH']}"
+    args = f"-map 0:v:0 -c:v libx264 -preset {preset} -crf {crf} -an"
+    exe = str(Path(sys.executable).with_name("scenedetect"))
+    for video in videos:
+        subprocess.run([exe, "-q", "-i", str(video), "-o", str(out / video.stem), "detect-adaptive",
+                        "split-video", "-a", args], check=True, env=env)
+
+
+def vidforge_clip(videos: list[Path], out: Path, sets: list[str]) -> dict:
+    exe = str(Path(sys.executable).with_name("vidforge"))
+    cmd = [exe, "--json", "clip", *map(str, videos), "-o", str(out)]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if proc.returncode not in (0, 3):
+        raise RuntimeError(proc.stderr or proc.stdout)
+    return [json.loads(x) for x in proc.stdout.splitlines() if '"result"' in x][-1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--videos", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--height", type=int, default=360)
+    p.add_argument("--crf", type=int, default=23)
+    p.add_argument("--preset", default="veryfast")
+    p.add_argument("--ffmpeg", default=None, help="ffmpeg binary for scenedetect split-video")
+    p.add_argument("--workdir", type=Path, default=None)
+    args = p.parse_args()
+    from make_sample_videos import catalogue, make_sample_videos
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="vidforge-bench-"))
+    inputs = work / "inputs"
+    make_sample_videos(inputs, count=len(catalogue()) + args.videos, seconds=args.seconds, width=args.width,
+                       height=args.height)
+    videos = sorted(inputs.glob("random_*.mp4"))
+    frames = sum(av.open(str(v)).streams.video[0].frames for v in videos)
+    seconds_in = args.videos * args.seconds
+    ffmpeg_dir = str(Path(args.ffmpeg).resolve().parent) if args.ffmpeg else None
+    if not (ffmpeg_dir or shutil.which("ffmpeg")):
+        sys.exit("scenedetect split-video needs ffmpeg: put it on PATH or pass --ffmpeg PATH")
+    same = [f"curation.crf={args.crf}", f"curation.preset={args.preset}"]
+    fair = [*same, "curation.stitch=false", "curation.embed=false", "curation.min_seconds=0",
+            "curation.static_max_ratio=1", "curation.max_seconds=100000"]
+    results = {}
+    results["decode+encode"] = timed(lambda: decode_encode(videos, work / "plain", args.crf, args.preset))
+    results["scenedetect CLI"] = timed(lambda: scenedetect_cli(videos, work / "sd", args.crf, args.preset, ffmpeg_dir))
+    summaries = {}
+    results["vidforge clip (same work)"] = timed(
+        lambda: summaries.setdefault("fair", vidforge_clip(videos, work / "vf_fair", fair)))
+    results["vidforge clip (full pipeline)"] = timed(
+        lambda: summaries.setdefault("full", vidforge_clip(videos, work / "vf_full", same)))
+    sd_clips = sum(1 for _ in (work / "sd").rglob("*.mp4"))
+    report = {
+        "input": f"{args.videos} x {args.seconds:g} s, {args.width}x{args.height}, {frames} frames",
+        "crf": args.crf, "preset": args.preset, "cpus": os.cpu_count(),
+        "seconds": {k: round(v, 2) for k, v in results.items()},
+        "clips": {"scenedetect": sd_clips, "vidforge_same_work": summaries["fair"]["clips"],
+                  "vidforge_full": summaries["full"]["clips"]},
+        "speedup_vs_scenedetect": round(results["scenedetect CLI"] / results["vidforge clip (same work)"], 2),
+        "ratio_to_decode_encode": round(results["vidforge clip (same work)"] / results["decode+encode"], 2),
+        "x_realtime_same_work": round(seconds_in / results["vidforge clip (same work)"], 2),
+    }
+    for name, secs in results.items():
+        print(f"{name:32s} {secs:8.2f} s")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
