@@ -19,6 +19,17 @@ def caption(
     limit: Annotated[
         int | None, typer.Option("--limit", help="Annotate only the first N clips.", min=1)
     ] = None,
+    executor: Annotated[
+        str, typer.Option("--executor", help="local (a decode process pool and one model thread) or ray.")
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Ray cluster to join; default: start a local Ray instance."),
+    ] = None,
+    retry_errors: Annotated[
+        bool,
+        typer.Option("--retry-errors", help="Redo the clips an earlier run recorded in errors.jsonl."),
+    ] = False,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -26,41 +37,42 @@ def caption(
     motion and caption-video match; each clip ends with keep true/false and its reasons.
 
     Writes OUT/manifest.jsonl, rejected.jsonl, errors.jsonl, summary.json, histograms.png and clips/.
-    Exit code 3 when some clips failed (see OUT/errors.jsonl).
+    A rerun skips finished clips (add --retry-errors to redo failed ones). Exit codes: 0 all clips
+    annotated, 3 some failed (see OUT/errors.jsonl), 2 fix your input (refused before any model loads).
 
-    Example: vidforge caption runs/clips -o runs/captioned --set curation.caption.backend=endpoint
+    Example: vidforge caption runs/clips -o runs/captioned --executor ray --set curation.caption.backend=endpoint
     """
     from vidforge.curate.caption import run
 
     resolved = profile_from(profile, set_)
     output = current_output()
-    if output.show_progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    bars = _Progress() if output.show_progress else None
 
-        with Progress(
-            TextColumn("caption"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=output.err_console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("caption", total=None)
-            summary = run(
-                resolved,
-                clips_dir,
-                out,
-                limit=limit,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
-    else:
+    def started(info: dict) -> None:
+        output.info(
+            f"{info['clips']} clip(s), {info['clips'] - info['todo']} already done"
+            + (f", {info['retried']} to retry" if info["retried"] else "")
+        )
+        output.event("start", **info)
+        if bars is not None and info["todo"]:
+            bars.start(info["stages"], info["todo"])
+
+    try:
         summary = run(
             resolved,
             clips_dir,
             out,
             limit=limit,
-            progress=lambda done, total: output.event("progress", done=done, total=total),
+            executor=executor,
+            ray_address=ray_address,
+            retry_errors=retry_errors,
+            progress=None if bars else lambda done, total: output.event("progress", done=done, total=total),
+            monitor=bars.update if bars else None,
+            on_start=started,
         )
+    finally:
+        if bars is not None:
+            bars.stop()
     data = summary.as_dict()
     if output.json:
         output.result(data)
@@ -71,11 +83,55 @@ def caption(
             [(step, t["clips"], t["seconds"], t["clips_per_s"]) for step, t in summary.timings.items()],
             columns=("annotation", "clips", "seconds", "clips/s"),
         )
+        if summary.stages:
+            output.table(
+                [
+                    (s["stage"], s["items"], s["errors"], s["workers"], s["busy_seconds"])
+                    for s in summary.stages
+                ],
+                columns=("stage", "items", "errors", "workers", "busy s"),
+            )
         note = f"; random weights: {', '.join(summary.random_weights)}" if summary.random_weights else ""
+        retried = f", {summary.retried} retried" if summary.retried else ""
         output.result(
             {},
             text=f"{summary.kept} kept, {summary.rejected} rejected, {summary.errors} errors of "
-            f"{summary.clips} clips ({summary.skipped} already done) -> {summary.out}{note}",
+            f"{summary.clips} clips ({summary.skipped} already done{retried}) -> {summary.out}{note}",
         )
     if summary.errors:
+        output.info(f"[yellow]{summary.errors} error(s)[/]: see {out / 'errors.jsonl'}")
         raise typer.Exit(EXIT_PARTIAL)
+
+
+class _Progress:
+    """A rich progress bar per executor stage (decode, annotate) on stderr."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description:>10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=current_output().err_console,
+            transient=False,
+        )
+        self.tasks: dict[str, int] = {}
+        self.started = False
+
+    def start(self, stages: list[str], clips: int) -> None:
+        for name in stages:  # every clip passes every stage once
+            self.tasks[name] = self.progress.add_task(name, total=clips)
+        self.progress.start()
+        self.started = True
+
+    def update(self, stats) -> None:
+        for s in stats:
+            task = self.tasks.get(s.name)
+            if task is not None:
+                self.progress.update(task, completed=s.items_done)
+
+    def stop(self) -> None:
+        if self.started:
+            self.progress.stop()

@@ -9,9 +9,11 @@ Output (OUT): `manifest.jsonl` (every input field plus the annotations, `keep`, 
 with each clip hard-linked (copied across filesystems) so OUT stands alone. Each clip is one unit of
 `data.units.UnitLedger`: a rerun skips finished clips, and a killed run resumes where it stopped.
 
-`CaptionAnnotator` has the shape of a curate `Stage` (`setup` once, `process_batch` per batch of
-records); `run` drives it over the clips in batches of `batch_clips`, in this process (the models are
-loaded once and batched; torch uses the cores)."""
+`run` drives the clips through the curate executors (`local`: a decode process pool feeding one
+model-holding thread; `ray`: the same stages as actors), see `caption_stages`. `CaptionAnnotator` does the
+annotation of a batch; it loads its models once, after `caption_checks.check_inputs` has refused, in
+about a second, whatever would fail on the user's input. The output files do not depend on completion
+order: the ledger orders them by clip id. `retry_errors` redoes clips committed with errors."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from vidforge.curate.captioners import ClipItem, build_captioner, evenly_spaced
+from vidforge.curate.captioners import ClipItem, build_captioner
 from vidforge.curate.captioners.cleaning import clean_caption
 from vidforge.curate.decision import REASONS, decide
 from vidforge.data.manifest import TMP_MARK, read_jsonl, write_json, write_jsonl
@@ -90,6 +92,25 @@ def decode_frames(path: Path, wanted: Callable[[int], set[int]]) -> tuple[int, d
     return count, frames
 
 
+ANNOTATIONS = (
+    "caption",
+    "caption_source",
+    "caption_flags",
+    "aesthetic",
+    "text_area",
+    "texty_frames",
+    "motion",
+    "clip_score",
+)
+
+
+def blank_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A clip's record with every annotation unset (what a failed step leaves)."""
+    row = dict(record)
+    row.update({k: ([] if k == "caption_flags" else None) for k in ANNOTATIONS})
+    return row
+
+
 def _finite(value: float | None) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
@@ -135,9 +156,12 @@ class CaptionAnnotator:
     def setup(self) -> None:
         if self._ready:
             return
-        from vidforge.curate.clip_score import resolve_device
+        from vidforge.curate.caption_checks import check_inputs
 
         cfg = self.cfg
+        check_inputs(cfg, [])  # every check on the user's input, before any model loads
+        from vidforge.curate.clip_score import resolve_device
+
         self.device = resolve_device(cfg.device)
         self.captioner = build_captioner(cfg, device=self.device, random_weights=cfg.random_weights)
         self.captioner.setup()
@@ -176,52 +200,40 @@ class CaptionAnnotator:
 
     # -- frames --------------------------------------------------------------------------------------
     def wanted(self, count: int) -> set[int]:
-        from vidforge.curate.motion import pair_starts
+        from vidforge.curate.caption_stages import wanted_frames
 
-        cfg, idx = self.cfg, set()
-        idx.update(evenly_spaced(count, self.captioner.frames) if self.captioner.frames else ())
-        if self.embedder is not None:
-            idx.update(evenly_spaced(count, cfg.clip.frames))
-        if self.ocr is not None:
-            idx.update(evenly_spaced(count, cfg.ocr.frames))
-        if cfg.motion.enabled:
-            for t in pair_starts(count, cfg.motion.pairs):
-                idx.update((t, t + 1))
-        return idx
+        return wanted_frames(self.cfg, count)
 
     # -- work ----------------------------------------------------------------------------------------
     def process_batch(
         self, records: list[dict[str, Any]]
     ) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-        """Each record -> (annotated record, errors). A step that fails on a clip is an error of that clip."""
+        """Each record -> (annotated record, errors), decoding here (the executors decode in their own stage)."""
+        from vidforge.curate.caption_stages import decode_record
+
+        decoded = [decode_record(r, self.cfg, self.clips_dir) for r in records]
+        for d in decoded:
+            self.timings.add("decode", d.seconds, 1)
+        return self.annotate(decoded)
+
+    def annotate(self, decoded: list[Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+        """Each `caption_stages.Decoded` -> (annotated record, errors). A step that fails on a clip is an
+        error of that clip (a clip that did not decode is one too); the other clips go on."""
         self.setup()
         cfg = self.cfg
         items: list[ClipItem | None] = []
         out: list[dict[str, Any]] = []
         failed: list[dict[str, str]] = []  # per clip: step -> reason
-        t0 = time.perf_counter()
-        for rec in records:
-            cid = clip_id_of(rec)
-            row = dict(rec)
-            row.update(
-                caption=None,
-                caption_source=None,
-                caption_flags=[],
-                aesthetic=None,
-                text_area=None,
-                texty_frames=None,
-                motion=None,
-                clip_score=None,
-            )
+        for d in decoded:
+            rec = d.record
+            row = blank_row(rec)
             out.append(row)
             failed.append({})
-            try:
-                count, frames = decode_frames(media_of(rec, self.clips_dir), self.wanted)
-                items.append(ClipItem(cid, rec, count, frames))
-            except Exception as err:  # noqa: BLE001 - recorded for this clip
-                failed[-1]["decode"] = f"{type(err).__name__}: {err}"
+            if d.error is None:
+                items.append(ClipItem(clip_id_of(rec), rec, d.num_frames, d.frames))
+            else:
+                failed[-1]["decode"] = d.error
                 items.append(None)
-        self.timings.add("decode", time.perf_counter() - t0, len(records))
         live = [i for i, it in enumerate(items) if it is not None]
 
         # Captions, batched across clips (the captioner isolates per-clip failures itself).
@@ -361,11 +373,16 @@ class CaptionSummary:
     errors: int
     skipped: int
     """Clips already done by an earlier run (resumed)."""
+    retried: int
+    """Clips an earlier run committed with errors, redone (`--retry-errors`)."""
     by_reason: dict[str, int]
     timings: dict[str, dict[str, float]]
     random_weights: list[str]
     out: str
     wall_seconds: float
+    executor: str = "local"
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    """Per executor stage: items, errors, workers, busy seconds."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -387,39 +404,91 @@ def run(
     out: str | os.PathLike,
     *,
     limit: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    retry_errors: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    monitor: Callable[[list[Any]], None] | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
     annotator: CaptionAnnotator | None = None,
 ) -> CaptionSummary:
-    """Caption and annotate every clip of `clips_dir` (a `vidforge clip` output) into `out`."""
+    """Caption and annotate every clip of `clips_dir` (a `vidforge clip` output) into `out`.
+
+    `progress(done, total)` is called after each committed clip, `monitor(stage_stats)` after each batch
+    (per-stage progress), `on_start(info)` once the work is known. A clip already committed is skipped,
+    unless `retry_errors` and it was committed with errors."""
+    from vidforge.curate.caption_checks import check_inputs
+    from vidforge.curate.caption_stages import AnnotateStage, DecodeStage
+    from vidforge.curate.executors import make_executor
+
     started = time.perf_counter()
     cfg = profile.curation.caption
     clips_dir, out_dir = Path(clips_dir), Path(out)
     if clips_dir.resolve() == out_dir.resolve():
         raise UserInputError("-o/--out must differ from CLIPS_DIR")
+    if executor not in ("local", "ray"):
+        raise UserInputError(f"--executor {executor!r}: use local or ray")
     records = read_clip_manifest(clips_dir)
     if limit is not None:
         records = records[:limit]
     ledger = UnitLedger(out_dir)
     ledger.recover()
-    todo = [r for r in records if not ledger.is_done(clip_id_of(r))]
-    annotator = annotator or CaptionAnnotator(cfg, clips_dir)
+    errored = {e["unit"] for e in ledger.entries() if e["kind"] == "error"} if retry_errors else set()
+    todo: dict[str, dict[str, Any]] = {}
+    for r in records:
+        cid = clip_id_of(r)
+        if cid not in todo and (cid in errored or not ledger.is_done(cid)):
+            todo[cid] = r
     if todo:
-        annotator.setup()
-    done = len(records) - len(todo)
+        check_inputs(cfg, todo.values())  # fail fast: before any worker starts or model loads
+    total = len({clip_id_of(r) for r in records})
+    done = total - len(todo)
+    timings, random_weights = Timings(), set()
+    if on_start is not None:
+        on_start(
+            {
+                "clips": total,
+                "todo": len(todo),
+                "retried": len(errored & set(todo)),
+                "stages": ["decode", "annotate"],
+                "executor": executor,
+            }
+        )
     if progress:
-        progress(done, len(records))
-    try:
-        for start in range(0, len(todo), cfg.batch_clips):
-            for row, errs in annotator.process_batch(todo[start : start + cfg.batch_clips]):
-                src = media_of(row, clips_dir)
-                if src.is_file():
-                    row["media"] = link_media(src, out_dir, clip_id_of(row))
-                ledger.commit(clip_id_of(row), [row], errs)
-                done += 1
-            if progress:
-                progress(done, len(records))
-    finally:
-        annotator.teardown()
+        progress(done, total)
+
+    def commit(cid: str, items: list[Any], errors: list[dict[str, Any]]) -> None:
+        nonlocal done
+        if items:
+            [item] = items
+            row, errs = item.row, item.errors
+            for step, (seconds, clips) in item.timings.items():
+                timings.add(step, seconds, clips)
+            random_weights.update(item.random_weights)
+        else:  # a stage raised or its worker died: this clip's error; the batch goes on
+            row, errs = blank_row(todo[cid]), []
+            for e in errors or [{"stage": "annotate", "reason": "no result"}]:
+                errs.append({"clip_id": cid, "stage": STAGE, "step": e["stage"], "reason": e["reason"]})
+            reasons = decide(row, cfg, failed=[e["step"] for e in errs])
+            row.update(keep=False, reasons=reasons, random_weights=cfg.random_weights)
+        src = media_of(row, clips_dir)
+        if src.is_file():
+            row["media"] = link_media(src, out_dir, cid)
+        ledger.commit(cid, [row], errs)
+        done += 1
+        if progress:
+            progress(done, total)
+
+    stats = None
+    if todo:
+        options: dict[str, Any] = {"queue_depth": profile.curation.queue_depth}
+        if executor == "ray":
+            options["address"] = ray_address
+        stages = [
+            DecodeStage(cfg, clips_dir, workers=cfg.decode_workers),
+            AnnotateStage(cfg, clips_dir, load_models=executor == "local", annotator=annotator),
+        ]
+        stats = make_executor(executor, **options).run(stages, iter(todo.items()), commit, monitor)
     manifest, errors = ledger.finalize()
     wanted = {clip_id_of(r) for r in records}
     manifest = [r for r in manifest if clip_id_of(r) in wanted]
@@ -437,18 +506,31 @@ def run(
         kept=sum(bool(r["keep"]) for r in manifest),
         rejected=len(rejected),
         errors=len(errors),
-        skipped=len(records) - len(todo),
+        skipped=total - len(todo),
+        retried=len(errored & set(todo)),
         by_reason=ordered,
-        timings=annotator.timings.table(),
-        random_weights=annotator.random_weights,
+        timings=timings.table(),
+        random_weights=[k for k in ("caption", "clip", "aesthetic") if k in random_weights],
         out=str(out_dir),
         wall_seconds=round(time.perf_counter() - started, 3),
+        executor=executor,
+        stages=[_stage_summary(s) for s in (stats.stages if stats else [])],
     )
     write_json(out_dir / SUMMARY, {**summary.as_dict(), "backend": cfg.backend})
     from vidforge.curate.histograms import write_histograms
 
     write_histograms(manifest, cfg, out_dir / HISTOGRAMS)
     return summary
+
+
+def _stage_summary(s: Any) -> dict[str, Any]:
+    return {
+        "stage": s.name,
+        "items": s.items_in,
+        "errors": s.errors,
+        "workers": s.workers,
+        "busy_seconds": round(s.busy_seconds, 3),
+    }
 
 
 __all__ = ["ERRORS", "MANIFEST", "CaptionAnnotator", "CaptionSummary", "run"]

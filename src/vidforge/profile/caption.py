@@ -206,7 +206,11 @@ class Caption(Section):
     """Build models that have no weights path with random weights instead of refusing. Tests and demos
     only: the scores mean nothing, and every record says so (`random_weights: true`)."""
     batch_clips: int = Field(8, ge=1)
-    """Clips annotated together (one unit of work; batched model calls span them)."""
+    """Clips annotated together (batched model calls span them); each clip is still its own unit of
+    work, committed on its own."""
+    decode_workers: int = Field(1, ge=0)
+    """Processes decoding clips for the annotations in the local executor (the models run on one thread
+    of the main process); 0 decodes in the main process. Ray balances its decode actors itself."""
 
     @model_validator(mode="after")
     def _check(self) -> Caption:

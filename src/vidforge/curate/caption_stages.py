@@ -1,0 +1,144 @@
+"""The stages of `vidforge caption` on the curate executors: `decode` (a process pool: PyAV holds the GIL)
+-> `annotate` (one model-holding worker that batches clips: captions, CLIP, aesthetic, OCR, motion).
+
+A unit is one clip (its id). Neither stage ever drops a clip: a clip that fails to decode goes on as a
+`Decoded` with `error` set, and `annotate` turns it into a rejected row and an error record, exactly as
+the single-process loop did. This module imports no torch: spawned decode workers start fast.
+
+Models load in `AnnotateStage.setup`. With the local executor the stage runs on a thread of the driver,
+so the driver's `setup` loads the one copy that serves every batch. With Ray the stage runs in actors:
+the driver's copy only checks (`load_models=False`), and each actor's unpickled copy loads its own
+models (a pickled stage never carries a model)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vidforge.curate.captioners import evenly_spaced
+from vidforge.curate.stage import Stage
+
+
+def wanted_frames(cfg: Any, count: int) -> set[int]:
+    """Indices of the frames some annotation reads, for a clip of `count` frames (`cfg`: curation.caption)."""
+    from vidforge.curate.motion import pair_starts
+
+    caption_frames = {"coca": cfg.coca.frames, "endpoint": cfg.endpoint.frames}.get(cfg.backend, 0)
+    idx: set[int] = set()
+    if caption_frames:
+        idx.update(evenly_spaced(count, caption_frames))
+    if cfg.aesthetic.enabled or cfg.clip_score.enabled:
+        idx.update(evenly_spaced(count, cfg.clip.frames))
+    if cfg.ocr.enabled:
+        idx.update(evenly_spaced(count, cfg.ocr.frames))
+    if cfg.motion.enabled:
+        for t in pair_starts(count, cfg.motion.pairs):
+            idx.update((t, t + 1))
+    return idx
+
+
+@dataclass
+class Decoded:
+    """A clip record with its decoded frames, or the reason it could not be decoded."""
+
+    record: dict[str, Any]
+    num_frames: int = 0
+    frames: dict[int, np.ndarray] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return str(self.record.get("clip_id", ""))
+
+
+@dataclass
+class Annotated:
+    """`annotate`'s output for one clip: the manifest row and its error records. The first clip of each
+    batch also carries the batch's step timings and which models had random weights."""
+
+    row: dict[str, Any]
+    errors: list[dict[str, Any]]
+    timings: dict[str, tuple[float, int]] = field(default_factory=dict)
+    random_weights: list[str] = field(default_factory=list)
+
+
+def decode_record(record: dict[str, Any], cfg: Any, clips_dir: Path) -> Decoded:
+    from vidforge.curate.caption import decode_frames, media_of
+
+    t0 = time.perf_counter()
+    try:
+        count, frames = decode_frames(media_of(record, clips_dir), lambda n: wanted_frames(cfg, n))
+        return Decoded(record, count, frames, seconds=time.perf_counter() - t0)
+    except Exception as err:  # noqa: BLE001 - this clip's error, recorded by annotate
+        return Decoded(record, error=f"{type(err).__name__}: {err}", seconds=time.perf_counter() - t0)
+
+
+class DecodeStage(Stage):
+    """Clip record -> `Decoded` (the frames every enabled annotation asks for, decoded once)."""
+
+    name = "decode"
+    kind = "process"
+
+    def __init__(self, cfg: Any, clips_dir: str | Path, workers: int = 1):
+        self.cfg, self.clips_dir, self.workers = cfg, Path(clips_dir), workers
+
+    def process(self, item: dict[str, Any]) -> Decoded:
+        return decode_record(item, self.cfg, self.clips_dir)
+
+
+class AnnotateStage(Stage):
+    """Batches of `Decoded` -> `Annotated`, one per clip, through one `CaptionAnnotator`."""
+
+    name = "annotate"
+    kind = "thread"
+    workers = 1
+
+    def __init__(self, cfg: Any, clips_dir: str | Path, *, load_models: bool = True, annotator: Any = None):
+        self.cfg, self.clips_dir = cfg, Path(clips_dir)
+        self.batch_size = cfg.batch_clips
+        self.load_models = load_models
+        self.resources = {"num_cpus": 1, "num_gpus": 1 if cfg.device == "cuda" else 0}
+        self.annotator = annotator
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(annotator=None, load_models=True)  # a worker's copy builds and loads its own
+        return state
+
+    def setup(self) -> None:
+        from vidforge.curate.caption import CaptionAnnotator
+        from vidforge.curate.caption_checks import check_inputs
+
+        if self.annotator is None:
+            check_inputs(self.cfg, [])
+            self.annotator = CaptionAnnotator(self.cfg, self.clips_dir)
+        if self.load_models:
+            self.annotator.setup()
+
+    def process_batch(self, items: list[Decoded]) -> list[Annotated]:
+        from vidforge.curate.caption import Timings
+
+        if self.annotator is None or not self.load_models:
+            self.load_models = True
+            self.setup()
+        annotator = self.annotator
+        annotator.timings = Timings()
+        for item in items:
+            annotator.timings.add("decode", item.seconds, 1)
+        done = [Annotated(row, errs) for row, errs in annotator.annotate(items)]
+        if done:
+            done[0].timings = {
+                s: (annotator.timings.seconds[s], annotator.timings.clips[s])
+                for s in annotator.timings.seconds
+            }
+            done[0].random_weights = list(annotator.random_weights)
+        return done
+
+    def teardown(self) -> None:
+        if self.annotator is not None:
+            self.annotator.teardown()
