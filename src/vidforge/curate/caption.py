@@ -160,9 +160,19 @@ class CaptionAnnotator:
 
         cfg = self.cfg
         check_inputs(cfg, [])  # every check on the user's input, before any model loads
+        import torch
+
         from vidforge.curate.clip_score import resolve_device
 
         self.device = resolve_device(cfg.device)
+        # Random weights (tests, demos) are the same in every worker and every run: seeded, without
+        # touching the caller's random state.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self._load_models(cfg)
+        self._ready = True
+
+    def _load_models(self, cfg: Any) -> None:
         self.captioner = build_captioner(cfg, device=self.device, random_weights=cfg.random_weights)
         self.captioner.setup()
         self.embedder = self.aesthetic = self.ocr = None
@@ -191,7 +201,6 @@ class CaptionAnnotator:
         ):
             if part is not None and getattr(part, "random_weights", False):
                 self.random_weights.append(label)
-        self._ready = True
 
     def teardown(self) -> None:
         close = getattr(getattr(self, "captioner", None), "close", None)
