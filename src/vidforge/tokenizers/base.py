@@ -15,7 +15,7 @@ from vidforge.errors import UserInputError
 
 def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
     """(F, H, W, 3) uint8 -> (3, F, H, W) float32 in [-1, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0)
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0).contiguous()
 
 
 def tensor_to_frames(video: torch.Tensor) -> np.ndarray:
