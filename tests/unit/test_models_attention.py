@@ -1,0 +1,136 @@
+"""Every attention backend agrees with a direct per-segment softmax computation, on CPU (and on a GPU
+when one is at hand)."""
+
+import math
+
+import pytest
+import torch
+
+from vidforge.models.attention import Attend, KeyPadding, Segments, attention, flash_attn_available
+
+
+def reference_attention(q, k, v, mask):
+    """Softmax(q k^T / sqrt(d)) v computed segment by segment / row by row with plain matmuls, in
+    float64: the keys a query may see are sliced out rather than masked."""
+    q, k, v = q.double(), k.double(), v.double()
+
+    def attend(qs, ks, vs):  # (S, H, D)
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) / math.sqrt(qs.shape[-1])
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs)
+
+    if mask is None:
+        return torch.stack([attend(q[b], k[b], v[b]) for b in range(q.shape[0])])
+    if isinstance(mask, KeyPadding):
+        return torch.stack([attend(q[b], k[b, mask.mask[b]], v[b, mask.mask[b]]) for b in range(q.shape[0])])
+    outs, qs, ks = [], 0, 0
+    for ql, kl in zip(mask.q_lens, mask.kv_lens, strict=True):
+        outs.append(attend(q[0, qs : qs + ql], k[0, ks : ks + kl], v[0, ks : ks + kl]))
+        qs, ks = qs + ql, ks + kl
+    return torch.cat(outs)[None]
+
+
+def _cases(dtype, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    heads, dim = 2, 16
+    padding = torch.tensor([[1] * 7 + [0] * 3, [1] * 10, [1] + [0] * 9], dtype=torch.bool, device=device)
+    self_seg = Segments.self_attention([5, 9, 3, 3, 3, 1])  # includes a run of equal lengths
+    cross_seg = Segments([5, 9, 4], [2, 7, 1])
+    return {
+        "full": (rand(2, 12, heads, dim), rand(2, 12, heads, dim), rand(2, 12, heads, dim), None),
+        "key-padding": (
+            rand(3, 6, heads, dim),
+            rand(3, 10, heads, dim),
+            rand(3, 10, heads, dim),
+            KeyPadding(padding),
+        ),
+        "packed-self": (rand(1, 24, heads, dim), rand(1, 24, heads, dim), rand(1, 24, heads, dim), self_seg),
+        "packed-cross": (
+            rand(1, 18, heads, dim),
+            rand(1, 10, heads, dim),
+            rand(1, 10, heads, dim),
+            cross_seg,
+        ),
+    }
+
+
+CASES = ["full", "key-padding", "packed-self", "packed-cross"]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("backend", ["sdpa", "dense"])
+def test_backend_matches_reference_float64(backend, case):
+    q, k, v, mask = _cases(torch.float64)[case]
+    torch.testing.assert_close(
+        attention(q, k, v, mask, backend), reference_attention(q, k, v, mask), rtol=1e-10, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_flex_forward_matches_reference_on_cpu(case):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    q, k, v, mask = _cases(torch.float32)[case]
+    try:
+        out = attention(q, k, v, mask, "flex")
+    except (NotImplementedError, RuntimeError) as err:  # older torch: no CPU FlexAttention at all
+        pytest.skip(f"FlexAttention does not run on CPU here: {err}")
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, mask), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not flash_attn_available(), reason="flash-attn not installed or no GPU")
+@pytest.mark.parametrize("case", CASES)
+def test_flash_matches_reference(case):
+    q, k, v, mask = _cases(torch.bfloat16, "cuda")[case]
+    out = attention(q, k, v, mask, "flash")
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, mask), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    "backend,sdpa_backend",
+    [
+        ("sdpa", "auto"),
+        ("sdpa", "cudnn"),
+        ("sdpa", "flash"),
+        ("sdpa", "efficient"),
+        ("dense", "auto"),
+        ("flex", "auto"),
+    ],
+)
+def test_gpu_backends_match_reference_bf16(backend, sdpa_backend, case):
+    q, k, v, mask = _cases(torch.bfloat16, "cuda")[case]
+    if sdpa_backend in ("cudnn", "flash") and isinstance(mask, KeyPadding):
+        pytest.skip("cuDNN/flash SDPA kernels take no boolean mask; torch falls back only under `auto`")
+    out = attention(q, k, v, mask, backend, sdpa_backend)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, mask), rtol=2e-2, atol=2e-2)
+
+
+def test_packed_sdpa_gradients_match_dense():
+    """The per-run SDPA path and the block-diagonal mask give the same gradients (training on CPU)."""
+    q0, k0, v0, mask = _cases(torch.float64)["packed-self"]
+    grads = []
+    for backend in ("sdpa", "dense"):
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        (attention(q, k, v, mask, backend) * torch.arange(q.shape[-1], dtype=q.dtype)).sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_segments_group_equal_runs():
+    seg = Segments.self_attention([5, 9, 3, 3, 3, 1])
+    assert seg.runs() == [(0, 0, 1, 5, 5), (5, 5, 1, 9, 9), (14, 14, 3, 3, 3), (23, 23, 1, 1, 1)]
+
+
+def test_bad_inputs_raise_value_errors():
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="unknown backend"):
+        attention(q, q, q, None, "magic")
+    with pytest.raises(ValueError, match="packed Segments"):
+        attention(q, q, q, Segments.self_attention([3]))
+    with pytest.raises(ValueError, match="sdpa_backend"):
+        Attend("sdpa", "fastest")
