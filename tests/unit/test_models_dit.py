@@ -1,12 +1,21 @@
 """DiT / ST-DiT: packed forward equals per-sample forwards; spatial and temporal attention equal a
 direct einsum; adaLN-Zero start; the null caption and the key mask; RoPE is relative."""
 
+import copy
 import math
 
 import pytest
 import torch
 
-from vidforge.models import SequenceLayout, build_model, model_config, pack_latents, unpack_tokens
+from vidforge.models import (
+    SequenceLayout,
+    build_model,
+    model_config,
+    pack_latents,
+    patchify,
+    unpack_tokens,
+    unpatchify,
+)
 from vidforge.models.layers import SelfAttention
 from vidforge.models.packing import grid_positions
 from vidforge.models.rope import apply_rope, rope_tables
@@ -238,3 +247,20 @@ def test_bad_inputs_name_the_field():
         model(torch.randn(1, 4, 1, 5, 4), torch.zeros(1), torch.randn(1, 2, 32))
     with pytest.raises(ValueError, match="head size"):
         Model.model_validate({"preset": "tiny", "heads": 16})
+
+
+def test_pipeline_stages_compose_to_the_whole_model():
+    """Splitting the blocks over two stages (first without `final`, second without `patch_embed`, each
+    recomputing the conditioning) gives the whole model's output."""
+    model = _tiny("stdit", "sequential", adaln_lora_rank=4)
+    x = torch.randn(2, 4, 2, 4, 4, dtype=torch.float64)
+    noise, text = torch.randn(2, dtype=torch.float64), torch.randn(2, 3, 32, dtype=torch.float64)
+    first, second = copy.deepcopy(model), copy.deepcopy(model)
+    first.final = None
+    del first.blocks["1"]
+    second.patch_embed = None
+    del second.blocks["0"]
+    grid = (2, 2, 2)
+    hidden = first(patchify(x, model.config.patch), noise, text, grid=grid)
+    out = unpatchify(second(hidden, noise, text, grid=grid), grid, model.config.patch, 4)
+    torch.testing.assert_close(out, model(x, noise, text))

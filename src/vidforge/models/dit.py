@@ -11,9 +11,10 @@ Inputs, either
 plus, per sample (N = B, or the layout's sample count): noise_level (N,), text (N, L, text_dim),
 text_mask (N, L) bool (True = real token), drop_text (N,) bool (True = use the learned null caption).
 
-Pipeline parallel may delete `patch_embed`, `final` or entries of `blocks` (a ModuleDict keyed by the
-block index, so names stay stable); a stage without `patch_embed` takes hidden states (B, S, hidden)
-and needs `grid` or `layout`, a stage without `final` returns hidden states.
+Pipeline parallel may set `patch_embed` or `final` to None and delete entries of `blocks` (a ModuleDict
+keyed by the block index, so parameter names stay stable); a stage without `patch_embed` takes hidden
+states (B, S, hidden) and needs `grid` or `layout`, a stage without `final` returns hidden states. The
+conditioning modules stay on every stage and recompute `condition(...)` there.
 """
 
 from __future__ import annotations
