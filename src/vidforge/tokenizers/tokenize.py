@@ -172,6 +172,19 @@ def _barrier(world: int) -> None:
     dist.barrier()
 
 
+def _gather(obj: Any, world: int) -> list[Any]:
+    """Every rank's `obj`, in rank order (also a barrier); `[obj]` in one process."""
+    if world <= 1:
+        return [obj]
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, obj)
+    return parts
+
+
 def run(profile: Any, shards_dir: str | os.PathLike, out: str | os.PathLike, *, tokenizer: VideoTokenizer | None = None,
         on_shard: Callable[[dict[str, Any], int], None] | None = None) -> TokenizeSummary:
     """Tokenize every shard of `shards_dir` (this rank's share under torchrun) into `out`."""
@@ -215,10 +228,12 @@ def run(profile: Any, shards_dir: str | os.PathLike, out: str | os.PathLike, *, 
             summary.samples += result["samples"]
             if on_shard is not None:
                 on_shard(result, len(shards))
-    _barrier(world)
+    # Shards that could not be read are not committed (a rerun retries them), so they are not in the ledger:
+    # gather them from every rank (this is also the barrier before the index), in shard order as in one process.
+    unread = sorted((e for part in _gather(summary.errors, world) for e in part), key=lambda e: e["shard"])
     units = {f"{s.name}#{s.sha256}" for s in shards}
     entries = [e for e in ledger.entries() if e["unit"] in units]
-    summary.errors += [e["data"] for e in entries if e["kind"] == "error"]
+    summary.errors = unread + [e["data"] for e in entries if e["kind"] == "error"]
     summary.rejected = len(summary.errors)
     summary.seconds = time.perf_counter() - started
     if rank == 0:
