@@ -41,7 +41,11 @@ class Train(Section):
     checkpoint_ratio: float = Field(0.5, ge=0, le=1)
     """With selective checkpointing, the fraction of blocks that recompute."""
     compile: bool = False
-    """torch.compile each block (GPU)."""
+    """torch.compile each block (GPU; on CPU inductor's C++ build of the tiny model takes minutes)."""
+    fp8: bool = False
+    """FP8 matmuls in the linear layers (torchao float8, dynamic tensorwise scaling): CUDA GPUs with compute
+    capability >= 8.9 and torchao (the `gpu` extra) only. Layers with a dim not a multiple of 16 and the
+    final layer stay in high precision. Pays off with train.compile=true on large models."""
     fsdp_cpu_offload: bool = False
     """Keep FSDP-sharded parameters and optimizer states in CPU memory."""
     seed: int = 0

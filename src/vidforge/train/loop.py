@@ -1,8 +1,8 @@
 """`vidforge train`: a DiT / ST-DiT on latent shards with the EDM loss.
 
-Order of construction (torchtitan's): model -> activation checkpointing -> compile -> FSDP2 -> EMA and
-AdamW over the (sharded) parameters -> loader -> resume. Every rank runs this function; under one process
-it runs without a process group."""
+Order of construction (torchtitan's): model -> float8 linears -> activation checkpointing -> compile ->
+FSDP2 -> EMA and AdamW over the (sharded) parameters -> loader -> resume. Every rank runs this function;
+under one process it runs without a process group."""
 
 from __future__ import annotations
 
@@ -115,6 +115,10 @@ def run(
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(profile.model, device=device)
     notes: list[str] = []
+    if cfg.fp8:  # torchtitan's order: float8 conversion first, then checkpointing, compile, FSDP
+        from vidforge.parallel.float8 import apply_float8
+
+        notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
     if cfg.compile:
         for key, block in model.blocks.items():

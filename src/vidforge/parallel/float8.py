@@ -1,0 +1,60 @@
+"""FP8 training of the linear layers with torchao's float8 (dynamic tensorwise scaling): the matmuls of
+the converted nn.Linear layers run in float8 on the GPU's FP8 tensor cores; weights, gradients and
+optimizer states stay in high precision.
+
+Applied from outside the model, in torchtitan's order: right after the model is built, before
+activation checkpointing, torch.compile and FSDP2 (the checkpoint wrapper and FSDP then wrap the
+Float8Linear modules as they would the nn.Linear ones). torchao gives speed only with torch.compile on
+H100/H200-class GPUs (compute capability >= 8.9) and on large matmuls; on the tiny model it gives nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import nn
+
+from vidforge.errors import UserInputError
+
+MIN_CAPABILITY = (8, 9)
+# The last projection back to latent channels stays in high precision (its output is the prediction).
+SKIPPED_PREFIXES = ("final.",)
+
+
+def check_float8_available(device: torch.device) -> None:
+    """Refuse `train.fp8=true` where it cannot run: without torchao or off an FP8-capable CUDA GPU."""
+    if importlib.util.find_spec("torchao") is None:
+        raise UserInputError(
+            "train.fp8: needs torchao (pip install 'vidforge[gpu]' or pip install torchao); set train.fp8=false"
+        )
+    if device.type != "cuda":
+        raise UserInputError(
+            f"train.fp8: FP8 linear layers need a CUDA GPU with compute capability >= 8.9 (H100, H200, L40S, "
+            f"RTX 4090); this run is on {device.type}; set train.fp8=false"
+        )
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise UserInputError(
+            f"train.fp8: FP8 linear layers need compute capability >= 8.9, this GPU "
+            f"({torch.cuda.get_device_name(device)}) has {capability[0]}.{capability[1]}; set train.fp8=false"
+        )
+
+
+def float8_eligible(module: nn.Module, fqn: str) -> bool:
+    """torchao's float8 matmul needs both dims divisible by 16; the final layer is kept in high precision."""
+    if fqn.startswith(SKIPPED_PREFIXES) or fqn in {p.rstrip(".") for p in SKIPPED_PREFIXES}:
+        return False
+    if isinstance(module, nn.Linear):
+        return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return True
+
+
+def apply_float8(model: nn.Module, device: torch.device) -> list[str]:
+    """Swap the eligible nn.Linear layers of `model` for torchao's Float8Linear in place; returns their
+    names. Call before activation checkpointing, torch.compile and FSDP."""
+    check_float8_available(device)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and float8_eligible(m, name)]
+    convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=float8_eligible)
+    return names
