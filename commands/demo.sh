@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# The whole pipeline on generated sample videos with the default profile (profiles/local_cpu.yaml):
-# what `make demo` runs. Each stage reads the previous stage's output directory.
-#   usage: commands/demo.sh [OUT_DIR]      (default runs/demo)
+# The whole pipeline on generated sample videos with the default profile (local_cpu: pixel tokenizer,
+# tiny DiT, CPU, no downloaded weights): what `make demo` runs. Each stage reads the previous stage's
+# output directory, and every stage resumes, so running it again only redoes what is missing.
+#
+#   usage: commands/demo.sh [OUT_DIR]              (default runs/demo)
+#   env:   TRAIN_STEPS=N  shorter training (commands/ci-smoke.sh uses it); PYTHON, VIDFORGE: the tools
 set -euo pipefail
 OUT=${1:-runs/demo}
 PY=${PYTHON:-.venv/bin/python}
 VF=${VIDFORGE:-.venv/bin/vidforge}
+PROMPTS=("a red square moving right" "a green square moving right" "a white square moving down")
 mkdir -p "$OUT"
 
-echo "== sample videos -> $OUT/raw"
-"$PY" examples/make_sample_videos.py "$OUT/raw"
+# Exit code 3 means "finished, some inputs rejected": fine for a demo, anything else stops it.
+stage() { local name=$1; shift; echo "== $name"; "$@" || { rc=$?; [ "$rc" -eq 3 ] || exit "$rc"; }; }
 
-echo "== profile"
-"$VF" profile validate
+stage "sample videos -> $OUT/raw" "$PY" examples/make_sample_videos.py "$OUT/raw"
+stage "clip" "$VF" clip "$OUT/raw" -o "$OUT/clips"
+stage "caption" "$VF" caption "$OUT/clips" -o "$OUT/captioned"
+stage "shard" "$VF" shard "$OUT/captioned" -o "$OUT/shards"
+stage "tokenize" "$VF" tokenize "$OUT/shards" -o "$OUT/latents"
+train_args=(--data "$OUT/latents" --run-dir "$OUT/train" --resume)
+[ -n "${TRAIN_STEPS:-}" ] && train_args+=(--set "train.steps=$TRAIN_STEPS" --set train.warmup_steps=1)
+stage "train" "$VF" train "${train_args[@]}"
+infer_args=(-c "$OUT/train" -o "$OUT/samples")
+for p in "${PROMPTS[@]}"; do infer_args+=(--prompt "$p"); done
+stage "infer" "$VF" infer "${infer_args[@]}"
+
+echo
+echo "videos:        $OUT/samples/*.mp4"
+echo "contact sheet: $OUT/samples/contact_sheet.png"
+echo "metrics:       $OUT/train/metrics.jsonl"

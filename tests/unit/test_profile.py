@@ -39,8 +39,10 @@ def test_every_shipped_profile_validates(path: Path) -> None:
     assert profile.name == path.stem
 
 
-def test_default_profile_file_equals_builtin_defaults() -> None:
-    assert load_profile(ROOT / "profiles" / "local_cpu.yaml") == RunProfile()
+def test_the_default_profile_is_local_cpu(monkeypatch) -> None:
+    monkeypatch.delenv("VIDFORGE_PROFILE", raising=False)
+    assert load_profile() == load_profile(ROOT / "profiles" / "local_cpu.yaml")
+    assert load_profile().layout.world_size == 1
 
 
 def test_world_size_must_equal_layout_product(tmp_path: Path) -> None:

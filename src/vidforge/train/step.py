@@ -13,6 +13,7 @@ from torch import nn
 
 from vidforge.data.packing import BucketBatch, PackedBatch
 from vidforge.diffusion import EDM
+from vidforge.errors import UserInputError
 
 
 @dataclass
@@ -65,6 +66,7 @@ def micro_batch_loss(
 
     # Drawn on the CPU generator whatever the device: the stream is the same on CPU and GPU, and the
     # checkpoint's RNG state covers it.
+    _check_channels(model, clean, layout is not None)
     noise = torch.randn(clean.shape, dtype=clean.dtype).to(device)
     denoised = edm.denoise(network, clean + sigma_b * noise, sigma, sigma_b)
     elementwise = edm.loss(denoised.float(), clean.float(), sigma_b.float())
@@ -77,3 +79,17 @@ def micro_batch_loss(
         per_sample = elementwise.detach().flatten(1).mean(dim=1)
     return MicroLoss(elementwise.mean(), sigma.detach(), per_sample, tokens)
 
+
+
+def _check_channels(model: nn.Module, clean: torch.Tensor, packed: bool) -> None:
+    """A model built for other latents fails deep inside a matmul; say what to change instead."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return
+    pt, ph, pw = cfg.patch
+    channels = clean.shape[-1] // (pt * ph * pw) if packed else clean.shape[1]
+    if channels != cfg.in_channels:
+        raise UserInputError(
+            f"model.in_channels: the latents have {channels} channels (see the tokenizer in the data's index.json), "
+            f"the model takes {cfg.in_channels}; set --set model.in_channels={channels}"
+        )
