@@ -60,11 +60,12 @@ def test_latents_are_normalised_by_the_configs_mean_and_std(wan_dir, wan):
 def test_built_from_a_json_config_and_from_the_profile(tmp_path, wan_dir):
     config = tmp_path / "wan.json"
     config.write_text(json.dumps(TINY_WAN))
-    profile = load_profile(None, ["tokenizer.kind=wan", f"tokenizer.config={config}"])
+    wan = ["tokenizer.kind=wan", "tokenizer.spatial_compression=8"]  # the default profile's pixel one is 4x
+    profile = load_profile(None, [*wan, f"tokenizer.config={config}"])
     tok = build_tokenizer(profile)
     assert tok.latent_channels == 4 and tok.describe()["class"] == "AutoencoderKLWan"
     with pytest.raises(UserInputError, match="tokenizer.path"):
-        build_tokenizer(load_profile(None, ["tokenizer.kind=wan"]))
+        build_tokenizer(load_profile(None, wan))
     with pytest.raises(UserInputError, match="compress"):
         build_tokenizer(load_profile(None, ["tokenizer.kind=wan", f"tokenizer.path={wan_dir}",
                                             "tokenizer.spatial_compression=4"]))
