@@ -43,7 +43,8 @@ class Stage:
         """One-time preparation; raise (UserInputError for something the user must fix) to fail fast."""
 
     def process(self, item: Any) -> Any:
-        raise NotImplementedError
+        """One item in, an item, None (dropped) or a list (fan-out) out. Override this or process_batch."""
+        raise TypeError(f"{type(self).__name__} overrides neither process() nor process_batch()")
 
     def process_batch(self, items: list[Any]) -> list[Any]:
         return [self.process(item) for item in items]

@@ -9,6 +9,7 @@ hidden states at padding positions are zeroed so nothing past a caption leaks in
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class TextEncoderBase:
+class TextEncoderBase(ABC):
     """Common shape of the encoders: `encode(captions) -> (hidden float16 (B, L, D), mask bool (B, L))`."""
 
     width: int
@@ -33,8 +34,9 @@ class TextEncoderBase:
     def __init__(self, batch_size: int = 32):
         self.batch_size = batch_size
 
+    @abstractmethod
     def _encode_batch(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        """Hidden states (B, L, D) and mask (B, L) of one batch of captions."""
 
     @torch.inference_mode()
     def encode(self, captions: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -48,8 +50,9 @@ class TextEncoderBase:
             return np.zeros((0, self.max_length, self.width), np.float16), np.zeros((0, self.max_length), bool)
         return np.concatenate(hidden_parts), np.concatenate(mask_parts)
 
+    @abstractmethod
     def describe(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """What the shards' index records about the encoder."""
 
 
 class OpenClipTextEncoder(TextEncoderBase):

@@ -5,6 +5,7 @@ groups of `temporal_compression`); latents are (B, C, 1 + (F-1)/ct, H/cs, W/cs),
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ def tensor_to_frames(video: torch.Tensor) -> np.ndarray:
     return x.round().to(torch.uint8).permute(1, 2, 3, 0).contiguous().numpy()
 
 
-class VideoTokenizer:
+class VideoTokenizer(ABC):
     """Interface: `encode` (B, 3, F, H, W) -> normalised latents; `decode` is its inverse."""
 
     temporal_compression: int
@@ -32,14 +33,17 @@ class VideoTokenizer:
     latent_channels: int
     device: torch.device
 
+    @abstractmethod
     def encode(self, video: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """(B, 3, F, H, W) in [-1, 1] -> normalised latents (B, C, T, h, w)."""
 
+    @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The inverse of `encode`."""
 
+    @abstractmethod
     def describe(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """What the latent shards' index records about the tokenizer."""
 
     def check_input(self, video: torch.Tensor) -> None:
         if video.ndim != 5 or video.shape[1] != 3:
