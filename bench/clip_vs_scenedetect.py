@@ -62,8 +62,22 @@ def scenedetect_cli(videos: list[Path], out: Path, crf: int, preset: str, ffmpeg
     args = f"-map 0:v:0 -c:v libx264 -preset {preset} -crf {crf} -an"
     exe = str(Path(sys.executable).with_name("scenedetect"))
     for video in videos:
-        subprocess.run([exe, "-q", "-i", str(video), "-o", str(out / video.stem), "detect-adaptive",
-                        "split-video", "-a", args], check=True, env=env)
+        subprocess.run(
+            [
+                exe,
+                "-q",
+                "-i",
+                str(video),
+                "-o",
+                str(out / video.stem),
+                "detect-adaptive",
+                "split-video",
+                "-a",
+                args,
+            ],
+            check=True,
+            env=env,
+        )
 
 
 def vidforge_clip(videos: list[Path], out: Path, sets: list[str]) -> dict:
@@ -92,8 +106,13 @@ def main() -> None:
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="vidforge-bench-"))
     inputs = work / "inputs"
-    make_sample_videos(inputs, count=len(catalogue()) + args.videos, seconds=args.seconds, width=args.width,
-                       height=args.height)
+    make_sample_videos(
+        inputs,
+        count=len(catalogue()) + args.videos,
+        seconds=args.seconds,
+        width=args.width,
+        height=args.height,
+    )
     videos = sorted(inputs.glob("random_*.mp4"))
     frames = sum(av.open(str(v)).streams.video[0].frames for v in videos)
     seconds_in = args.videos * args.seconds
@@ -101,23 +120,38 @@ def main() -> None:
     if not (ffmpeg_dir or shutil.which("ffmpeg")):
         sys.exit("scenedetect split-video needs ffmpeg: put it on PATH or pass --ffmpeg PATH")
     same = [f"curation.crf={args.crf}", f"curation.preset={args.preset}"]
-    fair = [*same, "curation.stitch=false", "curation.embed=false", "curation.min_seconds=0",
-            "curation.static_max_ratio=1", "curation.max_seconds=100000"]
+    fair = [
+        *same,
+        "curation.stitch=false",
+        "curation.embed=false",
+        "curation.min_seconds=0",
+        "curation.static_max_ratio=1",
+        "curation.max_seconds=100000",
+    ]
     results = {}
     results["decode+encode"] = timed(lambda: decode_encode(videos, work / "plain", args.crf, args.preset))
-    results["scenedetect CLI"] = timed(lambda: scenedetect_cli(videos, work / "sd", args.crf, args.preset, ffmpeg_dir))
+    results["scenedetect CLI"] = timed(
+        lambda: scenedetect_cli(videos, work / "sd", args.crf, args.preset, ffmpeg_dir)
+    )
     summaries = {}
     results["vidforge clip (same work)"] = timed(
-        lambda: summaries.setdefault("fair", vidforge_clip(videos, work / "vf_fair", fair)))
+        lambda: summaries.setdefault("fair", vidforge_clip(videos, work / "vf_fair", fair))
+    )
     results["vidforge clip (full pipeline)"] = timed(
-        lambda: summaries.setdefault("full", vidforge_clip(videos, work / "vf_full", same)))
+        lambda: summaries.setdefault("full", vidforge_clip(videos, work / "vf_full", same))
+    )
     sd_clips = sum(1 for _ in (work / "sd").rglob("*.mp4"))
     report = {
         "input": f"{args.videos} x {args.seconds:g} s, {args.width}x{args.height}, {frames} frames",
-        "crf": args.crf, "preset": args.preset, "cpus": os.cpu_count(),
+        "crf": args.crf,
+        "preset": args.preset,
+        "cpus": os.cpu_count(),
         "seconds": {k: round(v, 2) for k, v in results.items()},
-        "clips": {"scenedetect": sd_clips, "vidforge_same_work": summaries["fair"]["clips"],
-                  "vidforge_full": summaries["full"]["clips"]},
+        "clips": {
+            "scenedetect": sd_clips,
+            "vidforge_same_work": summaries["fair"]["clips"],
+            "vidforge_full": summaries["full"]["clips"],
+        },
         "speedup_vs_scenedetect": round(results["scenedetect CLI"] / results["vidforge clip (same work)"], 2),
         "ratio_to_decode_encode": round(results["vidforge clip (same work)"] / results["decode+encode"], 2),
         "x_realtime_same_work": round(seconds_in / results["vidforge clip (same work)"], 2),

@@ -25,9 +25,13 @@ def main() -> None:
     ap.add_argument("--vae-base-dim", type=int, default=8, help="Wan base_dim (96 is the real Wan 2.1 VAE)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--loader-samples", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads on CPU. On the shared 2-core machine 2 threads made the VAE 20x "
-                    "slower than 1 (OpenMP spinning against other processes); 1 gives stable numbers")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads on CPU. On the shared 2-core machine 2 threads made the VAE 20x "
+        "slower than 1 (OpenMP spinning against other processes); 1 gives stable numbers",
+    )
     args = ap.parse_args()
 
     from vidforge.data.loader import ShardLoader
@@ -38,13 +42,21 @@ def main() -> None:
     from vidforge.text import build_text_encoder
     from vidforge.tokenizers.tokenize import run as tokenize
 
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    device = (
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     results = []
     if not device.startswith("cuda"):
         torch.set_num_threads(args.threads)
 
     def report(name: str, **fields) -> None:
-        where = torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu x{torch.get_num_threads()} threads"
+        where = (
+            torch.cuda.get_device_name()
+            if device.startswith("cuda")
+            else f"cpu x{torch.get_num_threads()} threads"
+        )
         row = {"bench": name, "device": where, **fields}
         results.append(row)
         print(json.dumps(row), flush=True)
@@ -52,18 +64,36 @@ def main() -> None:
     h = args.size
     w = h * 4 // 3 // 16 * 16
     tmp = Path(tempfile.mkdtemp(prefix="vf-bench-"))
-    ann = make_annotated_dir(tmp / "ann", videos=args.clips, images=args.clips // 4, rejected=0, size=(h, w),
-                             frames=(args.frames, args.frames + 8))
-    settings = [f"data.buckets=[[{h},{w}]]", f"data.frame_buckets=[1,{args.frames}]", "data.val_fraction=0",
-                "data.shard_max_samples=8", f"tokenizer.device={device}", f"text_encoder.device={device}"]
+    ann = make_annotated_dir(
+        tmp / "ann",
+        videos=args.clips,
+        images=args.clips // 4,
+        rejected=0,
+        size=(h, w),
+        frames=(args.frames, args.frames + 8),
+    )
+    settings = [
+        f"data.buckets=[[{h},{w}]]",
+        f"data.frame_buckets=[1,{args.frames}]",
+        "data.val_fraction=0",
+        "data.shard_max_samples=8",
+        f"tokenizer.device={device}",
+        f"text_encoder.device={device}",
+    ]
     profile = load_profile(None, settings)
     encoder = build_text_encoder(profile)
     t0 = time.perf_counter()
     s = shard(profile, ann, tmp / "shards", encoder=encoder)
     dt = time.perf_counter() - t0
-    report("shard", samples=s.samples, MB=round(s.bytes_written / 1e6, 2), seconds=round(dt, 3),
-           MB_per_s=round(s.bytes_written / 1e6 / dt, 2), samples_per_s=round(s.samples / dt, 1),
-           text_encoder=encoder.describe()["kind"])
+    report(
+        "shard",
+        samples=s.samples,
+        MB=round(s.bytes_written / 1e6, 2),
+        seconds=round(dt, 3),
+        MB_per_s=round(s.bytes_written / 1e6 / dt, 2),
+        samples_per_s=round(s.samples / dt, 1),
+        text_encoder=encoder.describe()["kind"],
+    )
 
     t0 = time.perf_counter()
     s = tokenize(profile, tmp / "shards", tmp / "lat-pixel")
@@ -81,11 +111,13 @@ def main() -> None:
 
         torch.manual_seed(0)
         vae_dir = tmp / "wan"
-        AutoencoderKLWan(base_dim=args.vae_base_dim, z_dim=16, num_res_blocks=2 if args.vae_base_dim >= 64 else 1
-                         ).save_pretrained(vae_dir)
+        AutoencoderKLWan(
+            base_dim=args.vae_base_dim, z_dim=16, num_res_blocks=2 if args.vae_base_dim >= 64 else 1
+        ).save_pretrained(vae_dir)
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-        vprofile = load_profile(None, [*settings, "tokenizer.kind=wan", f"tokenizer.path={vae_dir}",
-                                       f"tokenizer.dtype={dtype}"])
+        vprofile = load_profile(
+            None, [*settings, "tokenizer.kind=wan", f"tokenizer.path={vae_dir}", f"tokenizer.dtype={dtype}"]
+        )
         from vidforge.tokenizers import build_tokenizer
 
         tok = build_tokenizer(vprofile)
@@ -106,17 +138,35 @@ def main() -> None:
             tok.encode(c.to(tok.device))
         sync()
         vae_dt = time.perf_counter() - t0
-        report("vae-encode-only", samples=len(clips), seconds=round(vae_dt, 3), clips_per_s=round(len(clips) / vae_dt, 3),
-               base_dim=args.vae_base_dim, dtype=dtype)
+        report(
+            "vae-encode-only",
+            samples=len(clips),
+            seconds=round(vae_dt, 3),
+            clips_per_s=round(len(clips) / vae_dt, 3),
+            base_dim=args.vae_base_dim,
+            dtype=dtype,
+        )
         t0 = time.perf_counter()
         s = tokenize(vprofile, tmp / "shards", tmp / "lat-wan", tokenizer=tok)
         dt = time.perf_counter() - t0
-        report("tokenize-wan", samples=s.samples, seconds=round(dt, 3), clips_per_s=round(s.samples / dt, 3),
-               fraction_of_vae_throughput=round(vae_dt / dt, 3), base_dim=args.vae_base_dim, dtype=dtype)
+        report(
+            "tokenize-wan",
+            samples=s.samples,
+            seconds=round(dt, 3),
+            clips_per_s=round(s.samples / dt, 3),
+            fraction_of_vae_throughput=round(vae_dt / dt, 3),
+            base_dim=args.vae_base_dim,
+            dtype=dtype,
+        )
 
-    lat = make_latent_shards(tmp / "lat-mix", shards=8, per_shard=250, channels=16,
-                             shapes=((1, 32, 32), (5, 32, 32), (9, 32, 32), (5, 24, 40), (9, 16, 16), (1, 24, 40)),
-                             text_shape=(77, 32))
+    lat = make_latent_shards(
+        tmp / "lat-mix",
+        shards=8,
+        per_shard=250,
+        channels=16,
+        shapes=((1, 32, 32), (5, 32, 32), (9, 32, 32), (5, 24, 40), (9, 16, 16), (1, 24, 40)),
+        text_shape=(77, 32),
+    )
     # A loader runs in its own worker process with one intra-op thread; with several threads the patchify
     # copies spin against the trainer (and here against other work on 2 cores): 5x slower measured.
     threads = torch.get_num_threads()
@@ -130,9 +180,16 @@ def main() -> None:
         if n >= args.loader_samples:
             break
     dt = time.perf_counter() - t0
-    report("loader-packed", samples=n, seconds=round(dt, 3), samples_per_s=round(n / dt, 1),
-           batches=packer.stats["batches"], packing_efficiency=round(packer.efficiency, 4), token_budget=16384,
-           torch_threads=1)
+    report(
+        "loader-packed",
+        samples=n,
+        seconds=round(dt, 3),
+        samples_per_s=round(n / dt, 1),
+        batches=packer.stats["batches"],
+        packing_efficiency=round(packer.efficiency, 4),
+        token_budget=16384,
+        torch_threads=1,
+    )
     torch.set_num_threads(threads)
 
 

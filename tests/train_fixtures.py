@@ -43,14 +43,16 @@ def train_profile(*extra: str) -> RunProfile:
 def make_latents(root: Path, *, identical: bool = False, samples: int = 4) -> Path:
     """Latent shards under root/latents. identical=True: every sample is the same clip and caption, one
     sample per shard, so data-parallel ranks see the same data as a single process does."""
-    annotated = make_annotated_dir(root / "annotated", videos=samples, images=0, rejected=0, size=(48, 64),
-                                   frames=(9, 12), seed=0)
+    annotated = make_annotated_dir(
+        root / "annotated", videos=samples, images=0, rejected=0, size=(48, 64), frames=(9, 12), seed=0
+    )
     sets = ["data.shard_max_samples=1"] if identical else []
     if identical:
         records = [json.loads(line) for line in (annotated / "manifest.jsonl").read_text().splitlines()]
         first = records[0]
-        write_jsonl(annotated / "manifest.jsonl",
-                    [{**first, "clip_id": stable_id("copy", i)} for i in range(samples)])
+        write_jsonl(
+            annotated / "manifest.jsonl", [{**first, "clip_id": stable_id("copy", i)} for i in range(samples)]
+        )
     profile = train_profile(*sets)
     shard_run(profile, annotated, root / "shards")
     tokenize_run(profile, root / "shards", root / "latents")

@@ -21,8 +21,14 @@ from vidforge.data.testing import make_annotated_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-SETTINGS = ["data.buckets=[[48,64],[64,48],[64,64]]", "data.frame_buckets=[1,5,9]", "data.shard_max_samples=1",
-            "data.val_fraction=0", "text_encoder.max_length=16", "tokenizer.spatial_compression=4"]
+SETTINGS = [
+    "data.buckets=[[48,64],[64,48],[64,64]]",
+    "data.frame_buckets=[1,5,9]",
+    "data.shard_max_samples=1",
+    "data.val_fraction=0",
+    "text_encoder.max_length=16",
+    "tokenizer.spatial_compression=4",
+]
 
 
 def _sets() -> list[str]:
@@ -33,7 +39,14 @@ def _run(args: list[str], nproc: int = 1, ok: tuple[int, ...] = (0,)) -> tuple[l
     """Run the CLI (under torchrun when nproc > 1); returns the JSON events of every rank and stderr."""
     cli = ["-m", "vidforge.cli.app", "--json", *args, *_sets()]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *cli]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            *cli,
+        ]
     else:
         cmd = [sys.executable, *cli]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -84,16 +97,18 @@ def test_two_ranks_match_one_process(tmp_path, shards) -> None:
     assert idx1.kind == idx2.kind == "latent" and idx2.samples == 5
     listed = [s.name for s in idx2.shards]
     assert sorted(listed) == names and len(listed) == len(set(listed))  # every shard once
-    assert {s.name: (s.sha256, s.samples, s.bytes) for s in idx1.shards} == \
-        {s.name: (s.sha256, s.samples, s.bytes) for s in idx2.shards}
+    assert {s.name: (s.sha256, s.samples, s.bytes) for s in idx1.shards} == {
+        s.name: (s.sha256, s.samples, s.bytes) for s in idx2.shards
+    }
     for s in idx2.shards:  # the index's checksums are those of the files on disk
         assert hashlib.sha256((tmp_path / "out2" / s.name).read_bytes()).hexdigest() == s.sha256
     assert sorted(p.name for p in (tmp_path / "out2").glob("*.tar")) == names  # no stray or temporary shards
 
     lat1, lat2 = _latents(tmp_path / "out1"), _latents(tmp_path / "out2")
     assert lat1 == lat2
-    arrays = [np.load(io.BytesIO(v)) for m in lat2.values() for k, v in m.items()
-              if k.endswith(".latent.npy")]
+    arrays = [
+        np.load(io.BytesIO(v)) for m in lat2.values() for k, v in m.items() if k.endswith(".latent.npy")
+    ]
     assert len(arrays) == 5 and all(a.shape[0] == 3 * 4 * 4 * 4 and np.abs(a).max() > 0 for a in arrays)
     for name in ("manifest.jsonl", "errors.jsonl"):
         assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes()
@@ -103,7 +118,9 @@ def test_two_ranks_match_one_process(tmp_path, shards) -> None:
     again, _ = _run(["tokenize", str(shards), "-o", str(tmp_path / "out2")], nproc=2)
     results = [e for e in again if e["event"] == "result"]
     assert sum(r["skipped"] for r in results) == 5 and sum(r["written"] for r in results) == 0
-    assert json.loads((tmp_path / "out2" / "index.json").read_text())["shards"] == json.loads(before)["shards"]
+    assert (
+        json.loads((tmp_path / "out2" / "index.json").read_text())["shards"] == json.loads(before)["shards"]
+    )
 
 
 def test_shard_errors_of_every_rank_reach_errors_jsonl(tmp_path, shards) -> None:
@@ -125,4 +142,6 @@ def test_shard_errors_of_every_rank_reach_errors_jsonl(tmp_path, shards) -> None
         assert [e["shard"] for e in errors] == [names[1], names[4]], (out, errors)
         assert all("sha256" in e["reason"] for e in errors)
         assert sorted(s.name for s in read_index(tmp_path / out).shards) == [names[0], names[2], names[3]]
-    assert (tmp_path / "out1" / "errors.jsonl").read_bytes() == (tmp_path / "out2" / "errors.jsonl").read_bytes()
+    assert (tmp_path / "out1" / "errors.jsonl").read_bytes() == (
+        tmp_path / "out2" / "errors.jsonl"
+    ).read_bytes()

@@ -50,8 +50,10 @@ def stitch_threshold(sample_videos) -> float:
     cfg = _profile("curation.stitch=true").curation
     embedder = ImageEmbedder.from_profile(cfg)
     a = analyse(str(sample_videos / "false_split.mp4"), cfg)
-    false_cut, true_cut = [boundary_similarity(x, y, a.boundary, 8, embedder.pooled)
-                           for x, y in zip(a.shots[:-1], a.shots[1:], strict=True)]
+    false_cut, true_cut = [
+        boundary_similarity(x, y, a.boundary, 8, embedder.pooled)
+        for x, y in zip(a.shots[:-1], a.shots[1:], strict=True)
+    ]
     assert false_cut > true_cut + 0.05, "the sample's false cut must look more alike than its true cut"
     return (false_cut + true_cut) / 2
 
@@ -60,21 +62,29 @@ def stitch_threshold(sample_videos) -> float:
 def curated(tmp_path_factory, sample_videos, stitch_threshold) -> Path:
     out = tmp_path_factory.mktemp("curated")
     names = ["cuts", "static", "false_split", "red_square"]
-    clip.run(_profile("curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"),
-             [str(sample_videos / f"{n}.mp4") for n in names], out)
+    clip.run(
+        _profile("curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"),
+        [str(sample_videos / f"{n}.mp4") for n in names],
+        out,
+    )
     return out
 
 
 def test_false_split_merges_and_true_cut_stays(curated, sample_truth):
     truth = sample_truth["false_split"]
-    spans = [(r["start_frame"], r["end_frame"], r["stitched"]) for r in _records(curated)
-             if r["source"].endswith("false_split.mp4")]
+    spans = [
+        (r["start_frame"], r["end_frame"], r["stitched"])
+        for r in _records(curated)
+        if r["source"].endswith("false_split.mp4")
+    ]
     assert spans == [(0, truth["cuts"][0], True), (truth["cuts"][0], truth["frames"], False)]
 
 
 def test_static_shot_is_dropped_with_its_ratio(curated, sample_truth):
-    (s, e), = sample_truth["static"]["static_spans"]
-    kept = [(r["start_frame"], r["end_frame"]) for r in _records(curated) if r["source"].endswith("static.mp4")]
+    ((s, e),) = sample_truth["static"]["static_spans"]
+    kept = [
+        (r["start_frame"], r["end_frame"]) for r in _records(curated) if r["source"].endswith("static.mp4")
+    ]
     assert (0, 30) in kept
     assert all(b <= s or a >= e for a, b in kept)  # nothing kept overlaps the frozen span
     rejected = [json.loads(x) for x in (curated / "rejected.jsonl").read_text().splitlines()]
@@ -112,13 +122,21 @@ def test_manifest_and_embeddings_are_row_aligned(curated):
 
 
 def test_rerun_is_a_no_op(curated, sample_videos, stitch_threshold):
-    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(curated.rglob("*")) if p.is_file()
-              and p.name != "summary.json"}
+    before = {
+        p: (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(curated.rglob("*"))
+        if p.is_file() and p.name != "summary.json"
+    }
     names = ["cuts", "static", "false_split", "red_square"]
-    run = clip.run(_profile("curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"),
-                   [str(sample_videos / f"{n}.mp4") for n in names], curated)
+    run = clip.run(
+        _profile("curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"),
+        [str(sample_videos / f"{n}.mp4") for n in names],
+        curated,
+    )
     assert run.summary["sources_skipped"] == 4 and run.stages == []
-    after = {p: p.read_bytes() for p in sorted(curated.rglob("*")) if p.is_file() and p.name != "summary.json"}
+    after = {
+        p: p.read_bytes() for p in sorted(curated.rglob("*")) if p.is_file() and p.name != "summary.json"
+    }
     assert {p: b for p, (b, _) in before.items()} == after
     assert all(p.stat().st_mtime_ns == before[p][1] for p in before if "clips" in p.parts)
 
@@ -199,17 +217,26 @@ def bad_inputs(tmp_path_factory, sample_videos) -> Path:
 @pytest.fixture(scope="module")
 def bad_run(tmp_path_factory, bad_inputs):
     out = tmp_path_factory.mktemp("bad_out")
-    run = clip.run(_profile("curation.stitch=false", "curation.min_seconds=0.5", "curation.static_max_ratio=1"),
-                   [str(bad_inputs)], out)
-    errors = {Path(e["source"]).name: e for e in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    run = clip.run(
+        _profile("curation.stitch=false", "curation.min_seconds=0.5", "curation.static_max_ratio=1"),
+        [str(bad_inputs)],
+        out,
+    )
+    errors = {
+        Path(e["source"]).name: e for e in map(json.loads, (out / "errors.jsonl").read_text().splitlines())
+    }
     return run, errors, {Path(r["source"]).name: r for r in _records(out)}, out
 
 
 @pytest.mark.parametrize(
     ("name", "stage", "reason"),
-    [("zero.mp4", "decode", "cannot open"), ("random.mp4", "decode", "cannot open"),
-     ("truncated.mp4", "decode", "cannot open"), ("audio.mp4", "decode", "no video stream"),
-     ("codec.mp4", "decode", "unsupported codec")],
+    [
+        ("zero.mp4", "decode", "cannot open"),
+        ("random.mp4", "decode", "cannot open"),
+        ("truncated.mp4", "decode", "cannot open"),
+        ("audio.mp4", "decode", "no video stream"),
+        ("codec.mp4", "decode", "unsupported codec"),
+    ],
 )
 def test_bad_input_is_recorded_with_stage_and_reason(bad_run, name, stage, reason):
     _, errors, records, _ = bad_run
@@ -236,23 +263,40 @@ def test_odd_inputs_are_processed_correctly(bad_run):
 
 def test_cli_json_summary_and_partial_exit_code(tmp_path, sample_videos, bad_inputs):
     out = tmp_path / "o"
-    args = ["--json", "clip", str(sample_videos / "red_square.mp4"), str(bad_inputs / "zero.mp4"), "-o", str(out),
-            *[x for s in FAST for x in ("--set", s)]]
+    args = [
+        "--json",
+        "clip",
+        str(sample_videos / "red_square.mp4"),
+        str(bad_inputs / "zero.mp4"),
+        "-o",
+        str(out),
+        *[x for s in FAST for x in ("--set", s)],
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 3, result.output
     lines = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
     final = [x for x in lines if x["event"] == "result"][-1]
     assert final["clips"] == 1 and final["errors"] == 1
-    ok = CliRunner().invoke(app, ["--json", "clip", str(sample_videos / "red_square.mp4"), "-o", str(tmp_path / "p"),
-                                  *[x for s in FAST for x in ("--set", s)]])
+    ok = CliRunner().invoke(
+        app,
+        [
+            "--json",
+            "clip",
+            str(sample_videos / "red_square.mp4"),
+            "-o",
+            str(tmp_path / "p"),
+            *[x for s in FAST for x in ("--set", s)],
+        ],
+    )
     assert ok.exit_code == 0, ok.output
 
 
 def test_cli_user_errors_exit_2(tmp_path):
     result = CliRunner().invoke(app, ["clip", str(tmp_path / "nope.mp4"), "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no such file" in result.output
-    result = CliRunner().invoke(app, ["clip", str(tmp_path), "-o", str(tmp_path / "o"), "--set",
-                                      "curation.embed_model=not-a-model"])
+    result = CliRunner().invoke(
+        app, ["clip", str(tmp_path), "-o", str(tmp_path / "o"), "--set", "curation.embed_model=not-a-model"]
+    )
     assert result.exit_code == 2
 
 
@@ -262,11 +306,20 @@ def test_killed_run_resumes_to_the_same_manifest(tmp_path, sample_videos, stitch
     reference = tmp_path / "ref"
     clip.run(_profile(*sets), [str(sample_videos)], reference)
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "vidforge.cli.app", "clip", str(sample_videos), "-o", str(out),
-           *[x for s in sets for x in ("--set", s)]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vidforge.cli.app",
+        "clip",
+        str(sample_videos),
+        "-o",
+        str(out),
+        *[x for s in sets for x in ("--set", s)],
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and _committed(out) < 2:
         time.sleep(0.05)
@@ -277,7 +330,9 @@ def test_killed_run_resumes_to_the_same_manifest(tmp_path, sample_videos, stitch
     clip.run(_profile(*sets), [str(sample_videos)], out)
     assert (out / "manifest.jsonl").read_text() == (reference / "manifest.jsonl").read_text()
     assert (out / "errors.jsonl").read_text() == (reference / "errors.jsonl").read_text()
-    assert sorted(p.name for p in (out / "clips").iterdir()) == sorted(p.name for p in (reference / "clips").iterdir())
+    assert sorted(p.name for p in (out / "clips").iterdir()) == sorted(
+        p.name for p in (reference / "clips").iterdir()
+    )
 
 
 def _committed(out: Path) -> int:
@@ -290,7 +345,11 @@ def test_ray_executor_gives_the_same_manifest(tmp_path, sample_videos, curated, 
     pytest.importorskip("ray")
     names = ["cuts", "static", "false_split", "red_square"]
     out = tmp_path / "ray"
-    clip.run(load_profile(None, ["curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"]),
-             [str(sample_videos / f"{n}.mp4") for n in names], out, executor="ray")
+    clip.run(
+        load_profile(None, ["curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}"]),
+        [str(sample_videos / f"{n}.mp4") for n in names],
+        out,
+        executor="ray",
+    )
     assert (out / "manifest.jsonl").read_text() == (curated / "manifest.jsonl").read_text()
     assert np.array_equal(np.load(out / "embeddings.npy"), np.load(curated / "embeddings.npy"))

@@ -14,9 +14,15 @@ from vidforge.data.shard_index import read_index
 from vidforge.data.testing import make_annotated_dir
 from vidforge.profile import load_profile
 
-SETTINGS = ["data.buckets=[[48,64],[64,48],[64,64]]", "data.frame_buckets=[1,5,9]", "data.shard_max_samples=2",
-            "data.val_fraction=0", "text_encoder.max_length=16", "tokenizer.spatial_compression=4",
-            "data.token_budget=1024"]
+SETTINGS = [
+    "data.buckets=[[48,64],[64,48],[64,64]]",
+    "data.frame_buckets=[1,5,9]",
+    "data.shard_max_samples=2",
+    "data.val_fraction=0",
+    "text_encoder.max_length=16",
+    "tokenizer.spatial_compression=4",
+    "data.token_budget=1024",
+]
 
 
 def _args(*args):
@@ -45,7 +51,9 @@ def test_shard_tokenize_and_load(tmp_path):
     res = runner.invoke(app, ["--json", "shard", str(ann), "-o", str(tmp_path / "shards"), *_args()])
     assert _result(res.stdout)["skipped"] == 3 and _result(res.stdout)["written"] == 0
 
-    res = runner.invoke(app, ["--json", "tokenize", str(tmp_path / "shards"), "-o", str(tmp_path / "lat"), *_args()])
+    res = runner.invoke(
+        app, ["--json", "tokenize", str(tmp_path / "shards"), "-o", str(tmp_path / "lat"), *_args()]
+    )
     assert res.exit_code == 0, res.output
     assert _result(res.stdout)["samples"] == 5
     index = read_index(tmp_path / "lat")

@@ -41,7 +41,10 @@ def test_installed_console_script_gives_the_same_json_error() -> None:
     exe = Path(sys.executable).with_name("vidforge")
     proc = subprocess.run(
         [str(exe), "--json", "profile", "validate", "--set", "parallel.tp=3"],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "VIDFORGE_PROFILE": ""},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VIDFORGE_PROFILE": ""},
     )
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["kind"] == "user" and proc.stdout.count("\n") == 1

@@ -42,7 +42,7 @@ def test_detector_settings_reach_the_detector(sample_videos):
 def test_static_flags_follow_the_generator_truth(sample_videos, sample_truth):
     truth = sample_truth["static"]
     a = analyse(str(sample_videos / "static.mp4"), Curation(stitch=False))
-    (s, e), = truth["static_spans"]
+    ((s, e),) = truth["static_spans"]
     assert a.static[s:e].all()
     assert not a.static[1:s].any() and not a.static[e:].any()
     assert static_ratio(a.static, 30, 78) == pytest.approx((e - s) / (78 - 31))
@@ -126,7 +126,9 @@ class _Square(Stage):
 def test_executor_fans_out_collects_units_and_records_errors():
     done = {}
     stats = LocalExecutor(queue_depth=1).run(
-        [_Split(), _Square()], [(f"u{n}", n) for n in range(5)], lambda u, r, e: done.update({u: (sorted(r), e)})
+        [_Split(), _Square()],
+        [(f"u{n}", n) for n in range(5)],
+        lambda u, r, e: done.update({u: (sorted(r), e)}),
     )
     assert done["u0"] == ([], [])
     assert done["u4"] == ([0, 1, 4, 9], [])

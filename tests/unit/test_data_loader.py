@@ -73,7 +73,9 @@ def test_data_parallel_ranks_read_disjoint_shards_covering_all(shards_a):
     for rank in range(2):
         loader = ShardLoader([shards_a], dp_rank=rank, dp_size=2, epochs=1, shuffle_buffer=3, seed=7)
         per_rank.append({s["__shard__"] for s in loader})
-        assert loader.stats["yielded"] == sum(index.shards[i].samples for i in rank_shards(5, 7, 0, 0, rank, 2))
+        assert loader.stats["yielded"] == sum(
+            index.shards[i].samples for i in rank_shards(5, 7, 0, 0, rank, 2)
+        )
     assert not per_rank[0] & per_rank[1]
     assert per_rank[0] | per_rank[1] == {str(index.path(s)) for s in index.shards}
 
@@ -137,7 +139,14 @@ def test_undecodable_sample_is_skipped(tmp_path):
         w.add("good", {"latent.npy": npy_bytes(np.zeros((4, 1, 2, 2), np.float32)), "json": b"{}"})
         w.add("bad", {"latent.npy": b"\x93NUMPY garbage", "json": b"{}"})
         entry = w.close()
-    write_json(root / "index.json", {"format": "vidforge-shards", "version": 1, "kind": "latent",
-                                     "shards": [{**entry, "split": "train"}]})
+    write_json(
+        root / "index.json",
+        {
+            "format": "vidforge-shards",
+            "version": 1,
+            "kind": "latent",
+            "shards": [{**entry, "split": "train"}],
+        },
+    )
     loader = ShardLoader([root], epochs=1)
     assert [s["__key__"] for s in loader] == ["good"] and loader.stats["skipped_samples"] == 1

@@ -36,10 +36,17 @@ def _worker(rank: int, init: str, root: str, mode: str, out: str) -> None:
 @pytest.mark.parametrize("mode", ["allgather", "broadcast"])
 def test_model_parallel_group_sees_identical_samples(tmp_path, mode):
     root = make_latent_shards(tmp_path / "s", shards=3, per_shard=5)
-    reference = [s["__key__"] for _, s in zip(range(N), ShardLoader([root], seed=4, shuffle_buffer=5), strict=False)]
+    reference = [
+        s["__key__"] for _, s in zip(range(N), ShardLoader([root], seed=4, shuffle_buffer=5), strict=False)
+    ]
     out = tmp_path / "res"
-    mp.start_processes(_worker, args=(f"file://{tmp_path / 'store'}", str(root), mode, str(out)), nprocs=2,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _worker,
+        args=(f"file://{tmp_path / 'store'}", str(root), mode, str(out)),
+        nprocs=2,
+        start_method="spawn",
+        join=True,
+    )
     results = [json.loads((tmp_path / f"res.{r}").read_text()) for r in range(2)]
     assert results[0]["keys"] == results[1]["keys"] == reference
     fetched = [r["fetched"] for r in results]

@@ -37,8 +37,13 @@ class ListLoader:
     def fetch(self, ref):
         i = ref[2]
         c, t, h, w = self.shapes[i]
-        return {"__key__": f"k{i}", "__ref__": (0, 0, i), "latent.npy": np.full((c, t, h, w), float(i), np.float32),
-                "text_emb.npy": np.full((3, 2), i, np.float16), "text_mask.npy": np.ones(3, bool)}
+        return {
+            "__key__": f"k{i}",
+            "__ref__": (0, 0, i),
+            "latent.npy": np.full((c, t, h, w), float(i), np.float32),
+            "text_emb.npy": np.full((3, 2), i, np.float16),
+            "text_mask.npy": np.ones(3, bool),
+        }
 
     def next_sample(self):
         if self.pos >= len(self.shapes):
@@ -80,8 +85,9 @@ def test_streaming_packer_wastes_under_two_percent_and_keeps_samples_contiguous(
             assert torch.all(index[cu[b] : cu[b + 1]] == b)
             t, h, w = shapes[i][1], shapes[i][2] // 2, shapes[i][3] // 2
             assert batch.layout.grids[b] == (t, h, w) and cu[b + 1] - cu[b] == t * h * w
-            expected = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w),
-                                                  indexing="ij"), -1).reshape(-1, 3)
+            expected = torch.stack(
+                torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"), -1
+            ).reshape(-1, 3)
             assert torch.equal(positions[cu[b] : cu[b + 1]], expected)
             assert torch.all(batch.text_emb[b] == i)
             seen.append(i)

@@ -24,7 +24,9 @@ from vidforge.text import build_text_encoder
 
 @pytest.fixture(scope="module")
 def profile():
-    return load_profile(None, ["data.shard_max_samples=3", "data.val_fraction=0.25", "text_encoder.max_length=24"])
+    return load_profile(
+        None, ["data.shard_max_samples=3", "data.val_fraction=0.25", "text_encoder.max_length=24"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +59,14 @@ def test_shards_read_back_with_webdataset_equal_what_was_written(sharded, encode
         assert meta["split"] == split_of(key, 0.25)
         # The embedding is the encoder's output for this caption, encoded alone (independent of batching).
         hidden, mask = encoder.encode([record["caption"]])
-        np.testing.assert_allclose(sample["text_emb.npy"].astype(np.float32), hidden[0].astype(np.float32),
-                                   atol=2e-3)
+        np.testing.assert_allclose(
+            sample["text_emb.npy"].astype(np.float32), hidden[0].astype(np.float32), atol=2e-3
+        )
         np.testing.assert_array_equal(sample["text_mask.npy"], mask[0])
-        assert sample["text_emb.npy"].dtype == np.float16 and sample["text_emb.npy"].shape == (24, encoder.width)
+        assert sample["text_emb.npy"].dtype == np.float16 and sample["text_emb.npy"].shape == (
+            24,
+            encoder.width,
+        )
         media_ext = Path(record["media"]).suffix[1:]
         raw = (ann / record["media"]).read_bytes()
         member = [k for k in sample if k in ("mp4", "png", "jpg", "webp")]
@@ -145,8 +151,15 @@ def test_unreadable_media_is_rejected_not_sharded(tmp_path, profile, encoder):
 
 def test_group_by_bucket_puts_one_bucket_per_shard(tmp_path, encoder):
     ann = make_annotated_dir(tmp_path / "ann", videos=4, images=2, rejected=0, frames=(9, 20))
-    profile = load_profile(None, ["data.group_by_bucket=true", "data.frame_buckets=[1,9,17]",
-                                  "data.buckets=[[48,64],[64,48],[64,64]]", "data.val_fraction=0"])
+    profile = load_profile(
+        None,
+        [
+            "data.group_by_bucket=true",
+            "data.frame_buckets=[1,9,17]",
+            "data.buckets=[[48,64],[64,48],[64,64]]",
+            "data.val_fraction=0",
+        ],
+    )
     run(profile, ann, tmp_path / "out", encoder=encoder)
     for entry in read_index(tmp_path / "out").shards:
         metas = [s["json"] for s in iter_shard(tmp_path / "out" / entry.name, entry)]

@@ -92,7 +92,11 @@ def test_vpp_needs_interleaved_schedule(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
-        ("cp_impl", "zigzag", "parallel.cp_impl: Input should be 'all-gather', 'ring', 'ulysses' or 'st-hybrid'"),
+        (
+            "cp_impl",
+            "zigzag",
+            "parallel.cp_impl: Input should be 'all-gather', 'ring', 'ulysses' or 'st-hybrid'",
+        ),
         ("pp_schedule", "zb", "parallel.pp_schedule: Input should be 'gpipe', '1f1b' or 'interleaved-1f1b'"),
         ("tp", 0, "parallel.tp: Input should be greater than or equal to 1, got 0"),
         ("dp_shard", 0, "parallel.dp_shard: must be >= 1, or -1"),
@@ -110,14 +114,18 @@ def test_st_hybrid_needs_stdit(tmp_path: Path) -> None:
 
 def test_unknown_keys_are_errors_with_the_valid_ones(tmp_path: Path) -> None:
     msg = error_of(tmp_path, {"parallel": {"tensor_parallel": 2}})
-    assert msg.startswith(f"{tmp_path / 'p.yaml'}: parallel.tensor_parallel: unknown field; valid fields here:")
+    assert msg.startswith(
+        f"{tmp_path / 'p.yaml'}: parallel.tensor_parallel: unknown field; valid fields here:"
+    )
     assert "tp" in msg
     assert "clusterr: unknown field" in error_of(tmp_path, {"clusterr": {}})
 
 
 def test_unknown_preset_and_accelerator(tmp_path: Path) -> None:
     assert "model.preset: unknown 'dit-3b'" in error_of(tmp_path, {"model": {"preset": "dit-3b"}})
-    assert "cluster.accelerator: unknown accelerator 'tpu'" in error_of(tmp_path, {"cluster": {"accelerator": "tpu"}})
+    assert "cluster.accelerator: unknown accelerator 'tpu'" in error_of(
+        tmp_path, {"cluster": {"accelerator": "tpu"}}
+    )
 
 
 def test_model_shape_rules(tmp_path: Path) -> None:

@@ -30,12 +30,23 @@ def t5_dir(tmp_path_factory):
     tok = Tokenizer(models.WordLevel(vocab=VOCAB, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
     fast.save_pretrained(folder)
 
-    config = T5Config(vocab_size=len(VOCAB), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                      relative_attention_num_buckets=8, pad_token_id=PAD, eos_token_id=EOS,
-                      decoder_start_token_id=PAD)
+    config = T5Config(
+        vocab_size=len(VOCAB),
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+    )
     torch.manual_seed(0)
     model = T5EncoderModel(config).eval()
     model.save_pretrained(folder)
@@ -71,8 +82,9 @@ def test_hidden_states_and_mask_match_transformers(t5_dir):
         np.testing.assert_array_equal(mask[i], ref_mask, err_msg=caption)
         n = int(ref_mask.sum())
         assert n == min(len(caption.split()) + 1, MAX_LEN)
-        np.testing.assert_allclose(hidden[i, :n].astype(np.float32), ref[:n], rtol=2e-3, atol=2e-3,
-                                   err_msg=caption)
+        np.testing.assert_allclose(
+            hidden[i, :n].astype(np.float32), ref[:n], rtol=2e-3, atol=2e-3, err_msg=caption
+        )
         assert np.abs(ref[:n]).max() > 0.1  # the comparison is not between zeros
         # padding positions are masked and zeroed
         assert not mask[i, n:].any()

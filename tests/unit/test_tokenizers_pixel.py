@@ -39,9 +39,17 @@ def test_pixel_rejects_frame_counts_that_are_not_4k_plus_1():
 
 
 def test_tokenize_then_decode_is_exact(tmp_path):
-    profile = load_profile(None, ["data.buckets=[[48,64],[64,48],[64,64]]", "data.frame_buckets=[1,5,9]",
-                                  "data.val_fraction=0", "data.shard_max_samples=3",
-                                  "text_encoder.max_length=16", "tokenizer.spatial_compression=4"])
+    profile = load_profile(
+        None,
+        [
+            "data.buckets=[[48,64],[64,48],[64,64]]",
+            "data.frame_buckets=[1,5,9]",
+            "data.val_fraction=0",
+            "data.shard_max_samples=3",
+            "text_encoder.max_length=16",
+            "tokenizer.spatial_compression=4",
+        ],
+    )
     ann = make_annotated_dir(tmp_path / "ann", videos=3, images=2, rejected=0, frames=(6, 12))
     shard(profile, ann, tmp_path / "shards")
     summary = tokenize(profile, tmp_path / "shards", tmp_path / "latents")
@@ -52,7 +60,9 @@ def test_tokenize_then_decode_is_exact(tmp_path):
     media_shards = {s.name: s for s in read_index(tmp_path / "shards").shards}
     tok = PixelTokenizer(4, 4)
     for entry in index.shards:
-        originals = {s["__key__"]: s for s in iter_shard(tmp_path / "shards" / entry.name, media_shards[entry.name])}
+        originals = {
+            s["__key__"]: s for s in iter_shard(tmp_path / "shards" / entry.name, media_shards[entry.name])
+        }
         for sample in iter_shard(tmp_path / "latents" / entry.name, entry):
             record = records[sample["__key__"]]
             h, w, n = (int(x) for x in sample["json"]["bucket"].split("x"))

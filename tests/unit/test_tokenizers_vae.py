@@ -17,9 +17,15 @@ from vidforge.profile import load_profile
 from vidforge.tokenizers import build_tokenizer, frames_to_tensor
 from vidforge.tokenizers.vae import DiffusersVAE
 
-TINY_WAN = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
-            "temperal_downsample": [False, True, True], "latents_mean": [0.1, 0.2, -0.1, 0.0],
-            "latents_std": [1.5, 2.0, 0.5, 1.0]}
+TINY_WAN = {
+    "base_dim": 8,
+    "z_dim": 4,
+    "dim_mult": [1, 2, 2, 2],
+    "num_res_blocks": 1,
+    "temperal_downsample": [False, True, True],
+    "latents_mean": [0.1, 0.2, -0.1, 0.0],
+    "latents_std": [1.5, 2.0, 0.5, 1.0],
+}
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +73,11 @@ def test_built_from_a_json_config_and_from_the_profile(tmp_path, wan_dir):
     with pytest.raises(UserInputError, match="tokenizer.path"):
         build_tokenizer(load_profile(None, wan))
     with pytest.raises(UserInputError, match="compress"):
-        build_tokenizer(load_profile(None, ["tokenizer.kind=wan", f"tokenizer.path={wan_dir}",
-                                            "tokenizer.spatial_compression=4"]))
+        build_tokenizer(
+            load_profile(
+                None, ["tokenizer.kind=wan", f"tokenizer.path={wan_dir}", "tokenizer.spatial_compression=4"]
+            )
+        )
 
 
 def test_tiled_encoding_equals_untiled_within_tolerance(wan_dir, wan):

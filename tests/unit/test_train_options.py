@@ -20,7 +20,9 @@ from vidforge.parallel import launch  # noqa: E402
 from vidforge.train import loop, validation  # noqa: E402
 from vidforge.train.ema import EMA  # noqa: E402
 
-SHORT = ("train.steps=4",)  # validation at step 3, then one more step that shows whether it disturbed training
+SHORT = (
+    "train.steps=4",
+)  # validation at step 3, then one more step that shows whether it disturbed training
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,9 @@ def test_validation_writes_videos_and_leaves_training_alone(latents, baseline, t
     loop.run(train_profile(*sets), [latents], tmp_path)
     out = tmp_path / "validation" / "step_00000003"
     assert sorted(p.name for p in out.iterdir()) == [
-        "a-blue-circle.mp4", "a-red-square-moving-right.mp4", "contact_sheet.png",
+        "a-blue-circle.mp4",
+        "a-red-square-moving-right.mp4",
+        "contact_sheet.png",
     ]
     assert all(p.stat().st_size > 0 for p in out.iterdir())
     assert not (tmp_path / "validation" / "step_00000004").exists()
@@ -101,7 +105,9 @@ def test_activation_checkpointing_keeps_the_losses_and_exports_plain_weights(
     assert losses(tmp_path) == pytest.approx(losses(baseline), rel=0, abs=1e-6)
     exported = load_model(tmp_path / "export")  # strict load: no _checkpoint_wrapped_module in the names
     reference = load_model(baseline / "export")
-    for (name, p), (ref_name, ref) in zip(exported.named_parameters(), reference.named_parameters(), strict=True):
+    for (name, p), (ref_name, ref) in zip(
+        exported.named_parameters(), reference.named_parameters(), strict=True
+    ):
         assert name == ref_name and "_checkpoint_wrapped_module" not in name
         torch.testing.assert_close(p, ref, rtol=1e-4, atol=1e-5)
 
@@ -157,8 +163,16 @@ def test_fp8_layer_filter() -> None:
 
 
 def _clear_dist_env(monkeypatch) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+    ):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -202,6 +216,21 @@ def test_relaunch_drops_the_nproc_option(nproc_args, monkeypatch) -> None:
     argv = ["train", "--data", "d", *nproc_args, "--set", "train.steps=2", "--run-dir", "r"]
     assert launch.relaunch_under_torchrun(2, argv) == 0
     (command,) = calls
-    assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", "-m"]
-    assert command[6:] == ["vidforge.cli.app", "train", "--data", "d", "--set", "train.steps=2", "--run-dir", "r"]
+    assert command[:6] == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+    ]
+    assert command[6:] == [
+        "vidforge.cli.app",
+        "train",
+        "--data",
+        "d",
+        "--set",
+        "train.steps=2",
+        "--run-dir",
+        "r",
+    ]

@@ -12,15 +12,27 @@ from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 
 def clip(
-    inputs: Annotated[list[str], typer.Argument(help="Video files, directories, glob patterns, list files "
-                                                     "(.txt/.csv) or fsspec URLs.", show_default=False)],
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Video files, directories, glob patterns, list files (.txt/.csv) or fsspec URLs.",
+            show_default=False,
+        ),
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (clips/, manifest.jsonl, ...).")],
     executor: Annotated[str, typer.Option("--executor", help="local (process pools) or ray.")] = "local",
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster to join; default: "
-                                                    "start a local Ray instance.")] = None,
-    dedup: Annotated[float | None, typer.Option("--dedup", metavar="THRESHOLD",
-                                                help="Drop clips whose embedding cosine with an earlier "
-                                                     "clip is at least this.")] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Ray cluster to join; default: start a local Ray instance."),
+    ] = None,
+    dedup: Annotated[
+        float | None,
+        typer.Option(
+            "--dedup",
+            metavar="THRESHOLD",
+            help="Drop clips whose embedding cosine with an earlier clip is at least this.",
+        ),
+    ] = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -46,15 +58,28 @@ def clip(
             progress.start(info["stages"], info["todo"])
 
     try:
-        result = run(resolved, inputs, out, executor=executor, ray_address=ray_address, dedup=dedup,
-                     monitor=progress.update if progress else None, on_start=started)
+        result = run(
+            resolved,
+            inputs,
+            out,
+            executor=executor,
+            ray_address=ray_address,
+            dedup=dedup,
+            monitor=progress.update if progress else None,
+            on_start=started,
+        )
     finally:
         if progress is not None:
             progress.stop()
     summary = result.summary
     if result.stages:
-        out_.table([(s["stage"], s["items"], s["errors"], s["workers"], s["busy_seconds"])
-                    for s in summary["stages"]], columns=("stage", "items", "errors", "workers", "busy s"))
+        out_.table(
+            [
+                (s["stage"], s["items"], s["errors"], s["workers"], s["busy_seconds"])
+                for s in summary["stages"]
+            ],
+            columns=("stage", "items", "errors", "workers", "busy s"),
+        )
     out_.result({k: v for k, v in summary.items() if k != "stages"} | {"out": str(out)}, title="clip")
     if result.partial:
         out_.info(f"[yellow]{summary['errors']} error(s)[/]: see {out / 'errors.jsonl'}")
@@ -67,8 +92,14 @@ class _Progress:
     def __init__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=current_output().err_console, transient=False)
+        self.progress = Progress(
+            TextColumn("{task.description:>10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=current_output().err_console,
+            transient=False,
+        )
         self.tasks: dict[str, int] = {}
 
     def start(self, stages: list[str], sources: int) -> None:

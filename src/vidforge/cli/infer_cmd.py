@@ -13,14 +13,21 @@ from vidforge.errors import UserInputError
 
 
 def infer(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A `vidforge train` run dir or its export/.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the MP4s, contact_sheet.png, samples.jsonl.")],
-    prompt: Annotated[list[str] | None, typer.Option("--prompt", help="A caption to render; repeatable.")] = None,
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", "-c", help="A `vidforge train` run dir or its export/.")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for the MP4s, contact_sheet.png, samples.jsonl.")
+    ],
+    prompt: Annotated[
+        list[str] | None, typer.Option("--prompt", help="A caption to render; repeatable.")
+    ] = None,
     prompts_file: Annotated[
         Path | None, typer.Option("--prompts-file", help="A text file with one prompt per line.")
     ] = None,
     profile: Annotated[
-        str | None, typer.Option("--profile", "-p", help="Profile to use instead of the one saved with the model.")
+        str | None,
+        typer.Option("--profile", "-p", help="Profile to use instead of the one saved with the model."),
     ] = None,
     set_: SetOpt = None,
 ) -> None:
@@ -40,7 +47,13 @@ def infer(
     result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile)
     output = current_output()
     if output.json:
-        output.result({"videos": result.videos, "contact_sheet": result.contact_sheet, "seconds": result.seconds})
+        output.result(
+            {"videos": result.videos, "contact_sheet": result.contact_sheet, "seconds": result.seconds}
+        )
     else:
-        output.table([(Path(v).name,) for v in result.videos], columns=("video",), title=f"vidforge infer -> {out}")
-        output.result({}, text=f"contact sheet: {result.contact_sheet}  ({result.seconds_per_video:.1f} s per video)")
+        output.table(
+            [(Path(v).name,) for v in result.videos], columns=("video",), title=f"vidforge infer -> {out}"
+        )
+        output.result(
+            {}, text=f"contact sheet: {result.contact_sheet}  ({result.seconds_per_video:.1f} s per video)"
+        )

@@ -56,7 +56,9 @@ def validate(
             failures.append(str(err))
             out.error(str(err), kind="user")
             continue
-        out.result(_summary(resolved, target), text=f"ok  {resolved.name}: {_summary(resolved, target)['layout']}")
+        out.result(
+            _summary(resolved, target), text=f"ok  {resolved.name}: {_summary(resolved, target)['layout']}"
+        )
     if failures:
         raise ProfileError(f"{len(failures)} of {len(targets)} profiles are invalid (see above)")
 
@@ -75,7 +77,9 @@ def _summary(profile: RunProfile, source: str | None) -> dict:
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the run-profile (every field with its description)."""
-    current_output().result(RunProfile.model_json_schema(), text=json.dumps(RunProfile.model_json_schema(), indent=2))
+    current_output().result(
+        RunProfile.model_json_schema(), text=json.dumps(RunProfile.model_json_schema(), indent=2)
+    )
 
 
 @app.command("list")

@@ -13,9 +13,14 @@ from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 def shard(
     annotated_dir: Annotated[
-        Path, typer.Argument(help="Output folder of `vidforge caption` (manifest.jsonl with keep, caption, media).")
+        Path,
+        typer.Argument(
+            help="Output folder of `vidforge caption` (manifest.jsonl with keep, caption, media)."
+        ),
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")
+    ],
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -34,14 +39,28 @@ def shard(
     if output.show_progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("shard"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=output.err_console, transient=True) as bar:
+        with Progress(
+            TextColumn("shard"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=output.err_console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("shard", total=None)
-            summary = run(resolved, annotated_dir, out,
-                          on_shard=lambda entry, total: bar.update(task, advance=1, total=total))
+            summary = run(
+                resolved,
+                annotated_dir,
+                out,
+                on_shard=lambda entry, total: bar.update(task, advance=1, total=total),
+            )
     else:
-        summary = run(resolved, annotated_dir, out,
-                      on_shard=lambda entry, total: output.event("shard", total=total, **entry))
+        summary = run(
+            resolved,
+            annotated_dir,
+            out,
+            on_shard=lambda entry, total: output.event("shard", total=total, **entry),
+        )
     output.result(summary.as_dict(), title="vidforge shard")
     if summary.rejected:
         output.info(f"{summary.rejected} records rejected: see {out / 'errors.jsonl'}")

@@ -12,8 +12,12 @@ from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 
 def tokenize(
-    shards_dir: Annotated[Path, typer.Argument(help="Output folder of `vidforge shard` (its index.json and tars).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")],
+    shards_dir: Annotated[
+        Path, typer.Argument(help="Output folder of `vidforge shard` (its index.json and tars).")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")
+    ],
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -33,14 +37,28 @@ def tokenize(
     if output.show_progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("tokenize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=output.err_console, transient=True) as bar:
+        with Progress(
+            TextColumn("tokenize"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=output.err_console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("tokenize", total=None)
-            summary = run(resolved, shards_dir, out,
-                          on_shard=lambda entry, total: bar.update(task, advance=1, total=total))
+            summary = run(
+                resolved,
+                shards_dir,
+                out,
+                on_shard=lambda entry, total: bar.update(task, advance=1, total=total),
+            )
     else:
-        summary = run(resolved, shards_dir, out,
-                      on_shard=lambda entry, total: output.event("shard", total=total, **entry))
+        summary = run(
+            resolved,
+            shards_dir,
+            out,
+            on_shard=lambda entry, total: output.event("shard", total=total, **entry),
+        )
     output.result(summary.as_dict(), title="vidforge tokenize")
     if summary.rejected:
         output.info(f"{summary.rejected} samples or shards rejected: see {out / 'errors.jsonl'}")

@@ -12,9 +12,16 @@ from vidforge.cli._output import current_output
 
 
 def train(
-    data: Annotated[list[Path], typer.Option("--data", "-d", help="Latent shards (`vidforge tokenize` output); repeatable.")],
-    run_dir: Annotated[Path, typer.Option("--run-dir", "-r", help="Checkpoints, metrics.jsonl, export/ go here.")],
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint.")] = False,
+    data: Annotated[
+        list[Path],
+        typer.Option("--data", "-d", help="Latent shards (`vidforge tokenize` output); repeatable."),
+    ],
+    run_dir: Annotated[
+        Path, typer.Option("--run-dir", "-r", help="Checkpoints, metrics.jsonl, export/ go here.")
+    ],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest complete checkpoint.")
+    ] = False,
     nproc: Annotated[
         int | None, typer.Option("--nproc", min=1, help="Start this many local processes under torchrun.")
     ] = None,

@@ -57,8 +57,9 @@ def build_stages(cfg, out: Path) -> list[Stage]:
     stages: list[Stage] = [
         AnalyseStage(cfg, workers=cfg.decode_workers),
         PlanStage(cfg),
-        TranscodeStage(cfg, out / CLIPS_DIR, samples=cfg.embed_frames if cfg.embed else 0,
-                       workers=cfg.transcode_workers),
+        TranscodeStage(
+            cfg, out / CLIPS_DIR, samples=cfg.embed_frames if cfg.embed else 0, workers=cfg.transcode_workers
+        ),
     ]
     if cfg.embed:
         from vidforge.curate.embedding import EmbedStage
@@ -100,26 +101,36 @@ def run(
         nonlocal seconds_in
         records = []
         for item in sorted(items, key=lambda i: _plan_of(i).start):
-            records.append(_clip_record(item, out) if isinstance(item, ClipResult) else _rejected_record(item))
+            records.append(
+                _clip_record(item, out) if isinstance(item, ClipResult) else _rejected_record(item)
+            )
         if items:
             seconds_in += _plan_of(items[0]).info.duration_s
         ledger.commit(source, records, [{"source": source, **e} for e in errors])
 
     if on_start is not None:
-        on_start({"sources": len(sources), "todo": len(todo), "stages": [s.name for s in stages],
-                  "embedder": _embedder_note(cfg)})
+        on_start(
+            {
+                "sources": len(sources),
+                "todo": len(todo),
+                "stages": [s.name for s in stages],
+                "embedder": _embedder_note(cfg),
+            }
+        )
     stats = runner.run(stages, ((s, s) for s in todo), commit, monitor) if todo else None
     wall = time.perf_counter() - started
     summary = finalize(out, cfg, sources)
-    summary.update({
-        "sources_skipped": len(sources) - len(todo),
-        "seconds_in": round(seconds_in, 3),
-        "wall_seconds": round(wall, 3),
-        "throughput_x_realtime": round(seconds_in / wall, 3) if wall > 0 else 0.0,
-        "executor": executor,
-        "embedding_model": _embedder_note(cfg),
-        "stages": [_stage_summary(s) for s in (stats.stages if stats else [])],
-    })
+    summary.update(
+        {
+            "sources_skipped": len(sources) - len(todo),
+            "seconds_in": round(seconds_in, 3),
+            "wall_seconds": round(wall, 3),
+            "throughput_x_realtime": round(seconds_in / wall, 3) if wall > 0 else 0.0,
+            "executor": executor,
+            "embedding_model": _embedder_note(cfg),
+            "stages": [_stage_summary(s) for s in (stats.stages if stats else [])],
+        }
+    )
     write_json(out / SUMMARY, summary)
     return ClipRun(summary, stats.stages if stats else [])
 
@@ -158,9 +169,17 @@ def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
 def _rejected_record(p: ClipPlan) -> dict[str, Any]:
     stage, reason = p.rejected or ("", "")
     return {
-        "kind": "rejected", "clip_id": p.clip_id, "source": p.source, "start_frame": p.start,
-        "end_frame": p.end, "start_s": round(p.start_s, 6), "end_s": round(p.end_s, 6), "stage": stage,
-        "reason": reason, "static_ratio": round(p.static_ratio, 4), "shots": p.stitched,
+        "kind": "rejected",
+        "clip_id": p.clip_id,
+        "source": p.source,
+        "start_frame": p.start,
+        "end_frame": p.end,
+        "start_s": round(p.start_s, 6),
+        "end_s": round(p.end_s, 6),
+        "stage": stage,
+        "reason": reason,
+        "static_ratio": round(p.static_ratio, 4),
+        "shots": p.stitched,
     }
 
 
@@ -173,8 +192,10 @@ def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
     data = [e["data"] for e in entries if e["kind"] == "record"]
     clips = sorted((d for d in data if d["kind"] == "clip"), key=lambda d: (d["source"], d["start_frame"]))
     rejected = [d for d in data if d["kind"] == "rejected"]
-    errors = sorted((e["data"] for e in entries if e["kind"] == "error"),
-                    key=lambda d: (d["source"], d["stage"], str(d.get("item", ""))))
+    errors = sorted(
+        (e["data"] for e in entries if e["kind"] == "error"),
+        key=lambda d: (d["source"], d["stage"], str(d.get("item", ""))),
+    )
     vectors = [d["_embedding"] for d in clips]
     have_embeddings = bool(clips) and all(v is not None for v in vectors)
     matrix = np.asarray(vectors, np.float32) if have_embeddings else np.zeros((0, 0), np.float32)
@@ -182,11 +203,21 @@ def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
         dropped = near_duplicates(matrix, cfg.dedup_threshold)
         for row, (kept, sim) in dropped.items():
             d = clips[row]
-            rejected.append({"kind": "rejected", "clip_id": d["clip_id"], "source": d["source"],
-                             "start_frame": d["start_frame"], "end_frame": d["end_frame"], "start_s": d["start_s"],
-                             "end_s": d["end_s"], "stage": "dedup", "static_ratio": d["static_ratio"],
-                             "reason": f"near-duplicate of {clips[kept]['clip_id']} (cosine {sim:.3f})",
-                             "shots": d["shots"]})
+            rejected.append(
+                {
+                    "kind": "rejected",
+                    "clip_id": d["clip_id"],
+                    "source": d["source"],
+                    "start_frame": d["start_frame"],
+                    "end_frame": d["end_frame"],
+                    "start_s": d["start_s"],
+                    "end_s": d["end_s"],
+                    "stage": "dedup",
+                    "static_ratio": d["static_ratio"],
+                    "reason": f"near-duplicate of {clips[kept]['clip_id']} (cosine {sim:.3f})",
+                    "shots": d["shots"],
+                }
+            )
         keep = [i for i in range(len(clips)) if i not in dropped]
         clips, matrix = [clips[i] for i in keep], matrix[keep]
     manifest = []
@@ -215,8 +246,13 @@ def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
 
 
 def _stage_summary(s: StageStats) -> dict[str, Any]:
-    return {"stage": s.name, "items": s.items_in, "errors": s.errors, "workers": s.workers,
-            "busy_seconds": round(s.busy_seconds, 3)}
+    return {
+        "stage": s.name,
+        "items": s.items_in,
+        "errors": s.errors,
+        "workers": s.workers,
+        "busy_seconds": round(s.busy_seconds, 3),
+    }
 
 
 def _embedder_note(cfg) -> str | None:

@@ -73,7 +73,10 @@ def analyse(source: str, cfg: Curation) -> Analysis:
         stream.thread_type = "AUTO"
         if cfg.decode_threads:
             stream.codec_context.thread_count = cfg.decode_threads
-        fps, time_base = frame_rate(stream), Fraction(stream.time_base.numerator, stream.time_base.denominator)
+        fps, time_base = (
+            frame_rate(stream),
+            Fraction(stream.time_base.numerator, stream.time_base.denominator),
+        )
         step = max(1, round(1 / (fps * time_base)))  # pts ticks per frame, for frames without a pts
         size = None
         detector = ShotDetector(cfg, fps, time_base)
@@ -92,7 +95,9 @@ def analyse(source: str, cfg: Curation) -> Analysis:
                     size = detection_size(frame.width, frame.height)
                 bgr = downscale(frame.to_ndarray(format="bgr24"), size)
                 gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)
-                static.append(prev_gray is not None and cv2.absdiff(gray, prev_gray).mean() < cfg.static_threshold)
+                static.append(
+                    prev_gray is not None and cv2.absdiff(gray, prev_gray).mean() < cfg.static_threshold
+                )
                 prev_gray = gray
                 pts_list.append(pts)
                 cuts = detector.feed(pts - first_pts, bgr)
@@ -100,7 +105,9 @@ def analyse(source: str, cfg: Curation) -> Analysis:
                     ring.append((index, bgr))
                     if index < collect_until:
                         boundary[index] = bgr[..., ::-1].copy()
-                    collect_until = _grab(cuts, pts_list, first_pts, ring, boundary, cfg.stitch_frames, collect_until)
+                    collect_until = _grab(
+                        cuts, pts_list, first_pts, ring, boundary, cfg.stitch_frames, collect_until
+                    )
                 index += 1
         except av.FFmpegError as err:
             if not pts_list:
@@ -120,15 +127,30 @@ def analyse(source: str, cfg: Curation) -> Analysis:
     w, h = int(stream.codec_context.width), int(stream.codec_context.height)
     if rotation in (90, 270):
         w, h = h, w
-    info = VideoInfo(width=w, height=h, fps=fps, frames=frames, duration_s=duration, codec=codec,
-                     rotation=rotation, variable_rate=vfr)
+    info = VideoInfo(
+        width=w,
+        height=h,
+        fps=fps,
+        frames=frames,
+        duration_s=duration,
+        codec=codec,
+        rotation=rotation,
+        variable_rate=vfr,
+    )
     index_of = {int(p - first_pts): i for i, p in enumerate(pts_list)}
     cut_frames = sorted(index_of[p] for p in detector.cuts if p in index_of and index_of[p] > 0)
     bounds = [0, *cut_frames, frames]
     scores = {index_of[p]: s for p, s in detector.cuts.items() if p in index_of}
     shots = [Shot(a, b, scores.get(a)) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a]
-    return Analysis(source=source, info=info, pts=pts, time_base=time_base, shots=shots,
-                    static=np.asarray(static, bool), boundary=boundary)
+    return Analysis(
+        source=source,
+        info=info,
+        pts=pts,
+        time_base=time_base,
+        shots=shots,
+        static=np.asarray(static, bool),
+        boundary=boundary,
+    )
 
 
 def _grab(cut_pts, pts_list, first_pts, ring, boundary, n, collect_until) -> int:

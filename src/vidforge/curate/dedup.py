@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def near_duplicates(embeddings: np.ndarray, threshold: float, chunk: int = 4096) -> dict[int, tuple[int, float]]:
+def near_duplicates(
+    embeddings: np.ndarray, threshold: float, chunk: int = 4096
+) -> dict[int, tuple[int, float]]:
     """{dropped row: (kept row it duplicates, cosine)} for unit-vector rows. O(N x kept), in chunks."""
     dropped: dict[int, tuple[int, float]] = {}
     kept: list[int] = []

@@ -66,8 +66,14 @@ class ImageEmbedder:
         return cls.load(cur.embed_model, cur.embed_checkpoint, cur.embed_device)
 
     @classmethod
-    def load(cls, model: str = TINY, checkpoint: str | None = None, device: str = "auto", seed: int = 0,
-             shared: bool = True) -> ImageEmbedder:
+    def load(
+        cls,
+        model: str = TINY,
+        checkpoint: str | None = None,
+        device: str = "auto",
+        seed: int = 0,
+        shared: bool = True,
+    ) -> ImageEmbedder:
         key = (model, checkpoint, device, seed)
         with _CACHE_LOCK:
             if shared and key in _CACHE:
@@ -85,24 +91,32 @@ class ImageEmbedder:
         _register_tiny()
         local_dir = model_name.startswith("local-dir:")
         if local_dir and not Path(model_name.removeprefix("local-dir:")).is_dir():
-            raise UserInputError(f"curation.embed_model={model_name}: no such folder; give an open-clip model folder")
+            raise UserInputError(
+                f"curation.embed_model={model_name}: no such folder; give an open-clip model folder"
+            )
         if not local_dir and model_name not in open_clip.list_models():
             raise UserInputError(
                 f"curation.embed_model={model_name!r} is not an open-clip architecture; "
                 f"use {TINY}, e.g. ViT-B-32, or local-dir:/path"
             )
         if checkpoint is not None and not Path(checkpoint).is_file():
-            raise UserInputError(f"curation.embed_checkpoint={checkpoint}: no such file; give a local weights file")
+            raise UserInputError(
+                f"curation.embed_checkpoint={checkpoint}: no such file; give a local weights file"
+            )
         dev = resolve_device(device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # random weights must be the same in every worker and every run
             try:
                 # open-clip logs a warning on the root logger for random weights; the run reports it itself
                 logging.disable(logging.WARNING)
-                model = open_clip.create_model(model_name, pretrained=None if local_dir else checkpoint, device=dev)
+                model = open_clip.create_model(
+                    model_name, pretrained=None if local_dir else checkpoint, device=dev
+                )
             except (RuntimeError, KeyError, ValueError) as err:
-                raise UserInputError(f"curation.embed_checkpoint={checkpoint}: cannot load it into "
-                                     f"{model_name} ({str(err).splitlines()[0][:200]})") from None
+                raise UserInputError(
+                    f"curation.embed_checkpoint={checkpoint}: cannot load it into "
+                    f"{model_name} ({str(err).splitlines()[0][:200]})"
+                ) from None
             finally:
                 logging.disable(logging.NOTSET)
         model.eval()
@@ -144,7 +158,9 @@ class ImageEmbedder:
 
         frames = np.asarray(frames)
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-            raise ValueError(f"embed expects uint8 frames of shape (N, H, W, 3), got {frames.dtype} {frames.shape}")
+            raise ValueError(
+                f"embed expects uint8 frames of shape (N, H, W, 3), got {frames.dtype} {frames.shape}"
+            )
         if len(frames) == 0:
             return np.zeros((0, self.dim), np.float32)
         with torch.inference_mode():

@@ -36,7 +36,7 @@ def expand_inputs(args: Sequence[str], extensions: Iterable[str]) -> list[str]:
 
 def _expand_one(arg: str, exts: set[str]) -> list[str]:
     if arg.startswith("file://"):
-        arg = arg[len("file://"):]
+        arg = arg[len("file://") :]
     if is_url(arg):
         return _expand_url(arg, exts)
     path = Path(arg).expanduser()

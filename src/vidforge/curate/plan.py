@@ -27,7 +27,9 @@ def plan_clips(analysis: Analysis, cfg: Curation, pooled=None) -> list[ClipPlan]
     fps = float(analysis.info.fps)
     plans = []
     for shot in shots:
-        spans, reason = apply_duration(shot.start, shot.end, fps, cfg.min_seconds, cfg.max_seconds, cfg.trim_seconds)
+        spans, reason = apply_duration(
+            shot.start, shot.end, fps, cfg.min_seconds, cfg.max_seconds, cfg.trim_seconds
+        )
         if not spans:
             plans.append(_plan(analysis, shot, shot.start, shot.end, ("duration", reason)))
             continue
@@ -44,9 +46,21 @@ def _plan(a: Analysis, shot: Shot, start: int, end: int, rejected, ratio: float 
     t1 = float((a.pts[end] - a.pts[0]) * a.time_base) if end < len(a.pts) else a.info.duration_s
     if ratio is None:
         ratio = static_ratio(a.static, start, end)
-    return ClipPlan(source=a.source, clip_id=clip_id(a.source, start, end), start=start, end=end, info=a.info,
-                    pts=pts, time_base=a.time_base, start_s=t0, end_s=t1, score=shot.score,
-                    static_ratio=ratio, stitched=shot.merged, rejected=rejected)
+    return ClipPlan(
+        source=a.source,
+        clip_id=clip_id(a.source, start, end),
+        start=start,
+        end=end,
+        info=a.info,
+        pts=pts,
+        time_base=a.time_base,
+        start_s=t0,
+        end_s=t1,
+        score=shot.score,
+        static_ratio=ratio,
+        stitched=shot.merged,
+        rejected=rejected,
+    )
 
 
 @dataclass

@@ -14,7 +14,9 @@ PooledEmbed = Callable[[np.ndarray], np.ndarray]
 """(N, H, W, 3) uint8 frames -> one (D,) unit vector (ImageEmbedder.pooled)."""
 
 
-def boundary_similarity(left: Shot, right: Shot, boundary: dict[int, np.ndarray], n: int, pooled: PooledEmbed) -> float:
+def boundary_similarity(
+    left: Shot, right: Shot, boundary: dict[int, np.ndarray], n: int, pooled: PooledEmbed
+) -> float:
     """Cosine similarity between the last n frames of `left` and the first n of `right` (each clamped to
     its own shot)."""
     cut = right.start
@@ -25,8 +27,9 @@ def boundary_similarity(left: Shot, right: Shot, boundary: dict[int, np.ndarray]
     return float(pooled(np.stack(before)) @ pooled(np.stack(after)))
 
 
-def stitch_shots(shots: list[Shot], boundary: dict[int, np.ndarray], n: int, threshold: float,
-                 pooled: PooledEmbed) -> tuple[list[Shot], list[float]]:
+def stitch_shots(
+    shots: list[Shot], boundary: dict[int, np.ndarray], n: int, threshold: float, pooled: PooledEmbed
+) -> tuple[list[Shot], list[float]]:
     """Merge adjacent shots whose boundary similarity is >= threshold. Returns the merged shots and the
     similarity at every original cut (for the record)."""
     if not shots:

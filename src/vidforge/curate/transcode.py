@@ -96,11 +96,19 @@ class _ClipWriter:
         self.output.close()
         if not self.complete:
             self.abort()
-            raise ItemError(f"decoded {self.taken} of the clip's {self.want} frames (source changed or damaged?)")
+            raise ItemError(
+                f"decoded {self.taken} of the clip's {self.want} frames (source changed or damaged?)"
+            )
         self._atomic.__exit__(None, None, None)
-        return ClipResult(plan=self.plan, path=str(self.out_path), frames=self.written, width=self.width,
-                          height=self.height, fps=float(self.rate),
-                          samples=np.stack(self.samples) if self.samples else None)
+        return ClipResult(
+            plan=self.plan,
+            path=str(self.out_path),
+            frames=self.written,
+            width=self.width,
+            height=self.height,
+            fps=float(self.rate),
+            samples=np.stack(self.samples) if self.samples else None,
+        )
 
     def abort(self) -> None:
         try:
@@ -208,7 +216,9 @@ class TranscodeStage(Stage):
         except Exception:  # noqa: BLE001 - any failure means no encoder
             from vidforge.errors import UserInputError
 
-            raise UserInputError("this PyAV build has no libx264 encoder; install av wheels from PyPI") from None
+            raise UserInputError(
+                "this PyAV build has no libx264 encoder; install av wheels from PyPI"
+            ) from None
         Path(self.clips_dir).mkdir(parents=True, exist_ok=True)
 
     def process(self, plans):

@@ -28,8 +28,12 @@ def rank_shards(num_shards: int, seed: int, source: int, epoch: int, dp_rank: in
 
 def _rng_state(rng: np.random.Generator) -> dict:
     state = rng.bit_generator.state
-    return {"state": {k: int(v) for k, v in state["state"].items()}, "has_uint32": state["has_uint32"],
-            "uinteger": state["uinteger"], "bit_generator": state["bit_generator"]}
+    return {
+        "state": {k: int(v) for k, v in state["state"].items()},
+        "has_uint32": state["has_uint32"],
+        "uinteger": state["uinteger"],
+        "bit_generator": state["bit_generator"],
+    }
 
 
 def _set_rng(rng: np.random.Generator, state: dict) -> None:
@@ -39,8 +43,18 @@ def _set_rng(rng: np.random.Generator, state: dict) -> None:
 class SourceStream:
     """Sample references of one source for one data-parallel rank (see the module docstring)."""
 
-    def __init__(self, source: int, shard_sizes: Sequence[int], *, seed: int = 0, dp_rank: int = 0,
-                 dp_size: int = 1, shuffle_buffer: int = 1, epochs: int | None = None, name: str = ""):
+    def __init__(
+        self,
+        source: int,
+        shard_sizes: Sequence[int],
+        *,
+        seed: int = 0,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        shuffle_buffer: int = 1,
+        epochs: int | None = None,
+        name: str = "",
+    ):
         if len(shard_sizes) < dp_size:
             raise UserInputError(
                 f"source {name or source}: {len(shard_sizes)} shards for {dp_size} data-parallel ranks; every rank "
@@ -55,7 +69,9 @@ class SourceStream:
 
     def _shards(self) -> list[int]:
         if self._order_epoch != self.epoch:
-            self._order = rank_shards(len(self.sizes), self.seed, self.source, self.epoch, self.dp_rank, self.dp_size)
+            self._order = rank_shards(
+                len(self.sizes), self.seed, self.source, self.epoch, self.dp_rank, self.dp_size
+            )
             self._order_epoch = self.epoch
         return self._order
 
@@ -88,16 +104,25 @@ class SourceStream:
         return self.buffer.pop()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "shard_pos": self.shard_pos, "sample_pos": self.sample_pos,
-                "buffer": [list(r) for r in self.buffer], "rng": _rng_state(self.rng),
-                "shards": len(self.sizes), "dp": [self.dp_rank, self.dp_size], "seed": self.seed}
+        return {
+            "epoch": self.epoch,
+            "shard_pos": self.shard_pos,
+            "sample_pos": self.sample_pos,
+            "buffer": [list(r) for r in self.buffer],
+            "rng": _rng_state(self.rng),
+            "shards": len(self.sizes),
+            "dp": [self.dp_rank, self.dp_size],
+            "seed": self.seed,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = (len(self.sizes), [self.dp_rank, self.dp_size], self.seed)
         theirs = (state["shards"], list(state["dp"]), state["seed"])
         if mine != theirs:
-            raise UserInputError(f"loader state is of another setup (shards, dp rank/size, seed) {theirs}, this loader "
-                                 f"has {mine}; resume with the same data, layout and data.seed")
+            raise UserInputError(
+                f"loader state is of another setup (shards, dp rank/size, seed) {theirs}, this loader "
+                f"has {mine}; resume with the same data, layout and data.seed"
+            )
         self.epoch, self.shard_pos, self.sample_pos = state["epoch"], state["shard_pos"], state["sample_pos"]
         self.buffer = [tuple(r) for r in state["buffer"]]
         _set_rng(self.rng, state["rng"])
@@ -106,7 +131,9 @@ class SourceStream:
 class Blender:
     """Draws each sample's source with probability proportional to its weight (sources that ended drop out)."""
 
-    def __init__(self, streams: Sequence[SourceStream], weights: Sequence[float], seed: int = 0, dp_rank: int = 0):
+    def __init__(
+        self, streams: Sequence[SourceStream], weights: Sequence[float], seed: int = 0, dp_rank: int = 0
+    ):
         if len(streams) != len(weights) or not streams:
             raise ValueError("one weight per source, at least one source")
         self.streams, self.weights = list(streams), np.asarray(weights, dtype=np.float64)
@@ -127,12 +154,17 @@ class Blender:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": _rng_state(self.rng), "active": list(self.active),
-                "streams": [s.state_dict() for s in self.streams]}
+        return {
+            "rng": _rng_state(self.rng),
+            "active": list(self.active),
+            "streams": [s.state_dict() for s in self.streams],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["streams"]) != len(self.streams):
-            raise UserInputError(f"loader state has {len(state['streams'])} sources, this loader {len(self.streams)}")
+            raise UserInputError(
+                f"loader state has {len(state['streams'])} sources, this loader {len(self.streams)}"
+            )
         _set_rng(self.rng, state["rng"])
         self.active = list(state["active"])
         for s, st in zip(self.streams, state["streams"], strict=True):

@@ -49,7 +49,9 @@ def merge_shares(parts: Sequence[Sequence[tuple[int, Any]]], n: int) -> list[Any
         for pos, sample in part:
             slots[pos], filled[pos] = sample, True
     if not all(filled):
-        raise RuntimeError(f"model-parallel group exchange lost positions {[i for i, f in enumerate(filled) if not f]}")
+        raise RuntimeError(
+            f"model-parallel group exchange lost positions {[i for i, f in enumerate(filled) if not f]}"
+        )
     return slots
 
 
@@ -78,10 +80,22 @@ class GroupComm:
 class ShardLoader:
     """See the module docstring. `sources` are shard directories, or (directory, weight) pairs."""
 
-    def __init__(self, sources: Sequence[str | os.PathLike | tuple[str | os.PathLike, float]], *, split: str = "train",
-                 seed: int = 0, shuffle_buffer: int = 256, epochs: int | None = None, dp_rank: int = 0,
-                 dp_size: int = 1, on_error: str = "skip", verify: str = "sha256", group: GroupComm | None = None,
-                 decode_media: bool = False, cache_shards: int = 64):
+    def __init__(
+        self,
+        sources: Sequence[str | os.PathLike | tuple[str | os.PathLike, float]],
+        *,
+        split: str = "train",
+        seed: int = 0,
+        shuffle_buffer: int = 256,
+        epochs: int | None = None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        on_error: str = "skip",
+        verify: str = "sha256",
+        group: GroupComm | None = None,
+        decode_media: bool = False,
+        cache_shards: int = 64,
+    ):
         if not sources:
             raise ValueError("ShardLoader needs at least one source")
         pairs = [(s, 1.0) if not isinstance(s, tuple) else s for s in sources]
@@ -93,8 +107,18 @@ class ShardLoader:
                 from vidforge.errors import UserInputError
 
                 raise UserInputError(f"{ix.root}: no shards of split {split!r}")
-            streams.append(SourceStream(i, [s.samples for s in shards], seed=seed, dp_rank=dp_rank, dp_size=dp_size,
-                                        shuffle_buffer=shuffle_buffer, epochs=epochs, name=str(ix.root)))
+            streams.append(
+                SourceStream(
+                    i,
+                    [s.samples for s in shards],
+                    seed=seed,
+                    dp_rank=dp_rank,
+                    dp_size=dp_size,
+                    shuffle_buffer=shuffle_buffer,
+                    epochs=epochs,
+                    name=str(ix.root),
+                )
+            )
         self.blender = Blender(streams, [w for _, w in pairs], seed=seed, dp_rank=dp_rank)
         self.on_error, self.verify, self.group, self.decode_media = on_error, verify, group, decode_media
         self.pending: list[tuple[Ref, dict | None]] = []  # fetched (group exchange) but not yet returned
@@ -104,14 +128,32 @@ class ShardLoader:
         self.stats = {"yielded": 0, "skipped_samples": 0, "skipped_shards": 0}
 
     @classmethod
-    def from_profile(cls, profile: Any, paths: Sequence[str | os.PathLike] = (), *, split: str = "train",
-                     dp_rank: int = 0, dp_size: int = 1, group: GroupComm | None = None,
-                     decode_media: bool = False) -> ShardLoader:
+    def from_profile(
+        cls,
+        profile: Any,
+        paths: Sequence[str | os.PathLike] = (),
+        *,
+        split: str = "train",
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        group: GroupComm | None = None,
+        decode_media: bool = False,
+    ) -> ShardLoader:
         cfg = profile.data
         sources: list[Any] = [(s.path, s.weight) for s in cfg.sources] or [(p, 1.0) for p in paths]
-        return cls(sources, split=split, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, epochs=cfg.epochs,
-                   dp_rank=dp_rank, dp_size=dp_size, on_error=cfg.on_error, verify=cfg.verify, group=group,
-                   decode_media=decode_media)
+        return cls(
+            sources,
+            split=split,
+            seed=cfg.seed,
+            shuffle_buffer=cfg.shuffle_buffer,
+            epochs=cfg.epochs,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            on_error=cfg.on_error,
+            verify=cfg.verify,
+            group=group,
+            decode_media=decode_media,
+        )
 
     # --- fetching ---------------------------------------------------------------------------------------
 
@@ -210,8 +252,12 @@ class ShardLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Exact position: the blender and every source stream, plus samples fetched but not returned."""
-        return {"version": 1, "blender": self.blender.state_dict(), "pending": [list(r) for r, _ in self.pending],
-                "sources": [str(Path(ix.root)) for ix in self.indexes]}
+        return {
+            "version": 1,
+            "blender": self.blender.state_dict(),
+            "pending": [list(r) for r, _ in self.pending],
+            "sources": [str(Path(ix.root)) for ix in self.indexes],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.blender.load_state_dict(state["blender"])

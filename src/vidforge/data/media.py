@@ -19,7 +19,9 @@ class MediaError(ValueError):
     """A media file that cannot be decoded (missing, truncated, not a video or image)."""
 
 
-def media_kind(name: str | os.PathLike, image_extensions: tuple[str, ...] | list[str] = IMAGE_EXTENSIONS) -> str:
+def media_kind(
+    name: str | os.PathLike, image_extensions: tuple[str, ...] | list[str] = IMAGE_EXTENSIONS
+) -> str:
     """`image` or `video` by file extension."""
     ext = Path(name).suffix.lower().lstrip(".")
     return "image" if ext in {e.lower() for e in image_extensions} else "video"
@@ -85,14 +87,23 @@ def probe(path: str | os.PathLike, kind: str) -> dict:
             if not frames:  # containers without a frame count: count packets
                 frames = sum(1 for p in container.demux(stream) if p.size)
             fps = float(stream.average_rate or 0)
-            return {"width": stream.codec_context.width, "height": stream.codec_context.height,
-                    "frames": int(frames), "fps": fps}
+            return {
+                "width": stream.codec_context.width,
+                "height": stream.codec_context.height,
+                "frames": int(frames),
+                "fps": fps,
+            }
     except (av.FFmpegError, IndexError, OSError) as err:
         raise MediaError(f"not a readable video: {err}") from None
 
 
-def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float = 8.0, codec: str = "libx264",
-                lossless: bool = False) -> None:
+def write_video(
+    path: str | os.PathLike,
+    frames: np.ndarray,
+    fps: float = 8.0,
+    codec: str = "libx264",
+    lossless: bool = False,
+) -> None:
     """Write (T, H, W, 3) uint8 frames as an mp4 (tests, the decode side of `infer`). Even sizes for yuv420."""
     import av
 
@@ -103,7 +114,9 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float = 8.0, c
         if lossless:
             stream.options = {"qp": "0", "preset": "ultrafast"}
         for array in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(array), format="rgb24")):
+            for packet in stream.encode(
+                av.VideoFrame.from_ndarray(np.ascontiguousarray(array), format="rgb24")
+            ):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)

@@ -111,8 +111,10 @@ class _Batcher:
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        return {"loader": self.loader.state_dict(),
-                "buffer": [[*s["__ref__"], s.get("__waited__", 0)] for s in self.buffer]}
+        return {
+            "loader": self.loader.state_dict(),
+            "buffer": [[*s["__ref__"], s.get("__waited__", 0)] for s in self.buffer],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state["loader"])
@@ -149,8 +151,12 @@ class Packer(_Batcher):
         while len(self.buffer) < self.buffer_size and not self._ended:
             if self._pull() and self._length(self.buffer[-1]) > self.budget:
                 s = self.buffer.pop()
-                log.warning("skipping %s: %d tokens exceed data.token_budget=%d", s["__key__"], self._length(s),
-                            self.budget)
+                log.warning(
+                    "skipping %s: %d tokens exceed data.token_budget=%d",
+                    s["__key__"],
+                    self._length(s),
+                    self.budget,
+                )
                 self.stats["skipped_too_long"] += 1
         if not self.buffer:
             return None
@@ -175,8 +181,16 @@ class Packer(_Batcher):
         self.stats["batches"] += 1
         self.stats["tokens"] += layout.total
         self.stats["capacity"] += self.budget
-        return PackedBatch(tokens, layout, emb, mask, [s["__key__"] for s in picked],
-                           [tuple(x.shape) for x in latents], self.budget, [s.get("json", {}) for s in picked])
+        return PackedBatch(
+            tokens,
+            layout,
+            emb,
+            mask,
+            [s["__key__"] for s in picked],
+            [tuple(x.shape) for x in latents],
+            self.budget,
+            [s.get("json", {}) for s in picked],
+        )
 
 
 class Bucketer(_Batcher):
@@ -193,12 +207,16 @@ class Bucketer(_Batcher):
                 by_shape.setdefault(tuple(s["latent.npy"].shape), []).append(i)
             full = [ix for ix in by_shape.values() if len(ix) >= self.batch_size]
             if full or (self._ended and self.buffer):
-                chosen = (min(full, key=lambda ix: ix[0]) if full else next(iter(by_shape.values())))[: self.batch_size]
+                chosen = (min(full, key=lambda ix: ix[0]) if full else next(iter(by_shape.values())))[
+                    : self.batch_size
+                ]
                 picked = [self.buffer[i] for i in chosen]
                 self.buffer = [s for i, s in enumerate(self.buffer) if i not in set(chosen)]
                 latents = torch.from_numpy(np.stack([s["latent.npy"] for s in picked]).astype(np.float32))
                 emb, mask = _text(picked)
-                return BucketBatch(latents, emb, mask, [s["__key__"] for s in picked], [s.get("json", {}) for s in picked])
+                return BucketBatch(
+                    latents, emb, mask, [s["__key__"] for s in picked], [s.get("json", {}) for s in picked]
+                )
             if self._ended:
                 return None
             self._pull()

@@ -60,8 +60,16 @@ def write_index(root: str | os.PathLike, kind: str, shards: list[dict[str, Any]]
     splits: dict[str, int] = {}
     for s in shards:
         splits[s["split"]] = splits.get(s["split"], 0) + s["samples"]
-    index = {"format": FORMAT, "version": 1, "kind": kind, "samples": sum(s["samples"] for s in shards),
-             "bytes": sum(s["bytes"] for s in shards), "splits": splits, **meta, "shards": shards}
+    index = {
+        "format": FORMAT,
+        "version": 1,
+        "kind": kind,
+        "samples": sum(s["samples"] for s in shards),
+        "bytes": sum(s["bytes"] for s in shards),
+        "splits": splits,
+        **meta,
+        "shards": shards,
+    }
     write_json(Path(root) / INDEX, index)
     return index
 
@@ -71,8 +79,10 @@ def read_index(root: str | os.PathLike) -> ShardIndex:
     root = Path(root)
     path = root / INDEX
     if not path.is_file():
-        raise UserInputError(f"{root}: no {INDEX}; pass the output directory of `vidforge shard` or "
-                             "`vidforge tokenize` (a run that did not finish writes no index: rerun it)")
+        raise UserInputError(
+            f"{root}: no {INDEX}; pass the output directory of `vidforge shard` or "
+            "`vidforge tokenize` (a run that did not finish writes no index: rerun it)"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:

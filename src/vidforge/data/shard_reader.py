@@ -84,14 +84,18 @@ def scan_shard(path: str | os.PathLike) -> list[SampleMembers]:
     return samples
 
 
-def check_shard(path: str | os.PathLike, entry: ShardEntry | None, verify: str = "sha256") -> list[SampleMembers]:
+def check_shard(
+    path: str | os.PathLike, entry: ShardEntry | None, verify: str = "sha256"
+) -> list[SampleMembers]:
     """scan_shard plus the checks against the index entry that `verify` asks for."""
     path = Path(path)
     if not path.is_file():
         raise ShardError(f"{path.name}: missing")
     if entry is not None and verify == "sha256":
         if path.stat().st_size != entry.bytes:
-            raise ShardError(f"{path.name}: {path.stat().st_size} bytes, index says {entry.bytes} (truncated?)")
+            raise ShardError(
+                f"{path.name}: {path.stat().st_size} bytes, index says {entry.bytes} (truncated?)"
+            )
         if sha256_file(path) != entry.sha256:
             raise ShardError(f"{path.name}: sha256 differs from the index (corrupt)")
     samples = scan_shard(path)
@@ -135,8 +139,9 @@ def decode_members(key: str, members: dict[str, bytes]) -> dict[str, Any]:
     return out
 
 
-def iter_shard(path: str | os.PathLike, entry: ShardEntry | None = None, verify: str = "sha256",
-               decode: bool = True) -> Iterator[dict[str, Any]]:
+def iter_shard(
+    path: str | os.PathLike, entry: ShardEntry | None = None, verify: str = "sha256", decode: bool = True
+) -> Iterator[dict[str, Any]]:
     """Every sample of one shard in order (checked first). Raises ShardError / SampleError."""
     samples = check_shard(path, entry, verify)
     with open(path, "rb") as f:

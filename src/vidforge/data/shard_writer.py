@@ -103,8 +103,12 @@ class ShardWriter:
         self._tar.close()
         self._file.close()
         self._atomic.__exit__(None, None, None)
-        return {"name": self.path.name, "samples": self.samples, "bytes": self._hash.size,
-                "sha256": self._hash.sha.hexdigest()}
+        return {
+            "name": self.path.name,
+            "samples": self.samples,
+            "bytes": self._hash.size,
+            "sha256": self._hash.sha.hexdigest(),
+        }
 
     def abort(self) -> None:
         self._tar.close()

@@ -75,16 +75,27 @@ class ShardSummary:
         return self.bytes_written / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"out": self.out, "shards": self.shards, "written": self.written, "skipped": self.skipped,
-                "samples": self.samples, "train": self.train, "val": self.val, "rejected": self.rejected,
-                "bytes_written": self.bytes_written, "seconds": round(self.seconds, 3),
-                "MB/s": round(self.mb_per_s, 2)}
+        return {
+            "out": self.out,
+            "shards": self.shards,
+            "written": self.written,
+            "skipped": self.skipped,
+            "samples": self.samples,
+            "train": self.train,
+            "val": self.val,
+            "rejected": self.rejected,
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "MB/s": round(self.mb_per_s, 2),
+        }
 
 
 def _kept_records(annotated_dir: Path) -> list[dict]:
     manifest = annotated_dir / MANIFEST
     if not manifest.is_file():
-        raise UserInputError(f"{annotated_dir}: no {MANIFEST}; pass the output directory of `vidforge caption`")
+        raise UserInputError(
+            f"{annotated_dir}: no {MANIFEST}; pass the output directory of `vidforge caption`"
+        )
     try:
         records = read_jsonl(manifest)
     except ValueError as err:
@@ -92,8 +103,11 @@ def _kept_records(annotated_dir: Path) -> list[dict]:
     return [r for r in records if r.get("keep", True) is True]
 
 
-def plan_shards(annotated_dir: str | os.PathLike, profile: Any, text_shape: tuple[int, int],
-                ) -> tuple[list[PlannedShard], list[dict]]:
+def plan_shards(
+    annotated_dir: str | os.PathLike,
+    profile: Any,
+    text_shape: tuple[int, int],
+) -> tuple[list[PlannedShard], list[dict]]:
     """Shards to write and records rejected (unreadable media, missing file, too short for any bucket)."""
     cfg = profile.data
     annotated_dir = Path(annotated_dir)
@@ -126,31 +140,53 @@ def plan_shards(annotated_dir: str | os.PathLike, profile: Any, text_shape: tupl
         n_frames = frame_bucket(info["frames"], cfg.frame_buckets)
         if cfg.group_by_bucket:
             if n_frames is None:
-                errors.append({"clip_id": raw_key, "media": media,
-                               "reason": f"{info['frames']} frames: shorter than every data.frame_buckets"})
+                errors.append(
+                    {
+                        "clip_id": raw_key,
+                        "media": media,
+                        "reason": f"{info['frames']} frames: shorter than every data.frame_buckets",
+                    }
+                )
                 continue
             bucket = bucket_label(*h_w, n_frames)
         seen.add(key)
         split = split_of(key, cfg.val_fraction, cfg.split_seed)
         ext = path.suffix.lower().lstrip(".")
         caption = str(record.get("caption") or "")
-        meta = {**record, "key": key, "split": split, "bucket": bucket, "media_kind": kind,
-                "probe": info, "resolution_bucket": list(h_w), "frame_bucket": n_frames}
-        size = (member_bytes(path.stat().st_size) + member_bytes(len(json_bytes(meta)))
-                + member_bytes(len(caption.encode("utf-8"))) + emb_bytes + mask_bytes)
+        meta = {
+            **record,
+            "key": key,
+            "split": split,
+            "bucket": bucket,
+            "media_kind": kind,
+            "probe": info,
+            "resolution_bucket": list(h_w),
+            "frame_bucket": n_frames,
+        }
+        size = (
+            member_bytes(path.stat().st_size)
+            + member_bytes(len(json_bytes(meta)))
+            + member_bytes(len(caption.encode("utf-8")))
+            + emb_bytes
+            + mask_bytes
+        )
         samples.setdefault((split, bucket), []).append(PlannedSample(key, path, ext, caption, meta, size))
     shards: list[PlannedShard] = []
-    for (split, bucket) in sorted(samples):
+    for split, bucket in sorted(samples):
         group = sorted(samples[(split, bucket)], key=lambda s: s.key)
         prefix = split if not cfg.group_by_bucket else f"{split}-{bucket}"
         current: PlannedShard | None = None
         size = 0
         for s in group:
-            full = current is not None and (len(current.samples) >= cfg.shard_max_samples
-                                            or size + s.bytes + 1024 > cfg.shard_max_bytes)
+            full = current is not None and (
+                len(current.samples) >= cfg.shard_max_samples or size + s.bytes + 1024 > cfg.shard_max_bytes
+            )
             if current is None or full:
-                current = PlannedShard(f"{prefix}-{sum(1 for x in shards if x.name.startswith(prefix + '-')):06d}.tar",
-                                       split, bucket)
+                current = PlannedShard(
+                    f"{prefix}-{sum(1 for x in shards if x.name.startswith(prefix + '-')):06d}.tar",
+                    split,
+                    bucket,
+                )
                 shards.append(current)
                 size = 0
             current.samples.append(s)
@@ -163,20 +199,35 @@ def write_shard(path: Path, shard: PlannedShard, encoder: Any) -> dict[str, Any]
     hidden, mask = encoder.encode([s.caption for s in shard.samples])
     with ShardWriter(path) as writer:
         for s, h, m in zip(shard.samples, hidden, mask, strict=True):
-            writer.add(s.key, {s.ext: s.path.read_bytes(), "json": json_bytes(s.meta),
-                               "txt": s.caption.encode("utf-8"), "text_emb.npy": npy_bytes(h),
-                               "text_mask.npy": npy_bytes(m)})
+            writer.add(
+                s.key,
+                {
+                    s.ext: s.path.read_bytes(),
+                    "json": json_bytes(s.meta),
+                    "txt": s.caption.encode("utf-8"),
+                    "text_emb.npy": npy_bytes(h),
+                    "text_mask.npy": npy_bytes(m),
+                },
+            )
         entry = writer.close()
     return {**entry, "split": shard.split, "bucket": shard.bucket, "keys_digest": shard.keys_digest}
 
 
-def run(profile: Any, annotated_dir: str | os.PathLike, out: str | os.PathLike, *, encoder: Any = None,
-        on_shard: Callable[[dict[str, Any], int], None] | None = None) -> ShardSummary:
+def run(
+    profile: Any,
+    annotated_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    encoder: Any = None,
+    on_shard: Callable[[dict[str, Any], int], None] | None = None,
+) -> ShardSummary:
     """Shard the kept clips of `annotated_dir` into `out`. `on_shard(entry, total)` is called per shard
     (written or skipped). The text encoder is built from the profile unless one is passed."""
     annotated_dir, out = Path(annotated_dir), Path(out)
     if not annotated_dir.is_dir():
-        raise UserInputError(f"{annotated_dir}: not a directory; pass the output directory of `vidforge caption`")
+        raise UserInputError(
+            f"{annotated_dir}: not a directory; pass the output directory of `vidforge caption`"
+        )
     if out.resolve() == annotated_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
     if encoder is None:
@@ -209,11 +260,21 @@ def run(profile: Any, annotated_dir: str | os.PathLike, out: str | os.PathLike, 
     for stale in out.glob("*.tar"):  # shards of an earlier plan (the input changed): not in the index
         if stale.name not in planned:
             stale.unlink()
-    records = [{k: s.meta[k] for k in ("key", "split", "bucket", "media_kind", "caption", "probe") if k in s.meta}
-               | {"shard": sh.name} for sh in shards for s in sh.samples]
+    records = [
+        {k: s.meta[k] for k in ("key", "split", "bucket", "media_kind", "caption", "probe") if k in s.meta}
+        | {"shard": sh.name}
+        for sh in shards
+        for s in sh.samples
+    ]
     write_jsonl(out / MANIFEST, records)
     write_jsonl(out / ERRORS, errors)
     summary.seconds = time.perf_counter() - started
-    write_index(out, "media", entries, created_by="vidforge shard", text_encoder=encoder.describe(),
-                source=str(annotated_dir))
+    write_index(
+        out,
+        "media",
+        entries,
+        created_by="vidforge shard",
+        text_encoder=encoder.describe(),
+        source=str(annotated_dir),
+    )
     return summary

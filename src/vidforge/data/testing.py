@@ -11,8 +11,10 @@ import numpy as np
 from vidforge.data.manifest import stable_id, write_jsonl
 from vidforge.data.media import write_video
 
-WORDS = ("a red ball rolls across a wooden table while the camera slowly pans to the left under warm light "
-         "a dog runs along the beach at sunset waves breaking behind it city traffic at night seen from above").split()
+WORDS = (
+    "a red ball rolls across a wooden table while the camera slowly pans to the left under warm light "
+    "a dog runs along the beach at sunset waves breaking behind it city traffic at night seen from above"
+).split()
 
 
 def synthetic_frames(frames: int, height: int, width: int, seed: int) -> np.ndarray:
@@ -29,9 +31,16 @@ def synthetic_frames(frames: int, height: int, width: int, seed: int) -> np.ndar
     return out
 
 
-def make_annotated_dir(out: str | os.PathLike, videos: int = 4, images: int = 2, rejected: int = 1,
-                       size: tuple[int, int] = (48, 64), frames: tuple[int, int] = (9, 20), seed: int = 0,
-                       caption_words: tuple[int, int] = (4, 30)) -> Path:
+def make_annotated_dir(
+    out: str | os.PathLike,
+    videos: int = 4,
+    images: int = 2,
+    rejected: int = 1,
+    size: tuple[int, int] = (48, 64),
+    frames: tuple[int, int] = (9, 20),
+    seed: int = 0,
+    caption_words: tuple[int, int] = (4, 30),
+) -> Path:
     """Write `videos` mp4 clips and `images` images (png, jpg, webp in turn) plus `rejected` clips with
     keep=false, and the manifest. Sizes vary around `size` (H, W); frame counts within `frames`."""
     out = Path(out)
@@ -55,17 +64,38 @@ def make_annotated_dir(out: str | os.PathLike, videos: int = 4, images: int = 2,
             write_video(out / media, pixels, fps=8)
         caption = " ".join(rng.choice(WORDS, int(rng.integers(*caption_words))))
         keep = i < videos + images
-        records.append({"clip_id": clip_id, "source": f"synthetic/{i}.mp4", "start_frame": 0, "end_frame": n,
-                        "start_s": 0.0, "end_s": n / 8, "fps": 8.0, "width": w, "height": h, "frames": n,
-                        "caption": caption, "keep": keep, "reasons": [] if keep else ["too static"],
-                        "media": media})
+        records.append(
+            {
+                "clip_id": clip_id,
+                "source": f"synthetic/{i}.mp4",
+                "start_frame": 0,
+                "end_frame": n,
+                "start_s": 0.0,
+                "end_s": n / 8,
+                "fps": 8.0,
+                "width": w,
+                "height": h,
+                "frames": n,
+                "caption": caption,
+                "keep": keep,
+                "reasons": [] if keep else ["too static"],
+                "media": media,
+            }
+        )
     write_jsonl(out / "manifest.jsonl", records)
     return out
 
 
-def make_latent_shards(out: str | os.PathLike, shards: int = 4, per_shard: int = 6, channels: int = 4,
-                       shapes: tuple[tuple[int, int, int], ...] = ((1, 4, 4), (2, 4, 6), (3, 6, 4), (5, 4, 4)),
-                       text_shape: tuple[int, int] = (8, 16), seed: int = 0, val_shards: int = 0) -> Path:
+def make_latent_shards(
+    out: str | os.PathLike,
+    shards: int = 4,
+    per_shard: int = 6,
+    channels: int = 4,
+    shapes: tuple[tuple[int, int, int], ...] = ((1, 4, 4), (2, 4, 6), (3, 6, 4), (5, 4, 4)),
+    text_shape: tuple[int, int] = (8, 16),
+    seed: int = 0,
+    val_shards: int = 0,
+) -> Path:
     """Latent shards as `vidforge tokenize` writes them (latent.npy (C, T, H, W), text_emb/mask, json, txt)
     with the index, filled so every value identifies its sample: latent = sample number + position/1000."""
     from vidforge.data.shard_index import write_index
@@ -80,14 +110,23 @@ def make_latent_shards(out: str | os.PathLike, shards: int = 4, per_shard: int =
         with ShardWriter(out / f"{split}-{s:06d}.tar") as writer:
             for _ in range(per_shard):
                 t, h, w = shapes[int(rng.integers(len(shapes)))]
-                latent = (number + np.arange(channels * t * h * w).reshape(channels, t, h, w) / 1e4).astype(np.float32)
+                latent = (number + np.arange(channels * t * h * w).reshape(channels, t, h, w) / 1e4).astype(
+                    np.float32
+                )
                 length = int(rng.integers(1, text_shape[0] + 1))
                 mask = np.arange(text_shape[0]) < length
                 emb = (rng.standard_normal(text_shape) * mask[:, None]).astype(np.float16)
                 key = f"s{number:06d}"
-                writer.add(key, {"latent.npy": npy_bytes(latent), "text_emb.npy": npy_bytes(emb),
-                                 "text_mask.npy": npy_bytes(mask), "txt": f"caption {number}".encode(),
-                                 "json": json_bytes({"key": key, "number": number, "latent_shape": latent.shape})})
+                writer.add(
+                    key,
+                    {
+                        "latent.npy": npy_bytes(latent),
+                        "text_emb.npy": npy_bytes(emb),
+                        "text_mask.npy": npy_bytes(mask),
+                        "txt": f"caption {number}".encode(),
+                        "json": json_bytes({"key": key, "number": number, "latent_shape": latent.shape}),
+                    },
+                )
                 number += 1
             entries.append({**writer.close(), "split": split, "bucket": "all"})
     write_index(out, "latent", entries, created_by="vidforge.data.testing")

@@ -35,7 +35,9 @@ class UnitLedger:
     def is_done(self, unit_key: str) -> bool:
         return self._path(unit_key).is_file()
 
-    def commit(self, unit_key: str, records: Iterable[dict[str, Any]], errors: Iterable[dict[str, Any]] = ()) -> None:
+    def commit(
+        self, unit_key: str, records: Iterable[dict[str, Any]], errors: Iterable[dict[str, Any]] = ()
+    ) -> None:
         """Record a finished unit. Its media files must already be in place (renamed into final names)."""
         lines = [{"kind": "record", "unit": unit_key, "data": r} for r in records]
         lines += [{"kind": "error", "unit": unit_key, "data": e} for e in errors]

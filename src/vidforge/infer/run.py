@@ -90,7 +90,9 @@ def run(
     profile: str | None = None,
 ) -> InferResult:
     if not prompts or any(not p.strip() for p in prompts):
-        raise UserInputError("--prompt: give at least one non-empty prompt (or --prompts-file with one per line)")
+        raise UserInputError(
+            "--prompt: give at least one non-empty prompt (or --prompts-file with one per line)"
+        )
     export = find_export(checkpoint)
     prof = checkpoint_profile(export, overrides, profile)
     device = "cuda" if prof.cluster.accelerator.kind == "cuda" and torch.cuda.is_available() else "cpu"
@@ -117,7 +119,13 @@ def run(
         emb, mask = encoder.encode(chunk)
         seeds = [prof.infer.seed + first + i for i in range(len(chunk))]
         latents = sample_latents(
-            model, prof, torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask), seeds, latent_shape, negative
+            model,
+            prof,
+            torch.from_numpy(emb.astype(np.float32)),
+            torch.from_numpy(mask),
+            seeds,
+            latent_shape,
+            negative,
         )
         for i, (prompt, seed) in enumerate(zip(chunk, seeds, strict=True)):
             frames = decode(tokenizer, latents[i].float().cpu())
@@ -125,8 +133,16 @@ def run(
             write_mp4(path, frames, prof.infer.fps, prof.infer.crf)
             videos.append(frames)
             labels.append(prompt)
-            records.append({"prompt": prompt, "seed": seed, "video": path.name, "frames": len(frames),
-                            "height": frames.shape[1], "width": frames.shape[2]})
+            records.append(
+                {
+                    "prompt": prompt,
+                    "seed": seed,
+                    "video": path.name,
+                    "frames": len(frames),
+                    "height": frames.shape[1],
+                    "width": frames.shape[2],
+                }
+            )
     seconds = time.perf_counter() - started
     sheet = out / "contact_sheet.png"
     contact_sheet(sheet, videos, labels)

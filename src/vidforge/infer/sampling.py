@@ -15,7 +15,9 @@ from vidforge.profile import RunProfile
 def initial_noise(seeds: Sequence[int], latent_shape: Sequence[int]) -> torch.Tensor:
     """Standard normal noise, one generator per sample: a prompt's video depends on its seed only, not
     on which other prompts share its batch."""
-    return torch.stack([torch.randn(tuple(latent_shape), generator=torch.Generator().manual_seed(s)) for s in seeds])
+    return torch.stack(
+        [torch.randn(tuple(latent_shape), generator=torch.Generator().manual_seed(s)) for s in seeds]
+    )
 
 
 @torch.no_grad()

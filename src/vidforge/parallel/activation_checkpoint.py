@@ -20,7 +20,9 @@ def checkpointed_indices(num_blocks: int, mode: str, ratio: float) -> list[int]:
     return sorted({int(i * num_blocks / count) for i in range(count)}) if count else []
 
 
-def apply_activation_checkpointing(blocks: nn.ModuleDict | nn.ModuleList, mode: str, ratio: float = 0.5) -> list[int]:
+def apply_activation_checkpointing(
+    blocks: nn.ModuleDict | nn.ModuleList, mode: str, ratio: float = 0.5
+) -> list[int]:
     """Wrap the chosen blocks in place (a ModuleDict keeps its keys); returns their positions."""
     keys = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else list(range(len(blocks)))
     chosen = checkpointed_indices(len(keys), mode, ratio)

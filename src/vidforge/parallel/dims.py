@@ -64,7 +64,9 @@ class ParallelDims:
     @cached_property
     def mesh(self) -> DeviceMesh:
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised; call vidforge.parallel.dims.init_distributed()")
+            raise RuntimeError(
+                "torch.distributed is not initialised; call vidforge.parallel.dims.init_distributed()"
+            )
         if dist.get_world_size() != self.world_size:
             raise RuntimeError(
                 f"the layout {self.layout.describe()} needs {self.world_size} ranks, but {dist.get_world_size()} "

@@ -55,6 +55,8 @@ def apply_float8(model: nn.Module, device: torch.device) -> list[str]:
     check_float8_available(device)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and float8_eligible(m, name)]
+    names = [
+        name for name, m in model.named_modules() if isinstance(m, nn.Linear) and float8_eligible(m, name)
+    ]
     convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=float8_eligible)
     return names

@@ -27,7 +27,9 @@ def slurm_to_torch_env() -> bool:
     env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
     env.setdefault("MASTER_PORT", "29500")
     if "MASTER_ADDR" not in env:
-        raise RuntimeError("SLURM run without MASTER_ADDR: export it in the batch script (see commands/train-slurm.sbatch)")
+        raise RuntimeError(
+            "SLURM run without MASTER_ADDR: export it in the batch script (see commands/train-slurm.sbatch)"
+        )
     return True
 
 
@@ -48,7 +50,13 @@ def relaunch_under_torchrun(nproc: int, argv: Sequence[str] | None = None) -> in
             continue
         cleaned.append(arg)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "-m", "vidforge.cli.app", *cleaned,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "vidforge.cli.app",
+        *cleaned,
     ]
     return subprocess.call(command)

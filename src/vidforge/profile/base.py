@@ -9,4 +9,6 @@ class Section(BaseModel):
     """A part of the run-profile. Frozen so a profile cannot drift while a run uses it; unknown keys are
     errors so a typo in YAML never silently falls back to a default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True
+    )

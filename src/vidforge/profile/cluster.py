@@ -38,7 +38,9 @@ class Accelerator(Section):
     def _from_name(cls, value: object) -> object:
         if isinstance(value, str):
             if value not in KNOWN_ACCELERATORS:
-                raise ValueError(f"unknown accelerator {value!r}; use one of {sorted(KNOWN_ACCELERATORS)} or a mapping")
+                raise ValueError(
+                    f"unknown accelerator {value!r}; use one of {sorted(KNOWN_ACCELERATORS)} or a mapping"
+                )
             return {"name": value, **KNOWN_ACCELERATORS[value]}
         return value
 

@@ -61,7 +61,9 @@ def load_profile(profile: str | os.PathLike | None = None, overrides: Sequence[s
         at = f" at line {mark.line + 1}" if mark else ""
         raise ProfileError(f"{where}: not valid YAML{at}: {getattr(err, 'problem', err)}") from None
     if loaded is not None and not isinstance(loaded, dict):
-        raise ProfileError(f"{where}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        raise ProfileError(
+            f"{where}: the top level must be a mapping of sections, got {type(loaded).__name__}"
+        )
     data: dict[str, Any] = loaded or {}
     data.setdefault("name", path.stem)
     for item in overrides:

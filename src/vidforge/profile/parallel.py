@@ -44,19 +44,21 @@ class Parallel(Section):
     @model_validator(mode="after")
     def _check(self) -> Parallel:
         if self.dp_shard == 0 or self.dp_shard < -1:
-            raise ValueError(f"dp_shard: must be >= 1, or -1 for the rest of the world size, got {self.dp_shard}")
+            raise ValueError(
+                f"dp_shard: must be >= 1, or -1 for the rest of the world size, got {self.dp_shard}"
+            )
         if self.pp_schedule == "interleaved-1f1b" and self.vpp < 2:
             raise ValueError("pp_schedule: interleaved-1f1b needs parallel.vpp >= 2; set vpp or use 1f1b")
         if self.vpp > 1 and self.pp_schedule != "interleaved-1f1b":
-            raise ValueError(f"vpp: {self.vpp} virtual stages need pp_schedule=interleaved-1f1b, got {self.pp_schedule}")
+            raise ValueError(
+                f"vpp: {self.vpp} virtual stages need pp_schedule=interleaved-1f1b, got {self.pp_schedule}"
+            )
         return self
 
     def resolve(self, world_size: int) -> Layout:
         """The concrete degrees for a world size. Raises ValueError naming the fields when they don't fit."""
         fixed = self.pp * self.dp_replicate * self.cp * self.tp
-        fixed_desc = (
-            f"pp={self.pp} x dp_replicate={self.dp_replicate} x cp={self.cp} x tp={self.tp}"
-        )
+        fixed_desc = f"pp={self.pp} x dp_replicate={self.dp_replicate} x cp={self.cp} x tp={self.tp}"
         if self.dp_shard == -1:
             if world_size % fixed:
                 raise ValueError(

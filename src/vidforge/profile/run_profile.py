@@ -69,7 +69,9 @@ def layout_problems(profile: RunProfile) -> list[str]:
             f"model.heads={model.heads}; use cp_impl=ring or all-gather, or another cp"
         )
     if par.cp > 1 and par.cp_impl == "st-hybrid" and model.architecture != "stdit":
-        problems.append("parallel.cp_impl: st-hybrid is for model.architecture=stdit; use all-gather, ring or ulysses")
+        problems.append(
+            "parallel.cp_impl: st-hybrid is for model.architecture=stdit; use all-gather, ring or ulysses"
+        )
     stages = par.pp * par.vpp
     if model.layers % stages:
         problems.append(

@@ -49,7 +49,9 @@ class Tokenizer(Section):
     @model_validator(mode="after")
     def _check(self) -> Tokenizer:
         if self.tile_stride > self.tile_size:
-            raise ValueError(f"tile_stride: must be <= tokenizer.tile_size={self.tile_size}, got {self.tile_stride}")
+            raise ValueError(
+                f"tile_stride: must be <= tokenizer.tile_size={self.tile_size}, got {self.tile_stride}"
+            )
         if self.tile_size % self.spatial_compression or self.tile_stride % self.spatial_compression:
             raise ValueError(
                 f"tile_size: tile_size and tile_stride must be multiples of spatial_compression="

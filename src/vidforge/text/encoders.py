@@ -47,7 +47,9 @@ class TextEncoderBase(ABC):
             hidden_parts.append(hidden.to(torch.float16).cpu().numpy())
             mask_parts.append(mask.bool().cpu().numpy())
         if not hidden_parts:
-            return np.zeros((0, self.max_length, self.width), np.float16), np.zeros((0, self.max_length), bool)
+            return np.zeros((0, self.max_length, self.width), np.float16), np.zeros(
+                (0, self.max_length), bool
+            )
         return np.concatenate(hidden_parts), np.concatenate(mask_parts)
 
     @abstractmethod
@@ -58,9 +60,17 @@ class TextEncoderBase(ABC):
 class OpenClipTextEncoder(TextEncoderBase):
     """An open-clip text tower's final-layer token states (after ln_final, before the pooled projection)."""
 
-    def __init__(self, arch: str = "ViT-B-32", path: str | None = None, max_length: int = 77,
-                 random_width: int = 32, random_layers: int = 2, seed: int = 0, device: str = "auto",
-                 batch_size: int = 32):
+    def __init__(
+        self,
+        arch: str = "ViT-B-32",
+        path: str | None = None,
+        max_length: int = 77,
+        random_width: int = 32,
+        random_layers: int = 2,
+        seed: int = 0,
+        device: str = "auto",
+        batch_size: int = 32,
+    ):
         super().__init__(batch_size)
         import open_clip
 
@@ -83,10 +93,17 @@ class OpenClipTextEncoder(TextEncoderBase):
             context = 77
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                self.tower = TextTransformer(context_length=context, width=random_width, heads=heads,
-                                             layers=random_layers, output_dim=random_width)
-            self.note = (f"RANDOM open-clip text tower (width {random_width}, {random_layers} layers, seed {seed}); "
-                         "no checkpoint given (text_encoder.path): embeddings carry no meaning")
+                self.tower = TextTransformer(
+                    context_length=context,
+                    width=random_width,
+                    heads=heads,
+                    layers=random_layers,
+                    output_dim=random_width,
+                )
+            self.note = (
+                f"RANDOM open-clip text tower (width {random_width}, {random_layers} layers, seed {seed}); "
+                "no checkpoint given (text_encoder.path): embeddings carry no meaning"
+            )
         self.tower = self.tower.eval().to(self.device)
         self.max_length = min(max_length, context)
         self.width = self.tower.ln_final.weight.shape[0]
@@ -102,18 +119,32 @@ class OpenClipTextEncoder(TextEncoderBase):
         return x, tokens != 0  # pad id 0; the causal mask keeps padding from affecting real tokens
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "open-clip", "arch": self.arch, "path": self.path, "width": self.width,
-                "max_length": self.max_length, "note": self.note}
+        return {
+            "kind": "open-clip",
+            "arch": self.arch,
+            "path": self.path,
+            "width": self.width,
+            "max_length": self.max_length,
+            "note": self.note,
+        }
 
 
 class T5TextEncoder(TextEncoderBase):
     """A T5 (or umT5) encoder's last hidden states, from a local transformers folder."""
 
-    def __init__(self, path: str, max_length: int = 256, device: str = "auto", batch_size: int = 32,
-                 dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        path: str,
+        max_length: int = 256,
+        device: str = "auto",
+        batch_size: int = 32,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__(batch_size)
         if not path or not Path(path, "config.json").is_file():
-            raise UserInputError(f"text_encoder.path: need a local transformers T5 folder with config.json, got {path}")
+            raise UserInputError(
+                f"text_encoder.path: need a local transformers T5 folder with config.json, got {path}"
+            )
         from transformers import AutoTokenizer, T5EncoderModel
 
         self.device = resolve_device(device)
@@ -126,14 +157,20 @@ class T5TextEncoder(TextEncoderBase):
         self.width = self.model.config.d_model
 
     def _encode_batch(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self.tokenizer(captions, padding="max_length", truncation=True, max_length=self.max_length,
-                             return_tensors="pt")
+        enc = self.tokenizer(
+            captions, padding="max_length", truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         return self.model(input_ids=ids, attention_mask=mask).last_hidden_state, mask.bool()
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "t5", "path": self.path, "width": self.width, "max_length": self.max_length,
-                "note": f"T5 encoder from {self.path}"}
+        return {
+            "kind": "t5",
+            "path": self.path,
+            "width": self.width,
+            "max_length": self.max_length,
+            "note": f"T5 encoder from {self.path}",
+        }
 
 
 def build_text_encoder(profile: Any) -> TextEncoderBase:
@@ -141,8 +178,18 @@ def build_text_encoder(profile: Any) -> TextEncoderBase:
     cfg = profile.text_encoder
     if cfg.kind == "t5":
         if cfg.path is None:
-            raise UserInputError("text_encoder.path: the t5 encoder needs a local transformers folder; "
-                                 "set --set text_encoder.path=DIR or use text_encoder.kind=open-clip")
+            raise UserInputError(
+                "text_encoder.path: the t5 encoder needs a local transformers folder; "
+                "set --set text_encoder.path=DIR or use text_encoder.kind=open-clip"
+            )
         return T5TextEncoder(os.fspath(cfg.path), cfg.max_length, cfg.device, cfg.batch_size)
-    return OpenClipTextEncoder(cfg.arch, cfg.path, cfg.max_length, cfg.random_width or profile.model.text_dim,
-                               cfg.random_layers, cfg.seed, cfg.device, cfg.batch_size)
+    return OpenClipTextEncoder(
+        cfg.arch,
+        cfg.path,
+        cfg.max_length,
+        cfg.random_width or profile.model.text_dim,
+        cfg.random_layers,
+        cfg.seed,
+        cfg.device,
+        cfg.batch_size,
+    )

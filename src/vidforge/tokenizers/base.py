@@ -16,7 +16,14 @@ from vidforge.errors import UserInputError
 
 def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
     """(F, H, W, 3) uint8 -> (3, F, H, W) float32 in [-1, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0).contiguous()
+    return (
+        torch.from_numpy(np.ascontiguousarray(frames))
+        .permute(3, 0, 1, 2)
+        .float()
+        .div_(127.5)
+        .sub_(1.0)
+        .contiguous()
+    )
 
 
 def tensor_to_frames(video: torch.Tensor) -> np.ndarray:
@@ -51,11 +58,17 @@ class VideoTokenizer(ABC):
         f, h, w = video.shape[2:]
         ct, cs = self.temporal_compression, self.spatial_compression
         if (f - 1) % ct or h % cs or w % cs:
-            raise ValueError(f"video of {f} frames {h}x{w}: frames must be {ct}k+1 and sizes multiples of {cs}")
+            raise ValueError(
+                f"video of {f} frames {h}x{w}: frames must be {ct}k+1 and sizes multiples of {cs}"
+            )
 
     def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-        return (self.latent_channels, 1 + (frames - 1) // self.temporal_compression,
-                height // self.spatial_compression, width // self.spatial_compression)
+        return (
+            self.latent_channels,
+            1 + (frames - 1) // self.temporal_compression,
+            height // self.spatial_compression,
+            width // self.spatial_compression,
+        )
 
 
 def build_tokenizer(profile: Any, device: str | None = None) -> VideoTokenizer:
@@ -69,10 +82,22 @@ def build_tokenizer(profile: Any, device: str | None = None) -> VideoTokenizer:
 
         return PixelTokenizer(cfg.temporal_compression, cfg.spatial_compression, device=dev)
     if cfg.path is None and cfg.config is None:
-        raise UserInputError(f"tokenizer.path: the {cfg.kind} VAE needs a local diffusers folder (or tokenizer.config, "
-                             "a JSON of init arguments, for random weights); or use tokenizer.kind=pixel")
+        raise UserInputError(
+            f"tokenizer.path: the {cfg.kind} VAE needs a local diffusers folder (or tokenizer.config, "
+            "a JSON of init arguments, for random weights); or use tokenizer.kind=pixel"
+        )
     from vidforge.tokenizers.vae import DiffusersVAE
 
-    return DiffusersVAE(cfg.kind, path=cfg.path, config=cfg.config, device=dev, dtype=cfg.dtype,
-                        normalize=cfg.normalize, tiling=cfg.tiling, tile_size=cfg.tile_size, tile_stride=cfg.tile_stride,
-                        frame_batch=cfg.frame_batch, expect=(cfg.temporal_compression, cfg.spatial_compression))
+    return DiffusersVAE(
+        cfg.kind,
+        path=cfg.path,
+        config=cfg.config,
+        device=dev,
+        dtype=cfg.dtype,
+        normalize=cfg.normalize,
+        tiling=cfg.tiling,
+        tile_size=cfg.tile_size,
+        tile_stride=cfg.tile_stride,
+        frame_batch=cfg.frame_batch,
+        expect=(cfg.temporal_compression, cfg.spatial_compression),
+    )

@@ -38,6 +38,10 @@ class PixelTokenizer(VideoTokenizer):
         return torch.cat([x[:, :, :1], x[:, :, ct:]], dim=2)  # the first group holds the first frame ct times
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "pixel", "temporal_compression": self.temporal_compression,
-                "spatial_compression": self.spatial_compression, "latent_channels": self.latent_channels,
-                "normalized": False}
+        return {
+            "kind": "pixel",
+            "temporal_compression": self.temporal_compression,
+            "spatial_compression": self.spatial_compression,
+            "latent_channels": self.latent_channels,
+            "normalized": False,
+        }

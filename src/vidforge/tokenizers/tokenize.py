@@ -48,10 +48,17 @@ class TokenizeSummary:
     errors: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"out": self.out, "shards": self.shards, "written": self.written, "skipped": self.skipped,
-                "samples": self.samples, "rejected": self.rejected, "seconds": round(self.seconds, 3),
-                "clips/s": round(self.samples / self.seconds, 3) if self.seconds else 0.0,
-                "encode clips/s": round(self.samples / self.encode_seconds, 3) if self.encode_seconds else 0.0}
+        return {
+            "out": self.out,
+            "shards": self.shards,
+            "written": self.written,
+            "skipped": self.skipped,
+            "samples": self.samples,
+            "rejected": self.rejected,
+            "seconds": round(self.seconds, 3),
+            "clips/s": round(self.samples / self.seconds, 3) if self.seconds else 0.0,
+            "encode clips/s": round(self.samples / self.encode_seconds, 3) if self.encode_seconds else 0.0,
+        }
 
 
 @dataclass
@@ -84,8 +91,13 @@ def prepare(path: Path, sample: SampleMembers, data_cfg: Any) -> Prepared:
         return Prepared(sample.key, None, members, meta, f"{f} frames: shorter than every data.frame_buckets")
     bh, bw = resolution_bucket(h, w, data_cfg.buckets)
     video = resize_crop(frames[:frames_used], bh, bw)
-    meta = {**meta, "bucket": bucket_label(bh, bw, frames_used), "frames_used": frames_used,
-            "source_size": [h, w], "source_frames": f}
+    meta = {
+        **meta,
+        "bucket": bucket_label(bh, bw, frames_used),
+        "frames_used": frames_used,
+        "source_size": [h, w],
+        "source_frames": f,
+    }
     return Prepared(sample.key, video, members, meta)
 
 
@@ -94,8 +106,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def tokenize_shard(in_path: Path, entry: ShardEntry, out_path: Path, tokenizer: VideoTokenizer, profile: Any,
-                   pool: ThreadPoolExecutor) -> tuple[dict, list[dict], float]:
+def tokenize_shard(
+    in_path: Path,
+    entry: ShardEntry,
+    out_path: Path,
+    tokenizer: VideoTokenizer,
+    profile: Any,
+    pool: ThreadPoolExecutor,
+) -> tuple[dict, list[dict], float]:
     """One media shard to one latent shard. Returns (index entry, rejected samples, seconds encoding)."""
     samples = check_shard(in_path, entry, "sha256")
     prefetch = max(1, profile.tokenizer.prefetch)
@@ -133,7 +151,9 @@ def tokenize_shard(in_path: Path, entry: ShardEntry, out_path: Path, tokenizer: 
                 batch.append(p)
             if not batch:
                 continue
-            video = torch.stack([frames_to_tensor(p.video) for p in batch]).to(tokenizer.device, non_blocking=True)
+            video = torch.stack([frames_to_tensor(p.video) for p in batch]).to(
+                tokenizer.device, non_blocking=True
+            )
             _sync(tokenizer.device)
             t0 = time.perf_counter()
             latents = tokenizer.encode(video)
@@ -145,7 +165,11 @@ def tokenize_shard(in_path: Path, entry: ShardEntry, out_path: Path, tokenizer: 
         for w in writes:
             w.result()  # re-raise a failed write
         result = writer.close()
-    return {**result, "split": entry.split, "bucket": entry.bucket, "keys_digest": entry.keys_digest}, errors, encode_s
+    return (
+        {**result, "split": entry.split, "bucket": entry.bucket, "keys_digest": entry.keys_digest},
+        errors,
+        encode_s,
+    )
 
 
 def _done(value: Any) -> Future:
@@ -185,13 +209,21 @@ def _gather(obj: Any, world: int) -> list[Any]:
     return parts
 
 
-def run(profile: Any, shards_dir: str | os.PathLike, out: str | os.PathLike, *, tokenizer: VideoTokenizer | None = None,
-        on_shard: Callable[[dict[str, Any], int], None] | None = None) -> TokenizeSummary:
+def run(
+    profile: Any,
+    shards_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    tokenizer: VideoTokenizer | None = None,
+    on_shard: Callable[[dict[str, Any], int], None] | None = None,
+) -> TokenizeSummary:
     """Tokenize every shard of `shards_dir` (this rank's share under torchrun) into `out`."""
     shards_dir, out = Path(shards_dir), Path(out)
     index = read_index(shards_dir)
     if index.kind != "media":
-        raise UserInputError(f"{shards_dir}: holds {index.kind} shards; pass the output directory of `vidforge shard`")
+        raise UserInputError(
+            f"{shards_dir}: holds {index.kind} shards; pass the output directory of `vidforge shard`"
+        )
     if out.resolve() == shards_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
     rank, world = _rank_world()
@@ -218,7 +250,9 @@ def run(profile: Any, shards_dir: str | os.PathLike, out: str | os.PathLike, *, 
                 summary.skipped += 1
             else:
                 try:
-                    result, errors, encode_s = tokenize_shard(index.path(entry), entry, path, tokenizer, profile, pool)
+                    result, errors, encode_s = tokenize_shard(
+                        index.path(entry), entry, path, tokenizer, profile, pool
+                    )
                 except ShardError as err:
                     summary.errors.append({"shard": entry.name, "reason": str(err)})
                     continue
@@ -242,8 +276,15 @@ def run(profile: Any, shards_dir: str | os.PathLike, out: str | os.PathLike, *, 
 
         write_jsonl(out / "manifest.jsonl", sorted(records, key=lambda r: r["name"]))
         write_jsonl(out / "errors.jsonl", summary.errors)
-        write_index(out, "latent", records, created_by="vidforge tokenize", tokenizer=tokenizer.describe(),
-                        text_encoder=index.meta.get("text_encoder"), source=str(shards_dir))
+        write_index(
+            out,
+            "latent",
+            records,
+            created_by="vidforge tokenize",
+            tokenizer=tokenizer.describe(),
+            text_encoder=index.meta.get("text_encoder"),
+            source=str(shards_dir),
+        )
     return summary
 
 

@@ -21,8 +21,12 @@ import torch
 from vidforge.errors import UserInputError
 from vidforge.tokenizers.base import VideoTokenizer
 
-CLASSES = {"wan": "AutoencoderKLWan", "cogvideox": "AutoencoderKLCogVideoX",
-           "hunyuan": "AutoencoderKLHunyuanVideo", "ltx": "AutoencoderKLLTXVideo"}
+CLASSES = {
+    "wan": "AutoencoderKLWan",
+    "cogvideox": "AutoencoderKLCogVideoX",
+    "hunyuan": "AutoencoderKLHunyuanVideo",
+    "ltx": "AutoencoderKLLTXVideo",
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -37,12 +41,26 @@ def _first(*values: Any) -> Any:
 
 
 class DiffusersVAE(VideoTokenizer):
-    def __init__(self, kind: str = "wan", *, path: str | None = None, config: str | dict | None = None,
-                 device: Any = "cpu", dtype: str = "float32", normalize: bool = True, tiling: bool = False,
-                 tile_size: int = 256, tile_stride: int = 192, frame_batch: int = 0, seed: int = 0,
-                 expect: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        kind: str = "wan",
+        *,
+        path: str | None = None,
+        config: str | dict | None = None,
+        device: Any = "cpu",
+        dtype: str = "float32",
+        normalize: bool = True,
+        tiling: bool = False,
+        tile_size: int = 256,
+        tile_stride: int = 192,
+        frame_batch: int = 0,
+        seed: int = 0,
+        expect: tuple[int, int] | None = None,
+    ):
         if kind not in CLASSES:
-            raise UserInputError(f"tokenizer.kind: unknown VAE {kind!r}; use one of {sorted(CLASSES)} or pixel")
+            raise UserInputError(
+                f"tokenizer.kind: unknown VAE {kind!r}; use one of {sorted(CLASSES)} or pixel"
+            )
         cls = vae_class(kind)
         self.kind, self.source = kind, path or (config if isinstance(config, str) else "config")
         if path is not None:
@@ -62,15 +80,27 @@ class DiffusersVAE(VideoTokenizer):
         self.dtype = DTYPES[dtype]
         self.vae = vae.eval().requires_grad_(False).to(self.device)
         cfg = self.vae.config
-        self.temporal_compression = int(_first(cfg.get("scale_factor_temporal"), cfg.get("temporal_compression_ratio"),
-                                               getattr(self.vae, "temporal_compression_ratio", None), 4))
-        self.spatial_compression = int(_first(cfg.get("scale_factor_spatial"), cfg.get("spatial_compression_ratio"),
-                                              getattr(self.vae, "spatial_compression_ratio", None),
-                                              2 ** (len(cfg.get("block_out_channels", [0] * 4)) - 1)))
+        self.temporal_compression = int(
+            _first(
+                cfg.get("scale_factor_temporal"),
+                cfg.get("temporal_compression_ratio"),
+                getattr(self.vae, "temporal_compression_ratio", None),
+                4,
+            )
+        )
+        self.spatial_compression = int(
+            _first(
+                cfg.get("scale_factor_spatial"),
+                cfg.get("spatial_compression_ratio"),
+                getattr(self.vae, "spatial_compression_ratio", None),
+                2 ** (len(cfg.get("block_out_channels", [0] * 4)) - 1),
+            )
+        )
         if expect is not None and expect != (self.temporal_compression, self.spatial_compression):
             raise UserInputError(
                 f"tokenizer.temporal_compression/spatial_compression: the {kind} VAE compresses by "
-                f"({self.temporal_compression}, {self.spatial_compression}), the profile says {expect}; set them to match")
+                f"({self.temporal_compression}, {self.spatial_compression}), the profile says {expect}; set them to match"
+            )
         self.latent_channels = int(_first(cfg.get("z_dim"), cfg.get("latent_channels")))
         self.normalize = normalize
         buffers = dict(self.vae.named_buffers())  # LTX keeps mean and std as buffers, Wan in its config
@@ -82,8 +112,12 @@ class DiffusersVAE(VideoTokenizer):
         self.scaling = float(cfg.get("scaling_factor", 1.0) or 1.0)
         self.tiling = tiling
         if tiling:
-            wanted = {"tile_sample_min_height": tile_size, "tile_sample_min_width": tile_size,
-                      "tile_sample_stride_height": tile_stride, "tile_sample_stride_width": tile_stride}
+            wanted = {
+                "tile_sample_min_height": tile_size,
+                "tile_sample_min_width": tile_size,
+                "tile_sample_stride_height": tile_stride,
+                "tile_sample_stride_width": tile_stride,
+            }
             accepted = inspect.signature(self.vae.enable_tiling).parameters
             self.vae.enable_tiling(**{k: v for k, v in wanted.items() if k in accepted})
         if frame_batch and hasattr(self.vae, "num_latent_frames_batch_size"):
@@ -111,7 +145,14 @@ class DiffusersVAE(VideoTokenizer):
         return self.vae.decode(z).sample.float()
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "class": CLASSES[self.kind], "source": str(self.source),
-                "temporal_compression": self.temporal_compression, "spatial_compression": self.spatial_compression,
-                "latent_channels": self.latent_channels, "normalized": self.normalize, "tiling": self.tiling,
-                "dtype": str(self.dtype).removeprefix("torch.")}
+        return {
+            "kind": self.kind,
+            "class": CLASSES[self.kind],
+            "source": str(self.source),
+            "temporal_compression": self.temporal_compression,
+            "spatial_compression": self.spatial_compression,
+            "latent_channels": self.latent_channels,
+            "normalized": self.normalize,
+            "tiling": self.tiling,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }

@@ -81,7 +81,12 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     def save(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, ema: EMA | None, extra: dict[str, Any]
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ema: EMA | None,
+        extra: dict[str, Any],
     ) -> None:
         """Write checkpoint `step`. `extra` is this rank's JSON-able state (loader position, scheduler)."""
         self.wait()

@@ -27,7 +27,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def export_weights(profile: RunProfile, model: nn.Module, ema: EMA | None, out: str | Path, rank: int = 0) -> Path:
+def export_weights(
+    profile: RunProfile, model: nn.Module, ema: EMA | None, out: str | Path, rank: int = 0
+) -> Path:
     source = ema.state_dict() if ema is not None else {n: p for n, p in model.named_parameters()}
     weights = {clean_name(name): _full(t.detach()).float().cpu() for name, t in source.items()}
     # Buffers and frozen tensors are not in the EMA: take them from the trained model (on every rank,

@@ -106,7 +106,9 @@ def run(
     checkpoints = CheckpointManager(run_dir, keep=cfg.keep_checkpoints, use_async=cfg.async_checkpoint)
     latest = checkpoints.latest()
     if latest is not None and not resume:
-        raise UserInputError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume or a new --run-dir")
+        raise UserInputError(
+            f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume or a new --run-dir"
+        )
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
@@ -127,12 +129,17 @@ def run(
     autocast_dtype = None
     if dims.fsdp_enabled or dims.dp_enabled:
         param_dtype = torch.bfloat16 if bf16 else torch.float32
-        apply_fsdp(model, dims.fsdp_mesh(), model.blocks, param_dtype=param_dtype, cpu_offload=cfg.fsdp_cpu_offload)
+        apply_fsdp(
+            model, dims.fsdp_mesh(), model.blocks, param_dtype=param_dtype, cpu_offload=cfg.fsdp_cpu_offload
+        )
     elif bf16:
         autocast_dtype = torch.bfloat16  # one process: fp32 weights, bf16 compute
     ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+        model.parameters(),
+        lr=cfg.lr,
+        betas=cfg.betas,
+        weight_decay=cfg.weight_decay,
         fused=device.type == "cuda" or None,
     )
     edm = EDM.from_profile(profile.diffusion)
@@ -140,7 +147,9 @@ def run(
     # --- data ---------------------------------------------------------------------------------------
     dp_rank = dims.mesh["dp"].get_local_rank() if dist.is_initialized() else 0
     # No model-parallel group yet (tp = cp = pp = 1): every rank is its own data-parallel reader.
-    loader = ShardLoader.from_profile(profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp)
+    loader = ShardLoader.from_profile(
+        profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp
+    )
     batcher = build_batcher(profile, loader)
 
     # --- resume -------------------------------------------------------------------------------------
@@ -174,7 +183,9 @@ def run(
             if batch is None:
                 exhausted = True
                 break
-            micro = micro_batch_loss(model, edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype)
+            micro = micro_batch_loss(
+                model, edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype
+            )
             (micro.loss / cfg.grad_accum).backward()
             loss_sum += micro.loss.item() / cfg.grad_accum
             tokens += micro.tokens
@@ -225,9 +236,14 @@ def run(
             tokens_per_s = window["tokens"] / window["time"]
             mfu = window["flops"] / (window["time"] * world * peak)
             record = {
-                "step": step, "loss": loss_mean, "grad_norm": grad_norm,
-                "lr": optimizer.param_groups[0]["lr"], "step_time_s": step_time, "tokens_per_s": tokens_per_s,
-                "mfu": mfu, "peak_memory_gib": _peak_memory_gib(device),
+                "step": step,
+                "loss": loss_mean,
+                "grad_norm": grad_norm,
+                "lr": optimizer.param_groups[0]["lr"],
+                "step_time_s": step_time,
+                "tokens_per_s": tokens_per_s,
+                "mfu": mfu,
+                "peak_memory_gib": _peak_memory_gib(device),
                 **{name: total / count for name, (total, count) in buckets.items() if count},
             }
             if hasattr(batcher, "efficiency"):
@@ -251,9 +267,18 @@ def run(
     metrics.close()
     efficiency = getattr(batcher, "efficiency", None)
     return TrainSummary(
-        run_dir=str(run_dir), start_step=start_step, last_step=step, final_loss=last_loss, skipped_steps=skipped,
-        tokens_per_s=tokens_per_s, step_time_s=step_time, mfu=mfu, peak_memory_gib=_peak_memory_gib(device),
-        packing_efficiency=efficiency, export_dir=str(export_dir) if export_dir else None, notes=notes,
+        run_dir=str(run_dir),
+        start_step=start_step,
+        last_step=step,
+        final_loss=last_loss,
+        skipped_steps=skipped,
+        tokens_per_s=tokens_per_s,
+        step_time_s=step_time,
+        mfu=mfu,
+        peak_memory_gib=_peak_memory_gib(device),
+        packing_efficiency=efficiency,
+        export_dir=str(export_dir) if export_dir else None,
+        notes=notes,
     )
 
 

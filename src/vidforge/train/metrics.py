@@ -40,7 +40,9 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             # A resumed run rewrites the steps after its checkpoint: drop what the killed run logged past it.
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            kept = [
+                line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step
+            ]
             self.path.write_text("".join(line + "\n" for line in kept))
         try:
             from torch.utils.tensorboard import SummaryWriter

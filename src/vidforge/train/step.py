@@ -80,7 +80,6 @@ def micro_batch_loss(
     return MicroLoss(elementwise.mean(), sigma.detach(), per_sample, tokens)
 
 
-
 def _check_channels(model: nn.Module, clean: torch.Tensor, packed: bool) -> None:
     """A model built for other latents fails deep inside a matmul; say what to change instead."""
     cfg = getattr(model, "config", None)

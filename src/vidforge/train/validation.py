@@ -33,8 +33,9 @@ def validate(profile: RunProfile, model: nn.Module, ema: EMA | None, out: Path, 
     model.eval()
     try:
         seeds = [profile.infer.seed + i for i in range(len(prompts))]
-        latents = sample_latents(model, profile, torch.from_numpy(emb.astype(np.float32)),
-                                 torch.from_numpy(mask), seeds, shape)
+        latents = sample_latents(
+            model, profile, torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask), seeds, shape
+        )
     finally:
         model.train()
         if backup is not None:

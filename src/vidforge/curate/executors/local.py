@@ -38,7 +38,9 @@ class LocalExecutor:
         self._stages: list[Stage] = []
         self._pools: list[Any] = []
 
-    def run(self, stages: list[Stage], units, on_unit: UnitCallback, monitor: Monitor | None = None) -> RunStats:
+    def run(
+        self, stages: list[Stage], units, on_unit: UnitCallback, monitor: Monitor | None = None
+    ) -> RunStats:
         return drive(stages, units, on_unit, self, monitor)
 
     # -- Backend -------------------------------------------------------------------------------------
@@ -51,8 +53,9 @@ class LocalExecutor:
             return None
         if stage.kind == "thread":
             return ThreadPoolExecutor(max_workers=stage.workers, thread_name_prefix=stage.name)
-        return ProcessPoolExecutor(stage.workers, mp_context=self.context, initializer=_init_worker,
-                                   initargs=(stage,))
+        return ProcessPoolExecutor(
+            stage.workers, mp_context=self.context, initializer=_init_worker, initargs=(stage,)
+        )
 
     def capacity(self, index: int) -> int:
         return max(1, self._stages[index].workers) * self.queue_depth

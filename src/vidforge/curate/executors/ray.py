@@ -26,8 +26,14 @@ class _StageActor:
 
 
 class RayExecutor:
-    def __init__(self, queue_depth: int = 2, address: str | None = None, num_cpus: int | None = None,
-                 max_workers: int | None = None, rebalance_every_s: float = 1.0):
+    def __init__(
+        self,
+        queue_depth: int = 2,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        max_workers: int | None = None,
+        rebalance_every_s: float = 1.0,
+    ):
         self.queue_depth, self.address, self.num_cpus = queue_depth, address, num_cpus
         self.max_workers, self.rebalance_every_s = max_workers, rebalance_every_s
         self._actors: list[list[Any]] = []
@@ -36,7 +42,9 @@ class RayExecutor:
         self._pending: list[int] = []
         self._last_rebalance = 0.0
 
-    def run(self, stages: list[Stage], units, on_unit: UnitCallback, monitor: Monitor | None = None) -> RunStats:
+    def run(
+        self, stages: list[Stage], units, on_unit: UnitCallback, monitor: Monitor | None = None
+    ) -> RunStats:
         return drive(stages, units, on_unit, self, monitor)
 
     # -- Backend ---------------------------------------------------------------------------------------
@@ -100,8 +108,11 @@ class RayExecutor:
         self._last_rebalance = now
         if sum(len(a) for a in self._actors) >= self._slots:
             return
-        busy = [(s.seconds_per_item / len(self._actors[i]), i) for i, s in enumerate(stats)
-                if s.items_done and s.items_in > s.items_done]  # measured, and has work in flight or queued
+        busy = [
+            (s.seconds_per_item / len(self._actors[i]), i)
+            for i, s in enumerate(stats)
+            if s.items_done and s.items_in > s.items_done
+        ]  # measured, and has work in flight or queued
         if busy:
             _, slowest = max(busy)
             self._actors[slowest].append(self._new_actor(self._stages[slowest]))
