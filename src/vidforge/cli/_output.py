@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,20 @@ class Output:
                 self.console.print(text, markup=False, highlight=False, soft_wrap=True)
             else:
                 self.table([(k, _fmt(v)) for k, v in data.items()], columns=("", ""), title=title)
+
+    @contextmanager
+    def shard_progress(self, label: str) -> Iterator[Callable[[dict[str, Any], int], None]]:
+        """A callback `(shard entry, total shards)` for stages that work shard by shard: it advances a
+        transient progress bar for humans, and emits one `shard` event per shard in --json mode."""
+        if not self.show_progress:
+            yield lambda entry, total: self.event("shard", total=total, **entry)
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.err_console, transient=True) as bar:
+            task = bar.add_task(label, total=None)
+            yield lambda entry, total: bar.update(task, advance=1, total=total)
 
     def table(self, rows: Sequence[Sequence[Any]], columns: Sequence[str], title: str | None = None) -> None:
         if self.json or self.quiet:

@@ -36,31 +36,8 @@ def shard(
 
     resolved = profile_from(profile, set_)
     output = current_output()
-    if output.show_progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(
-            TextColumn("shard"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=output.err_console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("shard", total=None)
-            summary = run(
-                resolved,
-                annotated_dir,
-                out,
-                on_shard=lambda entry, total: bar.update(task, advance=1, total=total),
-            )
-    else:
-        summary = run(
-            resolved,
-            annotated_dir,
-            out,
-            on_shard=lambda entry, total: output.event("shard", total=total, **entry),
-        )
+    with output.shard_progress("shard") as on_shard:
+        summary = run(resolved, annotated_dir, out, on_shard=on_shard)
     output.result(summary.as_dict(), title="vidforge shard")
     if summary.rejected:
         output.info(f"{summary.rejected} records rejected: see {out / 'errors.jsonl'}")

@@ -34,31 +34,8 @@ def tokenize(
 
     resolved = profile_from(profile, set_)
     output = current_output()
-    if output.show_progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(
-            TextColumn("tokenize"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=output.err_console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("tokenize", total=None)
-            summary = run(
-                resolved,
-                shards_dir,
-                out,
-                on_shard=lambda entry, total: bar.update(task, advance=1, total=total),
-            )
-    else:
-        summary = run(
-            resolved,
-            shards_dir,
-            out,
-            on_shard=lambda entry, total: output.event("shard", total=total, **entry),
-        )
+    with output.shard_progress("tokenize") as on_shard:
+        summary = run(resolved, shards_dir, out, on_shard=on_shard)
     output.result(summary.as_dict(), title="vidforge tokenize")
     if summary.rejected:
         output.info(f"{summary.rejected} samples or shards rejected: see {out / 'errors.jsonl'}")
