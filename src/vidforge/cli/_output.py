@@ -108,3 +108,38 @@ def set_current_output(output: Output) -> None:
 def current_output() -> Output:
     """The Output of this invocation (a plain human one outside a CLI run)."""
     return _CURRENT.get() or Output()
+
+
+class StageBars:
+    """One rich progress bar per executor stage on stderr, driven by the executor's stage statistics.
+    A stage with a known total keeps it; the others grow with the items that have reached them."""
+
+    def __init__(self, output: Output):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (
+            TextColumn("{task.description:>10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        self.progress = Progress(*columns, console=output.err_console, transient=False)
+        self.tasks: dict[str, int] = {}
+        self.fixed: dict[str, int | None] = {}
+
+    def start(self, totals: dict[str, int | None]) -> None:
+        for name, total in totals.items():
+            self.tasks[name] = self.progress.add_task(name, total=total)
+            self.fixed[name] = total
+        self.progress.start()
+
+    def update(self, stats: Sequence[Any]) -> None:
+        for s in stats:
+            task = self.tasks.get(s.name)
+            if task is not None:
+                total = self.fixed[s.name] if self.fixed[s.name] is not None else s.items_in
+                self.progress.update(task, completed=s.items_done, total=total)
+
+    def stop(self) -> None:
+        if self.tasks:
+            self.progress.stop()

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
-from vidforge.cli._output import EXIT_PARTIAL, current_output
+from vidforge.cli._output import EXIT_PARTIAL, StageBars, current_output
 
 
 def caption(
@@ -46,7 +46,7 @@ def caption(
 
     resolved = profile_from(profile, set_)
     output = current_output()
-    bars = _Progress() if output.show_progress else None
+    bars = StageBars(current_output()) if output.show_progress else None
 
     def started(info: dict) -> None:
         output.info(
@@ -55,7 +55,7 @@ def caption(
         )
         output.event("start", **info)
         if bars is not None and info["todo"]:
-            bars.start(info["stages"], info["todo"])
+            bars.start({name: info["todo"] for name in info["stages"]})  # every clip passes every stage
 
     try:
         summary = run(
@@ -101,37 +101,3 @@ def caption(
     if summary.errors:
         output.info(f"[yellow]{summary.errors} error(s)[/]: see {out / 'errors.jsonl'}")
         raise typer.Exit(EXIT_PARTIAL)
-
-
-class _Progress:
-    """A rich progress bar per executor stage (decode, annotate) on stderr."""
-
-    def __init__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(
-            TextColumn("{task.description:>10}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=current_output().err_console,
-            transient=False,
-        )
-        self.tasks: dict[str, int] = {}
-        self.started = False
-
-    def start(self, stages: list[str], clips: int) -> None:
-        for name in stages:  # every clip passes every stage once
-            self.tasks[name] = self.progress.add_task(name, total=clips)
-        self.progress.start()
-        self.started = True
-
-    def update(self, stats) -> None:
-        for s in stats:
-            task = self.tasks.get(s.name)
-            if task is not None:
-                self.progress.update(task, completed=s.items_done)
-
-    def stop(self) -> None:
-        if self.started:
-            self.progress.stop()

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
-from vidforge.cli._output import EXIT_PARTIAL, current_output
+from vidforge.cli._output import EXIT_PARTIAL, StageBars, current_output
 
 
 def clip(
@@ -47,7 +47,7 @@ def clip(
 
     out_ = current_output()
     resolved = profile_from(profile, set_)
-    progress = _Progress() if out_.show_progress else None
+    progress = StageBars(current_output()) if out_.show_progress else None
 
     def started(info: dict) -> None:
         if info["embedder"] and "random weights" in info["embedder"]:
@@ -55,7 +55,7 @@ def clip(
         out_.info(f"{info['sources']} source(s), {info['sources'] - info['todo']} already done")
         out_.event("start", **info)
         if progress is not None:
-            progress.start(info["stages"], info["todo"])
+            progress.start({name: info["todo"] if name == "decode" else None for name in info["stages"]})
 
     try:
         result = run(
@@ -84,35 +84,3 @@ def clip(
     if result.partial:
         out_.info(f"[yellow]{summary['errors']} error(s)[/]: see {out / 'errors.jsonl'}")
         raise typer.Exit(EXIT_PARTIAL)
-
-
-class _Progress:
-    """A rich progress bar per stage on stderr."""
-
-    def __init__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(
-            TextColumn("{task.description:>10}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=current_output().err_console,
-            transient=False,
-        )
-        self.tasks: dict[str, int] = {}
-
-    def start(self, stages: list[str], sources: int) -> None:
-        for name in stages:
-            self.tasks[name] = self.progress.add_task(name, total=sources if name == "decode" else None)
-        self.progress.start()
-
-    def update(self, stats) -> None:
-        for s in stats:
-            task = self.tasks.get(s.name)
-            if task is not None:
-                total = self.progress.tasks[task].total if s.name == "decode" else s.items_in
-                self.progress.update(task, completed=s.items_done, total=total)
-
-    def stop(self) -> None:
-        self.progress.stop()
