@@ -18,7 +18,7 @@ from vidforge.models import (
 )
 from vidforge.models.layers import SelfAttention
 from vidforge.models.packing import grid_positions
-from vidforge.models.rope import apply_rope, rope_tables
+from vidforge.models.rope import apply_rope, rope_tables, sincos_position_embedding
 from vidforge.models.scopes import batch_scopes, packed_scopes
 from vidforge.profile import PRESETS, Model
 
@@ -209,6 +209,29 @@ def test_rope_depends_only_on_relative_position():
 
     torch.testing.assert_close(scores(pos), scores(pos + shift))
     assert not torch.allclose(scores(pos), scores(pos * 2))
+
+
+def test_sincos_position_embedding_is_the_per_axis_transformer_formula():
+    pos = torch.tensor([[0, 0, 0], [2, 5, 7]])
+    emb = sincos_position_embedding(pos, 12, torch.float64)  # t, h, w get 4 channels each
+    assert emb.shape == (2, 12)
+    torch.testing.assert_close(emb[0], torch.tensor([0.0, 0, 1, 1] * 3, dtype=torch.float64))
+    for axis, p in enumerate((2, 5, 7)):
+        freqs = torch.tensor([1.0, 10000.0 ** -0.5], dtype=torch.float64)
+        expected = torch.cat([torch.sin(p * freqs), torch.cos(p * freqs)])
+        torch.testing.assert_close(emb[1, 4 * axis : 4 * axis + 4], expected)
+
+
+def test_sincos_positions_let_the_model_see_where_a_token_is():
+    # Two tokens of the same content side by side: RoPE alone cannot tell them apart (each sees the
+    # other at an offset of the same size, and q.R(d)k is even in d when q = k), so their outputs are
+    # equal; with absolute positions they differ.
+    latents, noise, text, mask = _samples()
+    uniform = latents[0][:, :1, :1, :1].expand(4, 1, 1, 2).contiguous()  # (C, T, H, W) = (4, 1, 1, 2)
+    for abs_position, differ in (("none", False), ("sincos", True)):
+        model = _tiny(abs_position=abs_position, patch=(1, 1, 1))
+        out = model(uniform[None], noise[:1], text[:1], mask[:1])
+        assert torch.allclose(out[..., 0], out[..., 1]) != differ, abs_position
 
 
 # --- presets and validation ------------------------------------------------------------------------

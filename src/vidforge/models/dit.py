@@ -28,7 +28,7 @@ from vidforge.models.blocks import DiTBlock
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
 from vidforge.models.packing import SequenceLayout, grid_positions
 from vidforge.models.patchify import Grid, patchify, token_grid, unpatchify
-from vidforge.models.rope import rope_tables
+from vidforge.models.rope import rope_tables, sincos_position_embedding
 from vidforge.models.scopes import batch_scopes, packed_scopes
 from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
 from vidforge.profile.model import Model
@@ -154,7 +154,7 @@ class DiT(nn.Module):
             token_sample = None
         table_dtype = torch.float64 if self.param_dtype == torch.float64 else torch.float32
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta, table_dtype)
-        return Conditioning(time, shared, text_tokens, cross_mask, rope, scopes, token_sample)
+        return Conditioning(time, shared, text_tokens, cross_mask, rope, scopes, token_sample, positions)
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -203,7 +203,12 @@ class DiT(nn.Module):
         cond = self.condition(
             noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid, layout=layout
         )
-        h = self.patch_embed(tokens) if self.patch_embed is not None else tokens
+        if self.patch_embed is not None:
+            h = self.patch_embed(tokens)
+            if cfg.abs_position == "sincos":
+                h = h + sincos_position_embedding(cond.positions, cfg.hidden, h.dtype)
+        else:
+            h = tokens
         for block in self.blocks.values():
             h = block(h, cond)
         if self.final is None:

@@ -28,6 +28,7 @@ class Conditioning:
     rope: cos and sin tables, each (S, head_dim/2).
     scopes: the attention scopes by name ("full", "spatial", "temporal").
     token_sample: (S,) sample index of every token when packed; None for a plain batch.
+    positions: (S, 3) integer (t, h, w) position of every token in its sample.
     """
 
     time: torch.Tensor
@@ -37,6 +38,7 @@ class Conditioning:
     rope: tuple[torch.Tensor, torch.Tensor]
     scopes: dict[str, Scope] = field(default_factory=dict)
     token_sample: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:
         """Per-sample rows (N, F) broadcast against tokens: (B, 1, F), or (1, S, F) when packed."""

@@ -40,3 +40,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.flatten(-2).to(x.dtype)
+
+
+def sincos_position_embedding(
+    positions: torch.Tensor, hidden: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Fixed absolute embedding (S, hidden) of integer positions (S, 3): the hidden size split into t, h
+    and w parts as for RoPE, each half sines and half cosines of the axis position at geometric
+    frequencies from 1 to 1/10000 (the Transformer's and DiT's embedding, per axis)."""
+    parts = []
+    for axis, dim in enumerate(axis_dims(hidden)):
+        freqs = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
+        angle = positions[:, axis, None].to(torch.float64) * freqs[None, :]
+        parts += [angle.sin(), angle.cos()]
+    return torch.cat(parts, dim=-1).to(dtype)

@@ -137,6 +137,11 @@ class Model(Section):
     """RMSNorm on queries and keys per head (keeps attention logits bounded in bf16)."""
     rope_theta: float = Field(10000.0, gt=0)
     """Base of the rotary position embedding's frequencies."""
+    abs_position: Literal["none", "sincos"] = "none"
+    """Absolute position embedding added to the tokens after the patch embedding, besides RoPE.
+    `sincos`: fixed 3D sine-cosine features of (t, h, w) (DiT's 2D embedding, one axis more). RoPE only
+    encodes offsets, so a small model given pure noise cannot tell where in the frame it is and puts
+    content anywhere; `sincos` lets it learn layouts. `none`: RoPE only."""
     attention: Literal["sdpa", "flex", "flash", "dense"] = "sdpa"
     """Attention backend. `sdpa`: torch scaled_dot_product_attention (packed sequences run per sample).
     `flex`: FlexAttention with a document mask (GPU; compiled). `flash`: flash-attn varlen (needs the
