@@ -81,14 +81,16 @@ def test_validate_samples_the_ema_weights_and_restores_the_training_ones(tmp_pat
     assert model.training and (tmp_path / "v" / "contact_sheet.png").is_file()
 
 
-# --- activation checkpointing ----------------------------------------------------------------------------
+# --- activation checkpointing and offloading ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["full", "selective"])
-def test_activation_checkpointing_keeps_the_losses_and_exports_plain_weights(
-    mode, latents, baseline, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    "mode,offload", [("full", 0.0), ("selective", 0.0), ("none", 1.0), ("selective", 0.5)]
+)
+def test_activation_checkpointing_and_offload_keep_the_losses_and_export_plain_weights(
+    mode, offload, latents, baseline, tmp_path, monkeypatch
 ) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, OffloadWrapper
 
     built: list[nn.Module] = []
     real_build = loop.build_model
@@ -98,10 +100,16 @@ def test_activation_checkpointing_keeps_the_losses_and_exports_plain_weights(
         return built[-1]
 
     monkeypatch.setattr(loop, "build_model", build)
-    loop.run(train_profile(*SHORT, f"train.activation_checkpointing={mode}"), [latents], tmp_path)
-    wrapped = [isinstance(b, CheckpointWrapper) for b in built[0].blocks.values()]
-    n = len(wrapped)
-    assert sum(wrapped) == (n if mode == "full" else round(0.5 * n)) and sum(wrapped) >= 1
+    sets = (f"train.activation_checkpointing={mode}", f"train.activation_offload={offload}")
+    loop.run(train_profile(*SHORT, *sets), [latents], tmp_path)
+    blocks = list(built[0].blocks.values())
+    n = len(blocks)
+    offloaded = [isinstance(b, OffloadWrapper) for b in blocks]
+    # the offload wrapper sits outside the checkpoint wrapper: what the checkpoint keeps goes to the CPU
+    inner = [b._checkpoint_wrapped_module if o else b for b, o in zip(blocks, offloaded, strict=True)]
+    checkpointed = [isinstance(b, CheckpointWrapper) for b in inner]
+    assert sum(checkpointed) == {"full": n, "selective": round(0.5 * n), "none": 0}[mode]
+    assert sum(offloaded) == round(offload * n)
     assert losses(tmp_path) == pytest.approx(losses(baseline), rel=0, abs=1e-6)
     exported = load_model(tmp_path / "export")  # strict load: no _checkpoint_wrapped_module in the names
     reference = load_model(baseline / "export")

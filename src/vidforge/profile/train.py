@@ -40,6 +40,9 @@ class Train(Section):
     """Recompute activations in the backward: none, every block (full), or a ratio of blocks (selective)."""
     checkpoint_ratio: float = Field(0.5, ge=0, le=1)
     """With selective checkpointing, the fraction of blocks that recompute."""
+    activation_offload: float = Field(0.0, ge=0, le=1)
+    """Fraction of the blocks (evenly spread) whose saved activations wait for the backward in pinned CPU
+    memory (Vchitect-2.0). Combines with checkpointing: then only the checkpointed inputs are offloaded."""
     compile: bool = False
     """torch.compile each block (GPU; on CPU inductor's C++ build of the tiny model takes minutes)."""
     fp8: bool = False

@@ -23,6 +23,7 @@ from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
 from vidforge.models import build_model, train_step_flops
 from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+from vidforge.parallel.activation_offload import apply_activation_offload
 from vidforge.parallel.dims import ParallelDims, init_distributed
 from vidforge.parallel.fsdp import apply_fsdp
 from vidforge.profile import RunProfile, dump_profile
@@ -122,6 +123,7 @@ def run(
 
         notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
+    apply_activation_offload(model.blocks, cfg.activation_offload)
     if cfg.compile:
         for key, block in model.blocks.items():
             model.blocks[key] = torch.compile(block)
