@@ -3,12 +3,13 @@ the profile's sampler. Shared by `vidforge infer` and the training loop's valida
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from vidforge.diffusion import EDM, classifier_free_guidance, sample
+from vidforge.diffusion.guidance import parallel_classifier_free_guidance
 from vidforge.profile import RunProfile
 
 
@@ -29,12 +30,19 @@ def sample_latents(
     seeds: Sequence[int],
     latent_shape: Sequence[int],
     negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    cfg_group=None,
+    forward: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Latents (B, C, T, H, W) for captions `text` (B, L, D) with `text_mask` (B, L). The unconditional
     guidance branch uses the learned null caption, or `negative` (1, L, D) embeddings and mask if given.
-    Conditional and unconditional rows run in one batch."""
+    Conditional and unconditional rows run in one batch, or, with `cfg_group` (a two-rank process
+    group), on the two ranks of that group (CFG-parallel; both ranks return the same latents).
+    `forward(x, noise_level, text, text_mask, drop_text=...)` replaces `model(...)` as the network, e.g.
+    a sequence-parallel forward over the same model (`vidforge.parallel.scalefusion`)."""
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
+    network_fn = model if forward is None else forward
     edm = EDM.from_profile(profile.diffusion)
     b = text.shape[0]
     text, text_mask = text.to(device, dtype), text_mask.to(device)
@@ -46,21 +54,28 @@ def sample_latents(
         neg_text, neg_mask = _pad(neg_text, length), _pad_mask(neg_mask, length)
 
     def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
+        # Row i is sample i % b; unconditional rows take the negative caption if there is one, else the
+        # model's null caption (drop_text). Works for [cond; uncond] in one batch and for one branch.
         rows = x.shape[0]
-        if negative is not None and rows == 2 * b:
-            texts, masks = torch.cat([text, neg_text]), torch.cat([text_mask, neg_mask])
+        texts, masks = text.repeat(rows // b, 1, 1), text_mask.repeat(rows // b, 1)
+        if negative is not None:
+            negs, neg_masks = neg_text.repeat(rows // b, 1, 1), neg_mask.repeat(rows // b, 1)
+            texts = torch.where(uncond[:, None, None], negs, texts)
+            masks = torch.where(uncond[:, None], neg_masks, masks)
             drop = torch.zeros(rows, dtype=torch.bool, device=device)
         else:
-            texts, masks = text.repeat(rows // b, 1, 1), text_mask.repeat(rows // b, 1)
             drop = uncond
         per_sample = sigma.reshape(()).expand(rows)
 
         def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
-            return model(x_in.to(dtype), c_noise.to(dtype), texts, masks, drop_text=drop).float()
+            return network_fn(x_in.to(dtype), c_noise.to(dtype), texts, masks, drop_text=drop).float()
 
         return edm.denoise(network, x, per_sample)
 
-    denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
+    if cfg_group is not None:
+        denoiser = parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
+    else:
+        denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
     noise = initial_noise(seeds, latent_shape).to(device)
     generator = torch.Generator(device=device).manual_seed(int(seeds[0]))  # churn noise, if any
     return sample(denoiser, noise, profile.diffusion, generator=generator)
