@@ -1,5 +1,6 @@
 """The run-profile: one frozen pydantic model shared by every stage. Pure data; imports no torch."""
 
+from vidforge.profile.bench import Bench
 from vidforge.profile.cluster import Accelerator, Cluster
 from vidforge.profile.diffusion import Diffusion
 from vidforge.profile.loading import (
@@ -19,6 +20,7 @@ __all__ = [
     "PRESETS",
     "PROFILE_ENV",
     "Accelerator",
+    "Bench",
     "Cluster",
     "Diffusion",
     "Layout",

@@ -6,6 +6,7 @@ from pydantic import model_validator
 from pydantic_core import PydanticCustomError
 
 from vidforge.profile.base import Section
+from vidforge.profile.bench import Bench
 from vidforge.profile.cluster import Cluster
 from vidforge.profile.curation import Curation
 from vidforge.profile.data import Data
@@ -43,6 +44,8 @@ class RunProfile(Section):
     """The training loop of `vidforge train`."""
     infer: Infer = Infer()
     """Sampling videos with `vidforge infer`."""
+    bench: Bench = Bench()
+    """`vidforge bench`: the synthetic workload, timing protocol and planning assumptions."""
 
     @model_validator(mode="after")
     def _check_layout(self) -> RunProfile:

@@ -1,0 +1,96 @@
+"""What a training step actually holds, measured from the tensors themselves (CPU has no
+`max_memory_allocated`): the local shards of parameters, gradients, optimizer and EMA states, and the
+bytes autograd saves for the backward during a forward.
+
+Saved activations are collected with `torch.autograd.graph.saved_tensors_hooks`, deduplicated by storage
+(views and tensors saved by several ops count once), without the parameters' own storage, and sized
+when the forward has finished: FSDP2 frees the unsharded weights it gathered by resizing their storage
+to zero after a block's forward, so only the copies that really stay (the last block's) still count.
+Activation-checkpointed blocks save nothing through the hooks; what they keep, their input, is recorded
+by a forward pre-hook on each checkpoint wrapper."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@dataclass
+class SavedActivations:
+    """Filled by `saved_activations`: the storages autograd saved, read after the forward."""
+
+    excluded: set[int] = field(default_factory=set)
+    storages: dict[int, torch.UntypedStorage] = field(default_factory=dict)
+
+    def add(self, t: torch.Tensor) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        t = _local(t)
+        key = _storage_key(t)
+        if key and key not in self.excluded and key not in self.storages:
+            self.storages[key] = t.untyped_storage()
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.nbytes() for s in self.storages.values())
+
+
+@contextmanager
+def saved_activations(model: nn.Module) -> Iterator[SavedActivations]:
+    """Record what autograd saves while the block runs (the forward of a training step)."""
+    found = SavedActivations(excluded={_storage_key(_local(p)) for p in model.parameters()})
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        found.add(t)
+        return t
+
+    def keep_inputs(_module: nn.Module, args: tuple) -> None:
+        for arg in args:
+            found.add(arg)
+
+    wrappers = [m for m in model.modules() if type(m).__name__ == "CheckpointWrapper"]
+    handles = [m.register_forward_pre_hook(keep_inputs) for m in wrappers]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield found
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(_local(t).numel() * t.element_size() for t in tensors)
+
+
+def state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, ema: object | None = None
+) -> dict[str, int]:
+    """Bytes of this rank's parameters, gradients, optimizer states and EMA shadow (local shards)."""
+    params = list(model.parameters())
+    out = {
+        "parameters": _tensor_bytes(params),
+        "gradients": _tensor_bytes(p.grad for p in params if p.grad is not None),
+    }
+    if optimizer is not None:
+        states = [
+            v
+            for s in optimizer.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor) and v.ndim > 0
+        ]
+        out["optimizer"] = _tensor_bytes(states)
+    if ema is not None:
+        out["ema"] = _tensor_bytes(getattr(ema, "shadow", []))
+    return out

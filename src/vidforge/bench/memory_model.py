@@ -1,0 +1,314 @@
+"""Analytic memory of one training rank for a profile's layout: parameters, gradients, optimizer states,
+EMA, activations (with or without activation checkpointing), the compute-dtype weight copies autograd
+keeps, and communication buffers. Every term carries the arithmetic that produced it, so a plan can be
+read and checked by hand.
+
+Activations follow what autograd saves in vidforge's blocks (counted op by op with
+`torch.autograd.graph.saved_tensors_hooks`, see `vidforge.bench.measure`), per token of a rank:
+
+  each sub-layer (self-attention, cross-attention, MLP; DiT has 3, sequential ST-DiT 4, parallel ST-DiT 3)
+      4 x d     its LayerNorm input and output, the modulated input, the output the gate multiplies
+      2         LayerNorm mean and rstd
+  each self-attention scope (DiT 1, ST-DiT 2, parallel ST-DiT 3)
+      9 x d     q and k projections before and after RMSNorm and RoPE, q/k/v as SDPA takes them, its
+                output; 4 of the 9 in float32 under bf16 (RMSNorm and RoPE compute in float32)
+      3 x heads RMSNorm rstd of q and k, the attention log-sum-exp (float32)
+  cross-attention
+      3 x d     the query projection before and after RMSNorm (2 in float32 under bf16), its output
+      2 x heads RMSNorm rstd, log-sum-exp (float32)
+  MLP          2 x mlp_hidden (GELU: fc1 output and the GELU output) or 4 x mlp_hidden (SwiGLU)
+  packed rows  + 2 x d per sub-layer: the modulation is per token (1 + scale, and the gate)
+
+in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. Outside the blocks: the final layer
+(3 x d + 2), the patch embedding's input and the float32 loss (2 x patch_dim), the RoPE tables, and per
+clip the caption's projections (5 x text_tokens x d per block for cross-attention's keys and values).
+
+Layouts (mesh pp x dp_replicate x dp_shard x cp x tp): FSDP shards parameters, gradients, optimizer and
+EMA over dp_shard x cp (context-parallel ranks hold the same weights); tensor parallel splits the
+attention and MLP matrices and every per-token term by tp (with sequence parallel, also the norms and
+residuals; without it those stay whole); context parallel divides the tokens by cp, and its all-gather
+implementation also keeps the gathered keys and values of every full-attention layer; pipeline
+parallel keeps layers / pp blocks per stage and, under 1F1B, pp micro-batches in flight on the first
+stage (all micro-batches under GPipe)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vidforge.bench.param_counts import ParameterCounts, parameter_counts
+from vidforge.bench.workload import Workload
+from vidforge.profile import RunProfile
+from vidforge.profile.model import Model
+from vidforge.profile.parallel import Layout
+
+GIB = 2**30
+ADAM_STATES = 2  # exp_avg, exp_avg_sq (float32 each)
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: float
+    formula: str
+    """How the number was computed, in words and numbers."""
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-rank device memory of one training step, term by term (bytes)."""
+
+    terms: list[Term]
+    notes: list[str] = field(default_factory=list)
+
+    def get(self, name: str) -> float:
+        return sum(t.bytes for t in self.terms if t.name == name)
+
+    @property
+    def total(self) -> float:
+        return sum(t.bytes for t in self.terms)
+
+    @property
+    def state(self) -> float:
+        """Parameters, gradients, optimizer and EMA: what lives across steps."""
+        return sum(self.get(n) for n in ("parameters", "gradients", "optimizer", "ema"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "total_bytes": self.total,
+            "total_gib": self.total / GIB,
+            "terms": [asdict(t) for t in self.terms],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Precision:
+    compute: int
+    """Bytes per element of activations and of the weight copies the matmuls read."""
+    autocast: bool
+    """One process in bf16: fp32 weights, autocast keeps a bf16 copy of every Linear weight."""
+    fsdp: bool
+    """Weights sharded by FSDP2 (mixed precision: unsharded copies in the compute dtype)."""
+
+
+def precision_of(profile: RunProfile, layout: Layout) -> Precision:
+    bf16 = profile.train.precision == "bf16"
+    fsdp = layout.dp_shard * layout.cp > 1 or layout.dp_replicate > 1
+    return Precision(compute=2 if bf16 else 4, autocast=bf16 and not fsdp, fsdp=fsdp)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.3g} GiB"
+
+
+def _scopes(cfg: Model) -> tuple[int, int, int]:
+    """(sub-layers, self-attention scopes, full-attention scopes) of one block."""
+    if cfg.architecture == "dit":
+        return 3, 1, 1
+    if cfg.stdit_block == "parallel":
+        return 3, 3, 1
+    return 4, 2, 0
+
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """Bytes one block saves for its backward, on one rank, by part."""
+
+    parts: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def block_activations(
+    cfg: Model,
+    tokens: int,
+    samples: int,
+    text_tokens: int,
+    compute: int,
+    *,
+    tp: int = 1,
+    sequence_parallel: bool = True,
+    packed: bool = False,
+    gathered_kv_tokens: int = 0,
+) -> BlockActivations:
+    """What one block saves for `tokens` tokens of this rank (after the context-parallel split) of
+    `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
+    all-gather CP keeps per full-attention layer."""
+    d, m, h = cfg.hidden, cfg.mlp_hidden, cfg.heads
+    sublayers, scopes, full_scopes = _scopes(cfg)
+    f32 = 4
+    low = 4 if compute == 2 else 0  # of the 9 per-scope tensors, how many are float32 under bf16
+    norm_tp = tp if sequence_parallel else 1
+    per_norm = (4 + (2 if packed else 0)) * d * compute + 2 * compute
+    attn_scope = ((9 - low) * compute + low * f32) * d + 3 * h * f32
+    cross_low = 2 if compute == 2 else 0
+    cross = ((3 - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
+    mlp = (4 if cfg.mlp_act == "swiglu" else 2) * m * compute
+    text = 5 * samples * text_tokens * d * compute / tp
+    parts = {
+        "norms, modulation, gates": sublayers * per_norm * tokens / norm_tp,
+        "self-attention": scopes * attn_scope * tokens / tp,
+        "cross-attention": cross * tokens / tp + text,
+        "mlp": mlp * tokens / tp,
+    }
+    if gathered_kv_tokens:
+        parts["gathered keys/values (all-gather CP)"] = (
+            full_scopes * 2 * gathered_kv_tokens * d * compute / tp
+        )
+    return BlockActivations(parts)
+
+
+def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
+    """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
+    d, p = cfg.hidden, cfg.patch_dim
+    final = (3 * d + 4) * compute * tokens
+    io = p * (compute + 4) * tokens
+    rope = 2 * workload.tokens_per_sample * (cfg.head_dim // 2) * 4
+    captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute
+    return final + io + rope + captions
+
+
+def in_flight_microbatches(layout: Layout, schedule: str) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at once."""
+    if layout.pp == 1:
+        return 1
+    if schedule == "gpipe":
+        return layout.pp_microbatches
+    base = min(layout.pp, layout.pp_microbatches)
+    if schedule == "interleaved-1f1b":
+        return base * (1 + (layout.pp - 1) / (layout.pp * layout.vpp))
+    return base
+
+
+def estimate_memory(
+    profile: RunProfile, layout: Layout | None = None, workload: Workload | None = None
+) -> MemoryEstimate:
+    """Device memory of one rank of `layout` (default: the profile's) training on `workload` (default:
+    the profile's bench sample, train.micro_batch clips per rank)."""
+    from vidforge.parallel.activation_checkpoint import checkpointed_indices
+
+    layout = layout or profile.layout
+    workload = workload or Workload.from_profile(profile)
+    cfg, train, par = profile.model, profile.train, profile.parallel
+    counts: ParameterCounts = parameter_counts(cfg)
+    prec = precision_of(profile, layout)
+    shards = layout.dp_shard * layout.cp if prec.fsdp else 1
+    blocks = cfg.layers // layout.pp
+    tp = layout.tp
+    block_params = counts.block - counts.block_tp + counts.block_tp / tp
+    local_params = (counts.outside + blocks * block_params) / shards
+    notes: list[str] = []
+    terms: list[Term] = []
+
+    where = f"({counts.outside:,} outside + {blocks} blocks x {block_params:,.0f}"
+    where += f"{' after TP/' + str(tp) if tp > 1 else ''}) / {shards} FSDP shards"
+    offload = train.fsdp_cpu_offload and prec.fsdp
+    state = [
+        ("parameters", 4, "float32 master weights"),
+        ("gradients", 4, "float32 gradients"),
+        ("optimizer", 4 * ADAM_STATES, "AdamW exp_avg + exp_avg_sq, float32"),
+    ]
+    if train.ema_decay > 0:
+        state.append(("ema", 4, "EMA of the weights, float32"))
+    for name, per, what in state:
+        size = 0.0 if offload else local_params * per
+        terms.append(Term(name, size, f"{what}: {local_params:,.0f} params {where} x {per} B = {_gib(size)}"))
+    if offload:
+        notes.append(
+            f"train.fsdp_cpu_offload: parameters, gradients and optimizer states ({_gib(local_params * 20)}) "
+            "live in host memory"
+        )
+
+    # --- activations --------------------------------------------------------------------------------
+    tokens = workload.tokens / layout.cp
+    gathered = tokens * (layout.cp - 1) if layout.cp > 1 and par.cp_impl == "all-gather" else 0
+    one = block_activations(
+        cfg,
+        tokens,
+        workload.samples,
+        workload.text_tokens,
+        prec.compute,
+        tp=tp,
+        sequence_parallel=par.sequence_parallel,
+        packed=workload.packed,
+        gathered_kv_tokens=gathered,
+    )
+    mode = train.activation_checkpointing
+    recomputed = len(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
+    kept = blocks - recomputed
+    in_flight = in_flight_microbatches(layout, par.pp_schedule)
+    block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
+    stored = kept * one.total + recomputed * block_input
+    outside = outside_activations(cfg, workload, tokens, prec.compute)
+    acts = in_flight * stored + outside
+    detail = ", ".join(f"{k} {_gib(v)}" for k, v in one.parts.items())
+    formula = (
+        f"{tokens:,.0f} tokens/rank ({workload.tokens:,} / cp {layout.cp}); one block saves {_gib(one.total)} "
+        f"({detail}); {kept} blocks keep theirs"
+    )
+    if recomputed:
+        formula += f", {recomputed} checkpointed blocks keep only their input ({_gib(block_input)} each)"
+    if in_flight != 1:
+        formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
+    formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss, RoPE, captions)"
+    terms.append(Term("activations", acts, formula))
+    if recomputed:
+        terms.append(
+            Term(
+                "recompute",
+                one.total,
+                f"the backward re-runs one checkpointed block's forward at a time: {_gib(one.total)}",
+            )
+        )
+
+    # --- weight copies held for the backward, communication buffers ------------------------------------
+    if prec.autocast:
+        size = counts.linear_weights * 2
+        terms.append(
+            Term(
+                "weight copies",
+                size,
+                f"bf16 autocast casts every Linear weight ({counts.linear_weights:,}) x 2 B",
+            )
+        )
+    comm = 0.0
+    comm_parts = []
+    if prec.fsdp:
+        unsharded = block_params * prec.compute
+        held = unsharded  # the last block stays unsharded between forward and backward
+        terms.append(
+            Term(
+                "weight copies",
+                held,
+                f"FSDP keeps the last block unsharded from forward to backward: {block_params:,.0f} x {prec.compute} B",
+            )
+        )
+        gather = 2 * unsharded
+        reduce = block_params * (prec.compute + 4)
+        comm += gather + reduce
+        comm_parts.append(
+            f"FSDP all-gather of 2 blocks (current + prefetched) {_gib(gather)} and reduce-scatter of one "
+            f"block's gradients (compute dtype + float32) {_gib(reduce)}"
+        )
+    if tp > 1 and par.sequence_parallel:
+        size = workload.tokens / layout.cp * cfg.hidden * prec.compute
+        comm += size
+        comm_parts.append(f"sequence-parallel all-gather of a block input {_gib(size)}")
+    if layout.pp > 1:
+        size = 2 * tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
+        comm += size
+        comm_parts.append(f"pipeline send + receive of one micro-batch's hidden states {_gib(size)}")
+    if comm:
+        terms.append(Term("communication buffers", comm, "; ".join(comm_parts)))
+    if prec.fsdp and train.precision == "bf16":
+        notes.append(
+            "FSDP mixed precision: weights all-gathered and computed in bf16, gradients reduced in float32"
+        )
+    notes.append(
+        "gradients and activations are added although the backward frees activations as gradients fill: "
+        "an upper bound by at most the activations of one block"
+    )
+    return MemoryEstimate(terms, notes)

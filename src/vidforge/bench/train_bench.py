@@ -1,0 +1,234 @@
+"""`vidforge bench train`: step time, tokens/s, MFU and memory of the training step on synthetic latents.
+
+The step is the training loop's own parts, built in the loop's order (model -> activation checkpointing
+-> compile -> FSDP2 -> EMA and AdamW): `build_model`, `apply_activation_checkpointing`, `apply_fsdp`,
+`micro_batch_loss` with the profile's EDM, gradient clipping, AdamW, EMA. Only the data differ: random
+latents of `bench.latent_*` and random caption embeddings, so no shards are needed and every step has
+the same shape. Warm-up steps first, then the median of `bench.repeats` steps (CUDA events on GPU).
+
+Memory: on CUDA the allocator's peak; on CPU (no allocator statistics) what the step holds, measured
+from the tensors (`vidforge.bench.measure`): local parameter, gradient, optimizer and EMA shards after a
+step, and the bytes autograd saved during a forward. Both are reported beside the analytic model's
+prediction (`vidforge.bench.memory_model`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vidforge.bench.measure import saved_activations, state_bytes
+from vidforge.bench.memory_model import GIB, estimate_memory
+from vidforge.bench.timing import time_calls
+from vidforge.bench.workload import Workload
+from vidforge.data.packing import BucketBatch
+from vidforge.diffusion import EDM
+from vidforge.errors import UserInputError
+from vidforge.models import build_model, train_step_flops
+from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+from vidforge.parallel.dims import ParallelDims
+from vidforge.profile import RunProfile
+from vidforge.train.ema import EMA
+from vidforge.train.step import MicroLoss, micro_batch_loss
+
+
+def bench_device(profile: RunProfile) -> torch.device:
+    if profile.cluster.accelerator.kind == "cuda":
+        if not torch.cuda.is_available():
+            raise UserInputError(
+                "cluster.accelerator: the profile asks for CUDA but no GPU is visible; use --profile local_cpu"
+            )
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> BucketBatch:
+    """Random latents (N, C, T, H, W) and caption embeddings (N, L, text_dim), every caption token real."""
+    g = torch.Generator().manual_seed(seed)
+    n = workload.samples
+    latents = torch.randn((n, *workload.latent), generator=g)
+    text = torch.randn((n, workload.text_tokens, profile.model.text_dim), generator=g)
+    mask = torch.ones(n, workload.text_tokens, dtype=torch.bool)
+    return BucketBatch(latents, text, mask, [f"synthetic-{i}" for i in range(n)], [{}] * n)
+
+
+class TrainStep:
+    """The training step of `vidforge train` on a fixed synthetic batch. Call it for a whole step, or
+    `forward`, `backward`, `update`, `zero_grad` one by one to look in between."""
+
+    def __init__(self, profile: RunProfile, device: torch.device | None = None) -> None:
+        cfg = profile.train
+        self.profile = profile
+        self.device = device or bench_device(profile)
+        self.dims = ParallelDims.from_profile(profile)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world != self.dims.world_size:
+            raise UserInputError(
+                f"the layout {self.dims.layout.describe()} needs {self.dims.world_size} rank(s) but {world} "
+                f"started; use --nproc {self.dims.world_size} or change cluster/parallel in the profile"
+            )
+        if self.dims.tp_enabled or self.dims.cp_enabled or self.dims.pp_enabled:
+            raise UserInputError(
+                "parallel.tp/cp/pp: `vidforge train` does not run tensor, context or pipeline parallel yet, so "
+                "bench train cannot time them; keep tp=cp=pp=1 here and use `vidforge bench plan` for those layouts"
+            )
+        self.workload = Workload.from_profile(profile)
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(profile.model, device=self.device)
+        apply_activation_checkpointing(self.model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
+        if cfg.compile:
+            for key, block in self.model.blocks.items():
+                self.model.blocks[key] = torch.compile(block)
+        bf16 = cfg.precision == "bf16"
+        self.autocast_dtype = None
+        if self.dims.fsdp_enabled or self.dims.dp_enabled:
+            from vidforge.parallel.fsdp import apply_fsdp
+
+            param_dtype = torch.bfloat16 if bf16 else torch.float32
+            apply_fsdp(
+                self.model,
+                self.dims.fsdp_mesh(),
+                self.model.blocks,
+                param_dtype=param_dtype,
+                cpu_offload=cfg.fsdp_cpu_offload,
+            )
+        elif bf16:
+            self.autocast_dtype = torch.bfloat16
+        self.ema = EMA(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=self.device.type == "cuda" or None,
+        )
+        self.edm = EDM.from_profile(profile.diffusion)
+        self.batch = synthetic_batch(profile, self.workload, seed=cfg.seed)
+        self.model.train()
+
+    def forward(self) -> MicroLoss:
+        return micro_batch_loss(
+            self.model,
+            self.edm,
+            self.batch,
+            self.profile.diffusion.caption_dropout,
+            self.device,
+            self.autocast_dtype,
+        )
+
+    def backward(self, micro: MicroLoss) -> None:
+        (micro.loss / self.profile.train.grad_accum).backward()
+
+    def update(self) -> None:
+        clip = self.profile.train.grad_clip or math.inf
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def __call__(self) -> None:
+        for _ in range(self.profile.train.grad_accum):
+            self.backward(self.forward())
+        self.update()
+        self.zero_grad()
+
+    def flops(self) -> int:
+        """Model FLOPs of one step on this rank (grad_accum micro-batches)."""
+        w = self.workload
+        recompute = "full" if self.profile.train.activation_checkpointing == "full" else "none"
+        per_micro = train_step_flops(self.profile.model, [w.grid] * w.samples, w.text_tokens, recompute)
+        return per_micro * self.profile.train.grad_accum
+
+    def measure_memory(self) -> dict[str, int]:
+        """One more step, measured: saved activations after the forward, states after the update."""
+        self.zero_grad()
+        with saved_activations(self.model) as saved:
+            micro = self.forward()
+        activations = saved.bytes
+        self.backward(micro)
+        self.update()
+        out = {**state_bytes(self.model, self.optimizer, self.ema), "activations": activations}
+        self.zero_grad()
+        return out
+
+
+@dataclass
+class TrainBenchResult:
+    profile: str
+    layout: str
+    world_size: int
+    device: str
+    workload: str
+    tokens_per_step: int
+    step_time_s: float
+    step_time_spread: float
+    tokens_per_s: float
+    mfu: float
+    flops_per_step: float
+    peak_memory_gib: float
+    peak_memory_method: str
+    predicted_memory_gib: float
+    measured_memory: dict[str, int] = field(default_factory=dict)
+    predicted_memory: dict[str, float] = field(default_factory=dict)
+    step_times_s: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _slowest_rank(seconds: float, device: torch.device) -> float:
+    """Every rank timed the same steps; a step is as slow as its slowest rank."""
+    if not dist.is_initialized():
+        return seconds
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def run(profile: RunProfile) -> TrainBenchResult:
+    """Time the step of `profile` (every rank runs this; rank 0's result is the one to report)."""
+    step = TrainStep(profile)
+    device = step.device
+    world = step.dims.world_size
+    bench = profile.bench
+    timing = time_calls(step, bench.warmup, bench.repeats, device)
+    step_time = _slowest_rank(timing.median, device)
+    tokens = step.workload.tokens * profile.train.grad_accum * step.dims.layout.dp
+    flops = step.flops() * step.dims.layout.dp
+    peak = profile.cluster.accelerator.peak_bf16_flops
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        peak_bytes = torch.cuda.max_memory_allocated(device)
+        method = "torch.cuda.max_memory_allocated over one step"
+        measured: dict[str, int] = {}
+    else:
+        measured = step.measure_memory()
+        peak_bytes = sum(measured.values())
+        method = "CPU: local parameter/gradient/optimizer/EMA shards + bytes autograd saved in a forward"
+    predicted = estimate_memory(profile, step.dims.layout, step.workload)
+    return TrainBenchResult(
+        profile=profile.name,
+        layout=step.dims.layout.describe(),
+        world_size=world,
+        device=str(device),
+        workload=step.workload.describe(),
+        tokens_per_step=tokens,
+        step_time_s=step_time,
+        step_time_spread=timing.spread,
+        tokens_per_s=tokens / step_time,
+        mfu=flops / (step_time * world * peak),
+        flops_per_step=float(flops),
+        peak_memory_gib=peak_bytes / GIB,
+        peak_memory_method=method,
+        predicted_memory_gib=predicted.total / GIB,
+        measured_memory=measured,
+        predicted_memory={t.name: predicted.get(t.name) for t in predicted.terms},
+        step_times_s=list(timing.samples),
+    )

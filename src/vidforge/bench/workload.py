@@ -1,0 +1,58 @@
+"""The synthetic workload every bench command and the layout model share: per data-parallel rank, one
+micro-batch of `samples` clips of equal token grid, each with `text_tokens` caption tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
+
+
+@dataclass(frozen=True)
+class Workload:
+    samples: int
+    """Clips per micro-batch per data-parallel rank (train.micro_batch)."""
+    grid: tuple[int, int, int]
+    """Token grid (t, h, w) of one clip after patchify."""
+    text_tokens: int
+    """Caption tokens per clip."""
+    latent: tuple[int, int, int, int]
+    """Latent shape (C, T, H, W) of one clip."""
+    packed: bool = False
+    """Samples packed into one row (per-token modulation) rather than a plain batch."""
+
+    @property
+    def tokens_per_sample(self) -> int:
+        t, h, w = self.grid
+        return t * h * w
+
+    @property
+    def tokens(self) -> int:
+        """Video tokens of the micro-batch (before any context-parallel split)."""
+        return self.samples * self.tokens_per_sample
+
+    @classmethod
+    def from_profile(cls, profile: RunProfile, samples: int | None = None) -> Workload:
+        """`bench.latent_*` clips, `train.micro_batch` of them per rank; the latent sizes must be
+        multiples of model.patch."""
+        b, model = profile.bench, profile.model
+        pt, ph, pw = model.patch
+        sizes = (("latent_frames", b.latent_frames, pt), ("latent_height", b.latent_height, ph))
+        sizes += (("latent_width", b.latent_width, pw),)
+        for name, size, patch in sizes:
+            if size % patch:
+                raise UserInputError(
+                    f"bench.{name}: {size} is not a multiple of the model's patch size {patch} "
+                    f"(model.patch={list(model.patch)}); use {patch * max(1, size // patch)}"
+                )
+        grid = (b.latent_frames // pt, b.latent_height // ph, b.latent_width // pw)
+        latent = (model.in_channels, b.latent_frames, b.latent_height, b.latent_width)
+        return cls(samples or profile.train.micro_batch, grid, b.text_tokens, latent)
+
+    def describe(self) -> str:
+        t, h, w = self.grid
+        return (
+            f"{self.samples} x {t}x{h}x{w} = {self.tokens:,} video tokens "
+            f"(+ {self.text_tokens} caption tokens a clip)"
+        )

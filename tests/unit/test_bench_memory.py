@@ -1,0 +1,90 @@
+"""The analytic memory model (`vidforge.bench.memory_model`) against what a real training step holds on
+CPU, measured from the tensors (`vidforge.bench.measure`): parameter, gradient, optimizer and EMA bytes
+from the actual tensors after a step, and activation bytes from the storages autograd saved during the
+forward. Target (issue #8): within 15%; the states are exact here (unsharded, no FSDP padding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vidforge.bench.memory_model import block_activations, estimate_memory
+from vidforge.bench.train_bench import TrainStep
+from vidforge.bench.workload import Workload
+from vidforge.profile import load_profile
+
+TINY = [
+    "model.preset=tiny",
+    "model.hidden=64",
+    "model.mlp_hidden=256",
+    "model.patch=[1,2,2]",
+    "model.in_channels=4",
+    "model.abs_position=none",
+    "bench.latent_frames=4",
+    "bench.latent_height=16",
+    "bench.latent_width=16",
+    "bench.text_tokens=8",
+    "train.warmup_steps=0",
+    "train.steps=10",
+    "train.precision=fp32",
+]
+TOLERANCE = 0.15
+
+
+def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, float]]:
+    torch.set_num_threads(1)
+    profile = load_profile(None, [*TINY, *sets])
+    step = TrainStep(profile)
+    measured = step.measure_memory()
+    est = estimate_memory(profile, step.dims.layout, step.workload)
+    predicted = {name: est.get(name) for name in ("parameters", "gradients", "optimizer", "ema")}
+    # What autograd holds after the forward: activations, plus the bf16 weight casts autocast keeps.
+    predicted["activations"] = est.get("activations") + est.get("weight copies")
+    return measured, predicted
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["train.precision=bf16"],
+        ["train.activation_checkpointing=full"],
+        ["train.activation_checkpointing=selective", "model.layers=4"],
+        ["model.architecture=stdit", "model.layers=1"],
+        ["model.mlp_act=swiglu", "train.micro_batch=2", "model.layers=1"],
+    ],
+    ids=["fp32", "bf16-autocast", "full-checkpointing", "selective-checkpointing", "stdit", "swiglu-batch2"],
+)
+def test_memory_model_matches_measured_single_process(sets: list[str]) -> None:
+    measured, predicted = measured_and_predicted(sets)
+    for name in ("parameters", "gradients", "optimizer", "ema"):
+        assert predicted[name] == measured[name], name
+    assert predicted["activations"] == pytest.approx(measured["activations"], rel=TOLERANCE)
+
+
+def test_activations_grow_with_tokens_and_shrink_with_checkpointing() -> None:
+    short = load_profile(None, TINY)
+    long = load_profile(None, [*TINY, "bench.latent_frames=8"])
+    ckpt = load_profile(None, [*TINY, "bench.latent_frames=8", "train.activation_checkpointing=full"])
+    a, b, c = (estimate_memory(p).get("activations") for p in (short, long, ckpt))
+    assert b > 1.8 * a  # twice the tokens: activations nearly double (captions and tables do not)
+    assert c < b / 4
+
+
+def test_tensor_parallel_divides_block_activations() -> None:
+    cfg = load_profile(None, TINY).model
+    one = block_activations(cfg, 1024, 1, 8, 2, tp=1)
+    two = block_activations(cfg, 1024, 1, 8, 2, tp=2)
+    no_sp = block_activations(cfg, 1024, 1, 8, 2, tp=2, sequence_parallel=False)
+    assert two.total == pytest.approx(one.total / 2)
+    # Without sequence parallel the norms and residuals stay whole on every rank.
+    assert no_sp.parts["norms, modulation, gates"] == one.parts["norms, modulation, gates"]
+    assert two.total < no_sp.total < one.total
+
+
+def test_workload_checks_patch_multiples() -> None:
+    from vidforge.errors import UserInputError
+
+    profile = load_profile(None, [*TINY, "bench.latent_height=15"])
+    with pytest.raises(UserInputError, match="bench.latent_height"):
+        Workload.from_profile(profile)
