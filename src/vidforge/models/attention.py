@@ -14,7 +14,8 @@ Backends (`model.attention`): `sdpa` (torch SDPA; packed segments run as batched
 of equal-length segments, so no work is spent on masked blocks), `dense` (explicit mask and softmax;
 the slow reference that runs anywhere), `flex` (FlexAttention with a document mask; compiled on GPU,
 eager forward on CPU), `flash` (flash-attn, varlen for packed or padded inputs). Context parallelism
-wraps `Attend` modules from outside; the mask objects carry the host-side lengths it needs.
+wraps `Attend` modules from outside; the mask objects carry the host-side lengths it needs, and a
+`ContextShard` mask (this rank's share of a row split over cp ranks) is only understood by it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:  # packing imports this module
+    from vidforge.models.packing import TokenShard
 
 BACKENDS = ("sdpa", "dense", "flex", "flash")
 SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
@@ -130,7 +135,23 @@ class Segments:
         return self._cache["runs"]
 
 
-AttentionMask = KeyPadding | Segments | None
+@dataclass(eq=False)
+class ContextShard:
+    """Attention over a token row split across context-parallel ranks (`TokenShard`): q, k and v hold
+    this rank's tokens (B, shard.local, H, D) and `scope` names the pattern ("full": every token of a
+    sample attends to every real token of that sample, on all ranks; "spatial"/"temporal" for ST-DiT).
+    Keys live on other ranks, so only a context-parallel `Attend` replacement can evaluate it: see
+    `vidforge.parallel.context_parallel.apply_cp`."""
+
+    scope: str
+    shard: TokenShard
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("full", "spatial", "temporal"):
+            raise ValueError(f"ContextShard.scope must be full, spatial or temporal, got {self.scope!r}")
+
+
+AttentionMask = KeyPadding | Segments | ContextShard | None
 
 
 def attention(
@@ -146,6 +167,11 @@ def attention(
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(
             f"attention takes (B, S, heads, head_dim) tensors, got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
+    if isinstance(mask, ContextShard):
+        raise ValueError(
+            f"{mask.scope} attention over a context-parallel shard needs the keys of every cp rank: install "
+            "context-parallel attention with vidforge.parallel.context_parallel.apply_cp (parallel.cp_impl)"
         )
     if isinstance(mask, Segments):
         if q.shape[0] != 1 or q.shape[1] != mask.total_q or k.shape[1] != mask.total_kv:

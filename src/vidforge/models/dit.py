@@ -11,6 +11,13 @@ Inputs, either
 plus, per sample (N = B, or the layout's sample count): noise_level (N,), text (N, L, text_dim),
 text_mask (N, L) bool (True = real token), drop_text (N,) bool (True = use the learned null caption).
 
+Context parallel: with `shard` (a `TokenShard` of the row's layout, or of a plain batch's grid), x is
+this rank's tokens (B, shard.local, features) (`shard.split` of the full tokens) and the output is this
+rank's tokens too. Positions, RoPE tables and the per-token sample index are sliced to the rank's
+tokens; full self-attention receives a `ContextShard` mask that the context-parallel `Attend`
+installed by `vidforge.parallel.context_parallel.apply_cp` evaluates (cross-attention stays local: each
+rank's queries attend to their samples' whole captions).
+
 Pipeline parallel may set `patch_embed` or `final` to None and delete entries of `blocks` (a ModuleDict
 keyed by the block index, so parameter names stay stable); a stage without `patch_embed` takes hidden
 states (B, S, hidden) and needs `grid` or `layout`, a stage without `final` returns hidden states. The
@@ -26,10 +33,10 @@ from torch import nn
 from vidforge.models.attention import KeyPadding, Segments
 from vidforge.models.blocks import DiTBlock
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
-from vidforge.models.packing import SequenceLayout, grid_positions
+from vidforge.models.packing import SequenceLayout, TokenShard, grid_positions
 from vidforge.models.patchify import Grid, patchify, token_grid, unpatchify
 from vidforge.models.rope import rope_tables, sincos_position_embedding
-from vidforge.models.scopes import batch_scopes, packed_scopes
+from vidforge.models.scopes import batch_scopes, packed_scopes, sharded_scopes
 from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
 from vidforge.profile.model import Model
 
@@ -113,9 +120,15 @@ class DiT(nn.Module):
         batch: int = 1,
         grid: Grid | None = None,
         layout: SequenceLayout | None = None,
+        shard: TokenShard | None = None,
     ) -> Conditioning:
         """Everything the blocks need besides the tokens. Small and cheap, so pipeline stages recompute
-        it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row)."""
+        it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row), or `shard` (this
+        context-parallel rank's part of either; it carries the grid or layout)."""
+        if shard is not None:
+            if layout is not None or grid is not None:
+                raise ValueError("condition(): a TokenShard carries the layout or grid; pass it alone")
+            layout, grid = (shard.layout, None) if shard.packed else (None, shard.grid)
         samples = layout.num_samples if layout is not None else batch
         device = text.device
         if noise_level.shape != (samples,):
@@ -140,17 +153,28 @@ class DiT(nn.Module):
                 text_mask = torch.ones(text.shape[:2], dtype=torch.bool, device=device)
             text_lens = text_mask.sum(dim=1).tolist()
             text_tokens = self.text_embed(text[text_mask]).unsqueeze(0)
-            cross_mask = Segments(layout.seqlens, text_lens)
-            positions = layout.positions(device)
-            scopes = packed_scopes(layout, device)
-            token_sample = layout.sample_index(device)
+            if shard is not None:
+                # Every rank holds a chunk (>= 1 token, maybe only padding) of every sample.
+                cross_mask = Segments(shard.chunk_lens, text_lens)
+                positions = shard.positions(device)
+                scopes = sharded_scopes(shard)
+                token_sample = shard.token_sample(device)
+            else:
+                cross_mask = Segments(layout.seqlens, text_lens)
+                positions = layout.positions(device)
+                scopes = packed_scopes(layout, device)
+                token_sample = layout.sample_index(device)
         else:
             if grid is None:
                 raise ValueError("condition() needs the token grid of a plain batch, or a packed layout")
             text_tokens = self.text_embed(text)
             cross_mask = KeyPadding(text_mask) if text_mask is not None else None
-            positions = grid_positions(grid, device)
-            scopes = batch_scopes(batch, grid)
+            if shard is not None:
+                positions = shard.positions(device)
+                scopes = sharded_scopes(shard)
+            else:
+                positions = grid_positions(grid, device)
+                scopes = batch_scopes(batch, grid)
             token_sample = None
         table_dtype = torch.float64 if self.param_dtype == torch.float64 else torch.float32
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta, table_dtype)
@@ -172,10 +196,13 @@ class DiT(nn.Module):
         layout: SequenceLayout | None = None,
         grid: Grid | None = None,
         drop_text: torch.Tensor | None = None,
+        shard: TokenShard | None = None,
     ) -> torch.Tensor:
         cfg = self.config
         latents_in = x.ndim == 5
-        if latents_in:
+        if shard is not None:
+            tokens = self._check_shard_tokens(x, shard, layout, grid)
+        elif latents_in:
             if layout is not None:
                 raise ValueError("a packed layout goes with packed tokens (1, S, features); see pack_latents")
             if x.shape[1] != cfg.in_channels:
@@ -201,7 +228,7 @@ class DiT(nn.Module):
             )
 
         cond = self.condition(
-            noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid, layout=layout
+            noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid, layout=layout, shard=shard
         )
         if self.patch_embed is not None:
             h = self.patch_embed(tokens)
@@ -217,3 +244,17 @@ class DiT(nn.Module):
         if latents_in:
             return unpatchify(out, grid, cfg.patch, cfg.in_channels)
         return out
+
+    @staticmethod
+    def _check_shard_tokens(
+        x: torch.Tensor, shard: TokenShard, layout: SequenceLayout | None, grid: Grid | None
+    ) -> torch.Tensor:
+        if layout is not None or grid is not None:
+            raise ValueError("forward(shard=...): the TokenShard carries the layout or grid; pass it alone")
+        rows = 1 if shard.packed else x.shape[0]
+        if x.ndim != 3 or x.shape[0] != rows or x.shape[1] != shard.local:
+            raise ValueError(
+                f"under context parallel x is this rank's tokens ({rows}, {shard.local}, features) "
+                f"(TokenShard.split of the full row), got {tuple(x.shape)}"
+            )
+        return x

@@ -9,7 +9,7 @@ produces layouts; the model reads them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -143,3 +143,197 @@ def unpack_tokens(tokens: torch.Tensor, layout: SequenceLayout, patch: Sequence[
     for start, end, grid in zip(layout.offsets[:-1], layout.offsets[1:], layout.grids, strict=True):
         out.append(unpatchify(tokens[:, start:end], grid, patch, channels)[0])
     return out
+
+
+# Context parallel: one rank's share of a token row -------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class TokenShard:
+    """Which tokens of a row one rank holds when the sequence is split over `size` context-parallel
+    ranks. Pure host data (no process group): the model reads it, `vidforge.parallel.context_parallel`
+    communicates with it.
+
+    The split is per sample: sample i of n_i tokens is cut into `size` contiguous pieces of n_i // size
+    or n_i // size + 1 tokens (the first n_i % size ranks take one more), and each rank's piece is
+    padded at its end to c_i = ceil(n_i / size) tokens. A rank's tokens are its pieces of every sample,
+    in sample order: `local` = sum c_i tokens on every rank, and every rank holds 1/size of every
+    sample (to one token), so attention work (quadratic per sample) and loss tokens are balanced, not
+    only token counts. A plain batch (`packed=False`, B rows of one grid) is the one-sample case applied
+    to every row: rank r holds a contiguous slice of each row ([r S/size, (r+1) S/size), whole frames
+    when T' divides by size: the ST-DiT hybrid's frames layout).
+
+    Padding: under one token per sample and rank (size * c_i - n_i < size per sample). Pad tokens are
+    zeros (`split`), sit at position (0, 0, 0) and belong to their sample (they modulate and
+    cross-attend like it), are never keys in self-attention (context-parallel attention drops or masks
+    them), and are excluded from the loss (`valid`). Their outputs are finite and meaningless.
+
+    Orders: "row order" is the unpadded full row (what `pack_latents` or `patchify` give); "gathered
+    order" is the ranks' local tokens concatenated by rank (what an all-gather over the cp group gives,
+    size * local tokens); `gathered_row_index` maps between them.
+    """
+
+    layout: SequenceLayout
+    rank: int
+    size: int
+    packed: bool = True
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(
+                f"TokenShard: rank {self.rank} is outside a context-parallel group of {self.size}"
+            )
+        if not self.packed and self.layout.num_samples != 1:
+            raise ValueError("TokenShard of a plain batch describes one grid (shared by every row)")
+
+    @classmethod
+    def of_layout(cls, layout: SequenceLayout, rank: int, size: int) -> TokenShard:
+        """Rank `rank`'s share of one packed row (B = 1)."""
+        return cls(layout, rank, size, packed=True)
+
+    @classmethod
+    def of_grid(cls, grid: Grid, rank: int, size: int) -> TokenShard:
+        """Rank `rank`'s share of every row of a plain batch whose samples share the token grid `grid`."""
+        return cls(SequenceLayout((tuple(grid),)), rank, size, packed=False)
+
+    # Sizes (host integers) ---------------------------------------------------------------------------
+
+    @property
+    def grid(self) -> Grid:
+        """The token grid of a plain batch's rows."""
+        if self.packed:
+            raise ValueError("a packed row has one grid per sample: see TokenShard.layout.grids")
+        return self.layout.grids[0]
+
+    @property
+    def total(self) -> int:
+        """Real tokens of the full row."""
+        return self.layout.total
+
+    @property
+    def chunk_lens(self) -> tuple[int, ...]:
+        """Tokens of each sample on every rank (pads included): c_i = ceil(n_i / size)."""
+        return tuple(-(-n // self.size) for n in self.layout.seqlens)
+
+    @property
+    def padded_lens(self) -> tuple[int, ...]:
+        """Each sample's length padded to a multiple of size: size * c_i."""
+        return tuple(self.size * c for c in self.chunk_lens)
+
+    @property
+    def local(self) -> int:
+        """Tokens every rank holds (pads included)."""
+        return sum(self.chunk_lens)
+
+    @property
+    def pad(self) -> int:
+        """Pad tokens in the whole row (over all ranks)."""
+        return self.size * self.local - self.total
+
+    def local_counts(self, rank: int | None = None) -> tuple[int, ...]:
+        """Real tokens of each sample on `rank` (default: this rank): n_i // size, plus one on the first
+        n_i % size ranks."""
+        r = self.rank if rank is None else rank
+        return tuple(n // self.size + (r < n % self.size) for n in self.layout.seqlens)
+
+    # Index tensors (cached per device) ---------------------------------------------------------------
+
+    def _cached(self, key: tuple, build) -> torch.Tensor:
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def row_index(self, device: torch.device | str = "cpu", rank: int | None = None) -> torch.Tensor:
+        """(local,) position in the full row of each of `rank`'s tokens, -1 for a pad."""
+        r = self.rank if rank is None else rank
+
+        def build() -> torch.Tensor:
+            parts = []
+            for offset, n, c, count in zip(
+                self.layout.offsets, self.layout.seqlens, self.chunk_lens, self.local_counts(r), strict=False
+            ):
+                start = offset + r * (n // self.size) + min(r, n % self.size)
+                within = torch.arange(c)
+                parts.append(torch.where(within < count, start + within, -1))
+            return torch.cat(parts).to(device)
+
+        return self._cached(("row", r, str(device)), build)
+
+    def valid(self, device: torch.device | str = "cpu", rank: int | None = None) -> torch.Tensor:
+        """(local,) bool: True for real tokens of `rank`, False for pads (mask the loss with it)."""
+        r = self.rank if rank is None else rank
+        return self._cached(("valid", r, str(device)), lambda: self.row_index(device, r) >= 0)
+
+    def token_sample(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(local,) sample of every local token (pads belong to the sample they pad); the same on every
+        rank."""
+        return self._cached(
+            ("sample", str(device)),
+            lambda: torch.repeat_interleave(
+                torch.arange(self.layout.num_samples), torch.tensor(self.chunk_lens)
+            ).to(device),
+        )
+
+    def positions(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(local, 3) integer (t, h, w) positions of the local tokens; pads at (0, 0, 0)."""
+
+        def build() -> torch.Tensor:
+            index = self.row_index("cpu")
+            full = self.layout.positions("cpu")
+            return torch.where((index >= 0)[:, None], full[index.clamp(min=0)], 0).to(device)
+
+        return self._cached(("positions", str(device)), build)
+
+    def gathered_padded_order(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(size * local,) the gathered positions of every rank's tokens, reordered sample by sample
+        (sample i: rank 0's chunk, rank 1's, ...; size * c_i tokens, real ones in row order, pads
+        among them). Index a gathered tensor with it to make each sample's tokens contiguous."""
+
+        def build() -> torch.Tensor:
+            parts, local_offset = [], 0
+            for c in self.chunk_lens:
+                ranks = torch.arange(self.size).repeat_interleave(c)
+                within = torch.arange(c).repeat(self.size)
+                parts.append(ranks * self.local + local_offset + within)
+                local_offset += c
+            return torch.cat(parts).to(device)
+
+        return self._cached(("padded", str(device)), build)
+
+    def gathered_row_index(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(total,) for every real token in row order, its position in gathered order: the full row is
+        `gathered.index_select(1, gathered_row_index)`."""
+
+        def build() -> torch.Tensor:
+            order = self.gathered_padded_order("cpu")
+            gathered_valid = torch.cat([self.valid("cpu", r) for r in range(self.size)])
+            return order[gathered_valid[order]].to(device)
+
+        return self._cached(("gathered_row", str(device)), build)
+
+    # Tensors -----------------------------------------------------------------------------------------
+
+    def split(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of a full-row tensor (row order along `dim`): pads are zeros."""
+        if x.shape[dim] != self.total:
+            raise ValueError(
+                f"TokenShard.split: the row has {self.total} tokens, the tensor {x.shape[dim]} along dim {dim}"
+            )
+        index = self.row_index(x.device)
+        local = x.index_select(dim, index.clamp(min=0))
+        shape = [1] * x.ndim
+        shape[dim] = self.local
+        return torch.where(
+            self.valid(x.device).view(shape), local, torch.zeros((), dtype=x.dtype, device=x.device)
+        )
+
+    def assemble(self, gathered: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """The full row (row order, pads dropped) from every rank's tokens concatenated by rank along
+        `dim` (size * local)."""
+        if gathered.shape[dim] != self.size * self.local:
+            raise ValueError(
+                f"TokenShard.assemble expects {self.size} x {self.local} gathered tokens along dim {dim}, "
+                f"got {gathered.shape[dim]}"
+            )
+        return gathered.index_select(dim, self.gathered_row_index(gathered.device))

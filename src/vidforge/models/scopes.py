@@ -7,7 +7,9 @@ mask for the dispatcher.
 
 A plain batch (B equal grids) regroups by reshaping, so the dispatcher sees a bigger batch of short
 sequences and no mask; a packed row keeps B = 1 and passes `Segments` (temporal first permutes tokens
-so that each position's frames are contiguous). q, k, v are (B, S, heads, head_dim) throughout.
+so that each position's frames are contiguous). Under context parallel a rank holds part of every
+sample (`TokenShard`): its scopes regroup nothing and hand the shard to the context-parallel attention.
+q, k, v are (B, S, heads, head_dim) throughout.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vidforge.models.attention import AttentionMask
-from vidforge.models.packing import SequenceLayout
+from vidforge.models.attention import AttentionMask, ContextShard
+from vidforge.models.packing import SequenceLayout, TokenShard
 from vidforge.models.patchify import Grid
 
 SCOPES = ("full", "spatial", "temporal")
@@ -75,3 +77,10 @@ def packed_scopes(layout: SequenceLayout, device: torch.device | str = "cpu") ->
         "spatial": Scope("spatial", layout.frame_segments()),
         "temporal": Scope("temporal", layout.position_segments(), order=order, inverse=torch.argsort(order)),
     }
+
+
+def sharded_scopes(shard: TokenShard) -> dict[str, Scope]:
+    """Scopes for this rank's tokens of a row split over context-parallel ranks: no regrouping here (the
+    tokens of a sample are spread over ranks); each mask is a `ContextShard` naming the scope, for the
+    context-parallel attention that `apply_cp` (full) or the ST-DiT hybrid (spatial, temporal) installs."""
+    return {name: Scope(name, ContextShard(name, shard)) for name in SCOPES}

@@ -1,0 +1,207 @@
+"""Context parallel for full attention (DiT): the token sequence split over the cp ranks.
+
+How a model runs under context parallel:
+
+1. `apply_cp(model, cp_mesh, impl)` replaces the `Attend` of every self-attention layer with a
+   `ContextParallelAttend` holding the cp process group (cross-attention is untouched: text is short,
+   each rank's queries attend to their samples' whole captions locally).
+2. Every rank makes the same `TokenShard` of its row (`shard_of(layout_or_grid, cp_mesh)`), takes its
+   tokens with `shard.split(tokens)` and calls `model(local_tokens, ..., shard=shard)`; the model slices
+   positions, RoPE and per-token conditioning to the rank's tokens and hands full attention a
+   `ContextShard` mask, which the installed attention evaluates with `parallel.cp_impl`
+   (`vidforge.parallel.cp_attention`: all-gather, ring or ulysses).
+3. The output is the rank's tokens; `gather_row(out, shard, group)` assembles the full row where it is
+   needed (sampling), while training keeps it local: `shard_loss` is this rank's share of the
+   micro-batch mean, the shares summing over cp to the single-process loss.
+
+Gradients of the (replicated) parameters are partial sums per cp rank: FSDP over `dp_shard_cp`
+reduces them (it averages, so multiply the loss by cp; see `shard_loss`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from vidforge.models.attention import Attend, AttentionMask, ContextShard
+from vidforge.models.layers import SelfAttention
+from vidforge.models.packing import SequenceLayout, TokenShard
+from vidforge.models.patchify import Grid, patchify, token_grid, unpatchify
+from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
+
+CpGroup = DeviceMesh | dist.ProcessGroup
+
+
+def cp_process_group(cp_mesh: CpGroup) -> dist.ProcessGroup:
+    """The process group of a 1-D cp mesh (e.g. `ParallelDims.mesh["cp"]`), or the group itself."""
+    if isinstance(cp_mesh, DeviceMesh):
+        if cp_mesh.ndim != 1:
+            raise ValueError(f"context parallel needs the 1-D cp mesh (mesh['cp']), got {cp_mesh.ndim} dims")
+        return cp_mesh.get_group()
+    return cp_mesh
+
+
+class ContextParallelAttend(nn.Module):
+    """Replaces a self-attention layer's `Attend`: full attention over a `ContextShard` runs the cp
+    implementation over the group; any other mask (a model called without a shard) runs the wrapped
+    `Attend` unchanged, so the same model serves single-rank evaluation."""
+
+    def __init__(self, inner: Attend, group: dist.ProcessGroup, impl: str) -> None:
+        super().__init__()
+        if impl not in CP_ATTENTION:
+            raise ValueError(
+                f"parallel.cp_impl: {impl!r} is not a full-attention implementation; use one of "
+                f"{', '.join(CP_ATTENTION)} (st-hybrid is applied by vidforge.parallel.stdit_parallel)"
+            )
+        self.inner = inner
+        self.group = group
+        self.impl = impl
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask = None):
+        if not isinstance(mask, ContextShard):
+            return self.inner(q, k, v, mask)
+        if mask.scope != "full":
+            raise ValueError(
+                f"parallel.cp_impl={self.impl} splits full attention only; ST-DiT's {mask.scope} attention "
+                "under context parallel needs parallel.cp_impl=st-hybrid"
+            )
+        shard = mask.shard
+        if shard.size != dist.get_world_size(self.group) or shard.rank != dist.get_rank(self.group):
+            raise ValueError(
+                f"the TokenShard is rank {shard.rank} of {shard.size}, but this process is rank "
+                f"{dist.get_rank(self.group)} of a cp group of {dist.get_world_size(self.group)}: "
+                "make the shard with shard_of(..., cp_mesh)"
+            )
+        return CP_ATTENTION[self.impl](
+            q, k, v, shard, self.group, self.inner.backend, self.inner.sdpa_backend
+        )
+
+    def extra_repr(self) -> str:
+        return f"impl={self.impl}, cp={dist.get_world_size(self.group)}"
+
+
+def apply_cp(model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather") -> nn.Module:
+    """Install context-parallel attention in every self-attention layer of `model` (in place; returns
+    it). Apply after pipeline splitting and tensor parallel (it only swaps parameter-free modules, so
+    the order with TP, checkpointing and FSDP does not matter otherwise). Idempotent."""
+    group = cp_process_group(cp_mesh)
+    if impl not in CP_ATTENTION:
+        raise ValueError(
+            f"parallel.cp_impl: {impl!r} is not a full-attention implementation; use one of "
+            f"{', '.join(CP_ATTENTION)} (st-hybrid is applied by vidforge.parallel.stdit_parallel)"
+        )
+    replaced = 0
+    for module in model.modules():
+        if isinstance(module, SelfAttention) and isinstance(module.attend, Attend):
+            module.attend = ContextParallelAttend(module.attend, group, impl)
+            replaced += 1
+    if not replaced and not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
+        raise ValueError("apply_cp found no self-attention layer to make context-parallel")
+    return model
+
+
+def shard_of(row: SequenceLayout | Grid, cp_mesh: CpGroup) -> TokenShard:
+    """This rank's `TokenShard` of a packed row (its `SequenceLayout`) or of a plain batch's token grid."""
+    group = cp_process_group(cp_mesh)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if isinstance(row, SequenceLayout):
+        return TokenShard.of_layout(row, rank, size)
+    return TokenShard.of_grid(tuple(row), rank, size)
+
+
+def gather_row(x: torch.Tensor, shard: TokenShard, cp_mesh: CpGroup) -> torch.Tensor:
+    """Every rank's tokens (B, local, ...) -> the full row (B, total, ...) in row order, pads dropped,
+    on every rank (differentiable)."""
+    return shard.assemble(gather_tokens(x, cp_process_group(cp_mesh)))
+
+
+def shard_loss(elementwise: torch.Tensor, shard: TokenShard) -> torch.Tensor:
+    """This rank's share of the micro-batch's mean loss, from the per-element loss of its tokens
+    (B, local, features): the sum over its real tokens divided by the element count of the whole row
+    (B * total * features). The shares of the cp ranks sum to the single-process mean exactly, pads
+    excluded, however unevenly the pads fall. Gradients of replicated parameters then need a sum over
+    cp: FSDP over dp_shard_cp averages instead, so backpropagate `shard.size * shard_loss(...)` there
+    (and divide by the dp degree as usual, which FSDP's average also does)."""
+    valid = shard.valid(elementwise.device).view(1, -1, *([1] * (elementwise.ndim - 2)))
+    total = elementwise.shape[0] * shard.total * elementwise[0, 0].numel()
+    return torch.where(valid, elementwise, torch.zeros((), dtype=elementwise.dtype)).sum() / total
+
+
+# --- context-parallel denoising -----------------------------------------------------------------------
+
+
+@torch.no_grad()
+def sample_latents_cp(
+    model: nn.Module,
+    profile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    seeds: Sequence[int],
+    latent_shape: Sequence[int],
+    cp_mesh: CpGroup,
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`vidforge.infer.sampling.sample_latents` with the latent token sequence split over the cp ranks
+    (NeMo's context-parallel denoising): every rank draws the same initial noise, keeps its tokens, runs
+    the sampler on them (EDM preconditioning, guidance and the Heun/RES updates are elementwise per
+    token, so each rank steps its own shard) with the model evaluated context-parallel, and the
+    latents are gathered at the end. Returns (B, C, T, H, W) on every rank. `model` must have had
+    `apply_cp` installed on the same group. Deterministic samplers give the single-process latents;
+    with diffusion.churn > 0 each rank draws its churn noise from its own generator (seed, rank), a
+    valid but different noise stream."""
+    from vidforge.diffusion import EDM, classifier_free_guidance, sample
+    from vidforge.infer.sampling import initial_noise
+
+    if not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
+        raise ValueError(
+            "sample_latents_cp needs a context-parallel model: call apply_cp(model, cp_mesh, impl)"
+        )
+    group = cp_process_group(cp_mesh)
+    cfg = model.config
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    edm = EDM.from_profile(profile.diffusion)
+    shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group)
+    b = text.shape[0]
+    text, text_mask = text.to(device, dtype), text_mask.to(device)
+    if negative is not None:
+        neg_text = negative[0].to(device, dtype).expand(b, -1, -1)
+        neg_mask = negative[1].to(device).expand(b, -1)
+        length = max(text.shape[1], neg_text.shape[1])
+        text, text_mask = _pad_tokens(text, length), _pad_tokens(text_mask, length)
+        neg_text, neg_mask = _pad_tokens(neg_text, length), _pad_tokens(neg_mask, length)
+
+    def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
+        # As sample_latents: row i is sample i % b; unconditional rows take the negative caption or the
+        # model's null caption.
+        rows = x.shape[0]
+        texts, masks = text.repeat(rows // b, 1, 1), text_mask.repeat(rows // b, 1)
+        if negative is not None:
+            texts = torch.where(uncond[:, None, None], neg_text.repeat(rows // b, 1, 1), texts)
+            masks = torch.where(uncond[:, None], neg_mask.repeat(rows // b, 1), masks)
+            drop = torch.zeros(rows, dtype=torch.bool, device=device)
+        else:
+            drop = uncond
+
+        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
+            out = model(x_in.to(dtype), c_noise.to(dtype), texts, masks, drop_text=drop, shard=shard)
+            return out.float()
+
+        return edm.denoise(network, x, sigma.reshape(()).expand(rows))
+
+    denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
+    noise = shard.split(patchify(initial_noise(seeds, latent_shape), cfg.patch).to(device))
+    generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
+    local = sample(denoiser, noise, profile.diffusion, generator=generator)
+    tokens = gather_row(local, shard, group)
+    return unpatchify(tokens, shard.grid, cfg.patch, cfg.in_channels)
+
+
+def _pad_tokens(x: torch.Tensor, length: int) -> torch.Tensor:
+    """Pad dim 1 (caption tokens) to `length` with zeros (False for masks)."""
+    pad = [0, 0] * (x.ndim - 2) + [0, length - x.shape[1]]
+    return torch.nn.functional.pad(x, pad)

@@ -1,0 +1,308 @@
+"""Context-parallel full attention: this rank's queries against the keys of a row split over the cp
+group (`TokenShard`), in three ways. All take q, k, v as this rank's tokens (B, local, H, D) and return
+this rank's output (B, local, H, D); all are differentiable on CPU (gloo) and GPU (NCCL).
+
+- `all_gather_attention` (NeMo / Megatron's all-gather CP): gather K and V over the group (one
+  collective; its backward is a reduce-scatter of their gradients), put the real keys in row order, and
+  run the ordinary dispatcher: the local query chunk of sample i attends to the whole of sample i
+  (`Segments(chunk_lens, seqlens)`), any backend. Memory: the full K/V row on every rank.
+- `ring_attention`: K/V blocks travel around the ring with point-to-point sends, each rank merging
+  per-block partial outputs by their log-sum-exp; the next transfer is posted before the current block
+  is computed, so communication overlaps compute. Backward is the flash-attention backward per block,
+  with the key-gradient accumulators travelling the ring behind the blocks and arriving at their owner
+  after a full turn. Memory: two K/V blocks.
+- `ulysses_attention` (DeepSpeed-Ulysses): one all-to-all turns (all tokens of mine, all heads) into
+  (all tokens, my heads), attention runs over the whole row for H/cp heads with the dispatcher, and one
+  all-to-all turns it back. Needs heads % cp == 0.
+
+Pads (see `TokenShard`) are never keys: the all-gather and Ulysses paths drop them when ordering keys,
+the ring masks them. Pad queries attend to their own sample, so their outputs are finite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from vidforge.models.attention import Segments, attention
+from vidforge.models.packing import TokenShard
+
+# torch >= 2.14 renames the tensor-in/tensor-out collectives; the GPU machine runs 2.11.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+# --- collectives with autograd ----------------------------------------------------------------------
+
+
+class _GatherTokens(torch.autograd.Function):
+    """(B, L, ...) per rank -> (B, size*L, ...) in gathered order; backward reduce-scatters the
+    gradient (every rank's queries contributed to every rank's keys)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        size = dist.get_world_size(group)
+        out = x.new_empty((size * x.shape[0], *x.shape[1:]))  # rank blocks concatenated along dim 0
+        _all_gather_single(out, x.contiguous(), group=group)
+        return out.unflatten(0, (size, -1)).movedim(0, 1).flatten(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        size = dist.get_world_size(ctx.group)
+        per_rank = grad.unflatten(1, (size, -1)).movedim(1, 0).flatten(0, 1).contiguous()
+        out = per_rank.new_empty((per_rank.shape[0] // size, *per_rank.shape[1:]))
+        _reduce_scatter_single(out, per_rank, group=ctx.group)
+        return out, None
+
+
+def gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """All-gather along dim 1 (tokens), differentiable: (B, L, ...) -> (B, size*L, ...)."""
+    return _GatherTokens.apply(x, group)
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single over dim 0 with equal splits; its own inverse, so backward is the same."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _all_to_all(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_to_all(grad, ctx.group), None
+
+
+def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    x = x.contiguous()  # first: empty_like keeps a permuted view's strides, the collective assumes dense
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+# --- all-gather ---------------------------------------------------------------------------------------
+
+
+def _full_row_segments(shard: TokenShard, queries: tuple[int, ...]) -> Segments | None:
+    """Queries (grouped by sample as `queries` says) against every real key of their sample."""
+    if not shard.packed:
+        return None  # one sample per row: every query sees every (real) key
+    return Segments(queries, shard.layout.seqlens)
+
+
+def all_gather_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    shard: TokenShard,
+    group: dist.ProcessGroup,
+    backend: str = "sdpa",
+    sdpa_backend: str = "auto",
+) -> torch.Tensor:
+    dk = k.shape[-1]
+    kv = gather_tokens(torch.cat([k, v], dim=-1), group)  # one collective for both
+    kv = kv.index_select(1, shard.gathered_row_index(kv.device))  # real keys, row order
+    k_full, v_full = kv.split([dk, kv.shape[-1] - dk], dim=-1)
+    return attention(q, k_full, v_full, _full_row_segments(shard, shard.chunk_lens), backend, sdpa_backend)
+
+
+# --- Ulysses ------------------------------------------------------------------------------------------
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    shard: TokenShard,
+    group: dist.ProcessGroup,
+    backend: str = "sdpa",
+    sdpa_backend: str = "auto",
+) -> torch.Tensor:
+    size = shard.size
+    b, local, heads = q.shape[:3]
+    if heads % size:
+        raise ValueError(
+            f"parallel.cp_impl=ulysses splits the {heads} attention heads (per tensor-parallel rank) over "
+            f"cp={size} ranks; make model.heads / parallel.tp divisible by parallel.cp, or use all-gather or ring"
+        )
+    dims = (q.shape[-1], k.shape[-1], v.shape[-1])
+    qkv = torch.cat([q, k, v], dim=-1)  # (B, L, H, Dq+Dk+Dv): one all-to-all for all three
+    # to rank j: my tokens, head group j  ->  from rank j: its tokens, my head group (gathered order)
+    send = qkv.unflatten(2, (size, heads // size)).permute(2, 0, 1, 3, 4)
+    recv = _AllToAll.apply(send, group)  # (size, B, L, H/size, D)
+    qkv = recv.movedim(0, 1).flatten(1, 2)  # (B, size*L, H/size, D)
+    qg, kg, vg = qkv.split(dims, dim=-1)
+    order = shard.gathered_padded_order(q.device)  # queries: samples contiguous, pads included
+    keys = shard.gathered_row_index(q.device)  # keys: real tokens only
+    out = attention(
+        qg.index_select(1, order),
+        kg.index_select(1, keys),
+        vg.index_select(1, keys),
+        _full_row_segments(shard, shard.padded_lens),
+        backend,
+        sdpa_backend,
+    )
+    out = out.index_select(1, torch.argsort(order))  # back to gathered order
+    # to rank j: its tokens, my head group  ->  from rank j: my tokens, head group j
+    send = out.unflatten(1, (size, local)).movedim(1, 0)  # (size, B, L, H/size, Dv)
+    recv = _AllToAll.apply(send, group)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, local, heads, dims[2])
+
+
+# --- ring ---------------------------------------------------------------------------------------------
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (B, Lq, H, D) to one block of keys (B, Lk, H, D) where `allowed` (Lq, Lk) is True:
+    the block-normalised output (B, Lq, H, Dv) and its log-sum-exp (B, H, Lq), in q's (compute) dtype.
+    A query with no allowed key in the block gets output 0 and log-sum-exp -inf."""
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - _finite(lse)[..., None])
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
+
+
+def merge_partial(
+    out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two softmax-normalised partial outputs over disjoint key sets by their log-sum-exps
+    (B, H, Lq): the result is the attention over the union. -inf (no keys yet) on either side is fine."""
+    new_lse = torch.logaddexp(lse, block_lse)
+    finite = _finite(new_lse)
+    w_old = torch.exp(lse - finite).transpose(1, 2)[..., None]  # (B, Lq, H, 1)
+    w_new = torch.exp(block_lse - finite).transpose(1, 2)[..., None]
+    return out * w_old + block_out * w_new, new_lse
+
+
+def _finite(lse: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isinf(lse), torch.zeros((), dtype=lse.dtype, device=lse.device), lse)
+
+
+class _Ring:
+    """Point-to-point neighbours of this rank in the cp group: send to rank+1, receive from rank-1."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
+
+    def shift(self, tensor: torch.Tensor, tag: int) -> tuple[torch.Tensor, list]:
+        """Post sending `tensor` to the next rank and receiving the previous rank's into a new buffer;
+        returns the buffer and the requests to wait on before reading it."""
+        buffer = torch.empty_like(tensor)
+        ops = [
+            dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
+            dist.P2POp(dist.irecv, buffer, self.prev, self.group, tag),
+        ]
+        return buffer, dist.batch_isend_irecv(ops)
+
+
+def _wait(requests: list) -> None:
+    for request in requests:
+        request.wait()
+
+
+def _block_mask(shard: TokenShard, source: int, device: torch.device) -> torch.Tensor:
+    """(local, local): which of rank `source`'s tokens (as keys) each local query may see: same sample,
+    and not a pad."""
+    sample = shard.token_sample(device)  # the same on every rank
+    return (sample[:, None] == sample[None, :]) & shard.valid(device, source)[None, :]
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, shard: TokenShard, group: dist.ProcessGroup):
+        ring = _Ring(group)
+        compute = _compute_dtype(q)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        qc = q.to(compute)
+        dk = k.shape[-1]
+        block = torch.cat([k, v], dim=-1).to(compute).contiguous()
+        out = qc.new_zeros((*q.shape[:3], v.shape[-1]))
+        lse = qc.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"))
+        for step in range(ring.size):
+            source = (ring.rank - step) % ring.size
+            if step + 1 < ring.size:  # overlap: the next block is on its way while this one computes
+                incoming, requests = ring.shift(block, tag=0)
+            kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
+            block_out, block_lse = block_attention(qc, kb, vb, _block_mask(shard, source, q.device), scale)
+            out, lse = merge_partial(out, lse, block_out, block_lse)
+            if step + 1 < ring.size:
+                _wait(requests)
+                block = incoming
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.shard, ctx.group, ctx.scale = shard, group, scale
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        shard, ring, scale = ctx.shard, _Ring(ctx.group), ctx.scale
+        compute = _compute_dtype(q)
+        qc, dout = q.to(compute), grad_out.to(compute)
+        delta = (dout * out).sum(-1).transpose(1, 2)  # (B, H, Lq): rowsum(dO * O)
+        dk = k.shape[-1]
+        block = torch.cat([k, v], dim=-1).to(compute).contiguous()
+        grad_block = torch.zeros_like(block)  # gradient of the block in hand, summed over ranks so far
+        dq = torch.zeros_like(qc)
+        for step in range(ring.size):
+            source = (ring.rank - step) % ring.size
+            if step + 1 < ring.size:
+                incoming, requests = ring.shift(block, tag=1)
+            kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
+            scores = torch.einsum("bqhd,bkhd->bhqk", qc, kb) * scale
+            allowed = _block_mask(shard, source, q.device)
+            probs = torch.exp(scores - _finite(lse)[..., None]).masked_fill(~allowed, 0.0)
+            d_probs = torch.einsum("bqhd,bkhd->bhqk", dout, vb)
+            d_scores = probs * (d_probs - delta[..., None])
+            dq += torch.einsum("bhqk,bkhd->bqhd", d_scores, kb) * scale
+            grad_block += torch.cat(
+                [
+                    torch.einsum("bhqk,bqhd->bkhd", d_scores, qc) * scale,
+                    torch.einsum("bhqk,bqhd->bkhd", probs, dout),
+                ],
+                dim=-1,
+            )
+            # The accumulator follows its block to the next rank; after the last step it arrives home.
+            grad_block, grad_requests = ring.shift(grad_block, tag=2)
+            if step + 1 < ring.size:
+                _wait(requests)
+                block = incoming
+            _wait(grad_requests)
+        grad_k, grad_v = grad_block.split([dk, grad_block.shape[-1] - dk], dim=-1)
+        return dq.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    shard: TokenShard,
+    group: dist.ProcessGroup,
+    backend: str = "sdpa",
+    sdpa_backend: str = "auto",
+) -> torch.Tensor:
+    """Ring attention (see the module docstring). Per-block attention is explicit einsum math in float32
+    (float64 for float64 inputs), so `backend` is not used: it runs and differentiates anywhere."""
+    if shard.size == 1:
+        return all_gather_attention(q, k, v, shard, group, backend, sdpa_backend)
+    return _RingAttention.apply(q, k, v, shard, group)
+
+
+CP_ATTENTION = {
+    "all-gather": all_gather_attention,
+    "ring": ring_attention,
+    "ulysses": ulysses_attention,
+}
