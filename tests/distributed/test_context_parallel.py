@@ -1,11 +1,11 @@
 """Context parallel (all-gather, ring, Ulysses) on 2 and 4 gloo ranks against one process.
 
-Every rank builds the same tiny float64 DiT and the same inputs, runs the single-process model as the
-reference, then the context-parallel copy on its share of the tokens (`TokenShard`), for a packed row
-whose samples do not divide by the cp degree (so pads are exercised) and for a plain batch. Checked:
-the gathered output equals the single-process output, the ranks' `shard_loss` shares sum to the
-single-process mean loss, and every parameter's gradient, summed over the ranks, equals the
-single-process gradient. float64 throughout: the two computations differ in summation order only, so
+Every rank builds the same tiny float64 DiT and the same micro-batch, runs the EDM training loss of the
+single-process model as the reference, then of the context-parallel copy on its share of the tokens
+(`TokenShard`), for a packed row whose samples do not divide by the cp degree (so pads are exercised)
+and for a plain batch. Checked: the gathered denoised output equals the single-process one, the
+ranks' `shard_loss` shares sum to the single-process mean loss, and every parameter's gradient,
+summed over the ranks, equals the single-process gradient. float64 throughout: the two computations differ in summation order only, so
 1e-10 (relative and absolute) bounds rounding with a wide margin and catches any real error (a missing
 key, a wrong gradient path is O(1e-2) or larger). Context-parallel sampling (several denoising steps
 with classifier-free guidance) must give the single-process latents: the sampler runs in float32, so
@@ -49,45 +49,72 @@ def _model():
 
 
 def _inputs(packed: bool):
-    """Model inputs in row order (tokens, per-sample conditioning), the `layout` or `grid`, and a target."""
+    """A micro-batch in row order: clean tokens, noise, per-sample sigma, text, text mask, caption
+    dropout, and the `layout` (packed) or `grid` (plain batch) of the row."""
     from vidforge.models import pack_latents, patchify
 
     g = torch.Generator().manual_seed(2)
     if packed:  # 12 + 3 + 9 tokens: 3 and 9 leave pads at cp 2 and 4
         shapes = [(4, 2, 2, 3), (4, 1, 1, 3), (4, 3, 1, 3)]
         latents = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
-        tokens, layout = pack_latents(latents, (1, 1, 1))
+        clean, layout = pack_latents(latents, (1, 1, 1))
         row = {"layout": layout}
     else:  # two clips of 3 x 1 x 3 = 9 tokens
         latents = torch.randn(2, 4, 3, 1, 3, generator=g, dtype=torch.float64)
-        tokens, row = patchify(latents, (1, 1, 1)), {"grid": (3, 1, 3)}
+        clean, row = patchify(latents, (1, 1, 1)), {"grid": (3, 1, 3)}
     n = 3 if packed else 2
+    noise = torch.randn(clean.shape, generator=g, dtype=torch.float64)
+    sigma = torch.rand(n, generator=g, dtype=torch.float64) * 2 + 0.1
     text = torch.randn(n, 5, 32, generator=g, dtype=torch.float64)
     text_mask = torch.ones(n, 5, dtype=torch.bool)
     text_mask[0, 3:] = False
     drop = torch.zeros(n, dtype=torch.bool)
     drop[-1] = True  # one sample uses the null caption
-    cond = (torch.randn(n, generator=g, dtype=torch.float64), text, text_mask)
-    target = torch.randn(tokens.shape, generator=g, dtype=torch.float64)
-    return tokens, cond, drop, row, target
+    return clean, noise, sigma, (text, text_mask), drop, row
+
+
+def _edm_loss(model, clean, noise, sigma, sigma_b, text, drop, **row):
+    """The training step's computation (train/step.py): noise, denoise with the preconditioned model,
+    weighted per-element loss."""
+    from vidforge.diffusion import EDM
+
+    edm = EDM()
+
+    def network(x_in, c_noise):
+        return model(x_in, c_noise, *text, drop_text=drop, **row)
+
+    denoised = edm.denoise(network, clean + sigma_b * noise, sigma, sigma_b)
+    return denoised, edm.loss(denoised, clean, sigma_b)
 
 
 def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
-    """Largest errors of the cp run against the single-process one: output, loss, gradients."""
+    """Largest errors of the cp run against the single-process one: denoised output, loss, gradients.
+    The cp side is the recipe for the training step: split the row's tensors with the shard, sigma per
+    local token, `shard_loss` as the rank's share of the mean."""
     import torch.distributed as dist
 
-    from vidforge.parallel.context_parallel import apply_cp, gather_row, shard_loss, shard_of
+    from vidforge.parallel.context_parallel import apply_cp, gather_row, per_token, shard_loss, shard_of
 
-    tokens, cond, drop, row, target = _inputs(packed)
+    clean, noise, sigma, text, drop, row = _inputs(packed)
     reference = copy.deepcopy(model)
-    out = reference(tokens, *cond, drop_text=drop, **row)
-    loss = ((out - target) ** 2).mean()
+    sigma_b = row["layout"].per_token(sigma)[..., None] if packed else sigma[:, None, None]
+    out, elementwise = _edm_loss(reference, clean, noise, sigma, sigma_b, text, drop, **row)
+    loss = elementwise.mean()
     loss.backward()
 
     cp_model = apply_cp(copy.deepcopy(model), group, impl)
     shard = shard_of(row.get("layout") or row.get("grid"), group)
-    local = cp_model(shard.split(tokens), *cond, drop_text=drop, shard=shard)
-    share = shard_loss((local - shard.split(target)) ** 2, shard)
+    local, local_elementwise = _edm_loss(
+        cp_model,
+        shard.split(clean),
+        shard.split(noise),
+        sigma,
+        per_token(sigma, shard),
+        text,
+        drop,
+        shard=shard,
+    )
+    share = shard_loss(local_elementwise, shard)
     share.backward()
     total = share.detach().clone()
     dist.all_reduce(total, group=group)
@@ -104,8 +131,9 @@ def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
     return errors
 
 
-def _sampling(model, impl: str, group) -> float:
-    """Largest difference between context-parallel and single-process sampled latents."""
+def _sampling(model, impl: str, group) -> dict[str, float]:
+    """Largest difference between context-parallel and single-process sampled latents, with the null
+    caption and with a negative prompt as the unconditional branch."""
     from vidforge.infer.sampling import sample_latents
     from vidforge.parallel.context_parallel import apply_cp, sample_latents_cp
     from vidforge.profile import load_profile
@@ -115,11 +143,15 @@ def _sampling(model, impl: str, group) -> float:
     text = torch.randn(2, 4, 32, generator=g)
     text_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
     shape = (4, 3, 1, 3)  # 9 tokens: padded on 2 and 4 ranks
-    single = sample_latents(model, profile, text, text_mask, [5, 6], shape)
+    negative = (torch.randn(1, 6, 32, generator=g), torch.tensor([[1, 1, 1, 0, 0, 0]], dtype=torch.bool))
     cp_model = apply_cp(copy.deepcopy(model), group, impl)
-    cp = sample_latents_cp(cp_model, profile, text, text_mask, [5, 6], shape, group)
-    assert cp.shape == single.shape == (2, *shape)
-    return (cp - single).abs().max().item()
+    errors = {}
+    for name, neg in (("null caption", None), ("negative prompt", negative)):
+        single = sample_latents(model, profile, text, text_mask, [5, 6], shape, neg)
+        cp = sample_latents_cp(cp_model, profile, text, text_mask, [5, 6], shape, group, neg)
+        assert cp.shape == single.shape == (2, *shape)
+        errors[name] = (cp - single).abs().max().item()
+    return errors
 
 
 def _worker(rank: int, world: int, impls: tuple[str, ...], sampling_impl: str | None):
@@ -143,7 +175,7 @@ def two_ranks():
 
 @pytest.fixture(scope="module")
 def four_ranks():
-    return run_ranks(_worker, 4, ("ulysses",), None)
+    return run_ranks(_worker, 4, ("ring", "ulysses"), None)
 
 
 def _check(errors):
@@ -162,14 +194,19 @@ def test_two_ranks_match_one_process(two_ranks, impl, packed):
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain"])
-def test_four_ranks_ulysses_match_one_process(four_ranks, packed):
-    """4 ranks (one head per rank, samples shorter than 4 tokens per rank) equal the single process."""
+@pytest.mark.parametrize("impl", ["ring", "ulysses"])
+def test_four_ranks_match_one_process(four_ranks, impl, packed):
+    """4 ranks equal the single process: the ring's blocks and gradient accumulators make a full turn
+    through distinct neighbours (with 2 ranks the next rank is the previous one), Ulysses runs one head
+    per rank, and a 3-token sample leaves one rank only a pad of it."""
     for rank_errors in four_ranks:
-        _check(rank_errors[("ulysses", packed)])
+        _check(rank_errors[(impl, packed)])
 
 
 def test_context_parallel_sampling_matches_one_process(two_ranks):
-    """Heun sampling with guidance, the latent tokens split over 2 ranks at every step and gathered at
-    the end, gives the single-process latents (float32 sampler state: 1e-5)."""
+    """Heun sampling with guidance (null caption or negative prompt), the latent tokens split over 2
+    ranks at every step and gathered at the end, gives the single-process latents (float32 sampler
+    state: 1e-5)."""
     for rank_errors in two_ranks:
-        assert rank_errors["sampling"] < 1e-5
+        assert rank_errors["sampling"]["null caption"] < 1e-5
+        assert rank_errors["sampling"]["negative prompt"] < 1e-5

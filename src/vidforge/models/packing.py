@@ -231,6 +231,12 @@ class TokenShard:
         """Pad tokens in the whole row (over all ranks)."""
         return self.size * self.local - self.total
 
+    @property
+    def gathered_is_row_order(self) -> bool:
+        """True when gathering the ranks' tokens gives the row itself (one sample per row, no pads), so
+        `assemble` and `gathered_row_index` are the identity."""
+        return self.layout.num_samples == 1 and self.pad == 0
+
     def local_counts(self, rank: int | None = None) -> tuple[int, ...]:
         """Real tokens of each sample on `rank` (default: this rank): n_i // size, plus one on the first
         n_i % size ranks."""
@@ -336,4 +342,6 @@ class TokenShard:
                 f"TokenShard.assemble expects {self.size} x {self.local} gathered tokens along dim {dim}, "
                 f"got {gathered.shape[dim]}"
             )
+        if self.gathered_is_row_order:
+            return gathered
         return gathered.index_select(dim, self.gathered_row_index(gathered.device))

@@ -128,7 +128,17 @@ def shard_loss(elementwise: torch.Tensor, shard: TokenShard) -> torch.Tensor:
     (and divide by the dp degree as usual, which FSDP's average also does)."""
     valid = shard.valid(elementwise.device).view(1, -1, *([1] * (elementwise.ndim - 2)))
     total = elementwise.shape[0] * shard.total * elementwise[0, 0].numel()
-    return torch.where(valid, elementwise, torch.zeros((), dtype=elementwise.dtype)).sum() / total
+    zero = torch.zeros((), dtype=elementwise.dtype, device=elementwise.device)
+    return torch.where(valid, elementwise, zero).sum() / total
+
+
+def per_token(values: torch.Tensor, shard: TokenShard) -> torch.Tensor:
+    """Per-sample values (N,) broadcast against this rank's tokens (B, local, features): (1, local, 1)
+    for a packed row (each token its sample's value, pads their sample's), (B, 1, 1) for a plain batch.
+    E.g. the noise level sigma_b of `edm.denoise` / `edm.loss` under context parallel."""
+    if shard.packed:
+        return values[shard.token_sample(values.device)][None, :, None]
+    return values[:, None, None]
 
 
 # --- context-parallel denoising -----------------------------------------------------------------------

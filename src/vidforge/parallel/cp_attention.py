@@ -103,8 +103,9 @@ def all_gather_attention(
     sdpa_backend: str = "auto",
 ) -> torch.Tensor:
     dk = k.shape[-1]
-    kv = gather_tokens(torch.cat([k, v], dim=-1), group)  # one collective for both
-    kv = kv.index_select(1, shard.gathered_row_index(kv.device))  # real keys, row order
+    kv = shard.assemble(
+        gather_tokens(torch.cat([k, v], dim=-1), group)
+    )  # one collective; real keys, row order
     k_full, v_full = kv.split([dk, kv.shape[-1] - dk], dim=-1)
     return attention(q, k_full, v_full, _full_row_segments(shard, shard.chunk_lens), backend, sdpa_backend)
 
