@@ -19,6 +19,18 @@ from vidforge.errors import UserInputError
 Ref = tuple[int, int, int]  # (source, shard index in the source's shard list, sample index in the shard)
 
 
+class DataParallelSizeChanged(UserInputError):
+    """A loader state written by a run with another number of data-parallel ranks: each rank's stream is a
+    function of its dp rank and size, so the position cannot carry over."""
+
+    def __init__(self, saved: int, now: int) -> None:
+        super().__init__(
+            f"the data position was saved with {saved} data-parallel rank(s) and this run has {now}; "
+            "resume with the same dp_replicate x dp_shard, or accept that the data starts over"
+        )
+        self.saved, self.now = saved, now
+
+
 def rank_shards(num_shards: int, seed: int, source: int, epoch: int, dp_rank: int, dp_size: int) -> list[int]:
     """The shards data-parallel rank `dp_rank` reads in `epoch`, in order: a permutation by (seed, source,
     epoch) dealt round-robin, so ranks read disjoint shards and together read all of them."""
@@ -118,6 +130,8 @@ class SourceStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = (len(self.sizes), [self.dp_rank, self.dp_size], self.seed)
         theirs = (state["shards"], list(state["dp"]), state["seed"])
+        if (mine[0], mine[2]) == (theirs[0], theirs[2]) and mine[1][1] != theirs[1][1]:
+            raise DataParallelSizeChanged(theirs[1][1], self.dp_size)
         if mine != theirs:
             raise UserInputError(
                 f"loader state is of another setup (shards, dp rank/size, seed) {theirs}, this loader "

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vidforge.data.blending import DataParallelSizeChanged
 from vidforge.data.loader import ShardLoader
 from vidforge.data.packing import PackedBatch, build_batcher
 from vidforge.diffusion import EDM
@@ -158,9 +159,16 @@ def run(
     step = 0
     if resume and latest is not None:
         extra = checkpoints.load(latest, model, optimizer, ema)
-        batcher.load_state_dict(extra["loader"])
         step = extra["step"]
         notes.append(f"resumed from step {step}")
+        try:
+            batcher.load_state_dict(extra["loader"])
+        except DataParallelSizeChanged as changed:
+            # Weights and optimizer states reshard (DCP); a data position is per dp rank and cannot.
+            notes.append(
+                f"data-parallel size changed from {changed.saved} to {changed.now}: the model resumed "
+                f"at step {step}, the data starts over from its first sample"
+            )
     elif resume:
         notes.append("no complete checkpoint to resume from: started fresh")
     start_step = step
