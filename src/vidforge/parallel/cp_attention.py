@@ -222,14 +222,24 @@ def _block_mask(shard: TokenShard, source: int, device: torch.device) -> torch.T
     return (sample[:, None] == sample[None, :]) & shard.valid(device, source)[None, :]
 
 
+RING_QUERY_CHUNK = 2048
+"""Queries per einsum in ring attention: bounds the (B, H, chunk, local) score tensor, which for whole
+blocks of a long sequence would not fit (9k local tokens x 24 heads is 8 GB in float32)."""
+
+
+def _query_chunks(length: int, chunk: int) -> list[slice]:
+    return [slice(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, shard: TokenShard, group: dist.ProcessGroup):
+    def forward(ctx, q, k, v, shard: TokenShard, group: dist.ProcessGroup, query_chunk: int):
         ring = _Ring(group)
         compute = _compute_dtype(q)
         scale = 1.0 / math.sqrt(q.shape[-1])
         qc = q.to(compute)
         dk = k.shape[-1]
+        chunks = _query_chunks(q.shape[1], query_chunk)
         block = torch.cat([k, v], dim=-1).to(compute).contiguous()
         out = qc.new_zeros((*q.shape[:3], v.shape[-1]))
         lse = qc.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"))
@@ -238,13 +248,15 @@ class _RingAttention(torch.autograd.Function):
             if step + 1 < ring.size:  # overlap: the next block is on its way while this one computes
                 incoming, requests = ring.shift(block, tag=0)
             kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            block_out, block_lse = block_attention(qc, kb, vb, _block_mask(shard, source, q.device), scale)
-            out, lse = merge_partial(out, lse, block_out, block_lse)
+            allowed = _block_mask(shard, source, q.device)
+            for rows in chunks:
+                part = block_attention(qc[:, rows], kb, vb, allowed[rows], scale)
+                out[:, rows], lse[..., rows] = merge_partial(out[:, rows], lse[..., rows], *part)
             if step + 1 < ring.size:
                 _wait(requests)
                 block = incoming
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.shard, ctx.group, ctx.scale = shard, group, scale
+        ctx.shard, ctx.group, ctx.scale, ctx.chunks = shard, group, scale, chunks
         return out.to(q.dtype)
 
     @staticmethod
@@ -254,36 +266,37 @@ class _RingAttention(torch.autograd.Function):
         compute = _compute_dtype(q)
         qc, dout = q.to(compute), grad_out.to(compute)
         delta = (dout * out).sum(-1).transpose(1, 2)  # (B, H, Lq): rowsum(dO * O)
+        finite_lse = _finite(lse)
         dk = k.shape[-1]
         block = torch.cat([k, v], dim=-1).to(compute).contiguous()
         grad_block = torch.zeros_like(block)  # gradient of the block in hand, summed over ranks so far
+        grad_requests: list = []
         dq = torch.zeros_like(qc)
         for step in range(ring.size):
             source = (ring.rank - step) % ring.size
             if step + 1 < ring.size:
                 incoming, requests = ring.shift(block, tag=1)
             kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            scores = torch.einsum("bqhd,bkhd->bhqk", qc, kb) * scale
             allowed = _block_mask(shard, source, q.device)
-            probs = torch.exp(scores - _finite(lse)[..., None]).masked_fill(~allowed, 0.0)
-            d_probs = torch.einsum("bqhd,bkhd->bhqk", dout, vb)
-            d_scores = probs * (d_probs - delta[..., None])
-            dq += torch.einsum("bhqk,bkhd->bqhd", d_scores, kb) * scale
-            grad_block += torch.cat(
-                [
-                    torch.einsum("bhqk,bqhd->bkhd", d_scores, qc) * scale,
-                    torch.einsum("bhqk,bqhd->bkhd", probs, dout),
-                ],
-                dim=-1,
-            )
-            # The accumulator follows its block to the next rank; after the last step it arrives home.
-            grad_block, grad_requests = ring.shift(grad_block, tag=2)
+            grad_here = torch.zeros_like(block)  # this rank's contribution to the block's gradient
+            for rows in ctx.chunks:
+                scores = torch.einsum("bqhd,bkhd->bhqk", qc[:, rows], kb) * scale
+                probs = torch.exp(scores - finite_lse[..., rows, None]).masked_fill(~allowed[rows], 0.0)
+                d_probs = torch.einsum("bqhd,bkhd->bhqk", dout[:, rows], vb)
+                d_scores = probs * (d_probs - delta[..., rows, None])
+                dq[:, rows] += torch.einsum("bhqk,bkhd->bqhd", d_scores, kb) * scale
+                grad_here[..., :dk] += torch.einsum("bhqk,bqhd->bkhd", d_scores, qc[:, rows]) * scale
+                grad_here[..., dk:] += torch.einsum("bhqk,bqhd->bkhd", probs, dout[:, rows])
+            # The accumulator arrived (overlapped with the compute above) from the previous rank with
+            # this block; add to it and pass it on: after the last step it reaches the block's owner.
+            _wait(grad_requests)
+            grad_block, grad_requests = ring.shift(grad_block + grad_here, tag=2)
             if step + 1 < ring.size:
                 _wait(requests)
                 block = incoming
-            _wait(grad_requests)
+        _wait(grad_requests)
         grad_k, grad_v = grad_block.split([dk, grad_block.shape[-1] - dk], dim=-1)
-        return dq.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None
+        return dq.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
 
 
 def ring_attention(
@@ -294,12 +307,14 @@ def ring_attention(
     group: dist.ProcessGroup,
     backend: str = "sdpa",
     sdpa_backend: str = "auto",
+    query_chunk: int = RING_QUERY_CHUNK,
 ) -> torch.Tensor:
     """Ring attention (see the module docstring). Per-block attention is explicit einsum math in float32
-    (float64 for float64 inputs), so `backend` is not used: it runs and differentiates anywhere."""
+    (float64 for float64 inputs), `query_chunk` queries at a time, so `backend` is not used: it runs
+    and differentiates anywhere."""
     if shard.size == 1:
         return all_gather_attention(q, k, v, shard, group, backend, sdpa_backend)
-    return _RingAttention.apply(q, k, v, shard, group)
+    return _RingAttention.apply(q, k, v, shard, group, query_chunk)
 
 
 CP_ATTENTION = {
