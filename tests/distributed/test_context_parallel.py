@@ -102,7 +102,8 @@ def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
     loss = elementwise.mean()
     loss.backward()
 
-    cp_model = apply_cp(copy.deepcopy(model), group, impl)
+    # A copy of a cp model (EMA, evaluation) shares its process group and computes the same.
+    cp_model = copy.deepcopy(apply_cp(copy.deepcopy(model), group, impl))
     shard = shard_of(row.get("layout") or row.get("grid"), group)
     local, local_elementwise = _edm_loss(
         cp_model,

@@ -20,6 +20,7 @@ reduces them (it averages, so multiply the loss by cp; see `shard_loss`).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -82,6 +83,12 @@ class ContextParallelAttend(nn.Module):
 
     def extra_repr(self) -> str:
         return f"impl={self.impl}, cp={dist.get_world_size(self.group)}"
+
+    def __deepcopy__(self, memo: dict) -> ContextParallelAttend:
+        # A process group cannot be copied: copies of the model (EMA, evaluation) share it.
+        clone = ContextParallelAttend(copy.deepcopy(self.inner, memo), self.group, self.impl)
+        clone.train(self.training)
+        return clone
 
 
 def apply_cp(model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather") -> nn.Module:
