@@ -203,8 +203,8 @@ def estimate_memory(
     notes: list[str] = []
     terms: list[Term] = []
 
-    where = f"({counts.outside:,} outside + {blocks} blocks x {block_params:,.0f}"
-    where += f"{' after TP/' + str(tp) if tp > 1 else ''}) / {shards} FSDP shards"
+    where = f"({counts.outside:,} outside the blocks + {blocks} blocks x {block_params:,.0f}"
+    where += f"{' after TP/' + str(tp) if tp > 1 else ''}) / {shards} FSDP shard(s)"
     offload = train.fsdp_cpu_offload and prec.fsdp
     state = [
         ("parameters", 4, "float32 master weights"),
@@ -215,7 +215,9 @@ def estimate_memory(
         state.append(("ema", 4, "EMA of the weights, float32"))
     for name, per, what in state:
         size = 0.0 if offload else local_params * per
-        terms.append(Term(name, size, f"{what}: {local_params:,.0f} params {where} x {per} B = {_gib(size)}"))
+        terms.append(
+            Term(name, size, f"{what}: {where} = {local_params:,.0f} params x {per} B = {_gib(size)}")
+        )
     if offload:
         notes.append(
             f"train.fsdp_cpu_offload: parameters, gradients and optimizer states ({_gib(local_params * 20)}) "

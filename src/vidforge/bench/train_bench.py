@@ -64,16 +64,16 @@ class TrainStep:
         self.profile = profile
         self.device = device or bench_device(profile)
         self.dims = ParallelDims.from_profile(profile)
+        if self.dims.tp_enabled or self.dims.cp_enabled or self.dims.pp_enabled:
+            raise UserInputError(
+                "parallel.tp/cp/pp: `vidforge train` does not run tensor, context or pipeline parallel yet, so "
+                "bench train cannot time them; keep tp=cp=pp=1 here and use `vidforge bench plan` for those layouts"
+            )
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world != self.dims.world_size:
             raise UserInputError(
                 f"the layout {self.dims.layout.describe()} needs {self.dims.world_size} rank(s) but {world} "
                 f"started; use --nproc {self.dims.world_size} or change cluster/parallel in the profile"
-            )
-        if self.dims.tp_enabled or self.dims.cp_enabled or self.dims.pp_enabled:
-            raise UserInputError(
-                "parallel.tp/cp/pp: `vidforge train` does not run tensor, context or pipeline parallel yet, so "
-                "bench train cannot time them; keep tp=cp=pp=1 here and use `vidforge bench plan` for those layouts"
             )
         self.workload = Workload.from_profile(profile)
         torch.manual_seed(cfg.seed)
@@ -165,6 +165,7 @@ class TrainBenchResult:
     world_size: int
     device: str
     workload: str
+    tokens_per_sample: int
     tokens_per_step: int
     step_time_s: float
     step_time_spread: float
@@ -219,6 +220,7 @@ def run(profile: RunProfile) -> TrainBenchResult:
         world_size=world,
         device=str(device),
         workload=step.workload.describe(),
+        tokens_per_sample=step.workload.tokens_per_sample,
         tokens_per_step=tokens,
         step_time_s=step_time,
         step_time_spread=timing.spread,

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from vidforge import __version__
+from vidforge.cli import bench as bench_cli
 from vidforge.cli import caption_cmd, clip_cmd, infer_cmd, profile_cmd, shard_cmd, tokenize_cmd, train_cmd
 from vidforge.cli._errors import GuardedGroup
 from vidforge.cli._output import Output, set_current_output
@@ -50,6 +51,7 @@ app.command("shard")(shard_cmd.shard)
 app.command("tokenize")(tokenize_cmd.tokenize)
 app.command("train")(train_cmd.train)
 app.command("infer")(infer_cmd.infer)
+app.add_typer(bench_cli.app, name="bench")
 
 
 def main() -> None:

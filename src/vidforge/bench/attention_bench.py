@@ -1,0 +1,105 @@
+"""`vidforge bench attention`: each attention backend of `vidforge.models.attention` at the sequence
+lengths of `bench.attention_seq_lens`, one sequence of the model's heads x head_dim, forward and
+forward + backward, in TFLOP/s.
+
+FLOPs count the two matrix products (QK^T and PV: 4 x S^2 x heads x head_dim forward) with the backward
+at twice the forward, as `vidforge.models.flops` does for MFU; FlashAttention's papers count the
+backward at 2.5x, so their TFLOP/s for the same time are 1.17x ours. A backend that cannot run here is
+skipped with the reason (flash-attn not installed or no GPU; the dense reference beyond
+`DENSE_LIMIT_BYTES` of scores); a forward or backward that raises (FlexAttention has no CPU backward)
+is reported with its error."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from vidforge.bench.timing import time_calls
+from vidforge.bench.train_bench import bench_device
+from vidforge.models.attention import BACKENDS, attention, flash_attn_available
+from vidforge.profile import RunProfile
+
+DENSE_LIMIT_BYTES = 2 * 2**30  # the dense reference materialises heads x S x S float32 scores (twice)
+
+
+@dataclass
+class AttentionRow:
+    backend: str
+    seq_len: int
+    forward_s: float | None = None
+    forward_backward_s: float | None = None
+    forward_tflops: float | None = None
+    forward_backward_tflops: float | None = None
+    skipped: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def attention_flops(seq_len: int, heads: int, head_dim: int) -> int:
+    """Forward FLOPs of full attention over one sequence: QK^T and PV, 2 x S x S x head_dim each per head."""
+    return 4 * seq_len * seq_len * heads * head_dim
+
+
+def unavailable(backend: str, seq_len: int, heads: int, device: torch.device) -> str | None:
+    if backend == "flash" and not flash_attn_available():
+        return "flash-attn is not installed or no CUDA GPU is visible (pip install 'vidforge[gpu]' on a GPU machine)"
+    if backend == "dense" and 2 * heads * seq_len * seq_len * 4 > DENSE_LIMIT_BYTES:
+        return f"the dense reference would hold {2 * heads * seq_len**2 * 4 / 2**30:.1f} GiB of scores"
+    return None
+
+
+def measure(row: AttentionRow, profile: RunProfile, device: torch.device, dtype: torch.dtype) -> AttentionRow:
+    """Fill `row` with the backend's forward and forward + backward times at its sequence length."""
+    heads, head_dim, bench = profile.model.heads, profile.model.head_dim, profile.bench
+    backend, sdpa_backend = row.backend, profile.model.sdpa_backend
+    shape = (1, row.seq_len, heads, head_dim)
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v, grad = (torch.randn(shape, generator=g, device=device, dtype=dtype) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def forward() -> None:
+        with torch.no_grad():
+            attention(q, k, v, None, backend, sdpa_backend)
+
+    def forward_backward() -> None:
+        attention(*leaves, None, backend, sdpa_backend).backward(grad)
+        for t in leaves:
+            t.grad = None
+
+    flops = attention_flops(row.seq_len, heads, head_dim)
+    try:
+        fwd = time_calls(forward, bench.warmup, bench.repeats, device).median
+    except (RuntimeError, ValueError, NotImplementedError) as err:
+        row.skipped = f"forward: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        return row
+    row.forward_s, row.forward_tflops = fwd, flops / fwd / 1e12
+    try:
+        both = time_calls(forward_backward, bench.warmup, bench.repeats, device).median
+    except (RuntimeError, ValueError, NotImplementedError) as err:
+        row.skipped = f"backward: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        return row
+    row.forward_backward_s, row.forward_backward_tflops = both, 3 * flops / both / 1e12
+    return row
+
+
+def run(profile: RunProfile) -> dict[str, Any]:
+    device = bench_device(profile)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    heads = profile.model.heads
+    rows = []
+    for backend in BACKENDS:
+        for seq_len in profile.bench.attention_seq_lens:
+            row = AttentionRow(backend, seq_len)
+            row.skipped = unavailable(backend, seq_len, heads, device)
+            rows.append(row if row.skipped else measure(row, profile, device, dtype))
+    return {
+        "profile": profile.name,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "heads": heads,
+        "head_dim": profile.model.head_dim,
+        "rows": [r.as_dict() for r in rows],
+    }

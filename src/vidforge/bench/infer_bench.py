@@ -1,0 +1,127 @@
+"""`vidforge bench infer`: sampling latency per sampler step and end to end, with classifier-free guidance
+batched (conditional and unconditional rows in one doubled batch, what `vidforge infer` does) and
+sequential (two model calls of the plain batch per evaluation), for each sampler (Heun, RES).
+
+The model is the profile's DiT with random weights (latency does not depend on the weights), run the way
+`vidforge.infer.sampling` runs it: EDM preconditioning, the learned null caption as the unconditional
+branch, the profile's Karras schedule. Latents of `bench.latent_*`, `infer.batch_size` prompts; the
+tokenizer's decode is not included (a separate stage)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from vidforge.bench.timing import time_calls
+from vidforge.bench.train_bench import bench_device
+from vidforge.bench.workload import Workload
+from vidforge.diffusion import EDM, classifier_free_guidance, sample
+from vidforge.diffusion.guidance import BatchedDenoiser
+from vidforge.diffusion.samplers import Denoiser
+from vidforge.models import build_model
+from vidforge.profile import RunProfile
+
+SAMPLERS = ("heun", "res")
+
+
+def sequential_guidance(batched: BatchedDenoiser, scale: float) -> Denoiser:
+    """Classifier-free guidance without batching: the conditional and the unconditional branch as two
+    model calls of the plain batch (less memory, usually slower than one doubled batch)."""
+
+    def denoise(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        cond = batched(x, sigma, torch.zeros(b, dtype=torch.bool, device=x.device))
+        if scale == 1.0:
+            return cond
+        uncond = batched(x, sigma, torch.ones(b, dtype=torch.bool, device=x.device))
+        return uncond + scale * (cond - uncond)
+
+    return denoise
+
+
+@dataclass
+class InferRow:
+    sampler: str
+    guidance: str
+    steps: int
+    model_calls: int
+    rows_per_call: int
+    end_to_end_s: float
+    per_step_s: float
+    per_model_call_s: float
+    spread: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run(profile: RunProfile) -> dict[str, Any]:
+    device = bench_device(profile)
+    dtype = torch.bfloat16 if profile.train.precision == "bf16" and device.type == "cuda" else torch.float32
+    workload = Workload.from_profile(profile, samples=profile.infer.batch_size)
+    torch.manual_seed(profile.train.seed)
+    model = build_model(profile.model, device=device, dtype=dtype).eval()
+    edm = EDM.from_profile(profile.diffusion)
+    b = workload.samples
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn((b, workload.text_tokens, profile.model.text_dim), generator=g).to(device, dtype)
+    mask = torch.ones(b, workload.text_tokens, dtype=torch.bool, device=device)
+    noise = torch.randn((b, *workload.latent), generator=g).to(device)
+    calls: list[int] = []
+
+    def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
+        repeats = x.shape[0] // b
+        calls.append(x.shape[0])
+
+        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
+            return model(
+                x_in.to(dtype),
+                c_noise.to(dtype),
+                text.repeat(repeats, 1, 1),
+                mask.repeat(repeats, 1),
+                drop_text=uncond,
+            ).float()
+
+        return edm.denoise(network, x, sigma.reshape(()).expand(x.shape[0]))
+
+    scale = profile.diffusion.guidance
+    modes = {"batched": classifier_free_guidance, "sequential": sequential_guidance} if scale != 1.0 else {}
+    if not modes:
+        modes = {"none (guidance 1)": classifier_free_guidance}
+    rows = []
+    for sampler in SAMPLERS:
+        diffusion = profile.diffusion.model_copy(update={"sampler": sampler, "churn": 0.0})
+        for name, make in modes.items():
+            denoiser = make(batched, scale)
+
+            @torch.no_grad()
+            def once(denoiser: Denoiser = denoiser, diffusion=diffusion) -> None:
+                sample(denoiser, noise, diffusion)
+
+            calls.clear()
+            once()
+            per_sample_calls, rows_per_call = len(calls), max(calls)
+            timing = time_calls(once, max(0, profile.bench.warmup - 1), profile.bench.repeats, device)
+            rows.append(
+                InferRow(
+                    sampler=sampler,
+                    guidance=name,
+                    steps=diffusion.steps,
+                    model_calls=per_sample_calls,
+                    rows_per_call=rows_per_call,
+                    end_to_end_s=timing.median,
+                    per_step_s=timing.median / diffusion.steps,
+                    per_model_call_s=timing.median / per_sample_calls,
+                    spread=timing.spread,
+                )
+            )
+    return {
+        "profile": profile.name,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "workload": workload.describe(),
+        "guidance_scale": scale,
+        "rows": [r.as_dict() for r in rows],
+    }

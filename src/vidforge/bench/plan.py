@@ -1,0 +1,346 @@
+"""`vidforge bench plan`: the analytic model of a layout (memory per rank, communication per step, predicted
+step time), and every valid layout of a cluster for a model ranked by predicted throughput, with the
+reasons each is where it is and why the others were rejected.
+
+Predicted step time of one rank, for `m` micro-batches a step:
+
+    compute  = m x (model FLOPs of a micro-batch, forward + backward + recompute) / (cp x tp x pp)
+               / (accelerator peak x bench.achievable_mfu)
+    bubble   = compute x (pp - 1) / m                       (1F1B pipeline fill and drain)
+    exposed  = time of the collectives on the critical path (TP, CP all-gather / all-to-all, PP)
+    hidden   = time of the overlapped ones (FSDP, HSDP, ring CP); only what exceeds compute counts
+    step     = compute + bubble + exposed + max(0, hidden - compute)
+
+Layouts are ranked by tokens per second per GPU (each layout's own batch: train.micro_batch clips per
+data-parallel rank, m micro-batches). Each layout gets the least activation recompute that fits its
+memory (none, then selective, then full), because recompute costs time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from vidforge.bench.comm_model import CommTerm, communication
+from vidforge.bench.memory_model import GIB, MemoryEstimate, estimate_memory
+from vidforge.bench.workload import Workload
+from vidforge.models.flops import forward_flops
+from vidforge.profile import RunProfile
+from vidforge.profile.parallel import Layout
+
+CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass
+class LayoutPlan:
+    layout: Layout
+    checkpointing: str
+    microbatches: int
+    memory: MemoryEstimate | None = None
+    comm: list[CommTerm] = field(default_factory=list)
+    compute_s: float = 0.0
+    bubble_s: float = 0.0
+    step_s: float = math.inf
+    tokens_per_step: int = 0
+    capacity_bytes: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_step / self.step_s / self.layout.world_size if self.step_s > 0 else 0.0
+
+    @property
+    def name(self) -> str:
+        lay = self.layout
+        return f"pp{lay.pp} dp_replicate{lay.dp_replicate} dp_shard{lay.dp_shard} cp{lay.cp} tp{lay.tp}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout.degrees(),
+            "describe": self.layout.describe(),
+            "checkpointing": self.checkpointing,
+            "microbatches": self.microbatches,
+            "valid": self.valid,
+            "problems": list(self.problems),
+            "why": list(self.why),
+            "memory": self.memory.as_dict() if self.memory else None,
+            "memory_capacity_gib": self.capacity_bytes / GIB,
+            "communication": [c.as_dict() for c in self.comm],
+            "compute_s": self.compute_s,
+            "bubble_s": self.bubble_s,
+            "step_s": self.step_s,
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+        }
+
+
+def structural_problems(profile: RunProfile, layout: Layout, workload: Workload) -> list[str]:
+    """Why a layout cannot run at all, whatever the memory: one `field: reason` per problem."""
+    cfg, par, cluster = profile.model, profile.parallel, profile.cluster
+    problems = []
+    if cfg.heads % layout.tp:
+        problems.append(f"parallel.tp={layout.tp} does not divide model.heads={cfg.heads}")
+    if layout.tp > cluster.devices_per_node:
+        problems.append(
+            f"parallel.tp={layout.tp} spans nodes (gpus_per_node={cluster.devices_per_node}): its collectives are "
+            "on the critical path and need the intra-node links"
+        )
+    if cfg.layers % (layout.pp * layout.vpp):
+        problems.append(f"parallel.pp={layout.pp} does not divide model.layers={cfg.layers}")
+    if layout.cp > 1:
+        if workload.tokens_per_sample % layout.cp:
+            problems.append(
+                f"parallel.cp={layout.cp} does not divide the {workload.tokens_per_sample} tokens of a clip"
+            )
+        if par.cp_impl == "ulysses" and cfg.heads % (layout.tp * layout.cp):
+            problems.append(
+                f"ulysses CP needs tp x cp = {layout.tp * layout.cp} to divide model.heads={cfg.heads}"
+            )
+        if par.cp_impl == "st-hybrid" and cfg.architecture != "stdit":
+            problems.append("parallel.cp_impl=st-hybrid needs model.architecture=stdit")
+    return problems
+
+
+def _flops_per_microbatch(profile: RunProfile, workload: Workload, checkpointing: str) -> float:
+    count = forward_flops(profile.model, [workload.grid] * workload.samples, workload.text_tokens)
+    flops = count.train_step("none")
+    if checkpointing == "full":
+        flops += count.blocks
+    elif checkpointing == "selective":
+        from vidforge.parallel.activation_checkpoint import checkpointed_indices
+
+        chosen = checkpointed_indices(profile.model.layers, "selective", profile.train.checkpoint_ratio)
+        flops += count.blocks * len(chosen) / profile.model.layers
+    return flops
+
+
+def evaluate(
+    profile: RunProfile,
+    layout: Layout | None = None,
+    checkpointing: str | None = None,
+    workload: Workload | None = None,
+    microbatches: int | None = None,
+) -> LayoutPlan:
+    """Memory, communication and predicted step time of one layout (default: the profile's own, with its
+    activation checkpointing)."""
+    layout = layout or profile.layout
+    workload = workload or Workload.from_profile(profile)
+    mode = checkpointing or profile.train.activation_checkpointing
+    if microbatches is None:
+        microbatches = layout.pp_microbatches if layout.pp > 1 else profile.train.grad_accum
+    plan = LayoutPlan(layout, mode, microbatches)
+    plan.problems = structural_problems(profile, layout, workload)
+    plan.capacity_bytes = profile.cluster.accelerator.memory_gib * GIB * profile.bench.memory_headroom
+    if plan.problems:
+        return plan
+    variant = profile.model_copy(
+        update={"train": profile.train.model_copy(update={"activation_checkpointing": mode})}
+    )
+    plan.memory = estimate_memory(variant, layout, workload)
+    plan.comm = communication(profile, layout, workload, microbatches, mode)
+    peak = profile.cluster.accelerator.peak_bf16_flops * profile.bench.achievable_mfu
+    flops = microbatches * _flops_per_microbatch(profile, workload, mode)
+    plan.compute_s = flops / (layout.cp * layout.tp * layout.pp) / peak
+    plan.bubble_s = plan.compute_s * (layout.pp - 1) / (microbatches * layout.vpp)
+    exposed = sum(c.seconds for c in plan.comm if not c.overlapped)
+    hidden = sum(c.seconds for c in plan.comm if c.overlapped)
+    plan.step_s = plan.compute_s + plan.bubble_s + exposed + max(0.0, hidden - plan.compute_s)
+    plan.tokens_per_step = workload.tokens * microbatches * layout.dp
+    total = plan.memory.total
+    if total > plan.capacity_bytes:
+        plan.problems.append(
+            f"needs {total / GIB:.1f} GiB per rank with {mode} activation checkpointing, more than "
+            f"{profile.bench.memory_headroom:.0%} of {profile.cluster.accelerator.memory_gib:g} GiB"
+        )
+    plan.why = _reasons(plan, profile, workload, exposed, hidden)
+    return plan
+
+
+def _reasons(
+    plan: LayoutPlan, profile: RunProfile, workload: Workload, exposed: float, hidden: float
+) -> list[str]:
+    mem, lay = plan.memory, plan.layout
+    assert mem is not None  # evaluated layouts only
+    shards = lay.dp_shard * lay.cp
+    out = [
+        f"memory {mem.total / GIB:.1f} of {plan.capacity_bytes / GIB:.0f} GiB: weights, gradients, AdamW and EMA "
+        f"{mem.state / GIB:.1f} GiB (sharded {shards} ways{f', TP {lay.tp}' if lay.tp > 1 else ''}"
+        f"{f', PP {lay.pp}' if lay.pp > 1 else ''}), activations {mem.get('activations') / GIB:.1f} GiB at "
+        f"{workload.tokens / lay.cp:,.0f} tokens/rank ({plan.checkpointing} checkpointing)"
+    ]
+    out.append(
+        f"compute {plan.compute_s:.3g} s, exposed communication {exposed:.3g} s, overlapped {hidden:.3g} s"
+        + (f", pipeline bubble {plan.bubble_s:.3g} s" if plan.bubble_s else "")
+    )
+    if plan.comm:
+        top = max(plan.comm, key=lambda c: c.seconds)
+        out.append(
+            f"largest collective: {top.dim} {top.bytes / 1e9:.3g} GB/step over {top.link} links "
+            f"({top.bandwidth_gbs:g} GB/s) = {top.seconds:.3g} s{' (overlapped)' if top.overlapped else ''}"
+        )
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(profile: RunProfile, world: int) -> Iterator[tuple[Layout, int]]:
+    """Every (pp, dp_replicate, dp_shard, cp, tp) whose product is `world`, with its micro-batch count:
+    train.grad_accum, or at least 4 x pp with pipeline parallel (keeps the 1F1B bubble under 25%)."""
+    for tp in divisors(world):
+        for cp in divisors(world // tp):
+            for pp in divisors(world // (tp * cp)):
+                rest = world // (tp * cp * pp)
+                for dp_replicate in divisors(rest):
+                    micro = max(profile.train.grad_accum, 4 * pp) if pp > 1 else profile.train.grad_accum
+                    yield Layout(pp, dp_replicate, rest // dp_replicate, cp, tp, 1, micro), micro
+
+
+@dataclass
+class PlanReport:
+    profile: str
+    world_size: int
+    workload: str
+    ranked: list[LayoutPlan]
+    rejected: list[LayoutPlan]
+    families: list[str]
+    """Per family of layouts (FSDP only, + CP, + TP, + PP): its best, or why none fits."""
+
+    def as_dict(self, top: int | None = None) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "world_size": self.world_size,
+            "workload": self.workload,
+            "families": self.families,
+            "ranked": [p.as_dict() for p in self.ranked[:top]],
+            "rejected": [{"layout": p.layout.degrees(), "problems": p.problems} for p in self.rejected],
+        }
+
+
+def _family(layout: Layout) -> str:
+    parts = [name for name, d in (("CP", layout.cp), ("TP", layout.tp), ("PP", layout.pp)) if d > 1]
+    return "FSDP/HSDP only" if not parts else "FSDP + " + " + ".join(parts)
+
+
+def rank_layouts(profile: RunProfile, world_size: int | None = None) -> PlanReport:
+    """Every layout of `world_size` ranks (default: the cluster's), valid ones ranked fastest first."""
+    world = world_size or profile.cluster.world_size
+    workload = Workload.from_profile(profile)
+    ranked, rejected = [], []
+    for layout, micro in candidate_layouts(profile, world):
+        plan = None
+        for mode in CHECKPOINTING:
+            plan = evaluate(profile, layout, mode, workload, micro)
+            if plan.valid or plan.memory is None:
+                break
+        assert plan is not None
+        (ranked if plan.valid else rejected).append(plan)
+    ranked.sort(key=lambda p: -p.tokens_per_s_per_gpu)
+    families = []
+    for family in (
+        "FSDP/HSDP only",
+        "FSDP + CP",
+        "FSDP + TP",
+        "FSDP + CP + TP",
+        "FSDP + PP",
+        "FSDP + CP + TP + PP",
+    ):
+        best = next((p for p in ranked if _family(p.layout) == family), None)
+        if best is not None:
+            families.append(
+                f"{family}: best {best.name}, {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                f"{best.memory.total / GIB:.1f} GiB ({best.checkpointing} checkpointing)"  # type: ignore[union-attr]
+            )
+            continue
+        tried = [p for p in rejected if _family(p.layout) == family]
+        if not tried:
+            continue
+        fits = [p for p in tried if p.memory is not None]
+        if fits:
+            least = min(fits, key=lambda p: p.memory.total)  # type: ignore[union-attr]
+            families.append(f"{family}: none fits; the smallest ({least.name}) {least.problems[0]}")
+        else:
+            families.append(f"{family}: none valid; e.g. {tried[0].name}: {tried[0].problems[0]}")
+    return PlanReport(profile.name, world, workload.describe(), ranked, rejected, families)
+
+
+def format_plan(plan: LayoutPlan, profile: RunProfile) -> str:
+    """The memory breakdown, communication and step-time prediction of one layout, for a reader."""
+    lay = plan.layout
+    lines = [
+        f"layout {plan.name} = {lay.describe()} on {lay.world_size} rank(s); model {profile.model.preset or 'custom'}, "
+        f"{profile.train.precision}, {plan.checkpointing} activation checkpointing, {plan.microbatches} micro-batch(es)/step",
+        f"workload per data-parallel rank and micro-batch: {Workload.from_profile(profile).describe()}",
+    ]
+    if plan.memory is None:
+        return "\n".join([*lines, *(f"invalid: {p}" for p in plan.problems)])
+    lines.append("")
+    lines.append(
+        f"memory per rank ({profile.cluster.accelerator.name}, {profile.cluster.accelerator.memory_gib:g} GiB):"
+    )
+    for term in plan.memory.terms:
+        lines.append(f"  {term.name:<22} {term.bytes / GIB:9.2f} GiB   {term.formula}")
+    lines.append(
+        f"  {'total':<22} {plan.memory.total / GIB:9.2f} GiB   (plan limit {plan.capacity_bytes / GIB:.0f} GiB)"
+    )
+    lines.extend(f"  note: {n}" for n in plan.memory.notes)
+    lines.append("")
+    lines.append("communication per rank and step:")
+    if not plan.comm:
+        lines.append("  none (one rank)")
+    for c in plan.comm:
+        tag = "overlapped" if c.overlapped else "exposed"
+        lines.append(
+            f"  {c.dim:<16} {c.bytes / 1e9:9.3g} GB  {c.link} {c.bandwidth_gbs:g} GB/s -> {c.seconds:.3g} s ({tag})   {c.formula}"
+        )
+    lines.append("")
+    lines.append(
+        f"predicted step: {plan.step_s:.3g} s (compute {plan.compute_s:.3g} s at {profile.bench.achievable_mfu:.0%} of "
+        f"{profile.cluster.accelerator.peak_bf16_flops / 1e12:g} TFLOP/s"
+        + (f", bubble {plan.bubble_s:.3g} s" if plan.bubble_s else "")
+        + f"); {plan.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    )
+    lines.extend(f"invalid: {p}" for p in plan.problems)
+    return "\n".join(lines)
+
+
+def format_ranking(report: PlanReport, top: int = 10) -> str:
+    lines = [
+        f"{len(report.ranked)} valid layouts of {report.world_size} ranks for {report.profile} "
+        f"({report.workload}); {len(report.rejected)} rejected. Fastest first:",
+        f"{'#':>3}  {'pp':>3} {'dp_rep':>6} {'dp_shard':>8} {'cp':>3} {'tp':>3}  {'ckpt':<9} {'GiB':>6} "
+        f"{'step s':>7} {'tok/s/GPU':>10}",
+    ]
+    for i, p in enumerate(report.ranked[:top], 1):
+        lay = p.layout
+        lines.append(
+            f"{i:>3}  {lay.pp:>3} {lay.dp_replicate:>6} {lay.dp_shard:>8} {lay.cp:>3} {lay.tp:>3}  "
+            f"{p.checkpointing:<9} {p.memory.total / GIB:>6.1f} {p.step_s:>7.3g} {p.tokens_per_s_per_gpu:>10,.0f}"  # type: ignore[union-attr]
+        )
+    if report.ranked:
+        lines.append("")
+        lines.append(f"why #1 ({report.ranked[0].name}):")
+        lines.extend(f"  {w}" for w in report.ranked[0].why)
+    lines.append("")
+    lines.append("by family of layouts:")
+    lines.extend(f"  {f}" for f in report.families)
+    reasons: dict[str, int] = {}
+    for p in report.rejected:
+        first = p.problems[0] if p.problems else "?"
+        if first.startswith("needs "):
+            key = "does not fit in memory (with full activation checkpointing)"
+        else:
+            key = " ".join(w for w in first.split(" (")[0].split() if not any(c.isdigit() for c in w))
+        reasons[key] = reasons.get(key, 0) + 1
+    if reasons:
+        lines.append("")
+        lines.append("rejected:")
+        lines.extend(f"  {n:>4} x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return "\n".join(lines)

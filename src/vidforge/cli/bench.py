@@ -1,0 +1,244 @@
+"""`vidforge bench train|infer|attention|curate|sweep|plan`: measure a stage, or plan a layout on paper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._output import current_output
+
+app = typer.Typer(
+    help="Measure training, sampling, attention and curation throughput, sweep profile fields, and plan "
+    "parallel layouts (memory and communication per rank).\n\n"
+    "Example: vidforge bench plan --profile dit7b_74k_tp2_cp4_64xh100 --rank",
+    no_args_is_help=True,
+)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+@app.command()
+def train(
+    nproc: Annotated[
+        int | None, typer.Option("--nproc", min=1, help="Start this many local processes under torchrun.")
+    ] = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Time the training step on synthetic latents of bench.latent_* (train.micro_batch clips per rank):
+    bench.warmup steps, then the median of bench.repeats; tokens/s, MFU against the accelerator's peak,
+    peak memory (measured) beside the memory model's prediction.
+
+    Example: vidforge bench train --set bench.latent_frames=8 --set bench.repeats=10
+    Example: vidforge bench train --nproc 2 --set cluster.cpu_processes=2
+    """
+    from vidforge.parallel.launch import relaunch_under_torchrun, slurm_to_torch_env, under_launcher
+
+    resolved = profile_from(profile, set_)
+    if nproc is not None and not under_launcher():
+        if nproc != resolved.layout.world_size:
+            from vidforge.errors import UserInputError
+
+            raise UserInputError(
+                f"--nproc {nproc}: the profile's layout needs {resolved.layout.world_size} rank(s); "
+                f"set cluster.cpu_processes (or gpus_per_node) to {nproc}, or change --nproc"
+            )
+        raise typer.Exit(relaunch_under_torchrun(nproc))
+    slurm_to_torch_env()
+    from vidforge.bench.train_bench import run
+    from vidforge.parallel.dims import init_distributed
+
+    rank, _ = init_distributed("cuda" if resolved.cluster.accelerator.kind == "cuda" else "cpu")
+    result = run(resolved)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if rank != 0:
+        return
+    data = result.as_dict()
+    text = "\n".join(
+        [
+            f"bench train  {result.profile}: {result.layout} on {result.world_size} rank(s), {result.device}",
+            f"  workload        {result.workload} per rank",
+            f"  step time       {result.step_time_s * 1000:.1f} ms (median of {len(result.step_times_s)}, "
+            f"spread {result.step_time_spread:.0%})",
+            f"  tokens/s        {result.tokens_per_s:,.0f}",
+            f"  MFU             {result.mfu:.2%} of {resolved.cluster.accelerator.peak_bf16_flops / 1e12:g} TFLOP/s "
+            f"x {result.world_size}",
+            f"  peak memory     {result.peak_memory_gib:.4g} GiB ({result.peak_memory_method})",
+            f"  predicted       {result.predicted_memory_gib:.4g} GiB (vidforge bench plan's model)",
+        ]
+    )
+    current_output().result(data, text=text)
+
+
+@app.command()
+def infer(profile: ProfileOpt = None, set_: SetOpt = None) -> None:
+    """Sampling latency per step and end to end, for each sampler (heun, res), with classifier-free
+    guidance batched (one doubled batch) and sequential (two calls). infer.batch_size prompts of
+    bench.latent_* latents, diffusion.steps steps, random weights; tokenizer decode not included.
+
+    Example: vidforge bench infer --set diffusion.steps=8 --set infer.batch_size=1
+    """
+    from vidforge.bench.infer_bench import run
+
+    result = run(profile_from(profile, set_))
+    lines = [
+        f"bench infer  {result['profile']} on {result['device']} ({result['dtype']}): {result['workload']}"
+    ]
+    lines.append(
+        f"  {'sampler':<8} {'guidance':<18} {'steps':>5} {'calls':>5} {'rows':>4} {'end to end s':>12} "
+        f"{'per step s':>10} {'per call s':>10}"
+    )
+    for r in result["rows"]:
+        lines.append(
+            f"  {r['sampler']:<8} {r['guidance']:<18} {r['steps']:>5} {r['model_calls']:>5} {r['rows_per_call']:>4} "
+            f"{_fmt(r['end_to_end_s']):>12} {_fmt(r['per_step_s']):>10} {_fmt(r['per_model_call_s']):>10}"
+        )
+    current_output().result(result, text="\n".join(lines))
+
+
+@app.command()
+def attention(profile: ProfileOpt = None, set_: SetOpt = None) -> None:
+    """TFLOP/s of every attention backend (sdpa, dense, flex, flash) at bench.attention_seq_lens, forward
+    and forward + backward, with the model's heads and head size; unavailable backends with the reason.
+
+    Example: vidforge bench attention --set "bench.attention_seq_lens=[1024,4096,16384]"
+    """
+    from vidforge.bench.attention_bench import run
+
+    result = run(profile_from(profile, set_))
+    lines = [
+        f"bench attention  {result['device']} ({result['dtype']}), {result['heads']} heads x {result['head_dim']}",
+        f"  {'backend':<7} {'seq':>7} {'fwd ms':>9} {'fwd TFLOP/s':>11} {'fwd+bwd ms':>10} {'fwd+bwd TFLOP/s':>15}",
+    ]
+    for r in result["rows"]:
+        ms = [None if r[k] is None else r[k] * 1000 for k in ("forward_s", "forward_backward_s")]
+        line = (
+            f"  {r['backend']:<7} {r['seq_len']:>7} {_fmt(ms[0]):>9} {_fmt(r['forward_tflops']):>11} "
+            f"{_fmt(ms[1]):>10} {_fmt(r['forward_backward_tflops']):>15}"
+        )
+        if r["skipped"]:
+            line += f"  skipped: {r['skipped']}"
+        lines.append(line)
+    current_output().result(result, text="\n".join(lines))
+
+
+@app.command()
+def curate(
+    inputs: Annotated[list[str], typer.Argument(help="Videos or folders of videos to clip and caption.")],
+    work_dir: Annotated[
+        Path | None,
+        typer.Option("--work-dir", help="Keep the clip and caption outputs here (default: temporary)."),
+    ] = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Throughput of every `vidforge clip` and `vidforge caption` stage on the given videos: items per
+    busy second, source frames and seconds of video per second, and each command's wall clock.
+
+    Example: python examples/make_sample_videos.py runs/samples && vidforge bench curate runs/samples
+    """
+    from vidforge.bench.curate_bench import run
+
+    result = run(profile_from(profile, set_), inputs, work_dir)
+    lines = [
+        f"bench curate  {result['videos']} video(s), {result['source_frames']} frames, "
+        f"{result['source_seconds']} s -> {result['clips']} clips",
+        f"  {'command':<8} {'stage':<30} {'items':>6} {'seconds':>8} {'items/s':>8} {'frames/s':>9} {'video s/s':>9}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"  {r['command']:<8} {r['stage']:<30} {r['items']:>6} {_fmt(r['seconds']):>8} {_fmt(r['items_per_s']):>8} "
+            f"{_fmt(r['frames_per_s']):>9} {_fmt(r['video_seconds_per_s']):>9}"
+        )
+    current_output().result(result, text="\n".join(lines))
+
+
+@app.command()
+def sweep(
+    grid: Annotated[
+        list[str],
+        typer.Option(
+            "--grid", "-g", help="A profile field and its values, e.g. parallel.dp_shard=1,2; repeatable."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="sweep.csv, sweep.json and sweep.png go here.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed to each point.")] = 600.0,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Run `vidforge bench train` for every combination of the --grid values, each in a fresh process
+    (under torchrun when the point's layout has several ranks); write CSV, JSON and a plot of throughput
+    against context length, one line per combination of the other fields.
+
+    Example: vidforge bench sweep --grid bench.latent_frames=4,8,16 --grid parallel.dp_shard=1,2 \\
+    --set cluster.cpu_processes=2 --out runs/sweep
+    """
+    from vidforge.bench.sweep import run
+
+    profile_from(profile, set_)  # fail fast on a bad profile, before any point runs
+    output = current_output()
+
+    def show(row: dict) -> None:
+        if output.json:
+            output.event(
+                "point", **{k: v for k, v in row.items() if k in ("point", "ok", "tokens_per_s", "error")}
+            )
+        elif row["ok"]:
+            output.info(
+                f"{row['point']}: {row['tokens_per_s']:,.0f} tokens/s, {row['step_time_s'] * 1000:.1f} ms/step"
+            )
+        else:
+            output.info(f"{row['point']}: failed: {row['error']}")
+
+    result = run(profile, list(set_ or ()), grid, out, timeout=timeout, progress=show)
+    data = result.as_dict()
+    text = (
+        f"bench sweep: {data['points']} point(s), {data['failed']} failed -> {data['csv']}, {data['json']}, "
+        + (data["plot"] or f"no plot ({data['plot_note']})")
+    )
+    output.result(data, text=text)
+
+
+@app.command()
+def plan(
+    rank: Annotated[
+        bool, typer.Option("--rank", help="Rank every layout of the cluster by predicted throughput.")
+    ] = False,
+    top: Annotated[int, typer.Option("--top", min=1, help="With --rank, how many layouts to list.")] = 10,
+    world_size: Annotated[
+        int | None, typer.Option("--world-size", min=1, help="With --rank, plan for this many ranks instead.")
+    ] = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """The analytic model of the profile's layout: per-rank memory (parameters, gradients, optimizer,
+    EMA, activations with the profile's checkpointing, weight copies, communication buffers), the
+    communication volume of each parallel dimension over the cluster's links, and the predicted step
+    time. With --rank: every valid layout of the cluster, fastest first, with the reasons and what was
+    rejected. Nothing runs; no GPU needed.
+
+    Example: vidforge bench plan --profile dit7b_74k_tp2_cp4_64xh100
+    Example: vidforge bench plan --profile dit1b_1xh200 --rank --world-size 8
+    """
+    from vidforge.bench.plan import evaluate, format_plan, format_ranking, rank_layouts
+
+    resolved = profile_from(profile, set_)
+    output = current_output()
+    if rank:
+        report = rank_layouts(resolved, world_size)
+        output.result(report.as_dict(top), text=format_ranking(report, top))
+        return
+    layout_plan = evaluate(resolved)
+    output.result(layout_plan.as_dict(), text=format_plan(layout_plan, resolved))
