@@ -11,11 +11,14 @@ How a model runs under context parallel:
    `ContextShard` mask, which the installed attention evaluates with `parallel.cp_impl`
    (`vidforge.parallel.cp_attention`: all-gather, ring or ulysses).
 3. The output is the rank's tokens; `gather_row(out, shard, group)` assembles the full row where it is
-   needed (sampling), while training keeps it local: `shard_loss` is this rank's share of the
-   micro-batch mean, the shares summing over cp to the single-process loss.
+   needed (sampling), while training keeps it local. A training step draws sigma, caption dropout and
+   noise identically on every cp rank of a data-parallel group, splits clean latents and noise with
+   `shard.split`, broadcasts sigma with `per_token(sigma, shard)`, and takes `shard_loss`: this rank's
+   share of the micro-batch mean, the shares summing over cp to the single-process loss.
 
 Gradients of the (replicated) parameters are partial sums per cp rank: FSDP over `dp_shard_cp`
-reduces them (it averages, so multiply the loss by cp; see `shard_loss`).
+reduces them (it averages, so backpropagate cp x the share; see `shard_loss`). Copies of a model with
+cp attention installed share its process group; parameter names and state dicts are unchanged.
 """
 
 from __future__ import annotations
