@@ -5,6 +5,8 @@
 - ScaleFusion: ST-DiT denoising with the sequence split over frames, all-to-alls between the spatial
   and temporal layouts, and the sliced, overlapped schedule; equal to the plain (synchronous, unsliced)
   schedule and to the single-process forward.
+- `vidforge infer` (`infer.run.run`) on 2 ranks, CFG-parallel and ScaleFusion: rank 0 writes the videos
+  the single process writes, frame for frame.
 """
 
 from __future__ import annotations
@@ -59,6 +61,30 @@ def _as_tensors(per_rank: list[dict]) -> list[dict[str, torch.Tensor]]:
     return [{name: torch.from_numpy(value) for name, value in result.items()} for result in per_rank]
 
 
+# --- one launch of 2 ranks computes everything the tests below compare ---------------------------------
+# (each launch imports torch, and the infer run open_clip, in every rank: launching once keeps the file
+# within its time budget)
+
+
+def _worker(rank: int, world: int, export: Path, out: Path) -> dict[str, dict]:
+    return {
+        "cfg": _cfg_worker(rank, world),
+        "scalefusion": _scalefusion_worker(rank, world),
+        "infer": _infer_worker(rank, world, export, out),
+    }
+
+
+@pytest.fixture(scope="module")
+def infer_paths(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("infer")
+    return _export(root), root / "parallel"
+
+
+@pytest.fixture(scope="module")
+def two_ranks(infer_paths) -> list[dict[str, dict]]:
+    return run_ranks(_worker, 2, *infer_paths)
+
+
 # --- CFG-parallel -------------------------------------------------------------------------------------
 
 
@@ -102,8 +128,8 @@ def _cfg_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def cfg_results() -> list[dict[str, torch.Tensor]]:
-    return _as_tensors(run_ranks(_cfg_worker, 2))
+def cfg_results(two_ranks) -> list[dict[str, torch.Tensor]]:
+    return _as_tensors([result["cfg"] for result in two_ranks])
 
 
 def test_cfg_parallel_denoiser_equals_one_batch_guidance(cfg_results) -> None:
@@ -184,8 +210,8 @@ def _scalefusion_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def scalefusion_results() -> list[dict[str, torch.Tensor]]:
-    return _as_tensors(run_ranks(_scalefusion_worker, 2))
+def scalefusion_results(two_ranks) -> list[dict[str, torch.Tensor]]:
+    return _as_tensors([result["scalefusion"] for result in two_ranks])
 
 
 def test_scalefusion_plain_schedule_equals_single_process_forward(scalefusion_results) -> None:
@@ -202,3 +228,101 @@ def test_scalefusion_plain_schedule_equals_single_process_forward(scalefusion_re
 def test_scalefusion_overlapped_schedule_equals_plain_schedule(scalefusion_results, slicing: str) -> None:
     for result in scalefusion_results:
         assert torch.equal(result[slicing], result["plain"])
+
+
+# --- vidforge infer on 2 ranks ------------------------------------------------------------------------
+
+INFER_SETS = [
+    "model.architecture=stdit",
+    "model.hidden=64",
+    "model.mlp_hidden=256",
+    "infer.frames=5",  # 2 latent frames of 4 x 6 tokens: 1 frame and 12 positions per rank
+    "infer.height=16",
+    "infer.width=24",
+    "diffusion.steps=2",
+]
+PROMPTS = ["a red square moving right", "a blue circle"]
+INFER_CASES = {"cfg-parallel": "diffusion.guidance=3", "scalefusion": "diffusion.guidance=1"}
+
+
+@pytest.mark.parametrize(
+    ("world", "guidance", "architecture", "expected"),
+    [
+        (2, 3.0, "stdit", (2, 1, None)),
+        (2, 1.0, "stdit", (1, 2, "scalefusion")),
+        (4, 3.0, "stdit", (2, 2, "scalefusion")),
+        (4, 3.0, "dit", (1, 4, "context-parallel")),
+        (2, 3.0, "dit", (2, 1, None)),
+        (3, 3.0, "stdit", (1, 3, "scalefusion")),
+    ],
+)
+def test_infer_plan_splits_guidance_branches_then_the_sequence(
+    world, guidance, architecture, expected
+) -> None:
+    from vidforge.infer.run import InferPlan
+    from vidforge.models import model_config
+
+    plan = InferPlan.choose(world, guidance, model_config("tiny", architecture=architecture))
+    assert (plan.cfg, plan.sp, plan.method) == expected
+
+
+def test_infer_refuses_a_token_grid_its_ranks_cannot_split() -> None:
+    from vidforge.errors import UserInputError
+    from vidforge.infer.run import InferPlan, check_sequence_split
+    from vidforge.models import model_config
+
+    config = model_config("tiny", architecture="stdit", patch=(1, 1, 1))
+    plan = InferPlan.choose(2, 1.0, config)
+    check_sequence_split(plan, config, (4, 2, 4, 6))  # T=2, H*W=24: fine
+    with pytest.raises(UserInputError, match="infer.frames, infer.height or infer.width"):
+        check_sequence_split(plan, config, (4, 3, 4, 6))
+
+
+def _export(root: Path) -> Path:
+    from vidforge.models import build_model, save_model
+    from vidforge.profile import load_profile
+
+    torch.manual_seed(0)
+    model = build_model(load_profile("local_cpu", INFER_SETS).model)
+    with torch.no_grad():  # zero-initialised outputs would make every sample the same
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return save_model(model, root / "export")
+
+
+def _infer_worker(rank: int, world: int, export: Path, out: Path) -> dict[str, list[str]]:
+    from vidforge.infer.run import run
+
+    return {
+        case: run(export, PROMPTS, out / case, overrides=[*INFER_SETS, extra], profile="local_cpu").videos
+        for case, extra in INFER_CASES.items()
+    }
+
+
+def _frames(path: Path):
+    import av
+    import numpy as np
+
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def test_infer_on_two_ranks_writes_the_single_process_videos(two_ranks, infer_paths, tmp_path) -> None:
+    from vidforge.infer.run import run
+
+    export, parallel_out = infer_paths
+    ranks = [result["infer"] for result in two_ranks]
+    assert ranks[1] == {case: [] for case in INFER_CASES}  # only rank 0 writes
+    for case, extra in INFER_CASES.items():
+        single = run(
+            export, PROMPTS, tmp_path / "single" / case, overrides=[*INFER_SETS, extra], profile="local_cpu"
+        )
+        assert [Path(v).name for v in ranks[0][case]] == [Path(v).name for v in single.videos]
+        for parallel_video, single_video in zip(ranks[0][case], single.videos, strict=True):
+            # float32 latents equal to rounding decode to the same uint8 frames
+            assert (_frames(Path(parallel_video)) == _frames(Path(single_video))).all(), case
+        assert (parallel_out / case / "samples.jsonl").is_file()
+    # and the videos carry the model: guidance and prompt change them
+    guided, unguided = (_frames(Path(ranks[0][case][0])) for case in INFER_CASES)
+    assert (guided != unguided).any()
+    assert (_frames(Path(ranks[0]["scalefusion"][0])) != _frames(Path(ranks[0]["scalefusion"][1]))).any()

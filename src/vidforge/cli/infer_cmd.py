@@ -29,6 +29,14 @@ def infer(
         str | None,
         typer.Option("--profile", "-p", help="Profile to use instead of the one saved with the model."),
     ] = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            min=1,
+            help="Share the sampling over this many local processes under torchrun (CFG-parallel, sequence parallel).",
+        ),
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
     """Sample videos: text encoder -> sampler (diffusion.sampler heun|res, steps, guidance) -> DiT ->
@@ -36,7 +44,19 @@ def infer(
 
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o runs/samples
     Example: vidforge infer -c runs/train --prompts-file prompts.txt -o out --set diffusion.sampler=res --set infer.seed=7
+    Example: vidforge infer -c runs/train --prompt "a red square moving right" -o out --nproc 2
+
+    With --nproc N the ranks share every batch: with guidance and an even N, the conditional and
+    unconditional branches run on two halves (CFG-parallel); the ranks of each half split the token
+    sequence (ST-DiT: ScaleFusion's overlapped all-to-alls; DiT: context-parallel denoising). Rank 0
+    writes the videos.
     """
+    from vidforge.parallel.launch import relaunch_under_torchrun, slurm_to_torch_env, under_launcher
+
+    if nproc is not None and nproc > 1 and not under_launcher():
+        raise typer.Exit(relaunch_under_torchrun(nproc))
+    slurm_to_torch_env()
+
     from vidforge.infer.run import run
 
     prompts = list(prompt or [])
@@ -44,8 +64,15 @@ def infer(
         if not prompts_file.is_file():
             raise UserInputError(f"--prompts-file {prompts_file}: no such file")
         prompts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
-    result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile)
     output = current_output()
+    result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile, log=output.info)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        if rank != 0:
+            return
     if output.json:
         output.result(
             {"videos": result.videos, "contact_sheet": result.contact_sheet, "seconds": result.seconds}

@@ -1,7 +1,16 @@
 """`vidforge infer`: prompts -> text encoder -> sampler over the DiT -> tokenizer decode -> MP4 + PNG.
 
 The checkpoint is a training run directory (its `export/`) or an export folder itself; its `profile.yaml`
-is the base profile, so the tokenizer and text encoder are the ones the model was trained with."""
+is the base profile, so the tokenizer and text encoder are the ones the model was trained with.
+
+Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts (`InferPlan`):
+- with guidance and an even N, the conditional and unconditional branches run on two halves of the
+  ranks (CFG-parallel), so N = 2 needs no sequence split at all;
+- the remaining ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's
+  overlapped spatial/temporal all-to-alls, any other model with context-parallel denoising
+  (`vidforge.parallel.context_parallel.sample_latents_cp`; CFG then runs in one batch, so every rank
+  splits the sequence).
+Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +30,7 @@ from vidforge.infer.sampling import sample_latents
 from vidforge.infer.writers import contact_sheet, write_mp4
 from vidforge.models import load_model
 from vidforge.models.checkpoint import WEIGHTS
+from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile, load_profile
 from vidforge.text.encoders import build_text_encoder
 from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer
@@ -75,10 +86,90 @@ def slug(text: str, limit: int = 40) -> str:
 
 @dataclass
 class InferResult:
+    """What rank 0 wrote (other ranks of a parallel run return an empty result)."""
+
     videos: list[str]
     contact_sheet: str
     seconds: float
     seconds_per_video: float
+
+
+@dataclass(frozen=True)
+class InferPlan:
+    """How `world` ranks share sampling: `cfg` guidance branches (1 or 2) x `sp` sequence ranks, and
+    which sequence-parallel method (`scalefusion`, `context-parallel` or None for sp = 1)."""
+
+    world: int
+    cfg: int
+    sp: int
+    method: str | None
+
+    @classmethod
+    def choose(cls, world: int, guidance: float, config) -> InferPlan:
+        scalefusion = config.architecture == "stdit" and config.stdit_block == "sequential"
+        cfg = 2 if guidance != 1.0 and world % 2 == 0 else 1
+        if cfg == 2 and world > 2 and not scalefusion:
+            cfg = 1  # context-parallel denoising runs both branches in one batch: split over every rank
+        sp = world // cfg
+        method = None if sp == 1 else ("scalefusion" if scalefusion else "context-parallel")
+        return cls(world, cfg, sp, method)
+
+    def describe(self) -> str:
+        parts = (["CFG-parallel x2"] if self.cfg == 2 else []) + (
+            [f"{self.method} x{self.sp}"] if self.sp > 1 else []
+        )
+        return " and ".join(parts) or "one rank"
+
+
+def check_sequence_split(plan: InferPlan, config, latent_shape: Sequence[int]) -> None:
+    """ST-DiT's sequence split puts whole frames, and then whole positions, on every rank: the token
+    grid's T and H*W must divide by the sequence ranks. A UserInputError saying what to change if not."""
+    if plan.sp == 1 or config.architecture != "stdit":
+        return
+    from vidforge.models.patchify import token_grid
+
+    t, h, w = token_grid(tuple(latent_shape)[1:], config.patch)
+    if t % plan.sp or (h * w) % plan.sp:
+        raise UserInputError(
+            f"--nproc {plan.world}: {plan.describe()} splits the {t} x {h} x {w} token grid's frames (T={t}) and "
+            f"positions (H*W={h * w}) over {plan.sp} ranks; change infer.frames, infer.height or infer.width so "
+            f"both divide by {plan.sp}, or use another --nproc"
+        )
+
+
+def _parallel_sampler(model, prof: RunProfile, plan: InferPlan, device: str, slicing: ScaleFusionSlicing):
+    """A function (text, mask, seeds, latent_shape, negative) -> latents that samples with the plan's
+    split over the process groups it builds (all ranks call it in the same order)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(torch.device(device).type, (plan.cfg, plan.sp), mesh_dim_names=("cfg", "sp"))
+    cfg_group = mesh["cfg"].get_group() if plan.cfg == 2 else None
+    sp_group = mesh["sp"].get_group()
+    if plan.method == "context-parallel":
+        from vidforge.parallel.context_parallel import apply_cp, sample_latents_cp
+        from vidforge.parallel.stdit_parallel import apply_st_hybrid
+
+        if model.config.architecture == "stdit":
+            apply_st_hybrid(model, sp_group)
+        else:
+            apply_cp(model, sp_group, "all-gather")
+
+        def sampler(text, mask, seeds, shape, negative):
+            return sample_latents_cp(model, prof, text, mask, seeds, shape, sp_group, negative)
+
+        return sampler
+    forward = None
+    if plan.method == "scalefusion":
+        from vidforge.parallel.scalefusion import scalefusion_network
+
+        forward = scalefusion_network(model, sp_group, slicing)
+
+    def sampler(text, mask, seeds, shape, negative):
+        return sample_latents(
+            model, prof, text, mask, seeds, shape, negative, cfg_group=cfg_group, forward=forward
+        )
+
+    return sampler
 
 
 def run(
@@ -88,7 +179,14 @@ def run(
     *,
     overrides: Sequence[str] = (),
     profile: str | None = None,
+    slicing: ScaleFusionSlicing = ScaleFusionSlicing(),
+    log: Any = None,
 ) -> InferResult:
+    """Sample a video per prompt into `out`. Under torchrun (or with a process group already initialised)
+    the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S.
+    `log(message)` is told the plan of a parallel run."""
+    from vidforge.parallel.dims import init_distributed
+
     if not prompts or any(not p.strip() for p in prompts):
         raise UserInputError(
             "--prompt: give at least one non-empty prompt (or --prompts-file with one per line)"
@@ -96,6 +194,7 @@ def run(
     export = find_export(checkpoint)
     prof = checkpoint_profile(export, overrides, profile)
     device = "cuda" if prof.cluster.accelerator.kind == "cuda" and torch.cuda.is_available() else "cpu"
+    rank, world = init_distributed(device)
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
     encoder = build_text_encoder(prof)
@@ -104,13 +203,26 @@ def run(
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
+    if world > 1:
+        plan = InferPlan.choose(world, prof.diffusion.guidance, model.config)
+        if log is not None and rank == 0:
+            log(f"{world} ranks: {plan.describe()}")
+        check_sequence_split(plan, model.config, latent_shape)
+        sampler = _parallel_sampler(model, prof, plan, device, slicing)
+    else:
+
+        def sampler(text, mask, seeds, shape, negative):
+            return sample_latents(model, prof, text, mask, seeds, shape, negative)
+
     negative = None
     if prof.infer.negative_prompt:
         neg_emb, neg_mask = encoder.encode([prof.infer.negative_prompt])
         negative = (torch.from_numpy(neg_emb.astype(np.float32)), torch.from_numpy(neg_mask))
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    writer = rank == 0
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     records, videos, labels = [], [], []
     size = prof.infer.batch_size
@@ -118,15 +230,11 @@ def run(
         chunk = list(prompts[first : first + size])
         emb, mask = encoder.encode(chunk)
         seeds = [prof.infer.seed + first + i for i in range(len(chunk))]
-        latents = sample_latents(
-            model,
-            prof,
-            torch.from_numpy(emb.astype(np.float32)),
-            torch.from_numpy(mask),
-            seeds,
-            latent_shape,
-            negative,
+        latents = sampler(
+            torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask), seeds, latent_shape, negative
         )
+        if not writer:
+            continue
         for i, (prompt, seed) in enumerate(zip(chunk, seeds, strict=True)):
             frames = decode(tokenizer, latents[i].float().cpu())
             path = out / f"{first + i:03d}_{slug(prompt)}.mp4"
@@ -144,6 +252,8 @@ def run(
                 }
             )
     seconds = time.perf_counter() - started
+    if not writer:
+        return InferResult([], "", seconds, 0.0)
     sheet = out / "contact_sheet.png"
     contact_sheet(sheet, videos, labels)
     write_jsonl(out / "samples.jsonl", records)
