@@ -6,6 +6,7 @@ Flattened views built with it:
     dp          = dp_replicate x dp_shard        ranks that read different data
     dp_shard_cp = dp_shard x cp                  FSDP shards over cp too (cp ranks hold the same weights)
     dp_cp       = dp_replicate x dp_shard x cp   the loss is averaged over these
+    mp          = pp x cp x tp                    one model-parallel group: the same samples
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ParallelDims:
     layout: Layout
     device_type: str = "cpu"
     _mesh: DeviceMesh | None = field(default=None, repr=False)
+    _flat: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_profile(cls, profile: RunProfile) -> ParallelDims:
@@ -74,16 +76,33 @@ class ParallelDims:
             )
         degrees = self.layout.degrees()
         mesh = init_device_mesh(self.device_type, tuple(degrees.values()), mesh_dim_names=tuple(degrees))
-        mesh["dp_replicate", "dp_shard"]._flatten("dp")
-        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-        mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        # Kept here as well: slicing a flattened dim back out of the root mesh is deprecated in torch 2.11.
+        self._flat = {
+            "dp": mesh["dp_replicate", "dp_shard"]._flatten("dp"),
+            "dp_shard_cp": mesh["dp_shard", "cp"]._flatten("dp_shard_cp"),
+            "dp_cp": mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp"),
+            "mp": mesh["pp", "cp", "tp"]._flatten("mp"),
+        }
         return mesh
+
+    def flat(self, name: str) -> DeviceMesh:
+        """A flattened 1-D mesh: dp, dp_shard_cp, dp_cp or mp (see the module docstring)."""
+        self.mesh  # noqa: B018 - builds the mesh and the flattened views on first use
+        return self._flat[name]
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one model replica between them and read the same samples: pp x cp x tp."""
+        return self.layout.pp * self.layout.cp * self.layout.tp
+
+    def model_parallel_group(self) -> dist.ProcessGroup:
+        return self.flat("mp").get_group()
 
     def fsdp_mesh(self) -> DeviceMesh:
         """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
         if self.layout.dp_replicate > 1:
             return self.mesh["dp_replicate", "dp_shard_cp"]
-        return self.mesh["dp_shard_cp"]
+        return self.flat("dp_shard_cp")
 
 
 def init_distributed(device_type: str = "cpu") -> tuple[int, int]:

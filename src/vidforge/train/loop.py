@@ -18,15 +18,13 @@ import torch
 import torch.distributed as dist
 
 from vidforge.data.blending import DataParallelSizeChanged
-from vidforge.data.loader import ShardLoader
+from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.packing import PackedBatch, build_batcher
 from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
 from vidforge.models import build_model, train_step_flops
-from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
-from vidforge.parallel.activation_offload import apply_activation_offload
 from vidforge.parallel.dims import ParallelDims, init_distributed
-from vidforge.parallel.fsdp import apply_fsdp
+from vidforge.parallel.parallelize import parallelize
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.ema import EMA
@@ -99,10 +97,10 @@ def run(
             f"the layout {dims.layout.describe()} needs {dims.world_size} rank(s) but {world} started; "
             f"use --nproc {dims.world_size} or change cluster/parallel in the profile"
         )
-    if dims.tp_enabled or dims.cp_enabled or dims.pp_enabled:
+    if dims.pp_enabled:
         raise UserInputError(
-            "parallel.tp/cp/pp: tensor, context and pipeline parallel training are not built yet; "
-            "train with dp_shard (FSDP2) and dp_replicate (HSDP), keeping tp=cp=pp=1"
+            "parallel.pp: pipeline parallel training is not wired into `vidforge train` yet; "
+            "use dp_shard, dp_replicate, tp and cp with pp=1"
         )
     run_dir = Path(run_dir)
     checkpoints = CheckpointManager(run_dir, keep=cfg.keep_checkpoints, use_async=cfg.async_checkpoint)
@@ -118,25 +116,10 @@ def run(
     # --- model, parallelism, optimizer ---------------------------------------------------------------
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(profile.model, device=device)
-    notes: list[str] = []
-    if cfg.fp8:  # torchtitan's order: float8 conversion first, then checkpointing, compile, FSDP
-        from vidforge.parallel.float8 import apply_float8
-
-        notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
-    apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
-    apply_activation_offload(model.blocks, cfg.activation_offload)
-    if cfg.compile:
-        for key, block in model.blocks.items():
-            model.blocks[key] = torch.compile(block)
-    bf16 = cfg.precision == "bf16"
-    autocast_dtype = None
-    if dims.fsdp_enabled or dims.dp_enabled:
-        param_dtype = torch.bfloat16 if bf16 else torch.float32
-        apply_fsdp(
-            model, dims.fsdp_mesh(), model.blocks, param_dtype=param_dtype, cpu_offload=cfg.fsdp_cpu_offload
-        )
-    elif bf16:
-        autocast_dtype = torch.bfloat16  # one process: fp32 weights, bf16 compute
+    applied = parallelize(model, dims, profile, device)
+    notes: list[str] = list(applied.notes)
+    autocast_dtype = applied.autocast_dtype
+    cp_group = dims.mesh["cp"].get_group() if dims.cp_enabled else None
     ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -148,10 +131,12 @@ def run(
     edm = EDM.from_profile(profile.diffusion)
 
     # --- data ---------------------------------------------------------------------------------------
-    dp_rank = dims.mesh["dp"].get_local_rank() if dist.is_initialized() else 0
-    # No model-parallel group yet (tp = cp = pp = 1): every rank is its own data-parallel reader.
+    # Ranks of one model-parallel group (tp x cp x pp) share a dp rank, so they get the same samples;
+    # the group reads each shard once and exchanges it.
+    dp_rank = dims.flat("dp").get_local_rank() if dist.is_initialized() else 0
+    group = GroupComm(dims.model_parallel_group()) if dims.model_parallel > 1 else None
     loader = ShardLoader.from_profile(
-        profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp
+        profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp, group=group
     )
     batcher = build_batcher(profile, loader)
 
@@ -194,9 +179,11 @@ def run(
                 exhausted = True
                 break
             micro = micro_batch_loss(
-                model, edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype
+                model, edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype, cp_group
             )
-            (micro.loss / cfg.grad_accum).backward()
+            # Under context parallel each rank's loss is its share of the mean and FSDP averages the
+            # gradients over dp_shard x cp: scale by cp so the cp shares add up instead.
+            (micro.loss * dims.layout.cp / cfg.grad_accum).backward()
             loss_sum += micro.loss.item() / cfg.grad_accum
             tokens += micro.tokens
             text_lens = batch.text_mask.sum(dim=1).tolist()
@@ -212,7 +199,11 @@ def run(
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         loss_sum, tokens, flops = _all_reduce_sum([loss_sum, tokens, flops], device)
-        loss_mean = loss_sum / dims.layout.dp
+        # Summed over every rank: the cp shares add up to each micro-batch's loss, tp ranks hold copies
+        # of it; tokens and FLOPs are counted once per model-parallel group member.
+        loss_mean = loss_sum / (dims.layout.dp * dims.layout.tp)
+        tokens /= dims.model_parallel
+        flops /= dims.model_parallel
         if not (math.isfinite(loss_mean) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)
             what = f"step {step}: loss {loss_mean}, gradient norm {grad_norm}"

@@ -1,0 +1,74 @@
+"""Everything parallel applied to a built model, in one fixed order (torchtitan's `parallelize`):
+
+    float8 linears -> tensor/sequence parallel -> context parallel -> activation checkpointing
+    -> activation offload -> compile -> FSDP2 (over dp_shard x cp, HSDP with dp_replicate)
+
+Why this order: float8 swaps Linear classes that TP then shards; TP must see plain Linears (not
+checkpoint wrappers or compiled modules); context parallel only swaps parameter-free attention modules;
+checkpointing and offloading wrap whole blocks, so they come after anything that rewrites a block's
+inside; FSDP wraps last, around the final module tree, so it gathers exactly the parameters each block
+uses. Pipeline parallel splits the model before all of this (each stage module is parallelized alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+from vidforge.parallel.activation_offload import apply_activation_offload
+from vidforge.parallel.dims import ParallelDims
+from vidforge.parallel.fsdp import apply_fsdp
+from vidforge.profile import RunProfile
+
+
+@dataclass
+class Parallelized:
+    """What was applied, for the run's notes, and the compute dtype the caller autocasts to (None when
+    FSDP's mixed precision casts, or in fp32)."""
+
+    autocast_dtype: torch.dtype | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def parallelize(
+    model: nn.Module, dims: ParallelDims, profile: RunProfile, device: torch.device
+) -> Parallelized:
+    """Apply the profile's parallel layout and memory options to `model` (a DiT or a pipeline stage of
+    one) in place."""
+    cfg = profile.train
+    done = Parallelized()
+    if cfg.fp8:
+        from vidforge.parallel.float8 import apply_float8
+
+        done.notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
+    if dims.tp_enabled:
+        from vidforge.parallel.tensor_parallel import apply_tp
+
+        apply_tp(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
+    if dims.cp_enabled:
+        impl = profile.parallel.cp_impl
+        if impl == "st-hybrid":
+            from vidforge.parallel.stdit_parallel import apply_st_hybrid
+
+            apply_st_hybrid(model, dims.mesh["cp"])
+        else:
+            from vidforge.parallel.context_parallel import apply_cp
+
+            apply_cp(model, dims.mesh["cp"], impl)
+    apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
+    apply_activation_offload(model.blocks, cfg.activation_offload)
+    if cfg.compile:
+        for key, block in model.blocks.items():
+            model.blocks[key] = torch.compile(block)
+    bf16 = cfg.precision == "bf16"
+    if dims.fsdp_enabled or dims.dp_enabled:
+        param_dtype = torch.bfloat16 if bf16 else torch.float32
+        apply_fsdp(
+            model, dims.fsdp_mesh(), model.blocks, param_dtype=param_dtype, cpu_offload=cfg.fsdp_cpu_offload
+        )
+    elif bf16:
+        done.autocast_dtype = torch.bfloat16  # no FSDP: fp32 weights, bf16 compute by autocast
+    return done
