@@ -1,11 +1,15 @@
 """The layers DiT and ST-DiT blocks are made of. Every matrix is a plain `nn.Linear` with a stable
 name, so tensor parallel can be declared from outside: q/k/v and fc1/fc3 column-wise, out and fc2
-row-wise. Tokens are (B, S, hidden); a packed row has B = 1."""
+row-wise. Tokens are (B, S, hidden); a packed row has B = 1.
+
+Attention layers take their head count from the projections' output width (`unflatten(-1, (-1,
+head_dim))`), not from `heads`: under tensor parallel a rank's q/k/v hold only its heads, and the same
+code runs unchanged. QK RMSNorm normalises each head on its own, so it needs nothing from other ranks."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +45,21 @@ class Conditioning:
     positions: torch.Tensor | None = None
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-sample rows (N, F) broadcast against tokens: (B, 1, F), or (1, S, F) when packed."""
+        """Per-sample rows (N, F) broadcast against tokens: (B, 1, F), or (1, S, F) when packed (S the
+        length of `token_sample`, which is a rank's slice of the row under sequence parallel)."""
         if self.token_sample is None:
             return values.unsqueeze(1)
         return values[self.token_sample].unsqueeze(0)
+
+    def token_slice(self, start: int, end: int) -> Conditioning:
+        """The conditioning of tokens [start, end) of the row, for blocks whose residual stream holds only
+        those tokens (sequence parallel). Only `token_sample` is per token in what blocks read between
+        attentions; rope, positions and scopes stay whole because attention runs on the whole row (the
+        sequence is gathered before the q/k/v projections). A plain batch's per-sample rows broadcast
+        against any slice, so it returns itself."""
+        if self.token_sample is None:
+            return self
+        return replace(self, token_sample=self.token_sample[start:end])
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -142,11 +157,11 @@ class SelfAttention(nn.Module):
         self.attend = attend or Attend()
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
-        """q, k, v as (B, S, heads, head_dim), normalised and rotated; what `attend` receives before the
+        """q, k, v as (B, S, heads, head_dim) (this rank's heads under tensor parallel), normalised and rotated; what `attend` receives before the
         scope regroups them (exposed so tests can compute the attention independently)."""
-        q = self.q_norm(self.q(x).unflatten(-1, (self.heads, self.head_dim)))
-        k = self.k_norm(self.k(x).unflatten(-1, (self.heads, self.head_dim)))
-        v = self.v(x).unflatten(-1, (self.heads, self.head_dim))
+        q = self.q_norm(self.q(x).unflatten(-1, (-1, self.head_dim)))
+        k = self.k_norm(self.k(x).unflatten(-1, (-1, self.head_dim)))
+        v = self.v(x).unflatten(-1, (-1, self.head_dim))
         cos, sin = rope
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -172,9 +187,9 @@ class CrossAttention(nn.Module):
         self.attend = attend or Attend()
 
     def forward(self, x: torch.Tensor, text: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-        q = self.q_norm(self.q(x).unflatten(-1, (self.heads, self.head_dim)))
-        k = self.k_norm(self.k(text).unflatten(-1, (self.heads, self.head_dim)))
-        v = self.v(text).unflatten(-1, (self.heads, self.head_dim))
+        q = self.q_norm(self.q(x).unflatten(-1, (-1, self.head_dim)))
+        k = self.k_norm(self.k(text).unflatten(-1, (-1, self.head_dim)))
+        v = self.v(text).unflatten(-1, (-1, self.head_dim))
         return self.out(self.attend(q, k, v, mask).flatten(-2))
 
 

@@ -40,6 +40,10 @@ class STDiTBlock(nn.Module):
 
 
 class ParallelSTDiTBlock(nn.Module):
+    """`attn_input` and `attn_sum` are parameter-free identities that name the branches' shared input and
+    their sum, so parallel wrappers can act once on each rather than once per branch (tensor/sequence
+    parallel gathers the input once and reduces the summed outputs once)."""
+
     chunks = 9  # summed attention branches, cross, mlp
 
     def __init__(self, cfg: Model) -> None:
@@ -51,11 +55,12 @@ class ParallelSTDiTBlock(nn.Module):
         self.full_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.qk_norm, _attend(cfg))
         self.cross_attn = CrossAttention(cfg.hidden, cfg.heads, cfg.qk_norm, _attend(cfg))
         self.mlp = MLP(cfg.hidden, cfg.mlp_hidden, cfg.mlp_act)
+        self.attn_input, self.attn_sum = nn.Identity(), nn.Identity()
 
     def forward(self, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         sh1, sc1, g1, sh2, sc2, g2, sh3, sc3, g3 = self.modulation(cond)
-        h = modulate(self.norm1(x), sh1, sc1)
-        branches = (
+        h = self.attn_input(modulate(self.norm1(x), sh1, sc1))
+        branches = self.attn_sum(
             self.spatial_attn(h, cond.rope, cond.scopes["spatial"])
             + self.temporal_attn(h, cond.rope, cond.scopes["temporal"])
             + self.full_attn(h, cond.rope, cond.scopes["full"])
