@@ -1,4 +1,4 @@
-"""Pipeline parallel (GPipe, 1F1B, interleaved 1F1B) on 2 gloo ranks against one process.
+"""Pipeline parallel (GPipe, 1F1B, interleaved 1F1B; alone and under FSDP2) on gloo ranks vs one process.
 
 Each rank builds the same float64 tiny DiT (moved off its adaLN-Zero start so every parameter gets a
 gradient), splits it, and runs `PipelineTrainer.step`. The reference is the whole model in one process,
@@ -6,7 +6,8 @@ drawing noise levels, caption dropout and noise in the training loop's order fro
 the EDM loss written the usual way, lambda(sigma) (D - y)^2 through `EDM.denoise` / `EDM.loss`, in
 float64. Compared: the loss, the per-sample losses, every parameter's gradient gathered by name from the
 stages (each stage's copy of a conditioning parameter must hold the whole model's gradient), the clipped
-gradient norm, and three clipped AdamW steps (losses and final weights).
+gradient norm, and three clipped AdamW steps (losses and final weights). One run of 4 ranks, mesh
+(pp=2, dp_shard=2), serves every case: pp=2 pipelines on dp_shard rank 0, and pp=2 x FSDP2 over all four.
 
 Tolerances: both sides are float64 and differ only in summation order and in the identity
 lambda c_out^2 = 1 (the pipeline's squared error on the raw output), so rtol 1e-9. The training loop's
@@ -37,7 +38,7 @@ RTOL, ATOL = 1e-9, 1e-12
 STEPS, LR, MAX_NORM = 3, 1e-2, 0.5
 
 
-def _profile(schedule: str, vpp: int, layers: int, microbatches: int = 0):
+def _profile(schedule: str, vpp: int, layers: int, microbatches: int = 0, dp_shard: int = 1):
     return load_profile(
         "local_cpu",
         [
@@ -45,7 +46,8 @@ def _profile(schedule: str, vpp: int, layers: int, microbatches: int = 0):
             f"parallel.vpp={vpp}",
             f"parallel.pp_schedule={schedule}",
             f"parallel.pp_microbatches={microbatches}",
-            "cluster.cpu_processes=2",
+            f"parallel.dp_shard={dp_shard}",
+            f"cluster.cpu_processes={2 * dp_shard}",
             f"model.layers={layers}",
             "diffusion.caption_dropout=0.5",
         ],
@@ -154,21 +156,31 @@ def _reference(layers: int, arch: str, packed: bool, profile) -> dict:
     return out
 
 
-# name -> (pp_schedule, vpp, layers, architecture, packed rows, pp_microbatches, whole-batch split)
+# name -> (pp_schedule, vpp, layers, architecture, packed rows, pp_microbatches, whole-batch split, FSDP)
 CASES = {
-    "gpipe": ("gpipe", 1, 2, "dit", False, 0, False),
-    "1f1b": ("1f1b", 1, 2, "stdit", False, 4, False),
-    "interleaved": ("interleaved-1f1b", 2, 4, "dit", False, 0, False),
-    "packed": ("1f1b", 1, 2, "dit", True, 0, False),
-    "whole_batch": ("gpipe", 1, 2, "dit", False, 0, True),
+    "gpipe": ("gpipe", 1, 2, "dit", False, 0, False, False),
+    "1f1b": ("1f1b", 1, 2, "stdit", False, 4, False, False),
+    "interleaved": ("interleaved-1f1b", 2, 4, "dit", False, 0, False, False),
+    "packed": ("1f1b", 1, 2, "dit", True, 0, False, False),
+    "whole_batch": ("gpipe", 1, 2, "dit", False, 0, True, False),
+    "interleaved_fsdp": ("interleaved-1f1b", 2, 4, "dit", False, 0, False, True),
 }
+WORLD = 4  # mesh (pp=2, dp_shard=2): two pipelines side by side, sharded together in the FSDP case
 
 
-def _train_pipeline(mesh, schedule, vpp, layers, arch, packed, microbatches, whole_batch) -> dict:
+def _train_pipeline(mesh, schedule, vpp, layers, arch, packed, microbatches, whole_batch, fsdp) -> dict:
+    """STEPS clipped AdamW steps through the pipeline. With `fsdp`, PP first, then FSDP2 on each stage
+    module over dp_shard (both dp ranks see the same batch and draws, so the average is the same)."""
+    from vidforge.parallel.fsdp import apply_fsdp
     from vidforge.parallel.pipeline import PipelineTrainer
 
-    profile = _profile(schedule, vpp, layers, microbatches)
+    profile = _profile(schedule, vpp, layers, microbatches, dp_shard=2 if fsdp else 1)
     trainer = PipelineTrainer(_model(layers, arch), mesh["pp"], profile, torch.device("cpu"))
+    if fsdp:
+        for module in trainer.stage_modules:
+            apply_fsdp(
+                module, mesh["dp_shard"], module.blocks, param_dtype=torch.float64, reduce_dtype=torch.float64
+            )
     if whole_batch:
         trainer.presplit = False  # the torch < 2.12 path: the schedule splits one whole batch
     trainer.train()
@@ -180,22 +192,32 @@ def _train_pipeline(mesh, schedule, vpp, layers, arch, packed, microbatches, who
         out["losses"].append(micro.loss.item())
         if step == 0:
             out["grads"] = [
-                {n: p.grad.clone() for n, p in m.named_parameters()} for m in trainer.stage_modules
+                {n: _full(p.grad).clone() for n, p in m.named_parameters()} for m in trainer.stage_modules
             ]
             out["per_sample"] = micro.per_sample.clone()
         out["norms"].append(float(trainer.clip_grad_norm_(MAX_NORM)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    out["params"] = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in trainer.stage_modules]
+    out["params"] = [
+        {n: _full(p.detach()).clone() for n, p in m.named_parameters()} for m in trainer.stage_modules
+    ]
     return out
 
 
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def _pipeline_worker(rank: int, world: int) -> bytes:
-    """Every case, one after the other, on one pair of ranks (starting ranks costs more than the cases)."""
+    """Every case, one after the other, in one set of ranks (starting ranks costs more than the cases).
+    The cases without FSDP run on the pipeline of dp_shard rank 0 only; the others wait."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("pp",))
-    results = {name: _train_pipeline(mesh, *case) for name, case in CASES.items()}
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("pp", "dp_shard"))
+    first_pipeline = mesh["dp_shard"].get_local_rank() == 0
+    results = {
+        name: _train_pipeline(mesh, *case) for name, case in CASES.items() if case[-1] or first_pipeline
+    }
     # As bytes: many tensors returned through the queue would travel as shared-memory handles that
     # need the rank process alive while the parent unpickles them.
     buffer = io.BytesIO()
@@ -205,21 +227,24 @@ def _pipeline_worker(rank: int, world: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def pipeline_runs() -> list[dict]:
-    return [torch.load(io.BytesIO(r)) for r in run_ranks(_pipeline_worker, 2)]
+    return [torch.load(io.BytesIO(r)) for r in run_ranks(_pipeline_worker, WORLD)]
 
 
 def _check(runs: list[dict], name: str) -> None:
-    schedule, vpp, layers, arch, packed, microbatches, _ = CASES[name]
+    schedule, vpp, layers, arch, packed, microbatches, _, _ = CASES[name]
     profile = _profile(schedule, vpp, layers, microbatches)
     ref = _reference(layers, arch, packed, profile)
-    results = [run[name] for run in runs]
-    for rank, res in enumerate(results):
+    ranks = [rank for rank, run in enumerate(runs) if name in run]
+    assert len(ranks) == (WORLD if CASES[name][-1] else 2)
+    results = [runs[rank][name] for rank in ranks]
+    for rank, res in zip(ranks, results, strict=True):
         # every rank reports the whole step's loss, per-sample losses and gradient norm
         assert res["losses"] == pytest.approx(ref["losses"], rel=RTOL)
         assert res["norms"] == pytest.approx(ref["norms"], rel=RTOL)
         torch.testing.assert_close(res["per_sample"], ref["per_sample"], rtol=RTOL, atol=ATOL)
         assert res["losses"][0] == pytest.approx(ref["loop_loss"], rel=1e-6)
-        assert res["stage_ids"] == [rank + 2 * v for v in range(vpp)]
+        pp_rank = rank // (WORLD // 2)
+        assert res["stage_ids"] == [pp_rank + 2 * v for v in range(vpp)]
     seen = set()
     for res in results:
         for grads, params in zip(res["grads"], res["params"], strict=True):
@@ -263,3 +288,9 @@ def test_packed_rows_one_per_micro_batch_match_gradient_accumulation(pipeline_ru
 def test_whole_batch_split_by_the_schedule_matches_one_process(pipeline_runs):
     """The fallback for torch without pre-split micro-batches: the schedule splits the whole batch."""
     _check(pipeline_runs, "whole_batch")
+
+
+def test_interleaved_1f1b_with_fsdp_on_each_stage_matches_one_process(pipeline_runs):
+    """pp=2 x dp_shard=2: the stage modules sharded by FSDP2 after the split (DTensor gradients in the
+    replicated-gradient sum and the clipped norm)."""
+    _check(pipeline_runs, "interleaved_fsdp")
