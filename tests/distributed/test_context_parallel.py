@@ -5,14 +5,16 @@ single-process model as the reference, then of the context-parallel copy on its 
 (`TokenShard`), for a packed row whose samples do not divide by the cp degree (so pads are exercised)
 and for a plain batch. Checked: the gathered denoised output equals the single-process one, the
 ranks' `shard_loss` shares sum to the single-process mean loss, and every parameter's gradient,
-summed over the ranks, equals the single-process gradient. float64 throughout: the two computations differ in summation order only, so
-1e-10 (relative and absolute) bounds rounding with a wide margin and catches any real error (a missing
-key, a wrong gradient path is O(1e-2) or larger). Context-parallel sampling (several denoising steps
+summed over the ranks, equals the single-process gradient. float64 throughout: the two computations
+differ in summation order only, so 1e-10 (relative and absolute) bounds rounding with a wide margin and
+catches any real error (a missing key or a wrong gradient path is O(1e-2); a 0.1% error in one ring
+gradient term showed as 1e-4). Context-parallel sampling (several denoising steps
 with classifier-free guidance) must give the single-process latents: the sampler runs in float32, so
 there the tolerance is 1e-5.
 
-One spawn per group size runs every case, and the tests read its results: on this 2-core machine each
-spawn costs seconds of process start-up.
+One spawn of 4 ranks runs every case, the 2-rank ones on the cp groups {0, 1} and {2, 3} of a
+(dp 2, cp 2) mesh, the 4-rank ones on the world, and the tests read its results: on this 2-core machine
+process start-up costs more than the cases.
 """
 
 from __future__ import annotations
@@ -93,7 +95,14 @@ def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
     local token, `shard_loss` as the rank's share of the mean."""
     import torch.distributed as dist
 
-    from vidforge.parallel.context_parallel import apply_cp, gather_row, per_token, shard_loss, shard_of
+    from vidforge.parallel.context_parallel import (
+        apply_cp,
+        cp_process_group,
+        gather_row,
+        per_token,
+        shard_loss,
+        shard_of,
+    )
 
     clean, noise, sigma, text, drop, row = _inputs(packed)
     reference = copy.deepcopy(model)
@@ -118,6 +127,7 @@ def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
     share = shard_loss(local_elementwise, shard)
     share.backward()
     total = share.detach().clone()
+    group = cp_process_group(group)
     dist.all_reduce(total, group=group)
     errors = {
         "output": (gather_row(local.detach(), shard, group) - out.detach()).abs().max().item(),
@@ -155,14 +165,60 @@ def _sampling(model, impl: str, group) -> dict[str, float]:
     return errors
 
 
+def _fsdp_checkpointed(model, mesh) -> dict[str, float]:
+    """The training composition: ring cp attention, every block checkpointed (recomputed in the
+    backward, collectives included), FSDP2 over the cp ranks (dp_shard_cp = cp here) reducing the
+    gradients. FSDP averages over its ranks, so the loss backpropagated is cp x `shard_loss`."""
+    from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+    from vidforge.parallel.context_parallel import apply_cp, per_token, shard_loss, shard_of
+    from vidforge.parallel.fsdp import apply_fsdp
+
+    clean, noise, sigma, text, drop, row = _inputs(packed=True)
+    reference = copy.deepcopy(model)
+    sigma_b = row["layout"].per_token(sigma)[..., None]
+    _, elementwise = _edm_loss(reference, clean, noise, sigma, sigma_b, text, drop, **row)
+    elementwise.mean().backward()
+
+    cp_model = apply_cp(copy.deepcopy(model), mesh, "ring")
+    apply_activation_checkpointing(cp_model.blocks, "full")
+    apply_fsdp(cp_model, mesh, cp_model.blocks, param_dtype=torch.float64, reduce_dtype=torch.float64)
+    shard = shard_of(row["layout"], mesh)
+    _, local = _edm_loss(
+        cp_model,
+        shard.split(clean),
+        shard.split(noise),
+        sigma,
+        per_token(sigma, shard),
+        text,
+        drop,
+        shard=shard,
+    )
+    (shard.size * shard_loss(local, shard)).backward()
+    grads = {name: p.grad.full_tensor() for name, p in cp_model.named_parameters()}
+    errors = {"grad": 0.0, "grad_scale": 0.0, "output": 0.0, "loss": 0.0}
+    for name, p in reference.named_parameters():
+        mine = grads[name] if name in grads else grads[_wrapped(name)]
+        errors["grad"] = max(errors["grad"], (mine - p.grad).abs().max().item())
+        errors["grad_scale"] = max(errors["grad_scale"], p.grad.abs().max().item())
+    return errors
+
+
+def _wrapped(name: str) -> str:
+    """A parameter's name inside a checkpoint-wrapped block."""
+    prefix, index, rest = name.split(".", 2)
+    return f"{prefix}.{index}._checkpoint_wrapped_module.{rest}"
+
+
 def _chunked_ring(group) -> float:
     """Ring attention a few queries at a time (what bounds its memory on long rows) against one
     process's attention over the whole packed row: largest error of the outputs and of the q, k, v
     gradients (each rank's own rows: the ring brings every key gradient home)."""
     from vidforge.models import SequenceLayout
     from vidforge.models.attention import attention
-    from vidforge.parallel.context_parallel import shard_of
+    from vidforge.parallel.context_parallel import cp_process_group, shard_of
     from vidforge.parallel.cp_attention import ring_attention
+
+    group = cp_process_group(group)
 
     layout = SequenceLayout(((2, 2, 3), (1, 1, 3), (3, 1, 3)))
     g = torch.Generator().manual_seed(4)
@@ -183,28 +239,40 @@ def _chunked_ring(group) -> float:
     return max(errors)
 
 
-def _worker(rank: int, world: int, impls: tuple[str, ...], sampling_impl: str | None):
+def _worker(rank: int, world: int):
+    """Every case on a (dp 2, cp 2) mesh, each pair of ranks a cp group (group ranks are not global
+    ranks on the second pair), then the 4-rank cases on the whole world."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-    group = dist.group.WORLD
+    cp2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))["cp"]
     model = _model()
-    results = {"chunked ring": _chunked_ring(group)}
-    for impl in impls:
+    two = {"chunked ring": _chunked_ring(cp2), "fsdp": _fsdp_checkpointed(model, cp2)}
+    for impl in IMPLS:
         for packed in (True, False):
-            results[(impl, packed)] = _case(model, impl, packed, group)
-    if sampling_impl:
-        results["sampling"] = _sampling(model, sampling_impl, group)
-    return results
+            two[(impl, packed)] = _case(model, impl, packed, cp2)
+    two["sampling"] = _sampling(model, "ring", cp2)
+    four = {"chunked ring": _chunked_ring(dist.group.WORLD)}
+    for impl in ("ring", "ulysses"):
+        for packed in (True, False):
+            four[(impl, packed)] = _case(model, impl, packed, dist.group.WORLD)
+    return {2: two, 4: four}
 
 
 @pytest.fixture(scope="module")
-def two_ranks():
-    return run_ranks(_worker, 2, IMPLS, "ring")
+def results():
+    """Each rank's results, run once: one spawn of 4 processes (start-up dominates on this machine)."""
+    return run_ranks(_worker, 4)
 
 
 @pytest.fixture(scope="module")
-def four_ranks():
-    return run_ranks(_worker, 4, ("ring", "ulysses"), None)
+def two_ranks(results):
+    return [r[2] for r in results]
+
+
+@pytest.fixture(scope="module")
+def four_ranks(results):
+    return [r[4] for r in results]
 
 
 def _check(errors):
@@ -230,6 +298,13 @@ def test_four_ranks_match_one_process(four_ranks, impl, packed):
     per rank, and a 3-token sample leaves one rank only a pad of it."""
     for rank_errors in four_ranks:
         _check(rank_errors[(impl, packed)])
+
+
+def test_fsdp_and_checkpointing_with_cp_match_one_process(two_ranks):
+    """Ring cp under full activation checkpointing and FSDP2 over the cp ranks, backpropagating cp x
+    shard_loss: the reduced (full) gradients equal the single process's."""
+    for rank_errors in two_ranks:
+        _check(rank_errors["fsdp"])
 
 
 def test_ring_in_query_chunks_matches_one_process(two_ranks, four_ranks):
