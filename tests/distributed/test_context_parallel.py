@@ -142,7 +142,7 @@ def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
     return errors
 
 
-def _sampling(model, impl: str, group) -> dict[str, float]:
+def _sampling(model, impl: str, group, cfg_group=None) -> dict[str, float]:
     """Largest difference between context-parallel and single-process sampled latents, with the null
     caption and with a negative prompt as the unconditional branch."""
     from vidforge.infer.sampling import sample_latents
@@ -159,7 +159,9 @@ def _sampling(model, impl: str, group) -> dict[str, float]:
     errors = {}
     for name, neg in (("null caption", None), ("negative prompt", negative)):
         single = sample_latents(model, profile, text, text_mask, [5, 6], shape, neg)
-        cp = sample_latents_cp(cp_model, profile, text, text_mask, [5, 6], shape, group, neg)
+        cp = sample_latents_cp(
+            cp_model, profile, text, text_mask, [5, 6], shape, group, neg, cfg_group=cfg_group
+        )
         assert cp.shape == single.shape == (2, *shape)
         errors[name] = (cp - single).abs().max().item()
     return errors
@@ -245,13 +247,15 @@ def _worker(rank: int, world: int):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    cp2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))["cp"]
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
+    cp2 = mesh["cp"]
     model = _model()
     two = {"chunked ring": _chunked_ring(cp2), "fsdp": _fsdp_checkpointed(model, cp2)}
     for impl in IMPLS:
         for packed in (True, False):
             two[(impl, packed)] = _case(model, impl, packed, cp2)
     two["sampling"] = _sampling(model, "ring", cp2)
+    two["cfg sampling"] = _sampling(model, "all-gather", cp2, cfg_group=mesh["dp"])  # dp ranks as cfg
     four = {"chunked ring": _chunked_ring(dist.group.WORLD)}
     for impl in ("ring", "ulysses"):
         for packed in (True, False):
@@ -321,3 +325,11 @@ def test_context_parallel_sampling_matches_one_process(two_ranks):
     for rank_errors in two_ranks:
         assert rank_errors["sampling"]["null caption"] < 1e-5
         assert rank_errors["sampling"]["negative prompt"] < 1e-5
+
+
+def test_cfg_parallel_with_context_parallel_sampling_matches_one_process(two_ranks):
+    """The same on 4 ranks: guidance branches on two ranks (CFG-parallel), each splitting the tokens
+    over two cp ranks."""
+    for rank_errors in two_ranks:
+        assert rank_errors["cfg sampling"]["null caption"] < 1e-5
+        assert rank_errors["cfg sampling"]["negative prompt"] < 1e-5

@@ -164,6 +164,8 @@ def sample_latents_cp(
     latent_shape: Sequence[int],
     cp_mesh: CpGroup,
     negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    cfg_group: CpGroup | None = None,
 ) -> torch.Tensor:
     """`vidforge.infer.sampling.sample_latents` with the latent token sequence split over the cp ranks
     (NeMo's context-parallel denoising): every rank draws the same initial noise, keeps its tokens, runs
@@ -172,8 +174,11 @@ def sample_latents_cp(
     latents are gathered at the end. Returns (B, C, T, H, W) on every rank. `model` must have had
     `apply_cp` installed on the same group. Deterministic samplers give the single-process latents;
     with diffusion.churn > 0 each rank draws its churn noise from its own generator (seed, rank), a
-    valid but different noise stream."""
+    valid but different noise stream. With `cfg_group` (two ranks holding the same cp shard, e.g. a
+    (cfg 2, cp n) mesh's "cfg" dimension) the conditional and unconditional branches run on its two
+    ranks, as in `sample_latents(cfg_group=...)`."""
     from vidforge.diffusion import EDM, classifier_free_guidance, sample
+    from vidforge.diffusion.guidance import parallel_classifier_free_guidance
     from vidforge.infer.sampling import initial_noise
 
     if not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
@@ -213,7 +218,12 @@ def sample_latents_cp(
 
         return edm.denoise(network, x, sigma.reshape(()).expand(rows))
 
-    denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
+    if cfg_group is not None:
+        denoiser = parallel_classifier_free_guidance(
+            batched, profile.diffusion.guidance, cp_process_group(cfg_group)
+        )
+    else:
+        denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
     noise = shard.split(patchify(initial_noise(seeds, latent_shape), cfg.patch).to(device))
     generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
     local = sample(denoiser, noise, profile.diffusion, generator=generator)
