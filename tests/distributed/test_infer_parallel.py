@@ -5,8 +5,9 @@
 - ScaleFusion: ST-DiT denoising with the sequence split over frames, all-to-alls between the spatial
   and temporal layouts, and the sliced, overlapped schedule; equal to the plain (synchronous, unsliced)
   schedule and to the single-process forward.
-- `vidforge infer` (`infer.run.run`) on 2 ranks, CFG-parallel and ScaleFusion: rank 0 writes the videos
-  the single process writes, frame for frame.
+- `vidforge infer` (`infer.run.run`) on 2 ranks, each way it splits the work (CFG-parallel, ScaleFusion,
+  context-parallel DiT, st-hybrid parallel ST-DiT): rank 0 writes the single process's videos, frame for
+  frame.
 """
 
 from __future__ import annotations
@@ -66,18 +67,18 @@ def _as_tensors(per_rank: list[dict]) -> list[dict[str, torch.Tensor]]:
 # within its time budget)
 
 
-def _worker(rank: int, world: int, export: Path, out: Path) -> dict[str, dict]:
+def _worker(rank: int, world: int, exports: dict[str, Path], out: Path) -> dict[str, dict]:
     return {
         "cfg": _cfg_worker(rank, world),
         "scalefusion": _scalefusion_worker(rank, world),
-        "infer": _infer_worker(rank, world, export, out),
+        "infer": _infer_worker(rank, world, exports, out),
     }
 
 
 @pytest.fixture(scope="module")
-def infer_paths(tmp_path_factory) -> tuple[Path, Path]:
+def infer_paths(tmp_path_factory) -> tuple[dict[str, Path], Path]:
     root = tmp_path_factory.mktemp("infer")
-    return _export(root), root / "parallel"
+    return _exports(root), root / "parallel"
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,6 @@ def test_scalefusion_overlapped_schedule_equals_plain_schedule(scalefusion_resul
 # --- vidforge infer on 2 ranks ------------------------------------------------------------------------
 
 INFER_SETS = [
-    "model.architecture=stdit",
     "model.hidden=64",
     "model.mlp_hidden=256",
     "infer.frames=5",  # 2 latent frames of 4 x 6 tokens: 1 frame and 12 positions per rank
@@ -242,7 +242,22 @@ INFER_SETS = [
     "diffusion.steps=2",
 ]
 PROMPTS = ["a red square moving right", "a blue circle"]
-INFER_CASES = {"cfg-parallel": "diffusion.guidance=3", "scalefusion": "diffusion.guidance=1"}
+MODELS = {
+    "stdit": ["model.architecture=stdit"],
+    "stdit-parallel": ["model.architecture=stdit", "model.stdit_block=parallel"],
+    "dit": ["model.architecture=dit"],
+}
+INFER_CASES = {  # what 2 ranks do (InferPlan): model, guidance
+    "cfg-parallel": ("stdit", "diffusion.guidance=3"),
+    "scalefusion": ("stdit", "diffusion.guidance=1"),
+    "context-parallel": ("dit", "diffusion.guidance=1"),  # sample_latents_cp, all-gather CP
+    "st-hybrid": ("stdit-parallel", "diffusion.guidance=1"),  # sample_latents_cp over apply_st_hybrid
+}
+
+
+def _case_sets(case: str) -> list[str]:
+    model, guidance = INFER_CASES[case]
+    return [*INFER_SETS, *MODELS[model], guidance]
 
 
 @pytest.mark.parametrize(
@@ -278,25 +293,36 @@ def test_infer_refuses_a_token_grid_its_ranks_cannot_split() -> None:
         check_sequence_split(plan, config, (4, 3, 4, 6))
 
 
-def _export(root: Path) -> Path:
+def _exports(root: Path) -> dict[str, Path]:
+    """One exported model per architecture, as `vidforge train` leaves them (weights + config)."""
     from vidforge.models import build_model, save_model
     from vidforge.profile import load_profile
 
-    torch.manual_seed(0)
-    model = build_model(load_profile("local_cpu", INFER_SETS).model)
-    with torch.no_grad():  # zero-initialised outputs would make every sample the same
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return save_model(model, root / "export")
+    exports = {}
+    for name, sets in MODELS.items():
+        torch.manual_seed(0)
+        model = build_model(load_profile("local_cpu", [*INFER_SETS, *sets]).model)
+        with torch.no_grad():  # zero-initialised outputs would make every sample the same
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        exports[name] = save_model(model, root / name / "export")
+    return exports
 
 
-def _infer_worker(rank: int, world: int, export: Path, out: Path) -> dict[str, list[str]]:
+def _infer(exports: dict[str, Path], case: str, out: Path, log=None):
     from vidforge.infer.run import run
 
-    return {
-        case: run(export, PROMPTS, out / case, overrides=[*INFER_SETS, extra], profile="local_cpu").videos
-        for case, extra in INFER_CASES.items()
-    }
+    model = exports[INFER_CASES[case][0]]
+    return run(model, PROMPTS, out / case, overrides=_case_sets(case), profile="local_cpu", log=log)
+
+
+def _infer_worker(rank: int, world: int, exports: dict[str, Path], out: Path) -> dict[str, list[str]]:
+    results = {}
+    for case in INFER_CASES:
+        plan: list[str] = []
+        results[case] = _infer(exports, case, out, log=plan.append).videos
+        results[f"{case} plan"] = plan
+    return results
 
 
 def _frames(path: Path):
@@ -308,21 +334,23 @@ def _frames(path: Path):
 
 
 def test_infer_on_two_ranks_writes_the_single_process_videos(two_ranks, infer_paths, tmp_path) -> None:
-    from vidforge.infer.run import run
-
-    export, parallel_out = infer_paths
+    exports, parallel_out = infer_paths
     ranks = [result["infer"] for result in two_ranks]
-    assert ranks[1] == {case: [] for case in INFER_CASES}  # only rank 0 writes
-    for case, extra in INFER_CASES.items():
-        single = run(
-            export, PROMPTS, tmp_path / "single" / case, overrides=[*INFER_SETS, extra], profile="local_cpu"
-        )
+    assert {case: ranks[0][f"{case} plan"] for case in INFER_CASES} == {
+        "cfg-parallel": ["2 ranks: CFG-parallel x2"],
+        "scalefusion": ["2 ranks: ScaleFusion sequence parallel x2"],
+        "context-parallel": ["2 ranks: context parallel x2"],
+        "st-hybrid": ["2 ranks: context parallel x2"],
+    }
+    assert all(ranks[1][case] == [] for case in INFER_CASES)  # only rank 0 writes
+    for case in INFER_CASES:
+        single = _infer(exports, case, tmp_path / "single")
         assert [Path(v).name for v in ranks[0][case]] == [Path(v).name for v in single.videos]
         for parallel_video, single_video in zip(ranks[0][case], single.videos, strict=True):
             # float32 latents equal to rounding decode to the same uint8 frames
             assert (_frames(Path(parallel_video)) == _frames(Path(single_video))).all(), case
         assert (parallel_out / case / "samples.jsonl").is_file()
     # and the videos carry the model: guidance and prompt change them
-    guided, unguided = (_frames(Path(ranks[0][case][0])) for case in INFER_CASES)
+    guided, unguided = (_frames(Path(ranks[0][case][0])) for case in ("cfg-parallel", "scalefusion"))
     assert (guided != unguided).any()
     assert (_frames(Path(ranks[0]["scalefusion"][0])) != _frames(Path(ranks[0]["scalefusion"][1]))).any()

@@ -115,8 +115,9 @@ class InferPlan:
         return cls(world, cfg, sp, method)
 
     def describe(self) -> str:
+        names = {"scalefusion": "ScaleFusion sequence parallel", "context-parallel": "context parallel"}
         parts = (["CFG-parallel x2"] if self.cfg == 2 else []) + (
-            [f"{self.method} x{self.sp}"] if self.sp > 1 else []
+            [f"{names[self.method]} x{self.sp}"] if self.sp > 1 else []
         )
         return " and ".join(parts) or "one rank"
 

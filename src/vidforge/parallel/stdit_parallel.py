@@ -38,9 +38,8 @@ from torch import nn
 
 from vidforge.models.attention import Attend, AttentionMask, ContextShard
 from vidforge.models.layers import Conditioning, SelfAttention, modulate
-from vidforge.models.packing import SequenceLayout, TokenShard, grid_positions
+from vidforge.models.packing import SequenceLayout, TokenShard
 from vidforge.models.patchify import Grid
-from vidforge.models.rope import rope_tables
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes
 from vidforge.parallel.context_parallel import ContextParallelAttend, CpGroup, cp_process_group
 from vidforge.profile.model import Model
@@ -140,20 +139,6 @@ class STShards:
         send = x.reshape(b, p, tl, nl, c).transpose(0, 1)  # to rank q: q's frames, my positions
         recv = _a2a(send, group)  # (P, B, T/P, HW/P, C): from rank r, r's positions
         return recv.permute(1, 2, 0, 3, 4).reshape(b, tl * p * nl, c)
-
-
-def layout_rope(
-    config: Model, grid: Grid, index: torch.Tensor, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE tables for the tokens `index` of the full grid's t-major row; elementwise the rows the
-    single-process model's `condition` computes for them."""
-    positions = grid_positions(grid, device)[index.to(device)]
-    return rope_tables(positions, config.head_dim, config.rope_theta, dtype)
-
-
-def rope_dtype(model: nn.Module) -> torch.dtype:
-    """The table dtype `DiT.condition` uses: float64 for a float64 model, else float32."""
-    return torch.float64 if model.param_dtype == torch.float64 else torch.float32
 
 
 # --- the sequential ST-DiT block, cut at the layout switch ---------------------------------------------
