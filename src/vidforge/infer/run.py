@@ -6,10 +6,10 @@ is the base profile, so the tokenizer and text encoder are the ones the model wa
 Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts (`InferPlan`):
 - with guidance and an even N, the conditional and unconditional branches run on two halves of the
   ranks (CFG-parallel), so N = 2 needs no sequence split at all;
-- the remaining ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's
-  overlapped spatial/temporal all-to-alls, any other model with context-parallel denoising
-  (`vidforge.parallel.context_parallel.sample_latents_cp`; CFG then runs in one batch, so every rank
-  splits the sequence).
+- the ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's overlapped
+  spatial/temporal all-to-alls, any other model with context-parallel denoising
+  (`vidforge.parallel.context_parallel.sample_latents_cp`: all-gather CP for a DiT, st-hybrid for a
+  parallel ST-DiT).
 Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 
 from __future__ import annotations
@@ -108,8 +108,6 @@ class InferPlan:
     def choose(cls, world: int, guidance: float, config) -> InferPlan:
         scalefusion = config.architecture == "stdit" and config.stdit_block == "sequential"
         cfg = 2 if guidance != 1.0 and world % 2 == 0 else 1
-        if cfg == 2 and world > 2 and not scalefusion:
-            cfg = 1  # context-parallel denoising runs both branches in one batch: split over every rank
         sp = world // cfg
         method = None if sp == 1 else ("scalefusion" if scalefusion else "context-parallel")
         return cls(world, cfg, sp, method)
@@ -156,7 +154,9 @@ def _parallel_sampler(model, prof: RunProfile, plan: InferPlan, device: str, sli
             apply_cp(model, sp_group, "all-gather")
 
         def sampler(text, mask, seeds, shape, negative):
-            return sample_latents_cp(model, prof, text, mask, seeds, shape, sp_group, negative)
+            return sample_latents_cp(
+                model, prof, text, mask, seeds, shape, sp_group, negative, cfg_group=cfg_group
+            )
 
         return sampler
     forward = None
