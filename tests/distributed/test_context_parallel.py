@@ -3,7 +3,7 @@
 Every rank builds the same tiny float64 DiT and the same micro-batch, runs the EDM training loss of the
 single-process model as the reference, then of the context-parallel copy on its share of the tokens
 (`TokenShard`), for a packed row whose samples do not divide by the cp degree (so pads are exercised)
-and for a plain batch. Checked: the gathered denoised output equals the single-process one, the
+and for plain batches with and without pads. Checked: the gathered denoised output equals the single-process one, the
 ranks' `shard_loss` shares sum to the single-process mean loss, and every parameter's gradient,
 summed over the ranks, equals the single-process gradient. float64 throughout: the two computations
 differ in summation order only, so 1e-10 (relative and absolute) bounds rounding with a wide margin and
@@ -50,9 +50,13 @@ def _model():
     return model
 
 
-def _inputs(packed: bool):
+ROWS = ("packed", "plain", "plain padded")
+
+
+def _inputs(row_kind: str):
     """A micro-batch in row order: clean tokens, noise, per-sample sigma, text, text mask, caption
     dropout, and the `layout` (packed) or `grid` (plain batch) of the row."""
+    packed = row_kind == "packed"
     from vidforge.models import pack_latents, patchify
 
     g = torch.Generator().manual_seed(2)
@@ -61,9 +65,10 @@ def _inputs(packed: bool):
         latents = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
         clean, layout = pack_latents(latents, (1, 1, 1))
         row = {"layout": layout}
-    else:  # two clips of 3 x 1 x 3 = 9 tokens
-        latents = torch.randn(2, 4, 3, 1, 3, generator=g, dtype=torch.float64)
-        clean, row = patchify(latents, (1, 1, 1)), {"grid": (3, 1, 3)}
+    else:  # two clips of 2 x 2 x 3 = 12 tokens (no pads on 2 or 4 ranks), or 3 x 1 x 3 = 9 (pads)
+        grid = (2, 2, 3) if row_kind == "plain" else (3, 1, 3)
+        latents = torch.randn(2, 4, *grid, generator=g, dtype=torch.float64)
+        clean, row = patchify(latents, (1, 1, 1)), {"grid": grid}
     n = 3 if packed else 2
     noise = torch.randn(clean.shape, generator=g, dtype=torch.float64)
     sigma = torch.rand(n, generator=g, dtype=torch.float64) * 2 + 0.1
@@ -89,7 +94,7 @@ def _edm_loss(model, clean, noise, sigma, sigma_b, text, drop, **row):
     return denoised, edm.loss(denoised, clean, sigma_b)
 
 
-def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
+def _case(model, impl: str, row_kind: str, group) -> dict[str, float]:
     """Largest errors of the cp run against the single-process one: denoised output, loss, gradients.
     The cp side is the recipe for the training step: split the row's tensors with the shard, sigma per
     local token, `shard_loss` as the rank's share of the mean."""
@@ -104,9 +109,9 @@ def _case(model, impl: str, packed: bool, group) -> dict[str, float]:
         shard_of,
     )
 
-    clean, noise, sigma, text, drop, row = _inputs(packed)
+    clean, noise, sigma, text, drop, row = _inputs(row_kind)
     reference = copy.deepcopy(model)
-    sigma_b = row["layout"].per_token(sigma)[..., None] if packed else sigma[:, None, None]
+    sigma_b = row["layout"].per_token(sigma)[..., None] if "layout" in row else sigma[:, None, None]
     out, elementwise = _edm_loss(reference, clean, noise, sigma, sigma_b, text, drop, **row)
     loss = elementwise.mean()
     loss.backward()
@@ -175,7 +180,7 @@ def _fsdp_checkpointed(model, mesh) -> dict[str, float]:
     from vidforge.parallel.context_parallel import apply_cp, per_token, shard_loss, shard_of
     from vidforge.parallel.fsdp import apply_fsdp
 
-    clean, noise, sigma, text, drop, row = _inputs(packed=True)
+    clean, noise, sigma, text, drop, row = _inputs("packed")
     reference = copy.deepcopy(model)
     sigma_b = row["layout"].per_token(sigma)[..., None]
     _, elementwise = _edm_loss(reference, clean, noise, sigma, sigma_b, text, drop, **row)
@@ -252,14 +257,14 @@ def _worker(rank: int, world: int):
     model = _model()
     two = {"chunked ring": _chunked_ring(cp2), "fsdp": _fsdp_checkpointed(model, cp2)}
     for impl in IMPLS:
-        for packed in (True, False):
-            two[(impl, packed)] = _case(model, impl, packed, cp2)
+        for kind in ROWS:
+            two[(impl, kind)] = _case(model, impl, kind, cp2)
     two["sampling"] = _sampling(model, "ring", cp2)
     two["cfg sampling"] = _sampling(model, "all-gather", cp2, cfg_group=mesh["dp"])  # dp ranks as cfg
     four = {"chunked ring": _chunked_ring(dist.group.WORLD)}
     for impl in ("ring", "ulysses"):
-        for packed in (True, False):
-            four[(impl, packed)] = _case(model, impl, packed, dist.group.WORLD)
+        for kind in ROWS:
+            four[(impl, kind)] = _case(model, impl, kind, dist.group.WORLD)
     return {2: two, 4: four}
 
 
@@ -286,22 +291,22 @@ def _check(errors):
     assert errors["grad_scale"] > 1e-3  # the gradients compared are not trivially zero
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain"])
+@pytest.mark.parametrize("kind", ROWS)
 @pytest.mark.parametrize("impl", IMPLS)
-def test_two_ranks_match_one_process(two_ranks, impl, packed):
+def test_two_ranks_match_one_process(two_ranks, impl, kind):
     """Output, loss and parameter gradients of 2-rank context parallel equal the single process."""
     for rank_errors in two_ranks:
-        _check(rank_errors[(impl, packed)])
+        _check(rank_errors[(impl, kind)])
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain"])
+@pytest.mark.parametrize("kind", ROWS)
 @pytest.mark.parametrize("impl", ["ring", "ulysses"])
-def test_four_ranks_match_one_process(four_ranks, impl, packed):
+def test_four_ranks_match_one_process(four_ranks, impl, kind):
     """4 ranks equal the single process: the ring's blocks and gradient accumulators make a full turn
     through distinct neighbours (with 2 ranks the next rank is the previous one), Ulysses runs one head
     per rank, and a 3-token sample leaves one rank only a pad of it."""
     for rank_errors in four_ranks:
-        _check(rank_errors[(impl, packed)])
+        _check(rank_errors[(impl, kind)])
 
 
 def test_fsdp_and_checkpointing_with_cp_match_one_process(two_ranks):

@@ -103,9 +103,8 @@ def all_gather_attention(
     sdpa_backend: str = "auto",
 ) -> torch.Tensor:
     dk = k.shape[-1]
-    kv = shard.assemble(
-        gather_tokens(torch.cat([k, v], dim=-1), group)
-    )  # one collective; real keys, row order
+    kv = gather_tokens(torch.cat([k, v], dim=-1), group)  # one collective for both
+    kv = shard.assemble(kv)  # real keys in row order
     k_full, v_full = kv.split([dk, kv.shape[-1] - dk], dim=-1)
     return attention(q, k_full, v_full, _full_row_segments(shard, shard.chunk_lens), backend, sdpa_backend)
 
@@ -136,17 +135,20 @@ def ulysses_attention(
     recv = _AllToAll.apply(send, group)  # (size, B, L, H/size, D)
     qkv = recv.movedim(0, 1).flatten(1, 2)  # (B, size*L, H/size, D)
     qg, kg, vg = qkv.split(dims, dim=-1)
-    order = shard.gathered_padded_order(q.device)  # queries: samples contiguous, pads included
-    keys = shard.gathered_row_index(q.device)  # keys: real tokens only
-    out = attention(
-        qg.index_select(1, order),
-        kg.index_select(1, keys),
-        vg.index_select(1, keys),
-        _full_row_segments(shard, shard.padded_lens),
-        backend,
-        sdpa_backend,
-    )
-    out = out.index_select(1, torch.argsort(order))  # back to gathered order
+    if shard.gathered_is_row_order:  # one sample per row, no pads: the gathered row is the row
+        out = attention(qg, kg, vg, None, backend, sdpa_backend)
+    else:
+        order = shard.gathered_padded_order(q.device)  # queries: samples contiguous, pads included
+        keys = shard.gathered_row_index(q.device)  # keys: real tokens only
+        out = attention(
+            qg.index_select(1, order),
+            kg.index_select(1, keys),
+            vg.index_select(1, keys),
+            _full_row_segments(shard, shard.padded_lens),
+            backend,
+            sdpa_backend,
+        )
+        out = out.index_select(1, torch.argsort(order))  # back to gathered order
     # to rank j: its tokens, my head group  ->  from rank j: my tokens, head group j
     send = out.unflatten(1, (size, local)).movedim(1, 0)  # (size, B, L, H/size, Dv)
     recv = _AllToAll.apply(send, group)
