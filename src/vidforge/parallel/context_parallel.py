@@ -96,8 +96,9 @@ class ContextParallelAttend(nn.Module):
 
 def apply_cp(model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather") -> nn.Module:
     """Install context-parallel attention in every self-attention layer of `model` (in place; returns
-    it). Apply after pipeline splitting and tensor parallel (it only swaps parameter-free modules, so
-    the order with TP, checkpointing and FSDP does not matter otherwise). Idempotent."""
+        it). Apply after pipeline splitting and tensor parallel (it only swaps parameter-free modules, so
+        the order with TP, checkpointing and FSDP does not matter otherwise). A second call changes nothing
+    (it keeps the first call's group and impl)."""
     group = cp_process_group(cp_mesh)
     if impl not in CP_ATTENTION:
         raise ValueError(
