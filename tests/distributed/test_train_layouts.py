@@ -25,6 +25,10 @@ LAYOUTS = {
     "cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather"]),
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
     "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"]),
+    "tp2": (2, ["parallel.tp=2"]),
+    "fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2"]),
+    "tp2xcp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ring"]),
+    "dp2xtp2xcp2": (8, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.cp=2"]),
 }
 
 
@@ -38,7 +42,8 @@ def _train(rank: int, world: int, latents: str, run_dir: str, sets: list[str]) -
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[Path, list[float]]:
     root = tmp_path_factory.mktemp("layouts")
-    latents = make_latents(root / "data", samples=4)
+    # Every sample the same clip: data-parallel ranks then see what the single process sees.
+    latents = make_latents(root / "data", identical=True, samples=4)
     run_ranks(_train, 1, str(latents), str(root / "single"), [])
     return latents, losses(root / "single")
 

@@ -25,6 +25,7 @@ from vidforge.errors import UserInputError
 from vidforge.models import build_model, train_step_flops
 from vidforge.parallel.dims import ParallelDims, init_distributed
 from vidforge.parallel.parallelize import parallelize
+from vidforge.parallel.tensor_parallel import clip_grad_norm_ as tp_clip_grad_norm_
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.ema import EMA
@@ -196,7 +197,10 @@ def run(
             optimizer.zero_grad(set_to_none=True)
             notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
             break
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+        if dims.tp_enabled:  # parameters on several meshes; partial gradients reduced first
+            grad_norm = tp_clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         loss_sum, tokens, flops = _all_reduce_sum([loss_sum, tokens, flops], device)
         # Summed over every rank: the cp shares add up to each micro-batch's loss, tp ranks hold copies
