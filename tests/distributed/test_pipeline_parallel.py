@@ -208,6 +208,19 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
+def _accumulate_two_steps(mesh) -> list[dict]:
+    """Two interleaved (vpp=2) pipeline steps into the same .grad, no optimizer step between."""
+    from vidforge.parallel.pipeline import PipelineTrainer
+
+    trainer = PipelineTrainer(
+        _model(4, "dit"), mesh["pp"], _profile("interleaved-1f1b", 2, 4), torch.device("cpu")
+    )
+    torch.manual_seed(5)
+    for _ in range(2):
+        trainer.step(_batches(False))
+    return [{n: p.grad.clone() for n, p in m.named_parameters()} for m in trainer.stage_modules]
+
+
 def _pipeline_worker(rank: int, world: int) -> bytes:
     """Every case, one after the other, in one set of ranks (starting ranks costs more than the cases).
     The cases without FSDP run on the pipeline of dp_shard rank 0 only; the others wait."""
@@ -218,6 +231,8 @@ def _pipeline_worker(rank: int, world: int) -> bytes:
     results = {
         name: _train_pipeline(mesh, *case) for name, case in CASES.items() if case[-1] or first_pipeline
     }
+    if first_pipeline:
+        results["accumulated"] = _accumulate_two_steps(mesh)
     # As bytes: many tensors returned through the queue would travel as shared-memory handles that
     # need the rank process alive while the parent unpickles them.
     buffer = io.BytesIO()
@@ -294,3 +309,21 @@ def test_interleaved_1f1b_with_fsdp_on_each_stage_matches_one_process(pipeline_r
     """pp=2 x dp_shard=2: the stage modules sharded by FSDP2 after the split (DTensor gradients in the
     replicated-gradient sum and the clipped norm)."""
     _check(pipeline_runs, "interleaved_fsdp")
+
+
+def test_two_steps_accumulate_gradients_like_two_backwards(pipeline_runs):
+    """Gradient accumulation over pipeline steps: the conditioning gradients summed over the stages
+    count each step once (the sum adds only a step's own contributions to what .grad held)."""
+    model = _model(4, "dit").train()
+    profile = _profile("interleaved-1f1b", 2, 4)
+    edm = EDM.from_profile(profile.diffusion)
+    torch.manual_seed(5)
+    for _ in range(2):
+        _edm_loss64(model, edm, _batches(False), profile.diffusion.caption_dropout)[0].backward()
+    seen = set()
+    for run in pipeline_runs:
+        for grads in run.get("accumulated", []):
+            for name, grad in grads.items():
+                torch.testing.assert_close(grad, model.get_parameter(name).grad, rtol=RTOL, atol=ATOL)
+                seen.add(name)
+    assert seen == {n for n, _ in model.named_parameters()}
