@@ -122,24 +122,6 @@ class STShards:
         T x 1 x count regroups them exactly as the full grid's temporal scope does."""
         return batch_scopes(batch, (self.grid[0], 1, self.positions if count is None else count))["temporal"]
 
-    # --- the two all-to-alls ----------------------------------------------------------------------------
-
-    def frames_to_positions(self, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        """(B, T/P * HW, C) frames layout -> (B, T * HW/P, C) positions layout."""
-        b, _, c = x.shape
-        p, tl, nl = self.world, self.frames, self.positions
-        send = x.reshape(b, tl, p, nl, c).permute(2, 0, 1, 3, 4)  # to rank r: its positions, my frames
-        recv = _a2a(send, group)  # (P, B, T/P, HW/P, C): from rank q, q's frames
-        return recv.permute(1, 0, 2, 3, 4).reshape(b, p * tl * nl, c)
-
-    def positions_to_frames(self, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        """(B, T * HW/P, C) positions layout -> (B, T/P * HW, C) frames layout."""
-        b, _, c = x.shape
-        p, tl, nl = self.world, self.frames, self.positions
-        send = x.reshape(b, p, tl, nl, c).transpose(0, 1)  # to rank q: q's frames, my positions
-        recv = _a2a(send, group)  # (P, B, T/P, HW/P, C): from rank r, r's positions
-        return recv.permute(1, 2, 0, 3, 4).reshape(b, tl * p * nl, c)
-
 
 # --- the sequential ST-DiT block, cut at the layout switch ---------------------------------------------
 
