@@ -44,7 +44,7 @@ import inspect
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -158,7 +158,6 @@ class _StageIO:
     dtype: torch.dtype
     active: bool = False
     pad_to: int | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _trim_padded_input(module: DiT, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
