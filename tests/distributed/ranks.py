@@ -30,7 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
+def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, collected) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -44,6 +44,9 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         try:
             queue.put((rank, True, fn(rank, world_size, *args)))
+            # A tensor result travels as a shared-memory handle that the parent can open only while this
+            # process lives: stay until the parent has read every result.
+            collected.wait(60)
         finally:
             dist.destroy_process_group()
     except BaseException:
@@ -54,10 +57,10 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
     """fn(rank, world_size, *args) on `world_size` gloo ranks; returns the results in rank order."""
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    queue, collected = ctx.Queue(), ctx.Event()
     port = _free_port()
     procs = [
-        ctx.Process(target=_entry, args=(rank, world_size, port, fn, args, queue), daemon=True)
+        ctx.Process(target=_entry, args=(rank, world_size, port, fn, args, queue, collected), daemon=True)
         for rank in range(world_size)
     ]
     for p in procs:
@@ -78,6 +81,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             results[rank] = value
     finally:
+        collected.set()
         for p in procs:
             p.join(5 if len(results) == world_size else 0)
             if p.is_alive():
