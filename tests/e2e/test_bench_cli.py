@@ -44,16 +44,22 @@ def invoke(*args: str, sets: list[str] = TINY) -> dict:
 
 def test_bench_train_figures_are_sane_and_grow_with_tokens() -> None:
     short = invoke("train")
-    long = invoke("train", sets=[*TINY, "bench.latent_frames=8", "bench.repeats=3"])
+    long = invoke(
+        "train", sets=[*TINY, "bench.latent_frames=16", "bench.latent_height=16", "bench.repeats=3"]
+    )
     for r in (short, long):
         assert r["step_time_s"] > 0 and r["tokens_per_s"] > 0
         assert 0 < r["mfu"] < 1
         assert r["peak_memory_gib"] > 0 and r["predicted_memory_gib"] > 0
-        assert r["predicted_memory_gib"] == pytest.approx(r["peak_memory_gib"], rel=0.15)
-    assert long["tokens_per_step"] == 4 * short["tokens_per_step"]
-    assert long["step_time_s"] > short["step_time_s"]
+        assert r["predicted_measured_terms_gib"] == pytest.approx(r["peak_memory_gib"], rel=0.15)
+    assert long["tokens_per_step"] == 16 * short["tokens_per_step"]
+    # The fastest step of each (robust to other processes taking the shared cores now and then).
+    assert min(long["step_times_s"]) > min(short["step_times_s"]), (
+        long["step_times_s"],
+        short["step_times_s"],
+    )
     assert long["peak_memory_gib"] > short["peak_memory_gib"]
-    assert long["measured_memory"]["activations"] > 3 * short["measured_memory"]["activations"]
+    assert long["measured_memory"]["activations"] > 8 * short["measured_memory"]["activations"]
 
 
 def test_bench_train_refuses_layouts_the_loop_cannot_run() -> None:

@@ -18,6 +18,7 @@ memory (none, then selective, then full), because recompute costs time."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -337,7 +338,7 @@ def format_ranking(report: PlanReport, top: int = 10) -> str:
         if first.startswith("needs "):
             key = "does not fit in memory (with full activation checkpointing)"
         else:
-            key = " ".join(w for w in first.split(" (")[0].split() if not any(c.isdigit() for c in w))
+            key = re.sub(r"\d[\d,]*", "N", first.split(" (")[0].split(":")[0])
         reasons[key] = reasons.get(key, 0) + 1
     if reasons:
         lines.append("")

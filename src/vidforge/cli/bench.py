@@ -76,7 +76,8 @@ def train(
             f"  MFU             {result.mfu:.2%} of {resolved.cluster.accelerator.peak_bf16_flops / 1e12:g} TFLOP/s "
             f"x {result.world_size}",
             f"  peak memory     {result.peak_memory_gib:.4g} GiB ({result.peak_memory_method})",
-            f"  predicted       {result.predicted_memory_gib:.4g} GiB (vidforge bench plan's model)",
+            f"  predicted       {result.predicted_memory_gib:.4g} GiB (vidforge bench plan's model); "
+            f"{result.predicted_measured_terms_gib:.4g} GiB of it in the terms measured",
         ]
     )
     current_output().result(data, text=text)
