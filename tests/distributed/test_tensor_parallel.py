@@ -4,8 +4,9 @@ Two gloo ranks on one `tp` mesh run the same seeded model and inputs as a single
 parallelism: initial weights, forward outputs and the gradient of every parameter (DTensor gradients
 as `full_tensor()`), for DiT, ST-DiT sequential and ST-DiT parallel blocks, plain batches and packed
 rows, with and without sequence parallel, AdaLN-LoRA and SwiGLU switched on and off across the cases;
-then three AdamW steps with gradient clipping. One 4-rank run composes TP2 with FSDP2 over
-dp_shard=2, each data-parallel rank given half of the batch.
+then three AdamW steps with gradient clipping; TP2 + SP under full activation checkpointing; the
+refusals of an indivisible row or head count. One 4-rank run composes TP2 + SP with FSDP2 over
+dp_shard=2 (each data-parallel rank given half of the batch): gradients and two AdamW steps.
 
 Everything is float64, so the only differences are reduction order (sums split over ranks, all-reduce
 and reduce-scatter orders): relative 1e-9 is ~1e6 times float64's epsilon and far below any real error
@@ -150,6 +151,7 @@ def _train(
 
 
 TRAIN_CASE = ("stdit", "parallel", True, True)  # the block with the most collectives, LoRA, SwiGLU
+AC_CASE = ("stdit", "sequential", True, False, True)  # ..., packed
 
 
 # --- ranks ----------------------------------------------------------------------------------------------
@@ -158,6 +160,8 @@ TRAIN_CASE = ("stdit", "parallel", True, True)  # the block with the most collec
 def _tp2_worker(rank: int, world_size: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
+    from vidforge.errors import UserInputError
+    from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
     from vidforge.parallel.tensor_parallel import apply_tp, clip_grad_norm_
 
     tp_mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))["tp"]
@@ -184,6 +188,17 @@ def _tp2_worker(rank: int, world_size: int) -> dict:
             {"out": out.detach().clone(), "grads": _grads(model), "stream_tokens": seen[0]}
         )
 
+    # Activation checkpointing wraps the blocks after TP (the order parallelize() uses): same gradients.
+    cfg = _config(*AC_CASE[:4])
+    model = _model(cfg)
+    apply_tp(model, tp_mesh, sequence_parallel=True)
+    apply_activation_checkpointing(model.blocks, "full")
+    _, loss = _loss(model, cfg, AC_CASE[4], seed=7)
+    loss.backward()
+    result["checkpointed"] = {
+        n.replace("_checkpoint_wrapped_module.", ""): g for n, g in _grads(model).items()
+    }
+
     model = _model(_config(*TRAIN_CASE))
     apply_tp(model, tp_mesh, sequence_parallel=True)
     result["train"] = _train(model, _config(*TRAIN_CASE), 3, clip_grad_norm_)
@@ -197,8 +212,13 @@ def _tp2_worker(rank: int, world_size: int) -> dict:
     try:
         model(x, torch.zeros(1, dtype=F64), torch.randn(1, 2, cfg.text_dim, dtype=F64))
         result["odd_error"] = None
-    except ValueError as e:
+    except UserInputError as e:
         result["odd_error"] = str(e)
+    try:
+        apply_tp(_model(model_config("tiny", hidden=48, heads=3)), tp_mesh, sequence_parallel=False)
+        result["heads_error"] = None
+    except UserInputError as e:
+        result["heads_error"] = str(e)
     return _bytes(result)
 
 
@@ -225,7 +245,7 @@ def _fsdp_tp_worker(rank: int, world_size: int) -> dict:
         dist.all_reduce(loss, group=mesh["dp_shard"].get_group())
         return float(loss) / 2
 
-    history = _train(model, cfg, 3, clip_grad_norm_, samples=samples, mean=dp_mean)
+    history = _train(model, cfg, 2, clip_grad_norm_, samples=samples, mean=dp_mean)
     return _bytes({"grads": grads, "train": history})
 
 
@@ -241,9 +261,9 @@ def _reference(case) -> dict:
     return {"out": out.detach(), "grads": _grads(model)}
 
 
-def _reference_train() -> list[tuple[float, float]]:
+def _reference_train(steps: int = 3) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
     model = _model(_config(*TRAIN_CASE))
-    return _train(model, _config(*TRAIN_CASE), 3, torch.nn.utils.clip_grad_norm_), _params(model)
+    return _train(model, _config(*TRAIN_CASE), steps, torch.nn.utils.clip_grad_norm_), _params(model)
 
 
 def _assert_tensors_close(actual: dict, expected: dict, what: str) -> None:
@@ -293,9 +313,20 @@ def test_tp2_adamw_steps_match_single_process(tp2) -> None:
         _assert_tensors_close(rank["trained"], params, "trained weight")
 
 
+def test_tp2_with_activation_checkpointing_matches_single_process(tp2) -> None:
+    reference = _reference((*AC_CASE, True))
+    for rank in tp2:
+        _assert_tensors_close(rank["checkpointed"], reference["grads"], "gradient of")
+
+
 def test_sequence_parallel_refuses_rows_not_divisible_by_tp(tp2) -> None:
     for rank in tp2:
         assert "parallel.tp=2" in rank["odd_error"] and "parallel.sequence_parallel" in rank["odd_error"]
+
+
+def test_tp_refuses_heads_not_divisible_by_tp(tp2) -> None:
+    for rank in tp2:
+        assert "parallel.tp=2 must divide model.heads=3" in rank["heads_error"]
 
 
 def test_fsdp2_times_tp2_matches_single_process() -> None:
@@ -305,7 +336,7 @@ def test_fsdp2_times_tp2_matches_single_process() -> None:
     _, loss = _loss(model, cfg, packed=False, seed=7)
     loss.backward()
     reference = _grads(model)
-    history, _ = _reference_train()
+    history, _ = _reference_train(steps=2)
     for rank in ranks:
         _assert_tensors_close(rank["grads"], reference, "gradient of")
         assert _flat(rank["train"]) == pytest.approx(_flat(history), rel=RTOL)

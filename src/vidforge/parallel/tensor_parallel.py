@@ -22,7 +22,7 @@ Sequence parallel (`parallel.sequence_parallel`): between sub-layers the residua
 S/tp tokens per rank (norms, modulate, gates and residual adds run on those), all-gathered along the
 sequence where a sub-layer's column-parallel projections read it and reduce-scattered after its
 row-parallel projection. The row is split evenly: S (the tokens of the plain batch's grid, or of the
-packed row) must be a multiple of tp, else a ValueError says what to change; nothing is padded. The
+packed row) must be a multiple of tp, else a UserInputError says what to change; nothing is padded. The
 stream enters the sharded region at the first block (a slice, no communication; its gradient is
 all-gathered) and leaves after the last block (all-gathered), so patch embedding, the absolute
 position embedding and the final layer run unchanged on the whole row. Each block receives its rank's
@@ -66,6 +66,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from vidforge.errors import UserInputError
 from vidforge.models.blocks import DiTBlock
 from vidforge.models.dit import DiT
 from vidforge.models.layers import Conditioning, CrossAttention, Modulation, SelfAttention
@@ -253,7 +254,7 @@ def _sequence_parallel_inputs(mesh: DeviceMesh, first: bool, module: nn.Module, 
     tp = mesh.size()
     if first:
         if h.shape[SEQUENCE_DIM] % tp:
-            raise ValueError(
+            raise UserInputError(
                 f"parallel.sequence_parallel: the token row has {h.shape[SEQUENCE_DIM]} tokens, not a "
                 f"multiple of parallel.tp={tp}; choose latent sizes (or a packing budget) whose token "
                 "count divides by tp, or set parallel.sequence_parallel=false"
@@ -268,12 +269,19 @@ def _gather_output(mesh: DeviceMesh, module: nn.Module, args: tuple, output: tor
     return _gather_sequence(output, mesh)
 
 
-def _check_divisible(model: DiT, tp: int) -> None:
+def _check_model(model: DiT, tp: int) -> None:
     cfg = model.config
     for field, value in (("heads", cfg.heads), ("mlp_hidden", cfg.mlp_hidden)):
         if value % tp:
-            raise ValueError(
+            raise UserInputError(
                 f"parallel.tp={tp} must divide model.{field}={value}; change parallel.tp or the model shape"
+            )
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and type(module) is not nn.Linear:
+            # torchao's Float8Linear needs its own float8 TP styles (Float8ColwiseParallel, ...).
+            raise UserInputError(
+                f"parallel.tp={tp}: {name} is a {type(module).__name__}; tensor parallel of float8 linear "
+                "layers is not supported yet; set train.fp8=false or parallel.tp=1"
             )
 
 
@@ -287,7 +295,7 @@ def apply_tp(model: DiT, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> Non
     if tp_mesh.ndim != 1:
         raise ValueError(f"apply_tp takes the 1-D tp mesh (e.g. mesh['tp']), got {tp_mesh.ndim} dimensions")
     tp = tp_mesh.size()
-    _check_divisible(model, tp)
+    _check_model(model, tp)
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
     if model.shared_modulation is not None:
