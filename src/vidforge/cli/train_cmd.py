@@ -13,18 +13,26 @@ from vidforge.cli._output import current_output
 
 def train(
     data: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Option("--data", "-d", help="Latent shards (`vidforge tokenize` output); repeatable."),
-    ],
+    ] = None,
     run_dir: Annotated[
-        Path, typer.Option("--run-dir", "-r", help="Checkpoints, metrics.jsonl, export/ go here.")
-    ],
+        Path | None, typer.Option("--run-dir", "-r", help="Checkpoints, metrics.jsonl, export/ go here.")
+    ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest complete checkpoint.")
     ] = False,
     nproc: Annotated[
         int | None, typer.Option("--nproc", min=1, help="Start this many local processes under torchrun.")
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Build the profile's whole layout in this one process on a fake process group (no GPUs, "
+            "no data) and print each pipeline stage's per-rank memory; then exit.",
+        ),
+    ] = False,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -33,14 +41,19 @@ def train(
 
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2 --set cluster.cpu_processes=2
+    Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_pp2_512xh100
     """
+    from vidforge.errors import UserInputError
     from vidforge.parallel.launch import relaunch_under_torchrun, slurm_to_torch_env, under_launcher
 
     resolved = profile_from(profile, set_)
+    if dry_run:
+        _dry_run(resolved)
+        return
+    if not data or run_dir is None:
+        raise UserInputError("train needs --data LATENTS and --run-dir RUN (or --dry-run to check a layout)")
     if nproc is not None and not under_launcher():
         if nproc != resolved.layout.world_size:
-            from vidforge.errors import UserInputError
-
             raise UserInputError(
                 f"--nproc {nproc}: the profile's layout needs {resolved.layout.world_size} rank(s); "
                 f"set cluster.cpu_processes (or gpus_per_node) to {nproc}, or change --nproc"
@@ -71,3 +84,23 @@ def train(
         if rank != 0:
             return
     output.result(summary_dict(summary), title="vidforge train")
+
+
+def _dry_run(profile) -> None:
+    from vidforge.train.dry_run import dry_run
+
+    result = dry_run(profile)
+    gib = 2.0**30
+    lines = [f"{result.profile}: {result.layout}, {result.world_size} ranks (built on a fake process group)"]
+    for s in result.stages:
+        first, last = (s.blocks[0], s.blocks[-1]) if s.blocks else (None, None)
+        lines += [
+            f"  pipeline stage {s.stage} (e.g. rank {s.rank}), blocks {first}..{last}: "
+            f"{s.parameters:,} parameters per rank",
+            f"    parameters {s.parameter_bytes / gib:8.2f} GiB   gradients {s.gradient_bytes / gib:8.2f} GiB   "
+            f"AdamW {s.optimizer_bytes / gib:8.2f} GiB   EMA {s.ema_bytes / gib:8.2f} GiB",
+            f"    activations {s.activation_bytes / gib:7.2f} GiB (model)   total {s.total_bytes / gib:8.2f} GiB   "
+            f"(the memory model's parameters: {s.model_parameter_bytes / gib:.2f} GiB)",
+        ]
+    lines += [f"  {note}" for note in result.notes]
+    current_output().result(result.as_dict(), text="\n".join(lines))

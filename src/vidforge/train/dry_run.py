@@ -1,0 +1,137 @@
+"""`vidforge train --dry-run`: build a profile's whole parallel layout in one CPU process, without GPUs,
+and say what each rank would hold.
+
+torch's fake process group stands in for the cluster: this process plays one rank of the full world
+size, every collective returns at once, and the model is built on the meta device (no memory). The
+pipeline split, tensor/sequence parallel, context parallel and FSDP2 are applied exactly as
+`vidforge train` applies them (`parallelize`), so a layout that cannot be built fails here, with the
+same message, before a job waits in a queue. Parameter, gradient and optimizer bytes per rank are
+counted from the sharded tensors the layout actually produced; activations, which need a forward, come
+from the analytic memory model of `vidforge bench plan` (vidforge.bench.memory_model), which also gives
+its own parameter figure, so the two can be compared. Ranks differ only by pipeline stage, so one rank
+per stage is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from vidforge.models import build_model
+from vidforge.parallel.dims import ParallelDims
+from vidforge.profile import RunProfile
+
+ADAM_STATES = 2
+
+
+@dataclass
+class StageMemory:
+    """What one rank of pipeline stage `stage` holds (bytes, except the counts)."""
+
+    stage: int
+    rank: int
+    blocks: list[int]
+    parameters: int  # parameters held by this rank (local shards)
+    parameter_bytes: float  # float32 master weights
+    gradient_bytes: float
+    optimizer_bytes: float  # AdamW exp_avg and exp_avg_sq, float32
+    ema_bytes: float
+    activation_bytes: float  # the memory model's activations (checkpointing and offload included)
+    model_parameter_bytes: float  # the memory model's parameter figure, to compare with the counted one
+    total_bytes: float
+
+
+@dataclass
+class DryRun:
+    profile: str
+    layout: str
+    world_size: int
+    stages: list[StageMemory]
+    notes: list[str]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pp_rank_of(dims: ParallelDims, rank: int) -> int:
+    """Pipeline coordinate of a global rank: pp is the outermost mesh dimension."""
+    return rank // (dims.world_size // dims.layout.pp)
+
+
+def _local_numel(t: torch.Tensor) -> int:
+    return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
+
+
+def _build_rank(profile: RunProfile, rank: int) -> tuple[int, list[int]]:
+    """Build rank `rank`'s part of the model on a fake process group; returns (local parameters, block
+    indices it holds)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from vidforge.parallel.parallelize import parallelize
+
+    dims = ParallelDims(profile.layout, "cpu")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
+    try:
+        model = build_model(profile.model, device="meta")
+        parts = [model]
+        if dims.pp_enabled:
+            from vidforge.parallel.pipeline import split_model
+
+            parts = split_model(model, _pp_rank_of(dims, rank), dims.layout.pp, dims.layout.vpp)
+        params, blocks = 0, []
+        seen: set[int] = set()
+        for part in parts:
+            parallelize(part, dims, profile, torch.device("cpu"))
+            blocks += [int(k) for k in part.blocks.keys()]
+            for p in part.parameters():
+                if id(p) not in seen:  # a conditioning parameter is in every local stage module once
+                    seen.add(id(p))
+                    params += _local_numel(p)
+        return params, sorted(blocks)
+    finally:
+        dist.destroy_process_group()
+
+
+def dry_run(profile: RunProfile) -> DryRun:
+    """Build one rank per pipeline stage of `profile`'s layout on a fake process group."""
+    from vidforge.bench.memory_model import estimate_memory
+    from vidforge.bench.workload import Workload
+
+    if dist.is_initialized():
+        raise RuntimeError("--dry-run builds its own fake process group: run it in a single process")
+    layout = profile.layout
+    dims = ParallelDims(layout, "cpu")
+    estimate = estimate_memory(profile, layout)
+    ema = profile.train.ema_decay > 0
+    stages = []
+    per_stage = dims.world_size // layout.pp
+    for stage in range(layout.pp):
+        rank = stage * per_stage
+        params, blocks = _build_rank(profile, rank)
+        weights = 4.0 * params
+        activations = estimate.get("activations")
+        total = weights * (2 + ADAM_STATES + (1 if ema else 0)) + activations
+        stages.append(
+            StageMemory(
+                stage=stage,
+                rank=rank,
+                blocks=blocks,
+                parameters=params,
+                parameter_bytes=weights,
+                gradient_bytes=weights,
+                optimizer_bytes=ADAM_STATES * weights,
+                ema_bytes=weights if ema else 0.0,
+                activation_bytes=activations,
+                model_parameter_bytes=estimate.get("parameters"),
+                total_bytes=total,
+            )
+        )
+    notes = [
+        "parameters, gradients, optimizer and EMA: counted from the local shards the layout produced",
+        f"activations: vidforge bench plan's memory model for {Workload.from_profile(profile).describe()} "
+        "per data-parallel rank (the profile's bench section)",
+    ]
+    return DryRun(profile.name, layout.describe(), dims.world_size, stages, notes)
