@@ -112,6 +112,19 @@ def test_st_hybrid_needs_stdit(tmp_path: Path) -> None:
     assert "parallel.cp_impl: st-hybrid is for model.architecture=stdit" in error_of(tmp_path, data)
 
 
+def test_st_hybrid_needs_frames_and_positions_divisible_by_cp(tmp_path: Path) -> None:
+    # 4x temporal, 8x spatial, patch (1, 2, 2): 9 frames -> 3 token frames; 48x64 -> 3x4 = 12 positions
+    data = {
+        "cluster": {"cpu_processes": 2},
+        "parallel": {"cp": 2, "cp_impl": "st-hybrid"},
+        "model": {"architecture": "stdit"},
+        "data": {"frame_buckets": [9], "buckets": [[48, 64], [48, 48]]},
+    }
+    msg = error_of(tmp_path, data)
+    assert "data.frame_buckets: 9 frames give 3 latent token frames, not divisible by parallel.cp=2" in msg
+    assert "(48, 48) gives 9 token positions" in msg and "(48, 64)" not in msg
+
+
 def test_unknown_keys_are_errors_with_the_valid_ones(tmp_path: Path) -> None:
     msg = error_of(tmp_path, {"parallel": {"tensor_parallel": 2}})
     assert msg.startswith(

@@ -180,11 +180,12 @@ def run(
     *,
     overrides: Sequence[str] = (),
     profile: str | None = None,
-    slicing: ScaleFusionSlicing = ScaleFusionSlicing(),
+    slicing: ScaleFusionSlicing | None = None,
     log: Any = None,
 ) -> InferResult:
     """Sample a video per prompt into `out`. Under torchrun (or with a process group already initialised)
-    the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S.
+    the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S (default:
+    the profile's infer.scalefusion_*).
     `log(message)` is told the plan of a parallel run."""
     from vidforge.parallel.dims import init_distributed
 
@@ -209,6 +210,14 @@ def run(
         if log is not None and rank == 0:
             log(f"{world} ranks: {plan.describe()}")
         check_sequence_split(plan, model.config, latent_shape)
+        if slicing is None:
+            cfg = prof.infer
+            slicing = ScaleFusionSlicing(
+                cfg.scalefusion_slices_t,
+                cfg.scalefusion_slices_s,
+                cfg.scalefusion_first_parts_t,
+                cfg.scalefusion_first_parts_s,
+            )
         sampler = _parallel_sampler(model, prof, plan, device, slicing)
     else:
 

@@ -27,3 +27,12 @@ class Infer(Section):
     """Frame rate of the written MP4."""
     crf: int = Field(18, ge=0, le=51)
     """x264 quality of the written MP4 (lower is better)."""
+    scalefusion_slices_t: int = Field(4, ge=1)
+    """ScaleFusion (`vidforge infer --nproc` with a sequential ST-DiT): N_T, the frame slices spatial
+    attention is cut into, so each slice's all-to-all overlaps the next slice's compute."""
+    scalefusion_slices_s: int = Field(4, ge=1)
+    """ScaleFusion: N_S, the position slices temporal attention, cross-attention and the MLP are cut into."""
+    scalefusion_first_parts_t: int = Field(1, ge=1)
+    """ScaleFusion: L_T, the parts the all-to-all feeding the first frame slice is cut into."""
+    scalefusion_first_parts_s: int = Field(3, ge=1)
+    """ScaleFusion: L_S, the parts the all-to-all feeding the first position slice is cut into."""

@@ -75,6 +75,8 @@ def layout_problems(profile: RunProfile) -> list[str]:
         problems.append(
             "parallel.cp_impl: st-hybrid is for model.architecture=stdit; use all-gather, ring or ulysses"
         )
+    if par.cp > 1 and par.cp_impl == "st-hybrid":
+        problems += _st_hybrid_problems(profile)
     stages = par.pp * par.vpp
     if model.layers % stages:
         problems.append(
@@ -84,4 +86,26 @@ def layout_problems(profile: RunProfile) -> list[str]:
         par.resolve(cluster.world_size)
     except ValueError as err:
         problems.append(f"parallel: {err} (world size = {cluster.world_size_field})")
+    return problems
+
+
+def _st_hybrid_problems(profile: RunProfile) -> list[str]:
+    """st-hybrid splits each clip by frames for spatial attention and by (h, w) positions for temporal
+    attention: every data bucket's token grid needs T and H x W divisible by cp."""
+    cp, tok, (pt, ph, pw) = profile.parallel.cp, profile.tokenizer, profile.model.patch
+    problems = []
+    for frames in profile.data.frame_buckets:
+        t = ((frames - 1) // tok.temporal_compression + 1) // pt
+        if t % cp:
+            problems.append(
+                f"data.frame_buckets: {frames} frames give {t} latent token frames, not divisible by "
+                f"parallel.cp={cp} (st-hybrid splits clips by frames); change the bucket or cp"
+            )
+    for h, w in profile.data.buckets:
+        positions = (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw)
+        if positions % cp:
+            problems.append(
+                f"data.buckets: ({h}, {w}) gives {positions} token positions a frame, not divisible by "
+                f"parallel.cp={cp} (st-hybrid splits temporal attention by position); change the bucket or cp"
+            )
     return problems
