@@ -6,6 +6,13 @@ Layout of a run directory:
     checkpoints/step_00000100/rank00000.json        per-rank state: step, loader, scheduler, RNG
     checkpoints/step_00000100/COMPLETE              written last, after every rank finished
 `latest()` only ever returns a marked checkpoint, so a run killed while saving resumes from the one before.
+
+Model and optimizer state are saved per module and merged (torchtitan's ModelWrapper / OptimizersContainer):
+a pipeline-parallel rank holds several stage modules with one optimizer each, whose parameter names are
+the whole model's. The optimizer state is in DCP's flattened form (`state.<param>.<key>`,
+`param_groups.<param>.<key>`), keyed by parameter name alone, so any layout (pipeline stages or one
+module, sharded or not) loads a checkpoint of any other. Conditioning parameters live on every stage
+with equal values; their repeated names are kept once.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -21,12 +29,21 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from vidforge.data.manifest import atomic_path
-from vidforge.train.ema import EMA
+from vidforge.train.ema import EMA, Modules, as_module_list
 
 MARKER = "COMPLETE"
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
 
 
 def _rank() -> int:
@@ -59,6 +76,35 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([unb64(s) for s in state["cuda"]])
 
 
+def _pairs(modules: Modules, optimizers: Optimizers) -> list[tuple[nn.Module, torch.optim.Optimizer]]:
+    modules = as_module_list(modules)
+    optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+    if len(modules) != len(optimizers):
+        raise ValueError(
+            f"one optimizer per module: got {len(modules)} module(s), {len(optimizers)} optimizer(s)"
+        )
+    return list(zip(modules, optimizers, strict=True))
+
+
+def merged_state(
+    modules: Modules, optimizers: Optimizers
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[list[str], list[str]]]]:
+    """The modules' model and (flattened) optimizer state dicts merged by name, and each module's own
+    (model keys, optimizer keys) to load them back with. A repeated name keeps the first module's tensor."""
+    model_sd: dict[str, Any] = {}
+    optim_sd: dict[str, Any] = {}
+    keys = []
+    for module, optimizer in _pairs(modules, optimizers):
+        msd = get_model_state_dict(module)
+        osd = get_optimizer_state_dict(module, optimizer, options=FLAT)
+        for name, value in msd.items():
+            model_sd.setdefault(name, value)
+        for name, value in osd.items():
+            optim_sd.setdefault(name, value)
+        keys.append((list(msd), list(osd)))
+    return model_sd, optim_sd, keys
+
+
 class CheckpointManager:
     """Saves and finds checkpoints of one run directory."""
 
@@ -83,18 +129,19 @@ class CheckpointManager:
     def save(
         self,
         step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        modules: Modules,
+        optimizers: Optimizers,
         ema: EMA | None,
         extra: dict[str, Any],
     ) -> None:
-        """Write checkpoint `step`. `extra` is this rank's JSON-able state (loader position, scheduler)."""
+        """Write checkpoint `step` of `modules` (one model, or this rank's pipeline stage modules) and their
+        optimizers (one per module). `extra` is this rank's JSON-able state (loader position, scheduler)."""
         self.wait()
         path = self.path(step)
         if _rank() == 0 and path.exists():  # a half-written attempt at the same step
             shutil.rmtree(path)
         _barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd, _ = merged_state(modules, optimizers)
         tensors = {"model": model_sd, "optim": optim_sd}
         if ema is not None:
             tensors["ema"] = ema.state_dict()
@@ -122,18 +169,22 @@ class CheckpointManager:
                 shutil.rmtree(self.path(old), ignore_errors=True)
         _barrier()
 
-    def load(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, ema: EMA | None
-    ) -> dict[str, Any]:
-        """Load checkpoint `step` into the (possibly differently sharded) model and optimizer; returns this
-        rank's extra state. Its RNG state is restored too."""
+    def load(self, step: int, modules: Modules, optimizers: Optimizers, ema: EMA | None) -> dict[str, Any]:
+        """Load checkpoint `step` into the (possibly differently split and sharded) modules and optimizers;
+        returns this rank's extra state. Its RNG state is restored too."""
         path = self.path(step)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd, keys = merged_state(modules, optimizers)
         tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if ema is not None:
             tensors["ema"] = ema.state_dict()
         dcp.load(tensors, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+        for (module, optimizer), (model_keys, optim_keys) in zip(
+            _pairs(modules, optimizers), keys, strict=True
+        ):
+            set_model_state_dict(module, {k: tensors["model"][k] for k in model_keys})
+            set_optimizer_state_dict(
+                module, optimizer, {k: tensors["optim"][k] for k in optim_keys}, options=FLAT
+            )
         if ema is not None:
             ema.load_state_dict(tensors["ema"])
         rank_file = path / f"rank{_rank():05d}.json"

@@ -1,16 +1,20 @@
 """Export for `infer`: one safetensors model (the EMA weights when there is an EMA) with its config, and
-the profile the run trained with (so infer builds the same tokenizer and text encoder)."""
+the profile the run trained with (so infer builds the same tokenizer and text encoder).
+
+Under pipeline parallel each rank holds only its stages: every rank gathers its stage modules' weights
+as full CPU tensors (FSDP / TP shards gathered collectively, in the same order on every rank of a shard
+group), then the pipeline group exchanges them (`all_gather_object`) and rank 0 writes the merged whole."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from torch import nn
+import torch.distributed as dist
 
 from vidforge.models import build_model, save_model
 from vidforge.profile import RunProfile, dump_profile
-from vidforge.train.ema import EMA
+from vidforge.train.ema import EMA, Modules, as_module_list
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -27,16 +31,44 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def local_weights(modules: Modules, ema: EMA | None) -> dict[str, torch.Tensor]:
+    """This rank's modules' weights (the EMA's where there is one) as full fp32 CPU tensors, by clean
+    name. Collective over each module's shard group: every rank of it must call this."""
+    modules = as_module_list(modules)
+    weights: dict[str, torch.Tensor] = {}
+    if ema is not None:
+        for name, t in ema.state_dict().items():
+            weights[clean_name(name)] = _full(t.detach()).float().cpu()
+    for module in modules:
+        if ema is None:
+            for name, p in module.named_parameters():
+                if clean_name(name) not in weights:
+                    weights[clean_name(name)] = _full(p.detach()).float().cpu()
+        # Buffers and frozen tensors are not in the EMA: take them from the trained model.
+        for name, t in module.state_dict().items():
+            if clean_name(name) not in weights:
+                weights[clean_name(name)] = _full(t.detach()).cpu()
+    return weights
+
+
 def export_weights(
-    profile: RunProfile, model: nn.Module, ema: EMA | None, out: str | Path, rank: int = 0
+    profile: RunProfile,
+    modules: Modules,
+    ema: EMA | None,
+    out: str | Path,
+    rank: int = 0,
+    pp_group: dist.ProcessGroup | None = None,
 ) -> Path:
-    source = ema.state_dict() if ema is not None else {n: p for n, p in model.named_parameters()}
-    weights = {clean_name(name): _full(t.detach()).float().cpu() for name, t in source.items()}
-    # Buffers and frozen tensors are not in the EMA: take them from the trained model (on every rank,
-    # in one order, since gathering a shard is collective).
-    for name, t in model.state_dict().items():
-        if clean_name(name) not in weights:
-            weights[clean_name(name)] = _full(t.detach()).cpu()
+    """Write the whole model to `out` on rank 0. `modules`: the model, or this rank's pipeline stage
+    modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this."""
+    weights = local_weights(modules, ema)
+    if pp_group is not None:
+        parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(parts, weights, group=pp_group)
+        weights = {}
+        for part in parts:
+            for name, t in part.items():
+                weights.setdefault(name, t)  # conditioning weights: equal on every stage
     out = Path(out)
     if rank == 0:
         plain = build_model(profile.model, device="cpu")

@@ -1,8 +1,13 @@
 """`vidforge train`: a DiT / ST-DiT on latent shards with the EDM loss.
 
-Order of construction (torchtitan's): model -> float8 linears -> activation checkpointing -> compile ->
-FSDP2 -> EMA and AdamW over the (sharded) parameters -> loader -> resume. Every rank runs this function;
-under one process it runs without a process group."""
+Order of construction (torchtitan's): model -> pipeline split (pp > 1: this rank's stage modules) ->
+per module: float8 linears -> tensor parallel -> context parallel -> activation checkpointing -> compile
+-> FSDP2 -> EMA and one AdamW per module over its (sharded) parameters -> loader -> resume. Every rank
+runs this function; under one process it runs without a process group.
+
+Under pipeline parallel a step is one `PipelineTrainer.step` over parallel.pp_microbatches micro-batches
+(packed rows: that many rows; bucketed: data.batch_size samples split evenly): the micro-batches are
+the pipeline's gradient accumulation, so train.grad_accum stays 1."""
 
 from __future__ import annotations
 
@@ -19,12 +24,13 @@ import torch.distributed as dist
 
 from vidforge.data.blending import DataParallelSizeChanged
 from vidforge.data.loader import GroupComm, ShardLoader
-from vidforge.data.packing import PackedBatch, build_batcher
+from vidforge.data.packing import BucketBatch, PackedBatch, Packer, build_batcher
 from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
 from vidforge.models import build_model, train_step_flops
 from vidforge.parallel.dims import ParallelDims, init_distributed
 from vidforge.parallel.parallelize import parallelize
+from vidforge.parallel.pipeline import PipelineTrainer
 from vidforge.parallel.tensor_parallel import clip_grad_norm_ as tp_clip_grad_norm_
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.checkpoint import CheckpointManager
@@ -98,11 +104,7 @@ def run(
             f"the layout {dims.layout.describe()} needs {dims.world_size} rank(s) but {world} started; "
             f"use --nproc {dims.world_size} or change cluster/parallel in the profile"
         )
-    if dims.pp_enabled:
-        raise UserInputError(
-            "parallel.pp: pipeline parallel training is not wired into `vidforge train` yet; "
-            "use dp_shard, dp_replicate, tp and cp with pp=1"
-        )
+    _check_layout(profile, dims)
     run_dir = Path(run_dir)
     checkpoints = CheckpointManager(run_dir, keep=cfg.keep_checkpoints, use_async=cfg.async_checkpoint)
     latest = checkpoints.latest()
@@ -117,18 +119,40 @@ def run(
     # --- model, parallelism, optimizer ---------------------------------------------------------------
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(profile.model, device=device)
-    applied = parallelize(model, dims, profile, device)
-    notes: list[str] = list(applied.notes)
+    trainer: PipelineTrainer | None = None
+    if dims.pp_enabled:  # split first; each stage module is then parallelized alone
+        bf16 = cfg.precision == "bf16"
+        trainer = PipelineTrainer(
+            model,
+            dims.mesh["pp"],
+            profile,
+            device,
+            autocast_dtype=_autocast_dtype(dims, profile),
+            activation_dtype=torch.bfloat16 if bf16 else None,  # FSDP's param_dtype or autocast's
+        )
+        modules: list[torch.nn.Module] = list(trainer.stage_modules)
+        del model
+    else:
+        modules = [model]
+    notes: list[str] = []
+    for module in modules:
+        applied = parallelize(module, dims, profile, device)
+        notes += [note for note in applied.notes if note not in notes]
     autocast_dtype = applied.autocast_dtype
     cp_group = dims.mesh["cp"].get_group() if dims.cp_enabled else None
-    ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.lr,
-        betas=cfg.betas,
-        weight_decay=cfg.weight_decay,
-        fused=device.type == "cuda" or None,
-    )
+    ema = EMA(modules, cfg.ema_decay) if cfg.ema_decay > 0 else None
+    # One optimizer per module (torchtitan's OptimizersContainer): checkpoints map each one's state to
+    # its module's parameter names.
+    optimizers = [
+        torch.optim.AdamW(
+            module.parameters(),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=device.type == "cuda" or None,
+        )
+        for module in modules
+    ]
     edm = EDM.from_profile(profile.diffusion)
 
     # --- data ---------------------------------------------------------------------------------------
@@ -144,7 +168,7 @@ def run(
     # --- resume -------------------------------------------------------------------------------------
     step = 0
     if resume and latest is not None:
-        extra = checkpoints.load(latest, model, optimizer, ema)
+        extra = checkpoints.load(latest, modules, optimizers, ema)
         step = extra["step"]
         notes.append(f"resumed from step {step}")
         try:
@@ -168,48 +192,68 @@ def run(
     buckets: dict[str, list[float]] = {name: [0.0, 0.0] for name in sigma_bucket_names()}
     step_time = tokens_per_s = mfu = 0.0
     exhausted = False
-    model.train()
+    for module in modules:
+        module.train()
+
+    def zero_grad() -> None:
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
     while step < cfg.steps:
         started = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * lr_multiplier(step, cfg)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * lr_multiplier(step, cfg)
         loss_sum = tokens = flops = 0.0
-        for _ in range(cfg.grad_accum):
+        if trainer is not None:  # forward and backward of every micro-batch through the pipeline
+            batches = _pipeline_batches(batcher, profile)
+            exhausted = batches is None
+            if batches is not None:
+                micro = trainer.step(batches[0] if isinstance(batches[0], BucketBatch) else batches)
+                loss_sum = micro.loss.item()
+                tokens = float(micro.tokens)
+                for batch in batches:
+                    flops += _flops(batch, profile, recompute)
+                for name, (total, n) in loss_by_sigma(micro.sigma, micro.per_sample).items():
+                    buckets[name][0] += total
+                    buckets[name][1] += n
+        for _ in range(cfg.grad_accum if trainer is None else 0):
             batch = batcher.next_batch()
             if batch is None:
                 exhausted = True
                 break
             micro = micro_batch_loss(
-                model, edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype, cp_group
+                modules[0], edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype, cp_group
             )
             # Under context parallel each rank's loss is its share of the mean and FSDP averages the
             # gradients over dp_shard x cp: scale by cp so the cp shares add up instead.
             (micro.loss * dims.layout.cp / cfg.grad_accum).backward()
             loss_sum += micro.loss.item() / cfg.grad_accum
             tokens += micro.tokens
-            text_lens = batch.text_mask.sum(dim=1).tolist()
-            grids = batch.layout if isinstance(batch, PackedBatch) else _batch_grids(batch, profile)
-            flops += train_step_flops(profile.model, grids, text_lens, recompute)
-            for name, (total, count) in loss_by_sigma(micro.sigma, micro.per_sample).items():
+            flops += _flops(batch, profile, recompute)
+            for name, (total, n) in loss_by_sigma(micro.sigma, micro.per_sample).items():
                 buckets[name][0] += total
-                buckets[name][1] += count
+                buckets[name][1] += n
         if exhausted:
-            optimizer.zero_grad(set_to_none=True)
+            zero_grad()
             notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
             break
-        if dims.tp_enabled:  # parameters on several meshes; partial gradients reduced first
-            grad_norm = tp_clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+        if trainer is not None:  # the whole model's norm over the pp group, replicated parameters once
+            grad_norm = trainer.clip_grad_norm_(cfg.grad_clip or math.inf)
+        elif dims.tp_enabled:  # parameters on several meshes; partial gradients reduced first
+            grad_norm = tp_clip_grad_norm_(modules[0].parameters(), cfg.grad_clip or math.inf)
         else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+            grad_norm = torch.nn.utils.clip_grad_norm_(modules[0].parameters(), cfg.grad_clip or math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         loss_sum, tokens, flops = _all_reduce_sum([loss_sum, tokens, flops], device)
         # Summed over every rank: the cp shares add up to each micro-batch's loss, tp ranks hold copies
-        # of it; tokens and FLOPs are counted once per model-parallel group member.
-        loss_mean = loss_sum / (dims.layout.dp * dims.layout.tp)
+        # of it, and so do pp ranks (the last stage's loss is sent to the whole pipeline); tokens and
+        # FLOPs are counted once per model-parallel group member.
+        loss_mean = loss_sum / (dims.layout.dp * dims.layout.tp * dims.layout.pp)
         tokens /= dims.model_parallel
         flops /= dims.model_parallel
         if not (math.isfinite(loss_mean) and math.isfinite(grad_norm)):
-            optimizer.zero_grad(set_to_none=True)
+            zero_grad()
             what = f"step {step}: loss {loss_mean}, gradient norm {grad_norm}"
             skipped += 1
             skipped_in_row += 1
@@ -222,10 +266,11 @@ def run(
             step += 1
             continue
         skipped_in_row = 0
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+        zero_grad()
         if ema is not None:
-            ema.update(model)
+            ema.update(modules)
         step += 1
         last_loss = loss_mean
         if device.type == "cuda":
@@ -244,7 +289,7 @@ def run(
                 "step": step,
                 "loss": loss_mean,
                 "grad_norm": grad_norm,
-                "lr": optimizer.param_groups[0]["lr"],
+                "lr": optimizers[0].param_groups[0]["lr"],
                 "step_time_s": step_time,
                 "tokens_per_s": tokens_per_s,
                 "mfu": mfu,
@@ -259,16 +304,19 @@ def run(
             window = {"time": 0.0, "tokens": 0.0, "flops": 0.0, "steps": 0}
             buckets = {name: [0.0, 0.0] for name in sigma_bucket_names()}
         if step % cfg.save_every == 0 or step == cfg.steps:
-            checkpoints.save(step, model, optimizer, ema, {"loader": batcher.state_dict()})
+            checkpoints.save(step, modules, optimizers, ema, {"loader": batcher.state_dict()})
         if cfg.validate_every and step % cfg.validate_every == 0:
             from vidforge.train.validation import validate
 
-            validate(profile, model, ema, run_dir / "validation" / f"step_{step:08d}", rank)
+            validate(profile, modules[0], ema, run_dir / "validation" / f"step_{step:08d}", rank)
 
     if step > start_step and (step % cfg.save_every and step != cfg.steps):
-        checkpoints.save(step, model, optimizer, ema, {"loader": batcher.state_dict()})
+        checkpoints.save(step, modules, optimizers, ema, {"loader": batcher.state_dict()})
     checkpoints.wait()
-    export_dir = export_weights(profile, model, ema, run_dir / "export", rank) if step > 0 else None
+    export_dir = None
+    if step > 0:
+        pp_group = trainer.group if trainer is not None else None
+        export_dir = export_weights(profile, modules, ema, run_dir / "export", rank, pp_group=pp_group)
     metrics.close()
     efficiency = getattr(batcher, "efficiency", None)
     return TrainSummary(
@@ -285,6 +333,62 @@ def run(
         export_dir=str(export_dir) if export_dir else None,
         notes=notes,
     )
+
+
+def _check_layout(profile: RunProfile, dims: ParallelDims) -> None:
+    """Refuse, before anything is built, what pipeline parallel training does not do."""
+    if not dims.pp_enabled:
+        return
+    pp = f"parallel.pp={dims.layout.pp}"
+    if dims.cp_enabled:
+        raise UserInputError(
+            f"{pp} with parallel.cp={dims.layout.cp}: the pipeline does not split token rows over cp "
+            "ranks; use pp with dp_shard/dp_replicate (and tp), or cp without pp"
+        )
+    if profile.train.grad_accum > 1:
+        raise UserInputError(
+            f"{pp} with train.grad_accum={profile.train.grad_accum}: the pipeline's micro-batches are its "
+            "gradient accumulation; set train.grad_accum=1 and raise parallel.pp_microbatches instead"
+        )
+    if not profile.data.packing and profile.data.batch_size % dims.layout.pp_microbatches:
+        raise UserInputError(
+            f"data.batch_size={profile.data.batch_size} with parallel.pp_microbatches="
+            f"{dims.layout.pp_microbatches}: the pipeline splits each batch evenly into its micro-batches; "
+            "make data.batch_size a multiple of pp_microbatches"
+        )
+    from vidforge.train.validation import check_supported
+
+    check_supported(profile)
+
+
+def _autocast_dtype(dims: ParallelDims, profile: RunProfile) -> torch.dtype | None:
+    """What `parallelize` will return as the compute dtype to autocast to: bf16 without FSDP (FSDP's
+    mixed precision casts itself), none in fp32. The pipeline needs it before the stages exist."""
+    fsdp = dims.fsdp_enabled or dims.dp_enabled
+    return torch.bfloat16 if profile.train.precision == "bf16" and not fsdp else None
+
+
+def _pipeline_batches(batcher: Any, profile: RunProfile) -> list[PackedBatch] | list[BucketBatch] | None:
+    """One pipeline step's data: parallel.pp_microbatches packed rows, or one bucket batch (split by the
+    pipeline). None when the data ran out, also when the last bucket batch is too small to split evenly."""
+    if isinstance(batcher, Packer):
+        rows = []
+        for _ in range(profile.layout.pp_microbatches):
+            row = batcher.next_batch()
+            if row is None:
+                return None
+            rows.append(row)
+        return rows
+    batch = batcher.next_batch()
+    if batch is None or batch.latents.shape[0] % profile.layout.pp_microbatches:
+        return None
+    return [batch]
+
+
+def _flops(batch: PackedBatch | BucketBatch, profile: RunProfile, recompute: str) -> float:
+    text_lens = batch.text_mask.sum(dim=1).tolist()
+    grids = batch.layout if isinstance(batch, PackedBatch) else _batch_grids(batch, profile)
+    return train_step_flops(profile.model, grids, text_lens, recompute)
 
 
 def _batch_grids(batch: Any, profile: RunProfile) -> list[tuple[int, int, int]]:
