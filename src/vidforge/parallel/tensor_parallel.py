@@ -328,30 +328,40 @@ def reduce_partial_grads(parameters: Iterable[nn.Parameter]) -> int:
     return count
 
 
-@torch.no_grad()
-def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """`torch.nn.utils.clip_grad_norm_` for models whose parameters live on different meshes (tensor-
-    parallel blocks on (dp_shard, tp), replicated embeddings on dp_shard only, plain tensors), which
-    torch's version cannot stack. Reduces partial gradients first, takes the global L2 norm per mesh,
-    combines them and scales every gradient by max_norm / norm where that is below 1 (infinite max_norm
-    only measures). Returns the total norm as a plain tensor."""
-    params = [p for p in parameters if p.grad is not None]
-    reduce_partial_grads(params)
+def _by_mesh(grads: Iterable[torch.Tensor]) -> dict[object, list[torch.Tensor]]:
     groups: dict[object, list[torch.Tensor]] = {}
-    for p in params:
-        key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
-        groups.setdefault(key, []).append(p.grad)
+    for g in grads:
+        groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    return groups
+
+
+@torch.no_grad()
+def grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm (float64, a plain tensor) of gradients that may live on different meshes:
+    tensor-parallel blocks on (dp_shard, tp), replicated embeddings on dp_shard only, plain tensors.
+    `torch.nn.utils.get_total_norm` cannot stack norms from different meshes; this takes one norm per
+    mesh (`full_tensor` of a DTensor norm counts each shard once) and combines them. Reduce partial
+    gradients first (`reduce_partial_grads`). A pipeline stage adds the squares over the pp group."""
     squares = []
-    for grads in groups.values():
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    for group in _by_mesh(grads).values():
+        norm = torch.nn.utils.get_total_norm(group, 2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         squares.append(norm.to(torch.float64) ** 2)
-    if not squares:
-        return torch.tensor(0.0)
-    total = torch.stack(squares).sum().sqrt()
-    coef = max_norm / (float(total) + 1e-6)  # torch's formula; one host read, as the caller logs it anyway
+    return torch.stack(squares).sum().sqrt() if squares else torch.tensor(0.0, dtype=torch.float64)
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` (L2) for models whose parameters live on different meshes (see
+    `grad_norm`): reduces partial gradients, takes the global norm, and scales every gradient by
+    max_norm / (norm + 1e-6), torch's formula, where that is below 1 (an infinite max_norm only
+    measures). Returns the norm as a float64 plain tensor."""
+    params = [p for p in parameters if p.grad is not None]
+    reduce_partial_grads(params)
+    total = grad_norm(p.grad for p in params)
+    coef = max_norm / (float(total) + 1e-6)  # one host read; the caller logs the norm anyway
     if coef < 1.0:
-        for grads in groups.values():
-            torch._foreach_mul_(grads, coef)
+        for group in _by_mesh(p.grad for p in params).values():
+            torch._foreach_mul_(group, coef)
     return total
