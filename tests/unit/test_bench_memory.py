@@ -47,13 +47,26 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
     "sets",
     [
         [],
+        ["data.packing=false"],
+        ["data.packing=false", "train.precision=bf16"],
         ["train.precision=bf16"],
         ["train.activation_checkpointing=full"],
         ["train.activation_checkpointing=selective", "model.layers=4"],
         ["model.architecture=stdit", "model.layers=1"],
         ["model.mlp_act=swiglu", "train.micro_batch=2", "model.layers=1"],
+        ["data.packing=false", "model.architecture=stdit", "train.micro_batch=2", "model.layers=1"],
     ],
-    ids=["fp32", "bf16-autocast", "full-checkpointing", "selective-checkpointing", "stdit", "swiglu-batch2"],
+    ids=[
+        "packed-fp32",
+        "plain-fp32",
+        "plain-bf16",
+        "packed-bf16-autocast",
+        "full-checkpointing",
+        "selective-checkpointing",
+        "stdit",
+        "swiglu-batch2",
+        "plain-stdit-batch2",
+    ],
 )
 def test_memory_model_matches_measured_single_process(sets: list[str]) -> None:
     measured, predicted = measured_and_predicted(sets)

@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
 CASES = {
-    "fsdp-fp32": [],
-    "fsdp-bf16": ["train.precision=bf16"],
-    "hsdp-replicate2": ["parallel.dp_replicate=2"],
+    "fsdp-fp32-packed": [],
+    "fsdp-bf16-plain": ["train.precision=bf16", "data.packing=false"],
+    "hsdp-replicate2-packed": ["parallel.dp_replicate=2"],
 }
 
 

@@ -51,7 +51,8 @@ def test_group_links_follow_the_mesh_order() -> None:
 
 
 def test_communication_volumes_match_their_closed_forms() -> None:
-    p = profile("model.preset=small", "model.in_channels=4", "model.abs_position=none", *H100_NODE[:2])
+    small = ("model.preset=small", "model.in_channels=4", "bench.latent_height=16", "bench.latent_width=16")
+    p = profile(*small, "bench.latent_frames=4", "bench.text_tokens=16", *H100_NODE[:2])
     counts = parameter_counts(p.model)
     work = Workload.from_profile(p)
     d, e = p.model.hidden, 2
@@ -65,7 +66,7 @@ def test_communication_volumes_match_their_closed_forms() -> None:
     assert terms["cp (all-gather)"].bytes == pytest.approx(p.model.layers * 2 * 3 * tokens * d / 2 * e * 2)
     assert not terms["tp"].overlapped and terms["fsdp"].overlapped
     # Twice the tokens: twice the TP and CP traffic, the same FSDP traffic.
-    longer = profile("model.preset=small", "model.in_channels=4", "bench.latent_frames=8", *H100_NODE[:2])
+    longer = profile(*small, "bench.latent_frames=8", "bench.text_tokens=16", *H100_NODE[:2])
     more = {t.dim: t for t in communication(longer, layout, Workload.from_profile(longer), microbatches=1)}
     assert more["tp"].bytes == pytest.approx(2 * terms["tp"].bytes)
     assert more["fsdp"].bytes == pytest.approx(terms["fsdp"].bytes)
@@ -124,7 +125,6 @@ def test_worked_example_dit14b_72k_tokens_on_128_gpus() -> None:
     assert plan.memory.total < 0.9 * 141 * GIB
     without = evaluate(p, checkpointing="none")
     assert without.memory.get("activations") > 20 * plan.memory.get("activations")
-    assert without.valid  # 117 GiB: fits an H200 (127 GiB usable) without recompute, not an H100
-    assert not evaluate(profile(*WORKED_EXAMPLE, "cluster.accelerator=h100"), checkpointing="none").valid
+    assert not without.valid  # 135.6 GiB: 36 blocks of 4,608 packed tokens and gathered K/V > 127 GiB
     text = format_plan(plan, p)
     assert "parameters" in text and "cp (all-gather)" in text and "predicted step" in text

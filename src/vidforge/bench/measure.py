@@ -92,5 +92,5 @@ def state_bytes(
         ]
         out["optimizer"] = _tensor_bytes(states)
     if ema is not None:
-        out["ema"] = _tensor_bytes(getattr(ema, "shadow", []))
+        out["ema"] = _tensor_bytes(ema.state_dict().values())  # type: ignore[attr-defined]
     return out

@@ -17,7 +17,8 @@ Activations follow what autograd saves in vidforge's blocks (counted op by op wi
       3 x d     the query projection before and after RMSNorm (2 in float32 under bf16), its output
       2 x heads RMSNorm rstd, log-sum-exp (float32)
   MLP          2 x mlp_hidden (GELU: fc1 output and the GELU output) or 4 x mlp_hidden (SwiGLU)
-  packed rows  + 2 x d per sub-layer: the modulation is per token (1 + scale, and the gate)
+  packed rows  + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
+               kept whole since the gates are views of it) and each sub-layer's 1 + scale
 
 in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. Outside the blocks: the final layer
 (3 x d + 2), the patch embedding's input and the float32 loss (2 x patch_dim), the RoPE tables, and per
@@ -102,13 +103,13 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.3g} GiB"
 
 
-def _scopes(cfg: Model) -> tuple[int, int, int]:
-    """(sub-layers, self-attention scopes, full-attention scopes) of one block."""
+def _scopes(cfg: Model) -> tuple[int, int, int, int]:
+    """(sub-layers, self-attention scopes, full-attention scopes, modulation chunks) of one block."""
     if cfg.architecture == "dit":
-        return 3, 1, 1
+        return 3, 1, 1, 9
     if cfg.stdit_block == "parallel":
-        return 3, 3, 1
-    return 4, 2, 0
+        return 3, 3, 1, 9
+    return 4, 2, 0, 12
 
 
 @dataclass(frozen=True)
@@ -138,18 +139,21 @@ def block_activations(
     `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
     all-gather CP keeps per full-attention layer."""
     d, m, h = cfg.hidden, cfg.mlp_hidden, cfg.heads
-    sublayers, scopes, full_scopes = _scopes(cfg)
+    sublayers, scopes, full_scopes, chunks = _scopes(cfg)
     f32 = 4
     low = 4 if compute == 2 else 0  # of the 9 per-scope tensors, how many are float32 under bf16
     norm_tp = tp if sequence_parallel else 1
-    per_norm = (4 + (2 if packed else 0)) * d * compute + 2 * compute
+    per_norm = 4 * d * compute + 2 * compute
+    # Packed rows: the block's modulation gathered per token (chunks x d, kept whole because the gates
+    # are views of it) and each sub-layer's (1 + scale).
+    per_token_modulation = (chunks + sublayers) * d * compute if packed else 0
     attn_scope = ((9 - low) * compute + low * f32) * d + 3 * h * f32
     cross_low = 2 if compute == 2 else 0
     cross = ((3 - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
     mlp = (4 if cfg.mlp_act == "swiglu" else 2) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
     parts = {
-        "norms, modulation, gates": sublayers * per_norm * tokens / norm_tp,
+        "norms, modulation, gates": (sublayers * per_norm + per_token_modulation) * tokens / norm_tp,
         "self-attention": scopes * attn_scope * tokens / tp,
         "cross-attention": cross * tokens / tp + text,
         "mlp": mlp * tokens / tp,
@@ -164,9 +168,9 @@ def block_activations(
 def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
     """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
     d, p = cfg.hidden, cfg.patch_dim
-    final = (3 * d + 4) * compute * tokens
+    final = ((4 if workload.packed else 3) * d + 4) * compute * tokens  # packed: per-token 1 + scale
     io = p * (compute + 4) * tokens
-    rope = 2 * workload.tokens_per_sample * (cfg.head_dim // 2) * 4
+    rope = 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
     captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute
     return final + io + rope + captions
 

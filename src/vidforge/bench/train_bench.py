@@ -3,8 +3,8 @@
 The step is the training loop's own parts, built in the loop's order (model -> activation checkpointing
 -> compile -> FSDP2 -> EMA and AdamW): `build_model`, `apply_activation_checkpointing`, `apply_fsdp`,
 `micro_batch_loss` with the profile's EDM, gradient clipping, AdamW, EMA. Only the data differ: random
-latents of `bench.latent_*` and random caption embeddings, so no shards are needed and every step has
-the same shape. Warm-up steps first, then the median of `bench.repeats` steps (CUDA events on GPU).
+latents of `bench.latent_*` and random caption embeddings (packed into one row when `data.packing` is on,
+as the loader packs), so no shards are needed and every step has the same shape. Warm-up steps first, then the median of `bench.repeats` steps (CUDA events on GPU).
 
 Memory: on CUDA the allocator's peak; on CPU (no allocator statistics) what the step holds, measured
 from the tensors (`vidforge.bench.measure`): local parameter, gradient, optimizer and EMA shards after a
@@ -24,10 +24,10 @@ from vidforge.bench.measure import saved_activations, state_bytes
 from vidforge.bench.memory_model import GIB, estimate_memory
 from vidforge.bench.timing import time_calls
 from vidforge.bench.workload import Workload
-from vidforge.data.packing import BucketBatch
+from vidforge.data.packing import BucketBatch, PackedBatch
 from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
-from vidforge.models import build_model, train_step_flops
+from vidforge.models import build_model, pack_latents, train_step_flops
 from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from vidforge.parallel.dims import ParallelDims
 from vidforge.profile import RunProfile
@@ -45,14 +45,20 @@ def bench_device(profile: RunProfile) -> torch.device:
     return torch.device("cpu")
 
 
-def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> BucketBatch:
-    """Random latents (N, C, T, H, W) and caption embeddings (N, L, text_dim), every caption token real."""
+def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> BucketBatch | PackedBatch:
+    """Random latents and caption embeddings (N, L, text_dim), every caption token real: a plain batch
+    (N, C, T, H, W), or the N clips packed into one row (what the loader gives with data.packing)."""
     g = torch.Generator().manual_seed(seed)
     n = workload.samples
     latents = torch.randn((n, *workload.latent), generator=g)
     text = torch.randn((n, workload.text_tokens, profile.model.text_dim), generator=g)
     mask = torch.ones(n, workload.text_tokens, dtype=torch.bool)
-    return BucketBatch(latents, text, mask, [f"synthetic-{i}" for i in range(n)], [{}] * n)
+    keys = [f"synthetic-{i}" for i in range(n)]
+    if not workload.packed:
+        return BucketBatch(latents, text, mask, keys, [{}] * n)
+    tokens, layout = pack_latents(list(latents), profile.model.patch)
+    shapes = [tuple(x.shape) for x in latents]
+    return PackedBatch(tokens, layout, text, mask, keys, shapes, layout.total, [{}] * n)
 
 
 class TrainStep:

@@ -33,9 +33,12 @@ class Workload:
         return self.samples * self.tokens_per_sample
 
     @classmethod
-    def from_profile(cls, profile: RunProfile, samples: int | None = None) -> Workload:
-        """`bench.latent_*` clips, `train.micro_batch` of them per rank; the latent sizes must be
-        multiples of model.patch."""
+    def from_profile(
+        cls, profile: RunProfile, samples: int | None = None, packed: bool | None = None
+    ) -> Workload:
+        """`bench.latent_*` clips, `train.micro_batch` of them per rank, packed into one row when
+        `data.packing` is on (as the training loader does); the latent sizes must be multiples of
+        model.patch."""
         b, model = profile.bench, profile.model
         pt, ph, pw = model.patch
         sizes = (("latent_frames", b.latent_frames, pt), ("latent_height", b.latent_height, ph))
@@ -48,11 +51,12 @@ class Workload:
                 )
         grid = (b.latent_frames // pt, b.latent_height // ph, b.latent_width // pw)
         latent = (model.in_channels, b.latent_frames, b.latent_height, b.latent_width)
-        return cls(samples or profile.train.micro_batch, grid, b.text_tokens, latent)
+        packed = profile.data.packing if packed is None else packed
+        return cls(samples or profile.train.micro_batch, grid, b.text_tokens, latent, packed)
 
     def describe(self) -> str:
         t, h, w = self.grid
         return (
             f"{self.samples} x {t}x{h}x{w} = {self.tokens:,} video tokens "
-            f"(+ {self.text_tokens} caption tokens a clip)"
+            f"(+ {self.text_tokens} caption tokens a clip){', packed in one row' if self.packed else ''}"
         )
