@@ -60,7 +60,7 @@ class InferRow:
 def run(profile: RunProfile) -> dict[str, Any]:
     device = bench_device(profile)
     dtype = torch.bfloat16 if profile.train.precision == "bf16" and device.type == "cuda" else torch.float32
-    workload = Workload.from_profile(profile, samples=profile.infer.batch_size)
+    workload = Workload.from_profile(profile, samples=profile.infer.batch_size, packed=False)
     torch.manual_seed(profile.train.seed)
     model = build_model(profile.model, device=device, dtype=dtype).eval()
     edm = EDM.from_profile(profile.diffusion)
