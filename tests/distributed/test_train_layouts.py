@@ -3,8 +3,10 @@ weights and the same noise, so each step's loss must agree; what differs is only
 activations and gradients are split over ranks. fp32 on CPU: the tolerance (relative 1e-4 over 3 steps
 of AdamW) covers reduction-order differences; a wrong gradient moves the third loss by far more.
 
-Pipeline layouts take parallel.pp_microbatches packed rows per step: their reference is one process
-accumulating as many rows (train.grad_accum), and the model they export must equal that process's.
+Pipeline layouts: with bucket batches the pipeline splits each batch of data.batch_size samples into
+parallel.pp_microbatches micro-batches (reference: one process on the same batches); with packed rows a
+step takes pp_microbatches rows (reference: one process accumulating as many rows, train.grad_accum).
+The model they export, gathered from the stages, must equal that process's.
 
 Runs `vidforge.train.loop.run` in gloo processes (tests/distributed/ranks.py), one per rank."""
 
@@ -24,6 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 STEPS = ("train.steps=3", "train.ema_decay=0", "model.heads=4", "data.token_budget=432")
 
+BUCKETS = ("data.packing=false", "data.batch_size=2")  # bucket batches of 2 samples, not packed rows
+
 # name -> (ranks, profile overrides)
 LAYOUTS = {
     "cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather"]),
@@ -33,12 +37,12 @@ LAYOUTS = {
     "fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2"]),
     "tp2xcp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ring"]),
     "dp2xtp2xcp2": (8, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.cp=2"]),
-    "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2"]),
+    "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS]),
     "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2"]),
 }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
-# (The pipeline's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
-REFERENCE_SETS = {"pp2-1f1b": ("train.grad_accum=2",), "pp2xfsdp2": ("train.grad_accum=2",)}
+# (pp2xfsdp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
+REFERENCE_SETS = {"pp2-1f1b": BUCKETS, "pp2xfsdp2": ("train.grad_accum=2",)}
 
 
 def _train(rank: int, world: int, latents: str, run_dir: str, sets: list[str]) -> None:
