@@ -12,6 +12,7 @@ Runs `vidforge.train.loop.run` in gloo processes (tests/distributed/ranks.py), o
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -39,10 +40,15 @@ LAYOUTS = {
     "dp2xtp2xcp2": (8, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.cp=2"]),
     "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS]),
     "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2"]),
+    "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2"]),  # sequence parallel on
 }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
-REFERENCE_SETS = {"pp2-1f1b": BUCKETS, "pp2xfsdp2": ("train.grad_accum=2",)}
+REFERENCE_SETS = {
+    "pp2-1f1b": BUCKETS,
+    "pp2xfsdp2": ("train.grad_accum=2",),
+    "pp2xtp2": ("train.grad_accum=2",),
+}
 
 
 def _train(rank: int, world: int, latents: str, run_dir: str, sets: list[str]) -> None:
@@ -50,6 +56,10 @@ def _train(rank: int, world: int, latents: str, run_dir: str, sets: list[str]) -
 
     profile = train_profile(*STEPS, f"cluster.cpu_processes={world}", "parallel.dp_shard=-1", *sets)
     loop.run(profile, [latents], run_dir)
+
+
+def _metric(run_dir: Path, key: str) -> list[float]:
+    return [json.loads(line)[key] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +91,10 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
     assert len(set(single)) > 1  # training moved the weights: later losses differ
     if name.startswith("pp"):  # the stages gathered into one exported model == the one process's model
         from vidforge.models import load_model
+
+        # The whole model's gradient norm, each replicated (conditioning) gradient counted once.
+        norms = [_metric(d, "grad_norm") for d in (tmp_path / name, single_dir)]
+        assert norms[0] == pytest.approx(norms[1], rel=1e-4)
 
         ours, theirs = load_model(tmp_path / name / "export"), load_model(single_dir / "export")
         mine = dict(ours.named_parameters())
