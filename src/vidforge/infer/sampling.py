@@ -41,8 +41,28 @@ def sample_latents(
     `forward(x, noise_level, text, text_mask, drop_text=...)` replaces `model(...)` as the network, e.g.
     a sequence-parallel forward over the same model (`vidforge.parallel.scalefusion`)."""
     param = next(model.parameters())
-    device, dtype = param.device, param.dtype
-    network_fn = model if forward is None else forward
+    network = model if forward is None else forward
+    text, text_mask = text.to(param.device), text_mask.to(param.device)
+    denoiser = guided_denoiser(network, profile, text, text_mask, negative, cfg_group, param.dtype)
+    noise = initial_noise(seeds, latent_shape).to(param.device)
+    generator = torch.Generator(device=param.device).manual_seed(int(seeds[0]))  # churn noise, if any
+    return sample(denoiser, noise, profile.diffusion, generator=generator)
+
+
+def guided_denoiser(
+    network_fn: Callable[..., torch.Tensor],
+    profile: RunProfile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    cfg_group=None,
+    dtype: torch.dtype = torch.float32,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The sampler's denoiser D(x; sigma) for captions `text` (B, L, D): EDM preconditioning around
+    `network_fn(x, noise_level, text, text_mask, drop_text=...)` (the model, or a parallel forward of it)
+    evaluated in `dtype`, under classifier-free guidance (in one batch, or over `cfg_group`'s two ranks).
+    x may be whole latents or a rank's tokens: everything here is per sample or elementwise."""
+    device = text.device
     edm = EDM.from_profile(profile.diffusion)
     b = text.shape[0]
     text, text_mask = text.to(device, dtype), text_mask.to(device)
@@ -73,12 +93,8 @@ def sample_latents(
         return edm.denoise(network, x, per_sample)
 
     if cfg_group is not None:
-        denoiser = parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
-    else:
-        denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
-    noise = initial_noise(seeds, latent_shape).to(device)
-    generator = torch.Generator(device=device).manual_seed(int(seeds[0]))  # churn noise, if any
-    return sample(denoiser, noise, profile.diffusion, generator=generator)
+        return parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
+    return classifier_free_guidance(batched, profile.diffusion.guidance)
 
 
 def _pad(text: torch.Tensor, length: int) -> torch.Tensor:

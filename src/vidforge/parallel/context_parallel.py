@@ -178,9 +178,8 @@ def sample_latents_cp(
     valid but different noise stream. With `cfg_group` (two ranks holding the same cp shard, e.g. a
     (cfg 2, cp n) mesh's "cfg" dimension) the conditional and unconditional branches run on its two
     ranks, as in `sample_latents(cfg_group=...)`."""
-    from vidforge.diffusion import EDM, classifier_free_guidance, sample
-    from vidforge.diffusion.guidance import parallel_classifier_free_guidance
-    from vidforge.infer.sampling import initial_noise
+    from vidforge.diffusion import sample
+    from vidforge.infer.sampling import guided_denoiser, initial_noise
 
     if not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
         raise ValueError(
@@ -189,50 +188,16 @@ def sample_latents_cp(
     group = cp_process_group(cp_mesh)
     cfg = model.config
     param = next(model.parameters())
-    device, dtype = param.device, param.dtype
-    edm = EDM.from_profile(profile.diffusion)
+    device = param.device
     shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group)
-    b = text.shape[0]
-    text, text_mask = text.to(device, dtype), text_mask.to(device)
-    if negative is not None:
-        neg_text = negative[0].to(device, dtype).expand(b, -1, -1)
-        neg_mask = negative[1].to(device).expand(b, -1)
-        length = max(text.shape[1], neg_text.shape[1])
-        text, text_mask = _pad_tokens(text, length), _pad_tokens(text_mask, length)
-        neg_text, neg_mask = _pad_tokens(neg_text, length), _pad_tokens(neg_mask, length)
 
-    def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
-        # As sample_latents: row i is sample i % b; unconditional rows take the negative caption or the
-        # model's null caption.
-        rows = x.shape[0]
-        texts, masks = text.repeat(rows // b, 1, 1), text_mask.repeat(rows // b, 1)
-        if negative is not None:
-            texts = torch.where(uncond[:, None, None], neg_text.repeat(rows // b, 1, 1), texts)
-            masks = torch.where(uncond[:, None], neg_mask.repeat(rows // b, 1), masks)
-            drop = torch.zeros(rows, dtype=torch.bool, device=device)
-        else:
-            drop = uncond
+    def forward(x, noise_level, texts, masks, drop_text):
+        return model(x, noise_level, texts, masks, drop_text=drop_text, shard=shard)
 
-        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
-            out = model(x_in.to(dtype), c_noise.to(dtype), texts, masks, drop_text=drop, shard=shard)
-            return out.float()
-
-        return edm.denoise(network, x, sigma.reshape(()).expand(rows))
-
-    if cfg_group is not None:
-        denoiser = parallel_classifier_free_guidance(
-            batched, profile.diffusion.guidance, cp_process_group(cfg_group)
-        )
-    else:
-        denoiser = classifier_free_guidance(batched, profile.diffusion.guidance)
+    cfg_pg = cp_process_group(cfg_group) if cfg_group is not None else None
+    denoiser = guided_denoiser(forward, profile, text.to(device), text_mask, negative, cfg_pg, param.dtype)
     noise = shard.split(patchify(initial_noise(seeds, latent_shape), cfg.patch).to(device))
     generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
     local = sample(denoiser, noise, profile.diffusion, generator=generator)
     tokens = gather_row(local, shard, group)
     return unpatchify(tokens, shard.grid, cfg.patch, cfg.in_channels)
-
-
-def _pad_tokens(x: torch.Tensor, length: int) -> torch.Tensor:
-    """Pad dim 1 (caption tokens) to `length` with zeros (False for masks)."""
-    pad = [0, 0] * (x.ndim - 2) + [0, length - x.shape[1]]
-    return torch.nn.functional.pad(x, pad)
