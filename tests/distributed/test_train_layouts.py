@@ -102,3 +102,22 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
         for key, value in theirs.named_parameters():
             # 3 AdamW steps of lr 1e-3 from equal weights: reduction-order noise only
             torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize(
+    ("sets", "field"),
+    [
+        (["parallel.cp=2"], "parallel.cp"),
+        (["train.grad_accum=2"], "train.grad_accum"),
+        (["data.packing=false", "data.batch_size=3"], "data.batch_size"),
+        (["train.validate_every=1"], "train.validate_every"),
+    ],
+)
+def test_pipeline_refuses_what_it_cannot_do(sets, field) -> None:
+    from vidforge.errors import UserInputError
+    from vidforge.parallel.dims import ParallelDims
+    from vidforge.train import loop
+
+    profile = train_profile("cluster.cpu_processes=4", "parallel.pp=2", "parallel.pp_microbatches=2", *sets)
+    with pytest.raises(UserInputError, match=field.replace(".", r"\.")):
+        loop._check_layout(profile, ParallelDims.from_profile(profile))
