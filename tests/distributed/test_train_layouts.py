@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 STEPS = ("train.steps=3", "train.ema_decay=0", "model.heads=4", "data.token_budget=432")
 
 BUCKETS = ("data.packing=false", "data.batch_size=2")  # bucket batches of 2 samples, not packed rows
+CLIP = ("train.grad_clip=0.05",)  # below the gradient norms (~0.2): every step is clipped
 
 # name -> (ranks, profile overrides)
 LAYOUTS = {
@@ -38,16 +39,19 @@ LAYOUTS = {
     "fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2"]),
     "tp2xcp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ring"]),
     "dp2xtp2xcp2": (8, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.cp=2"]),
-    "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS]),
+    "pp2-1f1b": (
+        2,
+        ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS, *CLIP],
+    ),
     "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2"]),
-    "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2"]),  # sequence parallel on
+    "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP]),  # with SP
 }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
-    "pp2-1f1b": BUCKETS,
+    "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2",),
-    "pp2xtp2": ("train.grad_accum=2",),
+    "pp2xtp2": ("train.grad_accum=2", *CLIP),
 }
 
 
