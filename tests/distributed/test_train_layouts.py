@@ -43,14 +43,14 @@ LAYOUTS = {
         2,
         ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS, *CLIP],
     ),
-    "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2"]),
+    "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2", *CLIP]),
     "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP]),  # with SP
 }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
-# (pp2xfsdp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
+# (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
     "pp2-1f1b": (*BUCKETS, *CLIP),
-    "pp2xfsdp2": ("train.grad_accum=2",),
+    "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
 }
 
