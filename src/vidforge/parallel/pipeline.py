@@ -557,24 +557,25 @@ class PipelineTrainer:
                 self._local(p.grad).copy_(total)
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """The whole model's gradient norm (each replicated parameter counted once: on stage 0), over the
-        pp group and, for FSDP's DTensor gradients, over the shards; then clip every local gradient."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """The whole model's L2 gradient norm (each replicated parameter counted once: on stage 0), over
+        the pp group and, for DTensor gradients (FSDP shards, tensor-parallel blocks, replicated
+        conditioning: several meshes), over their meshes; then torch's clipping of every local gradient.
+        Returns the norm as a float64 plain tensor."""
+        from vidforge.parallel.tensor_parallel import grad_norm, reduce_partial_grads
+
+        reduce_partial_grads(self.parameters())
         counted = []
         for index, module in zip(self.stage_ids, self.stage_modules, strict=True):
             for name, p in module.named_parameters():
                 if p.grad is not None and (index == 0 or name.startswith(STAGE_LOCAL_PREFIXES)):
                     counted.append(p.grad)
-        norm = torch.nn.utils.get_total_norm(counted, norm_type)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        norm = norm.to(torch.float64)
-        if norm_type == float("inf"):
-            dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=self.group)
-        else:
-            norm = norm**norm_type
-            dist.all_reduce(norm, group=self.group)
-            norm = norm ** (1.0 / norm_type)
-        grads_of = [p for p in self.parameters() if p.grad is not None]
-        torch.nn.utils.clip_grads_with_norm_(grads_of, max_norm, norm)
+        square = grad_norm(counted) ** 2
+        dist.all_reduce(square, group=self.group)
+        norm = square.sqrt()
+        coef = max_norm / (float(norm) + 1e-6)  # torch's formula; scalar, as the meshes differ
+        if coef < 1.0:
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
         return norm

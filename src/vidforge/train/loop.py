@@ -30,10 +30,8 @@ from vidforge.errors import UserInputError
 from vidforge.models import build_model, train_step_flops
 from vidforge.parallel.dims import ParallelDims, init_distributed
 from vidforge.parallel.parallelize import parallelize
-from vidforge.parallel.pipeline import STAGE_LOCAL_PREFIXES, PipelineTrainer
+from vidforge.parallel.pipeline import PipelineTrainer
 from vidforge.parallel.tensor_parallel import clip_grad_norm_ as tp_clip_grad_norm_
-from vidforge.parallel.tensor_parallel import grad_norm as tp_grad_norm
-from vidforge.parallel.tensor_parallel import reduce_partial_grads
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.ema import EMA
@@ -240,9 +238,7 @@ def run(
             zero_grad()
             notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
             break
-        if trainer is not None and dims.tp_enabled:
-            grad_norm = _clip_pipeline_tp(trainer, cfg.grad_clip or math.inf)
-        elif trainer is not None:  # the whole model's norm over the pp group, replicated parameters once
+        if trainer is not None:  # the whole model's norm over the pp group, replicated parameters once
             grad_norm = trainer.clip_grad_norm_(cfg.grad_clip or math.inf)
         elif dims.tp_enabled:  # parameters on several meshes; partial gradients reduced first
             grad_norm = tp_clip_grad_norm_(modules[0].parameters(), cfg.grad_clip or math.inf)
@@ -373,30 +369,6 @@ def _autocast_dtype(dims: ParallelDims, profile: RunProfile) -> torch.dtype | No
 
 
 @torch.no_grad()
-def _clip_pipeline_tp(trainer: PipelineTrainer, max_norm: float) -> torch.Tensor:
-    """`PipelineTrainer.clip_grad_norm_` for stages under tensor parallel, whose gradients live on
-    several meshes (tp blocks, replicated conditioning, plain tensors), which torch's `get_total_norm`
-    cannot combine: partial gradients reduced first, one norm per mesh (`tensor_parallel.grad_norm`), the
-    squares added over the pp group (each replicated parameter counted once: on stage 0), then torch's
-    clipping formula. Returns the norm as a float64 plain tensor."""
-    params = [p for p in trainer.parameters() if p.grad is not None]
-    reduce_partial_grads(params)
-    counted = [
-        p.grad
-        for index, module in zip(trainer.stage_ids, trainer.stage_modules, strict=True)
-        for name, p in module.named_parameters()
-        if p.grad is not None and (index == 0 or name.startswith(STAGE_LOCAL_PREFIXES))
-    ]
-    square = tp_grad_norm(counted) ** 2
-    dist.all_reduce(square, group=trainer.group)
-    total = square.sqrt()
-    coef = max_norm / (float(total) + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            p.grad.mul_(coef)
-    return total
-
-
 def _pipeline_batches(batcher: Any, profile: RunProfile) -> list[PackedBatch] | list[BucketBatch] | None:
     """One pipeline step's data: parallel.pp_microbatches packed rows, or one bucket batch (split by the
     pipeline). None when the data ran out, also when the last bucket batch is too small to split evenly."""
