@@ -217,6 +217,18 @@ def test_slurm_without_master_addr_is_an_error(monkeypatch) -> None:
         launch.slurm_to_torch_env()
 
 
+def test_nproc_that_does_not_fit_the_layout_is_refused_before_launching(monkeypatch) -> None:
+    launched = []
+    monkeypatch.setattr(launch, "relaunch_under_torchrun", lambda n, argv=None: launched.append(n) or 0)
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(UserInputError, match="--nproc 3: the profile's layout needs 1 rank"):
+        launch.start_ranks(3, world_size=1)
+    assert launched == []
+    assert launch.start_ranks(2, world_size=2) == 0 and launched == [2]  # relaunched, its exit code
+    assert launch.start_ranks(None, world_size=1) is None  # no --nproc: go on in this process
+
+
 @pytest.mark.parametrize("nproc_args", [["--nproc", "2"], ["--nproc=2"]])
 def test_relaunch_drops_the_nproc_option(nproc_args, monkeypatch) -> None:
     calls: list[list[str]] = []

@@ -51,11 +51,11 @@ def infer(
     sequence (ST-DiT: ScaleFusion's overlapped all-to-alls; DiT: context-parallel denoising). Rank 0
     writes the videos.
     """
-    from vidforge.parallel.launch import relaunch_under_torchrun, slurm_to_torch_env, under_launcher
+    from vidforge.parallel.launch import start_ranks
 
-    if nproc is not None and nproc > 1 and not under_launcher():
-        raise typer.Exit(relaunch_under_torchrun(nproc))
-    slurm_to_torch_env()
+    code = start_ranks(nproc)
+    if code is not None:
+        raise typer.Exit(code)
 
     from vidforge.infer.run import run
 

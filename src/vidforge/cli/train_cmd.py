@@ -44,7 +44,7 @@ def train(
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_pp2_512xh100
     """
     from vidforge.errors import UserInputError
-    from vidforge.parallel.launch import relaunch_under_torchrun, slurm_to_torch_env, under_launcher
+    from vidforge.parallel.launch import start_ranks
 
     resolved = profile_from(profile, set_)
     if dry_run:
@@ -52,14 +52,9 @@ def train(
         return
     if not data or run_dir is None:
         raise UserInputError("train needs --data LATENTS and --run-dir RUN (or --dry-run to check a layout)")
-    if nproc is not None and not under_launcher():
-        if nproc != resolved.layout.world_size:
-            raise UserInputError(
-                f"--nproc {nproc}: the profile's layout needs {resolved.layout.world_size} rank(s); "
-                f"set cluster.cpu_processes (or gpus_per_node) to {nproc}, or change --nproc"
-            )
-        raise typer.Exit(relaunch_under_torchrun(nproc))
-    slurm_to_torch_env()
+    code = start_ranks(nproc, resolved.layout.world_size)
+    if code is not None:
+        raise typer.Exit(code)
 
     from vidforge.train.loop import run, summary_dict
 

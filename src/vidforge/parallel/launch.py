@@ -60,3 +60,22 @@ def relaunch_under_torchrun(nproc: int, argv: Sequence[str] | None = None) -> in
         *cleaned,
     ]
     return subprocess.call(command)
+
+
+def start_ranks(nproc: int | None, world_size: int | None = None) -> int | None:
+    """What a command with `--nproc` does first. Outside a launcher, with --nproc given: check it against
+    the layout's `world_size` (commands that have one) and run the command again under torchrun,
+    returning its exit code for the caller to exit with. Otherwise (a worker, or no --nproc): map SLURM's
+    variables if srun started us, and return None: go on in this process."""
+    if nproc is not None and not under_launcher():
+        if world_size is not None and nproc != world_size:
+            from vidforge.errors import UserInputError
+
+            raise UserInputError(
+                f"--nproc {nproc}: the profile's layout needs {world_size} rank(s); "
+                f"set cluster.cpu_processes (or gpus_per_node) to {nproc}, or change --nproc"
+            )
+        if nproc > 1 or world_size is not None:
+            return relaunch_under_torchrun(nproc)
+    slurm_to_torch_env()
+    return None
