@@ -62,12 +62,11 @@ def test_bench_train_figures_are_sane_and_grow_with_tokens() -> None:
     assert long["measured_memory"]["activations"] > 8 * short["measured_memory"]["activations"]
 
 
-def test_bench_train_refuses_layouts_the_loop_cannot_run() -> None:
-    result = runner.invoke(
-        app, ["bench", "train", "--set", "cluster.cpu_processes=2", "--set", "parallel.tp=2"]
-    )
+def test_bench_train_refuses_pipeline_parallel() -> None:
+    sets = ["--set", "cluster.cpu_processes=2", "--set", "parallel.pp=2", "--set", "model.layers=2"]
+    result = runner.invoke(app, ["bench", "train", *sets])
     assert result.exit_code == 2
-    assert "parallel.tp/cp/pp" in result.output
+    assert "parallel.pp" in result.output and "bench plan" in result.output
 
 
 def test_bench_infer_every_sampler_with_and_without_guidance_batching() -> None:

@@ -58,7 +58,7 @@ def test_communication_volumes_match_their_closed_forms() -> None:
     d, e = p.model.hidden, 2
     layout = Layout(pp=1, dp_replicate=2, dp_shard=4, cp=4, tp=2)
     terms = {t.dim: t for t in communication(p, layout, work, microbatches=1)}
-    stage = counts.outside + p.model.layers * (counts.block - counts.block_tp / 2)
+    stage = counts.outside - counts.outside_tp / 2 + p.model.layers * (counts.block - counts.block_tp / 2)
     assert terms["fsdp"].bytes == pytest.approx(15 / 16 * stage * (2 * e + 4))
     assert terms["dp_replicate"].bytes == pytest.approx(2 * 1 / 2 * stage / 16 * 4)
     tokens = work.tokens / 4

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from vidforge.bench.param_counts import parameter_counts
+from vidforge.bench.param_counts import parameter_counts, tp_local_parameters
 from vidforge.bench.workload import Workload
 from vidforge.profile import RunProfile
 from vidforge.profile.parallel import Layout
@@ -86,7 +86,7 @@ def communication(
     e = 2 if profile.train.precision == "bf16" else 4
     tp, cp, pp = layout.tp, layout.cp, layout.pp
     blocks = cfg.layers // pp
-    stage_params = counts.outside + blocks * (counts.block - counts.block_tp + counts.block_tp / tp)
+    stage_params = tp_local_parameters(counts, blocks, tp)
     tokens = workload.tokens / cp
     d = cfg.hidden
     fwd_repeats = 2 if checkpointing == "full" else 1  # recompute repeats the forward's collectives

@@ -6,8 +6,9 @@ Saved activations are collected with `torch.autograd.graph.saved_tensors_hooks`,
 (views and tensors saved by several ops count once), without the parameters' own storage, and sized
 when the forward has finished: FSDP2 frees the unsharded weights it gathered by resizing their storage
 to zero after a block's forward, so only the copies that really stay (the last block's) still count.
-Activation-checkpointed blocks save nothing through the hooks; what they keep, their input, is recorded
-by a forward pre-hook on each checkpoint wrapper."""
+An activation-checkpointed block (non-reentrant) saves its inputs through the same hooks, from outside
+its own checkpoint hooks, so they are counted; what an offloaded block saves goes through
+`save_on_cpu`'s hooks, nested inside these, and is not (it waits in host memory)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,19 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors that own memory behind `t`: itself, or the inner tensors of a wrapper subclass
+    (DTensor's local shard, the result of a functional collective, ...), which have no storage of
+    their own."""
+    if type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter) and type(t.data) is torch.Tensor:
+        return [t]
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        inner = [getattr(t, name) for name in names]
+        return [p for x in inner if isinstance(x, torch.Tensor) for p in _plain_tensors(x)]
+    return [t]
+
+
 @dataclass
 class SavedActivations:
     """Filled by `saved_activations`: the storages autograd saved, read after the forward."""
@@ -37,10 +51,10 @@ class SavedActivations:
     def add(self, t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
             return
-        t = _local(t)
-        key = _storage_key(t)
-        if key and key not in self.excluded and key not in self.storages:
-            self.storages[key] = t.untyped_storage()
+        for plain in _plain_tensors(t):
+            key = _storage_key(plain)
+            if key and key not in self.excluded and key not in self.storages:
+                self.storages[key] = plain.untyped_storage()
 
     @property
     def bytes(self) -> int:
@@ -50,24 +64,16 @@ class SavedActivations:
 @contextmanager
 def saved_activations(model: nn.Module) -> Iterator[SavedActivations]:
     """Record what autograd saves while the block runs (the forward of a training step)."""
-    found = SavedActivations(excluded={_storage_key(_local(p)) for p in model.parameters()})
+    found = SavedActivations(
+        excluded={_storage_key(q) for p in model.parameters() for q in _plain_tensors(p)}
+    )
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         found.add(t)
         return t
 
-    def keep_inputs(_module: nn.Module, args: tuple) -> None:
-        for arg in args:
-            found.add(arg)
-
-    wrappers = [m for m in model.modules() if type(m).__name__ == "CheckpointWrapper"]
-    handles = [m.register_forward_pre_hook(keep_inputs) for m in wrappers]
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield found
-    finally:
-        for h in handles:
-            h.remove()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield found
 
 
 def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vidforge.bench.param_counts import ParameterCounts, parameter_counts
+from vidforge.bench.param_counts import ParameterCounts, parameter_counts, tp_local_parameters
 from vidforge.bench.workload import Workload
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
@@ -143,7 +143,11 @@ def block_activations(
     f32 = 4
     low = 4 if compute == 2 else 0  # of the 9 per-scope tensors, how many are float32 under bf16
     norm_tp = tp if sequence_parallel else 1
-    per_norm = 4 * d * compute + 2 * compute
+    # LayerNorm input and output, the modulated input the projections read, the gated output; under
+    # sequence parallel the first two and the gated output are this rank's tokens, the modulated input
+    # is saved all-gathered (the whole sequence), and without it all four are whole.
+    per_norm_local = 3 * d * compute + 2 * compute
+    gathered_input = d * compute
     # Packed rows: the block's modulation gathered per token (chunks x d, kept whole because the gates
     # are views of it) and each sub-layer's (1 + scale).
     per_token_modulation = (chunks + sublayers) * d * compute if packed else 0
@@ -153,7 +157,8 @@ def block_activations(
     mlp = (4 if cfg.mlp_act == "swiglu" else 2) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
     parts = {
-        "norms, modulation, gates": (sublayers * per_norm + per_token_modulation) * tokens / norm_tp,
+        "norms, modulation, gates": (sublayers * per_norm_local + per_token_modulation) * tokens / norm_tp
+        + sublayers * gathered_input * tokens,
         "self-attention": scopes * attn_scope * tokens / tp,
         "cross-attention": cross * tokens / tp + text,
         "mlp": mlp * tokens / tp,
@@ -203,11 +208,12 @@ def estimate_memory(
     blocks = cfg.layers // layout.pp
     tp = layout.tp
     block_params = counts.block - counts.block_tp + counts.block_tp / tp
-    local_params = (counts.outside + blocks * block_params) / shards
+    outside_params = counts.outside - counts.outside_tp + counts.outside_tp / tp
+    local_params = tp_local_parameters(counts, blocks, tp) / shards
     notes: list[str] = []
     terms: list[Term] = []
 
-    where = f"({counts.outside:,} outside the blocks + {blocks} blocks x {block_params:,.0f}"
+    where = f"({outside_params:,.0f} outside the blocks + {blocks} blocks x {block_params:,.0f}"
     where += f"{' after TP/' + str(tp) if tp > 1 else ''}) / {shards} FSDP shard(s)"
     offload = train.fsdp_cpu_offload and prec.fsdp
     state = [
@@ -243,8 +249,11 @@ def estimate_memory(
         gathered_kv_tokens=gathered,
     )
     mode = train.activation_checkpointing
-    recomputed = len(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
-    kept = blocks - recomputed
+    checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
+    # train.activation_offload: these blocks' saved tensors wait for the backward in host memory.
+    offloaded = set(checkpointed_indices(blocks, "selective", train.activation_offload))
+    recomputed = len(checkpointed - offloaded)
+    kept = blocks - len(checkpointed | offloaded)
     in_flight = in_flight_microbatches(layout, par.pp_schedule)
     block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
     stored = kept * one.total + recomputed * block_input
@@ -257,27 +266,29 @@ def estimate_memory(
     )
     if recomputed:
         formula += f", {recomputed} checkpointed blocks keep only their input ({_gib(block_input)} each)"
+    if offloaded:
+        formula += f", {len(offloaded)} offloaded blocks keep theirs in host memory"
     if in_flight != 1:
         formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
     formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss, RoPE, captions)"
     terms.append(Term("activations", acts, formula))
-    if recomputed:
-        terms.append(
-            Term(
-                "recompute",
-                one.total,
-                f"the backward re-runs one checkpointed block's forward at a time: {_gib(one.total)}",
-            )
+    if checkpointed or offloaded:
+        what = (
+            "re-runs one checkpointed block's forward" if checkpointed else "brings one offloaded block back"
         )
+        terms.append(Term("recompute", one.total, f"the backward {what} at a time: {_gib(one.total)}"))
 
     # --- weight copies held for the backward, communication buffers ------------------------------------
     if prec.autocast:
-        size = counts.linear_weights * 2
+        # Every Linear weight of this rank, cast to bf16 and kept for the backward: TP's local shards.
+        # (less the blocks of other pipeline stages, and what other TP ranks hold)
+        split = (blocks * counts.block_tp + counts.outside_tp) * (1 - 1 / tp)
+        weights = counts.linear_weights - (cfg.layers - blocks) * counts.block - split
         terms.append(
             Term(
                 "weight copies",
-                size,
-                f"bf16 autocast casts every Linear weight ({counts.linear_weights:,}) x 2 B",
+                weights * 2,
+                f"bf16 autocast casts every Linear weight this rank holds ({weights:,.0f}) x 2 B",
             )
         )
     comm = 0.0

@@ -10,9 +10,22 @@ from torch import nn
 
 from vidforge.profile.model import Model
 
-# Block submodules whose Linear layers tensor parallel splits (column-wise q/k/v/fc1/fc3, row-wise
-# out/fc2, as `vidforge.models.layers` documents); norms and the AdaLN modulation stay replicated.
-TP_SPLIT_PARENTS = ("self_attn", "cross_attn", "spatial_attn", "temporal_attn", "full_attn", "mlp")
+# What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3 and
+# the modulation column-wise, out/fc2 row-wise) except the row-wise layers' biases, the per-head QK
+# norms and AdaLN-LoRA's rank-r down projection, which stay replicated; outside the blocks the shared
+# modulation and the final layer's modulation (column-wise); the embeddings and the final projection
+# stay replicated.
+TP_REPLICATED_IN_BLOCK = ("q_norm", "k_norm", "modulation.down")
+TP_ROW_WISE = ("out", "fc2")
+TP_SPLIT_OUTSIDE = ("shared_modulation.", "final.modulation.")
+
+
+def _tp_split(name: str) -> bool:
+    """Whether tensor parallel splits the block parameter called `name` (relative to the block)."""
+    if any(part in name for part in TP_REPLICATED_IN_BLOCK):
+        return False
+    module, _, kind = name.rpartition(".")
+    return not (kind == "bias" and module.rpartition(".")[2] in TP_ROW_WISE)
 
 
 @dataclass(frozen=True)
@@ -24,6 +37,8 @@ class ParameterCounts:
     """Of those, the ones tensor parallel splits."""
     outside: int
     """Patch and caption embeddings, timestep MLP, shared modulation, null caption, final layer."""
+    outside_tp: int
+    """Of those, the ones tensor parallel splits (the shared and the final layer's modulation)."""
     linear_weights: int
     """Weights of every nn.Linear: what bf16 autocast casts and keeps for the backward."""
     layers: int
@@ -37,10 +52,11 @@ def parameter_counts(cfg: Model) -> ParameterCounts:
     model = build_model(cfg, device="meta")
     block = next(iter(model.blocks.values()))
     block_total = sum(p.numel() for p in block.parameters())
-    block_tp = sum(
+    block_tp = sum(p.numel() for name, p in block.named_parameters() if _tp_split(name))
+    outside_tp = sum(
         p.numel()
-        for name, p in block.named_parameters()
-        if name.split(".")[0] in TP_SPLIT_PARENTS and "norm" not in name.split(".")[-2]
+        for name, p in model.named_parameters()
+        if not name.startswith("blocks.") and name.startswith(TP_SPLIT_OUTSIDE)
     )
     total = sum(p.numel() for p in model.parameters())
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
@@ -49,6 +65,14 @@ def parameter_counts(cfg: Model) -> ParameterCounts:
         block=block_total,
         block_tp=block_tp,
         outside=total - cfg.layers * block_total,
+        outside_tp=outside_tp,
         linear_weights=linear,
         layers=cfg.layers,
     )
+
+
+def tp_local_parameters(counts: ParameterCounts, blocks: int, tp: int) -> float:
+    """Parameters one tensor-parallel rank holds of a stage of `blocks` blocks (with every part outside
+    the blocks, an upper bound for pipeline stages)."""
+    outside = counts.outside - counts.outside_tp + counts.outside_tp / tp
+    return outside + blocks * (counts.block - counts.block_tp + counts.block_tp / tp)

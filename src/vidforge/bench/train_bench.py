@@ -1,10 +1,12 @@
 """`vidforge bench train`: step time, tokens/s, MFU and memory of the training step on synthetic latents.
 
-The step is the training loop's own parts, built in the loop's order (model -> activation checkpointing
--> compile -> FSDP2 -> EMA and AdamW): `build_model`, `apply_activation_checkpointing`, `apply_fsdp`,
-`micro_batch_loss` with the profile's EDM, gradient clipping, AdamW, EMA. Only the data differ: random
-latents of `bench.latent_*` and random caption embeddings (packed into one row when `data.packing` is on,
-as the loader packs), so no shards are needed and every step has the same shape. Warm-up steps first, then the median of `bench.repeats` steps (CUDA events on GPU).
+The step is the training loop's own parts: `build_model`, `vidforge.parallel.parallelize.parallelize`
+(TP/SP, CP, activation checkpointing and offload, compile, FSDP2, in the loop's order),
+`micro_batch_loss` with the profile's EDM (and the CP group), the loop's gradient clipping, AdamW, EMA.
+Pipeline parallel is refused: its schedule is the loop's `PipelineTrainer`, not one module's step.
+Only the data differ: random latents of `bench.latent_*` and random caption embeddings (packed into one
+row when `data.packing` is on, as the loader packs), so no shards are needed and every step has the
+same shape. Warm-up steps first, then the median of `bench.repeats` steps (CUDA events on GPU).
 
 Memory: on CUDA the allocator's peak; on CPU (no allocator statistics) what the step holds, measured
 from the tensors (`vidforge.bench.measure`): local parameter, gradient, optimizer and EMA shards after a
@@ -28,7 +30,6 @@ from vidforge.data.packing import BucketBatch, PackedBatch
 from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
 from vidforge.models import build_model, pack_latents, train_step_flops
-from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from vidforge.parallel.dims import ParallelDims
 from vidforge.profile import RunProfile
 from vidforge.train.ema import EMA
@@ -66,14 +67,16 @@ class TrainStep:
     `forward`, `backward`, `update`, `zero_grad` one by one to look in between."""
 
     def __init__(self, profile: RunProfile, device: torch.device | None = None) -> None:
+        from vidforge.parallel.parallelize import parallelize
+
         cfg = profile.train
         self.profile = profile
         self.device = device or bench_device(profile)
         self.dims = ParallelDims.from_profile(profile)
-        if self.dims.tp_enabled or self.dims.cp_enabled or self.dims.pp_enabled:
+        if self.dims.pp_enabled:
             raise UserInputError(
-                "parallel.tp/cp/pp: `vidforge train` does not run tensor, context or pipeline parallel yet, so "
-                "bench train cannot time them; keep tp=cp=pp=1 here and use `vidforge bench plan` for those layouts"
+                "parallel.pp: bench train times one module's step and does not run the pipeline schedule; "
+                "keep pp=1 here (time pipelines with `vidforge train`) and use `vidforge bench plan` for them"
             )
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world != self.dims.world_size:
@@ -82,27 +85,11 @@ class TrainStep:
                 f"started; use --nproc {self.dims.world_size} or change cluster/parallel in the profile"
             )
         self.workload = Workload.from_profile(profile)
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank, as in the loop
         self.model = build_model(profile.model, device=self.device)
-        apply_activation_checkpointing(self.model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
-        if cfg.compile:
-            for key, block in self.model.blocks.items():
-                self.model.blocks[key] = torch.compile(block)
-        bf16 = cfg.precision == "bf16"
-        self.autocast_dtype = None
-        if self.dims.fsdp_enabled or self.dims.dp_enabled:
-            from vidforge.parallel.fsdp import apply_fsdp
-
-            param_dtype = torch.bfloat16 if bf16 else torch.float32
-            apply_fsdp(
-                self.model,
-                self.dims.fsdp_mesh(),
-                self.model.blocks,
-                param_dtype=param_dtype,
-                cpu_offload=cfg.fsdp_cpu_offload,
-            )
-        elif bf16:
-            self.autocast_dtype = torch.bfloat16
+        # The loop's own parallelization: TP/SP, CP, checkpointing, offload, compile, FSDP2 in its order.
+        self.autocast_dtype = parallelize(self.model, self.dims, profile, self.device).autocast_dtype
+        self.cp_group = self.dims.mesh["cp"].get_group() if self.dims.cp_enabled else None
         self.ema = EMA(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -123,14 +110,21 @@ class TrainStep:
             self.profile.diffusion.caption_dropout,
             self.device,
             self.autocast_dtype,
+            self.cp_group,
         )
 
     def backward(self, micro: MicroLoss) -> None:
-        (micro.loss / self.profile.train.grad_accum).backward()
+        # As the loop: under CP each rank's loss is its share and FSDP averages over dp_shard x cp.
+        (micro.loss * self.dims.layout.cp / self.profile.train.grad_accum).backward()
 
     def update(self) -> None:
         clip = self.profile.train.grad_clip or math.inf
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if self.dims.tp_enabled:  # parameters on several meshes: the loop's mesh-aware clip
+            from vidforge.parallel.tensor_parallel import clip_grad_norm_
+
+            clip_grad_norm_(self.model.parameters(), clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
         if self.ema is not None:
             self.ema.update(self.model)

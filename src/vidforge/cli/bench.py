@@ -34,12 +34,14 @@ def train(
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Time the training step on synthetic latents of bench.latent_* (train.micro_batch clips per rank):
+    """Time the training step (the loop's own parallelization: FSDP2, TP/SP, CP; not PP) on synthetic
+    latents of bench.latent_* (train.micro_batch clips per rank, packed when data.packing):
     bench.warmup steps, then the median of bench.repeats; tokens/s, MFU against the accelerator's peak,
     peak memory (measured) beside the memory model's prediction.
 
     Example: vidforge bench train --set bench.latent_frames=8 --set bench.repeats=10
     Example: vidforge bench train --nproc 2 --set cluster.cpu_processes=2
+    Example: vidforge bench train --nproc 2 --set cluster.cpu_processes=2 --set parallel.tp=2 --set parallel.dp_shard=1
     """
     from vidforge.parallel.launch import relaunch_under_torchrun, slurm_to_torch_env, under_launcher
 
