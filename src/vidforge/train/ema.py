@@ -56,7 +56,21 @@ class EMA:
     def update(self, modules: Modules) -> None:
         for shadow, module in self._pairs(modules):
             current = [p.detach().to(torch.float32) for p in shadow.current(module)]
-            torch._foreach_lerp_(shadow.values, current, 1.0 - self.decay)
+            # One fused lerp per kind of tensor: a foreach op cannot mix DTensors of different meshes
+            # (tensor-parallel blocks) with the plain tensors tensor parallel leaves replicated.
+            groups: dict[object, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+            for value, now in zip(shadow.values, current, strict=True):
+                mesh = getattr(value, "device_mesh", None)
+                key = (
+                    type(value),
+                    id(mesh) if mesh is not None else None,
+                    tuple(getattr(value, "placements", ())),
+                )
+                groups.setdefault(key, ([], []))
+                groups[key][0].append(value)
+                groups[key][1].append(now)
+            for values, nows in groups.values():
+                torch._foreach_lerp_(values, nows, 1.0 - self.decay)
 
     @torch.no_grad()
     def copy_to(self, modules: Modules) -> None:
