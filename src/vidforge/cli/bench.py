@@ -43,19 +43,12 @@ def train(
     Example: vidforge bench train --nproc 2 --set cluster.cpu_processes=2
     Example: vidforge bench train --nproc 2 --set cluster.cpu_processes=2 --set parallel.tp=2 --set parallel.dp_shard=1
     """
-    from vidforge.parallel.launch import relaunch_under_torchrun, slurm_to_torch_env, under_launcher
+    from vidforge.parallel.launch import start_ranks
 
     resolved = profile_from(profile, set_)
-    if nproc is not None and not under_launcher():
-        if nproc != resolved.layout.world_size:
-            from vidforge.errors import UserInputError
-
-            raise UserInputError(
-                f"--nproc {nproc}: the profile's layout needs {resolved.layout.world_size} rank(s); "
-                f"set cluster.cpu_processes (or gpus_per_node) to {nproc}, or change --nproc"
-            )
-        raise typer.Exit(relaunch_under_torchrun(nproc))
-    slurm_to_torch_env()
+    code = start_ranks(nproc, resolved.layout.world_size)
+    if code is not None:
+        raise typer.Exit(code)
     from vidforge.bench.train_bench import run
     from vidforge.parallel.dims import init_distributed
 
