@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from vidforge.bench.timing import time_calls
-from vidforge.bench.train_bench import bench_device
 from vidforge.models.attention import BACKENDS, attention, flash_attn_available
+from vidforge.parallel.dims import profile_device
 from vidforge.profile import RunProfile
 
 DENSE_LIMIT_BYTES = 2 * 2**30  # the dense reference materialises heads x S x S float32 scores (twice)
@@ -86,7 +86,7 @@ def measure(row: AttentionRow, profile: RunProfile, device: torch.device, dtype:
 
 
 def run(profile: RunProfile) -> dict[str, Any]:
-    device = bench_device(profile)
+    device = profile_device(profile)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     heads = profile.model.heads
     rows = []

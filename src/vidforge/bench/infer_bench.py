@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from vidforge.bench.timing import time_calls
-from vidforge.bench.train_bench import bench_device
 from vidforge.bench.workload import Workload
 from vidforge.diffusion import EDM, classifier_free_guidance, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
 from vidforge.diffusion.samplers import Denoiser
 from vidforge.models import build_model
+from vidforge.parallel.dims import profile_device
 from vidforge.profile import RunProfile
 
 SAMPLERS = ("heun", "res")
@@ -58,7 +58,7 @@ class InferRow:
 
 
 def run(profile: RunProfile) -> dict[str, Any]:
-    device = bench_device(profile)
+    device = profile_device(profile)
     dtype = torch.bfloat16 if profile.train.precision == "bf16" and device.type == "cuda" else torch.float32
     workload = Workload.from_profile(profile, samples=profile.infer.batch_size, packed=False)
     torch.manual_seed(profile.train.seed)

@@ -30,20 +30,10 @@ from vidforge.data.packing import BucketBatch, PackedBatch
 from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
 from vidforge.models import build_model, pack_latents, train_step_flops
-from vidforge.parallel.dims import ParallelDims
+from vidforge.parallel.dims import ParallelDims, profile_device
 from vidforge.profile import RunProfile
 from vidforge.train.ema import EMA
 from vidforge.train.step import MicroLoss, micro_batch_loss
-
-
-def bench_device(profile: RunProfile) -> torch.device:
-    if profile.cluster.accelerator.kind == "cuda":
-        if not torch.cuda.is_available():
-            raise UserInputError(
-                "cluster.accelerator: the profile asks for CUDA but no GPU is visible; use --profile local_cpu"
-            )
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> BucketBatch | PackedBatch:
@@ -71,7 +61,7 @@ class TrainStep:
 
         cfg = profile.train
         self.profile = profile
-        self.device = device or bench_device(profile)
+        self.device = device or profile_device(profile)
         self.dims = ParallelDims.from_profile(profile)
         if self.dims.pp_enabled:
             raise UserInputError(

@@ -105,6 +105,20 @@ class ParallelDims:
         return self.flat("dp_shard_cp")
 
 
+def profile_device(profile: RunProfile) -> torch.device:
+    """The device this process computes on: its GPU when the profile's accelerator is CUDA (refused,
+    with what to change, when none is visible), else the CPU."""
+    if profile.cluster.accelerator.kind == "cuda":
+        if not torch.cuda.is_available():
+            from vidforge.errors import UserInputError
+
+            raise UserInputError(
+                "cluster.accelerator: the profile asks for CUDA but no GPU is visible; use --profile local_cpu"
+            )
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def init_distributed(device_type: str = "cpu") -> tuple[int, int]:
     """Join the process group torchrun (or SLURM via torchrun) set up; a no-op for a single process.
     Returns (rank, world_size)."""

@@ -28,7 +28,7 @@ from vidforge.data.packing import BucketBatch, PackedBatch, Packer, build_batche
 from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
 from vidforge.models import build_model, train_step_flops
-from vidforge.parallel.dims import ParallelDims, init_distributed
+from vidforge.parallel.dims import ParallelDims, init_distributed, profile_device
 from vidforge.parallel.parallelize import parallelize
 from vidforge.parallel.pipeline import PipelineTrainer
 from vidforge.parallel.tensor_parallel import clip_grad_norm_ as tp_clip_grad_norm_
@@ -63,16 +63,6 @@ class TrainSummary:
     notes: list[str] = field(default_factory=list)
 
 
-def _device(profile: RunProfile) -> torch.device:
-    if profile.cluster.accelerator.kind == "cuda":
-        if not torch.cuda.is_available():
-            raise UserInputError(
-                "cluster.accelerator: the profile asks for CUDA but no GPU is visible; use --profile local_cpu"
-            )
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     if not dist.is_initialized():
         return values
@@ -96,7 +86,7 @@ def run(
     progress: Progress | None = None,
 ) -> TrainSummary:
     cfg = profile.train
-    device = _device(profile)
+    device = profile_device(profile)
     rank, world = init_distributed(device.type)
     dims = ParallelDims.from_profile(profile)
     if world != dims.world_size:
