@@ -217,7 +217,7 @@ def test_sincos_position_embedding_is_the_per_axis_transformer_formula():
     assert emb.shape == (2, 12)
     torch.testing.assert_close(emb[0], torch.tensor([0.0, 0, 1, 1] * 3, dtype=torch.float64))
     for axis, p in enumerate((2, 5, 7)):
-        freqs = torch.tensor([1.0, 10000.0 ** -0.5], dtype=torch.float64)
+        freqs = torch.tensor([1.0, 10000.0**-0.5], dtype=torch.float64)
         expected = torch.cat([torch.sin(p * freqs), torch.cos(p * freqs)])
         torch.testing.assert_close(emb[1, 4 * axis : 4 * axis + 4], expected)
 
