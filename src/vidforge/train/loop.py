@@ -149,9 +149,9 @@ def run(
     # Ranks of one model-parallel group (tp x cp x pp) share a dp rank, so they get the same samples;
     # the group reads each shard once and exchanges it.
     dp_rank = dims.flat("dp").get_local_rank() if dist.is_initialized() else 0
-    group = GroupComm(dims.model_parallel_group()) if dims.model_parallel > 1 else None
+    mp_group = GroupComm(dims.model_parallel_group()) if dims.model_parallel > 1 else None
     loader = ShardLoader.from_profile(
-        profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp, group=group
+        profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp, group=mp_group
     )
     batcher = build_batcher(profile, loader)
 
