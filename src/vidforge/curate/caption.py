@@ -523,23 +523,13 @@ def run(
         out=str(out_dir),
         wall_seconds=round(time.perf_counter() - started, 3),
         executor=executor,
-        stages=[_stage_summary(s) for s in (stats.stages if stats else [])],
+        stages=[s.summary() for s in (stats.stages if stats else [])],
     )
     write_json(out_dir / SUMMARY, {**summary.as_dict(), "backend": cfg.backend})
     from vidforge.curate.histograms import write_histograms
 
     write_histograms(manifest, cfg, out_dir / HISTOGRAMS)
     return summary
-
-
-def _stage_summary(s: Any) -> dict[str, Any]:
-    return {
-        "stage": s.name,
-        "items": s.items_in,
-        "errors": s.errors,
-        "workers": s.workers,
-        "busy_seconds": round(s.busy_seconds, 3),
-    }
 
 
 __all__ = ["ERRORS", "MANIFEST", "CaptionAnnotator", "CaptionSummary", "run"]

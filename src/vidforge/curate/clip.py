@@ -128,7 +128,7 @@ def run(
             "throughput_x_realtime": round(seconds_in / wall, 3) if wall > 0 else 0.0,
             "executor": executor,
             "embedding_model": _embedder_note(cfg),
-            "stages": [_stage_summary(s) for s in (stats.stages if stats else [])],
+            "stages": [s.summary() for s in (stats.stages if stats else [])],
         }
     )
     write_json(out / SUMMARY, summary)
@@ -242,16 +242,6 @@ def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
         "rejected": dict(sorted(Counter(d["stage"] for d in rejected).items())),
         "errors": len(errors),
         "seconds_out": round(sum(d["duration_s"] for d in manifest), 3),
-    }
-
-
-def _stage_summary(s: StageStats) -> dict[str, Any]:
-    return {
-        "stage": s.name,
-        "items": s.items_in,
-        "errors": s.errors,
-        "workers": s.workers,
-        "busy_seconds": round(s.busy_seconds, 3),
     }
 
 

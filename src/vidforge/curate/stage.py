@@ -109,6 +109,16 @@ class StageStats:
     def seconds_per_item(self) -> float:
         return self.busy_seconds / self.items_in if self.items_in else 0.0
 
+    def summary(self) -> dict[str, Any]:
+        """The stage's line in a run summary (summary.json)."""
+        return {
+            "stage": self.name,
+            "items": self.items_in,
+            "errors": self.errors,
+            "workers": self.workers,
+            "busy_seconds": round(self.busy_seconds, 3),
+        }
+
 
 @dataclass
 class RunStats:
