@@ -63,12 +63,22 @@ def parallelize(
     if cfg.compile:
         for key, block in model.blocks.items():
             model.blocks[key] = torch.compile(block)
-    bf16 = cfg.precision == "bf16"
-    if dims.fsdp_enabled or dims.dp_enabled:
-        param_dtype = torch.bfloat16 if bf16 else torch.float32
+    if uses_fsdp(dims):
+        param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
         apply_fsdp(
             model, dims.fsdp_mesh(), model.blocks, param_dtype=param_dtype, cpu_offload=cfg.fsdp_cpu_offload
         )
-    elif bf16:
-        done.autocast_dtype = torch.bfloat16  # no FSDP: fp32 weights, bf16 compute by autocast
+    done.autocast_dtype = autocast_dtype(dims, profile)
     return done
+
+
+def uses_fsdp(dims: ParallelDims) -> bool:
+    """FSDP2 wraps the model when weights are sharded (dp_shard x cp) or replicated over dp ranks."""
+    return dims.fsdp_enabled or dims.dp_enabled
+
+
+def autocast_dtype(dims: ParallelDims, profile: RunProfile) -> torch.dtype | None:
+    """The dtype to autocast the forward to: bf16 without FSDP (fp32 weights, bf16 compute); None with
+    FSDP, whose mixed precision casts itself, and in fp32. Known before the model exists, which the
+    pipeline needs."""
+    return torch.bfloat16 if profile.train.precision == "bf16" and not uses_fsdp(dims) else None

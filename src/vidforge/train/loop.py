@@ -29,7 +29,7 @@ from vidforge.diffusion import EDM
 from vidforge.errors import UserInputError
 from vidforge.models import build_model, train_step_flops
 from vidforge.parallel.dims import ParallelDims, init_distributed, profile_device
-from vidforge.parallel.parallelize import parallelize
+from vidforge.parallel.parallelize import autocast_dtype, parallelize
 from vidforge.parallel.pipeline import PipelineTrainer
 from vidforge.parallel.tensor_parallel import clip_grad_norm_ as tp_clip_grad_norm_
 from vidforge.profile import RunProfile, dump_profile
@@ -117,7 +117,7 @@ def run(
             dims.mesh["pp"],
             profile,
             device,
-            autocast_dtype=_autocast_dtype(dims, profile),
+            autocast_dtype=autocast_dtype(dims, profile),
             activation_dtype=torch.bfloat16 if bf16 else None,  # FSDP's param_dtype or autocast's
         )
         modules: list[torch.nn.Module] = list(trainer.stage_modules)
@@ -128,7 +128,7 @@ def run(
     for module in modules:
         applied = parallelize(module, dims, profile, device)
         notes += [note for note in applied.notes if note not in notes]
-    autocast_dtype = applied.autocast_dtype
+    compute_dtype = applied.autocast_dtype  # what the forward autocasts to (None: FSDP casts, or fp32)
     cp_group = dims.mesh["cp"].get_group() if dims.cp_enabled else None
     ema = EMA(modules, cfg.ema_decay) if cfg.ema_decay > 0 else None
     # One optimizer per module (torchtitan's OptimizersContainer): checkpoints map each one's state to
@@ -213,7 +213,7 @@ def run(
                 exhausted = True
                 break
             micro = micro_batch_loss(
-                modules[0], edm, batch, profile.diffusion.caption_dropout, device, autocast_dtype, cp_group
+                modules[0], edm, batch, profile.diffusion.caption_dropout, device, compute_dtype, cp_group
             )
             # Under context parallel each rank's loss is its share of the mean and FSDP averages the
             # gradients over dp_shard x cp: scale by cp so the cp shares add up instead.
@@ -349,13 +349,6 @@ def _check_layout(profile: RunProfile, dims: ParallelDims) -> None:
     from vidforge.train.validation import check_supported
 
     check_supported(profile)
-
-
-def _autocast_dtype(dims: ParallelDims, profile: RunProfile) -> torch.dtype | None:
-    """What `parallelize` will return as the compute dtype to autocast to: bf16 without FSDP (FSDP's
-    mixed precision casts itself), none in fp32. The pipeline needs it before the stages exist."""
-    fsdp = dims.fsdp_enabled or dims.dp_enabled
-    return torch.bfloat16 if profile.train.precision == "bf16" and not fsdp else None
 
 
 @torch.no_grad()
