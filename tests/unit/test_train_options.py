@@ -181,7 +181,10 @@ def _clear_dist_env(monkeypatch) -> None:
         "SLURM_NTASKS",
         "SLURM_LOCALID",
     ):
-        monkeypatch.delenv(key, raising=False)
+        # setenv first so monkeypatch records the key's original state and restores it even when the code
+        # under test writes os.environ itself (slurm_to_torch_env sets RANK, WORLD_SIZE, ...)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
 
 
 def test_slurm_variables_become_torch_distributed_ones(monkeypatch) -> None:
@@ -220,8 +223,7 @@ def test_slurm_without_master_addr_is_an_error(monkeypatch) -> None:
 def test_nproc_that_does_not_fit_the_layout_is_refused_before_launching(monkeypatch) -> None:
     launched = []
     monkeypatch.setattr(launch, "relaunch_under_torchrun", lambda n, argv=None: launched.append(n) or 0)
-    for key in ("RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
+    _clear_dist_env(monkeypatch)
     with pytest.raises(UserInputError, match="--nproc 3: the profile's layout needs 1 rank"):
         launch.start_ranks(3, world_size=1)
     assert launched == []
