@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import torch
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resolution_bucket
 from vidforge.data.media import MediaError, media_kind, read_media
-from vidforge.data.shard_index import ShardEntry, read_index, write_index
+from vidforge.data.shard_index import ShardEntry, ShardIndex, read_index, write_index
 from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
 from vidforge.data.units import UnitLedger
@@ -178,22 +179,29 @@ def _done(value: Any) -> Future:
     return f
 
 
-def _rank_world() -> tuple[int, int]:
+@contextmanager
+def _process_group() -> Iterator[tuple[int, int]]:
+    """(rank, world) of this process; under torchrun, joins a gloo group for the barrier and the gather and
+    leaves it on the way out. A group left to interpreter exit can abort the process after the work is done
+    (gloo's threads are torn down while still joinable: "terminate called without an active exception")."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world <= 1 or dist.is_initialized():
+        yield (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        return
+    dist.init_process_group("gloo")
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
 
 
 def _barrier(world: int) -> None:
-    if world <= 1:
-        return
-    import torch.distributed as dist
+    if world > 1:
+        import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    dist.barrier()
+        dist.barrier()
 
 
 def _gather(obj: Any, world: int) -> list[Any]:
@@ -202,8 +210,6 @@ def _gather(obj: Any, world: int) -> list[Any]:
         return [obj]
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
     parts: list[Any] = [None] * world
     dist.all_gather_object(parts, obj)
     return parts
@@ -226,7 +232,21 @@ def run(
         )
     if out.resolve() == shards_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
-    rank, world = _rank_world()
+    with _process_group() as (rank, world):
+        return _tokenize_share(profile, index, shards_dir, out, tokenizer, on_shard, rank, world)
+
+
+def _tokenize_share(
+    profile: Any,
+    index: ShardIndex,
+    shards_dir: Path,
+    out: Path,
+    tokenizer: VideoTokenizer | None,
+    on_shard: Callable[[dict[str, Any], int], None] | None,
+    rank: int,
+    world: int,
+) -> TokenizeSummary:
+    """This rank's shards (rank::world) into `out`; rank 0 writes the index once every rank is done."""
     if tokenizer is None:
         device = None
         if torch.cuda.is_available() and profile.tokenizer.device == "auto":
