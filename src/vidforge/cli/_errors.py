@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import traceback
 
 import typer
@@ -33,6 +34,17 @@ class GuardedGroup(TyperGroup):
             hint = "" if out.debug else " (rerun with --debug for the traceback)"
             out.error(f"{type(err).__name__}: {err}{hint}", kind="failure")
             raise typer.Exit(EXIT_FAILURE) from None
+        finally:
+            _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Whatever a subcommand did, leave a torch.distributed group it joined before the interpreter exits:
+    gloo's worker threads torn down during finalization abort the process (SIGABRT, "terminate called
+    without an active exception") after the work is done, and torchrun then reports the run as failed."""
+    dist = sys.modules.get("torch.distributed")  # never import torch just to check
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _output_of(ctx: typer.Context) -> Output:

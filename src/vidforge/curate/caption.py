@@ -66,6 +66,7 @@ def media_of(record: dict[str, Any], clips_dir: Path) -> Path:
 def decode_frames(path: Path, wanted: Callable[[int], set[int]]) -> tuple[int, dict[int, np.ndarray]]:
     """The frame count of a clip and its frames at `wanted(count)` as RGB uint8, decoding it once."""
     import av
+    from av.video.reformatter import VideoReformatter
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
@@ -77,9 +78,10 @@ def decode_frames(path: Path, wanted: Callable[[int], set[int]]) -> tuple[int, d
         keep = wanted(count)
         frames: dict[int, np.ndarray] = {}
         last = max(keep, default=-1)
+        to_rgb = VideoReformatter()  # one swscale context, not one per frame
         for i, frame in enumerate(container.decode(stream)):
             if i in keep:
-                frames[i] = frame.to_ndarray(format="rgb24")
+                frames[i] = to_rgb.reformat(frame, format="rgb24").to_ndarray()
             if i >= last:
                 break
     if set(frames) != keep:  # the header over-counted: fall back to what was decoded

@@ -45,14 +45,15 @@ def read_image(data: bytes | str | os.PathLike) -> np.ndarray:
 def read_video(data: bytes | str | os.PathLike, max_frames: int | None = None) -> np.ndarray:
     """A video's frames as (T, H, W, 3) uint8, at most `max_frames` from the start."""
     import av
+    from av.video.reformatter import VideoReformatter
 
-    frames = []
+    frames, to_rgb = [], VideoReformatter()  # one swscale context, not one per frame
     try:
         with av.open(_source(data)) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             for frame in container.decode(stream):
-                frames.append(frame.to_ndarray(format="rgb24"))
+                frames.append(to_rgb.reformat(frame, format="rgb24").to_ndarray())
                 if max_frames is not None and len(frames) >= max_frames:
                     break
     except (av.FFmpegError, IndexError, OSError) as err:
