@@ -121,6 +121,32 @@ def test_manifest_and_embeddings_are_row_aligned(curated):
     assert summary["clips"] == len(records) and summary["errors"] == 0
 
 
+def test_recorded_shots_equal_clips_cut_from_the_source(tmp_path, sample_videos, stitch_threshold):
+    """record_shots (one decode a source) and cutting every clip from the source afterwards (the
+    reference: two decodes) give the same manifest, embeddings and clip frames; every clip that is a
+    whole shot came from a recording, the stitched one was cut from the source."""
+    sources = [str(sample_videos / f"{n}.mp4") for n in ("cuts", "false_split")]
+    common = ("curation.stitch=true", f"curation.stitch_threshold={stitch_threshold}")
+    runs = {
+        flag: clip.run(_profile(*common, f"curation.record_shots={flag}"), sources, tmp_path / flag)
+        for flag in ("true", "false")
+    }
+    recorded, reference = _records(tmp_path / "true"), _records(tmp_path / "false")
+    assert recorded == reference and any(r["stitched"] for r in recorded)
+    assert runs["false"].summary["clips_recorded"] == 0
+    assert runs["true"].summary["clips_recorded"] == sum(not r["stitched"] for r in recorded) >= 3
+    assert np.array_equal(
+        np.load(tmp_path / "true/embeddings.npy"), np.load(tmp_path / "false/embeddings.npy")
+    )
+    for r in recorded:
+        ours, theirs = _decode(tmp_path / "true" / r["path"]), _decode(tmp_path / "false" / r["path"])
+        assert len(ours) == len(theirs) == r["frames"]
+        assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True)), r["clip_id"]
+    assert sorted(p.name for p in (tmp_path / "true/clips").iterdir()) == sorted(
+        Path(r["path"]).name for r in recorded
+    )  # no recording left behind
+
+
 def test_rerun_is_a_no_op(curated, sample_videos, stitch_threshold):
     before = {
         p: (p.read_bytes(), p.stat().st_mtime_ns)

@@ -54,12 +54,12 @@ class ClipRun:
 
 def build_stages(cfg, out: Path) -> list[Stage]:
     """The clip pipeline for these settings (the embedding stage only when embeddings are on)."""
+    samples = cfg.embed_frames if cfg.embed else 0
+    record_to = str(out / CLIPS_DIR) if cfg.record_shots and cfg.trim_seconds == 0 else None
     stages: list[Stage] = [
-        AnalyseStage(cfg, workers=cfg.decode_workers),
+        AnalyseStage(cfg, workers=cfg.decode_workers, record_to=record_to, samples=samples),
         PlanStage(cfg),
-        TranscodeStage(
-            cfg, out / CLIPS_DIR, samples=cfg.embed_frames if cfg.embed else 0, workers=cfg.transcode_workers
-        ),
+        TranscodeStage(cfg, out / CLIPS_DIR, samples=samples, workers=cfg.transcode_workers),
     ]
     if cfg.embed:
         from vidforge.curate.embedding import EmbedStage
@@ -94,11 +94,12 @@ def run(
     if executor == "ray":
         options["address"] = ray_address
     runner = make_executor(executor, **options)
-    seconds_in = 0.0
+    seconds_in, recorded = 0.0, 0
     started = time.perf_counter()
 
     def commit(source: str, items: list[Any], errors: list[dict[str, Any]]) -> None:
-        nonlocal seconds_in
+        nonlocal seconds_in, recorded
+        recorded += sum(1 for i in items if isinstance(i, ClipResult) and i.recorded)
         records = []
         for item in sorted(items, key=lambda i: _plan_of(i).start):
             records.append(
@@ -123,6 +124,7 @@ def run(
     summary.update(
         {
             "sources_skipped": len(sources) - len(todo),
+            "clips_recorded": recorded,  # this run's clips that needed no second decode (record_shots)
             "seconds_in": round(seconds_in, 3),
             "wall_seconds": round(wall, 3),
             "throughput_x_realtime": round(seconds_in / wall, 3) if wall > 0 else 0.0,

@@ -34,6 +34,20 @@ class Shot:
 
 
 @dataclass
+class RecordedShot:
+    """Frames [start, end) of a source, encoded at `path` (a temporary name until a clip adopts it)."""
+
+    start: int
+    end: int
+    path: str
+    frames: int  # frames written (differs from end - start when curation.fps resamples)
+    width: int
+    height: int
+    fps: float
+    samples: np.ndarray | None = None  # (K, h, w, 3) uint8 at sample_indices(end - start, K)
+
+
+@dataclass
 class Analysis:
     """Stage 1's output for one source: shots, per-frame static flags and stitching thumbnails."""
 
@@ -44,6 +58,7 @@ class Analysis:
     shots: list[Shot]
     static: np.ndarray  # bool per frame: grey mean abs difference to the previous frame below threshold
     boundary: dict[int, np.ndarray] = field(default_factory=dict)  # frame index -> RGB thumbnail (H, W, 3)
+    recorded: list[RecordedShot] = field(default_factory=list)  # shots encoded during the decode
 
     @property
     def label(self) -> str:
@@ -85,6 +100,7 @@ class ClipResult:
     fps: float
     samples: np.ndarray | None = None  # (K, h, w, 3) uint8, dropped after embedding
     embedding: np.ndarray | None = None  # (D,) float32, normalised
+    recorded: bool = False  # a shot recorded during analysis (no second decode), not cut from the source
 
     @property
     def label(self) -> str:

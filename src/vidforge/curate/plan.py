@@ -4,10 +4,10 @@ every resulting clip. Runs beside the model (stitching embeds frames); one item 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vidforge.curate.duration import apply_duration
-from vidforge.curate.items import Analysis, ClipPlan, Shot
+from vidforge.curate.items import Analysis, ClipPlan, RecordedShot, Shot
 from vidforge.curate.stage import Stage
 from vidforge.curate.static import static_ratio, static_reason
 from vidforge.curate.stitch import stitch_shots
@@ -65,10 +65,12 @@ def _plan(a: Analysis, shot: Shot, start: int, end: int, rejected, ratio: float 
 
 @dataclass
 class SourcePlans:
-    """All clips planned for one source: transcoded together in one decode pass."""
+    """All clips planned for one source, and the shots recorded while it was analysed (the transcode stage
+    adopts those that are a clip and cuts the others in one decode pass)."""
 
     source: str
     plans: list[ClipPlan]
+    recorded: list[RecordedShot] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -95,7 +97,7 @@ class PlanStage(Stage):
 
     def process(self, analysis: Analysis) -> SourcePlans:
         pooled = self.embedder.pooled if self.embedder is not None else None
-        return SourcePlans(analysis.source, plan_clips(analysis, self.cfg, pooled))
+        return SourcePlans(analysis.source, plan_clips(analysis, self.cfg, pooled), analysis.recorded)
 
     def __getstate__(self):  # the model is rebuilt by setup() wherever the stage runs
         return {**self.__dict__, "embedder": None}

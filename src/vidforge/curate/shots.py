@@ -40,10 +40,10 @@ def detection_size(width: int, height: int) -> tuple[int, int]:
 
 
 class ShotDetector:
-    """Feeds frames to a PySceneDetect detector and collects cut frame indices with their scores."""
+    """Feeds frames to a PySceneDetect detector (from make_detector) and collects cuts with their scores."""
 
-    def __init__(self, cfg: Curation, fps: Fraction, time_base: Fraction):
-        self.detector = make_detector(cfg)
+    def __init__(self, detector, fps: Fraction, time_base: Fraction):
+        self.detector = detector
         self.fps, self.time_base = fps, time_base
         self.cuts: dict[int, float | None] = {}  # cut pts -> score
         self._last: FrameTimecode | None = None

@@ -49,6 +49,11 @@ class Stage:
     def process_batch(self, items: list[Any]) -> list[Any]:
         return [self.process(item) for item in items]
 
+    def runs_in_driver(self, item: Any) -> bool:
+        """True for an item so cheap here that handing it to a worker would cost more than the work (a
+        worker process may not even be running yet): the executor runs it in the driver instead."""
+        return False
+
     def teardown(self) -> None:
         """Release what setup made (optional)."""
 

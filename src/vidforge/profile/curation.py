@@ -73,6 +73,11 @@ class Curation(Section):
     """Frame rate of the clips; null keeps the source's (variable-rate sources get their average rate)."""
     encoder_threads: int = Field(0, ge=0)
     """x264 threads per clip; 0 lets x264 choose."""
+    record_shots: bool = True
+    """Encode every shot while the source is decoded for analysis, so a clip that is a whole shot costs no
+    second decode (the common case). Clips that are not (stitched, split, trimmed) are cut from the source
+    again, and the recordings they leave unused were wasted work; with `trim_seconds` > 0 no clip is a whole
+    shot, so nothing is recorded. Off: every clip is cut from the source after analysis."""
 
     # -- 7. clip embedding ----------------------------------------------------------------------------
     embed: bool = True

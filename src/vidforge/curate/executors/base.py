@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vidforge.curate.stage import Outcome, RunStats, Stage, StageStats
+from vidforge.curate.stage import Outcome, RunStats, Stage, StageStats, run_batch
 
 UnitCallback = Callable[[str, list[Any], list[dict[str, Any]]], None]
 """Called once per unit when all its items have left the pipeline: (unit key, final items, errors)."""
@@ -86,6 +86,34 @@ def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
             on_unit(unit, results.pop(unit, []), errors.pop(unit, []))
             units_done += 1
 
+    def absorb(i: int, batch: list[_Envelope], outs: list[Outcome]) -> None:
+        """Stage i's outcomes for `batch`: errors recorded, results queued for the next stage (or kept)."""
+        for env, out in zip(batch, outs, strict=False):
+            stats[i].busy_seconds += out.seconds
+            stats[i].items_done += 1
+            if not out.ok:
+                stats[i].errors += 1
+                record = {"stage": stages[i].name, "reason": out.reason}
+                label = getattr(env.payload, "label", None)
+                if label is not None:
+                    record["item"] = label
+                errors[env.unit].append(record)
+                settle(env.unit, -1)
+                continue
+            value = out.value
+            children = value if isinstance(value, list) else ([] if value is None else [value])
+            stats[i].items_out += len(children)
+            outstanding[env.unit] += len(children)
+            if i == last:
+                results[env.unit].extend(children)
+                outstanding[env.unit] -= len(children)
+            else:
+                pending[i + 1].extend(_Envelope(env.unit, c) for c in children)
+            settle(env.unit, -1)
+
+    def room_after(i: int) -> bool:
+        return i == last or len(pending[i + 1]) < backend.capacity(i + 1) * stages[i + 1].batch_size
+
     while True:
         while not exhausted and len(pending[0]) < backend.capacity(0):
             try:
@@ -96,12 +124,14 @@ def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
             outstanding[unit] += 1
             pending[0].append(_Envelope(unit, payload))
         for i in reversed(range(len(stages))):
-            room_after = i == last or len(pending[i + 1]) < backend.capacity(i + 1) * stages[i + 1].batch_size
-            while pending[i] and per_stage[i] < backend.capacity(i) and room_after:
+            while pending[i] and per_stage[i] < backend.capacity(i) and room_after(i):
                 batch = [pending[i].popleft() for _ in range(min(stages[i].batch_size, len(pending[i])))]
+                stats[i].items_in += len(batch)
+                if all(stages[i].runs_in_driver(e.payload) for e in batch):
+                    absorb(i, batch, run_batch(stages[i], [e.payload for e in batch]))
+                    continue
                 inflight[backend.submit(i, [e.payload for e in batch])] = (i, batch)
                 per_stage[i] += 1
-                stats[i].items_in += len(batch)
         if not inflight:
             if exhausted and not any(pending):
                 break
@@ -122,28 +152,7 @@ def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
                         stats[i].errors += 1
                         settle(env.unit, -1)
                 continue
-            for env, out in zip(batch, outs, strict=False):
-                stats[i].busy_seconds += out.seconds
-                stats[i].items_done += 1
-                if not out.ok:
-                    stats[i].errors += 1
-                    record = {"stage": stages[i].name, "reason": out.reason}
-                    label = getattr(env.payload, "label", None)
-                    if label is not None:
-                        record["item"] = label
-                    errors[env.unit].append(record)
-                    settle(env.unit, -1)
-                    continue
-                value = out.value
-                children = value if isinstance(value, list) else ([] if value is None else [value])
-                stats[i].items_out += len(children)
-                outstanding[env.unit] += len(children)
-                if i == last:
-                    results[env.unit].extend(children)
-                    outstanding[env.unit] -= len(children)
-                else:
-                    pending[i + 1].extend(_Envelope(env.unit, c) for c in children)
-                settle(env.unit, -1)
+            absorb(i, batch, outs)
         backend.rebalance(stats)
         if monitor is not None:
             monitor(stats)

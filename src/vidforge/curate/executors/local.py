@@ -45,8 +45,10 @@ class LocalExecutor:
 
     # -- Backend -------------------------------------------------------------------------------------
     def start(self, stages: list[Stage]) -> None:
+        # Pools start at their stage's first item: a stage whose items all run in the driver (transcode,
+        # when every clip was recorded during analysis) never spawns its workers (~1 s each).
         self._stages = stages
-        self._pools = [self._make_pool(s) for s in stages]
+        self._pools = [None] * len(stages)
 
     def _make_pool(self, stage: Stage):
         if stage.workers == 0:
@@ -64,7 +66,10 @@ class LocalExecutor:
         return self._stages[index].workers
 
     def submit(self, index: int, items: list[Any]) -> Future:
-        stage, pool = self._stages[index], self._pools[index]
+        stage = self._stages[index]
+        if self._pools[index] is None:
+            self._pools[index] = self._make_pool(stage)
+        pool = self._pools[index]
         if pool is None:  # inline: run now, hand back a finished future
             future: Future = Future()
             future.set_result(run_batch(stage, items))
