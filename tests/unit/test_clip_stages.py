@@ -3,6 +3,8 @@ static policies against closed-form answers, dedup, input expansion, the generic
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from scenedetect import AdaptiveDetector, ContentDetector, detect
@@ -134,3 +136,37 @@ def test_executor_fans_out_collects_units_and_records_errors():
     assert done["u4"] == ([0, 1, 4, 9], [])
     assert done["u3"] == ([], [{"stage": "split", "reason": "three is bad"}])
     assert stats.units == 5 and stats.stages[0].errors == 1
+
+
+class _WhereRun(Stage):
+    """Odd items are cheap enough for the driver; every item reports the process that ran it."""
+
+    name = "where"
+    kind = "process"
+
+    def runs_in_driver(self, item):
+        return item % 2 == 1
+
+    def process(self, item):
+        return (item, os.getpid())
+
+
+def test_items_cheap_for_the_driver_run_there_and_others_in_workers():
+    done = {}
+    LocalExecutor(queue_depth=1).run(
+        [_WhereRun()], [(f"u{n}", n) for n in range(4)], lambda u, r, e: done.update({u: r[0]})
+    )
+    assert {item for item, pid in done.values() if pid == os.getpid()} == {1, 3}
+
+
+def test_a_stage_whose_items_all_run_in_the_driver_starts_no_worker():
+    class Cheap(_WhereRun):
+        def runs_in_driver(self, item):
+            return True
+
+    executor = LocalExecutor(queue_depth=1)
+    started = []
+    make_pool = executor._make_pool
+    executor._make_pool = lambda stage: started.append(stage.name) or make_pool(stage)
+    executor.run([Cheap()], [(f"u{n}", n) for n in range(3)], lambda u, r, e: None)
+    assert started == []
