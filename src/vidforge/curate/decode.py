@@ -191,6 +191,8 @@ def _info(stream, fps: Fraction, rotation: int) -> VideoInfo:
 
 def _indices(cut_pts: list[int], pts_list: list[int], first_pts: int) -> list[int]:
     """Frame indices of cuts given as pts relative to the first frame."""
+    if not cut_pts:
+        return []  # the common case, every frame: skip converting the whole pts list
     rel = np.asarray(pts_list) - first_pts
     return [int(np.searchsorted(rel, cut)) for cut in cut_pts]
 
