@@ -98,7 +98,8 @@ class Curation(Section):
 
     # -- execution ------------------------------------------------------------------------------------
     decode_workers: int = Field(1, ge=0)
-    """Processes decoding and analysing sources in the local executor; 0 runs the stage in the main process."""
+    """Processes decoding and analysing sources in the local executor (with `record_shots`, also encoding
+    their shots: most of the work, so raise this with the cores); 0 runs the stage in the main process."""
     transcode_workers: int = Field(1, ge=0)
     """Processes transcoding clips in the local executor; 0 runs the stage in the main process."""
     queue_depth: int = Field(2, ge=1)
