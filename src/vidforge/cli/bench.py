@@ -54,12 +54,9 @@ def train(
 
     rank, _ = init_distributed("cuda" if resolved.cluster.accelerator.kind == "cuda" else "cpu")
     result = run(resolved)
-    import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
     if rank != 0:
-        return
+        return  # one report, from rank 0 (the CLI boundary leaves the process group on the way out)
     data = result.as_dict()
     text = "\n".join(
         [

@@ -68,11 +68,8 @@ def infer(
     result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile, log=output.info)
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        rank = dist.get_rank()
-        dist.destroy_process_group()
-        if rank != 0:
-            return
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return  # one summary, from rank 0 (the CLI boundary leaves the process group on the way out)
     if output.json:
         output.result(
             {"videos": result.videos, "contact_sheet": result.contact_sheet, "seconds": result.seconds}

@@ -73,11 +73,8 @@ def train(
     summary = run(resolved, data, run_dir, resume=resume, progress=show)
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        rank = dist.get_rank()
-        dist.destroy_process_group()
-        if rank != 0:
-            return
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return  # one summary, from rank 0 (the CLI boundary leaves the process group on the way out)
     output.result(summary_dict(summary), title="vidforge train")
 
 
