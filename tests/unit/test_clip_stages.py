@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from scenedetect import AdaptiveDetector, ContentDetector, detect
 
+from vidforge.curate import clip as clip_module
 from vidforge.curate.decode import analyse
 from vidforge.curate.dedup import near_duplicates
 from vidforge.curate.duration import apply_duration
-from vidforge.curate.executors.local import LocalExecutor
+from vidforge.curate.executors.local import LocalExecutor, usable_cores
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import Shot
 from vidforge.curate.stage import ItemError, Stage
@@ -159,6 +160,31 @@ def test_items_cheap_for_the_driver_run_there_and_others_in_workers():
     assert {item for item, pid in done.values() if pid == os.getpid()} == {1, 3}
 
 
+DRIVER_STATE = "fresh"  # what a worker that imported this module itself sees
+
+
+class _WhatWorkerSees(Stage):
+    name = "sees"
+    kind = "process"
+
+    def process(self, item):
+        return (os.getppid(), DRIVER_STATE)
+
+
+def test_workers_do_not_inherit_the_driver_state():
+    # A worker forked from the driver would carry its threads, CUDA context and globals: it must start
+    # from a clean process (the forkserver) whatever the driver did before.
+    global DRIVER_STATE
+    DRIVER_STATE = "changed by the driver"
+    done = {}
+    try:
+        LocalExecutor(queue_depth=1).run([_WhatWorkerSees()], [("u", 0)], lambda u, r, e: done.update({u: r}))
+    finally:
+        DRIVER_STATE = "fresh"
+    [(parent, state)] = done["u"]
+    assert state == "fresh" and parent != os.getpid()
+
+
 def test_a_stage_whose_items_all_run_in_the_driver_starts_no_worker():
     class Cheap(_WhereRun):
         def runs_in_driver(self, item):
@@ -170,3 +196,24 @@ def test_a_stage_whose_items_all_run_in_the_driver_starts_no_worker():
     executor._make_pool = lambda stage: started.append(stage.name) or make_pool(stage)
     executor.run([Cheap()], [(f"u{n}", n) for n in range(3)], lambda u, r, e: None)
     assert started == []
+
+
+def test_usable_cores_is_the_affinity_mask_not_the_machine():
+    assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    "setting, cores, sources, expected",
+    [
+        ("auto", 8, 3, 3),  # never more processes than sources: each takes a whole source
+        ("auto", 2, 6, 2),  # one per core
+        ("auto", 4, 0, 1),
+        (5, 2, 1, 5),  # an explicit count is kept as given
+        (0, 8, 8, 0),  # inline, in the main process
+    ],
+)
+def test_decode_workers_auto_is_a_process_per_core_at_most_one_per_source(
+    monkeypatch, setting, cores, sources, expected
+):
+    monkeypatch.setattr(clip_module, "usable_cores", lambda: cores)
+    assert clip_module.decode_workers(Curation(decode_workers=setting), sources) == expected

@@ -107,6 +107,12 @@ def test_impossible_values_name_the_field(tmp_path: Path, field: str, value: obj
     assert expected in error_of(tmp_path, {"parallel": {field: value}})
 
 
+@pytest.mark.parametrize("value", [-1, "many", 2.5, True])
+def test_decode_workers_is_a_count_or_auto(tmp_path: Path, value: object) -> None:
+    expected = f"curation.decode_workers: expected a process count (0 or more) or 'auto', got {value!r}"
+    assert expected in error_of(tmp_path, {"curation": {"decode_workers": value}})
+
+
 def test_st_hybrid_needs_stdit(tmp_path: Path) -> None:
     data = {"cluster": {"cpu_processes": 2}, "parallel": {"cp": 2, "cp_impl": "st-hybrid"}}
     assert "parallel.cp_impl: st-hybrid is for model.architecture=stdit" in error_of(tmp_path, data)

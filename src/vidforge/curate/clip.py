@@ -25,6 +25,7 @@ import numpy as np
 from vidforge.curate.decode import AnalyseStage
 from vidforge.curate.dedup import near_duplicates
 from vidforge.curate.executors import make_executor
+from vidforge.curate.executors.local import usable_cores
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import ClipPlan, ClipResult
 from vidforge.curate.plan import PlanStage
@@ -52,12 +53,13 @@ class ClipRun:
         return self.summary["errors"] > 0
 
 
-def build_stages(cfg, out: Path) -> list[Stage]:
-    """The clip pipeline for these settings (the embedding stage only when embeddings are on)."""
+def build_stages(cfg, out: Path, sources: int = 1) -> list[Stage]:
+    """The clip pipeline for these settings and this many sources to do (the embedding stage only when
+    embeddings are on)."""
     samples = cfg.embed_frames if cfg.embed else 0
     record_to = str(out / CLIPS_DIR) if cfg.record_shots and cfg.trim_seconds == 0 else None
     stages: list[Stage] = [
-        AnalyseStage(cfg, workers=cfg.decode_workers, record_to=record_to, samples=samples),
+        AnalyseStage(cfg, workers=decode_workers(cfg, sources), record_to=record_to, samples=samples),
         PlanStage(cfg),
         TranscodeStage(cfg, out / CLIPS_DIR, samples=samples, workers=cfg.transcode_workers),
     ]
@@ -66,6 +68,14 @@ def build_stages(cfg, out: Path) -> list[Stage]:
 
         stages.append(EmbedStage(cfg))
     return stages
+
+
+def decode_workers(cfg, sources: int) -> int:
+    """`curation.decode_workers` with `auto` resolved: a process per usable core, at most one per source
+    (the stage's unit of work is a whole source)."""
+    if cfg.decode_workers != "auto":
+        return cfg.decode_workers
+    return max(1, min(usable_cores(), sources))
 
 
 def run(
@@ -89,7 +99,7 @@ def run(
     ledger = UnitLedger(out)
     ledger.recover()
     todo = [s for s in sources if not ledger.is_done(s)]
-    stages = build_stages(cfg, out)
+    stages = build_stages(cfg, out, len(todo))
     options = {"queue_depth": cfg.queue_depth}
     if executor == "ray":
         options["address"] = ray_address

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vidforge.profile.base import Section
 from vidforge.profile.caption import Caption
@@ -97,9 +97,11 @@ class Curation(Section):
     manifest order); null keeps all. `vidforge clip --dedup` sets it."""
 
     # -- execution ------------------------------------------------------------------------------------
-    decode_workers: int = Field(1, ge=0)
+    decode_workers: int | Literal["auto"] = "auto"
     """Processes decoding and analysing sources in the local executor (with `record_shots`, also encoding
-    their shots: most of the work, so raise this with the cores); 0 runs the stage in the main process."""
+    their shots: most of the work). `auto`: one per CPU core this process may use, at most one per source
+    to do (each also runs decoder and x264 threads, which fill the cores while few sources are left); 0
+    runs the stage in the main process."""
     transcode_workers: int = Field(1, ge=0)
     """Processes transcoding clips in the local executor; 0 runs the stage in the main process."""
     queue_depth: int = Field(2, ge=1)
@@ -107,6 +109,15 @@ class Curation(Section):
 
     caption: Caption = Caption()
     """Captioning and quality filtering (`vidforge caption`)."""
+
+    @field_validator("decode_workers", mode="before")
+    @classmethod
+    def _workers(cls, value):
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not str(value).strip().isdigit():
+            raise ValueError(f"expected a process count (0 or more) or 'auto', got {value!r}")
+        return int(value)
 
     @model_validator(mode="after")
     def _check(self) -> Curation:

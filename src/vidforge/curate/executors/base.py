@@ -51,12 +51,12 @@ def drive(
     monitor: Monitor | None = None,
 ) -> RunStats:
     """Run `units` ((key, first item) pairs) through `stages` on `backend`; see the module docstring."""
-    for stage in stages:  # fail fast, before any worker starts
-        stage.setup()
     stats = [StageStats(s.name) for s in stages]
     started = time.perf_counter()
-    backend.start(stages)
+    backend.start(stages)  # first: workers' start-up overlaps the driver's set-up (models) below
     try:
+        for stage in stages:  # fail fast, before any item is submitted
+            stage.setup()
         units_done = _loop(stages, iter(units), on_unit, backend, stats, monitor)
     finally:
         for i, s in enumerate(stats):
