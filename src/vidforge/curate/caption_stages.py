@@ -3,10 +3,12 @@
 
 A unit is one clip (its id). Neither stage ever drops a clip: a clip that fails to decode goes on as a
 `Decoded` with `error` set, and `annotate` turns it into a rejected row and an error record, exactly as
-the single-process loop did. This module imports no torch: spawned decode workers start fast.
+the single-process loop did. This module imports no torch: the decode workers (forked from a server
+that preloads it) start fast.
 
-Models load in `AnnotateStage.setup`. With the local executor the stage runs on a thread of the driver,
-so the driver's `setup` loads the one copy that serves every batch. With Ray the stage runs in actors:
+Models load in `AnnotateStage.setup` (a `slow_setup`: on a background thread of the driver, while the
+decode workers start on the first clips). With the local executor the stage runs on a thread of the
+driver, so the driver's `setup` loads the one copy that serves every batch. With Ray the stage runs in actors:
 the driver's copy only checks (`load_models=False`), and each actor's unpickled copy loads its own
 models (a pickled stage never carries a model)."""
 
@@ -96,6 +98,7 @@ class AnnotateStage(Stage):
 
     name = "annotate"
     kind = "thread"
+    slow_setup = True
     workers = 1
 
     def __init__(self, cfg: Any, clips_dir: str | Path, *, load_models: bool = True, annotator: Any = None):

@@ -210,6 +210,7 @@ class EmbedStage(Stage):
 
     name = "embed"
     kind = "thread"
+    slow_setup = True
     workers = 1
     batch_size = 8
     resources = {"num_cpus": 1}  # noqa: RUF012

@@ -1,8 +1,10 @@
 """A pipeline stage: one-time `setup` that fails fast, per-item `process` (NeMo Curator's shape).
 
 Stages are plain picklable objects holding their settings; anything heavy (a model, an encoder check) is
-made in `setup`, which the executor calls once in the driver before any work (so a missing checkpoint
-stops the run at once) and once more in every worker process or actor that runs the stage.
+made in `setup`, which the executor calls once in the driver before any item reaches the stage (so a
+missing checkpoint stops the run before the stage does any work) and once more in every worker process
+or actor that runs the stage. A stage with `slow_setup` (it loads models) is set up on a background
+thread of the driver while the stages before it start on the first items.
 
 Item flow: `process(item)` returns the item for the next stage, `None` to drop it, or a `list` to fan out
 into several items (so items themselves are never lists). Every item belongs to a *unit* (for `clip`, a
@@ -38,6 +40,10 @@ class Stage:
     """Items handed to `process_batch` at once (model stages batch; others take one)."""
     resources: dict[str, float] = {"num_cpus": 1}  # noqa: RUF012 - read-only class default
     """Ray resources per worker (e.g. {"num_cpus": 1, "num_gpus": 1} for a model stage on a GPU node)."""
+    slow_setup: bool = False
+    """Setup takes seconds (it imports torch and loads models): the driver runs it on a background thread,
+    so the stages before this one work meanwhile. Its error still stops the run before any item reaches
+    this stage."""
 
     def setup(self) -> None:
         """One-time preparation; raise (UserInputError for something the user must fix) to fail fast."""

@@ -7,6 +7,7 @@ bounded by the capacities, not by the input size.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
@@ -33,7 +34,7 @@ class Backend(Protocol):
     def outcomes(self, handle: Any) -> list[Outcome]: ...
     def rebalance(self, stats: list[StageStats]) -> None: ...
     def workers(self, index: int) -> int: ...
-    def stop(self) -> None: ...
+    def stop(self, abort: bool = False) -> None: ...
 
 
 @dataclass
@@ -41,6 +42,61 @@ class _Envelope:
     unit: str
     payload: Any
     attempts: int = 0
+
+
+class _Setups:
+    """Every stage's set-up in the driver: quick ones at once (their errors raise from `start`),
+    `slow_setup` ones (models) in order on a background thread, so the stages before them work meanwhile.
+    `ready(i)` says whether stage i may get items; `check()` raises a background set-up's error."""
+
+    def __init__(self, stages: list[Stage]):
+        self._stages = stages
+        self._slow = [i for i, s in enumerate(stages) if s.slow_setup]
+        self._done: set[int] = set()
+        self._error: BaseException | None = None
+        self._changed = threading.Event()
+        # A daemon: an aborted run (Ctrl-C, a failed item) does not wait for a model to finish loading.
+        self._thread = threading.Thread(target=self._run_slow, name="stage-setup", daemon=True)
+
+    def start(self) -> None:
+        for i, stage in enumerate(self._stages):
+            if i not in self._slow:
+                stage.setup()
+                self._done.add(i)
+        self._thread.start()
+
+    def _run_slow(self) -> None:
+        try:
+            for i in self._slow:
+                self._stages[i].setup()
+                self._done.add(i)
+                self._changed.set()
+        except BaseException as err:  # noqa: BLE001 - handed to the driver loop, which raises it
+            self._error = err
+            self._changed.set()
+
+    def ready(self, index: int) -> bool:
+        return index in self._done
+
+    def check(self) -> None:
+        """Raise a background set-up's error (the run stops at once, not when an item gets there)."""
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, timeout: float) -> None:
+        """Until a background set-up finishes (or fails), at most `timeout` seconds."""
+        self._changed.wait(timeout)
+        self._changed.clear()
+
+    def finish(self) -> None:
+        """Wait for every set-up: a run whose items never reached a slow stage still learns that its
+        set-up failed (a wrong checkpoint), whatever the timing."""
+        self._thread.join()
+        self.check()
+
+    def teardown(self) -> None:
+        for i in sorted(self._done):
+            self._stages[i].teardown()
 
 
 def drive(
@@ -53,21 +109,23 @@ def drive(
     """Run `units` ((key, first item) pairs) through `stages` on `backend`; see the module docstring."""
     stats = [StageStats(s.name) for s in stages]
     started = time.perf_counter()
-    backend.start(stages)  # first: workers' start-up overlaps the driver's set-up (models) below
+    backend.start(stages)  # first: workers' start-up overlaps the driver's set-up below
+    setups, finished = _Setups(stages), False
     try:
-        for stage in stages:  # fail fast, before any item is submitted
-            stage.setup()
-        units_done = _loop(stages, iter(units), on_unit, backend, stats, monitor)
+        setups.start()
+        units_done = _loop(stages, iter(units), on_unit, backend, stats, monitor, setups)
+        setups.finish()
+        finished = True
     finally:
         for i, s in enumerate(stats):
             s.workers = backend.workers(i)
-        backend.stop()
-        for stage in stages:
-            stage.teardown()
+        # A failed run stops its workers mid-item: the error is known, and a source can take minutes.
+        backend.stop(abort=not finished)
+        setups.teardown()
     return RunStats(stages=stats, units=units_done, wall_seconds=time.perf_counter() - started)
 
 
-def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
+def _loop(stages, units, on_unit, backend, stats, monitor, setups: _Setups) -> int:
     """The scheduling loop; returns how many units completed."""
     last = len(stages) - 1
     pending: list[deque[_Envelope]] = [deque() for _ in stages]
@@ -115,6 +173,7 @@ def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
         return i == last or len(pending[i + 1]) < backend.capacity(i + 1) * stages[i + 1].batch_size
 
     while True:
+        setups.check()
         while not exhausted and len(pending[0]) < backend.capacity(0):
             try:
                 unit, payload = next(units)
@@ -124,6 +183,8 @@ def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
             outstanding[unit] += 1
             pending[0].append(_Envelope(unit, payload))
         for i in reversed(range(len(stages))):
+            if not setups.ready(i):
+                continue  # its model is still loading: items wait in its queue (bounded by room_after)
             while pending[i] and per_stage[i] < backend.capacity(i) and room_after(i):
                 batch = [pending[i].popleft() for _ in range(min(stages[i].batch_size, len(pending[i])))]
                 stats[i].items_in += len(batch)
@@ -135,6 +196,7 @@ def _loop(stages, units, on_unit, backend, stats, monitor) -> int:
         if not inflight:
             if exhausted and not any(pending):
                 break
+            setups.wait(timeout=0.5)  # only a stage still setting up holds the waiting items
             continue
         for handle in backend.wait(list(inflight), timeout=0.5):
             i, batch = inflight.pop(handle)

@@ -128,8 +128,20 @@ class LocalExecutor:
     def rebalance(self, stats: list[StageStats]) -> None:
         """Fixed pools: the profile sets the workers per stage."""
 
-    def stop(self) -> None:
+    def stop(self, abort: bool = False) -> None:
         for pool in self._pools:
+            if isinstance(pool, ProcessPoolExecutor) and abort:
+                _terminate_workers(pool)
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         self._pools = []
+
+
+def _terminate_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's workers mid-item, so shutting it down does not wait for their items to finish. What
+    they leave half-written carries the temporary mark and is cleaned by the next run."""
+    if hasattr(pool, "terminate_workers"):  # Python 3.14+
+        pool.terminate_workers()
+        return
+    for process in list((pool._processes or {}).values()):  # noqa: SLF001 - no public API before 3.14
+        process.terminate()
