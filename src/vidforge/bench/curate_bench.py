@@ -81,7 +81,10 @@ def run(profile: RunProfile, inputs: list[str], work_dir: str | Path | None = No
             )
         ]
         busy = sum(s.busy_seconds for s in clipped.stages)
-        rows.append(StageRow("clip", "(setup: models, worker start)", 0, max(0.0, clip_wall - busy), None))
+        # Set-up overlaps the work (models load while sources decode), so this is the wall time in which
+        # no stage worked (e.g. items waiting for a model), not the set-up's own length.
+        idle = max(0.0, clip_wall - busy)
+        rows.append(StageRow("clip", "(wall not in stage work: set-up, start-up)", 0, idle, None))
         for s in clipped.stages:
             rows.append(
                 StageRow(
