@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import typer
@@ -123,6 +124,15 @@ def test_failure_while_running_exits_1_with_one_line() -> None:
 def test_debug_shows_the_traceback() -> None:
     result = runner.invoke(_boundary_app(), ["--debug", "crash"])
     assert result.exit_code == 1 and "Traceback" in result.stderr
+
+
+def test_the_error_stays_one_line_while_torch_distributed_is_half_imported(monkeypatch) -> None:
+    # A run that fails while a model loads on a background thread: torch.distributed is in sys.modules
+    # but not yet filled in when the boundary checks for a process group to leave.
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.ModuleType("torch.distributed"))
+    result = runner.invoke(_boundary_app(), ["bad-input"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: --out: exists and is a file; pass a directory"
 
 
 def test_user_error_from_library_code_exits_2_in_json() -> None:

@@ -43,7 +43,9 @@ def _leave_process_group() -> None:
     gloo's worker threads torn down during finalization abort the process (SIGABRT, "terminate called
     without an active exception") after the work is done, and torchrun then reports the run as failed."""
     dist = sys.modules.get("torch.distributed")  # never import torch just to check
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    # Still half-imported when a run fails while a model loads on a background thread: nothing joined.
+    is_initialized = getattr(dist, "is_initialized", None)
+    if is_initialized is not None and dist.is_available() and is_initialized():
         dist.destroy_process_group()
 
 
