@@ -53,7 +53,7 @@ class ClipRun:
         return self.summary["errors"] > 0
 
 
-def build_stages(cfg, out: Path, sources: int = 1) -> list[Stage]:
+def build_stages(cfg, out: Path, sources: int) -> list[Stage]:
     """The clip pipeline for these settings and this many sources to do (the embedding stage only when
     embeddings are on)."""
     samples = cfg.embed_frames if cfg.embed else 0
