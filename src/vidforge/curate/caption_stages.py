@@ -8,9 +8,9 @@ that preloads it) start fast.
 
 Models load in `AnnotateStage.setup` (a `slow_setup`: on a background thread of the driver, while the
 decode workers start on the first clips). With the local executor the stage runs on a thread of the
-driver, so the driver's `setup` loads the one copy that serves every batch. With Ray the stage runs in actors:
-the driver's copy only checks (`load_models=False`), and each actor's unpickled copy loads its own
-models (a pickled stage never carries a model)."""
+driver, so the driver's `setup` loads the one copy that serves every batch. With Ray the stage runs in
+actors: the driver's copy only checks (`load_models=False`), and each actor's unpickled copy loads its
+own models (a pickled stage never carries a model)."""
 
 from __future__ import annotations
 
