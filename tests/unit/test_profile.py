@@ -81,7 +81,8 @@ def test_pp_times_vpp_must_divide_layers(tmp_path: Path) -> None:
 
 
 def test_interleaved_schedule_needs_vpp(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, {"parallel": {"pp_schedule": "interleaved-1f1b"}})
+    parallel = {"pp": 2, "pp_schedule": "interleaved-1f1b"}
+    msg = error_of(tmp_path, {"cluster": {"cpu_processes": 2}, "model": {"layers": 2}, "parallel": parallel})
     assert msg.endswith("parallel.pp_schedule: interleaved-1f1b needs parallel.vpp >= 2; set vpp or use 1f1b")
 
 

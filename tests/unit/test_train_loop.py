@@ -18,7 +18,8 @@ from vidforge.cli.app import app  # noqa: E402
 from vidforge.errors import UserInputError  # noqa: E402
 from vidforge.infer import run as infer_run  # noqa: E402
 from vidforge.train import loop  # noqa: E402
-from vidforge.train.step import MicroLoss  # noqa: E402
+from vidforge.train.loss import MicroLoss  # noqa: E402
+from vidforge.train.step import LocalTrainStep  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_run_logs_every_step_checkpoints_and_exports(trained) -> None:
 
 def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_path, monkeypatch) -> None:
     # A run "killed" right after its step-3 checkpoint: stop it there by raising from the step after.
-    real = loop.micro_batch_loss
+    real = LocalTrainStep.forward
     calls = {"n": 0}
 
     def dies_at_step_4(*args, **kwargs):
@@ -52,10 +53,10 @@ def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_pat
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "micro_batch_loss", dies_at_step_4)
+    monkeypatch.setattr(LocalTrainStep, "forward", dies_at_step_4)
     with pytest.raises(KeyboardInterrupt):
         loop.run(train_profile(), [latents], tmp_path)
-    monkeypatch.setattr(loop, "micro_batch_loss", real)
+    monkeypatch.setattr(LocalTrainStep, "forward", real)
     with pytest.raises(UserInputError, match="pass --resume"):
         loop.run(train_profile(), [latents], tmp_path)
     summary = loop.run(train_profile(), [latents], tmp_path, resume=True)
@@ -64,27 +65,27 @@ def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_pat
 
 
 def _poisoned(at_call: int):
-    real = loop.micro_batch_loss
+    real = LocalTrainStep.forward
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         out = real(*args, **kwargs)
         if calls["n"] == at_call:
-            return MicroLoss(out.loss * float("nan"), out.sigma, out.per_sample, out.tokens)
+            return MicroLoss(out.loss * float("nan"), out.level, out.per_sample, out.tokens)
         return out
 
     return poisoned
 
 
 def test_nan_loss_stops_with_a_clear_message(latents, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(loop, "micro_batch_loss", _poisoned(2))
+    monkeypatch.setattr(LocalTrainStep, "forward", _poisoned(2))
     with pytest.raises(loop.TrainingDiverged, match=r"step 1: loss nan.*train.nan_policy=skip"):
         loop.run(train_profile(), [latents], tmp_path)
 
 
 def test_nan_loss_is_skipped_by_setting(latents, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(loop, "micro_batch_loss", _poisoned(2))
+    monkeypatch.setattr(LocalTrainStep, "forward", _poisoned(2))
     summary = loop.run(train_profile("train.nan_policy=skip"), [latents], tmp_path)
     assert summary.skipped_steps == 1 and summary.last_step == 6 and math.isfinite(summary.final_loss)
 

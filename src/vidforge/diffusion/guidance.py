@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 import torch
 
-from vidforge.diffusion.edm import EDM
 from vidforge.diffusion.samplers import Denoiser
 
 BatchedDenoiser = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -68,29 +67,3 @@ def parallel_classifier_free_guidance(batched: BatchedDenoiser, scale: float, gr
         return uncond_out + scale * (cond_out - uncond_out)
 
     return denoise
-
-
-def model_denoiser(
-    model: Callable[..., torch.Tensor],
-    edm: EDM,
-    text: torch.Tensor,
-    text_mask: torch.Tensor | None = None,
-    guidance: float = 1.0,
-) -> Denoiser:
-    """The guided EDM denoiser of a model with vidforge's forward signature
-    `model(x, noise_level, text, text_mask, drop_text=...)`, for a plain batch of latents
-    (B, C, T, H, W) captioned by text (B, L, text_dim). Runs the model in its parameter dtype."""
-    dtype = next(model.parameters()).dtype if hasattr(model, "parameters") else text.dtype
-
-    def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
-        repeats = x.shape[0] // text.shape[0]
-        texts = text.repeat(repeats, 1, 1)
-        masks = text_mask.repeat(repeats, 1) if text_mask is not None else None
-        per_sample = sigma.reshape(()).expand(x.shape[0])
-
-        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
-            return model(x_in.to(dtype), c_noise.to(dtype), texts.to(dtype), masks, drop_text=uncond)
-
-        return edm.denoise(network, x, per_sample)
-
-    return classifier_free_guidance(batched, guidance)

@@ -187,7 +187,7 @@ def run(
     the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S (default:
     the profile's infer.scalefusion_*).
     `log(message)` is told the plan of a parallel run."""
-    from vidforge.parallel.dims import init_distributed
+    from vidforge.parallel.runtime import init_runtime
 
     if not prompts or any(not p.strip() for p in prompts):
         raise UserInputError(
@@ -195,8 +195,9 @@ def run(
         )
     export = find_export(checkpoint)
     prof = checkpoint_profile(export, overrides, profile)
-    device = "cuda" if prof.cluster.accelerator.kind == "cuda" and torch.cuda.is_available() else "cpu"
-    rank, world = init_distributed(device)
+    # a checkpoint trained on GPUs still samples on a machine without one
+    runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
+    rank, world, device = runtime.rank, runtime.world, str(runtime.device)
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
     encoder = build_text_encoder(prof)

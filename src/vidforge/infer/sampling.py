@@ -1,4 +1,4 @@
-"""From caption embeddings to latents: the EDM denoiser of a DiT under classifier-free guidance, driven by
+"""From caption embeddings to latents: the objective's denoiser of a DiT under classifier-free guidance, driven by
 the profile's sampler. Shared by `vidforge infer` and the training loop's validation samples."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from vidforge.diffusion import EDM, classifier_free_guidance, sample
-from vidforge.diffusion.guidance import parallel_classifier_free_guidance
+from vidforge.diffusion import build_objective, classifier_free_guidance, sample
+from vidforge.diffusion.guidance import BatchedDenoiser, parallel_classifier_free_guidance
 from vidforge.profile import RunProfile
 
 
@@ -58,12 +58,29 @@ def guided_denoiser(
     cfg_group=None,
     dtype: torch.dtype = torch.float32,
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The sampler's denoiser D(x; sigma) for captions `text` (B, L, D): EDM preconditioning around
+    """The sampler's denoiser D(x; sigma): `batched_denoiser` under classifier-free guidance (in one
+    batch, or over `cfg_group`'s two ranks)."""
+    batched = batched_denoiser(network_fn, profile, text, text_mask, negative, dtype)
+    if cfg_group is not None:
+        return parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
+    return classifier_free_guidance(batched, profile.diffusion.guidance)
+
+
+def batched_denoiser(
+    network_fn: Callable[..., torch.Tensor],
+    profile: RunProfile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> BatchedDenoiser:
+    """D(x, sigma, uncond) for captions `text` (B, L, D): the objective's preconditioning around
     `network_fn(x, noise_level, text, text_mask, drop_text=...)` (the model, or a parallel forward of it)
-    evaluated in `dtype`, under classifier-free guidance (in one batch, or over `cfg_group`'s two ranks).
-    x may be whole latents or a rank's tokens: everything here is per sample or elementwise."""
+    evaluated in `dtype`. Row i of x is sample i % B; rows marked `uncond` are denoised with the negative
+    caption if there is one, else the model's null caption. x may be whole latents or a rank's tokens:
+    everything here is per sample or elementwise."""
     device = text.device
-    edm = EDM.from_profile(profile.diffusion)
+    objective = build_objective(profile.diffusion)
     b = text.shape[0]
     text, text_mask = text.to(device, dtype), text_mask.to(device)
     if negative is not None:
@@ -74,8 +91,6 @@ def guided_denoiser(
         neg_text, neg_mask = _pad(neg_text, length), _pad_mask(neg_mask, length)
 
     def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
-        # Row i is sample i % b; unconditional rows take the negative caption if there is one, else the
-        # model's null caption (drop_text). Works for [cond; uncond] in one batch and for one branch.
         rows = x.shape[0]
         texts, masks = text.repeat(rows // b, 1, 1), text_mask.repeat(rows // b, 1)
         if negative is not None:
@@ -90,11 +105,9 @@ def guided_denoiser(
         def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
             return network_fn(x_in.to(dtype), c_noise.to(dtype), texts, masks, drop_text=drop).float()
 
-        return edm.denoise(network, x, per_sample)
+        return objective.denoise(network, x, per_sample)
 
-    if cfg_group is not None:
-        return parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
-    return classifier_free_guidance(batched, profile.diffusion.guidance)
+    return batched
 
 
 def _pad(text: torch.Tensor, length: int) -> torch.Tensor:

@@ -31,6 +31,7 @@ from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, r
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
 from vidforge.data.units import UnitLedger
 from vidforge.errors import UserInputError
+from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer, frames_to_tensor, tensor_to_frames
 
 CARRIED = ("text_emb.npy", "text_mask.npy", "txt")
@@ -180,21 +181,20 @@ def _done(value: Any) -> Future:
 
 
 @contextmanager
-def _process_group() -> Iterator[tuple[int, int]]:
-    """(rank, world) of this process; under torchrun, joins a gloo group for the barrier and the gather and
-    leaves it on the way out. A group left to interpreter exit can abort the process after the work is done
-    (gloo's threads are torn down while still joinable: "terminate called without an active exception")."""
+def _runtime(profile: Any) -> Iterator[Runtime]:
+    """This process's runtime (device from tokenizer.device: `cuda:LOCAL_RANK` under torchrun); a process
+    group it starts is left on the way out. A group left to interpreter exit can abort the process after
+    the work is done (gloo's threads are torn down while still joinable: "terminate called without an
+    active exception")."""
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if world <= 1 or dist.is_initialized():
-        yield (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        return
-    dist.init_process_group("gloo")
+    started = not dist.is_initialized()
+    runtime = init_runtime(profile, device=profile.tokenizer.device)
     try:
-        yield dist.get_rank(), dist.get_world_size()
+        yield runtime
     finally:
-        dist.destroy_process_group()
+        if started and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _barrier(world: int) -> None:
@@ -232,8 +232,12 @@ def run(
         )
     if out.resolve() == shards_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
-    with _process_group() as (rank, world):
-        return _tokenize_share(profile, index, shards_dir, out, tokenizer, on_shard, rank, world)
+    with _runtime(profile) as runtime:
+        if tokenizer is None:
+            tokenizer = build_tokenizer(profile, str(runtime.device))
+        return _tokenize_share(
+            profile, index, shards_dir, out, tokenizer, on_shard, runtime.rank, runtime.world
+        )
 
 
 def _tokenize_share(
@@ -241,17 +245,12 @@ def _tokenize_share(
     index: ShardIndex,
     shards_dir: Path,
     out: Path,
-    tokenizer: VideoTokenizer | None,
+    tokenizer: VideoTokenizer,
     on_shard: Callable[[dict[str, Any], int], None] | None,
     rank: int,
     world: int,
 ) -> TokenizeSummary:
     """This rank's shards (rank::world) into `out`; rank 0 writes the index once every rank is done."""
-    if tokenizer is None:
-        device = None
-        if torch.cuda.is_available() and profile.tokenizer.device == "auto":
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
-        tokenizer = build_tokenizer(profile, device)
     started = time.perf_counter()
     ledger = UnitLedger(out)
     if rank == 0:
