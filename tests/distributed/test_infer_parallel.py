@@ -99,8 +99,8 @@ def _cfg_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     from vidforge.diffusion import EDM
-    from vidforge.diffusion.guidance import parallel_classifier_free_guidance
     from vidforge.infer.sampling import sample_latents
+    from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
 
     model = _tiny_model()
     text, mask, negative = _captions()

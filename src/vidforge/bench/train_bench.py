@@ -174,6 +174,8 @@ def run(profile: RunProfile) -> TrainBenchResult:
         measured = step.measure_memory()
         peak_bytes = sum(measured.values())
         method = "CPU: local parameter/gradient/optimizer/EMA shards + bytes autograd saved in a forward"
+        if step.parts.pipeline is not None:
+            method = "CPU: local parameter/gradient/optimizer/EMA shards (activations not measured under pp)"
     predicted = estimate_memory(profile, step.dims.layout, step.workload)
     measured_terms = ("parameters", "gradients", "optimizer", "ema", "activations", "weight copies")
     comparable = sum(predicted.get(name) for name in measured_terms)

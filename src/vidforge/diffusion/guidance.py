@@ -1,10 +1,7 @@
 """Classifier-free guidance (Ho & Salimans 2022): D = D_uncond + w (D_cond - D_uncond), with the
 conditional and unconditional halves evaluated in one batch. The unconditional branch is the same
 model given its learned null caption (`drop_text`), which training taught it through caption dropout.
-
-CFG-parallel (`parallel_classifier_free_guidance`): the two branches on two ranks instead of one
-doubled batch; each rank runs its branch, the two answers are exchanged with one all-gather, and both
-ranks mix them identically, so every rank of the pair carries the same sample through the sampler."""
+CFG-parallel, the two branches on two ranks, is `vidforge.parallel.cfg_parallel`."""
 
 from __future__ import annotations
 
@@ -30,39 +27,6 @@ def classifier_free_guidance(batched: BatchedDenoiser, scale: float) -> Denoiser
             return batched(x, sigma, torch.zeros(b, dtype=torch.bool, device=x.device))
         uncond = torch.arange(2 * b, device=x.device) >= b
         both = batched(torch.cat([x, x]), sigma, uncond)
-        cond_out, uncond_out = both[:b], both[b:]
-        return uncond_out + scale * (cond_out - uncond_out)
-
-    return denoise
-
-
-def parallel_classifier_free_guidance(batched: BatchedDenoiser, scale: float, group) -> Denoiser:
-    """CFG-parallel: like `classifier_free_guidance`, but the conditional branch runs on rank 0 of the
-    two-rank process `group` and the unconditional branch on rank 1 (each with the batch x itself, not
-    doubled); one all-gather exchanges the answers and both ranks mix them in the same order, so both
-    return the same tensor. Every rank of the group must call the returned denoiser with the same x and
-    sigma (a sampler seeded alike on both does). scale 1 needs no unconditional branch: use
-    `classifier_free_guidance` then."""
-    import torch.distributed as dist
-
-    if scale < 0:
-        raise ValueError(f"diffusion.guidance must be >= 0, got {scale}")
-    if scale == 1.0:
-        raise ValueError(
-            "CFG-parallel needs an unconditional branch: diffusion.guidance is 1; run on one rank per sample"
-        )
-    size = dist.get_world_size(group)
-    if size != 2:
-        raise ValueError(f"CFG-parallel runs the two guidance branches on 2 ranks, got a group of {size}")
-    branch = dist.get_rank(group)  # 0: conditional, 1: unconditional
-    # torch 2.14 renamed all_gather_into_tensor to all_gather_single; the GPU machines run older torch.
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-    def denoise(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        b = x.shape[0]
-        mine = batched(x, sigma, torch.full((b,), bool(branch), dtype=torch.bool, device=x.device))
-        both = torch.empty((2 * b, *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
-        gather(both, mine.detach().contiguous(), group=group)  # inference only: no autograd through it
         cond_out, uncond_out = both[:b], both[b:]
         return uncond_out + scale * (cond_out - uncond_out)
 

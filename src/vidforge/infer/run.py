@@ -8,7 +8,7 @@ Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts
   ranks (CFG-parallel), so N = 2 needs no sequence split at all;
 - the ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's overlapped
   spatial/temporal all-to-alls, any other model with context-parallel denoising
-  (`vidforge.parallel.context_parallel.sample_latents_cp`: all-gather CP for a DiT, st-hybrid for a
+  (`vidforge.infer.sampling.sample_latents_cp`: all-gather CP for a DiT, st-hybrid for a
   parallel ST-DiT).
 Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 
@@ -145,7 +145,8 @@ def _parallel_sampler(model, prof: RunProfile, plan: InferPlan, device: str, sli
     cfg_group = mesh["cfg"].get_group() if plan.cfg == 2 else None
     sp_group = mesh["sp"].get_group()
     if plan.method == "context-parallel":
-        from vidforge.parallel.context_parallel import apply_cp, sample_latents_cp
+        from vidforge.infer.sampling import sample_latents_cp
+        from vidforge.parallel.context_parallel import apply_cp
         from vidforge.parallel.stdit_parallel import apply_st_hybrid
 
         if model.config.architecture == "stdit":

@@ -1,4 +1,4 @@
-"""From caption embeddings to latents: the objective's denoiser of a DiT under classifier-free guidance, driven by
+"""From caption embeddings to latents, in one process or with the tokens split over context-parallel ranks: the objective's denoiser of a DiT under classifier-free guidance, driven by
 the profile's sampler. Shared by `vidforge infer` and the training loop's validation samples."""
 
 from __future__ import annotations
@@ -9,7 +9,16 @@ import torch
 from torch import nn
 
 from vidforge.diffusion import build_objective, classifier_free_guidance, sample
-from vidforge.diffusion.guidance import BatchedDenoiser, parallel_classifier_free_guidance
+from vidforge.diffusion.guidance import BatchedDenoiser
+from vidforge.models.patchify import patchify, token_grid, unpatchify
+from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
+from vidforge.parallel.context_parallel import (
+    ContextParallelAttend,
+    CpGroup,
+    cp_process_group,
+    gather_row,
+    shard_of,
+)
 from vidforge.profile import RunProfile
 
 
@@ -116,3 +125,48 @@ def _pad(text: torch.Tensor, length: int) -> torch.Tensor:
 
 def _pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(mask, (0, length - mask.shape[1]), value=False)
+
+
+@torch.no_grad()
+def sample_latents_cp(
+    model: nn.Module,
+    profile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    seeds: Sequence[int],
+    latent_shape: Sequence[int],
+    cp_mesh: CpGroup,
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    cfg_group: CpGroup | None = None,
+) -> torch.Tensor:
+    """`sample_latents` with the latent token sequence split over the cp ranks
+    (NeMo's context-parallel denoising): every rank draws the same initial noise, keeps its tokens, runs
+    the sampler on them (EDM preconditioning, guidance and the Heun/RES updates are elementwise per
+    token, so each rank steps its own shard) with the model evaluated context-parallel, and the
+    latents are gathered at the end. Returns (B, C, T, H, W) on every rank. `model` must have had
+    `apply_cp` installed on the same group. Deterministic samplers give the single-process latents;
+    with diffusion.churn > 0 each rank draws its churn noise from its own generator (seed, rank), a
+    valid but different noise stream. With `cfg_group` (two ranks holding the same cp shard, e.g. a
+    (cfg 2, cp n) mesh's "cfg" dimension) the conditional and unconditional branches run on its two
+    ranks, as in `sample_latents(cfg_group=...)`."""
+    if not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
+        raise ValueError(
+            "sample_latents_cp needs a context-parallel model: call apply_cp(model, cp_mesh, impl)"
+        )
+    group = cp_process_group(cp_mesh)
+    cfg = model.config
+    param = next(model.parameters())
+    device = param.device
+    shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group)
+
+    def forward(x, noise_level, texts, masks, drop_text):
+        return model(x, noise_level, texts, masks, drop_text=drop_text, shard=shard)
+
+    cfg_pg = cp_process_group(cfg_group) if cfg_group is not None else None
+    denoiser = guided_denoiser(forward, profile, text.to(device), text_mask, negative, cfg_pg, param.dtype)
+    noise = shard.split(patchify(initial_noise(seeds, latent_shape), cfg.patch).to(device))
+    generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
+    local = sample(denoiser, noise, profile.diffusion, generator=generator)
+    tokens = gather_row(local, shard, group)
+    return unpatchify(tokens, shard.grid, cfg.patch, cfg.in_channels)
