@@ -23,6 +23,7 @@ import numpy as np
 from vidforge.data.buckets import bucket_label, frame_bucket, resolution_bucket
 from vidforge.data.manifest import read_jsonl, stable_id, write_jsonl
 from vidforge.data.media import MediaError, media_kind, probe
+from vidforge.data.paths import UnsafePath, inside
 from vidforge.data.shard_index import write_index
 from vidforge.data.shard_writer import ShardWriter, json_bytes, member_bytes, npy_bytes, safe_key
 from vidforge.data.split import split_of
@@ -126,7 +127,11 @@ def plan_shards(
         if key in seen:
             errors.append({"clip_id": raw_key, "media": media, "reason": f"duplicate key {key}"})
             continue
-        path = annotated_dir / media
+        try:
+            path = inside(annotated_dir, media, "media")
+        except UnsafePath as err:
+            errors.append({"clip_id": raw_key, "media": media, "reason": str(err)})
+            continue
         kind = media_kind(path, cfg.image_extensions)
         try:
             if not path.is_file():

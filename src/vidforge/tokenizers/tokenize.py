@@ -26,6 +26,7 @@ import torch
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resolution_bucket
 from vidforge.data.media import MediaError, media_kind, read_media
+from vidforge.data.paths import UnsafePath, inside, plain_name
 from vidforge.data.shard_index import ShardEntry, ShardIndex, read_index, write_index
 from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
@@ -263,15 +264,18 @@ def _tokenize_share(
     with ThreadPoolExecutor(workers, thread_name_prefix="vf-decode") as pool:
         for entry in shards[rank::world]:
             unit = f"{entry.name}#{entry.sha256}"
-            path = out / entry.name
+            try:  # the name comes from the input's index: it may only name a file inside each folder
+                path = inside(out, plain_name(entry.name, "shard name"), "shard name")
+                in_path = index.path(entry)
+            except UnsafePath as err:
+                summary.errors.append({"shard": entry.name, "reason": str(err)})
+                continue
             result = done.get(unit)
             if result is not None and path.is_file() and path.stat().st_size == result["bytes"]:
                 summary.skipped += 1
             else:
                 try:
-                    result, errors, encode_s = tokenize_shard(
-                        index.path(entry), entry, path, tokenizer, profile, pool
-                    )
+                    result, errors, encode_s = tokenize_shard(in_path, entry, path, tokenizer, profile, pool)
                 except ShardError as err:
                     summary.errors.append({"shard": entry.name, "reason": str(err)})
                     continue
