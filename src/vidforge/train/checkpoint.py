@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from vidforge.data.manifest import atomic_path
+from vidforge.train import safe_dcp
 from vidforge.train.ema import EMA, Modules, as_module_list
 
 MARKER = "COMPLETE"
@@ -177,7 +178,7 @@ class CheckpointManager:
         tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if ema is not None:
             tensors["ema"] = ema.state_dict()
-        dcp.load(tensors, checkpoint_id=str(path))
+        safe_dcp.load(tensors, path)  # a checkpoint is data: resuming must not run its pickles
         for (module, optimizer), (model_keys, optim_keys) in zip(
             _pairs(modules, optimizers), keys, strict=True
         ):
