@@ -117,7 +117,9 @@ def run(
             )
         if items:
             seconds_in += _plan_of(items[0]).info.duration_s
-        ledger.commit(source, records, [{"source": source, **e} for e in errors])
+        # A failure that is not the source's own fault (a worker died, a file vanished) is redone next run.
+        retry = any(e.pop("retry", False) for e in errors)
+        ledger.commit(source, records, [{"source": source, **e} for e in errors], retry=retry)
 
     if on_start is not None:
         on_start(

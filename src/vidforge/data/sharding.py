@@ -235,14 +235,14 @@ def run(
         )
     if out.resolve() == annotated_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
+    ledger = UnitLedger(out)
+    ledger.recover()  # the folder's lock first: a busy folder is refused before the encoder loads
     if encoder is None:
         from vidforge.text import build_text_encoder
 
         encoder = build_text_encoder(profile)
     started = time.perf_counter()
     shards, errors = plan_shards(annotated_dir, profile, (encoder.max_length, encoder.width))
-    ledger = UnitLedger(out)
-    ledger.recover()
     done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
     summary = ShardSummary(shards=len(shards), out=str(out), errors=errors, rejected=len(errors))
     entries = []

@@ -234,6 +234,11 @@ def run(
     if out.resolve() == shards_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
     with _runtime(profile) as runtime:
+        # The folder's lock first (rank 0, for all ranks; held while `owner` lives, to the end of the run):
+        # a busy folder is refused before the tokenizer loads.
+        owner = UnitLedger(out)
+        if runtime.rank == 0:
+            owner.recover()
         if tokenizer is None:
             tokenizer = build_tokenizer(profile, str(runtime.device))
         return _tokenize_share(
@@ -252,10 +257,8 @@ def _tokenize_share(
     world: int,
 ) -> TokenizeSummary:
     """This rank's shards (rank::world) into `out`; rank 0 writes the index once every rank is done."""
+    ledger = UnitLedger(out)  # `run` holds the folder's lock
     started = time.perf_counter()
-    ledger = UnitLedger(out)
-    if rank == 0:
-        ledger.recover()
     _barrier(world)
     done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
     shards = sorted(index.shards, key=lambda s: s.name)

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from vidforge.data.folder_lock import FolderLock
 from vidforge.data.manifest import atomic_path
 from vidforge.train import safe_dcp
 from vidforge.train.ema import EMA, Modules, as_module_list
@@ -110,6 +111,8 @@ class CheckpointManager:
     """Saves and finds checkpoints of one run directory."""
 
     def __init__(self, run_dir: str | Path, keep: int = 3, use_async: bool = False):
+        # One training run writes a run directory at a time (rank 0 holds the lock for all its ranks).
+        self._lock = FolderLock(run_dir) if _rank() == 0 else None
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
         self.use_async = use_async
