@@ -174,6 +174,8 @@ def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
         "stitched": p.stitched > 1,
         "shots": p.stitched,
         "source_fps": float(p.info.fps),
+        # The clip is at a constant `fps`: a variable-rate source's frames were re-timed to it.
+        "source_variable_rate": p.info.variable_rate,
         "source_width": p.info.width,
         "source_height": p.info.height,
         "_embedding": None if r.embedding is None else [float(x) for x in r.embedding],
