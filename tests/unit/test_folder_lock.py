@@ -127,3 +127,37 @@ def test_a_failure_not_of_the_input_is_retried_by_the_next_run(tmp_path):
     ledger.commit("fine.mp4", [{"clip_id": "c"}])  # the next run redid it
     assert ledger.is_done("fine.mp4")
     assert sorted(e["kind"] for e in ledger.entries()) == ["error", "record"]
+
+
+def test_two_concurrent_clip_runs_end_with_every_clip_of_one_run(tmp_path, sample_videos):
+    """The reported case: two `vidforge clip` runs started together on one folder. One is refused at once
+    (exit 2, one line); the other makes every clip, and a later run finds nothing left to do."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("red_square.mp4", "motion_fast.mp4", "motion_slow.mp4"):
+        (inputs / name).write_bytes((sample_videos / name).read_bytes())
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "vidforge.cli.app", "clip", str(inputs), "-o", str(out)]
+    cmd += ["--set", "curation.embed=false", "--set", "curation.decode_workers=1"]
+    env = {**os.environ, "PYTHONPATH": SRC}
+    runs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    codes = [p.wait(timeout=120) for p in runs]
+    assert sorted(codes) == [0, 2], [p.stderr.read() for p in runs]
+    winner, loser = runs if codes[0] == 0 else runs[::-1]
+    assert loser.stderr.read().strip().splitlines() == [
+        f"error: {out}: vidforge pid {winner.pid} is writing this folder; wait for it to finish or pass "
+        "another output folder"
+    ]
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert len(manifest) >= 3 and all((out / r["path"]).is_file() for r in manifest)
+    assert (out / "errors.jsonl").read_text() == ""
+    again = CliRunner().invoke(
+        app, ["--json", "clip", str(inputs), "-o", str(out), "--set", "curation.embed=false"]
+    )
+    assert again.exit_code == 0, again.output
+    summary = next(json.loads(line) for line in again.stdout.splitlines() if '"result"' in line)
+    assert summary["sources_skipped"] == 3
+    assert [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()] == manifest
