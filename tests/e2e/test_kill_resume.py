@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from vidforge.curate import caption
-from vidforge.data.manifest import stable_id, write_jsonl
 from vidforge.data.sharding import run as shard_run
-from vidforge.data.testing import make_annotated_dir
+from vidforge.data.testing import SMALL_SHARD_SETS, make_annotated_dir, make_clips_dir
 from vidforge.profile import load_profile
 from vidforge.tokenizers.tokenize import run as tokenize_run
 
@@ -32,15 +30,7 @@ OPT_IN = pytest.mark.skipif(
     reason="~35 s: set VIDFORGE_TEST_KILL_RESUME=1 to kill and resume shard and caption too",
 )
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-DATA_SETS = [
-    "data.buckets=[[48,64],[64,48],[64,64]]",
-    "data.frame_buckets=[1,5,9]",
-    "data.shard_max_samples=1",
-    "data.val_fraction=0",
-    "text_encoder.max_length=16",
-    "tokenizer.spatial_compression=4",
-    "tokenizer.prefetch=1",
-]
+DATA_SETS = [*SMALL_SHARD_SETS, "tokenizer.prefetch=1"]
 CAPTION_SETS = [
     "curation.caption.backend=sidecar",
     "curation.caption.random_weights=true",
@@ -129,28 +119,8 @@ def test_tokenize_killed_and_rerun_equals_an_uninterrupted_run(annotated, tmp_pa
 
 @pytest.fixture(scope="module")
 def clips_dir(tmp_path_factory, sample_videos, sample_truth) -> Path:
-    """A stand-in for a `vidforge clip` output: each sample video whole as one clip."""
-    root = tmp_path_factory.mktemp("clips")
-    (root / "clips").mkdir()
-    records = []
-    for truth in sample_truth.values():
-        source = sample_videos / truth["file"]
-        cid = stable_id(source, 0, truth["frames"])
-        shutil.copy(source, root / "clips" / f"{cid}.mp4")
-        records.append(
-            {
-                "clip_id": cid,
-                "source": str(source),
-                "start_frame": 0,
-                "end_frame": truth["frames"],
-                "start_s": 0.0,
-                "end_s": truth["seconds"],
-                "fps": truth["fps"],
-                "media": f"clips/{cid}.mp4",
-            }
-        )
-    write_jsonl(root / "manifest.jsonl", records)
-    return root
+    videos = {sample_videos / t["file"]: t for t in sample_truth.values()}
+    return make_clips_dir(tmp_path_factory.mktemp("clips"), videos)
 
 
 @OPT_IN

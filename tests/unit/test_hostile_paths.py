@@ -15,18 +15,11 @@ from vidforge.data.loader import ShardLoader
 from vidforge.data.manifest import read_jsonl, write_jsonl
 from vidforge.data.paths import UnsafePath, inside
 from vidforge.data.sharding import run as shard_run
-from vidforge.data.testing import make_annotated_dir, make_latent_shards
+from vidforge.data.testing import SMALL_SHARD_SETS, make_annotated_dir, make_latent_shards
 from vidforge.profile import load_profile
 from vidforge.tokenizers.tokenize import run as tokenize_run
 
-SETS = [
-    "data.buckets=[[48,64],[64,48],[64,64]]",
-    "data.frame_buckets=[1,5,9]",
-    "data.shard_max_samples=1",
-    "data.val_fraction=0",
-    "text_encoder.max_length=16",
-    "tokenizer.spatial_compression=4",
-]
+SETS = list(SMALL_SHARD_SETS)
 
 
 @pytest.fixture(scope="module")
