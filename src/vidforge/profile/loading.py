@@ -79,7 +79,8 @@ def validate_profile(
     try:
         return RunProfile.model_validate(data)
     except ValidationError as err:
-        problems = [_format_one(e) for e in err.errors(include_url=False)]
+        # One error may hold several `field: message` problems joined by "; " (the layout rulebook's).
+        problems = [p for e in err.errors(include_url=False) for p in _PROBLEMS.split(_format_one(e))]
         raise ProfileError(_attribute(problems, where, overrides)) from None
 
 
@@ -127,6 +128,7 @@ def _expand_accelerator(name: str) -> dict[str, Any]:
     return {"name": name, **KNOWN_ACCELERATORS.get(name, {})}
 
 
+_PROBLEMS = re.compile(r"; (?=[a-z_][a-z0-9_.]*: )")
 _SUBPATH = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*): (.*)$", re.S)
 
 
