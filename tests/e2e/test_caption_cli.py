@@ -17,7 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.data.manifest import stable_id, write_jsonl
+from vidforge.data.manifest import read_jsonl, stable_id, write_jsonl
+from vidforge.data.testing import make_clips_dir
 
 runner = CliRunner()
 NAMES = ["red_square", "motion_static", "motion_slow", "motion_fast", "fade_text"]
@@ -39,29 +40,10 @@ SETTINGS = [
 @pytest.fixture
 def clips_dir(tmp_path, sample_videos, sample_truth):
     """A stand-in for a `vidforge clip` output: each sample video whole as one clip, plus a corrupt one."""
-    root = tmp_path / "clips_run"
-    (root / "clips").mkdir(parents=True)
-    records = []
-    for name in NAMES:
-        truth = sample_truth[name]
-        source = sample_videos / truth["file"]
-        cid = stable_id(source, 0, truth["frames"])
-        shutil.copy(source, root / "clips" / f"{cid}.mp4")
-        records.append(
-            {
-                "clip_id": cid,
-                "source": str(source),
-                "start_frame": 0,
-                "end_frame": truth["frames"],
-                "start_s": 0.0,
-                "end_s": truth["seconds"],
-                "fps": truth["fps"],
-                "width": truth["width"],
-                "height": truth["height"],
-                "frames": truth["frames"],
-                "media": f"clips/{cid}.mp4",
-            }
-        )
+    root = make_clips_dir(
+        tmp_path / "clips_run", {sample_videos / sample_truth[n]["file"]: sample_truth[n] for n in NAMES}
+    )
+    records = read_jsonl(root / "manifest.jsonl")
     bad = stable_id("broken", 0, 10)
     (root / "clips" / f"{bad}.mp4").write_bytes(b"not a video at all")
     records.append(

@@ -139,3 +139,22 @@ def test_sampling_with_guidance_uses_both_branches(trained) -> None:
     guided = sample_latents(model, train_profile("diffusion.guidance=3"), text, mask, [0], LATENT_SHAPE)
     plain = sample_latents(model, train_profile("diffusion.guidance=1"), text, mask, [0], LATENT_SHAPE)
     assert guided.shape == (1, *LATENT_SHAPE) and not torch.equal(guided, plain)
+
+
+def test_resume_past_a_torn_metrics_line(latents, tmp_path) -> None:
+    """Issue 23, point 7: a run killed while writing metrics.jsonl left a torn last line, which made every
+    later --resume fail with a bare JSONDecodeError. It is dropped (with a warning) and the run goes on."""
+    from train_fixtures import TRAIN_SETS
+
+    from vidforge.train.metrics import read_metrics
+
+    base = ["train", "--data", str(latents), "--run-dir", str(tmp_path)]
+    for s in [*TRAIN_SETS, "train.save_every=2"]:
+        base += ["--set", s]
+    first = CliRunner().invoke(app, [*base, "--set", "train.steps=2"])
+    assert first.exit_code == 0, first.output
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"grad_norm": 0.1, "lo')  # the killed step-3 write
+    resumed = CliRunner().invoke(app, [*base, "--set", "train.steps=3", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]

@@ -26,6 +26,7 @@ import torch
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resolution_bucket
 from vidforge.data.media import MediaError, media_kind, read_media
+from vidforge.data.paths import UnsafePath, inside, plain_name
 from vidforge.data.shard_index import ShardEntry, ShardIndex, read_index, write_index
 from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
@@ -233,6 +234,11 @@ def run(
     if out.resolve() == shards_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
     with _runtime(profile) as runtime:
+        # The folder's lock first (rank 0, for all ranks; held while `owner` lives, to the end of the run):
+        # a busy folder is refused before the tokenizer loads.
+        owner = UnitLedger(out)
+        if runtime.rank == 0:
+            owner.recover()
         if tokenizer is None:
             tokenizer = build_tokenizer(profile, str(runtime.device))
         return _tokenize_share(
@@ -251,10 +257,8 @@ def _tokenize_share(
     world: int,
 ) -> TokenizeSummary:
     """This rank's shards (rank::world) into `out`; rank 0 writes the index once every rank is done."""
+    ledger = UnitLedger(out)  # `run` holds the folder's lock
     started = time.perf_counter()
-    ledger = UnitLedger(out)
-    if rank == 0:
-        ledger.recover()
     _barrier(world)
     done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
     shards = sorted(index.shards, key=lambda s: s.name)
@@ -263,15 +267,18 @@ def _tokenize_share(
     with ThreadPoolExecutor(workers, thread_name_prefix="vf-decode") as pool:
         for entry in shards[rank::world]:
             unit = f"{entry.name}#{entry.sha256}"
-            path = out / entry.name
+            try:  # the name comes from the input's index: it may only name a file inside each folder
+                path = inside(out, plain_name(entry.name, "shard name"), "shard name")
+                in_path = index.path(entry)
+            except UnsafePath as err:
+                summary.errors.append({"shard": entry.name, "reason": str(err)})
+                continue
             result = done.get(unit)
             if result is not None and path.is_file() and path.stat().st_size == result["bytes"]:
                 summary.skipped += 1
             else:
                 try:
-                    result, errors, encode_s = tokenize_shard(
-                        index.path(entry), entry, path, tokenizer, profile, pool
-                    )
+                    result, errors, encode_s = tokenize_shard(in_path, entry, path, tokenizer, profile, pool)
                 except ShardError as err:
                     summary.errors.append({"shard": entry.name, "reason": str(err)})
                     continue

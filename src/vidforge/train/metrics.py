@@ -4,6 +4,7 @@ scalars when tensorboard is installed. Only rank 0 writes."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ from typing import Any
 import torch
 
 from vidforge.diffusion.objective import Objective
+from vidforge.errors import UserInputError
+
+log = logging.getLogger(__name__)
 
 
 class LossByLevel:
@@ -42,6 +46,31 @@ class LossByLevel:
         return {n: total / c for n, total, c in zip(self.names, self._sums, self._counts, strict=True) if c}
 
 
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl. A torn last line (a crash mid-write) is dropped with a warning; any
+    other damaged line is a user error naming the file and line."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    complete = lines[-1] == ""  # every record ends in a newline: a last line without one was cut short
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("no integer step")
+        except ValueError as err:
+            if number == len(lines) and not complete:
+                log.warning("%s:%d: dropped a torn last line (a run stopped while writing it)", path, number)
+                continue
+            raise UserInputError(
+                f"{path}:{number}: not a metrics record ({err}); fix or delete that line, then resume"
+            ) from None
+        records.append(record)
+    return records
+
+
 class MetricsLog:
     def __init__(self, run_dir: str | Path, enabled: bool, resume_step: int = 0):
         self.enabled = enabled
@@ -52,10 +81,8 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             # A resumed run rewrites the steps after its checkpoint: drop what the killed run logged past it.
-            kept = [
-                line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
+            self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         try:
             from torch.utils.tensorboard import SummaryWriter
 
