@@ -31,8 +31,11 @@ def review(
     from vidforge.review.build import run
 
     output = current_output()
-    with output.shard_progress("thumbnails") as advance:
-        result = run(run_dir, out, progress=lambda done, total: advance({"done": done}, total))
+    if not output.show_progress:  # no line per thumbnail in --json: 10,000 of them say nothing to cron
+        result = run(run_dir, out)
+    else:
+        with output.shard_progress("thumbnails") as advance:
+            result = run(run_dir, out, progress=lambda done, total: advance({}, total))
     output.result(
         {
             "page": result.page,

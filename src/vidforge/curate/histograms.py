@@ -54,12 +54,25 @@ def draw_histograms(
     names: dict[str, str],
     path: str | os.PathLike,
 ) -> bool:
-    """One panel per score in `names` that some record has a value for, with `limits[score]` marked.
-    Returns False (and writes nothing) when no score was measured at all."""
+    """`histogram_figure` as a PNG at `path`. Returns False (and writes nothing) when nothing was measured."""
+    fig = histogram_figure(records, limits, names)
+    if fig is None:
+        return False
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=80, format="png")
+    plt.close(fig)
+    return True
+
+
+def histogram_figure(records: list[dict[str, Any]], limits: dict[str, list[float]], names: dict[str, str]):
+    """One panel per score in `names` that some record has a value for, with `limits[score]` marked; None
+    when no score was measured at all."""
     measured = [(key, _values(records, key)) for key in names]
     measured = [(key, values) for key, values in measured if values]
     if not measured:
-        return False
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,10 +88,7 @@ def draw_histograms(
     kept = sum(bool(r.get("keep")) for r in records)
     fig.suptitle(f"{kept} of {len(records)} clips kept")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=80, format="png")
-    plt.close(fig)
-    return True
+    return fig
 
 
 def _panel(ax, values: list[float], limits: list[float], title: str) -> None:

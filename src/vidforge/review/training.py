@@ -45,6 +45,7 @@ def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     plots = []
     for stem, title, ylabel, patterns in PANELS:
@@ -66,6 +67,7 @@ def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]
             ax.set_ylim(bottom=0)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
