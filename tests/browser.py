@@ -150,6 +150,15 @@ class Browser:
             self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
         self.wait_for(f"document.body.dataset.rendered !== {json.dumps(before)}", timeout=5)
 
+    def choose(self, selector: str, value: str) -> None:
+        """Set a <select> or <input> to `value` as a user would (then it fires `change`)."""
+        before = self.js("document.body.dataset.rendered")
+        self.js(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.value = {json.dumps(value)};"
+            " e.dispatchEvent(new Event('change', {bubbles: true})); })()"
+        )
+        self.wait_for(f"document.body.dataset.rendered !== {json.dumps(before)}", timeout=5)
+
     def screenshot(self, path: Path, full_page: bool = True) -> bytes:
         params: dict[str, Any] = {"format": "png", "captureBeyondViewport": full_page}
         if full_page:

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from browser import Browser, chromium_or_skip  # noqa: E402
+from browser import Browser  # noqa: E402
 from curation_fixtures import SETTINGS, make_clips_dir  # noqa: E402
 from train_fixtures import make_latents, train_profile  # noqa: E402
 
@@ -28,14 +28,6 @@ runner = CliRunner()
 PNG = b"\x89PNG\r\n\x1a\n"
 PROMPTS = ["a red square moving right", "a blue circle"]
 ITEMS = "[...document.querySelectorAll('#items .item')]"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium = chromium_or_skip()
-    b = Browser(chromium)
-    yield b
-    b.close()
 
 
 def _review(run_dir: Path, *extra: str) -> Path:
@@ -89,6 +81,20 @@ def test_curation_page_lists_filters_and_sorts_the_clips(caption_run, browser, t
         shown = browser.js(f"{ITEMS}.map(r => r.dataset.id)")
         assert shown == [r["clip_id"] for r in manifest if reason in r["reasons"]] and shown
     browser.click('[data-filter="all"]')
+
+    # Filter by a score's range and by source.
+    browser.choose("#score-key", "motion")
+    browser.choose("#score-min", "0.1")
+    assert browser.js(f"{ITEMS}.map(r => r.dataset.id)") == [
+        r["clip_id"] for r in manifest if (r.get("motion") or 0) >= 0.1
+    ]
+    browser.choose("#score-key", "")
+    source = manifest[-1]["source"]
+    browser.choose("#source", source)
+    assert browser.js(f"{ITEMS}.map(r => r.dataset.id)") == [
+        r["clip_id"] for r in manifest if r["source"] == source
+    ]
+    browser.choose("#source", "")
 
     # Sort by a score: the manifest's clips in that score's order, those without it last; twice: descending.
     measured = [r for r in manifest if r.get("motion") is not None]

@@ -26,6 +26,7 @@ PLACEMENT = {
     "source_fps",
     "source_width",
     "source_height",
+    "embedding_row",
 }
 
 
@@ -73,7 +74,10 @@ def load(run_dir: Path, out: Path) -> Page:
         items = [_item(r, run_dir, True, []) for r in records]
         rejected = run_dir / "rejected.jsonl"
         for r in read_jsonl(rejected) if rejected.is_file() else []:
-            items.append(_item(r, run_dir, False, [str(r.get("reason") or r.get("stage") or "rejected")]))
+            # The stage is the reason to filter by; its message (with the measured value) is the detail.
+            item = _item(r, run_dir, False, [str(r.get("stage") or "rejected")])
+            item["detail"] = str(r.get("reason") or "")
+            items.append(item)
     scores = sorted({k for item in items for k in item["scores"]})
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}

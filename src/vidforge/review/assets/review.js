@@ -159,7 +159,8 @@ function mediaCell(item) {
 
 function status(item) {
   if (item.keep) return el("span", { class: "kept" }, "kept");
-  return (item.reasons.length ? item.reasons : ["rejected"]).map((r) => el("span", { class: "reason" }, r));
+  const reasons = (item.reasons.length ? item.reasons : ["rejected"]).map((r) => el("span", { class: "reason" }, r));
+  return [reasons, item.detail ? el("div", { class: "detail" }, item.detail) : null];
 }
 
 function clipRange(item) {
