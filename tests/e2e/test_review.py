@@ -75,6 +75,14 @@ def test_curation_page_lists_filters_and_sorts_the_clips(caption_run, browser, t
     assert _thumbs_loaded(browser) == decodable  # a frame strip for every clip that has frames
     assert browser.js("[...document.querySelectorAll('#plots img')].map(i => i.naturalWidth > 0)") == [True]
 
+    # A click on a clip's frames plays the clip itself (loaded only then).
+    assert browser.js("document.querySelectorAll('video').length") == 0
+    browser.js("document.querySelector('#items .item img').click()")
+    browser.wait_for(
+        "document.querySelector('#items video') && document.querySelector('#items video').readyState >= 1"
+    )
+    assert browser.js("document.querySelector('#items video').videoWidth") == manifest[0]["width"]
+
     # Filter by a reject reason: only the clips rejected for it.
     for reason in ("too_static", "error:decode"):
         browser.click(f'[data-filter="{reason}"]')

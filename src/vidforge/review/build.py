@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vidforge.data.manifest import stable_id
 from vidforge.errors import UserInputError
 from vidforge.review.page import Page, write_page
 from vidforge.review.thumbs import make_thumbs
@@ -57,9 +58,10 @@ def _load(kind: str, run_dir: Path, out: Path) -> Page:
     return load(run_dir, out)
 
 
-def _thumb_name(item_id: str, index: int) -> str:
-    # Ids come from data: keep file names tame (and inside thumbs/) whatever they hold.
-    return f"{index:06d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', item_id)[:60]}.jpg"
+def _thumb_name(item_id: str, media: Path) -> str:
+    # Named after the media file (stable when the manifest is reordered, so a later review reuses it);
+    # the id, made tame (it comes from data), only to help a human find it.
+    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', item_id)[:60]}_{stable_id(str(media.resolve()), length=10)}.jpg"
 
 
 def run(
@@ -76,12 +78,12 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     page = _load(kind, run_dir, out)
     jobs = []
-    for index, item in enumerate(page.items):
+    for item in page.items:
         media = item.pop("_media", None)
         item["media"] = os.path.relpath(media, out) if media is not None and media.is_file() else None
         item["thumb"] = None
         if item["media"] is not None:
-            thumb = out / "thumbs" / _thumb_name(item["id"], index)
+            thumb = out / "thumbs" / _thumb_name(item["id"], media)
             jobs.append((item, media, thumb))
     made = make_thumbs([(media, thumb) for _, media, thumb in jobs], progress)
     for (item, _, thumb), ok in zip(jobs, made, strict=True):
