@@ -61,7 +61,9 @@ def _load(kind: str, run_dir: Path, out: Path) -> Page:
 def _thumb_name(item_id: str, media: Path) -> str:
     # Named after the media file (stable when the manifest is reordered, so a later review reuses it);
     # the id, made tame (it comes from data), only to help a human find it.
-    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', item_id)[:60]}_{stable_id(str(media.resolve()), length=10)}.jpg"
+    return (
+        f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', item_id)[:60]}_{stable_id(str(media.resolve()), length=10)}.jpg"
+    )
 
 
 def run(

@@ -101,6 +101,7 @@ def load(run_dir: Path, out: Path) -> Page:
     page.items = validation_items(run_dir, _validation_prompts(run_dir))
     if not page.items:
         page.notes.append(
-            "no validation samples (train.validate_every=0): sample the export with `vidforge infer`"
+            "no validation samples in validation/ (train.validate_every sets how often they are drawn); "
+            "`vidforge infer` samples the export"
         )
     return page

@@ -209,6 +209,12 @@ function pager(total, pages) {
 }
 
 function render() {
+  if (!DATA.items.length) {
+    // Nothing to list (a train run without validation samples): the notes say why; no empty controls.
+    for (const id of ["controls", "pager", "pager-bottom"]) document.getElementById(id).hidden = true;
+    document.body.dataset.rendered = "1";
+    return;
+  }
   const list = visible();
   const pages = Math.max(1, Math.ceil(list.length / state.size));
   state.page = Math.min(state.page, pages - 1);
@@ -225,7 +231,7 @@ function render() {
       if (item.group && item.group !== group) nodes.push(el("h2", { class: "group" }, (group = item.group)));
       nodes.push(card(item));
     }
-    if (!DATA.items.length) nodes.push(el("p", {}, "nothing to show"));
+    if (!list.length) nodes.push(el("p", {}, "nothing matches"));
     main.replaceChildren(...nodes);
   }
   document.getElementById("pager").replaceChildren(...pager(list.length, pages));
