@@ -32,10 +32,13 @@ def chromium_or_skip() -> str:
 
 
 def _as_fds_3_and_4(read_end: int, write_end: int) -> None:
-    # Through fresh copies first: either end may itself be fd 3 or 4.
+    # Through fresh copies first: either end may itself be fd 3 or 4. A copy that lands on 3 or 4 makes
+    # its dup2 a no-op that leaves the copy close-on-exec: mark both inheritable explicitly.
     read_copy, write_copy = os.dup(read_end), os.dup(write_end)
     os.dup2(read_copy, 3)
     os.dup2(write_copy, 4)
+    os.set_inheritable(3, True)
+    os.set_inheritable(4, True)
 
 
 class Browser:
