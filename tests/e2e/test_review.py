@@ -217,3 +217,15 @@ def test_review_refuses_what_is_not_a_run(tmp_path) -> None:
         result = runner.invoke(app, ["review", str(target)])
         assert result.exit_code == 2 and words in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_media_outside_the_run_dir_is_not_linked(caption_run, tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    first = read_jsonl(caption_run / "manifest.jsonl")[0]
+    outside = os.path.relpath(caption_run / first["media"], run)  # ../../...: a real clip, elsewhere
+    write_jsonl(run / "manifest.jsonl", [{**first, "media": outside}])
+    text = _review(run).read_text()
+    data = json.loads(text.split('<script id="data" type="application/json">')[1].split("</script>")[0])
+    assert data["items"][0]["media"] is None and data["items"][0]["thumb"] is None
+    assert any("outside" in note for note in data["notes"])

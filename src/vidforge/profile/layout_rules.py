@@ -78,7 +78,9 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
     """What the pipeline schedule needs, and what it does not combine with (yet)."""
     if layout.pp == 1:
         if layout.vpp > 1:
-            return [f"parallel.vpp: {layout.vpp} virtual stages need pipeline parallel (parallel.pp > 1); set vpp=1"]
+            return [
+                f"parallel.vpp: {layout.vpp} virtual stages need pipeline parallel (parallel.pp > 1); set vpp=1"
+            ]
         return []
     schedule, pp, micro = profile.parallel.pp_schedule, f"parallel.pp={layout.pp}", layout.pp_microbatches
     problems = []

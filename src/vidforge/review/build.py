@@ -79,14 +79,20 @@ def run(
         raise UserInputError(f"-o {out}: is a file; give a folder for index.html and its thumbnails")
     out.mkdir(parents=True, exist_ok=True)
     page = _load(kind, run_dir, out)
-    jobs = []
+    jobs, outside = [], 0
+    root = run_dir.resolve()
     for item in page.items:
         media = item.pop("_media", None)
+        # Paths come from the run's records: one that leads out of the run dir is not opened or linked.
+        if media is not None and not media.resolve().is_relative_to(root):
+            media, outside = None, outside + 1
         item["media"] = os.path.relpath(media, out) if media is not None and media.is_file() else None
         item["thumb"] = None
         if item["media"] is not None:
             thumb = out / "thumbs" / _thumb_name(item["id"], media)
             jobs.append((item, media, thumb))
+    if outside:
+        page.notes.append(f"{outside} record(s) name media outside {run_dir}: not shown")
     made = make_thumbs([(media, thumb) for _, media, thumb in jobs], progress)
     for (item, _, thumb), ok in zip(jobs, made, strict=True):
         item["thumb"] = f"thumbs/{thumb.name}" if ok else None
