@@ -121,6 +121,8 @@ def test_demo_runs_and_its_model_denoises_the_red_square(tmp_path) -> None:
     for video in videos:
         assert decode(video).shape == (profile.infer.frames, profile.infer.height, profile.infer.width, 3)
     assert (tmp_path / "samples" / "contact_sheet.png").stat().st_size > 0
+    for run in ("captioned", "train", "samples"):  # the demo's review pages
+        assert (tmp_path / run / "review" / "index.html").is_file()
 
     # What the model learnt: its training clips of the red square, denoised from sigma 1.
     samples = _red_square_clips(tmp_path / "latents")

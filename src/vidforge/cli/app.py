@@ -8,7 +8,16 @@ import typer
 
 from vidforge import __version__
 from vidforge.cli import bench as bench_cli
-from vidforge.cli import caption_cmd, clip_cmd, infer_cmd, profile_cmd, shard_cmd, tokenize_cmd, train_cmd
+from vidforge.cli import (
+    caption_cmd,
+    clip_cmd,
+    infer_cmd,
+    profile_cmd,
+    review_cmd,
+    shard_cmd,
+    tokenize_cmd,
+    train_cmd,
+)
 from vidforge.cli._errors import GuardedGroup
 from vidforge.cli._output import Output, set_current_output
 
@@ -51,6 +60,7 @@ app.command("shard")(shard_cmd.shard)
 app.command("tokenize")(tokenize_cmd.tokenize)
 app.command("train")(train_cmd.train)
 app.command("infer")(infer_cmd.infer)
+app.command("review")(review_cmd.review)
 app.add_typer(bench_cli.app, name="bench")
 
 

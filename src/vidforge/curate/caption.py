@@ -536,8 +536,18 @@ def run(
         executor=executor,
         stages=[s.summary() for s in (stats.stages if stats else [])],
     )
-    write_json(out_dir / SUMMARY, {**summary.as_dict(), "backend": cfg.backend})
-    from vidforge.curate.histograms import write_histograms
+    from vidforge.curate.histograms import thresholds, write_histograms
+
+    # The thresholds the run decided by, so that `vidforge review` marks those on its histograms.
+    write_json(
+        out_dir / SUMMARY,
+        {
+            **summary.as_dict(),
+            "backend": cfg.backend,
+            "thresholds": thresholds(cfg),
+            "motion_size": cfg.motion.size,
+        },
+    )
 
     write_histograms(manifest, cfg, out_dir / HISTOGRAMS)
     return summary

@@ -14,6 +14,7 @@ Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from vidforge.errors import UserInputError
 from vidforge.infer.sampling import sample_latents
 from vidforge.infer.writers import contact_sheet, write_mp4
 from vidforge.models import load_model
-from vidforge.models.checkpoint import WEIGHTS
+from vidforge.models.checkpoint import CONFIG, WEIGHTS
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile, load_profile
 from vidforge.text.encoders import build_text_encoder
@@ -47,6 +48,12 @@ def find_export(checkpoint: str | Path) -> Path:
         f"--checkpoint {checkpoint}: no {WEIGHTS} in it or in its export/; point at a `vidforge train` run "
         "directory that finished (or an export folder)"
     )
+
+
+def exported_step(export: Path) -> int | None:
+    """The training step an export's weights are from (`vidforge.train.export.record_step` writes it);
+    None for an export written before steps were recorded."""
+    return json.loads((export / CONFIG).read_text()).get("step")
 
 
 def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
@@ -237,6 +244,15 @@ def run(
         out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     records, videos, labels = [], [], []
+    # What every sample came from, for `vidforge review` and whoever compares samples later.
+    settings = {
+        "sampler": prof.diffusion.sampler,
+        "steps": prof.diffusion.steps,
+        "guidance": prof.diffusion.guidance,
+        "negative_prompt": prof.infer.negative_prompt or None,
+        "checkpoint_step": exported_step(export),
+        "checkpoint": str(export.resolve()),
+    }
     size = prof.infer.batch_size
     for first in range(0, len(prompts), size):
         chunk = list(prompts[first : first + size])
@@ -261,12 +277,16 @@ def run(
                     "frames": len(frames),
                     "height": frames.shape[1],
                     "width": frames.shape[2],
+                    **settings,
                 }
             )
     seconds = time.perf_counter() - started
     if not writer:
         return InferResult([], "", seconds, 0.0)
     sheet = out / "contact_sheet.png"
-    contact_sheet(sheet, videos, labels)
+    note = f"{settings['sampler']} {settings['steps']} steps, guidance {settings['guidance']:g}"
+    if settings["checkpoint_step"] is not None:
+        note += f", step {settings['checkpoint_step']}"
+    contact_sheet(sheet, videos, labels, note=note)
     write_jsonl(out / "samples.jsonl", records)
     return InferResult([str(out / r["video"]) for r in records], str(sheet), seconds, seconds / len(records))
