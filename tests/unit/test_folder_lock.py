@@ -64,20 +64,26 @@ def test_the_lock_is_reentrant_in_one_process_and_released_by_the_last_holder(tm
     assert (tmp_path / LOCK).is_file()
 
 
-@pytest.mark.parametrize("command", ["clip", "caption", "shard", "tokenize"])
+@pytest.mark.parametrize("command", ["clip", "caption", "shard", "tokenize", "train"])
 def test_every_stage_refuses_a_folder_another_run_writes(tmp_path, sample_videos, command):
     inputs = {
         "clip": sample_videos / "red_square.mp4",
         "caption": tmp_path / "clips",
         "shard": tmp_path / "captioned",
         "tokenize": tmp_path / "shards",
+        "train": tmp_path / "latents",  # the run directory is locked before the data is read
     }[command]
     _prepare_input(command, inputs, sample_videos)
     out = tmp_path / "out"
     proc = _holder(out)
     try:
         started = time.perf_counter()
-        result = CliRunner().invoke(app, [command, str(inputs), "-o", str(out)])
+        args = (
+            ["--data", str(inputs), "--run-dir", str(out)]
+            if command == "train"
+            else [str(inputs), "-o", str(out)]
+        )
+        result = CliRunner().invoke(app, [command, *args])
         assert time.perf_counter() - started < 10
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -107,3 +107,31 @@ def test_a_symbolic_link_out_of_the_folder_is_outside(tmp_path):
     (tmp_path / "root" / "link").symlink_to(tmp_path)
     with pytest.raises(UnsafePath, match="resolves outside"):
         inside(tmp_path / "root", "link/secret")
+
+
+def test_caption_records_an_unsafe_clip_as_its_error_and_writes_nothing_outside(tmp_path):
+    from vidforge.curate import caption
+
+    clips = tmp_path / "work" / "clips_run"
+    (clips / "clips").mkdir(parents=True)
+    secret = tmp_path / "work" / "secret.mp4"
+    secret.write_bytes(b"private")
+    write_jsonl(
+        clips / "manifest.jsonl",
+        [
+            {"clip_id": "a", "media": "../secret.mp4"},
+            {"clip_id": "b", "media": str(secret)},
+            {"clip_id": "../../escaped"},
+        ],
+    )
+    out = tmp_path / "work" / "out"
+    summary = caption.run(load_profile(None, ["curation.caption.backend=sidecar"]), clips, out)
+    assert summary.errors == 3 and summary.clips == 0
+    reasons = {e["clip_id"]: e["reason"] for e in read_jsonl(out / "errors.jsonl")}
+    assert reasons == {
+        "a": f"media '../secret.mp4' resolves outside {clips}",
+        "b": f"media {str(secret)!r} is not a path relative to its folder",
+        "../../escaped": "clip_id '../../escaped' is not a plain file name",
+    }
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["clips_run", "out", "secret.mp4"]
+    assert not (out / "clips").exists() or not any((out / "clips").iterdir())
