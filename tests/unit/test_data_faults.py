@@ -7,12 +7,14 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.data.loader import NoReadableData, ShardLoader
+from vidforge.data.loader import DataError, NoReadableData, ShardLoader
 from vidforge.data.shard_index import read_index
 from vidforge.data.testing import make_latent_shards
+from vidforge.errors import UserInputError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import TRAIN_SETS  # noqa: E402
@@ -84,3 +86,17 @@ def test_train_cli_on_unreadable_shards_exits_2_with_one_line(tmp_path):
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith(f"error: {root}: no shard could be read"), result.stderr
+
+
+def test_under_on_error_fail_a_bad_shard_is_a_user_error_naming_the_fix(tmp_path):
+    root = make_latent_shards(tmp_path / "s", shards=2, per_shard=2)
+    index = read_index(root)
+    bad = index.path(index.shards[1])
+    bad.write_bytes(bad.read_bytes()[:700])
+    with pytest.raises(DataError) as err:
+        list(ShardLoader([root], epochs=1, on_error="fail"))
+    assert isinstance(err.value, UserInputError)  # exit 2, one line
+    assert str(err.value).startswith(f"{root}/{bad.name}: ")
+    assert str(err.value).endswith(
+        "(data.on_error=fail): regenerate the shard, or set data.on_error=skip to go on without it"
+    )

@@ -34,8 +34,8 @@ from vidforge.errors import UserInputError
 log = logging.getLogger("vidforge.data")
 
 
-class DataError(RuntimeError):
-    """A shard or sample failed and `on_error` is `fail`."""
+class DataError(UserInputError):
+    """A shard or sample failed and `on_error` is `fail`: the data is the user's to fix (exit 2)."""
 
 
 class NoReadableData(UserInputError):
@@ -168,7 +168,9 @@ class ShardLoader:
 
     def _fail(self, message: str, kind: str) -> None:
         if self.on_error == "fail":
-            raise DataError(message)
+            raise DataError(
+                f"{message} (data.on_error=fail): regenerate the shard, or set data.on_error=skip to go on without it"
+            )
         log.warning("skipping %s: %s", kind, message)
         self.stats[f"skipped_{kind}s"] += 1
 
