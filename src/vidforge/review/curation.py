@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vidforge.curate.histograms import draw_histograms, titles
+from vidforge.curate.histograms import CLIP_TITLES, draw_histograms, titles
 from vidforge.data.manifest import read_jsonl
 from vidforge.review.page import Page
 
@@ -99,13 +99,12 @@ def load(run_dir: Path, out: Path) -> Page:
     errors = run_dir / "errors.jsonl"
     if errors.is_file() and errors.stat().st_size:
         page.summary.append(("errors", f"{len(read_jsonl(errors))} (errors.jsonl)"))
-    if stage == "caption":
-        # The thresholds the run used (recorded in summary.json since `vidforge review` exists).
-        limits = summary.get("thresholds") or {}
-        if not limits:
-            page.notes.append("summary.json records no thresholds (a run from before they were recorded)")
-        plot = out / "plots" / "histograms.png"
-        names = titles(summary.get("motion_size"))
-        if draw_histograms([{**i["scores"], "keep": i["keep"]} for i in items], limits, names, plot):
-            page.plots.append({"src": "plots/histograms.png", "title": "score histograms"})
+    # The thresholds the run used (recorded in summary.json since `vidforge review` exists).
+    limits = summary.get("thresholds") or {}
+    if not limits:
+        page.notes.append("summary.json records no thresholds (a run from before they were recorded)")
+    plot = out / "plots" / "histograms.png"
+    names = titles(summary.get("motion_size")) if stage == "caption" else CLIP_TITLES
+    if draw_histograms([{**i["scores"], "keep": i["keep"]} for i in items], limits, names, plot):
+        page.plots.append({"src": "plots/histograms.png", "title": "score histograms"})
     return page
