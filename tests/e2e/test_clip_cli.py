@@ -110,6 +110,14 @@ def test_review_page_shows_kept_clips_and_dropped_shots(curated, browser, tmp_pa
     browser.wait_for("[...document.images].every(i => i.complete)")
     strips = browser.js(f"{items}.map(r => (r.querySelector('img') || {{}}).naturalWidth > 0)")
     assert strips == [True] * len(_records(curated)) + [False] * len(rejected)  # dropped shots have no file
+    # The histograms of the clip stage's scores, with the thresholds the run kept clips by.
+    cfg = _profile().curation
+    thresholds = json.loads((curated / "summary.json").read_text())["thresholds"]
+    assert thresholds == {
+        "static_ratio": [cfg.static_max_ratio],
+        "duration_s": [cfg.min_seconds, cfg.max_seconds],
+    }
+    assert browser.js("[...document.querySelectorAll('#plots img')].map(i => i.naturalWidth > 0)") == [True]
     browser.click('[data-filter="static"]')
     shown = browser.js(f"{items}.map(r => [r.dataset.id, r.querySelector('.detail').textContent])")
     assert shown == [[r["clip_id"], r["reason"]] for r in rejected if r["stage"] == "static"] and shown

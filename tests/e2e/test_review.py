@@ -103,6 +103,11 @@ def test_curation_page_lists_filters_and_sorts_the_clips(caption_run, browser, t
         r["clip_id"] for r in manifest if r["source"] == source
     ]
     browser.choose("#source", "")
+    browser.choose("#search", "SLOWLY")  # captions, ids and sources, whatever the case
+    assert browser.js(f"{ITEMS}.map(r => r.dataset.id)") == [
+        r["clip_id"] for r in manifest if "slowly" in (r.get("caption") or "")
+    ]
+    browser.choose("#search", "")
 
     # Sort by a score: the manifest's clips in that score's order, those without it last; twice: descending.
     measured = [r for r in manifest if r.get("motion") is not None]

@@ -6,7 +6,7 @@ Output directory:
     embeddings.npy        float32 (clips, D), row i = manifest line i (`embedding_row`); absent if embed off
     errors.jsonl          sources or clips that failed: {source, stage, reason[, item]}
     rejected.jsonl        clips a filter dropped: {clip_id, source, start_frame, end_frame, stage, reason, ...}
-    summary.json          counts, seconds in and out, throughput, per-stage times
+    summary.json          counts, seconds in and out, throughput, per-stage times, the keep thresholds
     .units/               the ledger: one committed file per finished source (what makes reruns resume)
 """
 
@@ -26,6 +26,7 @@ from vidforge.curate.decode import AnalyseStage
 from vidforge.curate.dedup import near_duplicates
 from vidforge.curate.executors import make_executor
 from vidforge.curate.executors.local import usable_cores
+from vidforge.curate.histograms import clip_thresholds
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import ClipPlan, ClipResult
 from vidforge.curate.plan import PlanStage
@@ -143,6 +144,8 @@ def run(
             "executor": executor,
             "embedding_model": _embedder_note(cfg),
             "stages": [s.summary() for s in (stats.stages if stats else [])],
+            # What the run kept clips by, so that `vidforge review` marks it on its histograms.
+            "thresholds": clip_thresholds(cfg),
         }
     )
     write_json(out / SUMMARY, summary)

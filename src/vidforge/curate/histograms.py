@@ -33,6 +33,20 @@ def thresholds(cfg: Any) -> dict[str, list[float]]:
     }
 
 
+def clip_thresholds(cfg: Any) -> dict[str, list[float]]:
+    """The thresholds `vidforge clip` keeps or drops a clip by, under the `curation` section `cfg`, by
+    record key (clip.py records them in its summary.json)."""
+    return {"static_ratio": [cfg.static_max_ratio], "duration_s": [cfg.min_seconds, cfg.max_seconds]}
+
+
+# Panel titles of a clip run's scores, by record key.
+CLIP_TITLES = {
+    "duration_s": "clip duration (s)",
+    "static_ratio": "fraction of static frames",
+    "shot_score": "shot detector score at the cut",
+}
+
+
 def titles(motion_size: int | None = None) -> dict[str, str]:
     motion = f"motion (px/frame at {motion_size} px)" if motion_size else "motion (px/frame)"
     return {

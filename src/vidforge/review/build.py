@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vidforge.data.manifest import stable_id
+from vidforge.data.paths import UnsafePath, inside
 from vidforge.errors import UserInputError
 from vidforge.review.page import Page, write_page
 from vidforge.review.thumbs import make_thumbs
@@ -80,12 +81,14 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     page = _load(kind, run_dir, out)
     jobs, outside = [], 0
-    root = run_dir.resolve()
     for item in page.items:
-        media = item.pop("_media", None)
-        # Paths come from the run's records: one that leads out of the run dir is not opened or linked.
-        if media is not None and not media.resolve().is_relative_to(root):
-            media, outside = None, outside + 1
+        name, media = item.pop("_media", None), None
+        if name is not None:
+            # A name from the run's records: one that leads out of the run dir is neither opened nor linked.
+            try:
+                media = inside(run_dir, name, "media")
+            except UnsafePath:
+                outside += 1
         item["media"] = os.path.relpath(media, out) if media is not None and media.is_file() else None
         item["thumb"] = None
         if item["media"] is not None:

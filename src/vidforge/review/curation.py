@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vidforge.curate.histograms import draw_histograms, titles
+from vidforge.curate.histograms import CLIP_TITLES, draw_histograms, titles
 from vidforge.data.manifest import read_jsonl
 from vidforge.review.page import Page
 
@@ -37,14 +37,14 @@ def number(value: Any) -> float | int | None:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _media(record: dict[str, Any], run_dir: Path) -> Path | None:
-    for key in ("media", "path"):
+def _media(record: dict[str, Any]) -> str | None:
+    for key in ("media", "path"):  # caption outputs name it `media`, clip outputs `path`
         if record.get(key):
-            return run_dir / str(record[key])
+            return str(record[key])
     return None
 
 
-def _item(record: dict[str, Any], run_dir: Path, keep: bool, reasons: list[str]) -> dict[str, Any]:
+def _item(record: dict[str, Any], keep: bool, reasons: list[str]) -> dict[str, Any]:
     scores = {}
     for key, value in record.items():
         v = number(value)
@@ -59,7 +59,7 @@ def _item(record: dict[str, Any], run_dir: Path, keep: bool, reasons: list[str])
         "scores": scores,
         "keep": keep,
         "reasons": reasons,
-        "_media": _media(record, run_dir),
+        "_media": _media(record),
     }
 
 
@@ -68,14 +68,14 @@ def load(run_dir: Path, out: Path) -> Page:
     records = read_jsonl(run_dir / "manifest.jsonl")
     if any("keep" in r for r in records):  # a caption output: every clip, decided
         stage = "caption"
-        items = [_item(r, run_dir, bool(r.get("keep")), list(r.get("reasons") or [])) for r in records]
+        items = [_item(r, bool(r.get("keep")), list(r.get("reasons") or [])) for r in records]
     else:  # a clip output: kept clips here, shots the clip stage dropped in rejected.jsonl (no media)
         stage = "clip"
-        items = [_item(r, run_dir, True, []) for r in records]
+        items = [_item(r, True, []) for r in records]
         rejected = run_dir / "rejected.jsonl"
         for r in read_jsonl(rejected) if rejected.is_file() else []:
             # The stage is the reason to filter by; its message (with the measured value) is the detail.
-            item = _item(r, run_dir, False, [str(r.get("stage") or "rejected")])
+            item = _item(r, False, [str(r.get("stage") or "rejected")])
             item["detail"] = str(r.get("reason") or "")
             items.append(item)
     scores = sorted({k for item in items for k in item["scores"]})
@@ -99,13 +99,12 @@ def load(run_dir: Path, out: Path) -> Page:
     errors = run_dir / "errors.jsonl"
     if errors.is_file() and errors.stat().st_size:
         page.summary.append(("errors", f"{len(read_jsonl(errors))} (errors.jsonl)"))
-    if stage == "caption":
-        # The thresholds the run used (recorded in summary.json since `vidforge review` exists).
-        limits = summary.get("thresholds") or {}
-        if not limits:
-            page.notes.append("summary.json records no thresholds (a run from before they were recorded)")
-        plot = out / "plots" / "histograms.png"
-        names = titles(summary.get("motion_size"))
-        if draw_histograms([{**i["scores"], "keep": i["keep"]} for i in items], limits, names, plot):
-            page.plots.append({"src": "plots/histograms.png", "title": "score histograms"})
+    # The thresholds the run used (recorded in summary.json since `vidforge review` exists).
+    limits = summary.get("thresholds") or {}
+    if not limits:
+        page.notes.append("summary.json records no thresholds (a run from before they were recorded)")
+    plot = out / "plots" / "histograms.png"
+    names = titles(summary.get("motion_size")) if stage == "caption" else CLIP_TITLES
+    if draw_histograms([{**i["scores"], "keep": i["keep"]} for i in items], limits, names, plot):
+        page.plots.append({"src": "plots/histograms.png", "title": "score histograms"})
     return page

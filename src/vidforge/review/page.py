@@ -20,7 +20,7 @@ INDEX = "index.html"
 @dataclass
 class Page:
     """What a review page shows. `items` are clips or samples: dicts with `id`, `thumb` and `media` (paths
-    relative to the page), `caption`, `scores` (name -> number, the sortable columns named in `scores`),
+    relative to the page, which `build.run` fills in from the loaders' `_media`, a name in the run dir), `caption`, `scores` (name -> number, the sortable columns named in `scores`),
     `meta` (name -> value, shown as is), and for clips `source`, `start_s`, `end_s`, `keep`, `reasons` (and `detail`, a
     rejection's message);
     `group` (e.g. the validation step) where items come in groups. `plots`: {src, title} images."""

@@ -25,7 +25,7 @@ def load_infer(run_dir: Path) -> Page:
                 "caption": r.get("prompt", ""),
                 "meta": meta,
                 "scores": {},
-                "_media": run_dir / str(r["video"]),
+                "_media": str(r["video"]),
             }
         )
     checkpoints = sorted({str(r.get("checkpoint")) for r in records if r.get("checkpoint")})
@@ -58,7 +58,7 @@ def validation_items(run_dir: Path, prompts: list[str]) -> list[dict[str, Any]]:
                     "group": f"step {step}",
                     "meta": {"step": step},
                     "scores": {},
-                    "_media": video,
+                    "_media": str(video.relative_to(run_dir)),
                 }
             )
     return items

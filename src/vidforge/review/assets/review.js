@@ -59,8 +59,8 @@ function header() {
     plots.append(el("figure", {}, el("img", { src: plot.src, alt: plot.title }), el("figcaption", {}, plot.title)));
 }
 
-function chip(label, on, onclick, attrs) {
-  return el("button", { class: "chip" + (on ? " on" : ""), onclick, ...attrs }, label);
+function chip(label, on, onclick, attrs, extraClass = "") {
+  return el("button", { class: "chip" + (on ? " on" : "") + extraClass, onclick, ...attrs }, label);
 }
 
 function controls() {
@@ -83,10 +83,8 @@ function controls() {
     box.append(
       el("div", { class: "chips", id: "status" },
         statuses.map(([key, label]) =>
-          chip(label, state.status === key, () => set({ status: key }), {
-            dataset: { filter: key },
-            class: "chip" + (state.status === key ? " on" : "") + (reasons.has(key) ? " reject" : ""),
-          }))),
+          chip(label, state.status === key, () => set({ status: key }), { dataset: { filter: key } },
+            reasons.has(key) ? " reject" : ""))),
     );
     const sources = [...count(DATA.items, (i) => [i.source])].sort();
     if (sources.length > 1) {
