@@ -1,0 +1,141 @@
+"""The GPU suite: every GPU check and measurement of vidforge in one command, each measurement beside
+its anchor from the same run, written as one JSON file and one markdown table.
+
+    python bench/gpu/suite.py --out OUT [--only attention,train] [--cpu-smoke]
+
+On a GPU machine it runs the steps of `STEPS` at the issue's shapes (bench/gpu/shapes.py: GPU); with
+--cpu-smoke the same steps run at tiny shapes on the CPU, so CI runs the whole driver. Training,
+sampling and the benchmarks run through the `vidforge` command line in subprocesses (a step that runs
+out of memory or crashes costs its own rows, not the suite); the diffusers peer and the caption models
+run in their own processes too. A step that fails becomes a row saying why, and the suite goes on:
+the first device run should bring back everything it can.
+
+`bench/gpu/run.sh` is the device-side entry (offline install of the gathered wheels, then this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from report import Context, Row, markdown  # noqa: E402
+from shapes import GPU, SMOKE, Shapes  # noqa: E402
+
+
+def _steps() -> dict:
+    """name -> (function, what it covers), in run order: the cheap checks first, so a device run that
+    runs out of time still brings back the correctness rows."""
+    import measure_steps as m
+
+    return {
+        "correctness": (m.correctness, "pytest -m gpu: CUDA paths against float32 or the CPU"),
+        "attention": (m.attention, "TFLOP/s of each attention backend"),
+        "train": (m.train, "1.3B training step, eager and compiled, beside diffusers' Wan"),
+        "infer": (m.infer, "guided sampling step beside diffusers' Wan"),
+        "memory": (m.memory, "memory model against torch.cuda.max_memory_allocated"),
+        "tokenize": (m.tokenize, "vidforge tokenize against the VAE's own encode"),
+        "caption": (m.caption, "caption models' clips/s"),
+    }
+
+
+STEP_NAMES = ("correctness", "attention", "train", "infer", "memory", "tokenize", "caption")
+
+
+def device_name(smoke: bool) -> str:
+    if smoke:
+        return f"CPU smoke run ({platform.machine()}, {os.cpu_count()} cores)"
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+
+
+def accelerator_for(name: str) -> str:
+    """The profile's accelerator (its peak FLOP/s is the MFU denominator) for a CUDA device name."""
+    return "h200" if "H200" in name else "h100"
+
+
+def run(out: Path, only: list[str], smoke: bool, log=print) -> dict:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    steps = _steps()
+    device = device_name(smoke)
+    shapes = SMOKE if smoke else GPU
+    if not smoke:
+        shapes = Shapes(**{**asdict(shapes), "accelerator": accelerator_for(device)})
+    work = out / "work"
+    env = {**os.environ, "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"}
+    ctx = Context(shapes=shapes, work=work, smoke=smoke, env=env)
+    rows: list[Row] = []
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    for name in only:
+        fn, _ = steps[name]
+        log(f"[gpu-suite] {name} ...")
+        t0 = time.perf_counter()
+        step_dir = work / name
+        step_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            got = fn(ctx, step_dir)
+        except Exception as err:  # a failed step is a row: the run goes on and says what broke
+            (out / f"{name}.traceback.txt").write_text(traceback.format_exc())
+            got = [Row(name, "step failed", None, note=f"{type(err).__name__}: {str(err).strip()[:300]}")]
+        timings[name] = time.perf_counter() - t0
+        rows.extend(got)
+        log(f"[gpu-suite] {name}: {len(got)} row(s) in {timings[name]:.1f} s")
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "smoke": smoke,
+        "steps": only,
+        "step_seconds": timings,
+        "seconds": time.perf_counter() - started,
+        "rows": [{**asdict(r), "ratio": r.ratio} for r in rows],
+    }
+    (out / "gpu_suite.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / "gpu_suite.md").write_text(markdown(report))
+    return report
+
+
+def parse_only(value: str | None) -> list[str]:
+    if not value:
+        return list(STEP_NAMES)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in STEP_NAMES]
+    if unknown:
+        raise SystemExit(f"--only: unknown step(s) {', '.join(unknown)}; use some of {', '.join(STEP_NAMES)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu-suite"))
+    ap.add_argument("--only", help=f"comma-separated steps (default all: {','.join(STEP_NAMES)})")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (what CI runs)")
+    args = ap.parse_args(argv)
+    only = parse_only(args.only)
+    if not args.cpu_smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device is visible: run on a GPU machine, or pass --cpu-smoke")
+    report = run(args.out, only, args.cpu_smoke)
+    print(markdown(report))
+    print(f"wrote {args.out / 'gpu_suite.json'} and {args.out / 'gpu_suite.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
