@@ -1,0 +1,34 @@
+"""The VAE encode on the device against the same weights on the CPU (a tiny random Wan VAE saved in
+diffusers' format, loaded by vidforge's tokenizer)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import rel_error
+
+from vidforge.tokenizers.vae import DiffusersVAE
+
+pytestmark = pytest.mark.gpu
+
+TINY_WAN = {
+    "base_dim": 8,
+    "z_dim": 4,
+    "dim_mult": [1, 2, 2, 2],
+    "num_res_blocks": 1,
+    "temperal_downsample": [False, True, True],
+    "latents_mean": [0.1, 0.2, -0.1, 0.0],
+    "latents_std": [1.5, 2.0, 0.5, 1.0],
+}
+
+
+def test_vae_encode_on_the_device_matches_the_cpu(tmp_path, device):
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    AutoencoderKLWan(**TINY_WAN).save_pretrained(tmp_path / "wan")
+    x = torch.rand(1, 3, 9, 32, 48, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    ref = DiffusersVAE("wan", path=str(tmp_path / "wan")).encode(x)
+    out = DiffusersVAE("wan", path=str(tmp_path / "wan"), device=device).encode(x.to(device))
+    assert out.shape == ref.shape == (1, 4, 3, 4, 6)
+    assert rel_error(out, ref) < 1e-3
