@@ -37,8 +37,19 @@ def _run(cmd: list[str], ctx: Context, timeout: float, cwd: Path = ROOT) -> str:
     return proc.stdout
 
 
+_RESULTS: dict[tuple[str, ...], dict] = {}
+
+
 def vidforge(args: list[str], ctx: Context, timeout: float = 600) -> dict:
-    """Run `vidforge --json ARGS` and return its result line."""
+    """Run `vidforge --json ARGS` and return its result line. A command already run in this suite run
+    is not run again (the memory step's 32K point is the train step's eager run)."""
+    key = (str(ctx.work), *args)
+    if key not in _RESULTS:
+        _RESULTS[key] = _vidforge(args, ctx, timeout)
+    return _RESULTS[key]
+
+
+def _vidforge(args: list[str], ctx: Context, timeout: float) -> dict:
     out = _run([sys.executable, "-m", "vidforge.cli.app", "--json", *args], ctx, timeout)
     for line in reversed(out.splitlines()):
         if line.startswith("{"):
@@ -340,4 +351,59 @@ def caption(ctx: Context, work: Path) -> list[Row]:
 
 
 def tokenize(ctx: Context, work: Path) -> list[Row]:
-    return [Row("tokenize", "not built yet", None, note="see README: GPU suite")]
+    """`vidforge shard` then `vidforge tokenize` with a Wan VAE (random weights, diffusers' format) on
+    generated clips, beside the VAE's own encode of clips of the same size timed alone: what the
+    pipeline around the encoder (decode, resize, prefetch, writing) costs."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from vidforge.bench.timing import time_calls
+    from vidforge.data.testing import make_annotated_dir
+
+    s = ctx.shapes
+    (h, w), frames = s.tokenize_size, s.tokenize_frames
+    size = dict(videos=s.tokenize_clips, images=0, rejected=0, size=(h, w), frames=(frames, frames))
+    annotated = make_annotated_dir(work / "annotated", **size)
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**s.vae)
+    vae.save_pretrained(work / "vae")
+    dtype = "float32" if ctx.smoke else "bfloat16"
+    sets = _sets(
+        {
+            "cluster.accelerator": s.accelerator,
+            "cluster.gpus_per_node": 1,
+            "data.buckets": [[h, w]],
+            "data.frame_buckets": [frames],
+            "data.val_fraction": 0,
+            "tokenizer.kind": "wan",
+            "tokenizer.path": str(work / "vae"),
+            "tokenizer.spatial_compression": 8,
+            "tokenizer.dtype": dtype,
+        }
+    )
+    vidforge(["shard", str(annotated), "-o", str(work / "shards"), *sets], ctx)
+    ours = vidforge(["tokenize", str(work / "shards"), "-o", str(work / "latents"), *sets], ctx)
+
+    device = torch.device(s.device)
+    vae = vae.to(device, getattr(torch, dtype)).eval()
+    clip = torch.rand(1, 3, frames, h, w, device=device, dtype=getattr(torch, dtype)) * 2 - 1
+
+    @torch.no_grad()
+    def encode() -> None:
+        vae.encode(clip).latent_dist.mode()
+
+    alone = 1 / time_calls(encode, max(s.warmup, 1), s.repeats, device).median
+    anchor = "the VAE's encode alone"
+    note = f"{ours['samples']} clips of {frames} x {h} x {w}, {dtype}"
+    return [
+        Row("tokenize", "vidforge tokenize end to end", ours["clips/s"], "clips/s", anchor, alone, note),
+        Row(
+            "tokenize",
+            "vidforge tokenize, encode only",
+            ours["encode clips/s"],
+            "clips/s",
+            anchor,
+            alone,
+            note,
+        ),
+    ]

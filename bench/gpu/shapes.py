@@ -69,7 +69,11 @@ class Shapes:
     caption_clips: int
     caption_size: tuple[int, int]
     caption_models: tuple[str, str]
-    e2e_steps: int
+    tokenize_clips: int
+    tokenize_size: tuple[int, int]  # (height, width), the one bucket
+    tokenize_frames: int  # 4k + 1
+    # diffusers AutoencoderKLWan arguments: {} is Wan2.1's VAE (random weights, the real architecture).
+    vae: dict
 
 
 GPU = Shapes(
@@ -86,7 +90,10 @@ GPU = Shapes(
     caption_clips=32,
     caption_size=(640, 360),
     caption_models=("ViT-L-14", "coca_ViT-B-32"),
-    e2e_steps=6,
+    tokenize_clips=8,
+    tokenize_size=(256, 448),
+    tokenize_frames=33,
+    vae={},
 )
 
 SMOKE = Shapes(
@@ -103,5 +110,15 @@ SMOKE = Shapes(
     caption_clips=1,
     caption_size=(64, 48),
     caption_models=("tiny-clip", "tiny-coca"),
-    e2e_steps=2,
+    tokenize_clips=2,
+    tokenize_size=(32, 48),
+    tokenize_frames=5,
+    vae={
+        "base_dim": 8,
+        "z_dim": 4,
+        "dim_mult": [1, 2, 2, 2],
+        "num_res_blocks": 1,
+        "latents_mean": [0.0] * 4,
+        "latents_std": [1.0] * 4,
+    },
 )
