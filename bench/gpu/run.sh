@@ -14,6 +14,10 @@ if [[ "${1:-}" == "gather" ]]; then
 fi
 
 if [[ " $* " != *" --cpu-smoke "* ]]; then
+    if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+        echo "no CUDA device visible to $PY: run this on the GPU machine, or pass --cpu-smoke" >&2
+        exit 2
+    fi
     if [[ -d .gpu-wheels ]]; then
         # --target keeps the image's packages (its torch above all) untouched; the checkout's src/ goes
         # first, so the code that travelled is the code that runs even after the wheels were built.
