@@ -1,22 +1,12 @@
-"""The device the `gpu` tests run on: CUDA, or the CPU when VIDFORGE_GPU_TESTS_DEVICE=cpu (to check the
-tests themselves without a GPU: the comparisons then hold trivially, but every code path runs)."""
+"""The `device` fixture of the `gpu` tests (gpu_device.DEVICE)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-DEVICE = torch.device(os.environ.get("VIDFORGE_GPU_TESTS_DEVICE", "cuda"))
+from gpu_device import DEVICE
 
 
 @pytest.fixture
 def device() -> torch.device:
     return DEVICE
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref||, in float64 on the CPU."""
-    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
-    return float((out - ref).norm() / ref.norm())

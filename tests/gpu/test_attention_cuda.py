@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_error
+from gpu_device import rel_error
 
 from vidforge.models.attention import KeyPadding, Segments, attention, flash_attn_available
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_error
+from gpu_device import rel_error
 
 from vidforge.models import SequenceLayout, build_model, model_config, pack_latents
 

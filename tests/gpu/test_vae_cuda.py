@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_error
+from gpu_device import rel_error
 
 from vidforge.tokenizers.vae import DiffusersVAE
 
