@@ -3,23 +3,19 @@ diffusers' format, loaded by vidforge's tokenizer)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from gpu_device import rel_error
 
 from vidforge.tokenizers.vae import DiffusersVAE
 
-pytestmark = pytest.mark.gpu
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_tokenizers_vae import TINY_WAN  # noqa: E402  (the tiny Wan VAE config of the CPU tests)
 
-TINY_WAN = {
-    "base_dim": 8,
-    "z_dim": 4,
-    "dim_mult": [1, 2, 2, 2],
-    "num_res_blocks": 1,
-    "temperal_downsample": [False, True, True],
-    "latents_mean": [0.1, 0.2, -0.1, 0.0],
-    "latents_std": [1.5, 2.0, 0.5, 1.0],
-}
+pytestmark = pytest.mark.gpu
 
 
 def test_vae_encode_on_the_device_matches_the_cpu(tmp_path, device):
