@@ -1,5 +1,5 @@
 """The GPU suite on the CPU: its driver runs every step at tiny shapes and writes the JSON and the
-table (bench/gpu/run.sh --cpu-smoke), where the `gpu` tests skip with the marker's reason; the wheel gathering's
+table (bench/gpu/run.sh --cpu-smoke; tokenize and caption only with VIDFORGE_TEST_GPU_SUITE_ALL=1), where the `gpu` tests skip with the marker's reason; the wheel gathering's
 completeness check, against pyproject's dependencies and the device image's package list."""
 
 from __future__ import annotations
@@ -19,19 +19,24 @@ sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 import gather  # noqa: E402
 import suite  # noqa: E402
 
+# The smoke run's steps that `make test` runs (~33 s of CPU); tokenize and caption take ~30 s more, so
+# they join only with VIDFORGE_TEST_GPU_SUITE_ALL=1 (the test budget).
+CI_STEPS = ("correctness", "attention", "train", "infer", "memory")
+STEPS = suite.STEP_NAMES if os.environ.get("VIDFORGE_TEST_GPU_SUITE_ALL") == "1" else CI_STEPS
 
-def test_cpu_smoke_runs_every_step_and_writes_the_table(tmp_path):
+
+def test_cpu_smoke_runs_the_steps_and_writes_the_table(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("VIDFORGE_GPU_TESTS_DEVICE", None)
     proc = subprocess.run(
-        ["bash", "bench/gpu/run.sh", "--cpu-smoke", "--out", str(tmp_path)],
+        ["bash", "bench/gpu/run.sh", "--cpu-smoke", "--out", str(tmp_path), "--only", ",".join(STEPS)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_suite.json").read_text())
     rows = report["rows"]
-    assert report["smoke"] and report["steps"] == list(suite.STEP_NAMES)
-    assert {r["step"] for r in rows} == set(suite.STEP_NAMES)
+    assert report["smoke"] and report["steps"] == list(STEPS)
+    assert {r["step"] for r in rows} == set(STEPS)
     assert not [r for r in rows if r["what"] == "step failed"], [
         r for r in rows if r["what"] == "step failed"
     ]
