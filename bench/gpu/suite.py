@@ -20,16 +20,17 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from report import Context, Row, markdown  # noqa: E402
-from shapes import GPU, SMOKE, Shapes  # noqa: E402
+from shapes import GPU, SMOKE  # noqa: E402
 
 
 def _steps() -> dict:
@@ -65,34 +66,18 @@ def accelerator_for(name: str) -> str:
 
 
 def run(out: Path, only: list[str], smoke: bool, log=print) -> dict:
+    """Run the steps `only` and write gpu_suite.json and gpu_suite.md to `out`, after every step: a
+    device command stopped at its time limit still leaves the rows of the steps it finished. Scratch
+    data goes to a temporary folder, so `out` holds the two files alone (what comes back from a device
+    call is a few files)."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
     steps = _steps()
     device = device_name(smoke)
-    shapes = SMOKE if smoke else GPU
-    if not smoke:
-        shapes = Shapes(**{**asdict(shapes), "accelerator": accelerator_for(device)})
-    work = out / "work"
+    shapes = SMOKE if smoke else replace(GPU, accelerator=accelerator_for(device))
     env = {**os.environ, "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"}
-    ctx = Context(shapes=shapes, work=work, smoke=smoke, env=env)
     rows: list[Row] = []
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    for name in only:
-        fn, _ = steps[name]
-        log(f"[gpu-suite] {name} ...")
-        t0 = time.perf_counter()
-        step_dir = work / name
-        step_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            got = fn(ctx, step_dir)
-        except Exception as err:  # a failed step is a row: the run goes on and says what broke
-            (out / f"{name}.traceback.txt").write_text(traceback.format_exc())
-            got = [Row(name, "step failed", None, note=f"{type(err).__name__}: {str(err).strip()[:300]}")]
-        timings[name] = time.perf_counter() - t0
-        rows.extend(got)
-        log(f"[gpu-suite] {name}: {len(got)} row(s) in {timings[name]:.1f} s")
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": device,
@@ -100,12 +85,32 @@ def run(out: Path, only: list[str], smoke: bool, log=print) -> dict:
         "python": platform.python_version(),
         "smoke": smoke,
         "steps": only,
-        "step_seconds": timings,
-        "seconds": time.perf_counter() - started,
-        "rows": [{**asdict(r), "ratio": r.ratio} for r in rows],
+        "step_seconds": {},
+        "seconds": 0.0,
+        "rows": [],
+        "tracebacks": {},
     }
-    (out / "gpu_suite.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (out / "gpu_suite.md").write_text(markdown(report))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vidforge-gpu-suite-") as tmp:
+        ctx = Context(shapes=shapes, work=Path(tmp), smoke=smoke, env=env)
+        for name in only:
+            fn, _ = steps[name]
+            log(f"[gpu-suite] {name} ...")
+            t0 = time.perf_counter()
+            step_dir = ctx.work / name
+            step_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                got = fn(ctx, step_dir)
+            except Exception as err:  # a failed step is a row: the run goes on and says what broke
+                report["tracebacks"][name] = traceback.format_exc()
+                got = [Row(name, "step failed", None, note=f"{type(err).__name__}: {str(err).strip()[:300]}")]
+            report["step_seconds"][name] = time.perf_counter() - t0
+            rows.extend(got)
+            log(f"[gpu-suite] {name}: {len(got)} row(s) in {report['step_seconds'][name]:.1f} s")
+            report["seconds"] = time.perf_counter() - started
+            report["rows"] = [{**asdict(r), "ratio": r.ratio} for r in rows]
+            (out / "gpu_suite.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+            (out / "gpu_suite.md").write_text(markdown(report))
     return report
 
 
