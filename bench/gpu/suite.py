@@ -29,27 +29,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import measure_steps as m  # noqa: E402
 from report import Context, Row, markdown  # noqa: E402
 from shapes import GPU, SMOKE  # noqa: E402
 
-
-def _steps() -> dict:
-    """name -> (function, what it covers), in run order: the cheap checks first, so a device run that
-    runs out of time still brings back the correctness rows."""
-    import measure_steps as m
-
-    return {
-        "correctness": (m.correctness, "pytest -m gpu: CUDA paths against float32 or the CPU"),
-        "attention": (m.attention, "TFLOP/s of each attention backend"),
-        "train": (m.train, "1.3B training step, eager and compiled, beside diffusers' Wan"),
-        "infer": (m.infer, "guided sampling step beside diffusers' Wan"),
-        "memory": (m.memory, "memory model against torch.cuda.max_memory_allocated"),
-        "tokenize": (m.tokenize, "vidforge tokenize against the VAE's own encode"),
-        "caption": (m.caption, "caption models' clips/s"),
-    }
-
-
-STEP_NAMES = ("correctness", "attention", "train", "infer", "memory", "tokenize", "caption")
+# name -> (function, what it covers), in run order: the cheap checks first, so a device run that runs
+# out of time still brings back the correctness rows.
+STEPS = {
+    "correctness": (m.correctness, "pytest -m gpu: CUDA paths against float32 or the CPU"),
+    "attention": (m.attention, "TFLOP/s of each attention backend"),
+    "train": (m.train, "1.3B training step, eager and compiled, beside diffusers' Wan"),
+    "infer": (m.infer, "guided sampling step beside diffusers' Wan"),
+    "memory": (m.memory, "memory model against torch.cuda.max_memory_allocated"),
+    "tokenize": (m.tokenize, "vidforge tokenize against the VAE's own encode"),
+    "caption": (m.caption, "caption models' clips/s"),
+}
+STEP_NAMES = tuple(STEPS)
 
 
 def device_name(smoke: bool) -> str:
@@ -73,7 +68,6 @@ def run(out: Path, only: list[str], smoke: bool, log=print) -> dict:
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
-    steps = _steps()
     device = device_name(smoke)
     shapes = SMOKE if smoke else replace(GPU, accelerator=accelerator_for(device))
     env = {**os.environ, "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"}
@@ -94,7 +88,7 @@ def run(out: Path, only: list[str], smoke: bool, log=print) -> dict:
     with tempfile.TemporaryDirectory(prefix="vidforge-gpu-suite-") as tmp:
         ctx = Context(shapes=shapes, work=Path(tmp), smoke=smoke, env=env)
         for name in only:
-            fn, _ = steps[name]
+            fn, _ = STEPS[name]
             log(f"[gpu-suite] {name} ...")
             t0 = time.perf_counter()
             step_dir = ctx.work / name
@@ -120,22 +114,27 @@ def parse_only(value: str | None) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in STEP_NAMES]
     if unknown:
-        raise SystemExit(f"--only: unknown step(s) {', '.join(unknown)}; use some of {', '.join(STEP_NAMES)}")
+        raise ValueError(f"--only: unknown step(s) {', '.join(unknown)}; use some of {', '.join(STEP_NAMES)}")
     return names
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu-suite"))
-    ap.add_argument("--only", help=f"comma-separated steps (default all: {','.join(STEP_NAMES)})")
+    steps = "; ".join(f"{name}: {what}" for name, (_, what) in STEPS.items())
+    ap.add_argument("--only", help=f"comma-separated steps (default all, in this order) - {steps}")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (what CI runs)")
     args = ap.parse_args(argv)
-    only = parse_only(args.only)
-    if not args.cpu_smoke:
-        import torch
+    try:
+        only = parse_only(args.only)
+        if not args.cpu_smoke:
+            import torch
 
-        if not torch.cuda.is_available():
-            raise SystemExit("no CUDA device is visible: run on a GPU machine, or pass --cpu-smoke")
+            if not torch.cuda.is_available():
+                raise ValueError("no CUDA device is visible: run on a GPU machine, or pass --cpu-smoke")
+    except ValueError as err:  # what to change, on one line; exit 2 as vidforge's user errors
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     report = run(args.out, only, args.cpu_smoke)
     print(markdown(report))
     print(f"wrote {args.out / 'gpu_suite.json'} and {args.out / 'gpu_suite.md'}")
