@@ -170,12 +170,15 @@ def folder_source(folder: Path):
     return source, found
 
 
-def walk(source, image: dict[str, str | None], roots: list[Requirement]) -> Plan:
+def walk(source, image: dict[str, str | None], roots: list[Requirement], missing: str = "") -> Plan:
     """Follow requirements from `roots`, choosing versions through `source` (a function from
-    {name: specifier} to the Dists it has), until every reachable name is placed."""
+    {name: specifier} to the Dists it has), until every reachable name is placed. `missing` says where
+    a name the source lacks was looked for."""
+    missing = missing or f"no wheel for CPython {PYTHON} on x86-64 Linux"
     plan = Plan()
     specs: dict[str, SpecifierSet] = {}
     extras: dict[str, set[str]] = {}
+    failed: set[str] = set()  # reported once, never asked again
     queue = list(roots)
     while queue:
         for req in queue:
@@ -191,9 +194,12 @@ def walk(source, image: dict[str, str | None], roots: list[Requirement]) -> Plan
             elif name in image and name not in CARRY_ANYWAY:
                 plan.image[name] = image[name]
                 if image[name] and not spec.contains(Version(image[name]), prereleases=True):
+                    failed.add(name)
                     problem = f"{name}: the image has {image[name]}, vidforge's tree needs {spec}"
                     if problem not in plan.problems:
                         plan.problems.append(problem)
+            elif name in failed:
+                continue
             elif name not in plan.carried or not spec.contains(
                 Version(plan.carried[name].version), prereleases=True
             ):
@@ -203,20 +209,14 @@ def walk(source, image: dict[str, str | None], roots: list[Requirement]) -> Plan
         got = source(wanted)
         for name, spec in wanted.items():
             dist = got.get(name)
-            if dist is None:
-                plan.problems.append(f"{name}{spec}: no wheel for CPython {PYTHON} on x86-64 Linux")
-                specs[name] = SpecifierSet("<0")  # reported once; never asked again
-                plan.left_out[name] = "missing"
-                continue
-            if not spec.contains(Version(dist.version), prereleases=True):
-                plan.problems.append(f"{name}: {dist.version} does not meet {spec}")
+            if dist is None or not spec.contains(Version(dist.version), prereleases=True):
+                failed.add(name)
+                have = f" (found {dist.version})" if dist else ""
+                plan.problems.append(f"{name}{spec}: {missing}{have}")
                 continue
             plan.carried[name] = dist
             extra = extras.get(name, set())
             queue += [r for r in map(Requirement, dist.requires) if applies(r, extra)]
-    for name in list(plan.left_out):
-        if plan.left_out[name] == "missing":
-            del plan.left_out[name]
     return plan
 
 
@@ -271,7 +271,7 @@ def gather(dest: Path) -> Plan:
 def verify(folder: Path) -> Plan:
     """The completeness check of a gathered folder, offline: the same walk over its wheels' metadata."""
     source, found = folder_source(folder)
-    plan = walk(source, image_packages(), project_requirements())
+    plan = walk(source, image_packages(), project_requirements(), f"not in {folder}")
     for name, wheels in found.items():
         if len(wheels) > 1:
             plan.problems.append(
@@ -299,7 +299,7 @@ def installed() -> Plan:
             out[name] = Dist(name, dist.version, dist.requires or [], "installed")
         return out
 
-    return walk(source, {}, project_requirements())
+    return walk(source, {}, project_requirements(), "not installed for this Python")
 
 
 def main(argv: list[str] | None = None) -> int:
