@@ -7,9 +7,10 @@ folder that travels with the working tree (`carry`); and check that folder for c
     python bench/gpu/gather.py --verify        # check an already gathered folder, offline
     python bench/gpu/gather.py --installed     # on the device: check what is importable there
 
-Complete means: every requirement reachable from pyproject.toml's `dependencies`, with markers read for
-the target (CPython 3.12 on x86-64 Linux), is met by the image (image_packages.txt), by a wheel in the
-folder whose version meets every specifier that reached it, or is in LEFT_OUT with its reason. The walk
+Complete means: every requirement reachable from pyproject.toml's `dependencies` and `gpu` extra, with
+markers read for the target (CPython 3.12 on x86-64 Linux), is met by the image (image_packages.txt),
+by a wheel in the folder whose version meets every specifier that reached it, or is in LEFT_OUT with
+its reason. The walk
 stops at image packages: the image installed their own needs. Versions come from pip's resolver one
 level at a time (`pip install --dry-run --no-deps --report`, which reads the index's metadata files
 instead of downloading wheels), then each chosen wheel is downloaded once with `pip download --no-deps`.
@@ -61,6 +62,8 @@ TARGET_MARKERS = {
 LEFT_OUT = {
     "ray": "only `--executor ray` of clip/caption imports it; its wheel (~70 MB) alone is over the "
     "64 MiB that travels with a device call",
+    "flash-attn": "PyPI has no wheel of it (it builds against the local torch); the flash backend rows "
+    "skip with that reason",
 }
 # Requirements met by another distribution of the same module: scenedetect asks for opencv-python, and
 # the image's opencv-python-headless installs the same `cv2` (without the GUI, which nothing here uses).
@@ -99,8 +102,13 @@ class Plan:
         }
 
 
-def project_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[Requirement]:
-    return [Requirement(r) for r in tomllib.loads(pyproject.read_text())["project"]["dependencies"]]
+def project_requirements(
+    gpu_extra: bool = True, pyproject: Path = ROOT / "pyproject.toml"
+) -> list[Requirement]:
+    """`dependencies`, and the `gpu` extra (torchao for FP8; flash-attn, which LEFT_OUT names)."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    extra = project["optional-dependencies"]["gpu"] if gpu_extra else []
+    return [Requirement(r) for r in (*project["dependencies"], *extra)]
 
 
 def image_packages(path: Path = HERE / "image_packages.txt") -> dict[str, str | None]:
@@ -299,7 +307,8 @@ def installed() -> Plan:
             out[name] = Dist(name, dist.version, dist.requires or [], "installed")
         return out
 
-    return walk(source, {}, project_requirements(), "not installed for this Python")
+    # The gpu extra is optional here: without torchao the FP8 test skips and says so.
+    return walk(source, {}, project_requirements(gpu_extra=False), "not installed for this Python")
 
 
 def main(argv: list[str] | None = None) -> int:
