@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint clean gpu-suite
 
 install: $(STAMP)
 
@@ -27,6 +27,12 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check src tests examples
 	$(BIN)/ruff format --check src tests examples
+
+# The GPU suite (bench/gpu/, README "The GPU suite"), no install step: on the GPU machine it runs under
+# the image's python3. Here: GPU_SUITE=gather (the device's wheels) or GPU_SUITE=--cpu-smoke.
+GPU_SUITE ?=
+gpu-suite:
+	PYTHON=$$(test -x $(BIN)/python && echo $(BIN)/python || echo python3) bash bench/gpu/run.sh $(GPU_SUITE)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs
+    them on the CPU instead, to check the tests themselves). torch is imported only if there are any."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu or os.environ.get("VIDFORGE_GPU_TESTS_DEVICE") == "cpu":
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(
+        reason="gpu: no CUDA device visible (torch.cuda.is_available() is False); "
+        "run `make gpu-suite` on a GPU machine, or VIDFORGE_GPU_TESTS_DEVICE=cpu to check the tests on the CPU"
+    )
+    for item in gpu:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU suite's entry point (README: "The GPU suite"). In the repository root:
+#   bash bench/gpu/run.sh gather [--check|--verify]   here: wheels the device image lacks -> .gpu-wheels/
+#   bash bench/gpu/run.sh --cpu-smoke [--out DIR]     here: the whole driver at tiny shapes on the CPU
+#   bash bench/gpu/run.sh [--only STEPS] [--out DIR]  on the GPU machine, .gpu-wheels/ carried: install
+#                                                     them offline, check the install, run the suite
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+
+if [[ "${1:-}" == "gather" ]]; then
+    shift
+    exec "$PY" bench/gpu/gather.py "$@"
+fi
+
+if [[ " $* " != *" --cpu-smoke "* ]]; then
+    if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+        echo "no CUDA device visible to $PY: run this on the GPU machine, or pass --cpu-smoke" >&2
+        exit 2
+    fi
+    if [[ -d .gpu-wheels ]]; then
+        # --target keeps the image's packages (its torch above all) untouched; the checkout's src/ goes
+        # first, so the code that travelled is the code that runs even after the wheels were built.
+        site=${GPU_SUITE_SITE:-/tmp/vidforge-site}
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$site" .gpu-wheels/*.whl
+        export PYTHONPATH="$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
+    fi
+    "$PY" bench/gpu/gather.py --installed >/dev/null  # names what is missing here, and stops
+fi
+exec "$PY" bench/gpu/suite.py "$@"

@@ -1,0 +1,124 @@
+"""The sizes each measurement runs at: on the GPU (the issue's shapes) and in the CPU smoke run (the
+same code at tiny shapes, so that CI keeps the driver from rotting). One table per concern, so a new
+preset or shape is one line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The 1.3B comparison: vidforge's closest own preset beside diffusers' WanTransformer3DModel of the
+# Wan2.1-1.3B shape. When vidforge's `wan` model family lands, its preset replaces `dit-1b` here.
+PEERS: dict[str, dict] = {
+    "wan-1.3b": {
+        "vidforge_preset": "dit-1b",
+        # diffusers' WanTransformer3DModel arguments of Wan2.1-T2V-1.3B (its config.json).
+        "diffusers": {
+            "patch_size": (1, 2, 2),
+            "num_attention_heads": 12,
+            "attention_head_dim": 128,
+            "in_channels": 16,
+            "out_channels": 16,
+            "text_dim": 4096,
+            "freq_dim": 256,
+            "ffn_dim": 8960,
+            "num_layers": 30,
+            "cross_attn_norm": True,
+            "qk_norm": "rms_norm_across_heads",
+            "eps": 1e-6,
+        },
+    },
+}
+
+# The smoke run's stand-in for the peer pair: the same two model classes, two layers, hidden 64.
+SMOKE_PEER_OVERRIDES = {
+    "vidforge": {
+        "layers": 2,
+        "hidden": 64,
+        "heads": 4,
+        "mlp_hidden": 128,
+        "text_dim": 32,
+        "adaln_lora_rank": 8,
+    },
+    "diffusers": {
+        "num_layers": 2,
+        "num_attention_heads": 4,
+        "attention_head_dim": 16,
+        "ffn_dim": 128,
+        "text_dim": 32,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Everything size-like one suite run uses. Latents are (frames, height, width) before the model's
+    1x2x2 patches: 21 x 60 x 104 is 81 frames of 480x832 through a 4x8x8 VAE, 32,760 tokens."""
+
+    device: str
+    accelerator: str
+    attention_seq_lens: tuple[int, ...]
+    latent: tuple[int, int, int]
+    text_tokens: int
+    memory_latents: dict[str, tuple[int, int, int]]
+    warmup: int
+    repeats: int
+    infer_steps: int
+    # The 1.3B step at 32K tokens needs activation recompute to fit 80 GB (vidforge bench plan: 183 GiB
+    # without, 40 GiB with full): both vidforge and the peer run it with full recompute.
+    recompute: str
+    caption_clips: int
+    caption_size: tuple[int, int]
+    caption_models: tuple[str, str]
+    tokenize_clips: int
+    tokenize_size: tuple[int, int]  # (height, width), the one bucket
+    tokenize_frames: int  # 4k + 1
+    # diffusers AutoencoderKLWan arguments: {} is Wan2.1's VAE (random weights, the real architecture).
+    vae: dict
+
+
+GPU = Shapes(
+    device="cuda",
+    accelerator="h100",
+    attention_seq_lens=(4096, 16384, 32760),
+    latent=(21, 60, 104),
+    text_tokens=512,
+    memory_latents={"8K": (21, 30, 52), "32K": (21, 60, 104)},
+    warmup=2,
+    repeats=5,
+    infer_steps=2,
+    recompute="full",
+    caption_clips=32,
+    caption_size=(640, 360),
+    caption_models=("ViT-L-14", "coca_ViT-B-32"),
+    tokenize_clips=8,
+    tokenize_size=(256, 448),
+    tokenize_frames=33,
+    vae={},
+)
+
+SMOKE = Shapes(
+    device="cpu",
+    accelerator="cpu",
+    attention_seq_lens=(64,),
+    latent=(2, 4, 4),
+    text_tokens=8,
+    memory_latents={"8": (2, 4, 4)},
+    warmup=0,
+    repeats=1,
+    infer_steps=1,
+    recompute="full",
+    caption_clips=1,
+    caption_size=(64, 48),
+    caption_models=("tiny-clip", "tiny-coca"),
+    tokenize_clips=2,
+    tokenize_size=(32, 48),
+    tokenize_frames=5,
+    vae={
+        "base_dim": 8,
+        "z_dim": 4,
+        "dim_mult": [1, 2, 2, 2],
+        "num_res_blocks": 1,
+        "latents_mean": [0.0] * 4,
+        "latents_std": [1.0] * 4,
+    },
+)
