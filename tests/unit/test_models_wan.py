@@ -6,6 +6,7 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 
+from vidforge.bench.param_counts import parameter_counts
 from vidforge.models import build_model, model_config, pack_latents, unpack_tokens
 from vidforge.models.patchify import patchify, token_grid
 from vidforge.profile import Model
@@ -141,3 +142,14 @@ def test_wan_family_refuses_fields_it_does_not_have():
         Model.model_validate({"preset": "wan2.1-1.3b", "adaln_lora_rank": 8})
     with pytest.raises(ValueError, match="cross_attn_norm: only the wan family"):
         Model.model_validate({"preset": "tiny", "cross_attn_norm": True})
+
+
+def test_planner_counts_what_tensor_parallel_leaves_whole():
+    """Per block, tp replicates the six-vector table, the cross-attention LayerNorm (weight, bias) and
+    the three row-wise biases (two to_out.0, ffn.net.2); outside, it splits only time_proj."""
+    cfg = model_config("wan2.1-1.3b")
+    counts = parameter_counts(cfg)
+    d = cfg.hidden
+    assert counts.total == 1_418_996_800
+    assert counts.block - counts.block_tp == 6 * d + 2 * d + 3 * d
+    assert counts.outside_tp == d * 6 * d + 6 * d
