@@ -10,6 +10,7 @@ from torch import nn
 
 from vidforge.profile.model import Model
 
+
 @dataclass(frozen=True)
 class TensorParallelRules:
     """Which parameters tensor parallel splits, by name: every block parameter but those named in
