@@ -8,7 +8,16 @@ import typer
 
 from vidforge import __version__
 from vidforge.cli import bench as bench_cli
-from vidforge.cli import caption_cmd, clip_cmd, infer_cmd, profile_cmd, shard_cmd, tokenize_cmd, train_cmd
+from vidforge.cli import (
+    caption_cmd,
+    clip_cmd,
+    infer_cmd,
+    model_cmd,
+    profile_cmd,
+    shard_cmd,
+    tokenize_cmd,
+    train_cmd,
+)
 from vidforge.cli._errors import GuardedGroup
 from vidforge.cli._output import Output, set_current_output
 
@@ -52,6 +61,7 @@ app.command("tokenize")(tokenize_cmd.tokenize)
 app.command("train")(train_cmd.train)
 app.command("infer")(infer_cmd.infer)
 app.add_typer(bench_cli.app, name="bench")
+app.add_typer(model_cmd.app, name="model")
 
 
 def main() -> None:
