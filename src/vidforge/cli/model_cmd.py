@@ -10,6 +10,8 @@ import typer
 from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import current_output
 
+OutDir = Annotated[Path, typer.Option("--out", "-o", help="Folder to write (created).")]
+
 app = typer.Typer(
     help="Bring published weights (diffusers' Wan2.1 transformer) into a vidforge export, and back out.\n\n"
     "Example: vidforge model import Wan2.1-T2V-1.3B-Diffusers -o models/wan13b",
@@ -22,7 +24,7 @@ def import_(
     src: Annotated[
         Path, typer.Argument(help="A diffusers WanTransformer3DModel folder, or a Wan pipeline folder.")
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Export folder to write (created).")],
+    out: OutDir,
     dtype: Annotated[
         str | None,
         typer.Option("--dtype", help="Cast every tensor: float32 or bfloat16 (default: keep the weights')."),
@@ -47,7 +49,7 @@ def export(
     export_dir: Annotated[
         Path, typer.Argument(help="A vidforge export folder (or a training run directory).")
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (created).")],
+    out: OutDir,
     to: Annotated[
         str, typer.Option("--to", help="Target format; diffusers is the one there is.")
     ] = "diffusers",

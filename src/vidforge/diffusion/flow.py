@@ -32,6 +32,8 @@ from typing import Literal
 
 import torch
 
+from vidforge.diffusion.edm import EDM
+
 Velocity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """v(x, t) -> predicted noise - x0, same shape as x; t a 0-d tensor."""
 
@@ -62,10 +64,7 @@ class RectifiedFlow:
         if self.logit_std <= 0 or self.shift <= 0:
             raise ValueError(f"flow logit_std and shift must be > 0, got {self.logit_std} and {self.shift}")
 
-    @staticmethod
-    def expand(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """Per-sample t (B,) -> (B, 1, ..., 1), broadcastable against a batch `like` (B, ...)."""
-        return t.reshape(t.shape[0], *([1] * (like.ndim - 1)))
+    expand = staticmethod(EDM.expand)  # per-sample t (B,) -> (B, 1, ..., 1), as for sigma
 
     def sample_t(
         self,

@@ -31,13 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.models.attention import KeyPadding, Segments
+from vidforge.models.backbone import VideoTransformer
 from vidforge.models.blocks import DiTBlock
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
-from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid, unpatchify
 from vidforge.models.rope import rope_tables, sincos_position_embedding
 from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
-from vidforge.models.token_inputs import check_conditions, model_tokens, place_tokens
+from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
 
 
@@ -47,7 +46,7 @@ def block_class(cfg: Model) -> type[nn.Module]:
     return ParallelSTDiTBlock if cfg.stdit_block == "parallel" else STDiTBlock
 
 
-class DiT(nn.Module):
+class DiT(VideoTransformer):
     """DiT / ST-DiT over video latents, built from the profile's `model` section."""
 
     def __init__(self, config: Model) -> None:
@@ -110,23 +109,16 @@ class DiT(nn.Module):
         text_mask = torch.where(drop[:, None], null_mask[None], text_mask)
         return text, text_mask
 
-    def condition(
+    def conditioning(
         self,
+        place: TokenPlacement,
         noise_level: torch.Tensor,
         text: torch.Tensor,
-        text_mask: torch.Tensor | None = None,
-        drop_text: torch.Tensor | None = None,
-        *,
-        batch: int = 1,
-        grid: Grid | None = None,
-        layout: SequenceLayout | None = None,
-        shard: TokenShard | None = None,
+        text_mask: torch.Tensor | None,
+        drop_text: torch.Tensor | None,
     ) -> Conditioning:
-        """Everything the blocks need besides the tokens. Small and cheap, so pipeline stages recompute
-        it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row), or `shard` (this
-        context-parallel rank's part of either; it carries the grid or layout)."""
-        place = place_tokens(batch, grid, layout, shard, text.device)
-        check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim)
+        """The learned null caption where drop_text is True, the caption's real tokens, RoPE tables in
+        the model's precision."""
         time = self.time_embed(noise_level)
         shared = self.shared_modulation(F.silu(time)) if self.shared_modulation is not None else None
         text, text_mask = self.with_null_text(text, text_mask, drop_text)
@@ -152,37 +144,21 @@ class DiT(nn.Module):
     def param_dtype(self) -> torch.dtype:
         return self.time_embed.fc1.weight.dtype
 
-    # --- forward --------------------------------------------------------------------------------------
+    # --- layers around the blocks (the forward is `VideoTransformer.forward`) --------------------------
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        noise_level: torch.Tensor,
-        text: torch.Tensor,
-        text_mask: torch.Tensor | None = None,
-        *,
-        layout: SequenceLayout | None = None,
-        grid: Grid | None = None,
-        drop_text: torch.Tensor | None = None,
-        shard: TokenShard | None = None,
-    ) -> torch.Tensor:
-        cfg = self.config
-        inputs = model_tokens(x, cfg.in_channels, cfg.patch, layout, grid, shard)
-        tokens, grid = inputs.tokens, inputs.grid
-        cond = self.condition(
-            noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid, layout=layout, shard=shard
-        )
-        if self.patch_embed is not None:
-            h = self.patch_embed(tokens)
-            if cfg.abs_position == "sincos":
-                h = h + sincos_position_embedding(cond.positions, cfg.hidden, h.dtype)
-        else:
-            h = tokens
-        for block in self.blocks.values():
-            h = block(h, cond)
-        if self.final is None:
-            return h
-        out = self.final(h, cond)
-        if inputs.latents_in:
-            return unpatchify(out, grid, cfg.patch, cfg.in_channels)
-        return out
+    @property
+    def has_input_layer(self) -> bool:
+        return self.patch_embed is not None
+
+    @property
+    def has_output_layer(self) -> bool:
+        return self.final is not None
+
+    def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        h = self.patch_embed(tokens)
+        if self.config.abs_position == "sincos":
+            h = h + sincos_position_embedding(cond.positions, self.config.hidden, h.dtype)
+        return h
+
+    def head(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        return self.final(h, cond)

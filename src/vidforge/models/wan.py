@@ -1,7 +1,7 @@
 """Wan2.1's video transformer: diffusers' `WanTransformer3DModel` (T2V), module for module, so that the
 state dict keys, shapes and dtype rules are the reference's and its published weights load by name.
 
-The forward has vidforge's DiT interface (see `vidforge.models.dit`): a plain batch of latents
+The forward is vidforge's (`VideoTransformer.forward`, described in `vidforge.models.dit`): a plain batch of latents
 (B, C, T, H, W), a packed row of patch tokens (1, S, pt*ph*pw*C) with its `SequenceLayout`, or a
 context-parallel rank's tokens with its `TokenShard`; attention goes through vidforge's dispatcher
 (`Attend`), so packing, context parallel and every backend work as for the DiT.
@@ -39,12 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.models.attention import Attend, AttentionMask, Segments
+from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
-from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid, unpatchify
 from vidforge.models.rope import apply_rope, rope_tables
 from vidforge.models.scopes import Scope
-from vidforge.models.token_inputs import check_conditions, model_tokens, place_tokens
+from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
 
 TIMESTEP_SCALE = 1000.0  # Wan's timestep is 1000 t
@@ -205,7 +204,7 @@ class WanBlock(nn.Module):
         return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
 
 
-class WanTransformer(nn.Module):
+class WanTransformer(VideoTransformer):
     """Wan2.1 T2V transformer built from the profile's `model` section (family wan)."""
 
     def __init__(self, config: Model) -> None:
@@ -245,24 +244,18 @@ class WanTransformer(nn.Module):
     def param_dtype(self) -> torch.dtype:
         return self.condition_embedder.time_proj.weight.dtype
 
-    # --- conditioning ---------------------------------------------------------------------------------
+    # --- conditioning and the layers around the blocks (the forward is `VideoTransformer.forward`) ---
 
-    def condition(
+    def conditioning(
         self,
+        place: TokenPlacement,
         noise_level: torch.Tensor,
         text: torch.Tensor,
-        text_mask: torch.Tensor | None = None,
-        drop_text: torch.Tensor | None = None,
-        *,
-        batch: int = 1,
-        grid: Grid | None = None,
-        layout: SequenceLayout | None = None,
-        shard: TokenShard | None = None,
+        text_mask: torch.Tensor | None,
+        drop_text: torch.Tensor | None,
     ) -> Conditioning:
-        """Everything the blocks need besides the tokens (the DiT's `condition`, Wan's content): `time`
-        is Wan's temb, `shared_modulation` its time_proj (N, 6 hidden)."""
-        place = place_tokens(batch, grid, layout, shard, text.device)
-        check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim)
+        """Wan's content in the DiT's `Conditioning`: `time` is Wan's temb, `shared_modulation` its
+        time_proj (N, 6 hidden); every caption position is a key (pads zeroed), float32 RoPE tables."""
         text = zero_padded_text(text, text_mask, drop_text)
         temb, time_proj, text_tokens = self.condition_embedder(noise_level, text)
         if place.query_lens is not None:
@@ -276,44 +269,22 @@ class WanTransformer(nn.Module):
             temb, time_proj, text_tokens, cross_mask, rope, place.scopes, place.token_sample, place.positions
         )
 
-    # --- forward --------------------------------------------------------------------------------------
+    @property
+    def has_input_layer(self) -> bool:
+        return self.patch_embedding is not None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        noise_level: torch.Tensor,
-        text: torch.Tensor,
-        text_mask: torch.Tensor | None = None,
-        *,
-        layout: SequenceLayout | None = None,
-        grid: Grid | None = None,
-        drop_text: torch.Tensor | None = None,
-        shard: TokenShard | None = None,
-    ) -> torch.Tensor:
-        """The flow network's prediction (Wan predicts noise - x0) for x at flow time `noise_level`."""
-        cfg = self.config
-        inputs = model_tokens(x, cfg.in_channels, cfg.patch, layout, grid, shard)
-        cond = self.condition(
-            noise_level,
-            text,
-            text_mask,
-            drop_text,
-            batch=x.shape[0],
-            grid=inputs.grid,
-            layout=layout,
-            shard=shard,
-        )
-        h = self.patch_embedding(inputs.tokens) if self.patch_embedding is not None else inputs.tokens
-        for block in self.blocks.values():
-            h = block(h, cond)
-        if self.proj_out is None:
-            return h
+    @property
+    def has_output_layer(self) -> bool:
+        return self.proj_out is not None
+
+    def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        return self.patch_embedding(tokens)
+
+    def head(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """Output norm shifted and scaled by the table plus temb (not time_proj), then proj_out."""
         table = self.scale_shift_table.flatten(1)
         shift, scale = cond.per_token(table + cond.time.repeat(1, 2)).chunk(2, dim=-1)
-        out = self.proj_out((self.norm_out(h.float()) * (1 + scale) + shift).type_as(h))
-        if inputs.latents_in:
-            return unpatchify(out, inputs.grid, cfg.patch, cfg.in_channels)
-        return out
+        return self.proj_out((self.norm_out(h.float()) * (1 + scale) + shift).type_as(h))
 
 
 def zero_padded_text(

@@ -16,6 +16,16 @@ from vidforge.profile.base import Section
 # (`vidforge.models.count_parameters`): dit-1b 1.5e9, dit-7b 8.0e9, dit-14b 13.5e9, dit-28b 30.3e9,
 # stdit-7b 7.3e9, stdit-12b 12.9e9. The wan presets are Wan2.1's published transformers (family wan,
 # diffusers' WanTransformer3DModel): wan2.1-1.3b 1.42e9, wan2.1-14b 14.3e9 parameters.
+
+# What Wan2.1 T2V's two sizes share: umT5 text (4096), 16 latent channels, patch 1x2x2 (the default),
+# heads of 128, a LayerNorm before cross-attention.
+WAN2_1: dict[str, Any] = {
+    "family": "wan",
+    "architecture": "dit",
+    "in_channels": 16,
+    "text_dim": 4096,
+    "cross_attn_norm": True,
+}
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "architecture": "dit",
@@ -100,30 +110,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "text_dim": 4096,
         "adaln_lora_rank": 256,
     },
-    # Wan2.1 T2V (the Wan2.1-T2V-*-Diffusers transformer configs): umT5 text (4096), 16 latent channels,
-    # patch 1x2x2, heads of 128, a LayerNorm before cross-attention.
-    "wan2.1-1.3b": {
-        "family": "wan",
-        "architecture": "dit",
-        "layers": 30,
-        "hidden": 1536,
-        "heads": 12,
-        "mlp_hidden": 8960,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "cross_attn_norm": True,
-    },
-    "wan2.1-14b": {
-        "family": "wan",
-        "architecture": "dit",
-        "layers": 40,
-        "hidden": 5120,
-        "heads": 40,
-        "mlp_hidden": 13824,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "cross_attn_norm": True,
-    },
+    # Wan2.1 T2V, the Wan2.1-T2V-{1.3B,14B}-Diffusers transformer configs.
+    "wan2.1-1.3b": {**WAN2_1, "layers": 30, "hidden": 1536, "heads": 12, "mlp_hidden": 8960},
+    "wan2.1-14b": {**WAN2_1, "layers": 40, "hidden": 5120, "heads": 40, "mlp_hidden": 13824},
 }
 
 # What the wan family fixes: Wan2.1's block has exactly this shape, so a field set otherwise has no
