@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from vidforge.data.loader import ShardLoader
-    from vidforge.data.packing import Packer
+    from vidforge.data.batching import Packer
     from vidforge.data.sharding import run as shard
     from vidforge.data.testing import make_annotated_dir, make_latent_shards
     from vidforge.profile import load_profile

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 OUT=${1:-runs/ci-smoke}
 TRAIN_STEPS=${TRAIN_STEPS:-20} bash commands/demo.sh "$OUT"
 for f in "$OUT/clips/manifest.jsonl" "$OUT/captioned/manifest.jsonl" "$OUT/shards/index.json" \
-         "$OUT/latents/index.json" "$OUT/train/export/model.safetensors" "$OUT/samples/contact_sheet.png"; do
+         "$OUT/latents/index.json" "$OUT/train/export/model.safetensors" "$OUT/samples/contact_sheet.png" \
+         "$OUT/captioned/review/index.html" "$OUT/train/review/index.html" "$OUT/samples/review/index.html"; do
   [ -s "$f" ] || { echo "ci-smoke: missing $f" >&2; exit 1; }
 done
 echo "ci-smoke: ok"

@@ -26,8 +26,10 @@ stage "train" "$VF" train "${train_args[@]}"
 infer_args=(-c "$OUT/train" -o "$OUT/samples")
 for p in "${PROMPTS[@]}"; do infer_args+=(--prompt "$p"); done
 stage "infer" "$VF" infer "${infer_args[@]}"
+for run in captioned train samples; do stage "review $run" "$VF" review "$OUT/$run"; done
 
 echo
 echo "videos:        $OUT/samples/*.mp4"
 echo "contact sheet: $OUT/samples/contact_sheet.png"
 echo "metrics:       $OUT/train/metrics.jsonl"
+echo "review pages:  $OUT/{captioned,train,samples}/review/index.html (open in a browser, no server)"

@@ -23,6 +23,17 @@ def sample_videos(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium driven over the DevTools pipe (tests/browser.py); skips without chromium,
+    except under CI=true, where it fails."""
+    from browser import Browser, chromium_or_skip
+
+    b = Browser(chromium_or_skip())
+    yield b
+    b.close()
+
+
 @pytest.fixture(scope="session")
 def sample_truth(sample_videos) -> dict[str, dict]:
     """{name: ground truth} of the sample videos."""

@@ -81,8 +81,8 @@ def _inputs(row_kind: str):
 
 
 def _edm_loss(model, clean, noise, sigma, sigma_b, text, drop, **row):
-    """The training step's computation (train/step.py): noise, denoise with the preconditioned model,
-    weighted per-element loss."""
+    """The EDM loss written out: noise, denoise with the preconditioned model, weighted per-element loss
+    (the training step's `DenoisingLoss` is the same loss on the raw output)."""
     from vidforge.diffusion import EDM
 
     edm = EDM()
@@ -91,7 +91,7 @@ def _edm_loss(model, clean, noise, sigma, sigma_b, text, drop, **row):
         return model(x_in, c_noise, *text, drop_text=drop, **row)
 
     denoised = edm.denoise(network, clean + sigma_b * noise, sigma, sigma_b)
-    return denoised, edm.loss(denoised, clean, sigma_b)
+    return denoised, edm.loss_weight(sigma_b) * (denoised - clean) ** 2
 
 
 def _case(model, impl: str, row_kind: str, group) -> dict[str, float]:
@@ -150,8 +150,8 @@ def _case(model, impl: str, row_kind: str, group) -> dict[str, float]:
 def _sampling(model, impl: str, group, cfg_group=None) -> dict[str, float]:
     """Largest difference between context-parallel and single-process sampled latents, with the null
     caption and with a negative prompt as the unconditional branch."""
-    from vidforge.infer.sampling import sample_latents
-    from vidforge.parallel.context_parallel import apply_cp, sample_latents_cp
+    from vidforge.infer.sampling import sample_latents, sample_latents_cp
+    from vidforge.parallel.context_parallel import apply_cp
     from vidforge.profile import load_profile
 
     profile = load_profile(None, ["diffusion.steps=3", "diffusion.guidance=2.0", "diffusion.sampler=heun"])

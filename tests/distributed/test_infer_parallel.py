@@ -99,8 +99,8 @@ def _cfg_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     from vidforge.diffusion import EDM
-    from vidforge.diffusion.guidance import parallel_classifier_free_guidance
     from vidforge.infer.sampling import sample_latents
+    from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
 
     model = _tiny_model()
     text, mask, negative = _captions()
@@ -134,12 +134,18 @@ def cfg_results(two_ranks) -> list[dict[str, torch.Tensor]]:
 
 
 def test_cfg_parallel_denoiser_equals_one_batch_guidance(cfg_results) -> None:
-    from vidforge.diffusion import EDM, model_denoiser
+    from vidforge.diffusion import EDM, classifier_free_guidance
 
     model = _tiny_model()
     text, mask, _ = _captions()
+
+    def batched(x, sigma, uncond):  # [cond; uncond] rows in one batch, each with its sample's caption
+        reps = x.shape[0] // text.shape[0]
+        net = lambda x_in, c: model(x_in, c, text.repeat(reps, 1, 1), mask.repeat(reps, 1), drop_text=uncond)  # noqa: E731
+        return EDM().denoise(net, x, sigma.expand(x.shape[0]))
+
     with torch.no_grad():
-        reference = model_denoiser(model, EDM(), text, mask, guidance=4.0)(*_denoiser_input())
+        reference = classifier_free_guidance(batched, 4.0)(*_denoiser_input())
     # float64 model. The ranks run batches of 2 rows where the reference runs 4, so matmul blocking
     # differs in the last bits (measured: 2e-15 apart, not bitwise equal): 1e-12 is float64 rounding.
     for result in cfg_results:

@@ -1,17 +1,17 @@
 """Pipeline parallel (GPipe, 1F1B, interleaved 1F1B; alone and under FSDP2) on gloo ranks vs one process.
 
 Each rank builds the same float64 tiny DiT (moved off its adaLN-Zero start so every parameter gets a
-gradient), splits it, and runs `PipelineTrainer.step`. The reference is the whole model in one process,
-drawing noise levels, caption dropout and noise in the training loop's order from the same seed, with
-the EDM loss written the usual way, lambda(sigma) (D - y)^2 through `EDM.denoise` / `EDM.loss`, in
-float64. Compared: the loss, the per-sample losses, every parameter's gradient gathered by name from the
+gradient), splits it, and runs the training step's pipeline implementation (`PipelineTrainStep` over a
+`PipelineRunner`). The reference is the whole model in one process, drawing noise levels, caption
+dropout and noise in the training loop's order from the same seed, with the EDM loss written the usual
+way, lambda(sigma) (D - y)^2 through `EDM.denoise` and `EDM.loss_weight`, in float64. Compared: the loss, the per-sample losses, every parameter's gradient gathered by name from the
 stages (each stage's copy of a conditioning parameter must hold the whole model's gradient), the clipped
 gradient norm, and three clipped AdamW steps (losses and final weights). One run of 4 ranks, mesh
 (pp=2, dp_shard=2), serves every case: pp=2 pipelines on dp_shard rank 0, and pp=2 x FSDP2 over all four.
 
 Tolerances: both sides are float64 and differ only in summation order and in the identity
-lambda c_out^2 = 1 (the pipeline's squared error on the raw output), so rtol 1e-9. The training loop's
-own `micro_batch_loss` is checked on the first step too, at rtol 1e-6: it computes its loss in float32.
+lambda c_out^2 = 1 (the step's squared error on the raw output), so rtol 1e-9. The one-module step's
+loss (`DenoisingLoss` on the whole model) is checked on the first step too, at rtol 1e-6.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ranks import run_ranks  # noqa: E402
 
-from vidforge.data.packing import BucketBatch, PackedBatch  # noqa: E402
-from vidforge.diffusion import EDM  # noqa: E402
+from vidforge.data.batching import BucketBatch, PackedBatch  # noqa: E402
+from vidforge.diffusion import EDM, build_objective  # noqa: E402
 from vidforge.models import build_model, model_config, pack_latents  # noqa: E402
 from vidforge.profile import load_profile  # noqa: E402
-from vidforge.train.step import micro_batch_loss  # noqa: E402
+from vidforge.train.loss import DenoisingLoss  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -95,10 +95,10 @@ def _batches(packed: bool):
 
 
 def _edm_loss64(model, edm: EDM, batch, caption_dropout: float):
-    """The EDM loss of one micro-batch as `micro_batch_loss` draws it, kept in float64 throughout."""
+    """The EDM loss of one micro-batch as `DenoisingLoss.draw` draws it, kept in float64 throughout."""
     text, mask = batch.text_emb, batch.text_mask
     n = text.shape[0]
-    sigma = edm.sample_sigma(n)
+    sigma = edm.sample_levels(n)
     drop = torch.rand(n) < caption_dropout
     if isinstance(batch, PackedBatch):
         clean, layout = batch.tokens, batch.layout
@@ -114,7 +114,8 @@ def _edm_loss64(model, edm: EDM, batch, caption_dropout: float):
             return model(x, c_noise, text, mask, drop_text=drop)
 
     noise = torch.randn(clean.shape, dtype=clean.dtype)
-    elementwise = edm.loss(edm.denoise(network, clean + sigma_b * noise, sigma, sigma_b), clean, sigma_b)
+    denoised = edm.denoise(network, clean + sigma_b * noise, sigma, sigma_b)
+    elementwise = edm.loss_weight(sigma_b) * (denoised - clean) ** 2
     if isinstance(batch, PackedBatch):
         per_token = elementwise.mean(dim=-1)[0]
         per_sample = torch.stack(
@@ -128,8 +129,9 @@ def _edm_loss64(model, edm: EDM, batch, caption_dropout: float):
 def _reference(layers: int, arch: str, packed: bool, profile) -> dict:
     """One process: gradients of step 1, then STEPS clipped AdamW steps."""
     model = _model(layers, arch).train()
-    edm = EDM.from_profile(profile.diffusion)
+    edm = build_objective(profile.diffusion)
     dropout = profile.diffusion.caption_dropout
+    one_module = DenoisingLoss(edm, dropout, model.config.patch, model.config.in_channels)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     torch.manual_seed(5)
     out: dict = {"losses": [], "norms": []}
@@ -139,7 +141,8 @@ def _reference(layers: int, arch: str, packed: bool, profile) -> dict:
         if step == 0:  # the training loop's own loss, from the same draws
             state = torch.get_rng_state()
             with torch.no_grad():
-                micro = [micro_batch_loss(model, edm, r, dropout, torch.device("cpu")) for r in rows]
+                inputs = [one_module.draw(r, torch.device("cpu")) for r in rows]
+                micro = [one_module.reduce(model(i.x, **i.model_kwargs), i) for i in inputs]
             out["loop_loss"] = sum(m.loss.item() for m in micro) / len(rows)
             torch.set_rng_state(state)
         results = [_edm_loss64(model, edm, r, dropout) for r in rows]
@@ -168,38 +171,57 @@ CASES = {
 WORLD = 4  # mesh (pp=2, dp_shard=2): two pipelines side by side, sharded together in the FSDP case
 
 
-def _train_pipeline(mesh, schedule, vpp, layers, arch, packed, microbatches, whole_batch, fsdp) -> dict:
-    """STEPS clipped AdamW steps through the pipeline. With `fsdp`, PP first, then FSDP2 on each stage
-    module over dp_shard (both dp ranks see the same batch and draws, so the average is the same)."""
-    from vidforge.parallel.fsdp import apply_fsdp
-    from vidforge.parallel.pipeline import PipelineTrainer
+def _pipeline_step(mesh, profile, layers: int, arch: str, fsdp: bool = False):
+    """The training step's pipeline implementation over this rank's stages of the test model (float64,
+    built here rather than from the profile). With `fsdp`, PP first, then FSDP2 on each stage module
+    over dp_shard (both dp ranks see the same batch and draws, so the average is the same)."""
+    import torch.distributed as dist
 
-    profile = _profile(schedule, vpp, layers, microbatches, dp_shard=2 if fsdp else 1)
-    trainer = PipelineTrainer(_model(layers, arch), mesh["pp"], profile, torch.device("cpu"))
+    from vidforge.parallel.dims import ParallelDims
+    from vidforge.parallel.fsdp import apply_fsdp
+    from vidforge.parallel.pipeline import PipelineRunner
+    from vidforge.parallel.runtime import Runtime
+    from vidforge.train.build import TrainParts
+    from vidforge.train.step import PipelineTrainStep
+
+    cpu = torch.device("cpu")
+    runner = PipelineRunner(
+        _model(layers, arch), mesh["pp"], profile.layout, profile.parallel.pp_schedule, cpu
+    )
     if fsdp:
-        for module in trainer.stage_modules:
+        for module in runner.stage_modules:
             apply_fsdp(
                 module, mesh["dp_shard"], module.blocks, param_dtype=torch.float64, reduce_dtype=torch.float64
             )
+    optimizer = torch.optim.AdamW(runner.parameters(), lr=LR)
+    parts = TrainParts(list(runner.stage_modules), [optimizer], None, None, runner)
+    runtime = Runtime(dist.get_rank(), dist.get_world_size(), 0, cpu, ParallelDims(profile.layout, "cpu"))
+    return PipelineTrainStep(profile, runtime, parts)
+
+
+def _train_pipeline(mesh, schedule, vpp, layers, arch, packed, microbatches, whole_batch, fsdp) -> dict:
+    """STEPS clipped AdamW steps through the pipeline."""
+    profile = _profile(schedule, vpp, layers, microbatches, dp_shard=2 if fsdp else 1)
+    step = _pipeline_step(mesh, profile, layers, arch, fsdp)
+    runner = step.runner
     if whole_batch:
-        trainer.presplit = False  # the torch < 2.12 path: the schedule splits one whole batch
-    trainer.train()
-    optimizer = torch.optim.AdamW(trainer.parameters(), lr=LR)
+        runner.presplit = False  # the torch < 2.12 path: the schedule splits one whole batch
+    runner.train()
     torch.manual_seed(5)
-    out: dict = {"losses": [], "norms": [], "stage_ids": trainer.stage_ids}
-    for step in range(STEPS):
-        micro = trainer.step(_batches(packed))
-        out["losses"].append(micro.loss.item())
-        if step == 0:
+    out: dict = {"losses": [], "norms": [], "stage_ids": runner.stage_ids}
+    for i in range(STEPS):
+        batches = _batches(packed)
+        done = step.forward_backward(batches if packed else [batches])
+        out["losses"].append(done.loss)
+        if i == 0:
             out["grads"] = [
-                {n: _full(p.grad).clone() for n, p in m.named_parameters()} for m in trainer.stage_modules
+                {n: _full(p.grad).clone() for n, p in m.named_parameters()} for m in runner.stage_modules
             ]
-            out["per_sample"] = micro.per_sample.clone()
-        out["norms"].append(float(trainer.clip_grad_norm_(MAX_NORM)))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            out["per_sample"] = done.per_sample.clone()
+        out["norms"].append(step.clip_grad_norm_(MAX_NORM))
+        step.apply()
     out["params"] = [
-        {n: _full(p.detach()).clone() for n, p in m.named_parameters()} for m in trainer.stage_modules
+        {n: _full(p.detach()).clone() for n, p in m.named_parameters()} for m in runner.stage_modules
     ]
     return out
 
@@ -210,15 +232,11 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 def _accumulate_two_steps(mesh) -> list[dict]:
     """Two interleaved (vpp=2) pipeline steps into the same .grad, no optimizer step between."""
-    from vidforge.parallel.pipeline import PipelineTrainer
-
-    trainer = PipelineTrainer(
-        _model(4, "dit"), mesh["pp"], _profile("interleaved-1f1b", 2, 4), torch.device("cpu")
-    )
+    step = _pipeline_step(mesh, _profile("interleaved-1f1b", 2, 4), 4, "dit")
     torch.manual_seed(5)
     for _ in range(2):
-        trainer.step(_batches(False))
-    return [{n: p.grad.clone() for n, p in m.named_parameters()} for m in trainer.stage_modules]
+        step.forward_backward([_batches(False)])
+    return [{n: p.grad.clone() for n, p in m.named_parameters()} for m in step.runner.stage_modules]
 
 
 def _pipeline_worker(rank: int, world: int) -> bytes:
@@ -316,7 +334,7 @@ def test_two_steps_accumulate_gradients_like_two_backwards(pipeline_runs):
     count each step once (the sum adds only a step's own contributions to what .grad held)."""
     model = _model(4, "dit").train()
     profile = _profile("interleaved-1f1b", 2, 4)
-    edm = EDM.from_profile(profile.diffusion)
+    edm = build_objective(profile.diffusion)
     torch.manual_seed(5)
     for _ in range(2):
         _edm_loss64(model, edm, _batches(False), profile.diffusion.caption_dropout)[0].backward()

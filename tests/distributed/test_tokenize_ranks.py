@@ -17,18 +17,11 @@ import numpy as np
 import pytest
 
 from vidforge.data.shard_index import read_index
-from vidforge.data.testing import make_annotated_dir
+from vidforge.data.testing import SMALL_SHARD_SETS, make_annotated_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-SETTINGS = [
-    "data.buckets=[[48,64],[64,48],[64,64]]",
-    "data.frame_buckets=[1,5,9]",
-    "data.shard_max_samples=1",
-    "data.val_fraction=0",
-    "text_encoder.max_length=16",
-    "tokenizer.spatial_compression=4",
-]
+SETTINGS = SMALL_SHARD_SETS
 
 
 def _sets() -> list[str]:

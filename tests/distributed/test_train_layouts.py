@@ -128,10 +128,8 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
     ],
 )
 def test_pipeline_refuses_what_it_cannot_do(sets, field) -> None:
-    from vidforge.errors import UserInputError
-    from vidforge.parallel.dims import ParallelDims
-    from vidforge.train import loop
+    """The layout rulebook refuses these when the profile loads, naming the field."""
+    from vidforge.profile import ProfileError
 
-    profile = train_profile("cluster.cpu_processes=4", "parallel.pp=2", "parallel.pp_microbatches=2", *sets)
-    with pytest.raises(UserInputError, match=field.replace(".", r"\.")):
-        loop._check_layout(profile, ParallelDims.from_profile(profile))
+    with pytest.raises(ProfileError, match=field.replace(".", r"\.")):
+        train_profile("cluster.cpu_processes=4", "parallel.pp=2", "parallel.pp_microbatches=2", *sets)

@@ -1,5 +1,5 @@
 """`vidforge bench` end to end through the CLI on tiny configs: every subcommand runs, writes what it
-promises, and its figures are sane (positive, MFU below 1, more tokens take more time and memory,
+promises, and its figures are sane (positive, MFU below 1, more tokens take more FLOPs and memory,
 guidance batching and sequential guidance sample the same latents)."""
 
 from __future__ import annotations
@@ -52,21 +52,18 @@ def test_bench_train_figures_are_sane_and_grow_with_tokens() -> None:
         assert 0 < r["mfu"] < 1
         assert r["peak_memory_gib"] > 0 and r["predicted_memory_gib"] > 0
         assert r["predicted_measured_terms_gib"] == pytest.approx(r["peak_memory_gib"], rel=0.15)
+    # what cannot flake: token and FLOP counts, memory (step times belong in benchmarks, not tests)
     assert long["tokens_per_step"] == 16 * short["tokens_per_step"]
-    # The fastest step of each (robust to other processes taking the shared cores now and then).
-    assert min(long["step_times_s"]) > min(short["step_times_s"]), (
-        long["step_times_s"],
-        short["step_times_s"],
-    )
+    assert long["flops_per_step"] > 16 * short["flops_per_step"]
     assert long["peak_memory_gib"] > short["peak_memory_gib"]
     assert long["measured_memory"]["activations"] > 8 * short["measured_memory"]["activations"]
 
 
-def test_bench_train_refuses_pipeline_parallel() -> None:
+def test_bench_train_runs_the_layout_on_its_ranks_only() -> None:
     sets = ["--set", "cluster.cpu_processes=2", "--set", "parallel.pp=2", "--set", "model.layers=2"]
     result = runner.invoke(app, ["bench", "train", *sets])
     assert result.exit_code == 2
-    assert "parallel.pp" in result.output and "bench plan" in result.output
+    assert "needs 2 rank(s) but 1 started; use --nproc 2" in result.output
 
 
 def test_bench_infer_every_sampler_with_and_without_guidance_batching() -> None:

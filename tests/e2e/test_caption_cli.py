@@ -11,70 +11,24 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import av
 import pytest
 from typer.testing import CliRunner
 
-from vidforge.cli.app import app
-from vidforge.data.manifest import stable_id, write_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from curation_fixtures import SETTINGS, make_clips_dir  # noqa: E402
+
+from vidforge.cli.app import app  # noqa: E402
 
 runner = CliRunner()
-NAMES = ["red_square", "motion_static", "motion_slow", "motion_fast", "fade_text"]
-SETTINGS = [
-    "curation.caption.backend=sidecar",
-    "curation.caption.random_weights=true",
-    "curation.caption.clip.model=tiny-clip",
-    "curation.caption.clip.frames=2",
-    "curation.caption.ocr.enabled=false",
-    "curation.caption.aesthetic.enabled=true",  # explicit: the default profile may turn them off
-    "curation.caption.clip_score.enabled=true",
-    "curation.caption.motion.enabled=true",
-    "curation.caption.aesthetic.min_score=-1000",
-    "curation.caption.clip_score.min_score=-1",
-    "curation.caption.batch_clips=2",
-]
 
 
 @pytest.fixture
 def clips_dir(tmp_path, sample_videos, sample_truth):
     """A stand-in for a `vidforge clip` output: each sample video whole as one clip, plus a corrupt one."""
-    root = tmp_path / "clips_run"
-    (root / "clips").mkdir(parents=True)
-    records = []
-    for name in NAMES:
-        truth = sample_truth[name]
-        source = sample_videos / truth["file"]
-        cid = stable_id(source, 0, truth["frames"])
-        shutil.copy(source, root / "clips" / f"{cid}.mp4")
-        records.append(
-            {
-                "clip_id": cid,
-                "source": str(source),
-                "start_frame": 0,
-                "end_frame": truth["frames"],
-                "start_s": 0.0,
-                "end_s": truth["seconds"],
-                "fps": truth["fps"],
-                "width": truth["width"],
-                "height": truth["height"],
-                "frames": truth["frames"],
-                "media": f"clips/{cid}.mp4",
-            }
-        )
-    bad = stable_id("broken", 0, 10)
-    (root / "clips" / f"{bad}.mp4").write_bytes(b"not a video at all")
-    records.append(
-        {
-            "clip_id": bad,
-            "source": str(sample_videos / "red_square.mp4"),
-            "start_s": 0.0,
-            "end_s": 1.0,
-            "media": f"clips/{bad}.mp4",
-        }
-    )
-    write_jsonl(root / "manifest.jsonl", records)
-    return root
+    return make_clips_dir(tmp_path / "clips_run", sample_videos, sample_truth)
 
 
 def _run(clips, out, *extra):

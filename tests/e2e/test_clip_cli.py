@@ -1,6 +1,7 @@
 """`vidforge clip` end to end on the sample videos: stitching follows similarity, the static shot goes,
 clips hold exactly their frames, reruns are no-ops, a killed run resumes to the same manifest, bad
-inputs are recorded and the batch goes on, and Ray gives the same manifest as the local executor."""
+inputs are recorded and the batch goes on, Ray gives the same manifest as the local executor, and
+`vidforge review` shows the kept clips and the dropped shots (in headless Chromium)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,25 @@ def test_static_shot_is_dropped_with_its_ratio(curated, sample_truth):
     # frames s..e-1 repeat their predecessor; the clip's first frame is not counted (it follows a cut)
     expected = (e - s) / (static[0]["end_frame"] - 30 - 1)
     assert static[0]["static_ratio"] == pytest.approx(expected, abs=1e-3) and expected > 0.3
+
+
+def test_review_page_shows_kept_clips_and_dropped_shots(curated, browser, tmp_path):
+    page = tmp_path / "review"
+    result = CliRunner().invoke(app, ["--json", "review", str(curated), "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    browser.open((page / "index.html").as_uri())
+    items = "[...document.querySelectorAll('#items .item')]"
+    rejected = [json.loads(x) for x in (curated / "rejected.jsonl").read_text().splitlines()]
+    rows = browser.js(f"{items}.map(r => [r.dataset.id, r.dataset.keep])")
+    assert rows == [[r["clip_id"], "true"] for r in _records(curated)] + [
+        [r["clip_id"], "false"] for r in rejected
+    ]
+    browser.wait_for("[...document.images].every(i => i.complete)")
+    strips = browser.js(f"{items}.map(r => (r.querySelector('img') || {{}}).naturalWidth > 0)")
+    assert strips == [True] * len(_records(curated)) + [False] * len(rejected)  # dropped shots have no file
+    browser.click('[data-filter="static"]')
+    shown = browser.js(f"{items}.map(r => [r.dataset.id, r.querySelector('.detail').textContent])")
+    assert shown == [[r["clip_id"], r["reason"]] for r in rejected if r["stage"] == "static"] and shown
 
 
 def test_clips_hold_exactly_their_frames(curated, sample_videos):

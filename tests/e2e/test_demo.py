@@ -22,7 +22,7 @@ import torch
 
 from vidforge.data.shard_index import read_index
 from vidforge.data.shard_reader import iter_shard
-from vidforge.diffusion import EDM
+from vidforge.diffusion import build_objective
 from vidforge.models import build_model, load_model
 from vidforge.profile import load_profile
 from vidforge.tokenizers.base import build_tokenizer
@@ -121,12 +121,14 @@ def test_demo_runs_and_its_model_denoises_the_red_square(tmp_path) -> None:
     for video in videos:
         assert decode(video).shape == (profile.infer.frames, profile.infer.height, profile.infer.width, 3)
     assert (tmp_path / "samples" / "contact_sheet.png").stat().st_size > 0
+    for run in ("captioned", "train", "samples"):  # the demo's review pages
+        assert (tmp_path / run / "review" / "index.html").is_file()
 
     # What the model learnt: its training clips of the red square, denoised from sigma 1.
     samples = _red_square_clips(tmp_path / "latents")
     assert len(samples) == 2  # the demo's red_square video and the first shot of `cuts`
     tokenizer = build_tokenizer(profile, "cpu")
-    edm = EDM.from_profile(profile.diffusion)
+    edm = build_objective(profile.diffusion)
     trained = load_model(tmp_path / "train" / "export").eval()
     for track, clean in _denoised_tracks(trained, edm, tokenizer, samples, sigma=1.0):
         assert all(x is not None for x in clean), f"the tracker misses the clean clip: {clean}"

@@ -7,9 +7,9 @@ import json
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
+from vidforge.data.batching import build_batcher
 from vidforge.data.loader import ShardLoader
 from vidforge.data.manifest import read_jsonl
-from vidforge.data.packing import build_batcher
 from vidforge.data.shard_index import read_index
 from vidforge.data.testing import make_annotated_dir
 from vidforge.profile import load_profile

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vidforge.bench.memory_model import block_activations, estimate_memory
-from vidforge.bench.train_bench import TrainStep
+from vidforge.bench.train_bench import BenchStep
 from vidforge.bench.workload import Workload
 from vidforge.profile import load_profile
 
@@ -36,7 +36,7 @@ WAN = ["model.preset=wan2.1-1.3b", "model.layers=2", "model.heads=4", "model.tex
 def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, float]]:
     torch.set_num_threads(1)
     profile = load_profile(None, [*TINY, *sets])
-    step = TrainStep(profile)
+    step = BenchStep(profile)
     measured = step.measure_memory()
     est = estimate_memory(profile, step.dims.layout, step.workload)
     predicted = {name: est.get(name) for name in ("parameters", "gradients", "optimizer", "ema")}

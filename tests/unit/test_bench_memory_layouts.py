@@ -49,13 +49,13 @@ CASES = {
 
 def _measure(rank: int, world: int) -> dict[str, tuple[dict, dict]]:
     from vidforge.bench.memory_model import estimate_memory
-    from vidforge.bench.train_bench import TrainStep
+    from vidforge.bench.train_bench import BenchStep
     from vidforge.profile import load_profile
 
     out = {}
     for case, sets in CASES.items():  # one process group for every case: spawning ranks costs ~15 s
         profile = load_profile(None, [*TINY, f"cluster.cpu_processes={world}", *sets])
-        step = TrainStep(profile)
+        step = BenchStep(profile)
         measured = step.measure_memory()
         est = estimate_memory(profile, step.dims.layout, step.workload)
         predicted = {n: est.get(n) for n in ("parameters", "gradients", "optimizer", "ema")}

@@ -102,11 +102,10 @@ def test_long_context_needs_context_parallel() -> None:
 
 def test_invalid_layouts_are_rejected_with_the_field_to_change() -> None:
     p = profile()
-    work = Workload.from_profile(p)
-    problems = structural_problems(p, Layout(pp=3, dp_replicate=1, dp_shard=1, cp=1, tp=3), work)
-    assert any(s.startswith("parallel.tp=3 does not divide model.heads=32") for s in problems)
-    assert any(s.startswith("parallel.pp=3 does not divide model.layers=28") for s in problems)
-    across = structural_problems(p, Layout(pp=1, dp_replicate=1, dp_shard=4, cp=1, tp=16), work)
+    problems = structural_problems(p, Layout(pp=3, dp_replicate=1, dp_shard=1, cp=1, tp=3))
+    assert any(s.startswith("parallel.tp: must divide model.heads=32, got 3") for s in problems)
+    assert any(s.startswith("parallel.pp: pp x vpp = 3 must divide model.layers=28") for s in problems)
+    across = structural_problems(p, Layout(pp=1, dp_replicate=1, dp_shard=4, cp=1, tp=16))
     assert any("spans nodes" in s for s in across)
     report = rank_layouts(p)
     assert all(plan.layout.tp <= 8 and 32 % plan.layout.tp == 0 for plan in report.ranked)

@@ -35,7 +35,7 @@ def test_json_user_error_is_one_line_and_exit_2(monkeypatch) -> None:
     assert len(lines) == 1
     event = json.loads(lines[0])
     assert event["event"] == "error" and event["kind"] == "user"
-    assert "parallel.tp: must divide model.heads=4, got 3" in event["message"]
+    assert event["message"].startswith("--set parallel.tp=3: must divide model.heads=4, got 3")
 
 
 def test_installed_console_script_gives_the_same_json_error() -> None:
@@ -56,7 +56,7 @@ def test_human_user_error_goes_to_stderr(monkeypatch) -> None:
     result = invoke("profile", "validate", "--set", "parallel.nope=1")
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr.startswith("error: profiles/local_cpu.yaml: parallel.nope: unknown field")
+    assert result.stderr.startswith("error: --set parallel.nope=1: unknown field")  # the --set, not the file
 
 
 def test_show_applies_overrides(monkeypatch) -> None:

@@ -9,9 +9,9 @@ import logging
 import numpy as np
 import pytest
 
+from vidforge.data.batching import Packer
 from vidforge.data.blending import rank_shards
 from vidforge.data.loader import DataError, ShardLoader, group_share, merge_shares
-from vidforge.data.packing import Packer
 from vidforge.data.shard_index import read_index
 from vidforge.data.testing import make_latent_shards
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from vidforge.diffusion import EDM, karras_sigmas
+from vidforge.diffusion import EDM, build_objective, karras_sigmas
 from vidforge.profile import Diffusion
 
 SIGMAS = torch.logspace(-3, 2, 41, dtype=torch.float64)
@@ -69,33 +69,35 @@ def test_denoise_is_skip_plus_scaled_network_output():
     torch.testing.assert_close(out, edm.c_skip(sb) * x + 2.0 * edm.c_out(sb))
 
 
-def test_ideal_network_has_zero_loss_and_zero_network_has_loss_one():
+def test_raw_target_gives_the_weighted_edm_loss_and_the_ideal_network_zero():
+    """(F - target)^2 equals lambda(sigma) (D - y)^2 for any raw output F (lambda c_out^2 = 1), the target
+    equals (y - c_skip x) / c_out, and an untrained (zero) network has loss about 1."""
     edm = EDM(sigma_data=0.5)
     g = torch.Generator().manual_seed(1)
     clean = 0.5 * torch.randn(4096, 8, generator=g, dtype=torch.float64)
     noise = torch.randn(4096, 8, generator=g, dtype=torch.float64)
-    sigma = edm.sample_sigma(4096, generator=g, dtype=torch.float64)
+    sigma = edm.sample_levels(4096, generator=g).double()
     sb = edm.expand(sigma, clean)
-
-    def oracle(x_in, c_noise):  # knows the clean sample: outputs exactly the target
-        return (clean - edm.c_skip(sb) * (clean + sb * noise)) / edm.c_out(sb)
-
-    assert edm.training_loss(oracle, clean, sigma, noise).item() < 1e-20
-    zero = edm.training_loss(lambda x_in, c: torch.zeros_like(x_in), clean, sigma, noise).item()
-    assert zero == pytest.approx(1.0, rel=0.03)
+    noisy = edm.corrupt(clean, noise, sb)
+    target = edm.target(clean, noise, sb)
+    torch.testing.assert_close(target, (clean - edm.c_skip(sb) * noisy) / edm.c_out(sb))
+    raw = torch.randn(4096, 8, generator=g, dtype=torch.float64)
+    weighted = edm.loss_weight(sb) * (edm.denoised(noisy, raw, sb) - clean) ** 2
+    torch.testing.assert_close((raw - target) ** 2, weighted)
+    assert (edm.denoised(noisy, target, sb) - clean).abs().max().item() < 1e-12
+    assert (target**2).mean().item() == pytest.approx(1.0, rel=0.03)
 
 
 def test_training_sigma_is_lognormal():
     edm = EDM(p_mean=-1.2, p_std=1.2)
-    log_sigma = edm.sample_sigma(
-        200_000, generator=torch.Generator().manual_seed(2), dtype=torch.float64
-    ).log()
+    log_sigma = edm.sample_levels(200_000, generator=torch.Generator().manual_seed(2)).double().log()
     assert log_sigma.mean().item() == pytest.approx(-1.2, abs=0.01)
     assert log_sigma.std().item() == pytest.approx(1.2, rel=0.01)
 
 
 def test_from_profile_and_validation():
-    edm = EDM.from_profile(Diffusion(sigma_data=0.7, p_mean=-0.5, p_std=1.0))
+    edm = build_objective(Diffusion(sigma_data=0.7, p_mean=-0.5, p_std=1.0))
+    assert isinstance(edm, EDM)
     assert (edm.sigma_data, edm.p_mean, edm.p_std) == (0.7, -0.5, 1.0)
     with pytest.raises(ValueError, match="sigma_data"):
         EDM(sigma_data=0)

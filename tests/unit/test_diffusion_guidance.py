@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from vidforge.diffusion import EDM, classifier_free_guidance, model_denoiser
+from vidforge.diffusion import EDM, classifier_free_guidance
+from vidforge.infer.sampling import guided_denoiser
 from vidforge.models import build_model, model_config
+from vidforge.profile import load_profile
 
 
 def _batched_with_log(log):
@@ -34,7 +36,7 @@ def test_scale_one_runs_only_the_conditional_branch():
     assert log == [4]
 
 
-def test_model_denoiser_uses_the_null_caption_for_the_unconditional_half():
+def test_guided_denoiser_uses_the_null_caption_for_the_unconditional_half():
     torch.manual_seed(0)
     model = build_model(model_config("tiny"), dtype=torch.float64)
     with torch.no_grad():
@@ -44,12 +46,15 @@ def test_model_denoiser_uses_the_null_caption_for_the_unconditional_half():
     x = torch.randn(2, 4, 1, 4, 4, dtype=torch.float64)
     text = torch.randn(2, 3, 32, dtype=torch.float64)
     sigma = torch.tensor(2.0, dtype=torch.float64)
-    guided = model_denoiser(model, edm, text, guidance=4.0)(x, sigma)
+    profile = load_profile("local_cpu", ["diffusion.guidance=4.0"])
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    guided = guided_denoiser(model, profile, text, mask, dtype=torch.float64)(x, sigma)
 
     def branch(drop):
-        net = lambda x_in, c: model(x_in, c, text, drop_text=torch.full((2,), drop))  # noqa: E731
+        net = lambda x_in, c: model(x_in, c, text, mask, drop_text=torch.full((2,), drop))  # noqa: E731
         return edm.denoise(net, x, sigma.expand(2))
 
     cond, uncond = branch(False), branch(True)
-    torch.testing.assert_close(guided, uncond + 4.0 * (cond - uncond))
+    # the guided denoiser reads the network output in float32
+    torch.testing.assert_close(guided, uncond + 4.0 * (cond - uncond), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(cond, uncond)

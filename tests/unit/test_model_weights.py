@@ -136,7 +136,12 @@ def test_bad_folders_end_in_one_line_naming_the_file(tmp_path):
     _edit_config(src, _class_name="WanTransformer3DModel", image_dim=1280)
     assert "config.json: image_dim=1280 cannot be represented" in _error("import", str(src), "-o", out)
 
-    _edit_config(src, image_dim=None)
+    _edit_config(src, image_dim=None, attention_head_dim=7)
+    assert "config.json cannot be represented: model.hidden: head size hidden/heads = 7" in _error(
+        "import", str(src), "-o", out
+    )
+
+    _edit_config(src, attention_head_dim=TINY["attention_head_dim"])
     shard = sorted(src.glob("diffusion_pytorch_model-*.safetensors"))[-1]
     shard.rename(tmp_path / "elsewhere.safetensors")
     message = _error("import", str(src), "-o", out)

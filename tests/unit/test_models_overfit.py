@@ -28,24 +28,28 @@ def test_tiny_dit_overfits_one_clip(seed, one_thread):
     g = torch.Generator().manual_seed(seed + 1)
     batch, steps = 16, 400
 
-    def network(x_in, c_noise):
-        return model(x_in, c_noise, text.expand(x_in.shape[0], -1, -1))
+    def loss_of(sigma, noise):  # the objective's loss: mean (F - target)^2
+        clean = clip.expand(sigma.shape[0], -1, -1, -1, -1)
+        sb = edm.expand(sigma, clean)
+        x_in = edm.network_input(edm.corrupt(clean, noise, sb), sb)
+        raw = model(x_in, edm.network_level(sigma), text.expand(sigma.shape[0], -1, -1))
+        return (raw - edm.target(clean, noise, sb)).square().mean()
 
     # A fixed evaluation set of noise levels (from the training distribution) and noises.
-    eval_sigma = edm.sample_sigma(64, generator=g)
+    eval_sigma = edm.sample_levels(64, generator=g)
     eval_noise = torch.randn(64, *clip.shape[1:], generator=g)
 
     def eval_loss():
         with torch.no_grad():
-            return edm.training_loss(network, clip.expand(64, -1, -1, -1, -1), eval_sigma, eval_noise).item()
+            return loss_of(eval_sigma, eval_noise).item()
 
     before = eval_loss()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=1e-4)
     for _ in range(steps):
-        sigma = edm.sample_sigma(batch, generator=g)
+        sigma = edm.sample_levels(batch, generator=g)
         noise = torch.randn(batch, *clip.shape[1:], generator=g)
-        loss = edm.training_loss(network, clip.expand(batch, -1, -1, -1, -1), sigma, noise)
+        loss = loss_of(sigma, noise)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

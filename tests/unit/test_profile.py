@@ -81,7 +81,8 @@ def test_pp_times_vpp_must_divide_layers(tmp_path: Path) -> None:
 
 
 def test_interleaved_schedule_needs_vpp(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, {"parallel": {"pp_schedule": "interleaved-1f1b"}})
+    parallel = {"pp": 2, "pp_schedule": "interleaved-1f1b"}
+    msg = error_of(tmp_path, {"cluster": {"cpu_processes": 2}, "model": {"layers": 2}, "parallel": parallel})
     assert msg.endswith("parallel.pp_schedule: interleaved-1f1b needs parallel.vpp >= 2; set vpp or use 1f1b")
 
 
@@ -217,3 +218,26 @@ def test_default_and_shipped_names_resolve_from_any_directory(tmp_path, monkeypa
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "local_cpu.yaml").write_text("name: mine\n")  # a user's own comes first
     assert load_profile().name == "mine"
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", ".inf", "nan"])
+def test_no_number_in_a_profile_may_be_inf_or_nan(tmp_path, value):
+    with pytest.raises(ProfileError, match=rf"^--set train.lr={value}: Input should be a finite number"):
+        load_profile(None, [f"train.lr={value}"])
+    path = tmp_path / "p.yaml"
+    path.write_text(f"curation:\n  caption:\n    aesthetic:\n      min_score: {value}\n")
+    with pytest.raises(
+        ProfileError, match=f"^{path}: curation.caption.aesthetic.min_score: Input should be a fin"
+    ):
+        load_profile(path)
+
+
+def test_an_error_in_a_set_value_names_the_set_and_one_in_the_file_names_the_file(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("train:\n  warmup_steps: -1\n")
+    with pytest.raises(ProfileError) as err:
+        load_profile(path, ["train.lr=0", "model.hidden=64"])
+    assert str(err.value) == (
+        "--set train.lr=0: Input should be greater than 0, got 0; "
+        f"{path}: train.warmup_steps: Input should be greater than or equal to 0, got -1"
+    )

@@ -18,7 +18,8 @@ from vidforge.cli.app import app  # noqa: E402
 from vidforge.errors import UserInputError  # noqa: E402
 from vidforge.infer import run as infer_run  # noqa: E402
 from vidforge.train import loop  # noqa: E402
-from vidforge.train.step import MicroLoss  # noqa: E402
+from vidforge.train.loss import MicroLoss  # noqa: E402
+from vidforge.train.step import LocalTrainStep  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_run_logs_every_step_checkpoints_and_exports(trained) -> None:
 
 def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_path, monkeypatch) -> None:
     # A run "killed" right after its step-3 checkpoint: stop it there by raising from the step after.
-    real = loop.micro_batch_loss
+    real = LocalTrainStep.forward
     calls = {"n": 0}
 
     def dies_at_step_4(*args, **kwargs):
@@ -52,10 +53,10 @@ def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_pat
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "micro_batch_loss", dies_at_step_4)
+    monkeypatch.setattr(LocalTrainStep, "forward", dies_at_step_4)
     with pytest.raises(KeyboardInterrupt):
         loop.run(train_profile(), [latents], tmp_path)
-    monkeypatch.setattr(loop, "micro_batch_loss", real)
+    monkeypatch.setattr(LocalTrainStep, "forward", real)
     with pytest.raises(UserInputError, match="pass --resume"):
         loop.run(train_profile(), [latents], tmp_path)
     summary = loop.run(train_profile(), [latents], tmp_path, resume=True)
@@ -64,27 +65,27 @@ def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_pat
 
 
 def _poisoned(at_call: int):
-    real = loop.micro_batch_loss
+    real = LocalTrainStep.forward
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         out = real(*args, **kwargs)
         if calls["n"] == at_call:
-            return MicroLoss(out.loss * float("nan"), out.sigma, out.per_sample, out.tokens)
+            return MicroLoss(out.loss * float("nan"), out.level, out.per_sample, out.tokens)
         return out
 
     return poisoned
 
 
 def test_nan_loss_stops_with_a_clear_message(latents, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(loop, "micro_batch_loss", _poisoned(2))
+    monkeypatch.setattr(LocalTrainStep, "forward", _poisoned(2))
     with pytest.raises(loop.TrainingDiverged, match=r"step 1: loss nan.*train.nan_policy=skip"):
         loop.run(train_profile(), [latents], tmp_path)
 
 
 def test_nan_loss_is_skipped_by_setting(latents, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(loop, "micro_batch_loss", _poisoned(2))
+    monkeypatch.setattr(LocalTrainStep, "forward", _poisoned(2))
     summary = loop.run(train_profile("train.nan_policy=skip"), [latents], tmp_path)
     assert summary.skipped_steps == 1 and summary.last_step == 6 and math.isfinite(summary.final_loss)
 
@@ -138,3 +139,22 @@ def test_sampling_with_guidance_uses_both_branches(trained) -> None:
     guided = sample_latents(model, train_profile("diffusion.guidance=3"), text, mask, [0], LATENT_SHAPE)
     plain = sample_latents(model, train_profile("diffusion.guidance=1"), text, mask, [0], LATENT_SHAPE)
     assert guided.shape == (1, *LATENT_SHAPE) and not torch.equal(guided, plain)
+
+
+def test_resume_past_a_torn_metrics_line(latents, tmp_path) -> None:
+    """Issue 23, point 7: a run killed while writing metrics.jsonl left a torn last line, which made every
+    later --resume fail with a bare JSONDecodeError. It is dropped (with a warning) and the run goes on."""
+    from train_fixtures import TRAIN_SETS
+
+    from vidforge.train.metrics import read_metrics
+
+    base = ["train", "--data", str(latents), "--run-dir", str(tmp_path)]
+    for s in [*TRAIN_SETS, "train.save_every=2"]:
+        base += ["--set", s]
+    first = CliRunner().invoke(app, [*base, "--set", "train.steps=2"])
+    assert first.exit_code == 0, first.output
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"grad_norm": 0.1, "lo')  # the killed step-3 write
+    resumed = CliRunner().invoke(app, [*base, "--set", "train.steps=3", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]

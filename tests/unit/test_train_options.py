@@ -93,13 +93,15 @@ def test_activation_checkpointing_and_offload_keep_the_losses_and_export_plain_w
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, OffloadWrapper
 
     built: list[nn.Module] = []
-    real_build = loop.build_model
+    from vidforge.train import build as train_build
+
+    real_build = train_build.build_model
 
     def build(*args, **kwargs):
         built.append(real_build(*args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(loop, "build_model", build)
+    monkeypatch.setattr(train_build, "build_model", build)
     sets = (f"train.activation_checkpointing={mode}", f"train.activation_offload={offload}")
     loop.run(train_profile(*SHORT, *sets), [latents], tmp_path)
     blocks = list(built[0].blocks.values())

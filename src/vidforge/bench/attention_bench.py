@@ -18,7 +18,7 @@ import torch
 
 from vidforge.bench.timing import time_calls
 from vidforge.models.attention import BACKENDS, attention, flash_attn_available
-from vidforge.parallel.dims import profile_device
+from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
 
 DENSE_LIMIT_BYTES = 2 * 2**30  # the dense reference materialises heads x S x S float32 scores (twice)
@@ -86,7 +86,7 @@ def measure(row: AttentionRow, profile: RunProfile, device: torch.device, dtype:
 
 
 def run(profile: RunProfile) -> dict[str, Any]:
-    device = profile_device(profile)
+    device = init_runtime(profile).device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     heads = profile.model.heads
     rows = []

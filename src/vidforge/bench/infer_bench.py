@@ -3,7 +3,7 @@ batched (conditional and unconditional rows in one doubled batch, what `vidforge
 sequential (two model calls of the plain batch per evaluation), for each sampler (Heun, RES).
 
 The model is the profile's DiT with random weights (latency does not depend on the weights), run the way
-`vidforge.infer.sampling` runs it: EDM preconditioning, the learned null caption as the unconditional
+`vidforge.infer.sampling` runs it (its own denoiser): the objective's preconditioning, the learned null caption as the unconditional
 branch, the profile's Karras schedule. Latents of `bench.latent_*`, `infer.batch_size` prompts; the
 tokenizer's decode is not included (a separate stage)."""
 
@@ -16,11 +16,12 @@ import torch
 
 from vidforge.bench.timing import time_calls
 from vidforge.bench.workload import Workload
-from vidforge.diffusion import EDM, classifier_free_guidance, sample
+from vidforge.diffusion import classifier_free_guidance, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
 from vidforge.diffusion.samplers import Denoiser
+from vidforge.infer.sampling import batched_denoiser
 from vidforge.models import build_model
-from vidforge.parallel.dims import profile_device
+from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
 
 SAMPLERS = ("heun", "res")
@@ -58,12 +59,11 @@ class InferRow:
 
 
 def run(profile: RunProfile) -> dict[str, Any]:
-    device = profile_device(profile)
+    device = init_runtime(profile).device
     dtype = torch.bfloat16 if profile.train.precision == "bf16" and device.type == "cuda" else torch.float32
     workload = Workload.from_profile(profile, samples=profile.infer.batch_size, packed=False)
     torch.manual_seed(profile.train.seed)
     model = build_model(profile.model, device=device, dtype=dtype).eval()
-    edm = EDM.from_profile(profile.diffusion)
     b = workload.samples
     g = torch.Generator().manual_seed(0)
     text = torch.randn((b, workload.text_tokens, profile.model.text_dim), generator=g).to(device, dtype)
@@ -71,20 +71,11 @@ def run(profile: RunProfile) -> dict[str, Any]:
     noise = torch.randn((b, *workload.latent), generator=g).to(device)
     calls: list[int] = []
 
-    def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
-        repeats = x.shape[0] // b
+    def network(x, noise_level, texts, masks, drop_text):
         calls.append(x.shape[0])
+        return model(x, noise_level, texts, masks, drop_text=drop_text)
 
-        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
-            return model(
-                x_in.to(dtype),
-                c_noise.to(dtype),
-                text.repeat(repeats, 1, 1),
-                mask.repeat(repeats, 1),
-                drop_text=uncond,
-            ).float()
-
-        return edm.denoise(network, x, sigma.reshape(()).expand(x.shape[0]))
+    batched = batched_denoiser(network, profile, text, mask, dtype=dtype)  # `vidforge infer`'s own
 
     scale = profile.diffusion.guidance
     modes = {"batched": classifier_free_guidance, "sequential": sequential_guidance} if scale != 1.0 else {}

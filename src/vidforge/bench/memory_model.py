@@ -320,14 +320,13 @@ def estimate_memory(
     comm_parts = []
     if prec.fsdp:
         unsharded = block_params * prec.compute
-        held = unsharded  # the last block stays unsharded between forward and backward
-        terms.append(
-            Term(
-                "weight copies",
-                held,
-                f"FSDP keeps the last block unsharded from forward to backward: {block_params:,.0f} x {prec.compute} B",
-            )
-        )
+        if layout.pp > 1:  # stages keep their weights gathered through the step (reshard_after_forward off)
+            held = blocks * unsharded
+            why = f"FSDP under pipeline parallel keeps the stage's {blocks} blocks unsharded through the step"
+        else:  # the last block stays unsharded between forward and backward
+            held = unsharded
+            why = "FSDP keeps the last block unsharded from forward to backward"
+        terms.append(Term("weight copies", held, f"{why}: {block_params:,.0f} x {prec.compute} B a block"))
         gather = 2 * unsharded
         reduce = block_params * (prec.compute + 4)
         comm += gather + reduce

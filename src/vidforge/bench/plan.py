@@ -28,6 +28,7 @@ from vidforge.bench.memory_model import GIB, MemoryEstimate, estimate_memory
 from vidforge.bench.workload import Workload
 from vidforge.models.flops import forward_flops
 from vidforge.profile import RunProfile
+from vidforge.profile.layout_rules import layout_problems
 from vidforge.profile.parallel import Layout
 
 CHECKPOINTING = ("none", "selective", "full")
@@ -81,30 +82,17 @@ class LayoutPlan:
         }
 
 
-def structural_problems(profile: RunProfile, layout: Layout, workload: Workload) -> list[str]:
-    """Why a layout cannot run at all, whatever the memory: one `field: reason` per problem."""
-    cfg, par, cluster = profile.model, profile.parallel, profile.cluster
-    problems = []
-    if cfg.heads % layout.tp:
-        problems.append(f"parallel.tp={layout.tp} does not divide model.heads={cfg.heads}")
-    if layout.tp > cluster.devices_per_node:
+def structural_problems(profile: RunProfile, layout: Layout) -> list[str]:
+    """Why a layout is not proposed, whatever the memory: what the trainer cannot run (the layout
+    rulebook, `vidforge.profile.layout_rules`), and tensor parallel across nodes, which runs but puts
+    its collectives on the slow links. One `field: reason` per problem."""
+    problems = layout_problems(profile, layout)
+    devices = profile.cluster.devices_per_node
+    if layout.tp > devices:
         problems.append(
-            f"parallel.tp={layout.tp} spans nodes (gpus_per_node={cluster.devices_per_node}): its collectives are "
+            f"parallel.tp={layout.tp} spans nodes (gpus_per_node={devices}): its collectives are "
             "on the critical path and need the intra-node links"
         )
-    if cfg.layers % (layout.pp * layout.vpp):
-        problems.append(f"parallel.pp={layout.pp} does not divide model.layers={cfg.layers}")
-    if layout.cp > 1:
-        if workload.tokens_per_sample % layout.cp:
-            problems.append(
-                f"parallel.cp={layout.cp} does not divide the {workload.tokens_per_sample} tokens of a clip"
-            )
-        if par.cp_impl == "ulysses" and cfg.heads % (layout.tp * layout.cp):
-            problems.append(
-                f"ulysses CP needs tp x cp = {layout.tp * layout.cp} to divide model.heads={cfg.heads}"
-            )
-        if par.cp_impl == "st-hybrid" and cfg.architecture != "stdit":
-            problems.append("parallel.cp_impl=st-hybrid needs model.architecture=stdit")
     return problems
 
 
@@ -136,7 +124,7 @@ def evaluate(
     if microbatches is None:
         microbatches = layout.pp_microbatches if layout.pp > 1 else profile.train.grad_accum
     plan = LayoutPlan(layout, mode, microbatches)
-    plan.problems = structural_problems(profile, layout, workload)
+    plan.problems = structural_problems(profile, layout)
     plan.capacity_bytes = profile.cluster.accelerator.memory_gib * GIB * profile.bench.memory_headroom
     if plan.problems:
         return plan
@@ -194,14 +182,16 @@ def divisors(n: int) -> list[int]:
 
 def candidate_layouts(profile: RunProfile, world: int) -> Iterator[tuple[Layout, int]]:
     """Every (pp, dp_replicate, dp_shard, cp, tp) whose product is `world`, with its micro-batch count:
-    train.grad_accum, or at least 4 x pp with pipeline parallel (keeps the 1F1B bubble under 25%)."""
+    train.grad_accum, or at least 4 x pp with pipeline parallel (keeps the 1F1B bubble under 25%), and
+    the profile's virtual stages (parallel.vpp) with pipeline parallel."""
     for tp in divisors(world):
         for cp in divisors(world // tp):
             for pp in divisors(world // (tp * cp)):
                 rest = world // (tp * cp * pp)
                 for dp_replicate in divisors(rest):
                     micro = max(profile.train.grad_accum, 4 * pp) if pp > 1 else profile.train.grad_accum
-                    yield Layout(pp, dp_replicate, rest // dp_replicate, cp, tp, 1, micro), micro
+                    vpp = profile.parallel.vpp if pp > 1 else 1
+                    yield Layout(pp, dp_replicate, rest // dp_replicate, cp, tp, vpp, micro), micro
 
 
 @dataclass

@@ -28,9 +28,21 @@ def plot_sweep(
         import matplotlib.pyplot as plt
     except ImportError:
         return None, "matplotlib is not installed (pip install matplotlib): plot skipped; see the CSV"
+    fig = sweep_figure(rows, keys, y)
+    if fig is None:
+        return None, "no point succeeded: nothing to plot"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path), None
+
+
+def sweep_figure(rows: Sequence[dict[str, Any]], keys: Sequence[str], y: str = "tokens_per_s"):
+    """The sweep plot's matplotlib figure (None when no point succeeded); `plot_sweep` saves it."""
+    import matplotlib.pyplot as plt
+
     ok = [r for r in rows if r.get("ok") and _number(r.get(y)) is not None]
     if not ok:
-        return None, "no point succeeded: nothing to plot"
+        return None
     x = "tokens_per_sample"
     lines: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in ok:
@@ -43,10 +55,10 @@ def plot_sweep(
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     ax.set_xlabel("tokens per sample (context length)")
     ax.set_ylabel(y.replace("_", " "))
+    # From zero: matplotlib fits the axis to the data, so two layouts 5% apart looked twice as fast.
+    ax.set_ylim(bottom=0)
     ax.set_title("vidforge bench sweep")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path), None
+    return fig

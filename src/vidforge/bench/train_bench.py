@@ -1,21 +1,20 @@
 """`vidforge bench train`: step time, tokens/s, MFU and memory of the training step on synthetic latents.
 
-The step is the training loop's own parts: `build_model`, `vidforge.parallel.parallelize.parallelize`
-(TP/SP, CP, activation checkpointing and offload, compile, FSDP2, in the loop's order),
-`micro_batch_loss` with the profile's EDM (and the CP group), the loop's gradient clipping, AdamW, EMA.
-Pipeline parallel is refused: its schedule is the loop's `PipelineTrainer`, not one module's step.
-Only the data differ: random latents of `bench.latent_*` and random caption embeddings (packed into one
-row when `data.packing` is on, as the loader packs), so no shards are needed and every step has the
-same shape. Warm-up steps first, then the median of `bench.repeats` steps (CUDA events on GPU).
+The step is `vidforge train`'s own: `vidforge.train.build.build` (model, pipeline split, parallelize,
+EMA, AdamW) and its `TrainStep` (the loss, forward and backward of every micro-batch or the pipeline
+schedule, clipping, the update). Only the data differ: random latents of `bench.latent_*` and random
+caption embeddings (packed into one row when `data.packing` is on, as the loader packs), so no shards
+are needed and every step has the same shape. Warm-up steps first, then the median of `bench.repeats`
+steps (CUDA events on GPU).
 
 Memory: on CUDA the allocator's peak; on CPU (no allocator statistics) what the step holds, measured
 from the tensors (`vidforge.bench.measure`): local parameter, gradient, optimizer and EMA shards after a
-step, and the bytes autograd saved during a forward. Both are reported beside the analytic model's
-prediction (`vidforge.bench.memory_model`)."""
+step, and the bytes autograd saved during a forward (not under pipeline parallel, whose forwards and
+backwards interleave). Both are reported beside the analytic model's prediction
+(`vidforge.bench.memory_model`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,14 +25,12 @@ from vidforge.bench.measure import saved_activations, state_bytes
 from vidforge.bench.memory_model import GIB, estimate_memory
 from vidforge.bench.timing import time_calls
 from vidforge.bench.workload import Workload
-from vidforge.data.packing import BucketBatch, PackedBatch
-from vidforge.diffusion import EDM
-from vidforge.errors import UserInputError
-from vidforge.models import build_model, pack_latents, train_step_flops
-from vidforge.parallel.dims import ParallelDims, profile_device
+from vidforge.data.batching import BucketBatch, PackedBatch
+from vidforge.models import pack_latents
+from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
-from vidforge.train.ema import EMA
-from vidforge.train.step import MicroLoss, micro_batch_loss
+from vidforge.train.build import build
+from vidforge.train.step import LocalTrainStep, TrainStep, make_train_step
 
 
 def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> BucketBatch | PackedBatch:
@@ -52,99 +49,70 @@ def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> B
     return PackedBatch(tokens, layout, text, mask, keys, shapes, layout.total, [{}] * n)
 
 
-class TrainStep:
-    """The training step of `vidforge train` on a fixed synthetic batch. Call it for a whole step, or
-    `forward`, `backward`, `update`, `zero_grad` one by one to look in between."""
+class SyntheticSource:
+    """The same synthetic batch every time it is asked (what `TrainStep.next_batches` reads)."""
 
-    def __init__(self, profile: RunProfile, device: torch.device | None = None) -> None:
-        from vidforge.parallel.parallelize import parallelize
+    def __init__(self, batch: BucketBatch | PackedBatch) -> None:
+        self.batch = batch
 
-        cfg = profile.train
+    def next_batch(self) -> BucketBatch | PackedBatch:
+        return self.batch
+
+
+class BenchStep:
+    """`vidforge train`'s step on a fixed synthetic batch; calling it runs one whole step."""
+
+    def __init__(self, profile: RunProfile) -> None:
         self.profile = profile
-        self.device = device or profile_device(profile)
-        self.dims = ParallelDims.from_profile(profile)
-        if self.dims.pp_enabled:
-            raise UserInputError(
-                "parallel.pp: bench train times one module's step and does not run the pipeline schedule; "
-                "keep pp=1 here (time pipelines with `vidforge train`) and use `vidforge bench plan` for them"
-            )
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        if world != self.dims.world_size:
-            raise UserInputError(
-                f"the layout {self.dims.layout.describe()} needs {self.dims.world_size} rank(s) but {world} "
-                f"started; use --nproc {self.dims.world_size} or change cluster/parallel in the profile"
-            )
+        self.runtime = init_runtime(profile)
+        self.runtime.require_layout()
+        self.device = self.runtime.device
+        self.dims = self.runtime.dims
         self.workload = Workload.from_profile(profile)
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank, as in the loop
-        self.model = build_model(profile.model, device=self.device)
-        # The loop's own parallelization: TP/SP, CP, checkpointing, offload, compile, FSDP2 in its order.
-        self.autocast_dtype = parallelize(self.model, self.dims, profile, self.device).autocast_dtype
-        self.cp_group = self.dims.mesh["cp"].get_group() if self.dims.cp_enabled else None
-        self.ema = EMA(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=cfg.lr,
-            betas=cfg.betas,
-            weight_decay=cfg.weight_decay,
-            fused=self.device.type == "cuda" or None,
-        )
-        self.edm = EDM.from_profile(profile.diffusion)
-        self.batch = synthetic_batch(profile, self.workload, seed=cfg.seed)
-        self.model.train()
-
-    def forward(self) -> MicroLoss:
-        return micro_batch_loss(
-            self.model,
-            self.edm,
-            self.batch,
-            self.profile.diffusion.caption_dropout,
-            self.device,
-            self.autocast_dtype,
-            self.cp_group,
-        )
-
-    def backward(self, micro: MicroLoss) -> None:
-        # As the loop: under CP each rank's loss is its share and FSDP averages over dp_shard x cp.
-        (micro.loss * self.dims.layout.cp / self.profile.train.grad_accum).backward()
-
-    def update(self) -> None:
-        clip = self.profile.train.grad_clip or math.inf
-        if self.dims.tp_enabled:  # parameters on several meshes: the loop's mesh-aware clip
-            from vidforge.parallel.tensor_parallel import clip_grad_norm_
-
-            clip_grad_norm_(self.model.parameters(), clip)
-        else:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        self.optimizer.step()
-        if self.ema is not None:
-            self.ema.update(self.model)
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        self.parts = build(profile, self.runtime)
+        self.step: TrainStep = make_train_step(profile, self.runtime, self.parts)
+        source = SyntheticSource(synthetic_batch(profile, self.workload, seed=profile.train.seed))
+        batches = self.step.next_batches(source)
+        if batches is None:
+            raise ValueError(
+                f"bench.latent_*: a synthetic batch of {self.workload.samples} sample(s) does not split "
+                f"into {self.dims.layout.pp_microbatches} pipeline micro-batches; change train.micro_batch"
+            )
+        self.batches = batches
+        for module in self.parts.modules:
+            module.train()
 
     def __call__(self) -> None:
-        for _ in range(self.profile.train.grad_accum):
-            self.backward(self.forward())
-        self.update()
-        self.zero_grad()
+        self.step(self.batches)
+        self.step.apply()
 
-    def flops(self) -> int:
-        """Model FLOPs of one step on this rank (grad_accum micro-batches)."""
-        w = self.workload
-        recompute = "full" if self.profile.train.activation_checkpointing == "full" else "none"
-        per_micro = train_step_flops(self.profile.model, [w.grid] * w.samples, w.text_tokens, recompute)
-        return per_micro * self.profile.train.grad_accum
+    def flops(self) -> float:
+        """Model FLOPs of one step on this rank (every micro-batch)."""
+        return sum(self.step.flops(batch) for batch in self.batches)
 
     def measure_memory(self) -> dict[str, int]:
-        """One more step, measured: saved activations after the forward, states after the update."""
-        self.zero_grad()
-        with saved_activations(self.model) as saved:
-            micro = self.forward()
-        activations = saved.bytes
-        self.backward(micro)
-        self.update()
-        out = {**state_bytes(self.model, self.optimizer, self.ema), "activations": activations}
-        self.zero_grad()
+        """One more step, measured: saved activations during the first micro-batch's forward (one
+        module's step only), then parameters, gradients, optimizer and EMA states after the update."""
+        self.step.zero_grad()
+        activations = 0
+        if isinstance(self.step, LocalTrainStep):
+            with saved_activations(self.parts.modules[0]) as saved:
+                micro = self.step.forward(self.batches[0])
+            activations = saved.bytes
+            self.step.backward(micro)
+            if len(self.batches) > 1:
+                self.step.forward_backward(self.batches[1:])
+            self.step.clip_grad_norm_(self.profile.train.grad_clip or float("inf"))
+        else:
+            self.step(self.batches)
+        self.step.apply(zero_grad=False)
+        out = {"activations": activations}
+        for module, optimizer in zip(self.parts.modules, self.parts.optimizers, strict=True):
+            for name, value in state_bytes(module, optimizer).items():
+                out[name] = out.get(name, 0) + value
+        if self.parts.ema is not None:
+            out["ema"] = state_bytes(self.parts.modules[0], None, self.parts.ema)["ema"]
+        self.step.zero_grad()
         return out
 
 
@@ -187,13 +155,13 @@ def _slowest_rank(seconds: float, device: torch.device) -> float:
 
 def run(profile: RunProfile) -> TrainBenchResult:
     """Time the step of `profile` (every rank runs this; rank 0's result is the one to report)."""
-    step = TrainStep(profile)
+    step = BenchStep(profile)
     device = step.device
     world = step.dims.world_size
     bench = profile.bench
     timing = time_calls(step, bench.warmup, bench.repeats, device)
     step_time = _slowest_rank(timing.median, device)
-    tokens = step.workload.tokens * profile.train.grad_accum * step.dims.layout.dp
+    tokens = step.workload.tokens * len(step.batches) * step.dims.layout.dp
     flops = step.flops() * step.dims.layout.dp
     peak = profile.cluster.accelerator.peak_bf16_flops
     if device.type == "cuda":
@@ -206,6 +174,8 @@ def run(profile: RunProfile) -> TrainBenchResult:
         measured = step.measure_memory()
         peak_bytes = sum(measured.values())
         method = "CPU: local parameter/gradient/optimizer/EMA shards + bytes autograd saved in a forward"
+        if step.parts.pipeline is not None:
+            method = "CPU: local parameter/gradient/optimizer/EMA shards (activations not measured under pp)"
     predicted = estimate_memory(profile, step.dims.layout, step.workload)
     measured_terms = ("parameters", "gradients", "optimizer", "ema", "activations", "weight copies")
     comparable = sum(predicted.get(name) for name in measured_terms)

@@ -14,6 +14,7 @@ from vidforge.cli import (
     infer_cmd,
     model_cmd,
     profile_cmd,
+    review_cmd,
     shard_cmd,
     tokenize_cmd,
     train_cmd,
@@ -60,6 +61,7 @@ app.command("shard")(shard_cmd.shard)
 app.command("tokenize")(tokenize_cmd.tokenize)
 app.command("train")(train_cmd.train)
 app.command("infer")(infer_cmd.infer)
+app.command("review")(review_cmd.review)
 app.add_typer(bench_cli.app, name="bench")
 app.add_typer(model_cmd.app, name="model")
 

@@ -34,7 +34,7 @@ def train(
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Time the training step (the loop's own parallelization: FSDP2, TP/SP, CP; not PP) on synthetic
+    """Time the training step (`vidforge train`'s own build and step: FSDP2, TP/SP, CP, PP) on synthetic
     latents of bench.latent_* (train.micro_batch clips per rank, packed when data.packing):
     bench.warmup steps, then the median of bench.repeats; tokens/s, MFU against the accelerator's peak,
     peak memory (measured) beside the memory model's prediction.
@@ -49,13 +49,12 @@ def train(
     code = start_ranks(nproc, resolved.layout.world_size)
     if code is not None:
         raise typer.Exit(code)
+    import torch.distributed as dist
+
     from vidforge.bench.train_bench import run
-    from vidforge.parallel.dims import init_distributed
 
-    rank, _ = init_distributed("cuda" if resolved.cluster.accelerator.kind == "cuda" else "cpu")
-    result = run(resolved)
-
-    if rank != 0:
+    result = run(resolved)  # starts this rank's runtime (device, process group)
+    if dist.is_initialized() and dist.get_rank() != 0:
         return  # one report, from rank 0 (the CLI boundary leaves the process group on the way out)
     data = result.as_dict()
     text = "\n".join(

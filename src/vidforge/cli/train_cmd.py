@@ -41,7 +41,7 @@ def train(
 
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2 --set cluster.cpu_processes=2
-    Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_pp2_512xh100
+    Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
     """
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks

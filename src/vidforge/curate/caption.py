@@ -34,6 +34,7 @@ from vidforge.curate.captioners import ClipItem, build_captioner
 from vidforge.curate.captioners.cleaning import clean_caption
 from vidforge.curate.decision import REASONS, decide
 from vidforge.data.manifest import TMP_MARK, read_jsonl, write_json, write_jsonl
+from vidforge.data.paths import UnsafePath, inside, plain_name
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
 from vidforge.errors import UserInputError
 
@@ -54,13 +55,14 @@ def clip_id_of(record: dict[str, Any]) -> str:
 
 
 def media_of(record: dict[str, Any], clips_dir: Path) -> Path:
-    """The clip file of a record: its `media`/`path` field (relative to the clips dir), else clips/<id>.mp4."""
+    """The clip file of a record: its `media`/`path` field (relative to the clips dir), else clips/<id>.mp4.
+    `UnsafePath` when that file (or the clip id, a file name in OUT) is not inside its folder."""
+    plain_name(clip_id_of(record), "clip_id")
     for key in ("media", "path", "file"):
         value = record.get(key)
         if value:
-            p = Path(value)
-            return p if p.is_absolute() else clips_dir / p
-    return clips_dir / "clips" / f"{clip_id_of(record)}.mp4"
+            return inside(clips_dir, value, key)
+    return inside(clips_dir, f"clips/{clip_id_of(record)}.mp4", "clip_id")
 
 
 def decode_frames(path: Path, wanted: Callable[[int], set[int]]) -> tuple[int, dict[int, np.ndarray]]:
@@ -449,6 +451,13 @@ def run(
     for r in records:
         cid = clip_id_of(r)
         if cid not in todo and (cid in errored or not ledger.is_done(cid)):
+            try:  # refused here: a path from the manifest must name a file inside CLIPS_DIR (and OUT)
+                media_of(r, clips_dir)
+            except UnsafePath as err:
+                ledger.commit(
+                    cid, [], [{"clip_id": cid, "stage": STAGE, "step": "input", "reason": str(err)}]
+                )
+                continue
             todo[cid] = r
     if todo:
         check_inputs(cfg, todo.values())  # fail fast: before any worker starts or model loads
@@ -527,8 +536,18 @@ def run(
         executor=executor,
         stages=[s.summary() for s in (stats.stages if stats else [])],
     )
-    write_json(out_dir / SUMMARY, {**summary.as_dict(), "backend": cfg.backend})
-    from vidforge.curate.histograms import write_histograms
+    from vidforge.curate.histograms import thresholds, write_histograms
+
+    # The thresholds the run decided by, so that `vidforge review` marks those on its histograms.
+    write_json(
+        out_dir / SUMMARY,
+        {
+            **summary.as_dict(),
+            "backend": cfg.backend,
+            "thresholds": thresholds(cfg),
+            "motion_size": cfg.motion.size,
+        },
+    )
 
     write_histograms(manifest, cfg, out_dir / HISTOGRAMS)
     return summary

@@ -117,7 +117,9 @@ def run(
             )
         if items:
             seconds_in += _plan_of(items[0]).info.duration_s
-        ledger.commit(source, records, [{"source": source, **e} for e in errors])
+        # A failure that is not the source's own fault (a worker died, a file vanished) is redone next run.
+        retry = any(e.pop("retry", False) for e in errors)
+        ledger.commit(source, records, [{"source": source, **e} for e in errors], retry=retry)
 
     if on_start is not None:
         on_start(
@@ -172,6 +174,8 @@ def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
         "stitched": p.stitched > 1,
         "shots": p.stitched,
         "source_fps": float(p.info.fps),
+        # The clip is at a constant `fps`: a variable-rate source's frames were re-timed to it.
+        "source_variable_rate": p.info.variable_rate,
         "source_width": p.info.width,
         "source_height": p.info.height,
         "_embedding": None if r.embedding is None else [float(x) for x in r.embedding],

@@ -36,7 +36,7 @@ def open_source(source: str):
         try:
             container = av.open(handle if handle is not None else source, "r")
         except (av.FFmpegError, OSError, ValueError) as err:
-            raise ItemError(f"cannot open: {_reason(err)}") from None
+            raise ItemError(f"cannot open: {_open_failure(source, err)}") from None
         try:
             yield container
         finally:
@@ -44,6 +44,40 @@ def open_source(source: str):
     finally:
         if handle is not None:
             handle.close()
+
+
+# The first bytes of the containers a video comes in: a file that starts like one but does not open is
+# truncated or corrupt; one that starts like none is not a video at all (ffmpeg says "Invalid data" to both).
+_SIGNATURES = (
+    (4, (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip"), "MP4/QuickTime"),
+    (0, (b"\x1a\x45\xdf\xa3",), "Matroska/WebM"),
+    (0, (b"RIFF",), "AVI"),
+    (0, (b"FLV",), "FLV"),
+    (0, (b"OggS",), "Ogg"),
+    (0, (b"\x00\x00\x01\xba",), "MPEG-PS"),
+    (0, (b"\x30\x26\xb2\x75",), "ASF/WMV"),
+)
+
+
+def _open_failure(source: str, err: Exception) -> str:
+    """Why a source did not open, told apart: an empty file, a truncated one, or not a video at all."""
+    reason = _reason(err)
+    if is_url(source):
+        return reason
+    try:
+        size = Path(source).stat().st_size
+        with open(source, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return reason
+    if size == 0:
+        return "empty file (0 bytes)"
+    for offset, magics, kind in _SIGNATURES:
+        if head[offset : offset + 4].startswith(magics):
+            return f"truncated or corrupt {kind} file ({size} bytes; {reason})"
+    if head[:1] == b"\x47" and size >= 188:  # MPEG-TS: sync byte every 188 bytes
+        return f"truncated or corrupt MPEG-TS file ({size} bytes; {reason})"
+    return f"not a video file: its first bytes match no container format ({reason})"
 
 
 def _reason(err: Exception) -> str:
@@ -156,7 +190,9 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
     deltas = np.diff(pts)
     info.frames = frames
     info.duration_s = float((pts[-1] - pts[0] + step) * time_base) if frames > 1 else float(1 / fps)
-    info.variable_rate = bool(frames > 2 and (deltas.max() - deltas.min()) > 1)
+    # Variable when frame durations spread by over a tenth of a frame: timestamps rounded to a coarser
+    # clock (milliseconds, then rescaled by the muxer) jitter by a tick or more at a constant rate.
+    info.variable_rate = bool(frames > 2 and (deltas.max() - deltas.min()) > max(1, 0.1 * np.median(deltas)))
     index_of = {int(p - first_pts): i for i, p in enumerate(pts_list)}
     cut_frames = sorted(index_of[p] for p in shots.cuts if p in index_of and index_of[p] > 0)
     bounds = [0, *cut_frames, frames]

@@ -1,4 +1,8 @@
-"""Score histograms of a caption run as one PNG, with each threshold drawn as a dashed line."""
+"""Score histograms of a caption run as one PNG: a panel per measured score, each threshold a labelled
+dashed line. A score nothing measured (its step off in the profile) gets no panel rather than an empty
+one, and each panel's x axis spans its data: a threshold beyond the data (a filter set wide open, e.g.
+aesthetic.min_score=-1000) would squash the histogram into a sliver, so it is named in the panel's
+corner with an arrow pointing where it lies instead of being drawn."""
 
 from __future__ import annotations
 
@@ -13,42 +17,112 @@ def _values(records: list[dict[str, Any]], key: str) -> list[float]:
     out = []
     for r in records:
         v = r.get(key)
-        if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
             out.append(float(v))
     return out
 
 
-def write_histograms(records: list[dict[str, Any]], cfg: Any, path: str | os.PathLike) -> None:
-    """Histograms of aesthetic, text area, motion and caption-video match over `records`."""
+def thresholds(cfg: Any) -> dict[str, list[float]]:
+    """The keep/reject thresholds of each score under the `curation.caption` section `cfg`, by record key
+    (caption.py records them in summary.json, so that a review of the run draws the ones it used)."""
+    return {
+        "aesthetic": [cfg.aesthetic.min_score],
+        "text_area": [cfg.ocr.texty_area],
+        "motion": [cfg.motion.min_score, cfg.motion.max_score],
+        "clip_score": [cfg.clip_score.min_score],
+    }
+
+
+def titles(motion_size: int | None = None) -> dict[str, str]:
+    motion = f"motion (px/frame at {motion_size} px)" if motion_size else "motion (px/frame)"
+    return {
+        "aesthetic": "aesthetic score",
+        "text_area": "text area (largest frame fraction)",
+        "motion": motion,
+        "clip_score": "caption-video CLIP similarity",
+    }
+
+
+def write_histograms(records: list[dict[str, Any]], cfg: Any, path: str | os.PathLike) -> bool:
+    """Histograms of the measured scores over `records` under the `curation.caption` section `cfg`."""
+    return draw_histograms(records, thresholds(cfg), titles(cfg.motion.size), path)
+
+
+def draw_histograms(
+    records: list[dict[str, Any]],
+    limits: dict[str, list[float]],
+    names: dict[str, str],
+    path: str | os.PathLike,
+) -> bool:
+    """`histogram_figure` as a PNG at `path`. Returns False (and writes nothing) when nothing was measured."""
+    fig = histogram_figure(records, limits, names)
+    if fig is None:
+        return False
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=80, format="png")
+    plt.close(fig)
+    return True
+
+
+def histogram_figure(records: list[dict[str, Any]], limits: dict[str, list[float]], names: dict[str, str]):
+    """One panel per score in `names` that some record has a value for, with `limits[score]` marked; None
+    when no score was measured at all."""
+    measured = [(key, _values(records, key)) for key in names]
+    measured = [(key, values) for key, values in measured if values]
+    if not measured:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [
-        ("aesthetic", "aesthetic score", [cfg.aesthetic.min_score]),
-        ("text_area", "text area (largest frame fraction)", [cfg.ocr.texty_area]),
-        (
-            "motion",
-            f"motion (px/frame at {cfg.motion.size} px)",
-            [cfg.motion.min_score, cfg.motion.max_score],
-        ),
-        ("clip_score", "caption-video CLIP similarity", [cfg.clip_score.min_score]),
-    ]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (key, title, thresholds) in zip(axes.flat, panels, strict=True):
-        values = _values(records, key)
-        if values:
-            ax.hist(values, bins=min(30, max(5, len(values) // 2)), color="#4477aa")
-        else:
-            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
-        for t in thresholds:
-            ax.axvline(t, color="#cc3311", linestyle="--", linewidth=1)
-        ax.set_title(f"{title} (n={len(values)})", fontsize=10)
-        ax.set_ylabel("clips")
+    cols = min(2, len(measured))
+    rows = math.ceil(len(measured) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.3 * rows), squeeze=False)
+    for ax, (key, values) in zip(axes.flat, measured, strict=False):
+        _panel(ax, values, limits.get(key, []), f"{names[key]} (n={len(values)})")
+    for ax in list(axes.flat)[len(measured) :]:
+        ax.remove()
     kept = sum(bool(r.get("keep")) for r in records)
-    fig.suptitle(f"vidforge caption: {kept} of {len(records)} clips kept")
+    fig.suptitle(f"{kept} of {len(records)} clips kept")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=80, format="png")
-    plt.close(fig)
+    return fig
+
+
+def _panel(ax, values: list[float], limits: list[float], title: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) * 0.05 or max(abs(lo) * 0.05, 1e-3)
+    lo, hi = lo - pad, hi + pad
+    counts, _, _ = ax.hist(values, bins=min(30, max(5, len(values) // 2)), range=(lo, hi), color="#4477aa")
+    ax.set_ylim(0, max(counts) * 1.25)  # headroom for the threshold labels above the bars
+    below = [f"← threshold {t:g}" for t in limits if t < lo]
+    above = [f"threshold {t:g} →" for t in limits if t > hi]
+    for t in limits:
+        if lo <= t <= hi:
+            ax.axvline(t, color="#cc3311", linestyle="--", linewidth=1)
+            ax.annotate(
+                f"threshold {t:g}",
+                (t, 1),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -3),
+                textcoords="offset points",
+                va="top",
+                fontsize=8,
+                color="#cc3311",
+            )
+    for text, x, ha in (("\n".join(below), 0.01, "left"), ("\n".join(above), 0.99, "right")):
+        if text:
+            box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
+            ax.text(
+                x, 0.97, text, ha=ha, va="top", transform=ax.transAxes, fontsize=8, color="#cc3311", bbox=box
+            )
+    # Few ticks (scores of random-weight models differ in the 4th digit) and whole numbers of clips.
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(lo, hi)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel("clips")

@@ -42,8 +42,10 @@ def plan_clips(analysis: Analysis, cfg: Curation, pooled=None) -> list[ClipPlan]
 
 def _plan(a: Analysis, shot: Shot, start: int, end: int, rejected, ratio: float | None = None) -> ClipPlan:
     pts = a.pts[start:end] if end > start else a.pts[start : start + 1]
-    t0 = float((a.pts[start] - a.pts[0]) * a.time_base) if start < len(a.pts) else a.info.duration_s
-    t1 = float((a.pts[end] - a.pts[0]) * a.time_base) if end < len(a.pts) else a.info.duration_s
+    # Times on the source's own timeline (a frame's presentation time), not from its first frame: a source
+    # whose first frame shows at 1.075 s has its first clip start there, as a player and a sidecar see it.
+    t0 = float(a.pts[start] * a.time_base) if start < len(a.pts) else _end_s(a)
+    t1 = float(a.pts[end] * a.time_base) if end < len(a.pts) else _end_s(a)
     if ratio is None:
         ratio = static_ratio(a.static, start, end)
     return ClipPlan(
@@ -61,6 +63,10 @@ def _plan(a: Analysis, shot: Shot, start: int, end: int, rejected, ratio: float 
         stitched=shot.merged,
         rejected=rejected,
     )
+
+
+def _end_s(a: Analysis) -> float:
+    return float(a.pts[0] * a.time_base) + a.info.duration_s
 
 
 @dataclass

@@ -72,6 +72,8 @@ class Outcome:
     value: Any = None
     reason: str = ""
     seconds: float = 0.0
+    retry: bool = False
+    """A failure that is not the item's own (not an ItemError): the next run should try the item again."""
 
 
 def one_line(err: BaseException) -> str:
@@ -94,7 +96,14 @@ def run_batch(stage: Stage, items: list[Any]) -> list[Outcome]:
         if len(items) == 1:
             if not isinstance(err, ItemError) and _debug():
                 traceback.print_exc()
-            return [Outcome(False, reason=one_line(err), seconds=time.perf_counter() - start)]
+            return [
+                Outcome(
+                    False,
+                    reason=one_line(err),
+                    seconds=time.perf_counter() - start,
+                    retry=not isinstance(err, ItemError),
+                )
+            ]
     return [o for item in items for o in run_batch(stage, [item])]
 
 

@@ -26,14 +26,21 @@ from typing import Any
 
 from vidforge.data.blending import Blender, Ref, SourceStream
 from vidforge.data.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, read_media
+from vidforge.data.paths import UnsafePath
 from vidforge.data.shard_index import ShardIndex, read_index
 from vidforge.data.shard_reader import SampleError, ShardError, check_shard, decode_members, read_members
+from vidforge.errors import UserInputError
 
 log = logging.getLogger("vidforge.data")
 
 
 class DataError(RuntimeError):
     """A shard or sample failed and `on_error` is `fail`."""
+
+
+class NoReadableData(UserInputError):
+    """Under `on_error: skip`, a whole epoch's worth of references in a row gave no readable sample: every
+    shard (or every one left) is unreadable. Skipping on would spin forever without a step."""
 
 
 def group_share(n: int, group_rank: int, group_size: int) -> list[int]:
@@ -104,8 +111,6 @@ class ShardLoader:
         streams = []
         for i, (ix, shards) in enumerate(zip(self.indexes, self.shards, strict=True)):
             if not shards:
-                from vidforge.errors import UserInputError
-
                 raise UserInputError(f"{ix.root}: no shards of split {split!r}")
             streams.append(
                 SourceStream(
@@ -126,6 +131,10 @@ class ShardLoader:
         self._checked: set[tuple[int, int]] = set()
         self._cache_shards = cache_shards
         self.stats = {"yielded": 0, "skipped_samples": 0, "skipped_shards": 0}
+        # An epoch's references (every source's samples, all ranks') in a row without a readable sample
+        # means nothing readable is left. Counted after the group exchange, so a group's ranks agree.
+        self._misses = 0
+        self._max_misses = max(1, sum(s.samples for shards in self.shards for s in shards))
 
     @classmethod
     def from_profile(
@@ -169,10 +178,10 @@ class ShardLoader:
             self._tables.move_to_end(key)
             return self._tables[key]
         entry = self.shards[source][shard]
-        path = self.indexes[source].path(entry)
         try:
+            path = self.indexes[source].path(entry)
             table = check_shard(path, entry, self.verify if key not in self._checked else "count")
-        except ShardError as err:
+        except (ShardError, UnsafePath) as err:
             table = err
             self._fail(f"{self.indexes[source].root}/{err}", "shard")
         self._checked.add(key)
@@ -185,7 +194,7 @@ class ShardLoader:
         """The decoded sample a reference points to, or None when it is skipped (logged)."""
         source, shard, index = ref
         table = self._table(source, shard)
-        if isinstance(table, ShardError):
+        if isinstance(table, Exception):
             return None  # counted once when the shard failed
         path = self.indexes[source].path(self.shards[source][shard])
         if index >= len(table):
@@ -240,9 +249,22 @@ class ShardLoader:
                 _, sample = self.pending.pop(0)
                 if sample is not None:
                     self.stats["yielded"] += 1
+                    self._misses = 0
                     return sample
+                self._misses += 1
+                if self._misses >= self._max_misses:
+                    raise NoReadableData(self._no_data_message())
             if not self._refill():
                 return None
+
+    def _no_data_message(self) -> str:
+        roots = ", ".join(str(ix.root) for ix in self.indexes)
+        what = "no shard could be read" if not self.stats["yielded"] else "no readable data left"
+        return (
+            f"{roots}: {what} ({self.stats['skipped_shards']} shard(s) and {self.stats['skipped_samples']} "
+            f"sample(s) skipped, {self._misses} references in a row unreadable; the log names each): "
+            "regenerate the shards with `vidforge shard`/`vidforge tokenize`, or pass readable ones"
+        )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while (sample := self.next_sample()) is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.data.manifest import write_json
+from vidforge.data.paths import inside, plain_name
 from vidforge.errors import UserInputError
 
 INDEX = "index.json"
@@ -48,7 +49,8 @@ class ShardIndex:
         return [s for s in self.shards if s.split == name]
 
     def path(self, entry: ShardEntry) -> Path:
-        return self.root / entry.name
+        """The shard's file; `UnsafePath` when its name (data) is not one file inside the index's folder."""
+        return inside(self.root, plain_name(entry.name, "shard name"), "shard name")
 
     @property
     def samples(self) -> int:

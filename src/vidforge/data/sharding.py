@@ -23,6 +23,7 @@ import numpy as np
 from vidforge.data.buckets import bucket_label, frame_bucket, resolution_bucket
 from vidforge.data.manifest import read_jsonl, stable_id, write_jsonl
 from vidforge.data.media import MediaError, media_kind, probe
+from vidforge.data.paths import UnsafePath, inside
 from vidforge.data.shard_index import write_index
 from vidforge.data.shard_writer import ShardWriter, json_bytes, member_bytes, npy_bytes, safe_key
 from vidforge.data.split import split_of
@@ -126,7 +127,11 @@ def plan_shards(
         if key in seen:
             errors.append({"clip_id": raw_key, "media": media, "reason": f"duplicate key {key}"})
             continue
-        path = annotated_dir / media
+        try:
+            path = inside(annotated_dir, media, "media")
+        except UnsafePath as err:
+            errors.append({"clip_id": raw_key, "media": media, "reason": str(err)})
+            continue
         kind = media_kind(path, cfg.image_extensions)
         try:
             if not path.is_file():
@@ -230,14 +235,14 @@ def run(
         )
     if out.resolve() == annotated_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
+    ledger = UnitLedger(out)
+    ledger.recover()  # the folder's lock first: a busy folder is refused before the encoder loads
     if encoder is None:
         from vidforge.text import build_text_encoder
 
         encoder = build_text_encoder(profile)
     started = time.perf_counter()
     shards, errors = plan_shards(annotated_dir, profile, (encoder.max_length, encoder.width))
-    ledger = UnitLedger(out)
-    ledger.recover()
     done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
     summary = ShardSummary(shards=len(shards), out=str(out), errors=errors, rejected=len(errors))
     entries = []

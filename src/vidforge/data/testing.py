@@ -1,5 +1,6 @@
 """Small synthetic inputs for tests and benchmarks: an annotated directory in the layout `vidforge
-caption` writes (clips/, manifest.jsonl with clip fields, caption, keep, reasons, media)."""
+caption` writes (clips/, manifest.jsonl with clip fields, caption, keep, reasons, media), a clip folder in
+the layout `vidforge clip` writes, and latent shards."""
 
 from __future__ import annotations
 
@@ -15,6 +16,48 @@ WORDS = (
     "a red ball rolls across a wooden table while the camera slowly pans to the left under warm light "
     "a dog runs along the beach at sunset waves breaking behind it city traffic at night seen from above"
 ).split()
+
+
+# Profile overrides that fit make_annotated_dir's clips (48x64 around, 9-20 frames): one sample a shard, a
+# 16-token text tower, 4x spatial compression; small and quick for shard/tokenize tests.
+SMALL_SHARD_SETS = (
+    "data.buckets=[[48,64],[64,48],[64,64]]",
+    "data.frame_buckets=[1,5,9]",
+    "data.shard_max_samples=1",
+    "data.val_fraction=0",
+    "text_encoder.max_length=16",
+    "tokenizer.spatial_compression=4",
+)
+
+
+def make_clips_dir(out: str | os.PathLike, videos: dict[str, dict]) -> Path:
+    """A stand-in for a `vidforge clip` output: each video whole as one clip. `videos` maps a video's path
+    to its ground truth (`frames`, `seconds`, `fps`, `width`, `height`, as make_sample_videos writes)."""
+    import shutil
+
+    out = Path(out)
+    (out / "clips").mkdir(parents=True, exist_ok=True)
+    records = []
+    for source, truth in videos.items():
+        cid = stable_id(source, 0, truth["frames"])
+        shutil.copy(source, out / "clips" / f"{cid}.mp4")
+        records.append(
+            {
+                "clip_id": cid,
+                "source": str(source),
+                "start_frame": 0,
+                "end_frame": truth["frames"],
+                "start_s": 0.0,
+                "end_s": truth["seconds"],
+                "fps": truth["fps"],
+                "width": truth["width"],
+                "height": truth["height"],
+                "frames": truth["frames"],
+                "media": f"clips/{cid}.mp4",
+            }
+        )
+    write_jsonl(out / "manifest.jsonl", records)
+    return out
 
 
 def synthetic_frames(frames: int, height: int, width: int, seed: int) -> np.ndarray:

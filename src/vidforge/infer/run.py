@@ -8,12 +8,13 @@ Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts
   ranks (CFG-parallel), so N = 2 needs no sequence split at all;
 - the ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's overlapped
   spatial/temporal all-to-alls, any other model with context-parallel denoising
-  (`vidforge.parallel.context_parallel.sample_latents_cp`: all-gather CP for a DiT, st-hybrid for a
+  (`vidforge.infer.sampling.sample_latents_cp`: all-gather CP for a DiT, st-hybrid for a
   parallel ST-DiT).
 Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from vidforge.errors import UserInputError
 from vidforge.infer.sampling import sample_latents
 from vidforge.infer.writers import contact_sheet, write_mp4
 from vidforge.models import load_model
-from vidforge.models.checkpoint import WEIGHTS
+from vidforge.models.checkpoint import CONFIG, WEIGHTS
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile, load_profile
 from vidforge.text.encoders import build_text_encoder
@@ -47,6 +48,12 @@ def find_export(checkpoint: str | Path) -> Path:
         f"--checkpoint {checkpoint}: no {WEIGHTS} in it or in its export/; point at a `vidforge train` run "
         "directory that finished (or an export folder)"
     )
+
+
+def exported_step(export: Path) -> int | None:
+    """The training step an export's weights are from (`vidforge.train.export.record_step` writes it);
+    None for an export written before steps were recorded."""
+    return json.loads((export / CONFIG).read_text()).get("step")
 
 
 def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
@@ -145,7 +152,8 @@ def _parallel_sampler(model, prof: RunProfile, plan: InferPlan, device: str, sli
     cfg_group = mesh["cfg"].get_group() if plan.cfg == 2 else None
     sp_group = mesh["sp"].get_group()
     if plan.method == "context-parallel":
-        from vidforge.parallel.context_parallel import apply_cp, sample_latents_cp
+        from vidforge.infer.sampling import sample_latents_cp
+        from vidforge.parallel.context_parallel import apply_cp
         from vidforge.parallel.stdit_parallel import apply_st_hybrid
 
         if model.config.architecture == "stdit":
@@ -187,7 +195,7 @@ def run(
     the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S (default:
     the profile's infer.scalefusion_*).
     `log(message)` is told the plan of a parallel run."""
-    from vidforge.parallel.dims import init_distributed
+    from vidforge.parallel.runtime import init_runtime
 
     if not prompts or any(not p.strip() for p in prompts):
         raise UserInputError(
@@ -195,8 +203,9 @@ def run(
         )
     export = find_export(checkpoint)
     prof = checkpoint_profile(export, overrides, profile)
-    device = "cuda" if prof.cluster.accelerator.kind == "cuda" and torch.cuda.is_available() else "cpu"
-    rank, world = init_distributed(device)
+    # a checkpoint trained on GPUs still samples on a machine without one
+    runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
+    rank, world, device = runtime.rank, runtime.world, str(runtime.device)
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
     encoder = build_text_encoder(prof)
@@ -235,6 +244,15 @@ def run(
         out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     records, videos, labels = [], [], []
+    # What every sample came from, for `vidforge review` and whoever compares samples later.
+    settings = {
+        "sampler": prof.diffusion.sampler,
+        "steps": prof.diffusion.steps,
+        "guidance": prof.diffusion.guidance,
+        "negative_prompt": prof.infer.negative_prompt or None,
+        "checkpoint_step": exported_step(export),
+        "checkpoint": str(export.resolve()),
+    }
     size = prof.infer.batch_size
     for first in range(0, len(prompts), size):
         chunk = list(prompts[first : first + size])
@@ -259,12 +277,16 @@ def run(
                     "frames": len(frames),
                     "height": frames.shape[1],
                     "width": frames.shape[2],
+                    **settings,
                 }
             )
     seconds = time.perf_counter() - started
     if not writer:
         return InferResult([], "", seconds, 0.0)
     sheet = out / "contact_sheet.png"
-    contact_sheet(sheet, videos, labels)
+    note = f"{settings['sampler']} {settings['steps']} steps, guidance {settings['guidance']:g}"
+    if settings["checkpoint_step"] is not None:
+        note += f", step {settings['checkpoint_step']}"
+    contact_sheet(sheet, videos, labels, note=note)
     write_jsonl(out / "samples.jsonl", records)
     return InferResult([str(out / r["video"]) for r in records], str(sheet), seconds, seconds / len(records))

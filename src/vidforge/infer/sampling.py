@@ -1,4 +1,4 @@
-"""From caption embeddings to latents: the EDM denoiser of a DiT under classifier-free guidance, driven by
+"""From caption embeddings to latents, in one process or with the tokens split over context-parallel ranks: the objective's denoiser of a DiT under classifier-free guidance, driven by
 the profile's sampler. Shared by `vidforge infer` and the training loop's validation samples."""
 
 from __future__ import annotations
@@ -8,8 +8,17 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from vidforge.diffusion import EDM, classifier_free_guidance, sample
-from vidforge.diffusion.guidance import parallel_classifier_free_guidance
+from vidforge.diffusion import build_objective, classifier_free_guidance, sample
+from vidforge.diffusion.guidance import BatchedDenoiser
+from vidforge.models.patchify import patchify, token_grid, unpatchify
+from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
+from vidforge.parallel.context_parallel import (
+    ContextParallelAttend,
+    CpGroup,
+    cp_process_group,
+    gather_row,
+    shard_of,
+)
 from vidforge.profile import RunProfile
 
 
@@ -58,12 +67,29 @@ def guided_denoiser(
     cfg_group=None,
     dtype: torch.dtype = torch.float32,
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The sampler's denoiser D(x; sigma) for captions `text` (B, L, D): EDM preconditioning around
+    """The sampler's denoiser D(x; sigma): `batched_denoiser` under classifier-free guidance (in one
+    batch, or over `cfg_group`'s two ranks)."""
+    batched = batched_denoiser(network_fn, profile, text, text_mask, negative, dtype)
+    if cfg_group is not None:
+        return parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
+    return classifier_free_guidance(batched, profile.diffusion.guidance)
+
+
+def batched_denoiser(
+    network_fn: Callable[..., torch.Tensor],
+    profile: RunProfile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> BatchedDenoiser:
+    """D(x, sigma, uncond) for captions `text` (B, L, D): the objective's preconditioning around
     `network_fn(x, noise_level, text, text_mask, drop_text=...)` (the model, or a parallel forward of it)
-    evaluated in `dtype`, under classifier-free guidance (in one batch, or over `cfg_group`'s two ranks).
-    x may be whole latents or a rank's tokens: everything here is per sample or elementwise."""
+    evaluated in `dtype`. Row i of x is sample i % B; rows marked `uncond` are denoised with the negative
+    caption if there is one, else the model's null caption. x may be whole latents or a rank's tokens:
+    everything here is per sample or elementwise."""
     device = text.device
-    edm = EDM.from_profile(profile.diffusion)
+    objective = build_objective(profile.diffusion)
     b = text.shape[0]
     text, text_mask = text.to(device, dtype), text_mask.to(device)
     if negative is not None:
@@ -74,8 +100,6 @@ def guided_denoiser(
         neg_text, neg_mask = _pad(neg_text, length), _pad_mask(neg_mask, length)
 
     def batched(x: torch.Tensor, sigma: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
-        # Row i is sample i % b; unconditional rows take the negative caption if there is one, else the
-        # model's null caption (drop_text). Works for [cond; uncond] in one batch and for one branch.
         rows = x.shape[0]
         texts, masks = text.repeat(rows // b, 1, 1), text_mask.repeat(rows // b, 1)
         if negative is not None:
@@ -90,11 +114,9 @@ def guided_denoiser(
         def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
             return network_fn(x_in.to(dtype), c_noise.to(dtype), texts, masks, drop_text=drop).float()
 
-        return edm.denoise(network, x, per_sample)
+        return objective.denoise(network, x, per_sample)
 
-    if cfg_group is not None:
-        return parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
-    return classifier_free_guidance(batched, profile.diffusion.guidance)
+    return batched
 
 
 def _pad(text: torch.Tensor, length: int) -> torch.Tensor:
@@ -103,3 +125,48 @@ def _pad(text: torch.Tensor, length: int) -> torch.Tensor:
 
 def _pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(mask, (0, length - mask.shape[1]), value=False)
+
+
+@torch.no_grad()
+def sample_latents_cp(
+    model: nn.Module,
+    profile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    seeds: Sequence[int],
+    latent_shape: Sequence[int],
+    cp_mesh: CpGroup,
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    cfg_group: CpGroup | None = None,
+) -> torch.Tensor:
+    """`sample_latents` with the latent token sequence split over the cp ranks
+    (NeMo's context-parallel denoising): every rank draws the same initial noise, keeps its tokens, runs
+    the sampler on them (EDM preconditioning, guidance and the Heun/RES updates are elementwise per
+    token, so each rank steps its own shard) with the model evaluated context-parallel, and the
+    latents are gathered at the end. Returns (B, C, T, H, W) on every rank. `model` must have had
+    `apply_cp` installed on the same group. Deterministic samplers give the single-process latents;
+    with diffusion.churn > 0 each rank draws its churn noise from its own generator (seed, rank), a
+    valid but different noise stream. With `cfg_group` (two ranks holding the same cp shard, e.g. a
+    (cfg 2, cp n) mesh's "cfg" dimension) the conditional and unconditional branches run on its two
+    ranks, as in `sample_latents(cfg_group=...)`."""
+    if not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
+        raise ValueError(
+            "sample_latents_cp needs a context-parallel model: call apply_cp(model, cp_mesh, impl)"
+        )
+    group = cp_process_group(cp_mesh)
+    cfg = model.config
+    param = next(model.parameters())
+    device = param.device
+    shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group)
+
+    def forward(x, noise_level, texts, masks, drop_text):
+        return model(x, noise_level, texts, masks, drop_text=drop_text, shard=shard)
+
+    cfg_pg = cp_process_group(cfg_group) if cfg_group is not None else None
+    denoiser = guided_denoiser(forward, profile, text.to(device), text_mask, negative, cfg_pg, param.dtype)
+    noise = shard.split(patchify(initial_noise(seeds, latent_shape), cfg.patch).to(device))
+    generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
+    local = sample(denoiser, noise, profile.diffusion, generator=generator)
+    tokens = gather_row(local, shard, group)
+    return unpatchify(tokens, shard.grid, cfg.patch, cfg.in_channels)

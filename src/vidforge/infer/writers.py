@@ -31,22 +31,44 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: int, crf: int = 18) -> 
             container.mux(packet)
 
 
+def frame_picks(count: int, columns: int) -> np.ndarray:
+    """Indices of `columns` frames evenly spaced over `count` (fewer if the video is shorter)."""
+    return np.linspace(0, count - 1, num=min(columns, count)).round().astype(int)
+
+
+def frame_strip(frames: Sequence[np.ndarray], gap: int = 2) -> np.ndarray:
+    """Frames (H, W, 3) side by side with a white `gap`-pixel line between them, so that where one frame
+    ends is visible even when neighbouring frames are alike."""
+    height = frames[0].shape[0]
+    line = np.full((height, gap, 3), 255, np.uint8)
+    parts = [frames[0]]
+    for frame in frames[1:]:
+        parts += [line, frame]
+    return np.concatenate(parts, axis=1)
+
+
 def contact_sheet(
-    path: str | Path, videos: Sequence[np.ndarray], labels: Sequence[str], columns: int = 8, scale: int = 2
+    path: str | Path,
+    videos: Sequence[np.ndarray],
+    labels: Sequence[str],
+    columns: int = 8,
+    scale: int = 2,
+    note: str = "",
 ) -> None:
     """One row per video: `columns` frames evenly spaced in time, upscaled `scale`x (nearest), with the
-    prompt written above the row."""
+    prompt written above the row and `note` (e.g. the sampler settings) after it."""
     if not videos:
         raise ValueError("contact_sheet needs at least one video")
     label_h = 14
     rows = []
     for video, label in zip(videos, labels, strict=True):
-        picks = np.linspace(0, len(video) - 1, num=min(columns, len(video))).round().astype(int)
-        strip = np.concatenate([video[i] for i in picks], axis=1)
-        strip = strip.repeat(scale, axis=0).repeat(scale, axis=1)
+        picks = frame_picks(len(video), columns)
+        big = [video[i].repeat(scale, axis=0).repeat(scale, axis=1) for i in picks]
+        strip = frame_strip(big)
+        label = f"{label}  [{note}]" if note else label
         canvas = Image.new("RGB", (strip.shape[1], strip.shape[0] + label_h), "white")
         canvas.paste(Image.fromarray(strip), (0, label_h))
-        ImageDraw.Draw(canvas).text((2, 1), label[:120], fill="black")
+        ImageDraw.Draw(canvas).text((2, 1), label[:160], fill="black")
         rows.append(canvas)
     width = max(r.width for r in rows)
     sheet = Image.new("RGB", (width, sum(r.height for r in rows)), "white")

@@ -33,7 +33,7 @@ from vidforge.models.presets import build_model
 from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
 from vidforge.models.wan import EPS, FREQ_DIM
 from vidforge.profile import RunProfile, dump_profile
-from vidforge.profile.loading import format_validation_error, validate_profile
+from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import Model
 
 CLASS_NAME = "WanTransformer3DModel"
@@ -98,10 +98,8 @@ def model_from_diffusers(config: dict[str, Any], where: Path) -> Model:
         "text_dim": config.get("text_dim", 4096),
         "cross_attn_norm": config.get("cross_attn_norm", True),
     }
-    try:
-        return Model.model_validate(fields)
-    except ValidationError as err:
-        raise UserInputError(f"{where}: cannot be represented: {format_validation_error(err)}") from None
+    # Validated as a profile's model section, so a shape vidforge cannot build is refused in its words.
+    return validate_profile({"model": fields}, f"{where} cannot be represented").model
 
 
 def diffusers_config(model: Model) -> dict[str, Any]:

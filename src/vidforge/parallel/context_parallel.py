@@ -24,7 +24,6 @@ cp attention installed share its process group; parameter names and state dicts 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,7 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from vidforge.models.attention import Attend, AttentionMask, ContextShard
 from vidforge.models.layers import SelfAttention
 from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid, patchify, token_grid, unpatchify
+from vidforge.models.patchify import Grid
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
 
 CpGroup = DeviceMesh | dist.ProcessGroup
@@ -150,54 +149,3 @@ def per_token(values: torch.Tensor, shard: TokenShard) -> torch.Tensor:
     if shard.packed:
         return values[shard.token_sample(values.device)][None, :, None]
     return values[:, None, None]
-
-
-# --- context-parallel denoising -----------------------------------------------------------------------
-
-
-@torch.no_grad()
-def sample_latents_cp(
-    model: nn.Module,
-    profile,
-    text: torch.Tensor,
-    text_mask: torch.Tensor,
-    seeds: Sequence[int],
-    latent_shape: Sequence[int],
-    cp_mesh: CpGroup,
-    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
-    *,
-    cfg_group: CpGroup | None = None,
-) -> torch.Tensor:
-    """`vidforge.infer.sampling.sample_latents` with the latent token sequence split over the cp ranks
-    (NeMo's context-parallel denoising): every rank draws the same initial noise, keeps its tokens, runs
-    the sampler on them (EDM preconditioning, guidance and the Heun/RES updates are elementwise per
-    token, so each rank steps its own shard) with the model evaluated context-parallel, and the
-    latents are gathered at the end. Returns (B, C, T, H, W) on every rank. `model` must have had
-    `apply_cp` installed on the same group. Deterministic samplers give the single-process latents;
-    with diffusion.churn > 0 each rank draws its churn noise from its own generator (seed, rank), a
-    valid but different noise stream. With `cfg_group` (two ranks holding the same cp shard, e.g. a
-    (cfg 2, cp n) mesh's "cfg" dimension) the conditional and unconditional branches run on its two
-    ranks, as in `sample_latents(cfg_group=...)`."""
-    from vidforge.diffusion import sample
-    from vidforge.infer.sampling import guided_denoiser, initial_noise
-
-    if not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
-        raise ValueError(
-            "sample_latents_cp needs a context-parallel model: call apply_cp(model, cp_mesh, impl)"
-        )
-    group = cp_process_group(cp_mesh)
-    cfg = model.config
-    param = next(model.parameters())
-    device = param.device
-    shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group)
-
-    def forward(x, noise_level, texts, masks, drop_text):
-        return model(x, noise_level, texts, masks, drop_text=drop_text, shard=shard)
-
-    cfg_pg = cp_process_group(cfg_group) if cfg_group is not None else None
-    denoiser = guided_denoiser(forward, profile, text.to(device), text_mask, negative, cfg_pg, param.dtype)
-    noise = shard.split(patchify(initial_noise(seeds, latent_shape), cfg.patch).to(device))
-    generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
-    local = sample(denoiser, noise, profile.diffusion, generator=generator)
-    tokens = gather_row(local, shard, group)
-    return unpatchify(tokens, shard.grid, cfg.patch, cfg.in_channels)

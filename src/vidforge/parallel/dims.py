@@ -11,15 +11,12 @@ Flattened views built with it:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from vidforge.profile import RunProfile
 from vidforge.profile.parallel import Layout
 
 
@@ -29,11 +26,6 @@ class ParallelDims:
     device_type: str = "cpu"
     _mesh: DeviceMesh | None = field(default=None, repr=False)
     _flat: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_profile(cls, profile: RunProfile) -> ParallelDims:
-        device = "cuda" if profile.cluster.accelerator.kind == "cuda" and torch.cuda.is_available() else "cpu"
-        return cls(profile.layout, device)
 
     @property
     def world_size(self) -> int:
@@ -103,30 +95,3 @@ class ParallelDims:
         if self.layout.dp_replicate > 1:
             return self.mesh["dp_replicate", "dp_shard_cp"]
         return self.flat("dp_shard_cp")
-
-
-def profile_device(profile: RunProfile) -> torch.device:
-    """The device this process computes on: its GPU when the profile's accelerator is CUDA (refused,
-    with what to change, when none is visible), else the CPU."""
-    if profile.cluster.accelerator.kind == "cuda":
-        if not torch.cuda.is_available():
-            from vidforge.errors import UserInputError
-
-            raise UserInputError(
-                "cluster.accelerator: the profile asks for CUDA but no GPU is visible; use --profile local_cpu"
-            )
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def init_distributed(device_type: str = "cpu") -> tuple[int, int]:
-    """Join the process group torchrun (or SLURM via torchrun) set up; a no-op for a single process.
-    Returns (rank, world_size)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1 or dist.is_initialized():
-        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size()

@@ -65,8 +65,16 @@ def parallelize(
             model.blocks[key] = torch.compile(block)
     if uses_fsdp(dims):
         param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+        # Under pipeline parallel a stage runs every micro-batch's forward before its backwards (GPipe) or
+        # interleaved with them (1F1B): resharding after each forward would all-gather the stage's weights
+        # again for every micro-batch. Kept gathered, they are gathered once a step (torchtitan does the same).
         apply_fsdp(
-            model, dims.fsdp_mesh(), model.blocks, param_dtype=param_dtype, cpu_offload=cfg.fsdp_cpu_offload
+            model,
+            dims.fsdp_mesh(),
+            model.blocks,
+            param_dtype=param_dtype,
+            cpu_offload=cfg.fsdp_cpu_offload,
+            reshard_after_forward=not dims.pp_enabled,
         )
     done.autocast_dtype = autocast_dtype(dims, profile)
     return done

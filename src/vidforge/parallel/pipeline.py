@@ -19,18 +19,11 @@ bandwidth; (2) masks are bool, dropout flags need no gradient, and a packed layo
 object: none of them can travel through the schedule's P2P sends, which carry float activations and
 their gradients.
 
-Loss on the last stage. EDM's denoiser is D = c_skip x + c_out F with weight lambda = 1 / c_out^2
-(`EDM.loss_weight`: (sigma^2 + sd^2) / (sigma sd)^2, and lambda c_out^2 = 1), so
-
-    lambda (D - y)^2 = (F - (y - c_skip x) / c_out)^2 ,
-
-a plain squared error on the raw network output F against a target built where the clean latents y and
-the noisy x are (every pp rank has them; only the last stage uses it). So the last stage needs no
-preconditioning, and the loss equals `train.step.micro_batch_loss`'s per element (to rounding: the
-coefficients are computed in the latents' dtype, and the squared error in float32 or wider). Each micro-batch's
-loss is its mean divided by the number of micro-batches (`scale_grads=False`), so a step's loss and
-gradients are the mean of the micro-batch means: for a bucket batch split evenly, the whole batch's
-mean; for packed rows (one row per micro-batch), what gradient accumulation over the rows gives.
+Loss on the last stage: the runner knows no objective. The caller hands it each micro-batch's first-stage
+input, conditioning kwargs and loss target, and a `loss_fn(index, output, target)` that the last stage
+calls for micro-batch `index` (last-stage forwards run in micro-batch order); `scale_grads=False`, so the
+caller's loss decides the scaling (vidforge's training step divides each micro-batch's mean by their
+count: the step's loss and gradients are the mean of the micro-batch means).
 
 Replicated conditioning parameters get a gradient from each stage that uses them; `step` sums those
 over the stages (local chunks, then an all-reduce over the pp group) so every copy holds the whole
@@ -42,7 +35,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -56,14 +49,8 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.distributed.tensor import DTensor
 
-from vidforge.data.packing import BucketBatch, PackedBatch
-from vidforge.diffusion import EDM
-from vidforge.errors import UserInputError
 from vidforge.models.dit import DiT
-from vidforge.models.packing import SequenceLayout
-from vidforge.models.patchify import patchify, token_grid
-from vidforge.profile import RunProfile
-from vidforge.train.step import MicroLoss
+from vidforge.profile.parallel import Layout
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 STAGE_LOCAL_PREFIXES = ("patch_embed.", "final.", "blocks.")
@@ -82,11 +69,8 @@ def stage_indices(pp_rank: int, pp: int, vpp: int = 1) -> list[int]:
 
 def stage_blocks(layers: int, num_stages: int) -> list[range]:
     """Block indices of each stage: the blocks divided evenly, in order."""
-    if num_stages < 1 or layers % num_stages:
-        raise UserInputError(
-            f"parallel.pp x parallel.vpp = {num_stages} stages must divide model.layers={layers}; "
-            "change pp/vpp or the layer count"
-        )
+    if num_stages < 1 or layers % num_stages:  # refused when the profile loads (layout rulebook)
+        raise ValueError(f"{num_stages} pipeline stages must divide the {layers} layers")
     per = layers // num_stages
     return [range(s * per, (s + 1) * per) for s in range(num_stages)]
 
@@ -124,31 +108,25 @@ def replicated_parameter_names(stage_module: nn.Module) -> list[str]:
     return [n for n, _ in stage_module.named_parameters() if not n.startswith(STAGE_LOCAL_PREFIXES)]
 
 
-def edm_raw_target(edm: EDM, clean: torch.Tensor, noisy: torch.Tensor, sigma_b: torch.Tensor) -> torch.Tensor:
-    """(y - c_skip x) / c_out: the raw network output F that makes D(x) = y. The EDM-weighted loss
-    lambda (D - y)^2 equals (F - target)^2 because lambda c_out^2 = 1."""
-    return (clean - edm.c_skip(sigma_b) * noisy) / edm.c_out(sigma_b)
-
-
 # --- one step's micro-batches --------------------------------------------------------------------------
 
 
 @dataclass
-class _MicroBatches:
-    """What the schedule takes for one step, plus what the loss and the metrics need afterwards."""
+class PipelineMicroBatches:
+    """One step's micro-batches as the schedule takes them: the first stage's input tokens (rows, S, F),
+    every stage's conditioning kwargs, and the last stage's loss targets, one each per micro-batch. Packed
+    rows (`pad_to`): activations between stages are padded to that many tokens so that every micro-batch
+    fits the receivers' buffers; plain batches have one shape."""
 
-    args: list[tuple[torch.Tensor]]  # first stage's input c_in * x, per micro-batch
-    kwargs: list[dict[str, Any]]  # conditioning inputs, per micro-batch, for every stage
-    targets: list[torch.Tensor]  # raw-output targets in token layout, per micro-batch (last stage)
-    layouts: list[SequenceLayout | None]
-    sigma: torch.Tensor  # (N,) every sample of the step, micro-batch order
-    tokens: int
-    key: tuple  # shapes that fix the P2P buffers: one schedule per key
-    input_shape: tuple[int, ...]  # first stage's input, one micro-batch
-    hidden_shape: tuple[int, ...]  # activations between stages, one micro-batch
-    output_shape: tuple[int, ...]  # last stage's output, one micro-batch
-    input_dtype: torch.dtype
-    pad_to: int | None = None  # packed rows: activations padded to this many tokens between stages
+    args: list[tuple[torch.Tensor]]
+    kwargs: list[dict[str, Any]]
+    targets: list[torch.Tensor]
+    pad_to: int | None = None
+
+    def key(self) -> tuple:
+        """The shapes that fix the P2P buffers: one schedule per key."""
+        x, target = self.args[0][0], self.targets[0]
+        return (x.shape[0], self.pad_to or x.shape[1], x.shape[-1], target.shape[-1], x.dtype, self.pad_to)
 
 
 @dataclass
@@ -187,63 +165,46 @@ def _fixed_shape_output(io: _StageIO):
 # --- the runner ------------------------------------------------------------------------------------
 
 
-class PipelineTrainer:
-    """Runs one training step of the pipeline on this rank's stages.
+class PipelineRunner:
+    """Runs the forward and backward of one step's micro-batches through this rank's pipeline stages.
 
-        trainer = PipelineTrainer(model, dims.mesh["pp"], profile, device)
+        runner = PipelineRunner(model, dims.mesh["pp"], layout, "1f1b", device)
         # then, per stage module: activation checkpointing / compile / FSDP (apply_fsdp(m, mesh, m.blocks))
-        optimizer = AdamW(trainer.parameters(), ...)
-        micro = trainer.step(batch)      # forward + backward of every micro-batch; gradients in .grad
-        norm = trainer.clip_grad_norm_(max_norm)
+        optimizer = AdamW(runner.parameters(), ...)
+        losses = runner.step(micro_batches, loss_fn)   # gradients in .grad; losses on the last stage
+        norm = runner.clip_grad_norm_(max_norm)
         optimizer.step(); optimizer.zero_grad()
 
-    `batch` is one BucketBatch (split evenly into the micro-batches: its size must be a multiple of
-    pp_microbatches) or a sequence of pp_microbatches PackedBatch rows (one row per micro-batch).
-    `step` returns a `MicroLoss` on every pp rank (loss and per-sample losses sent from the last stage).
-    Noise levels, caption dropout and noise are drawn from torch's global CPU generator in the same order
-    as `train.step.micro_batch_loss`, so all pp ranks (seeded alike) draw the same values.
-
     `activation_dtype` is the dtype of the activations sent between stages: the compute dtype (FSDP's
-    param_dtype, or `autocast_dtype`); by default the model's parameter dtype.
+    param_dtype, or `autocast_dtype`); by default the model's parameter dtype. Whether a layout can run
+    (schedule and vpp, micro-batch counts) is the layout rulebook's to say, when the profile loads.
     """
 
     def __init__(
         self,
         model: DiT,
         pp_mesh: DeviceMesh,
-        profile: RunProfile,
+        layout: Layout,
+        schedule: str,
         device: torch.device,
         *,
         autocast_dtype: torch.dtype | None = None,
         activation_dtype: torch.dtype | None = None,
     ) -> None:
-        parallel = profile.parallel
         self.pp = pp_mesh.size()
-        if self.pp != parallel.pp:
-            raise ValueError(f"the pp mesh has {self.pp} ranks but parallel.pp={parallel.pp}")
-        self.vpp = parallel.vpp
+        if self.pp != layout.pp:
+            raise ValueError(f"the pp mesh has {self.pp} ranks but the layout has pp={layout.pp}")
+        self.vpp = layout.vpp
         self.pp_rank = pp_mesh.get_local_rank()
         self.group = pp_mesh.get_group()
         self.num_stages = self.pp * self.vpp
         self.stage_ids = stage_indices(self.pp_rank, self.pp, self.vpp)
-        self.schedule_class = SCHEDULES[parallel.pp_schedule]
+        self.schedule_class = SCHEDULES[schedule]
         self.single_stage = issubclass(self.schedule_class, PipelineScheduleSingle)
-        if self.single_stage != (self.vpp == 1):
-            raise UserInputError(
-                f"parallel.pp_schedule={parallel.pp_schedule} with vpp={self.vpp}: use interleaved-1f1b "
-                "for vpp > 1 and gpipe or 1f1b for vpp = 1"
-            )
-        self.microbatches = parallel.pp_microbatches or self.num_stages
-        if parallel.pp_schedule == "1f1b" and self.microbatches < self.pp:
-            raise UserInputError(
-                f"parallel.pp_microbatches={self.microbatches}: 1F1B needs at least pp={self.pp} "
-                "micro-batches; raise it (0 picks pp x vpp)"
-            )
+        self.microbatches = layout.pp_microbatches
         self.config = model.config
         self.stage_modules: list[DiT] = split_model(model, self.pp_rank, self.pp, self.vpp)
         self.replicated = replicated_parameter_names(self.stage_modules[0])
-        self.edm = EDM.from_profile(profile.diffusion)
-        self.caption_dropout = profile.diffusion.caption_dropout
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.io = _StageIO(activation_dtype or autocast_dtype or model.param_dtype)
@@ -254,9 +215,8 @@ class PipelineTrainer:
         # differs in size per row); older schedules split one whole batch along dim 0 themselves.
         self.presplit = "arg_mbs" in inspect.signature(self.schedule_class.step).parameters
         self._schedules: OrderedDict[tuple, Any] = OrderedDict()
-        self._current: _MicroBatches | None = None
+        self._loss_fn: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self._loss_calls = 0
-        self._per_sample: list[torch.Tensor] = []
 
     @property
     def has_first_stage(self) -> bool:
@@ -275,124 +235,24 @@ class PipelineTrainer:
         for module in self.stage_modules:
             module.train(mode)
 
-    # --- micro-batches ------------------------------------------------------------------------------
-
-    def _check_channels(self, channels: int) -> None:
-        if channels != self.config.in_channels:
-            raise UserInputError(
-                f"model.in_channels: the latents have {channels} channels, the model takes "
-                f"{self.config.in_channels}; set --set model.in_channels={channels}"
-            )
-
-    def _draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Noise levels and caption dropout, drawn as `micro_batch_loss` draws them."""
-        sigma = self.edm.sample_sigma(n).to(self.device)
-        drop_text = (torch.rand(n) < self.caption_dropout).to(self.device)
-        return sigma, drop_text
-
-    def _bucket_micro_batches(self, batch: BucketBatch) -> _MicroBatches:
-        m, cfg, edm = self.microbatches, self.config, self.edm
-        clean = batch.latents.to(self.device)
-        b = clean.shape[0]
-        if b % m:
-            raise UserInputError(
-                f"parallel.pp_microbatches={m} must divide the batch of {b} samples (data.batch_size): "
-                "the pipeline splits each batch evenly"
-            )
-        self._check_channels(clean.shape[1])
-        text, text_mask = batch.text_emb.to(self.device), batch.text_mask.to(self.device)
-        sigma, drop_text = self._draw(b)
-        noise = torch.randn(clean.shape, dtype=clean.dtype).to(self.device)
-        sigma_b = edm.expand(sigma, clean).to(clean.dtype)  # coefficients in the latents' precision
-        noisy = clean + sigma_b * noise
-        x_in = edm.c_in(sigma_b) * noisy
-        target = patchify(edm_raw_target(edm, clean, noisy, sigma_b), cfg.patch)
-        grid = token_grid(clean.shape[2:], cfg.patch)
-        c_noise = edm.c_noise(sigma)
-        pieces = [t.tensor_split(m) for t in (x_in, target, c_noise, text, text_mask, drop_text)]
-        kwargs = [
-            {"noise_level": c, "text": t, "text_mask": k, "drop_text": d, "grid": grid}
-            for c, t, k, d in zip(*pieces[2:], strict=True)
-        ]
-        mb = b // m
-        seq = grid[0] * grid[1] * grid[2]
-        return _MicroBatches(
-            args=[(x,) for x in pieces[0]],
-            kwargs=kwargs,
-            targets=list(pieces[1]),
-            layouts=[None] * m,
-            sigma=sigma,
-            tokens=b * seq,
-            key=("bucket", tuple(x_in.shape[1:]), mb, x_in.dtype),
-            input_shape=(mb, *x_in.shape[1:]),
-            hidden_shape=(mb, seq, cfg.hidden),
-            output_shape=(mb, seq, target.shape[-1]),
-            input_dtype=x_in.dtype,
-        )
-
-    def _packed_micro_batches(self, rows: Sequence[PackedBatch]) -> _MicroBatches:
-        m, cfg, edm = self.microbatches, self.config, self.edm
-        if len(rows) != m:
-            raise UserInputError(
-                f"parallel.pp_microbatches={m}: a pipeline step takes {m} packed rows, got {len(rows)}"
-            )
-        budget = max(row.budget for row in rows)
-        args, kwargs, targets, layouts, sigmas = [], [], [], [], []
-        for row in rows:
-            layout = row.layout
-            text, text_mask = row.text_emb.to(self.device), row.text_mask.to(self.device)
-            sigma, drop_text = self._draw(text.shape[0])
-            clean = row.tokens.to(self.device)
-            self._check_channels(clean.shape[-1] // (cfg.patch[0] * cfg.patch[1] * cfg.patch[2]))
-            noise = torch.randn(clean.shape, dtype=clean.dtype).to(self.device)
-            sigma_b = layout.per_token(sigma)[..., None].to(clean.dtype)
-            noisy = clean + sigma_b * noise
-            args.append((edm.c_in(sigma_b) * noisy,))
-            targets.append(edm_raw_target(edm, clean, noisy, sigma_b))
-            kwargs.append(
-                {
-                    "noise_level": edm.c_noise(sigma),
-                    "text": text,
-                    "text_mask": text_mask,
-                    "drop_text": drop_text,
-                    "layout": layout,
-                }
-            )
-            layouts.append(layout)
-            sigmas.append(sigma)
-        features = rows[0].tokens.shape[-1]
-        dtype = args[0][0].dtype
-        return _MicroBatches(
-            args=args,
-            kwargs=kwargs,
-            targets=targets,
-            layouts=layouts,
-            sigma=torch.cat(sigmas),
-            tokens=sum(layout.total for layout in layouts),
-            key=("packed", budget, features, dtype),
-            input_shape=(1, budget, features),
-            hidden_shape=(1, budget, cfg.hidden),
-            output_shape=(1, budget, features),
-            input_dtype=dtype,
-            pad_to=budget,
-        )
-
     # --- schedules ----------------------------------------------------------------------------------
 
-    def _schedule_for(self, mbs: _MicroBatches):
+    def _schedule_for(self, mbs: PipelineMicroBatches):
         """The schedule for this step's shapes. Stages are built with static shapes (no inference run),
         and receive buffers are sized from them, so each distinct shape gets its own schedule; the few
         most recent are kept."""
-        schedule = self._schedules.get(mbs.key)
+        key = mbs.key()
+        schedule = self._schedules.get(key)
         if schedule is not None:
-            self._schedules.move_to_end(mbs.key)
+            self._schedules.move_to_end(key)
             return schedule
 
         def meta(shape: tuple[int, ...], dtype: torch.dtype, grad: bool = True) -> torch.Tensor:
             # requires_grad marks which received activations get a gradient sent back
             return torch.empty(shape, dtype=dtype, device="meta", requires_grad=grad)
 
-        hidden = meta(mbs.hidden_shape, self.io.dtype)
+        rows, seq, features, out_features, input_dtype, _ = key
+        hidden = meta((rows, seq, self.config.hidden), self.io.dtype)
         stages = []
         for index, module in zip(self.stage_ids, self.stage_modules, strict=True):
             first, last = index == 0, index == self.num_stages - 1
@@ -402,8 +262,8 @@ class PipelineTrainer:
                     index,
                     self.num_stages,
                     self.device,
-                    input_args=meta(mbs.input_shape, mbs.input_dtype, grad=False) if first else hidden,
-                    output_args=meta(mbs.output_shape, self.io.dtype) if last else hidden,
+                    input_args=meta((rows, seq, features), input_dtype, grad=False) if first else hidden,
+                    output_args=meta((rows, seq, out_features), self.io.dtype) if last else hidden,
                     group=self.group,
                 )
             )
@@ -413,54 +273,40 @@ class PipelineTrainer:
             loss_fn=self._loss,
             scale_grads=False,
         )
-        self._schedules[mbs.key] = schedule
+        self._schedules[key] = schedule
         while len(self._schedules) > 4:
             self._schedules.popitem(last=False)
         return schedule
 
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Last stage: the micro-batch's mean squared error on the raw output, over the micro-batch
-        count. Last-stage forwards run in micro-batch order, so the call count is the index."""
+        """Last stage: the caller's loss of the micro-batch. Last-stage forwards run in micro-batch
+        order, so the call count is the index."""
         index = self._loss_calls
         self._loss_calls += 1
-        dtype = torch.promote_types(output.dtype, torch.float32)
-        squared = (output.to(dtype) - target.to(dtype)).square()
-        layout = self._current.layouts[index] if self._current is not None else None
-        with torch.no_grad():
-            if layout is None:
-                per_sample = squared.flatten(1).mean(dim=1)
-            else:
-                per_token = squared.mean(dim=-1)[0]
-                counts = torch.tensor(layout.seqlens, device=per_token.device, dtype=per_token.dtype)
-                per_sample = per_token.new_zeros(layout.num_samples).index_add_(
-                    0, layout.sample_index(per_token.device), per_token
-                )
-                per_sample = per_sample / counts
-            self._per_sample.append(per_sample)
-        return squared.mean() / self.microbatches
+        assert self._loss_fn is not None  # set by step() for its duration
+        return self._loss_fn(index, output, target)
 
     # --- the step -------------------------------------------------------------------------------------
 
-    def step(self, batch: BucketBatch | Sequence[PackedBatch]) -> MicroLoss:
-        """Forward and backward of one batch through the pipeline; gradients land in the stage modules'
-        `.grad` (added to what is there, like `loss.backward()`)."""
-        if isinstance(batch, BucketBatch):
-            mbs = self._bucket_micro_batches(batch)
-        elif isinstance(batch, Sequence) and all(isinstance(row, PackedBatch) for row in batch):
-            if not self.presplit:
-                raise RuntimeError(
-                    "pipeline parallel over packed rows needs torch's pre-split micro-batches "
-                    "(schedule.step(arg_mbs=...), torch >= 2.12); set data.packing=false for bucket batches"
-                )
-            mbs = self._packed_micro_batches(batch)
-        else:
-            raise ValueError(
-                f"PipelineTrainer.step takes a BucketBatch or a list of PackedBatch rows, got {type(batch).__name__}"
+    def step(
+        self,
+        mbs: PipelineMicroBatches,
+        loss_fn: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """Forward and backward of one step's micro-batches through the pipeline; gradients land in the
+        stage modules' `.grad` (added to what is there, like `loss.backward()`), replicated parameters'
+        summed over the stages. Returns the micro-batches' losses on the last stage (empty elsewhere)."""
+        if len(mbs.args) != self.microbatches:
+            raise ValueError(f"a pipeline step takes {self.microbatches} micro-batches, got {len(mbs.args)}")
+        if mbs.pad_to is not None and not self.presplit:
+            raise RuntimeError(
+                "pipeline parallel over packed rows needs torch's pre-split micro-batches "
+                "(schedule.step(arg_mbs=...), torch >= 2.12); set data.packing=false for bucket batches"
             )
         schedule = self._schedule_for(mbs)
         before = self._replicated_grads()
         losses: list[torch.Tensor] = []
-        self._current, self._loss_calls, self._per_sample = mbs, 0, []
+        self._loss_fn, self._loss_calls = loss_fn, 0
         self.io.active, self.io.pad_to = True, mbs.pad_to
         autocast = (
             torch.autocast(self.device.type, dtype=self.autocast_dtype)
@@ -480,31 +326,20 @@ class PipelineTrainer:
                 else:
                     self._whole_batch_step(schedule, mbs, losses)
         finally:
-            self.io.active, self.io.pad_to, self._current = False, None, None
+            self.io.active, self.io.pad_to, self._loss_fn = False, None, None
         self._sum_replicated_grads(before)
-        return self._gather_loss(mbs, losses)
+        return losses
 
     @staticmethod
-    def _whole_batch_step(schedule: Any, mbs: _MicroBatches, losses: list) -> None:
+    def _whole_batch_step(schedule: Any, mbs: PipelineMicroBatches, losses: list) -> None:
         """torch < 2.12: hand the schedule the whole batch and let it split every tensor along dim 0
-        (the same even split `tensor_split` made); the token grid is replicated to each micro-batch."""
+        (an even split, as the caller made); the token grid is replicated to each micro-batch."""
         kwargs = {
             name: torch.cat([kw[name] for kw in mbs.kwargs]) for name in mbs.kwargs[0] if name != "grid"
         }
         x = torch.cat([a[0] for a in mbs.args])
         target = torch.cat(mbs.targets)
         schedule.step(x, target=target, losses=losses, grid=mbs.kwargs[0]["grid"], **kwargs)
-
-    def _gather_loss(self, mbs: _MicroBatches, losses: list[torch.Tensor]) -> MicroLoss:
-        """Loss and per-sample losses from the last stage to every pp rank (one small all-reduce)."""
-        n = mbs.sigma.shape[0]
-        values = torch.zeros(1 + n, dtype=torch.float64, device=self.device)
-        if self.has_last_stage:
-            values[0] = torch.stack([loss.detach() for loss in losses]).sum()
-            values[1:] = torch.cat(self._per_sample)
-        dist.all_reduce(values, group=self.group)
-        self._per_sample = []
-        return MicroLoss(values[0], mbs.sigma.detach(), values[1:], mbs.tokens)
 
     # --- replicated (conditioning) parameters ---------------------------------------------------------
 

@@ -68,14 +68,35 @@ def load_profile(profile: str | os.PathLike | None = None, overrides: Sequence[s
     data.setdefault("name", path.stem)
     for item in overrides:
         apply_override(data, item)
-    return validate_profile(data, where)
+    return validate_profile(data, where, overrides)
 
 
-def validate_profile(data: dict[str, Any], where: str = "profile") -> RunProfile:
+def validate_profile(
+    data: dict[str, Any], where: str = "profile", overrides: Sequence[str] = ()
+) -> RunProfile:
+    """The validated profile; ProfileError naming, for each problem, where it came from: the `--set`
+    that gave the field its value, else the file (`where`)."""
     try:
         return RunProfile.model_validate(data)
     except ValidationError as err:
-        raise ProfileError(f"{where}: {format_validation_error(err)}") from None
+        # One error may hold several `field: message` problems joined by "; " (the layout rulebook's).
+        problems = [p for e in err.errors(include_url=False) for p in _PROBLEMS.split(_format_one(e))]
+        raise ProfileError(_attribute(problems, where, overrides)) from None
+
+
+def _attribute(problems: list[str], where: str, overrides: Sequence[str]) -> str:
+    """`--set k=v: field: message` for problems in an overridden field, `where: ...` for the rest."""
+    items = {item.partition("=")[0]: item for item in overrides}  # a later --set of a key wins
+    from_set, from_file = [], []
+    for problem in problems:
+        field, _, message = problem.partition(": ")
+        key = next((k for k in items if field == k or field.startswith(k + ".")), None)
+        if key is None:
+            from_file.append(problem)
+        else:
+            from_set.append(f"--set {items[key]}: {message if field == key else problem}")
+    file_part = [f"{where}: {'; '.join(from_file)}"] if from_file else []
+    return "; ".join(from_set + file_part)
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
@@ -107,12 +128,8 @@ def _expand_accelerator(name: str) -> dict[str, Any]:
     return {"name": name, **KNOWN_ACCELERATORS.get(name, {})}
 
 
+_PROBLEMS = re.compile(r"; (?=[a-z_][a-z0-9_.]*: )")
 _SUBPATH = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*): (.*)$", re.S)
-
-
-def format_validation_error(err: ValidationError) -> str:
-    """pydantic's errors as `path: message` joined on one line."""
-    return "; ".join(_format_one(e) for e in err.errors(include_url=False))
 
 
 def _format_one(error: dict[str, Any]) -> str:

@@ -47,12 +47,6 @@ class Parallel(Section):
             raise ValueError(
                 f"dp_shard: must be >= 1, or -1 for the rest of the world size, got {self.dp_shard}"
             )
-        if self.pp_schedule == "interleaved-1f1b" and self.vpp < 2:
-            raise ValueError("pp_schedule: interleaved-1f1b needs parallel.vpp >= 2; set vpp or use 1f1b")
-        if self.vpp > 1 and self.pp_schedule != "interleaved-1f1b":
-            raise ValueError(
-                f"vpp: {self.vpp} virtual stages need pp_schedule=interleaved-1f1b, got {self.pp_schedule}"
-            )
         return self
 
     def resolve(self, world_size: int) -> Layout:

@@ -26,11 +26,13 @@ import torch
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resolution_bucket
 from vidforge.data.media import MediaError, media_kind, read_media
+from vidforge.data.paths import UnsafePath, inside, plain_name
 from vidforge.data.shard_index import ShardEntry, ShardIndex, read_index, write_index
 from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
 from vidforge.data.units import UnitLedger
 from vidforge.errors import UserInputError
+from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer, frames_to_tensor, tensor_to_frames
 
 CARRIED = ("text_emb.npy", "text_mask.npy", "txt")
@@ -180,21 +182,20 @@ def _done(value: Any) -> Future:
 
 
 @contextmanager
-def _process_group() -> Iterator[tuple[int, int]]:
-    """(rank, world) of this process; under torchrun, joins a gloo group for the barrier and the gather and
-    leaves it on the way out. A group left to interpreter exit can abort the process after the work is done
-    (gloo's threads are torn down while still joinable: "terminate called without an active exception")."""
+def _runtime(profile: Any) -> Iterator[Runtime]:
+    """This process's runtime (device from tokenizer.device: `cuda:LOCAL_RANK` under torchrun); a process
+    group it starts is left on the way out. A group left to interpreter exit can abort the process after
+    the work is done (gloo's threads are torn down while still joinable: "terminate called without an
+    active exception")."""
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if world <= 1 or dist.is_initialized():
-        yield (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        return
-    dist.init_process_group("gloo")
+    started = not dist.is_initialized()
+    runtime = init_runtime(profile, device=profile.tokenizer.device)
     try:
-        yield dist.get_rank(), dist.get_world_size()
+        yield runtime
     finally:
-        dist.destroy_process_group()
+        if started and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _barrier(world: int) -> None:
@@ -232,8 +233,17 @@ def run(
         )
     if out.resolve() == shards_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
-    with _process_group() as (rank, world):
-        return _tokenize_share(profile, index, shards_dir, out, tokenizer, on_shard, rank, world)
+    with _runtime(profile) as runtime:
+        # The folder's lock first (rank 0, for all ranks; held while `owner` lives, to the end of the run):
+        # a busy folder is refused before the tokenizer loads.
+        owner = UnitLedger(out)
+        if runtime.rank == 0:
+            owner.recover()
+        if tokenizer is None:
+            tokenizer = build_tokenizer(profile, str(runtime.device))
+        return _tokenize_share(
+            profile, index, shards_dir, out, tokenizer, on_shard, runtime.rank, runtime.world
+        )
 
 
 def _tokenize_share(
@@ -241,21 +251,14 @@ def _tokenize_share(
     index: ShardIndex,
     shards_dir: Path,
     out: Path,
-    tokenizer: VideoTokenizer | None,
+    tokenizer: VideoTokenizer,
     on_shard: Callable[[dict[str, Any], int], None] | None,
     rank: int,
     world: int,
 ) -> TokenizeSummary:
     """This rank's shards (rank::world) into `out`; rank 0 writes the index once every rank is done."""
-    if tokenizer is None:
-        device = None
-        if torch.cuda.is_available() and profile.tokenizer.device == "auto":
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
-        tokenizer = build_tokenizer(profile, device)
+    ledger = UnitLedger(out)  # `run` holds the folder's lock
     started = time.perf_counter()
-    ledger = UnitLedger(out)
-    if rank == 0:
-        ledger.recover()
     _barrier(world)
     done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
     shards = sorted(index.shards, key=lambda s: s.name)
@@ -264,15 +267,18 @@ def _tokenize_share(
     with ThreadPoolExecutor(workers, thread_name_prefix="vf-decode") as pool:
         for entry in shards[rank::world]:
             unit = f"{entry.name}#{entry.sha256}"
-            path = out / entry.name
+            try:  # the name comes from the input's index: it may only name a file inside each folder
+                path = inside(out, plain_name(entry.name, "shard name"), "shard name")
+                in_path = index.path(entry)
+            except UnsafePath as err:
+                summary.errors.append({"shard": entry.name, "reason": str(err)})
+                continue
             result = done.get(unit)
             if result is not None and path.is_file() and path.stat().st_size == result["bytes"]:
                 summary.skipped += 1
             else:
                 try:
-                    result, errors, encode_s = tokenize_shard(
-                        index.path(entry), entry, path, tokenizer, profile, pool
-                    )
+                    result, errors, encode_s = tokenize_shard(in_path, entry, path, tokenizer, profile, pool)
                 except ShardError as err:
                     summary.errors.append({"shard": entry.name, "reason": str(err)})
                     continue

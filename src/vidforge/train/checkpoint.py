@@ -37,7 +37,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from vidforge.data.folder_lock import FolderLock
 from vidforge.data.manifest import atomic_path
+from vidforge.train import safe_dcp
 from vidforge.train.ema import EMA, Modules, as_module_list
 
 MARKER = "COMPLETE"
@@ -109,6 +111,8 @@ class CheckpointManager:
     """Saves and finds checkpoints of one run directory."""
 
     def __init__(self, run_dir: str | Path, keep: int = 3, use_async: bool = False):
+        # One training run writes a run directory at a time (rank 0 holds the lock for all its ranks).
+        self._lock = FolderLock(run_dir) if _rank() == 0 else None
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
         self.use_async = use_async
@@ -177,7 +181,7 @@ class CheckpointManager:
         tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if ema is not None:
             tensors["ema"] = ema.state_dict()
-        dcp.load(tensors, checkpoint_id=str(path))
+        safe_dcp.load(tensors, path)  # a checkpoint is data: resuming must not run its pickles
         for (module, optimizer), (model_keys, optim_keys) in zip(
             _pairs(modules, optimizers), keys, strict=True
         ):

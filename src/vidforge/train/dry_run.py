@@ -3,9 +3,10 @@ and say what each rank would hold.
 
 torch's fake process group stands in for the cluster: this process plays one rank of the full world
 size, every collective returns at once, and the model is built on the meta device (no memory). The
-pipeline split, tensor/sequence parallel, context parallel and FSDP2 are applied exactly as
-`vidforge train` applies them (`parallelize`), so a layout that cannot be built fails here, with the
-same message, before a job waits in a queue. Parameter, gradient and optimizer bytes per rank are
+run is built by `vidforge train`'s own code (`vidforge.train.build`: the pipeline split, tensor/sequence
+parallel, context parallel, FSDP2, EMA and optimizers; then its training step), so a layout that cannot be
+built fails here, before a job waits in a queue; which layouts the trainer runs at all is the layout
+rulebook's to say, when the profile loads (`vidforge.profile.layout_rules`). Parameter, gradient and optimizer bytes per rank are
 counted from the sharded tensors the layout actually produced; activations, which need a forward, come
 from the analytic memory model of `vidforge bench plan` (vidforge.bench.memory_model), which also gives
 its own parameter figure, so the two can be compared. Ranks differ only by pipeline stage, so one rank
@@ -20,7 +21,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from vidforge.models import build_model
 from vidforge.parallel.dims import ParallelDims
 from vidforge.profile import RunProfile
 
@@ -66,25 +66,24 @@ def _local_numel(t: torch.Tensor) -> int:
 
 
 def _build_rank(profile: RunProfile, rank: int) -> tuple[int, list[int]]:
-    """Build rank `rank`'s part of the model on a fake process group; returns (local parameters, block
-    indices it holds)."""
+    """Build rank `rank`'s part of the run on a fake process group, exactly as `vidforge train` builds it
+    (`vidforge.train.build.build` and its training step), with the weights on the meta device; returns
+    (local parameters, block indices it holds)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from vidforge.parallel.parallelize import parallelize
+    from vidforge.parallel.runtime import Runtime
+    from vidforge.train.build import build
+    from vidforge.train.step import make_train_step
 
     dims = ParallelDims(profile.layout, "cpu")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
     try:
-        model = build_model(profile.model, device="meta")
-        parts = [model]
-        if dims.pp_enabled:
-            from vidforge.parallel.pipeline import split_model
-
-            parts = split_model(model, _pp_rank_of(dims, rank), dims.layout.pp, dims.layout.vpp)
+        runtime = Runtime(rank, dims.world_size, 0, torch.device("meta"), dims)
+        parts = build(profile, runtime)
+        make_train_step(profile, runtime, parts)
         params, blocks = 0, []
         seen: set[int] = set()
-        for part in parts:
-            parallelize(part, dims, profile, torch.device("cpu"))
+        for part in parts.modules:
             blocks += [int(k) for k in part.blocks.keys()]
             for p in part.parameters():
                 if id(p) not in seen:  # a conditioning parameter is in every local stage module once

@@ -7,13 +7,17 @@ group), then the pipeline group exchanges them (`all_gather_object`) and rank 0 
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from vidforge.models import build_model, save_model
+from vidforge.models.checkpoint import CONFIG
 from vidforge.profile import RunProfile, dump_profile
+from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.ema import EMA, Modules, as_module_list
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
@@ -58,9 +62,13 @@ def export_weights(
     out: str | Path,
     rank: int = 0,
     pp_group: dist.ProcessGroup | None = None,
+    step: int | None = None,
 ) -> Path:
     """Write the whole model to `out` on rank 0. `modules`: the model, or this rank's pipeline stage
-    modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this."""
+    modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this.
+    `step`, the training step the weights are from, goes into config.json (`step`) so that the samples
+    drawn from the export say which step they came from; without it, the run's latest complete
+    checkpoint (`out`'s parent run dir): the loop saves one at its last step before exporting."""
     weights = local_weights(modules, ema)
     if pp_group is not None:
         parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pp_group)
@@ -75,4 +83,17 @@ def export_weights(
         plain.load_state_dict(weights, strict=True)
         save_model(plain, out)
         (out / "profile.yaml").write_text(dump_profile(profile))
+        if step is None:
+            step = CheckpointManager(out.parent).latest()
+        record_step(out, step)
     return out
+
+
+def record_step(export: Path, step: int | None) -> None:
+    """Add the training step to the export's config.json (read_config ignores keys beside `model`)."""
+    path = export / CONFIG
+    config = json.loads(path.read_text())
+    config["step"] = step
+    tmp = export / f".{CONFIG}.tmp"
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -4,30 +4,71 @@ scalars when tensorboard is installed. Only rank 0 writes."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
-# Edges of log(sigma) buckets for the per-noise-level loss: low noise (detail) to high noise (layout).
-SIGMA_BUCKET_EDGES = (0.1, 0.5, 1.0, 2.0, 5.0)
+from vidforge.diffusion.objective import Objective
+from vidforge.errors import UserInputError
+
+log = logging.getLogger(__name__)
 
 
-def sigma_bucket_names() -> list[str]:
-    edges = ("0",) + tuple(f"{e:g}" for e in SIGMA_BUCKET_EDGES) + ("inf",)
-    return [f"loss_sigma_{lo}-{hi}" for lo, hi in zip(edges, edges[1:], strict=False)]
+class LossByLevel:
+    """The loss per noise level over a logging window: per-sample losses summed into the objective's
+    buckets of its noise coordinate (`loss_sigma_0.1-0.5` for EDM), low noise (detail) to high (layout)."""
+
+    def __init__(self, objective: Objective) -> None:
+        self.edges = objective.level_bucket_edges
+        bounds = ("0",) + tuple(f"{e:g}" for e in self.edges) + ("inf",)
+        self.names = [
+            f"loss_{objective.level_name}_{lo}-{hi}" for lo, hi in zip(bounds, bounds[1:], strict=False)
+        ]
+        self.reset()
+
+    def reset(self) -> None:
+        self._sums = [0.0] * len(self.names)
+        self._counts = [0] * len(self.names)
+
+    def add(self, level: torch.Tensor, per_sample_loss: torch.Tensor) -> None:
+        edges = torch.tensor(self.edges, dtype=level.dtype, device=level.device)
+        index = torch.bucketize(level.detach(), edges)
+        for i in range(len(self.names)):
+            hit = index == i
+            self._sums[i] += float(per_sample_loss.detach()[hit].sum())
+            self._counts[i] += int(hit.sum())
+
+    def means(self) -> dict[str, float]:
+        """Mean loss of each bucket that saw a sample."""
+        return {n: total / c for n, total, c in zip(self.names, self._sums, self._counts, strict=True) if c}
 
 
-def loss_by_sigma(sigma: torch.Tensor, per_sample_loss: torch.Tensor) -> dict[str, tuple[float, int]]:
-    """Sum and count of the per-sample loss in each sigma bucket (summed over steps by the caller)."""
-    edges = torch.tensor(SIGMA_BUCKET_EDGES, dtype=sigma.dtype, device=sigma.device)
-    index = torch.bucketize(sigma.detach(), edges)
-    out = {}
-    for i, name in enumerate(sigma_bucket_names()):
-        hit = index == i
-        out[name] = (float(per_sample_loss.detach()[hit].sum()), int(hit.sum()))
-    return out
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl. A torn last line (a crash mid-write) is dropped with a warning; any
+    other damaged line is a user error naming the file and line."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    complete = lines[-1] == ""  # every record ends in a newline: a last line without one was cut short
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("no integer step")
+        except ValueError as err:
+            if number == len(lines) and not complete:
+                log.warning("%s:%d: dropped a torn last line (a run stopped while writing it)", path, number)
+                continue
+            raise UserInputError(
+                f"{path}:{number}: not a metrics record ({err}); fix or delete that line, then resume"
+            ) from None
+        records.append(record)
+    return records
 
 
 class MetricsLog:
@@ -40,10 +81,8 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             # A resumed run rewrites the steps after its checkpoint: drop what the killed run logged past it.
-            kept = [
-                line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
+            self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         try:
             from torch.utils.tensorboard import SummaryWriter
 

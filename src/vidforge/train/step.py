@@ -1,155 +1,299 @@
-"""One micro-batch's EDM loss, for packed rows and for plain (bucketed) batches alike.
+"""One training step, the same for `vidforge train` and `vidforge bench train`: the batches a step
+consumes, forward and backward of the loss (`DenoisingLoss`), gradient clipping, the numbers the loop
+logs, and the update. Two implementations: `LocalTrainStep` (one module: train.grad_accum micro-batches,
+any layout but pipeline) and `PipelineTrainStep` (this rank's pipeline stages: parallel.pp_microbatches
+micro-batches through the schedule, which are its gradient accumulation).
 
-Noise levels, noise and caption dropout are drawn from torch's global generator, whose state the
-checkpoint saves, so a resumed run draws exactly what an uninterrupted one would have."""
+    step = make_train_step(profile, runtime, parts)
+    batches = step.next_batches(batcher)        # None when the data ran out
+    result = step(batches)                      # forward, backward, clip; loss and norm over all ranks
+    step.apply() if result.finite else step.zero_grad()
+"""
 
 from __future__ import annotations
 
+import math
+from abc import ABC, abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from vidforge.data.packing import BucketBatch, PackedBatch
-from vidforge.diffusion import EDM
-from vidforge.errors import UserInputError
-from vidforge.models.patchify import patchify, token_grid
+from vidforge.data.batching import BucketBatch, PackedBatch
+from vidforge.diffusion import build_objective
+from vidforge.models import train_step_flops
+from vidforge.parallel.runtime import Runtime
+from vidforge.profile import RunProfile
+from vidforge.train.build import TrainParts
+from vidforge.train.loss import DenoisingLoss, MicroInputs, MicroLoss
+from vidforge.train.metrics import LossByLevel
+
+Batch = PackedBatch | BucketBatch
+
+
+class BatchSource(Protocol):
+    def next_batch(self) -> Batch | None: ...
 
 
 @dataclass
-class MicroLoss:
-    loss: torch.Tensor  # scalar, mean over every latent element of the micro-batch
-    sigma: torch.Tensor  # (N,) noise level of each sample
-    per_sample: torch.Tensor  # (N,) mean loss of each sample (detached)
-    tokens: int  # model tokens processed
+class StepLosses:
+    """What one rank's forward and backward of a step give: its loss (its share under context parallel),
+    tokens and model FLOPs, and every sample's noise level and loss (for the loss per noise level)."""
+
+    loss: float
+    tokens: float
+    flops: float
+    level: torch.Tensor
+    per_sample: torch.Tensor
 
 
-def micro_batch_loss(
-    model: nn.Module,
-    edm: EDM,
-    batch: PackedBatch | BucketBatch,
-    caption_dropout: float,
-    device: torch.device,
-    compute_dtype: torch.dtype | None = None,
-    cp_group: dist.ProcessGroup | None = None,
-) -> MicroLoss:
-    """Noise the clean latents, denoise with the preconditioned model, weight by lambda(sigma).
+@dataclass
+class StepResult:
+    """One step over every rank: the mean loss, the whole model's gradient norm (before clipping), and
+    the tokens and model FLOPs processed (each counted once, not per model-parallel rank)."""
 
-    With `cp_group` (context parallel, `apply_cp` installed on the model) this rank denoises only its
-    share of the token row and `loss` is its share of the micro-batch mean (the shares sum over the cp
-    group to the single-process loss); every rank draws the same noise, in the same shape as one
-    process would, so the layouts agree sample for sample."""
-    if cp_group is not None:
-        return _context_parallel_loss(model, edm, batch, caption_dropout, device, compute_dtype, cp_group)
-    text = batch.text_emb.to(device)
-    text_mask = batch.text_mask.to(device)
-    n = text.shape[0]
-    sigma = edm.sample_sigma(n).to(device)  # CPU generator, see the module docstring
-    drop_text = (torch.rand(n) < caption_dropout).to(device)
-    autocast = torch.autocast(device.type, dtype=compute_dtype) if compute_dtype else nullcontext()
+    loss: float
+    grad_norm: float
+    tokens: float
+    flops: float
 
-    if isinstance(batch, PackedBatch):
-        clean = batch.tokens.to(device)
-        layout = batch.layout
-        sigma_b = layout.per_token(sigma)[..., None]
-
-        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
-            with autocast:
-                return model(x_in, c_noise, text, text_mask, layout=layout, drop_text=drop_text)
-
-        tokens = layout.total
-    else:
-        clean = batch.latents.to(device)
-        layout = None
-        sigma_b = edm.expand(sigma, clean)
-
-        def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
-            with autocast:
-                return model(x_in, c_noise, text, text_mask, drop_text=drop_text)
-
-        cfg = model.config if hasattr(model, "config") else None
-        pt, ph, pw = cfg.patch if cfg is not None else (1, 1, 1)
-        b, _, t, h, w = clean.shape
-        tokens = b * (t // pt) * (h // ph) * (w // pw)
-
-    # Drawn on the CPU generator whatever the device: the stream is the same on CPU and GPU, and the
-    # checkpoint's RNG state covers it.
-    _check_channels(model, clean, layout is not None)
-    noise = torch.randn(clean.shape, dtype=clean.dtype).to(device)
-    denoised = edm.denoise(network, clean + sigma_b * noise, sigma, sigma_b)
-    elementwise = edm.loss(denoised.float(), clean.float(), sigma_b.float())
-    if layout is not None:
-        per_token = elementwise.mean(dim=-1)[0]  # (S,)
-        index = layout.sample_index(device)
-        per_sample = torch.zeros(n, device=device).index_add_(0, index, per_token.detach())
-        per_sample = per_sample / torch.tensor(layout.seqlens, device=device, dtype=per_sample.dtype)
-    else:
-        per_sample = elementwise.detach().flatten(1).mean(dim=1)
-    return MicroLoss(elementwise.mean(), sigma.detach(), per_sample, tokens)
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
 
 
-def _context_parallel_loss(
-    model: nn.Module,
-    edm: EDM,
-    batch: PackedBatch | BucketBatch,
-    caption_dropout: float,
-    device: torch.device,
-    compute_dtype: torch.dtype | None,
-    cp_group: dist.ProcessGroup,
-) -> MicroLoss:
-    from vidforge.parallel.context_parallel import per_token, shard_loss, shard_of
+class TrainStep(ABC):
+    """The parts of one step that do not depend on how the model is split (see the module docstring)."""
 
-    text = batch.text_emb.to(device)
-    text_mask = batch.text_mask.to(device)
-    n = text.shape[0]
-    sigma = edm.sample_sigma(n).to(device)  # the same draws, in the same order, as micro_batch_loss
-    drop_text = (torch.rand(n) < caption_dropout).to(device)
-    autocast = torch.autocast(device.type, dtype=compute_dtype) if compute_dtype else nullcontext()
-    patch = model.config.patch
-    if isinstance(batch, PackedBatch):
-        clean = batch.tokens.to(device)
-        shard = shard_of(batch.layout, cp_group)
-        noise = torch.randn(clean.shape, dtype=clean.dtype).to(device)
-    else:
-        latents = batch.latents
-        shard = shard_of(token_grid(latents.shape[2:], patch), cp_group)
-        noise = patchify(torch.randn(latents.shape, dtype=latents.dtype), patch).to(device)
-        clean = patchify(latents, patch).to(device)
-    _check_channels(model, clean, packed=True)
-    clean, noise = shard.split(clean), shard.split(noise)
-    sigma_b = per_token(sigma, shard)
+    def __init__(self, profile: RunProfile, runtime: Runtime, parts: TrainParts) -> None:
+        self.profile = profile
+        self.runtime = runtime
+        self.parts = parts
+        self.device = runtime.device
+        objective = build_objective(profile.diffusion)
+        cfg = parts.modules[0].config  # the model being trained (a pipeline stage carries the whole config)
+        dropout = profile.diffusion.caption_dropout
+        self.loss = DenoisingLoss(objective, dropout, tuple(cfg.patch), cfg.in_channels)
+        # the logging window's loss per noise level (the loop resets it)
+        self.by_level = LossByLevel(objective)
+        self.recompute = "full" if profile.train.activation_checkpointing == "full" else "none"
 
-    def network(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
-        with autocast:
-            return model(x_in, c_noise, text, text_mask, drop_text=drop_text, shard=shard)
+    @abstractmethod
+    def next_batches(self, source: BatchSource) -> list[Batch] | None:
+        """The batches one step consumes, or None when the data ran out."""
 
-    denoised = edm.denoise(network, clean + sigma_b * noise, sigma, sigma_b)
-    elementwise = edm.loss(denoised.float(), clean.float(), sigma_b.float())
-    # Per-sample means for the loss-by-sigma metrics: sums of real tokens, added up over the group.
-    real = shard.valid(device)
-    per_token_loss = torch.where(real[None], elementwise.detach().mean(dim=-1), 0.0)  # (B, local)
-    if shard.packed:
-        sums = torch.zeros(n, device=device).index_add_(0, shard.token_sample(device), per_token_loss[0])
-        counts = torch.tensor(shard.layout.seqlens, device=device, dtype=sums.dtype)
-    else:
-        sums = per_token_loss.sum(dim=1)
-        counts = torch.full((n,), float(shard.total), device=device)
-    dist.all_reduce(sums, group=cp_group)
-    rows = 1 if shard.packed else n
-    return MicroLoss(shard_loss(elementwise, shard), sigma.detach(), sums / counts, rows * shard.total)
+    @abstractmethod
+    def forward_backward(self, batches: list[Batch]) -> StepLosses:
+        """Gradients of the step's loss into .grad (added to what is there)."""
 
+    @abstractmethod
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """The whole model's gradient norm, then clipping to `max_norm`."""
 
-def _check_channels(model: nn.Module, clean: torch.Tensor, packed: bool) -> None:
-    """A model built for other latents fails deep inside a matmul; say what to change instead."""
-    cfg = getattr(model, "config", None)
-    if cfg is None:
-        return
-    pt, ph, pw = cfg.patch
-    channels = clean.shape[-1] // (pt * ph * pw) if packed else clean.shape[1]
-    if channels != cfg.in_channels:
-        raise UserInputError(
-            f"model.in_channels: the latents have {channels} channels (see the tokenizer in the data's index.json), "
-            f"the model takes {cfg.in_channels}; set --set model.in_channels={channels}"
+    def __call__(self, batches: list[Batch]) -> StepResult:
+        done = self.forward_backward(batches)
+        self.by_level.add(done.level, done.per_sample)
+        grad_norm = self.clip_grad_norm_(self.profile.train.grad_clip or math.inf)
+        loss, tokens, flops = _all_reduce_sum([done.loss, done.tokens, done.flops], self.device)
+        # Summed over every rank: the cp shares add up to each micro-batch's loss, tp ranks hold copies
+        # of it, and so do pp ranks (the last stage's loss is sent to the whole pipeline); tokens and
+        # FLOPs are counted once per model-parallel group member.
+        layout, dims = self.runtime.dims.layout, self.runtime.dims
+        return StepResult(
+            loss / (layout.dp * layout.tp * layout.pp),
+            grad_norm,
+            tokens / dims.model_parallel,
+            flops / dims.model_parallel,
         )
+
+    def set_lr(self, lr: float) -> None:
+        for optimizer in self.parts.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+    def apply(self, zero_grad: bool = True) -> None:
+        """The optimizer step and the EMA update; then the gradients cleared (unless told not to, to
+        measure them)."""
+        for optimizer in self.parts.optimizers:
+            optimizer.step()
+        if self.parts.ema is not None:
+            self.parts.ema.update(self.parts.modules)
+        if zero_grad:
+            self.zero_grad()
+
+    def zero_grad(self) -> None:
+        for optimizer in self.parts.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+    def flops(self, batch: Batch) -> float:
+        """Model FLOPs of one batch's forward and backward (with the recomputed forward under full
+        activation checkpointing)."""
+        text_lens = batch.text_mask.sum(dim=1).tolist()
+        if isinstance(batch, PackedBatch):
+            grids = batch.layout.grids
+        else:
+            pt, ph, pw = self.profile.model.patch
+            b, _, t, h, w = batch.latents.shape
+            grids = [(t // pt, h // ph, w // pw)] * b
+        return train_step_flops(self.profile.model, grids, text_lens, self.recompute)
+
+
+class LocalTrainStep(TrainStep):
+    """One module on this rank (data, tensor and context parallel, or none): train.grad_accum
+    micro-batches, each backpropagated as it comes."""
+
+    def __init__(self, profile: RunProfile, runtime: Runtime, parts: TrainParts) -> None:
+        super().__init__(profile, runtime, parts)
+        self.model = parts.modules[0]
+        dims = runtime.dims
+        self.cp_group = dims.mesh["cp"].get_group() if dims.cp_enabled else None
+        self.shard_of = None
+        if self.cp_group is not None:
+            from vidforge.parallel.context_parallel import shard_of
+
+            group = self.cp_group
+            self.shard_of = lambda row: shard_of(row, group)
+
+    def next_batches(self, source: BatchSource) -> list[Batch] | None:
+        batches = []
+        for _ in range(self.profile.train.grad_accum):
+            batch = source.next_batch()
+            if batch is None:
+                return None
+            batches.append(batch)
+        return batches
+
+    def forward(self, batch: Batch) -> MicroLoss:
+        inputs = self.loss.draw(batch, self.device, self.shard_of)
+        dtype = self.parts.compute_dtype
+        with torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext():
+            output = self.model(inputs.x, **inputs.model_kwargs)
+        return self.loss.reduce(output, inputs, self.cp_group)
+
+    def backward(self, micro: MicroLoss) -> None:
+        # Under context parallel each rank's loss is its share of the mean and FSDP averages the
+        # gradients over dp_shard x cp: scale by cp so the cp shares add up instead.
+        (micro.loss * self.runtime.dims.layout.cp / self.profile.train.grad_accum).backward()
+
+    def forward_backward(self, batches: list[Batch]) -> StepLosses:
+        loss = tokens = flops = 0.0
+        levels, per_sample = [], []
+        for batch in batches:
+            micro = self.forward(batch)
+            self.backward(micro)
+            loss += micro.loss.item() / len(batches)
+            tokens += micro.tokens
+            flops += self.flops(batch)
+            levels.append(micro.level)
+            per_sample.append(micro.per_sample)
+        return StepLosses(loss, tokens, flops, torch.cat(levels), torch.cat(per_sample))
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        params = self.model.parameters()
+        if self.runtime.dims.tp_enabled:  # parameters on several meshes; partial gradients reduced first
+            from vidforge.parallel.tensor_parallel import clip_grad_norm_
+
+            norm = clip_grad_norm_(params, max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+class PipelineTrainStep(TrainStep):
+    """This rank's pipeline stages (`parts.pipeline`): one step is parallel.pp_microbatches micro-batches
+    through the schedule: that many packed rows, or one bucket batch split evenly. Every pp rank draws
+    the whole step's noise (the same values: same seed, same order as `LocalTrainStep`), the first stage
+    uses the inputs, the last the targets; the loss and per-sample losses go from the last stage to every
+    pp rank."""
+
+    def __init__(self, profile: RunProfile, runtime: Runtime, parts: TrainParts) -> None:
+        super().__init__(profile, runtime, parts)
+        assert parts.pipeline is not None
+        self.runner = parts.pipeline
+        self.microbatches = runtime.dims.layout.pp_microbatches
+
+    def next_batches(self, source: BatchSource) -> list[Batch] | None:
+        first = source.next_batch()
+        if first is None:
+            return None
+        if isinstance(first, BucketBatch):
+            # one batch, split by the step; a last batch too small to split evenly ends the data
+            return None if first.latents.shape[0] % self.microbatches else [first]
+        rows = [first]
+        for _ in range(self.microbatches - 1):
+            row = source.next_batch()
+            if row is None:
+                return None
+            rows.append(row)
+        return rows
+
+    def _micro_inputs(self, batches: list[Batch]) -> list[MicroInputs]:
+        if isinstance(batches[0], PackedBatch):
+            return [self.loss.draw(row, self.device) for row in batches]
+        whole = self.loss.draw(batches[0], self.device)
+        m = self.microbatches
+        kwargs = whole.model_kwargs
+        split = {name: kwargs[name].tensor_split(m) for name in kwargs if name != "grid"}
+        return [
+            MicroInputs(
+                x=x,
+                target=target,
+                model_kwargs={**{name: parts[i] for name, parts in split.items()}, "grid": kwargs["grid"]},
+                level=level,
+                tokens=whole.tokens // m,
+            )
+            for i, (x, target, level) in enumerate(
+                zip(
+                    whole.x.tensor_split(m),
+                    whole.target.tensor_split(m),
+                    whole.level.tensor_split(m),
+                    strict=True,
+                )
+            )
+        ]
+
+    def forward_backward(self, batches: list[Batch]) -> StepLosses:
+        from vidforge.parallel.pipeline import PipelineMicroBatches
+
+        inputs = self._micro_inputs(batches)
+        packed = inputs[0].layout is not None
+        mbs = PipelineMicroBatches(
+            args=[(mi.x,) for mi in inputs],
+            kwargs=[mi.model_kwargs for mi in inputs],
+            targets=[mi.target for mi in inputs],
+            pad_to=max(row.budget for row in batches) if packed else None,
+        )
+        per_sample: list[torch.Tensor] = []
+
+        def loss_fn(index: int, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            micro = self.loss.reduce(output, inputs[index])
+            per_sample.append(micro.per_sample)
+            return micro.loss / len(inputs)
+
+        losses = self.runner.step(mbs, loss_fn)
+        level = torch.cat([mi.level for mi in inputs])
+        values = torch.zeros(1 + level.shape[0], dtype=torch.float64, device=self.device)
+        if self.runner.has_last_stage:
+            values[0] = torch.stack([loss.detach() for loss in losses]).sum()
+            values[1:] = torch.cat(per_sample)
+        dist.all_reduce(values, group=self.runner.group)
+        tokens = float(sum(mi.tokens for mi in inputs))
+        return StepLosses(float(values[0]), tokens, sum(map(self.flops, batches)), level, values[1:])
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        # the whole model's norm over the pp group, replicated parameters once
+        return float(self.runner.clip_grad_norm_(max_norm))
+
+
+def make_train_step(profile: RunProfile, runtime: Runtime, parts: TrainParts) -> TrainStep:
+    return (PipelineTrainStep if parts.pipeline is not None else LocalTrainStep)(profile, runtime, parts)
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()

@@ -3,7 +3,8 @@ MP4s and a contact sheet. Every rank takes part (an FSDP model needs all of them
 writes. The training weights are put back afterwards.
 
 Not under pipeline parallel: sampling runs the whole model forward many times, and a pipeline rank holds
-only its stages (there is no forward-only pipeline); `check_supported` refuses that at startup."""
+only its stages (there is no forward-only pipeline); the layout rulebook refuses that when the profile
+loads."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from vidforge.errors import UserInputError
 from vidforge.infer.run import check_shape, slug
 from vidforge.infer.sampling import sample_latents
 from vidforge.infer.writers import contact_sheet, write_mp4
@@ -22,16 +22,6 @@ from vidforge.text.encoders import build_text_encoder
 from vidforge.tokenizers.base import build_tokenizer
 from vidforge.tokenizers.tokenize import decode
 from vidforge.train.ema import EMA
-
-
-def check_supported(profile: RunProfile) -> None:
-    """Refuse a layout validation cannot sample under, before any training step is spent."""
-    if profile.train.validate_every > 0 and profile.parallel.pp > 1:
-        raise UserInputError(
-            f"train.validate_every={profile.train.validate_every} with parallel.pp={profile.parallel.pp}: "
-            "validation samples with the whole model and a pipeline rank holds only its stages; set "
-            "train.validate_every=0 and sample the exported model with `vidforge infer`, or train with pp=1"
-        )
 
 
 @torch.no_grad()

@@ -3,7 +3,10 @@ SGLang and the like): N evenly spaced frames go as JPEG data-URL images, followe
 
 Requests run on a bounded thread pool (`concurrency`), each with a timeout and retries with exponential
 backoff on timeouts, connection errors, 429 and 5xx. The API key is read from an environment variable
-at setup and sent as a Bearer header; it is never logged, stored in results or put in error messages."""
+at setup and sent as a Bearer header to the configured origin only: a redirect is not followed (urllib
+would resend the header to wherever it points) but is that clip's error, as is an answer that is not a
+chat completion. The key is never logged, stored in results or put in error messages: a server that echoes
+request headers in an error body has the key cut out of what is recorded."""
 
 from __future__ import annotations
 
@@ -102,18 +105,34 @@ class EndpointCaptioner:
     def close(self) -> None:
         self._headers = None
 
+    def _redact(self, text: str) -> str:
+        key = (self._headers or {}).get("Authorization", "")[len("Bearer ") :]
+        return text.replace(key, "[redacted]") if key else text
+
     def _post(self, data: bytes) -> tuple[int, bytes]:
         req = urllib.request.Request(self.url, data=data, headers=self._headers or {}, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.settings.timeout_s) as response:
+            with _OPENER.open(req, timeout=self.settings.timeout_s) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as err:
+            if 300 <= err.code < 400:
+                where = err.headers.get("Location", "?")
+                raise EndpointError(
+                    f"HTTP {err.code}: redirected to {where}, not followed (the API key goes to "
+                    "curation.caption.endpoint.url only; set it to the final address)"
+                ) from None
             return err.code, err.read()
 
     def request(self, body: dict[str, Any]) -> str:
         """POST one request, retrying what can be retried; returns the answer's text."""
         if self._headers is None:
             raise RuntimeError("call setup() first")
+        try:
+            return self._request(body)
+        except EndpointError as err:
+            raise EndpointError(self._redact(str(err))) from None
+
+    def _request(self, body: dict[str, Any]) -> str:
         data = json.dumps(body).encode("utf-8")
         attempts = self.settings.retries + 1
         last = ""
@@ -132,17 +151,16 @@ class EndpointCaptioner:
                 else:
                     last = f"connection failed ({type(reason).__name__})"
                 continue
-            text = payload.decode("utf-8", "replace")
+            text = self._redact(payload.decode("utf-8", "replace"))  # before any cut: no half key either
             if status in RETRYABLE_STATUS:
                 last = f"HTTP {status}"
                 continue
             if status != 200:
                 raise EndpointError(f"HTTP {status}: {text[:200]}")
             try:
-                message = json.loads(text)["choices"][0]["message"]
-            except (ValueError, KeyError, IndexError, TypeError):
+                return _message_text(json.loads(text)["choices"][0]["message"])
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 raise EndpointError(f"not a chat-completions answer: {text[:200]}") from None
-            return _message_text(message)
         raise EndpointError(f"{last} ({attempts} attempt{'s' if attempts > 1 else ''})")
 
     def _one(self, item: ClipItem) -> CaptionResult:
@@ -159,8 +177,19 @@ class EndpointCaptioner:
             return list(pool.map(self._one, items))
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
+        return None  # urlopen raises the 3xx as an HTTPError: `_post` makes it the clip's error
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _message_text(message: dict[str, Any]) -> str:
-    content = message.get("content")
+    """The text of an assistant message; TypeError when the message is not one (another server's reply)."""
+    content = message["content"]
     if isinstance(content, list):  # some servers answer with content parts
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
+    if not isinstance(content, str):
+        raise TypeError("content is not text")
+    return content

@@ -152,6 +152,8 @@ def _loop(stages, units, on_unit, backend, stats, monitor, setups: _Setups) -> i
             if not out.ok:
                 stats[i].errors += 1
                 record = {"stage": stages[i].name, "reason": out.reason}
+                if out.retry:
+                    record["retry"] = True
                 label = getattr(env.payload, "label", None)
                 if label is not None:
                     record["item"] = label
@@ -210,7 +212,9 @@ def _loop(stages, units, on_unit, backend, stats, monitor, setups: _Setups) -> i
                         env.attempts += 1
                         pending[i].appendleft(env)
                     else:
-                        errors[env.unit].append({"stage": stages[i].name, "reason": f"worker died: {err}"})
+                        errors[env.unit].append(
+                            {"stage": stages[i].name, "reason": f"worker died: {err}", "retry": True}
+                        )
                         stats[i].errors += 1
                         settle(env.unit, -1)
                 continue

@@ -31,10 +31,44 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _init_worker(stage: Stage) -> None:
+def _init_worker(stage: Stage, driver: int) -> None:
     global _WORKER_STAGE
+    watch_parent(driver)
     stage.setup()
     _WORKER_STAGE = stage
+
+
+def watch_parent(driver: int, every_s: float = 0.5) -> None:
+    """Exit this worker once the driver process is gone. A driver killed with SIGKILL runs no clean-up,
+    and its workers would otherwise sit blocked on their task queue for minutes (each holding its memory
+    and the forkserver's and resource tracker's pipes open, so those stay too)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent or not process_alive(driver):
+                os._exit(1)  # no clean-up to run: the driver that wanted the results is dead
+
+    threading.Thread(target=watch, name="vf-watch-driver", daemon=True).start()
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, dead but not yet reaped by its parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel (a zombie then counts as alive until reaped)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def _work(items: list[Any]) -> list[Outcome]:
@@ -82,7 +116,7 @@ class LocalExecutor:
         if stage.kind == "thread":
             return ThreadPoolExecutor(max_workers=stage.workers, thread_name_prefix=stage.name)
         return ProcessPoolExecutor(
-            stage.workers, mp_context=self.context, initializer=_init_worker, initargs=(stage,)
+            stage.workers, mp_context=self.context, initializer=_init_worker, initargs=(stage, os.getpid())
         )
 
     def capacity(self, index: int) -> int:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from vidforge.data.batching import Bucketer, Packer, first_fit_decreasing, sample_tokens
 from vidforge.data.loader import ShardLoader
-from vidforge.data.packing import Bucketer, Packer, first_fit_decreasing, sample_tokens
 from vidforge.data.testing import make_latent_shards
 
 PATCH = (1, 2, 2)

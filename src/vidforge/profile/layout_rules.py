@@ -1,0 +1,146 @@
+"""The layout rulebook: which parallel layouts vidforge's trainer can run, in one place.
+
+Every check of a layout against the model, the data and the training settings lives here, and
+everything that decides about layouts asks it: the profile validator (a profile whose layout cannot
+train fails when it loads), `vidforge bench plan` (it never proposes a layout that fails here),
+`vidforge train --dry-run` and `vidforge bench train` (they only get loaded profiles) and the training
+loop itself. A capability that lands (say pipeline x context parallel) is removed from here, once.
+
+Each rule returns `field: what is wrong; what to change`, one line, naming the profile field to change.
+Pure data: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from vidforge.profile.parallel import Layout
+
+if TYPE_CHECKING:
+    from vidforge.profile.run_profile import RunProfile
+
+Rule = Callable[["RunProfile", Layout], list[str]]
+
+
+def _heads(profile: RunProfile, layout: Layout) -> list[str]:
+    heads, impl = profile.model.heads, profile.parallel.cp_impl
+    problems = []
+    if heads % layout.tp:
+        problems.append(f"parallel.tp: must divide model.heads={heads}, got {layout.tp}")
+    if layout.cp > 1 and impl == "ulysses" and heads % (layout.tp * layout.cp):
+        problems.append(
+            f"parallel.cp: ulysses context parallel needs tp x cp = {layout.tp * layout.cp} to divide "
+            f"model.heads={heads}; use cp_impl=ring or all-gather, or another cp"
+        )
+    return problems
+
+
+def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
+    """st-hybrid splits each clip by frames for spatial attention and by (h, w) positions for temporal
+    attention: every data bucket's token grid needs T and H x W divisible by cp."""
+    if layout.cp == 1 or profile.parallel.cp_impl != "st-hybrid":
+        return []
+    if profile.model.architecture != "stdit":
+        return [
+            "parallel.cp_impl: st-hybrid is for model.architecture=stdit; use all-gather, ring or ulysses"
+        ]
+    cp, tok, (pt, ph, pw) = layout.cp, profile.tokenizer, profile.model.patch
+    problems = []
+    for frames in profile.data.frame_buckets:
+        t = ((frames - 1) // tok.temporal_compression + 1) // pt
+        if t % cp:
+            problems.append(
+                f"data.frame_buckets: {frames} frames give {t} latent token frames, not divisible by "
+                f"parallel.cp={cp} (st-hybrid splits clips by frames); change the bucket or cp"
+            )
+    for h, w in profile.data.buckets:
+        positions = (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw)
+        if positions % cp:
+            problems.append(
+                f"data.buckets: ({h}, {w}) gives {positions} token positions a frame, not divisible by "
+                f"parallel.cp={cp} (st-hybrid splits temporal attention by position); change the bucket or cp"
+            )
+    return problems
+
+
+def _stages(profile: RunProfile, layout: Layout) -> list[str]:
+    stages = layout.pp * layout.vpp
+    if profile.model.layers % stages:
+        return [
+            f"parallel.pp: pp x vpp = {stages} must divide model.layers={profile.model.layers}, "
+            f"got pp={layout.pp}, vpp={layout.vpp}"
+        ]
+    return []
+
+
+def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
+    """What the pipeline schedule needs, and what it does not combine with (yet)."""
+    if layout.pp == 1:
+        if layout.vpp > 1:
+            return [
+                f"parallel.vpp: {layout.vpp} virtual stages need pipeline parallel (parallel.pp > 1); set vpp=1"
+            ]
+        return []
+    schedule, pp, micro = profile.parallel.pp_schedule, f"parallel.pp={layout.pp}", layout.pp_microbatches
+    problems = []
+    if schedule == "interleaved-1f1b" and layout.vpp < 2:
+        problems.append("parallel.pp_schedule: interleaved-1f1b needs parallel.vpp >= 2; set vpp or use 1f1b")
+    if layout.vpp > 1 and schedule != "interleaved-1f1b":
+        problems.append(
+            f"parallel.vpp: {layout.vpp} virtual stages need pp_schedule=interleaved-1f1b, got {schedule}"
+        )
+    if schedule == "1f1b" and micro < layout.pp:
+        problems.append(
+            f"parallel.pp_microbatches: 1F1B needs at least pp={layout.pp} micro-batches, got {micro}; "
+            "raise it (0 picks pp x vpp)"
+        )
+    if layout.cp > 1:
+        problems.append(
+            f"parallel.cp: {pp} with cp={layout.cp}: the pipeline does not split token rows over cp ranks; "
+            "use pp with dp_shard/dp_replicate (and tp), or cp without pp"
+        )
+    if profile.train.grad_accum > 1:
+        problems.append(
+            f"train.grad_accum: {pp} with grad_accum={profile.train.grad_accum}: the pipeline's micro-batches "
+            "are its gradient accumulation; set train.grad_accum=1 and raise parallel.pp_microbatches instead"
+        )
+    if not profile.data.packing and profile.data.batch_size % micro:
+        problems.append(
+            f"data.batch_size: {profile.data.batch_size} with {micro} pipeline micro-batches: the pipeline "
+            "splits each batch evenly into its micro-batches; make data.batch_size a multiple of "
+            "parallel.pp_microbatches"
+        )
+    if profile.train.validate_every > 0:
+        problems.append(
+            f"train.validate_every: {profile.train.validate_every} with {pp}: validation samples with the "
+            "whole model and a pipeline rank holds only its stages; set train.validate_every=0 and sample "
+            "the exported model with `vidforge infer`, or train with pp=1"
+        )
+    return problems
+
+
+RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline)
+
+
+def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:
+    """Everything that keeps vidforge's trainer from running `layout` (default: the profile's own on its
+    cluster, whose world size must then match) for this profile, each as `field: message`."""
+    if layout is None:
+        try:
+            layout = profile.parallel.resolve(profile.cluster.world_size)
+        except ValueError as err:
+            # Still check the other rules, on the degrees as given, so every problem is reported at once.
+            par = profile.parallel
+            problems = [f"parallel: {err} (world size = {profile.cluster.world_size_field})"]
+            layout = Layout(
+                par.pp,
+                par.dp_replicate,
+                max(1, par.dp_shard),
+                par.cp,
+                par.tp,
+                par.vpp,
+                par.pp_microbatches or par.pp * par.vpp,
+            )
+            return problems + [p for rule in RULES for p in rule(profile, layout)]
+    return [p for rule in RULES for p in rule(profile, layout)]

@@ -1,0 +1,55 @@
+"""The review page: one `index.html` with its data, script and style inlined, beside `thumbs/` and
+`plots/`. It opens from disk (file://) with no server: the data is a JSON block in the page rather than
+a file fetched at load time (browsers refuse fetch() between file:// URLs), and media are relative links."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from vidforge.data.manifest import atomic_path
+
+INDEX = "index.html"
+
+
+@dataclass
+class Page:
+    """What a review page shows. `items` are clips or samples: dicts with `id`, `thumb` and `media` (paths
+    relative to the page), `caption`, `scores` (name -> number, the sortable columns named in `scores`),
+    `meta` (name -> value, shown as is), and for clips `source`, `start_s`, `end_s`, `keep`, `reasons` (and `detail`, a
+    rejection's message);
+    `group` (e.g. the validation step) where items come in groups. `plots`: {src, title} images."""
+
+    kind: str  # "curation" | "infer" | "train"
+    title: str
+    summary: list[tuple[str, str]] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
+    scores: list[str] = field(default_factory=list)
+    plots: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _asset(name: str) -> str:
+    return resources.files("vidforge.review").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def write_page(page: Page, out: Path) -> Path:
+    # "</" inside a <script> block would end it early (a caption with "</script>" in it): escape the slash.
+    data = json.dumps(asdict(page), ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+    values = {
+        "title": html.escape(page.title),
+        "style": _asset("review.css"),
+        "data": data,
+        "script": _asset("review.js"),
+    }
+    # One pass, so that a "{{...}}" inside the data (a caption) is never substituted itself.
+    text = re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], _asset("review.html"))
+    target = out / INDEX
+    with atomic_path(target) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return target

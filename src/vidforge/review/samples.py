@@ -1,0 +1,64 @@
+"""The review of sampled videos: a `vidforge infer` output (samples.jsonl: each video with its prompt and
+what it came from) and a training run's validation samples (validation/step_*/: one MP4 per prompt)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vidforge.data.manifest import read_jsonl
+from vidforge.review.page import Page
+
+# samples.jsonl fields shown for each sample, in this order (`vidforge.infer.run` writes them).
+SETTINGS = ("seed", "sampler", "steps", "guidance", "checkpoint_step", "negative_prompt")
+
+
+def load_infer(run_dir: Path) -> Page:
+    records = read_jsonl(run_dir / "samples.jsonl")
+    items = []
+    for r in records:
+        meta: dict[str, Any] = {key: r.get(key) for key in SETTINGS if key in r}
+        meta["size"] = f"{r.get('frames')} x {r.get('height')} x {r.get('width')}"
+        items.append(
+            {
+                "id": Path(str(r["video"])).stem,
+                "caption": r.get("prompt", ""),
+                "meta": meta,
+                "scores": {},
+                "_media": run_dir / str(r["video"]),
+            }
+        )
+    checkpoints = sorted({str(r.get("checkpoint")) for r in records if r.get("checkpoint")})
+    page = Page(
+        kind="infer",
+        title=f"vidforge infer: {run_dir.name}",
+        summary=[("output", str(run_dir)), ("samples", str(len(items)))]
+        + [("checkpoint", c) for c in checkpoints],
+        items=items,
+    )
+    if records and "sampler" not in records[0]:
+        page.notes.append("samples.jsonl predates the sampler settings being recorded: only prompt and seed")
+    return page
+
+
+def validation_items(run_dir: Path, prompts: list[str]) -> list[dict[str, Any]]:
+    """The validation samples of a training run, newest step first; a video's prompt is the one its file
+    name is the slug of (`vidforge.train.validation` names them so)."""
+    from vidforge.infer.run import slug
+
+    by_slug = {slug(p): p for p in prompts}
+    items = []
+    for folder in sorted((run_dir / "validation").glob("step_*"), reverse=True):
+        step = int(folder.name.removeprefix("step_"))
+        for video in sorted(folder.glob("*.mp4")):
+            items.append(
+                {
+                    "id": f"{folder.name}/{video.stem}",
+                    "caption": by_slug.get(video.stem, video.stem),
+                    "group": f"step {step}",
+                    "meta": {"step": step},
+                    "scores": {},
+                    "_media": video,
+                }
+            )
+    return items

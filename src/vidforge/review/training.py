@@ -1,0 +1,107 @@
+"""The review of a training run: curves from metrics.jsonl (loss with the loss per noise level, learning
+rate, gradient norm, step time, MFU) and the validation samples."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vidforge.data.manifest import read_jsonl
+from vidforge.review.page import Page
+from vidforge.review.samples import validation_items
+
+# (file stem, title, y label, metrics keys): one panel each; a panel whose keys were never logged is left out.
+PANELS = (
+    ("loss", "loss", "loss", ("loss",)),
+    ("loss_sigma", "loss per noise level (sigma)", "loss", ("loss_sigma_",)),
+    ("lr", "learning rate", "lr", ("lr",)),
+    ("grad_norm", "gradient norm (before clipping)", "norm", ("grad_norm",)),
+    ("step_time", "step time", "seconds", ("step_time_s",)),
+    ("mfu", "model FLOP utilisation", "MFU", ("mfu",)),
+)
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and "step" in r:
+            xs.append(float(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _keys(records: list[dict[str, Any]], patterns: tuple[str, ...]) -> list[str]:
+    present = sorted({k for r in records for k in r}, key=lambda k: (k.split("-")[0], len(k), k))
+    return [k for k in present if any(k == p or (p.endswith("_") and k.startswith(p)) for p in patterns)]
+
+
+def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]]:
+    """A PNG per panel with data into `out`; returns [{src (relative to out's parent), title}]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    plots = []
+    for stem, title, ylabel, patterns in PANELS:
+        lines = [(k, *_series(records, k)) for k in _keys(records, patterns)]
+        lines = [line for line in lines if line[1]]
+        if not lines or all(v == 0 for _, _, ys in lines for v in ys):  # never logged, or logged as 0
+            continue
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for key, xs, ys in lines:
+            ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=key.removeprefix("loss_sigma_"))
+        if len(lines) > 1:
+            ax.legend(fontsize=7, title="sigma", title_fontsize=7)
+        if stem in ("loss", "loss_sigma", "grad_norm") and min(min(ys) for _, _, ys in lines) > 0:
+            # Losses fall over orders of magnitude; a linear axis shows only the first steps.
+            spread = max(max(ys) for _, _, ys in lines) / min(min(ys) for _, _, ys in lines)
+            if spread > 20:
+                ax.set_yscale("log")
+        elif stem in ("lr", "step_time", "mfu"):
+            ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        out.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out / f"{stem}.png", dpi=80)
+        plt.close(fig)
+        plots.append({"src": f"{out.name}/{stem}.png", "title": title})
+    return plots
+
+
+def _validation_prompts(run_dir: Path) -> list[str]:
+    for path in (run_dir / "export" / "profile.yaml", run_dir / "profile.yaml"):
+        if path.is_file():
+            data = yaml.safe_load(path.read_text()) or {}
+            return list((data.get("train") or {}).get("validation_prompts") or [])
+    return []
+
+
+def load(run_dir: Path, out: Path) -> Page:
+    metrics_path = run_dir / "metrics.jsonl"
+    records = read_jsonl(metrics_path) if metrics_path.is_file() else []
+    page = Page(kind="train", title=f"vidforge train: {run_dir.name}", summary=[("run", str(run_dir))])
+    if records:
+        last = records[-1]
+        page.summary += [("logged steps", str(len(records))), ("last step", str(last.get("step")))]
+        if isinstance(last.get("loss"), (int, float)):
+            page.summary.append(("last loss", f"{last['loss']:.4g}"))
+        page.plots = draw_curves(records, out / "plots")
+    else:
+        page.notes.append("no metrics.jsonl: nothing logged yet")
+    page.items = validation_items(run_dir, _validation_prompts(run_dir))
+    if not page.items:
+        page.notes.append(
+            "no validation samples in validation/ (train.validate_every sets how often they are drawn); "
+            "`vidforge infer` samples the export"
+        )
+    return page

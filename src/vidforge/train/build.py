@@ -1,0 +1,72 @@
+"""What a training run is made of, built once: the model (or this rank's pipeline stages), parallelized,
+with its EMA and optimizers. `vidforge train` and `vidforge bench train` both build through here.
+
+Order of construction (torchtitan's): model -> pipeline split (pp > 1: this rank's stage modules) ->
+per module: float8 linears -> tensor parallel -> context parallel -> activation checkpointing -> compile
+-> FSDP2 (`vidforge.parallel.parallelize`) -> EMA and one AdamW per module over its (sharded) parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from vidforge.models import build_model
+from vidforge.parallel.parallelize import autocast_dtype, parallelize
+from vidforge.parallel.pipeline import PipelineRunner
+from vidforge.parallel.runtime import Runtime
+from vidforge.profile import RunProfile
+from vidforge.train.ema import EMA
+
+
+@dataclass
+class TrainParts:
+    """The trainable state of one rank."""
+
+    modules: list[nn.Module]  # the model, or this rank's pipeline stage modules
+    optimizers: list[torch.optim.Optimizer]  # one per module (checkpoints map each to its module's names)
+    ema: EMA | None
+    compute_dtype: torch.dtype | None  # what the forward autocasts to (None: FSDP casts, or fp32)
+    pipeline: PipelineRunner | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def build(profile: RunProfile, runtime: Runtime) -> TrainParts:
+    """Build and parallelize the profile's model on this rank, with its EMA and AdamW optimizers."""
+    cfg, dims, device = profile.train, runtime.dims, runtime.device
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = build_model(profile.model, device=device)
+    compute_dtype = autocast_dtype(dims, profile)
+    pipeline = None
+    modules: list[nn.Module] = [model]
+    if dims.pp_enabled:  # split first; each stage module is then parallelized alone
+        pipeline = PipelineRunner(
+            model,
+            dims.mesh["pp"],
+            dims.layout,
+            profile.parallel.pp_schedule,
+            device,
+            autocast_dtype=compute_dtype,
+            # the activations sent between stages: FSDP's param_dtype or autocast's
+            activation_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
+        )
+        modules = list(pipeline.stage_modules)
+        del model
+    notes: list[str] = []
+    for module in modules:
+        applied = parallelize(module, dims, profile, device)
+        notes += [note for note in applied.notes if note not in notes]
+    ema = EMA(modules, cfg.ema_decay) if cfg.ema_decay > 0 else None
+    optimizers = [
+        torch.optim.AdamW(
+            module.parameters(),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=device.type == "cuda" or None,
+        )
+        for module in modules
+    ]
+    return TrainParts(modules, optimizers, ema, compute_dtype, pipeline, notes)

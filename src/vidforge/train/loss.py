@@ -1,0 +1,161 @@
+"""The training loss, owned in one place for every layout: plain batches, packed rows, context-parallel
+shards and the last stage of a pipeline.
+
+`DenoisingLoss.draw` turns a batch into the network's inputs and the target. Its random draws happen in
+one order whatever the layout, so every rank of a model-parallel group (and one process given the same
+data) draws the same values: per sample the noise level, then the caption dropout, then the noise in the
+full batch's shape (latents (B, C, T, H, W) or the packed row's tokens), all from torch's global CPU
+generator, whose state the checkpoint saves (a resumed run draws what an uninterrupted one would have).
+The network always sees tokens: a plain batch is patchified ((B, S, F) with its `grid`), a packed row is
+(1, S, F) with its `layout`, a context-parallel rank holds its `TokenShard` of either.
+
+`DenoisingLoss.reduce` turns the network's output into the micro-batch's mean loss (a rank's share of it
+under context parallel: the shares sum to one process's mean) and per-sample losses for the metrics. The
+formulas belong to the objective (`vidforge.diffusion.Objective`): loss = mean (F - target)^2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vidforge.data.batching import BucketBatch, PackedBatch
+from vidforge.diffusion.objective import Objective
+from vidforge.errors import UserInputError
+from vidforge.models.packing import SequenceLayout, TokenShard
+from vidforge.models.patchify import Grid, patchify, token_grid
+
+ShardOf = Callable[[SequenceLayout | Grid], TokenShard]
+"""This context-parallel rank's `TokenShard` of a packed row's layout or a plain batch's token grid."""
+
+
+@dataclass
+class MicroInputs:
+    """One micro-batch as the network takes it, and what the loss needs."""
+
+    x: torch.Tensor  # network input tokens: (B, S, F) plain, (1, S, F) packed, (rows, local, F) a shard
+    target: torch.Tensor  # the raw output that makes the loss zero, same shape as x's output
+    model_kwargs: dict[str, Any]  # noise_level, text, text_mask, drop_text and one of grid/layout/shard
+    level: torch.Tensor  # (N,) each sample's noise level
+    tokens: int  # model tokens processed (the whole row's, under context parallel too)
+    layout: SequenceLayout | None = None
+    shard: TokenShard | None = None
+
+
+@dataclass
+class MicroLoss:
+    loss: torch.Tensor  # scalar: the micro-batch's mean loss (this rank's share under context parallel)
+    level: torch.Tensor  # (N,) noise level of each sample
+    per_sample: torch.Tensor  # (N,) mean loss of each sample (detached, whole samples)
+    tokens: int  # model tokens processed
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DenoisingLoss:
+    """The objective's loss on vidforge's batches (see the module docstring)."""
+
+    objective: Objective
+    caption_dropout: float
+    patch: tuple[int, int, int]
+    in_channels: int
+
+    def draw(
+        self, batch: PackedBatch | BucketBatch, device: torch.device, shard_of: ShardOf | None = None
+    ) -> MicroInputs:
+        """Noise the batch: the network's input, the target and the conditioning. With `shard_of`
+        (context parallel) only this rank's tokens, drawn from the same full-shape noise."""
+        text, text_mask = batch.text_emb.to(device), batch.text_mask.to(device)
+        n = text.shape[0]
+        level = self.objective.sample_levels(n).to(device)
+        drop_text = (torch.rand(n) < self.caption_dropout).to(device)
+        if isinstance(batch, PackedBatch):
+            clean = batch.tokens
+            self._check_channels(clean.shape[-1] // (self.patch[0] * self.patch[1] * self.patch[2]))
+            noise = torch.randn(clean.shape, dtype=clean.dtype)
+            row: SequenceLayout | Grid = batch.layout
+            rows = 1
+        else:
+            latents = batch.latents
+            self._check_channels(latents.shape[1])
+            noise = patchify(torch.randn(latents.shape, dtype=latents.dtype), self.patch)
+            clean = patchify(latents, self.patch)
+            row = token_grid(latents.shape[2:], self.patch)
+            rows = latents.shape[0]
+        clean, noise = clean.to(device), noise.to(device)
+        layout = row if isinstance(row, SequenceLayout) else None
+        tokens = layout.total if layout is not None else rows * row[0] * row[1] * row[2]
+        shard = shard_of(row) if shard_of is not None else None
+        if shard is not None:
+            from vidforge.parallel.context_parallel import per_token
+
+            clean, noise = shard.split(clean), shard.split(noise)
+            level_b, where = per_token(level, shard), {"shard": shard}
+        elif layout is not None:
+            level_b, where = layout.per_token(level)[..., None], {"layout": layout}
+        else:
+            level_b, where = level[:, None, None], {"grid": row}
+        # the coefficients in the latents' precision, at least float32
+        level_b = level_b.to(torch.promote_types(clean.dtype, torch.float32))
+        noisy = self.objective.corrupt(clean, noise, level_b)
+        return MicroInputs(
+            x=self.objective.network_input(noisy, level_b),
+            target=self.objective.target(clean, noise, level_b),
+            model_kwargs={
+                "noise_level": self.objective.network_level(level),
+                "text": text,
+                "text_mask": text_mask,
+                "drop_text": drop_text,
+                **where,
+            },
+            level=level,
+            tokens=tokens,
+            layout=layout,
+            shard=shard,
+        )
+
+    def reduce(
+        self, output: torch.Tensor, inputs: MicroInputs, cp_group: dist.ProcessGroup | None = None
+    ) -> MicroLoss:
+        """The micro-batch's loss from the network's raw output. Under context parallel (`inputs.shard`)
+        `loss` is this rank's share (over the whole row's element count, pads excluded) and the
+        per-sample losses are summed over `cp_group`."""
+        dtype = torch.promote_types(output.dtype, torch.float32)  # the squared error in fp32 or wider
+        squared = (output.to(dtype) - inputs.target.to(dtype)).square()
+        per_token = squared.detach().mean(dim=-1)  # (rows, S)
+        n = inputs.level.shape[0]
+        shard = inputs.shard
+        if shard is not None:
+            from vidforge.parallel.context_parallel import shard_loss
+
+            real = shard.valid(per_token.device)
+            per_token = torch.where(real[None], per_token, 0.0)
+            if shard.packed:
+                sums = per_token.new_zeros(n).index_add_(
+                    0, shard.token_sample(per_token.device), per_token[0]
+                )
+                counts = torch.tensor(shard.layout.seqlens, device=sums.device, dtype=sums.dtype)
+            else:
+                sums = per_token.sum(dim=1)
+                counts = torch.full((n,), float(shard.total), device=sums.device, dtype=sums.dtype)
+            dist.all_reduce(sums, group=cp_group)
+            return MicroLoss(shard_loss(squared, shard), inputs.level.detach(), sums / counts, inputs.tokens)
+        if inputs.layout is not None:
+            layout = inputs.layout
+            sums = per_token.new_zeros(n).index_add_(0, layout.sample_index(per_token.device), per_token[0])
+            per_sample = sums / torch.tensor(layout.seqlens, device=sums.device, dtype=sums.dtype)
+        else:
+            per_sample = per_token.mean(dim=1)
+        return MicroLoss(squared.mean(), inputs.level.detach(), per_sample, inputs.tokens)
+
+    def _check_channels(self, channels: int) -> None:
+        """A model built for other latents fails deep inside a matmul; say what to change instead."""
+        if channels != self.in_channels:
+            raise UserInputError(
+                f"model.in_channels: the latents have {channels} channels (see the tokenizer in the data's "
+                f"index.json), the model takes {self.in_channels}; set --set model.in_channels={channels}"
+            )

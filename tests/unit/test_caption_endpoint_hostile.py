@@ -1,0 +1,119 @@
+"""The endpoint captioner against hostile servers (issue 23, point 5), all on 127.0.0.1: the API's server
+redirects to another origin (another port), which must never see the Bearer key; that server's reply is
+not a caption; an error body that echoes the request's headers must not put the key in what is recorded."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from vidforge.curate.captioners import ClipItem
+from vidforge.curate.captioners.endpoint import EndpointCaptioner
+from vidforge.profile.caption import EndpointCaptioner as EndpointSettings
+
+SECRET = "sk-hostile-test-456"
+
+
+def _serve(respond):
+    """A server on 127.0.0.1 whose POST answers are `respond(handler) -> (status, headers, body)`; it
+    records each request's headers."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append(dict(self.headers))
+            status, headers, body = respond(self)
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}", seen
+
+
+@pytest.fixture
+def servers():
+    started = []
+
+    def start(respond):
+        s = _serve(respond)
+        started.append(s[0])
+        return s
+
+    yield start
+    for httpd in started:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _caption(url: str, monkeypatch) -> list:
+    monkeypatch.setenv("HOSTILE_KEY", SECRET)
+    settings = EndpointSettings(
+        url=url, model="m", api_key_env="HOSTILE_KEY", frames=2, retries=1, backoff_s=0
+    )
+    captioner = EndpointCaptioner(settings, sleep=lambda s: None)
+    captioner.setup()
+    frames = {i: np.full((16, 16, 3), 90, np.uint8) for i in range(4)}
+    return captioner.caption([ClipItem(clip_id="c", record={}, num_frames=4, frames=frames)])
+
+
+def _chat(text):
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+
+
+@pytest.mark.parametrize("code", [301, 302, 307, 308])
+def test_a_redirect_to_another_origin_never_receives_the_key(servers, monkeypatch, code):
+    _, other, other_seen = servers(lambda h: (200, {"Content-Type": "application/json"}, b'{"ok": true}'))
+    _, api, api_seen = servers(lambda h: (code, {"Location": f"{other}/v1/chat/completions"}, b""))
+    [result] = _caption(f"{api}/v1", monkeypatch)
+    assert api_seen and api_seen[0]["Authorization"] == f"Bearer {SECRET}"
+    assert other_seen == []  # not followed at all, so no header of ours reached the other origin
+    assert result.text is None
+    assert result.error.startswith(f"EndpointError: HTTP {code}: redirected to {other}/v1/chat/completions")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b'{"ok": true}',
+        b"<html>welcome</html>",
+        json.dumps({"choices": [{"message": {"role": "assistant"}}]}).encode(),
+        json.dumps({"choices": [{"message": {"content": {"evil": 1}}}]}).encode(),
+    ],
+)
+def test_a_reply_that_is_not_a_chat_completion_is_the_clips_error(servers, monkeypatch, reply):
+    _, api, _ = servers(lambda h: (200, {"Content-Type": "application/json"}, reply))
+    [result] = _caption(f"{api}/v1", monkeypatch)
+    assert result.text is None and result.error.startswith("EndpointError: not a chat-completions answer")
+
+
+def test_a_real_answer_still_captions(servers, monkeypatch):
+    _, api, _ = servers(lambda h: (200, {"Content-Type": "application/json"}, _chat("a grey square")))
+    [result] = _caption(f"{api}/v1", monkeypatch)
+    assert result.text == "a grey square" and result.error is None
+
+
+@pytest.mark.parametrize("status", [400, 503])
+@pytest.mark.parametrize("padding", [0, 175])  # 175: the recorded 200 characters would end inside the key
+def test_an_error_body_echoing_the_headers_has_the_key_cut_out(servers, monkeypatch, status, padding):
+    def echo(handler):
+        return status, {}, ("x" * padding + f" you sent {handler.headers['Authorization']}").encode()
+
+    _, api, seen = servers(echo)
+    [result] = _caption(f"{api}/v1", monkeypatch)
+    assert seen[0]["Authorization"] == f"Bearer {SECRET}"  # the server did get (and echo) the key
+    assert result.text is None and SECRET[:4] not in result.error
+    if status == 400:  # 503 is retried, and the error says so rather than quoting the body
+        assert "you sent Bearer [redac" in result.error

@@ -1,0 +1,76 @@
+"""One rulebook of layouts (vidforge.profile.layout_rules), asked by the profile validator, `bench plan`, the
+dry run and the trainer: they agree on every shipped profile and on what the planner proposes, and a
+layout the trainer cannot run is refused with the same line everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vidforge.bench.plan import evaluate, rank_layouts, structural_problems
+from vidforge.profile import ProfileError, load_profile
+from vidforge.profile.layout_rules import layout_problems
+from vidforge.profile.parallel import Layout
+from vidforge.train.dry_run import dry_run
+
+SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "profiles").glob("*.yaml"))
+
+
+def test_profiles_are_shipped() -> None:
+    assert len(SHIPPED) >= 6 and "local_cpu" in SHIPPED
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_validator_planner_dry_run_and_trainer_agree_on_each_shipped_profile(name: str) -> None:
+    profile = load_profile(name)  # the validator: it would raise with the rulebook's line
+    layout = profile.layout
+    assert layout_problems(profile, layout) == []
+    # the planner evaluates the profile's own layout without a structural objection
+    assert structural_problems(profile, layout) == []
+    assert evaluate(profile).memory is not None
+    # the dry run builds it with the trainer's own build and step, one rank per pipeline stage
+    result = dry_run(profile)
+    assert len(result.stages) == layout.pp and result.world_size == layout.world_size
+    assert sorted(b for s in result.stages for b in s.blocks) == list(range(profile.model.layers))
+
+
+@pytest.mark.parametrize("name", ["dit7b_74k_tp2_cp4_64xh100", "dit28b_74k_tp4_cp8_256xh100"])
+def test_every_layout_the_planner_proposes_passes_the_rulebook(name: str) -> None:
+    profile = load_profile(name)
+    report = rank_layouts(profile)
+    assert report.ranked
+    for plan in report.ranked:
+        assert layout_problems(profile, plan.layout) == [], plan.name
+    # the planner considered pipeline x context parallel layouts and refused them for the rulebook's reason
+    pp_cp = [p for p in report.rejected if p.layout.pp > 1 and p.layout.cp > 1]
+    assert pp_cp and all(any(q.startswith("parallel.cp: parallel.pp=") for q in p.problems) for p in pp_cp)
+    assert not any(p.layout.pp > 1 and p.layout.cp > 1 for p in report.ranked)
+
+
+@pytest.mark.parametrize(
+    ("degrees", "other", "line"),
+    [
+        (
+            {"pp": 2, "cp": 2},
+            [],
+            "parallel.cp: parallel.pp=2 with cp=2: the pipeline does not split token rows over cp ranks",
+        ),
+        ({"pp": 2}, ["train.grad_accum=2"], "train.grad_accum: parallel.pp=2 with grad_accum=2"),
+        ({"pp": 2}, ["train.validate_every=5"], "train.validate_every: 5 with parallel.pp=2"),
+        ({"tp": 4}, [], "parallel.tp: must divide model.heads=6, got 4"),
+    ],
+)
+def test_a_layout_the_trainer_cannot_run_is_refused_with_the_same_line_everywhere(
+    degrees, other, line
+) -> None:
+    world = ["cluster.cpu_processes=4", "model.layers=4", "model.heads=6", "model.hidden=48"]
+    parallel = [f"parallel.{k}={v}" for k, v in degrees.items()]
+    with pytest.raises(ProfileError) as refused:  # the validator, when the profile loads
+        load_profile("local_cpu", [*world, *parallel, *other])
+    assert line in str(refused.value)
+    # the planner, handed that layout for the same settings (valid on their own), names the same problem
+    base = load_profile("local_cpu", [*world, *other])
+    pp, cp, tp = degrees.get("pp", 1), degrees.get("cp", 1), degrees.get("tp", 1)
+    layout = Layout(pp, 1, 4 // (pp * cp * tp), cp, tp, 1, pp)
+    assert any(line in problem for problem in structural_problems(base, layout))
