@@ -40,17 +40,21 @@ def _means():
 
 
 def guided_field(scale: float):
-    """Classifier-free guidance whose unconditional rows follow a negative prompt (another mean)."""
+    """The guided denoiser the samplers take (classifier-free guidance over the flow objective's clean
+    estimates, the unconditional rows following a negative prompt: another mean) and the guided
+    velocity the reference loop hands diffusers' schedulers."""
     positive, negative = _means()
+    flow = RectifiedFlow()
 
     def batched(x, t, uncond):
-        b = positive.shape[0]
-        mean = torch.where(
-            uncond[:, None, None, None, None],
-            negative.repeat(x.shape[0] // b, 1, 1, 1, 1),
-            positive.repeat(x.shape[0] // b, 1, 1, 1, 1),
-        )
-        return gaussian_velocity(x, t, mean)
+        copies = x.shape[0] // positive.shape[0]
+        rows = uncond[:, None, None, None, None]
+        mean = torch.where(rows, negative.repeat(copies, 1, 1, 1, 1), positive.repeat(copies, 1, 1, 1, 1))
+
+        def network(x_in, level):
+            return gaussian_velocity(x_in, level[0], mean)
+
+        return flow.denoise(network, x, t.reshape(()).expand(x.shape[0]))
 
     def reference(x, t):
         v_cond, v_uncond = gaussian_velocity(x, t, positive), gaussian_velocity(x, t, negative)
@@ -59,12 +63,12 @@ def guided_field(scale: float):
     return classifier_free_guidance(batched, scale), reference
 
 
-def _recording(velocity):
+def _recording(denoise):
     states = []
 
     def record(x, t):
         states.append((x.clone(), float(t)))
-        return velocity(x, t)
+        return denoise(x, t)
 
     return record, states
 
@@ -80,10 +84,13 @@ def test_noising_and_target_are_diffusers_flow_matching():
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     index = torch.tensor([100, 700])
     t = scheduler.sigmas[index]
-    noised = flow.noised(clean, noise, flow.expand(t, clean))
+    t_b = flow.expand(t, clean)
+    noised = flow.corrupt(clean, noise, t_b)
     torch.testing.assert_close(noised, scheduler.scale_noise(clean, scheduler.timesteps[index], noise))
-    velocity = flow.target(clean, noise)
-    torch.testing.assert_close(flow.clean_estimate(noised, velocity, flow.expand(t, clean)), clean)
+    assert flow.network_input(noised, t_b) is noised and flow.network_level(t) is t
+    velocity = flow.target(clean, noise, t_b)
+    torch.testing.assert_close(velocity, noise - clean)
+    torch.testing.assert_close(flow.denoised(noised, velocity, t_b), clean)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +98,7 @@ def test_noising_and_target_are_diffusers_flow_matching():
 )
 def test_training_times_follow_their_closed_form_distribution(sampling, shift):
     flow = RectifiedFlow(sampling=sampling, logit_mean=0.3, logit_std=0.8, shift=shift)
-    t = flow.sample_t(40_000, torch.Generator().manual_seed(3), dtype=torch.float64).sort().values
+    t = flow.sample_levels(40_000, torch.Generator().manual_seed(3)).double().sort().values
     grid = torch.linspace(0.02, 0.98, 49, dtype=torch.float64)
     unshifted = grid / (shift - (shift - 1) * grid)  # the inverse of shift_time
     torch.testing.assert_close(shift_time(unshifted, shift), grid)
@@ -152,5 +159,5 @@ def test_samplers_reach_the_exact_end_of_the_gaussian_flow(sampler, steps, toler
     is exact; measured: UniPC 2.1e-3 at 30 steps, Euler 0.17 at 30 and 2.7e-2 at 200."""
     mean, _ = _means()
     noise = _noise()
-    out = flow_sample(lambda x, t: gaussian_velocity(x, t, mean), noise, sampler, steps, shift=3.0)
+    out = flow_sample(lambda x, t: x - t * gaussian_velocity(x, t, mean), noise, sampler, steps, shift=3.0)
     assert (out - (mean + STD * noise)).abs().max() < tolerance

@@ -1,41 +1,40 @@
-"""Rectified flow (Liu et al. 2022; Esser et al. 2024, SD3; Wan2.1), weightless, beside EDM.
+"""Rectified flow (Liu et al. 2022; Esser et al. 2024, SD3; Wan2.1), the second `Objective` beside EDM.
 
 Training: x_t = (1 - t) x0 + t noise for t in [0, 1], and the network predicts the velocity
-v = noise - x0 (diffusers' "flow_prediction"), with an unweighted squared error. t is drawn uniform or
-logit-normal (sigmoid of a normal, SD3) and optionally shifted, t -> s t / (1 + (s - 1) t), which
-spends more of training (and of sampling, with the same map) at high noise; SD3 and Wan shift by the
-resolution (Wan2.1: 3 at 480p, 5 at 720p).
+v = noise - x0 (diffusers' "flow_prediction") from x_t itself, with an unweighted squared error; the
+clean estimate is x0 = x_t - t v. t is drawn uniform or logit-normal (sigmoid of a normal, SD3) and
+optionally shifted, t -> s t / (1 + (s - 1) t), which spends more of training (and of sampling, with
+the same map) at high noise; SD3 and Wan shift by the resolution (Wan2.1: 3 at 480p, 5 at 720p).
 
-Sampling integrates dx/dt = v(x, t) from pure noise at t = 1 down to t = 0. The samplers take a velocity
-callable v(x, t) (t a 0-d tensor: the time the network is evaluated at) and know nothing of models, so
-they are tested against diffusers' schedulers on a closed-form field:
+Sampling integrates dx/dt = v = (x - D(x, t)) / t from pure noise at t = 1 down to t = 0. The samplers
+take the objective's denoiser D(x, t) (`Objective.denoise`, the clean estimate; t a 0-d tensor: where
+the network is evaluated), as the EDM samplers do, and know nothing of models, so they are tested
+against diffusers' schedulers on a closed-form field:
 - `flow_euler_sampler`: x_{i+1} = x_i + (t_{i+1} - t_i) v(x_i, t_i) (FlowMatchEulerDiscreteScheduler).
 - `unipc_sampler`: UniPC (Zhao et al. 2023) as diffusers' UniPCMultistepScheduler runs it for Wan
   (flow_prediction, predict_x0, bh2, lower order on the last steps, the corrector after every step
-  but the first): in lambda = ln((1 - t) / t) the flow ODE is linear in x with the clean estimate
-  x0 = x - t v as forcing; each step integrates the linear part exactly and a polynomial through the
-  last `order` estimates (predictor), then corrects with the estimate at the new point.
+  but the first): in lambda = ln((1 - t) / t) the flow ODE is linear in x with the clean estimate as
+  forcing; each step integrates the linear part exactly and a polynomial through the last `order`
+  estimates (predictor), then corrects with the estimate at the new point.
 Wan's pipeline evaluates the network at integer timesteps floor(1000 t); `unipc_sampler` does the same
 (`wan_times`), so a Wan model sees what it was trained and released with.
 
-Guidance and negative prompts are the velocity callable's business: `vidforge.diffusion.guidance.
-classifier_free_guidance` mixes any batched prediction, velocities included (v_uncond + w (v_cond -
-v_uncond)), and the unconditional rows may carry a negative prompt's text instead of a dropped caption.
+Guidance and negative prompts are the denoiser's business: `vidforge.diffusion.guidance.
+classifier_free_guidance` mixes clean estimates, which for a flow is mixing velocities (x0 = x - t v is
+affine in v at a given x), and the unconditional rows may carry a negative prompt's text instead of a
+dropped caption.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from vidforge.diffusion.edm import EDM
-
-Velocity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""v(x, t) -> predicted noise - x0, same shape as x; t a 0-d tensor."""
+from vidforge.diffusion.objective import Objective
+from vidforge.diffusion.samplers import Denoiser
 
 TRAIN_TIMESTEPS = 1000  # Wan's and SD3's timestep = 1000 t
 
@@ -46,12 +45,15 @@ def shift_time(t: torch.Tensor, shift: float) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class RectifiedFlow:
-    """The objective's math: noising, target, loss and the training distribution of t.
+class RectifiedFlow(Objective):
+    """The objective's math (see `vidforge.diffusion.objective`); the level is the flow time t.
 
     `sampling`: `uniform` t ~ U(0, 1), or `logit-normal` t = sigmoid(N(logit_mean, logit_std^2)); then
-    shifted by `shift`. Time arguments broadcast against x as EDM's sigma does (`expand` for a plain
-    batch, `layout.per_token(t)[..., None]` for a packed row)."""
+    shifted by `shift`. The network's noise-level input is t itself: vidforge's DiT scales it by 1000
+    in its sinusoids, and so does the wan family (Wan's timestep 1000 t)."""
+
+    level_name = "t"
+    level_bucket_edges = (0.2, 0.4, 0.6, 0.8)
 
     sampling: Literal["uniform", "logit-normal"] = "logit-normal"
     logit_mean: float = 0.0
@@ -64,48 +66,31 @@ class RectifiedFlow:
         if self.logit_std <= 0 or self.shift <= 0:
             raise ValueError(f"flow logit_std and shift must be > 0, got {self.logit_std} and {self.shift}")
 
-    expand = staticmethod(EDM.expand)  # per-sample t (B,) -> (B, 1, ..., 1), as for sigma
-
-    def sample_t(
-        self,
-        n: int,
-        generator: torch.Generator | None = None,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-    ) -> torch.Tensor:
-        """Training times (n,) in (0, 1): one draw of n numbers whatever the distribution."""
+    def sample_levels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Training times (n,) in (0, 1), float32 on the CPU: one draw of n numbers either way."""
         if self.sampling == "uniform":
-            t = torch.rand(n, generator=generator, device=device, dtype=dtype)
+            t = torch.rand(n, generator=generator)
         else:
-            normal = torch.randn(n, generator=generator, device=device, dtype=dtype)
-            t = torch.sigmoid(self.logit_mean + self.logit_std * normal)
+            t = torch.sigmoid(self.logit_mean + self.logit_std * torch.randn(n, generator=generator))
         return shift_time(t, self.shift)
 
-    @staticmethod
-    def noised(clean: torch.Tensor, noise: torch.Tensor, t_b: torch.Tensor) -> torch.Tensor:
+    def corrupt(self, clean: torch.Tensor, noise: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
         """x_t = (1 - t) x0 + t noise."""
-        return (1 - t_b) * clean + t_b * noise
+        return (1 - level_b) * clean + level_b * noise
 
-    @staticmethod
-    def target(clean: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """What the network predicts: the velocity noise - x0."""
+    def network_input(self, noisy: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
+        return noisy
+
+    def network_level(self, level: torch.Tensor) -> torch.Tensor:
+        return level
+
+    def target(self, clean: torch.Tensor, noise: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
+        """The velocity noise - x0."""
         return noise - clean
 
-    @staticmethod
-    def noise_level(t: torch.Tensor) -> torch.Tensor:
-        """The network's `noise_level` input: t itself (vidforge's DiT scales it by 1000 in its
-        sinusoids, as the wan family does: Wan's timestep 1000 t)."""
-        return t
-
-    @staticmethod
-    def clean_estimate(x_t: torch.Tensor, velocity: torch.Tensor, t_b: torch.Tensor) -> torch.Tensor:
-        """x0 = x_t - t v: the clean sample the velocity implies."""
-        return x_t - t_b * velocity
-
-    def loss(self, prediction: torch.Tensor, clean: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Per-element squared error of the velocity (reduce it as the trainer likes; about 2 for an
-        untrained network whose output is zero and unit-variance data)."""
-        return (prediction - self.target(clean, noise)) ** 2
+    def denoised(self, noisy: torch.Tensor, raw: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
+        """x0 = x_t - t v."""
+        return noisy - level_b * raw.to(noisy.dtype)
 
 
 # --- sampling schedules -------------------------------------------------------------------------------
@@ -151,15 +136,16 @@ def _levels(sigmas: torch.Tensor) -> list[float]:
     return levels
 
 
-def _as_time(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(value, dtype=like.dtype, device=like.device)
+def _velocity(denoise: Denoiser, x: torch.Tensor, t: float) -> torch.Tensor:
+    """The network's velocity at x, evaluated at time t: v = (x - D(x, t)) / t."""
+    return (x - denoise(x, torch.tensor(t, dtype=x.dtype, device=x.device))) / t
 
 
 # --- samplers -------------------------------------------------------------------------------------------
 
 
 def flow_euler_sampler(
-    velocity: Velocity, noise: torch.Tensor, sigmas: torch.Tensor, times: torch.Tensor | None = None
+    denoise: Denoiser, noise: torch.Tensor, sigmas: torch.Tensor, times: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Euler on the flow ODE from `noise` (x at t = sigmas[0], pure noise for sigmas[0] = 1) to t = 0.
     `times`: where to evaluate the network at each step (default: the sigmas themselves)."""
@@ -167,7 +153,7 @@ def flow_euler_sampler(
     evals = levels[:-1] if times is None else [float(t) for t in times]
     x = noise
     for i in range(len(levels) - 1):
-        x = x + (levels[i + 1] - levels[i]) * velocity(x, _as_time(evals[i], x))
+        x = x + (levels[i + 1] - levels[i]) * _velocity(denoise, x, evals[i])
     return x
 
 
@@ -237,7 +223,7 @@ def _unipc_update(
 
 
 def unipc_sampler(
-    velocity: Velocity,
+    denoise: Denoiser,
     noise: torch.Tensor,
     sigmas: torch.Tensor,
     times: torch.Tensor | None = None,
@@ -259,7 +245,9 @@ def unipc_sampler(
     last_x: torch.Tensor | None = None
     last_order = 1
     for i in range(steps):
-        estimate = RectifiedFlow.clean_estimate(x, velocity(x, _as_time(evals[i], x)), levels[i])
+        # As diffusers: the velocity from the network at Wan's integer timestep, the clean estimate
+        # x - t v with the schedule's own t (equal to D(x, t) when the two times agree).
+        estimate = x - levels[i] * _velocity(denoise, x, evals[i])
         if last_x is not None:
             x = _unipc_update(last_x, estimates, lambdas, levels[i - 1], levels[i], last_order, estimate)
         estimates = [*estimates, estimate][-order:]
@@ -271,7 +259,7 @@ def unipc_sampler(
 
 
 def flow_sample(
-    velocity: Velocity,
+    denoise: Denoiser,
     noise: torch.Tensor,
     sampler: Literal["euler", "unipc"],
     steps: int,
@@ -281,7 +269,7 @@ def flow_sample(
     integer timesteps) or `euler`."""
     sigmas = flow_sigmas(steps, shift)
     if sampler == "unipc":
-        return unipc_sampler(velocity, noise, sigmas)
+        return unipc_sampler(denoise, noise, sigmas)
     if sampler == "euler":
-        return flow_euler_sampler(velocity, noise, sigmas)
+        return flow_euler_sampler(denoise, noise, sigmas)
     raise ValueError(f"flow sampler: unknown {sampler!r}; use unipc or euler")
