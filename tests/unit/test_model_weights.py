@@ -161,3 +161,34 @@ def test_bad_folders_end_in_one_line_naming_the_file(tmp_path):
     not_export = tmp_path / "nothing"
     not_export.mkdir()
     assert f"{not_export}/config.json:" in _error("export", str(not_export), "-o", out)
+
+
+def test_whole_pipeline_folder_gives_its_parts_and_loads_without_import(tmp_path, monkeypatch):
+    """The Wan2.1-T2V-*-Diffusers layout: the transformer loads straight from it (equal to the imported
+    export), and the umT5 text encoder reads its tokenizer from the pipeline's own tokenizer/ folder."""
+    from test_text_t5 import SHAPE, VOCAB, _save_tokenizer
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from vidforge.models.wan_weights import load_diffusers_wan, pipeline_parts
+    from vidforge.text.encoders import build_text_encoder
+
+    pipeline = tmp_path / "Wan2.1-T2V-tiny-Diffusers"
+    _saved_reference(pipeline / "transformer", torch.bfloat16)
+    UMT5EncoderModel(UMT5Config(vocab_size=len(VOCAB), **SHAPE)).save_pretrained(pipeline / "text_encoder")
+    _save_tokenizer(pipeline / "tokenizer")
+    (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    parts = pipeline_parts(pipeline)
+    assert set(parts) == {"transformer", "text_encoder", "tokenizer"}
+    assert pipeline_parts(pipeline / "transformer") == {}
+
+    direct = load_diffusers_wan(pipeline, dtype=torch.float32)
+    assert invoke("model", "import", str(pipeline), "-o", str(tmp_path / "export")).exit_code == 0
+    imported = load_model(tmp_path / "export", dtype=torch.float32)
+    assert all(torch.equal(t, imported.state_dict()[n]) for n, t in direct.state_dict().items())
+
+    sets = [f"text_encoder.path={parts['text_encoder']}", f"text_encoder.tokenizer_path={parts['tokenizer']}"]
+    profile = load_profile(
+        None, ["text_encoder.kind=t5", "text_encoder.max_length=8", "text_encoder.device=cpu", *sets]
+    )
+    hidden, mask = build_text_encoder(profile).encode(["a cat runs"])
+    assert hidden.shape == (1, 8, SHAPE["d_model"]) and mask[0].tolist() == [True] * 4 + [False] * 4

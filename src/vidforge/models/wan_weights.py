@@ -56,6 +56,22 @@ ROPE_MAX_SEQ_LEN = 1024  # diffusers' table length; vidforge computes RoPE per p
 # --- configs ----------------------------------------------------------------------------------------
 
 
+PIPELINE_INDEX = "model_index.json"
+PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
+
+
+def pipeline_parts(src: str | os.PathLike) -> dict[str, Path]:
+    """The component folders of a whole diffusers Wan pipeline folder (the layout of the
+    Wan2.1-T2V-*-Diffusers downloads: model_index.json beside transformer/, vae/, text_encoder/,
+    tokenizer/, scheduler/), by name; empty for anything else. What a profile points at: the transformer
+    (`load_diffusers_wan`), tokenizer.path = vae/, text_encoder.path = text_encoder/ with
+    text_encoder.tokenizer_path = tokenizer/."""
+    path = Path(src)
+    if not (path / PIPELINE_INDEX).is_file():
+        return {}
+    return {name: path / name for name in PIPELINE_PARTS if (path / name).is_dir()}
+
+
 def transformer_folder(src: str | os.PathLike) -> Path:
     """The transformer folder of `src`: src itself, or src/transformer for a whole diffusers pipeline."""
     path = Path(src)
@@ -273,6 +289,27 @@ def import_wan(
     write_config(out, resolved.model)
     (out / "profile.yaml").write_text(dump_profile(resolved))
     return out
+
+
+def load_diffusers_wan(
+    src: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """The wan model of a diffusers transformer (or pipeline) folder, without importing it first: built
+    on the meta device, each tensor read, moved (and cast to `dtype` if given) and assigned, so the
+    weights exist once."""
+    folder = transformer_folder(src)
+    if not (folder / CONFIG).is_file():
+        raise UserInputError(f"{folder}: no config.json; point at a diffusers Wan transformer folder")
+    model_cfg = model_from_diffusers(_read_json(folder / CONFIG), folder / CONFIG)
+    stored = stored_tensors(folder, SINGLE, INDEX)
+    model = build_model(model_cfg, device="meta")
+    state = {}
+    with ExitStack() as files:
+        for entry in _entries(_check_against(model_cfg, stored, folder), stored, files, None):
+            tensor = entry.load().to(device)
+            state[entry.name] = tensor.to(dtype) if dtype is not None else tensor
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
 
 
 def _shards(names: list[str], stored: dict[str, StoredTensor], max_bytes: int) -> list[list[str]]:

@@ -20,6 +20,9 @@ class TextEncoder(Section):
     """Local weights: an open-clip checkpoint file, or a transformers T5 folder (config, weights,
     tokenizer). null with `open-clip` builds a small random-weight text tower (demo and tests only: its
     embeddings carry no meaning)."""
+    tokenizer_path: str | None = None
+    """t5 only: the tokenizer's folder when it is not `path` itself (a diffusers pipeline's tokenizer/
+    beside its text_encoder/). null: the tokenizer files are in `path`."""
     arch: str = "ViT-B-32"
     """open-clip model name of the checkpoint at `path` (e.g. ViT-L-14)."""
     max_length: int = Field(77, ge=2)

@@ -143,6 +143,7 @@ class T5TextEncoder(TextEncoderBase):
         device: str = "auto",
         batch_size: int = 32,
         dtype: torch.dtype | None = None,
+        tokenizer_path: str | None = None,
     ):
         super().__init__(batch_size)
         if not path or not Path(path, "config.json").is_file():
@@ -157,7 +158,8 @@ class T5TextEncoder(TextEncoderBase):
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model_type = json.loads(Path(path, "config.json").read_text()).get("model_type", "t5")
         encoder = UMT5EncoderModel if self.model_type == "umt5" else T5EncoderModel
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        # A diffusers pipeline keeps the tokenizer in its own folder beside text_encoder/.
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or path)
         self.model = encoder.from_pretrained(path, dtype=dtype).eval().to(self.device)
         self.max_length = max_length
         self.width = self.model.config.d_model
@@ -189,7 +191,9 @@ def build_text_encoder(profile: Any) -> TextEncoderBase:
                 "text_encoder.path: the t5 encoder needs a local transformers folder; "
                 "set --set text_encoder.path=DIR or use text_encoder.kind=open-clip"
             )
-        return T5TextEncoder(os.fspath(cfg.path), cfg.max_length, cfg.device, cfg.batch_size)
+        return T5TextEncoder(
+            os.fspath(cfg.path), cfg.max_length, cfg.device, cfg.batch_size, tokenizer_path=cfg.tokenizer_path
+        )
     return OpenClipTextEncoder(
         cfg.arch,
         cfg.path,
