@@ -51,13 +51,11 @@ FIXED_CONFIG: dict[str, Any] = {
     "pos_embed_seq_len": None,
 }
 ROPE_MAX_SEQ_LEN = 1024  # diffusers' table length; vidforge computes RoPE per position (no limit)
+PIPELINE_INDEX = "model_index.json"
+PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
 
 
 # --- configs ----------------------------------------------------------------------------------------
-
-
-PIPELINE_INDEX = "model_index.json"
-PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
 
 
 def pipeline_parts(src: str | os.PathLike) -> dict[str, Path]:
@@ -260,6 +258,17 @@ def _entries(
 # --- import and export ------------------------------------------------------------------------------
 
 
+def _diffusers_source(src: str | os.PathLike) -> tuple[Path, Model, dict[str, StoredTensor], list[str]]:
+    """A diffusers Wan transformer folder checked from its headers: the folder, its model section, its
+    stored tensors and their names in the model's order."""
+    folder = transformer_folder(src)
+    if not (folder / CONFIG).is_file():
+        raise UserInputError(f"{folder}: no config.json; point at a diffusers Wan transformer folder")
+    model = model_from_diffusers(_read_json(folder / CONFIG), folder / CONFIG)
+    stored = stored_tensors(folder, SINGLE, INDEX)
+    return folder, model, stored, _check_against(model, stored, folder)
+
+
 def import_wan(
     src: str | os.PathLike, out: str | os.PathLike, profile: RunProfile, dtype: str | None = None
 ) -> Path:
@@ -271,12 +280,7 @@ def import_wan(
         raise UserInputError(
             f"--dtype {dtype}: use float32 or bfloat16 (or leave it out to keep the weights')"
         )
-    folder = transformer_folder(src)
-    if not (folder / CONFIG).is_file():
-        raise UserInputError(f"{folder}: no config.json; point at a diffusers Wan transformer folder")
-    model = model_from_diffusers(_read_json(folder / CONFIG), folder / CONFIG)
-    stored = stored_tensors(folder, SINGLE, INDEX)
-    names = _check_against(model, stored, folder)
+    folder, model, stored, names = _diffusers_source(src)
     data = profile.model_dump(mode="json")
     # The imported shape with the profile's choice of attention kernels.
     kernels = {"attention": profile.model.attention, "sdpa_backend": profile.model.sdpa_backend}
@@ -297,15 +301,11 @@ def load_diffusers_wan(
     """The wan model of a diffusers transformer (or pipeline) folder, without importing it first: built
     on the meta device, each tensor read, moved (and cast to `dtype` if given) and assigned, so the
     weights exist once."""
-    folder = transformer_folder(src)
-    if not (folder / CONFIG).is_file():
-        raise UserInputError(f"{folder}: no config.json; point at a diffusers Wan transformer folder")
-    model_cfg = model_from_diffusers(_read_json(folder / CONFIG), folder / CONFIG)
-    stored = stored_tensors(folder, SINGLE, INDEX)
+    _, model_cfg, stored, names = _diffusers_source(src)
     model = build_model(model_cfg, device="meta")
     state = {}
     with ExitStack() as files:
-        for entry in _entries(_check_against(model_cfg, stored, folder), stored, files, None):
+        for entry in _entries(names, stored, files, None):
             tensor = entry.load().to(device)
             state[entry.name] = tensor.to(dtype) if dtype is not None else tensor
     model.load_state_dict(state, strict=True, assign=True)
