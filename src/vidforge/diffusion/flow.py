@@ -138,6 +138,11 @@ def _levels(sigmas: torch.Tensor) -> list[float]:
 
 def _velocity(denoise: Denoiser, x: torch.Tensor, t: float) -> torch.Tensor:
     """The network's velocity at x, evaluated at time t: v = (x - D(x, t)) / t."""
+    if t <= 0:
+        raise ValueError(
+            "flow sampling evaluates the network at t = 0 (Wan's timestep floor(1000 t) is 0 below "
+            "t = 0.001); use fewer steps or a larger shift"
+        )
     return (x - denoise(x, torch.tensor(t, dtype=x.dtype, device=x.device))) / t
 
 
