@@ -29,6 +29,8 @@ TINY = [
     "train.precision=fp32",
 ]
 TOLERANCE = 0.15
+# A tiny model of the wan family (Wan2.1's block: float32 norms and modulation, ungated cross-attention).
+WAN = ["model.preset=wan2.1-1.3b", "model.layers=2", "model.heads=4", "model.text_dim=32"]
 
 
 def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, float]]:
@@ -57,6 +59,10 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
         ["data.packing=false", "model.architecture=stdit", "train.micro_batch=2", "model.layers=1"],
         ["train.activation_offload=0.5"],
         ["train.activation_offload=0.5", "train.activation_checkpointing=full", "model.layers=4"],
+        WAN,
+        [*WAN, "data.packing=false", "train.precision=bf16"],
+        [*WAN, "train.precision=bf16"],
+        [*WAN, "train.activation_checkpointing=full", "model.layers=4"],
     ],
     ids=[
         "packed-fp32",
@@ -70,6 +76,10 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
         "plain-stdit-batch2",
         "offload-half",
         "offload-half-of-checkpointed",
+        "wan-packed-fp32",
+        "wan-plain-bf16",
+        "wan-packed-bf16-autocast",
+        "wan-full-checkpointing",
     ],
 )
 def test_memory_model_matches_measured_single_process(sets: list[str]) -> None:

@@ -36,7 +36,9 @@ def _measure(model, inputs, train):
     return counter.get_total_flops()
 
 
+WAN_TINY = {"layers": 2, "hidden": 48, "heads": 4, "mlp_hidden": 96, "text_dim": 32, "in_channels": 4}
 CASES = [("tiny", v) for v in VARIANTS] + [("small", VARIANTS[0]), ("small", VARIANTS[3])]
+CASES += [("wan2.1-1.3b", WAN_TINY)]
 
 
 @pytest.mark.parametrize(

@@ -21,12 +21,10 @@ PAD, EOS, UNK = 0, 1, 2
 MAX_LEN = 8
 
 
-@pytest.fixture(scope="module")
-def t5_dir(tmp_path_factory):
+def _save_tokenizer(folder) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+    from transformers import PreTrainedTokenizerFast
 
-    folder = tmp_path_factory.mktemp("t5")
     tok = Tokenizer(models.WordLevel(vocab=VOCAB, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
@@ -35,18 +33,27 @@ def t5_dir(tmp_path_factory):
     )
     fast.save_pretrained(folder)
 
-    config = T5Config(
-        vocab_size=len(VOCAB),
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        decoder_start_token_id=PAD,
-    )
+
+SHAPE = {
+    "d_model": 32,
+    "d_kv": 8,
+    "d_ff": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "relative_attention_num_buckets": 8,
+    "pad_token_id": PAD,
+    "eos_token_id": EOS,
+    "decoder_start_token_id": PAD,
+}
+
+
+@pytest.fixture(scope="module")
+def t5_dir(tmp_path_factory):
+    from transformers import T5Config, T5EncoderModel
+
+    folder = tmp_path_factory.mktemp("t5")
+    _save_tokenizer(folder)
+    config = T5Config(vocab_size=len(VOCAB), **SHAPE)
     torch.manual_seed(0)
     model = T5EncoderModel(config).eval()
     model.save_pretrained(folder)
@@ -110,6 +117,28 @@ def test_long_captions_are_truncated(t5_dir):
     ref, _ = _reference(model, long)
     np.testing.assert_allclose(hidden[0].astype(np.float32), ref, rtol=2e-3, atol=2e-3)
     assert enc.encode([])[0].shape == (0, MAX_LEN, 32)
+
+
+def test_umt5_folder_equals_transformers_umt5_encoder(tmp_path):
+    """Wan's text encoder: a tiny random umT5 saved with save_pretrained. Loading it as T5 would lose
+    the relative position bias of every layer but the first; the check that it was not is that the
+    output equals UMT5EncoderModel's and differs from T5EncoderModel's on the same folder."""
+    from transformers import T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    _save_tokenizer(tmp_path)
+    torch.manual_seed(0)
+    UMT5EncoderModel(UMT5Config(vocab_size=len(VOCAB), **SHAPE)).eval().save_pretrained(tmp_path)
+    reference = UMT5EncoderModel.from_pretrained(tmp_path).eval()
+    enc = T5TextEncoder(str(tmp_path), max_length=MAX_LEN, device="cpu")
+    hidden, mask = enc.encode(CAPTIONS[:2])
+    as_t5 = _reference(T5EncoderModel.from_pretrained(tmp_path).eval(), CAPTIONS[1])[0]
+    for i, caption in enumerate(CAPTIONS[:2]):
+        ref, ref_mask = _reference(reference, caption)
+        n = int(ref_mask.sum())
+        np.testing.assert_array_equal(mask[i], ref_mask)
+        np.testing.assert_allclose(hidden[i, :n].astype(np.float32), ref[:n], rtol=2e-3, atol=2e-3)
+    assert np.abs(hidden[1, :n].astype(np.float32) - as_t5[:n]).max() > 0.05
+    assert enc.describe()["model_type"] == "umt5"
 
 
 def test_missing_folder_is_a_user_error(tmp_path):

@@ -20,7 +20,9 @@ Activations follow what autograd saves in vidforge's blocks (counted op by op wi
   packed rows  + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
                kept whole since the gates are views of it) and each sub-layer's 1 + scale
 
-in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. Outside the blocks: the final layer
+in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. The wan family (`wan_block_norms`)
+differs around the norms: Wan computes them, the modulation and the residual adds in float32 whatever
+the compute dtype, and its cross-attention has no modulation and no gate. Outside the blocks: the final layer
 (3 x d + 2), the patch embedding's input and the float32 loss (2 x patch_dim), the RoPE tables, and per
 clip the caption's projections (5 x text_tokens x d per block for cross-attention's keys and values).
 
@@ -156,9 +158,14 @@ def block_activations(
     cross = ((3 - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
     mlp = (4 if cfg.mlp_act == "swiglu" else 2) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
+    if cfg.family == "wan":
+        local, per_token_modulation = wan_block_norms(cfg, compute, packed)
+        norms = local * tokens / norm_tp + sublayers * gathered_input * tokens
+    else:
+        norms = (sublayers * per_norm_local + per_token_modulation) * tokens / norm_tp
+        norms += sublayers * gathered_input * tokens
     parts = {
-        "norms, modulation, gates": (sublayers * per_norm_local + per_token_modulation) * tokens / norm_tp
-        + sublayers * gathered_input * tokens,
+        "norms, modulation, gates": norms,
         "self-attention": scopes * attn_scope * tokens / tp,
         "cross-attention": cross * tokens / tp + text,
         "mlp": mlp * tokens / tp,
@@ -170,10 +177,28 @@ def block_activations(
     return BlockActivations(parts)
 
 
+def wan_block_norms(cfg: Model, compute: int, packed: bool) -> tuple[float, float]:
+    """Bytes per token a Wan block saves around its norms, besides each sub-layer's input that the
+    projections read (counted as the DiT's `gathered_input`), and of those the per-token modulation.
+
+    Self-attention and feed-forward: the float32 norm input (x.float()) and output, mean and rstd, and
+    the output the gate multiplies (attention's in the compute dtype, the feed-forward's float32).
+    Cross-attention: the float32 input of its LayerNorm, mean and rstd (nothing without the norm).
+    Packed rows: the six float32 modulation vectors gathered per token and two (1 + scale)."""
+    d, f32 = cfg.hidden, 4
+    norm = 2 * f32 * d + 2 * f32
+    cross = f32 * d + 2 * f32 if cfg.cross_attn_norm else 0
+    modulation = (6 + 2) * d * f32 if packed else 0
+    return norm + compute * d + cross + norm + f32 * d + modulation, modulation
+
+
 def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
     """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
     d, p = cfg.hidden, cfg.patch_dim
-    final = ((4 if workload.packed else 3) * d + 4) * compute * tokens  # packed: per-token 1 + scale
+    if cfg.family == "wan":  # float32 norm input and output, the projection's input; packed: 1 + scale
+        final = ((2 * 4 + compute + (4 if workload.packed else 0)) * d + 8) * tokens
+    else:
+        final = ((4 if workload.packed else 3) * d + 4) * compute * tokens  # packed: per-token 1 + scale
     io = p * (compute + 4) * tokens
     rope = 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
     captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute

@@ -10,22 +10,44 @@ from torch import nn
 
 from vidforge.profile.model import Model
 
-# What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3 and
-# the modulation column-wise, out/fc2 row-wise) except the row-wise layers' biases, the per-head QK
-# norms and AdaLN-LoRA's rank-r down projection, which stay replicated; outside the blocks the shared
-# modulation and the final layer's modulation (column-wise); the embeddings and the final projection
-# stay replicated.
-TP_REPLICATED_IN_BLOCK = ("q_norm", "k_norm", "modulation.down")
-TP_ROW_WISE = ("out", "fc2")
-TP_SPLIT_OUTSIDE = ("shared_modulation.", "final.modulation.")
+
+@dataclass(frozen=True)
+class TensorParallelRules:
+    """Which parameters tensor parallel splits, by name: every block parameter but those named in
+    `replicated_in_block` and the biases of the `row_wise` layers; outside the blocks only those under
+    `split_outside`."""
+
+    replicated_in_block: tuple[str, ...]
+    row_wise: tuple[str, ...]
+    split_outside: tuple[str, ...]
 
 
-def _tp_split(name: str) -> bool:
+TP_RULES: dict[str, TensorParallelRules] = {
+    # What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3
+    # and the modulation column-wise, out/fc2 row-wise) except the row-wise layers' biases, the per-head
+    # QK norms and AdaLN-LoRA's rank-r down projection, which stay replicated; outside the blocks the
+    # shared modulation and the final layer's modulation (column-wise); the embeddings and the final
+    # projection stay replicated.
+    "vidforge": TensorParallelRules(
+        ("q_norm", "k_norm", "modulation.down"), ("out", "fc2"), ("shared_modulation.", "final.modulation.")
+    ),
+    # Wan, the same Megatron split: to_q/to_k/to_v and ffn.net.0.proj column-wise, to_out.0 and
+    # ffn.net.2 row-wise; norm_q/norm_k (across all heads) split with the heads they normalise (their
+    # statistics reduced over tp); the per-block table and the cross-attention LayerNorm replicated;
+    # outside the blocks time_proj column-wise (the DiT's shared modulation).
+    "wan": TensorParallelRules(
+        ("scale_shift_table", "norm2."), ("to_out.0", "ffn.net.2"), ("condition_embedder.time_proj.",)
+    ),
+}
+
+
+def _tp_split(name: str, rules: TensorParallelRules) -> bool:
     """Whether tensor parallel splits the block parameter called `name` (relative to the block)."""
-    if any(part in name for part in TP_REPLICATED_IN_BLOCK):
+    if any(part in name for part in rules.replicated_in_block):
         return False
     module, _, kind = name.rpartition(".")
-    return not (kind == "bias" and module.rpartition(".")[2] in TP_ROW_WISE)
+    row_wise = any(module == r or module.endswith("." + r) for r in rules.row_wise)
+    return not (kind == "bias" and row_wise)
 
 
 @dataclass(frozen=True)
@@ -38,7 +60,8 @@ class ParameterCounts:
     outside: int
     """Patch and caption embeddings, timestep MLP, shared modulation, null caption, final layer."""
     outside_tp: int
-    """Of those, the ones tensor parallel splits (the shared and the final layer's modulation)."""
+    """Of those, the ones tensor parallel splits (the shared and the final layer's modulation; Wan's
+    time_proj)."""
     linear_weights: int
     """Weights of every nn.Linear: what bf16 autocast casts and keeps for the backward."""
     layers: int
@@ -52,11 +75,12 @@ def parameter_counts(cfg: Model) -> ParameterCounts:
     model = build_model(cfg, device="meta")
     block = next(iter(model.blocks.values()))
     block_total = sum(p.numel() for p in block.parameters())
-    block_tp = sum(p.numel() for name, p in block.named_parameters() if _tp_split(name))
+    rules = TP_RULES[cfg.family]
+    block_tp = sum(p.numel() for name, p in block.named_parameters() if _tp_split(name, rules))
     outside_tp = sum(
         p.numel()
         for name, p in model.named_parameters()
-        if not name.startswith("blocks.") and name.startswith(TP_SPLIT_OUTSIDE)
+        if not name.startswith("blocks.") and name.startswith(rules.split_outside)
     )
     total = sum(p.numel() for p in model.parameters())
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))

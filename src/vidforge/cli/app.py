@@ -12,6 +12,7 @@ from vidforge.cli import (
     caption_cmd,
     clip_cmd,
     infer_cmd,
+    model_cmd,
     profile_cmd,
     review_cmd,
     shard_cmd,
@@ -62,6 +63,7 @@ app.command("train")(train_cmd.train)
 app.command("infer")(infer_cmd.infer)
 app.command("review")(review_cmd.review)
 app.add_typer(bench_cli.app, name="bench")
+app.add_typer(model_cmd.app, name="model")
 
 
 def main() -> None:

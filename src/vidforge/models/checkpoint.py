@@ -32,14 +32,19 @@ def save_model(model: DiT, directory: str | os.PathLike) -> Path:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
-    tmp_weights, tmp_config = out / f".{WEIGHTS}.tmp", out / f".{CONFIG}.tmp"
+    tmp_weights = out / f".{WEIGHTS}.tmp"
     save_file(tensors, str(tmp_weights), metadata={"format": FORMAT})
-    tmp_config.write_text(
-        json.dumps({"format": FORMAT, "model": model.config.model_dump(mode="json")}, indent=2) + "\n"
-    )
     os.replace(tmp_weights, out / WEIGHTS)
-    os.replace(tmp_config, out / CONFIG)
+    write_config(out, model.config)
     return out
+
+
+def write_config(directory: Path, config: Model) -> Path:
+    """`config.json` of an export (written after its weights, under a temporary name and renamed)."""
+    tmp = directory / f".{CONFIG}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, "model": config.model_dump(mode="json")}, indent=2) + "\n")
+    os.replace(tmp, directory / CONFIG)
+    return directory / CONFIG
 
 
 def read_config(directory: str | os.PathLike) -> Model:

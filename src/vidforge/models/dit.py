@@ -31,13 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.models.attention import KeyPadding, Segments
+from vidforge.models.backbone import VideoTransformer
 from vidforge.models.blocks import DiTBlock
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
-from vidforge.models.packing import SequenceLayout, TokenShard, grid_positions
-from vidforge.models.patchify import Grid, patchify, token_grid, unpatchify
 from vidforge.models.rope import rope_tables, sincos_position_embedding
-from vidforge.models.scopes import batch_scopes, packed_scopes, sharded_scopes
 from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
+from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
 
 
@@ -47,7 +46,7 @@ def block_class(cfg: Model) -> type[nn.Module]:
     return ParallelSTDiTBlock if cfg.stdit_block == "parallel" else STDiTBlock
 
 
-class DiT(nn.Module):
+class DiT(VideoTransformer):
     """DiT / ST-DiT over video latents, built from the profile's `model` section."""
 
     def __init__(self, config: Model) -> None:
@@ -110,151 +109,56 @@ class DiT(nn.Module):
         text_mask = torch.where(drop[:, None], null_mask[None], text_mask)
         return text, text_mask
 
-    def condition(
+    def conditioning(
         self,
+        place: TokenPlacement,
         noise_level: torch.Tensor,
         text: torch.Tensor,
-        text_mask: torch.Tensor | None = None,
-        drop_text: torch.Tensor | None = None,
-        *,
-        batch: int = 1,
-        grid: Grid | None = None,
-        layout: SequenceLayout | None = None,
-        shard: TokenShard | None = None,
+        text_mask: torch.Tensor | None,
+        drop_text: torch.Tensor | None,
     ) -> Conditioning:
-        """Everything the blocks need besides the tokens. Small and cheap, so pipeline stages recompute
-        it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row), or `shard` (this
-        context-parallel rank's part of either; it carries the grid or layout)."""
-        if shard is not None:
-            if layout is not None or grid is not None:
-                raise ValueError("condition(): a TokenShard carries the layout or grid; pass it alone")
-            layout, grid = (shard.layout, None) if shard.packed else (None, shard.grid)
-        samples = layout.num_samples if layout is not None else batch
-        device = text.device
-        if noise_level.shape != (samples,):
-            raise ValueError(
-                f"noise_level must be (N,) = ({samples},), one per sample, got {tuple(noise_level.shape)}"
-            )
-        if text.ndim != 3 or text.shape[0] != samples or text.shape[2] != self.config.text_dim:
-            raise ValueError(
-                f"text must be (N, L, text_dim) = ({samples}, L, {self.config.text_dim}), got {tuple(text.shape)}; "
-                "check model.text_dim against the text encoder"
-            )
-        if text_mask is not None and (text_mask.shape != text.shape[:2] or text_mask.dtype != torch.bool):
-            raise ValueError(
-                f"text_mask must be (N, L) = {tuple(text.shape[:2])} bool, got {text_mask.dtype} {tuple(text_mask.shape)}"
-            )
+        """The learned null caption where drop_text is True, the caption's real tokens, RoPE tables in
+        the model's precision."""
         time = self.time_embed(noise_level)
         shared = self.shared_modulation(F.silu(time)) if self.shared_modulation is not None else None
         text, text_mask = self.with_null_text(text, text_mask, drop_text)
-        if layout is not None:
-            # Packed: keep only real caption tokens, one key segment per sample.
+        if place.query_lens is not None:
+            # Packed: keep only real caption tokens, one key segment per sample (every rank holds a
+            # chunk, >= 1 token and maybe only padding, of every sample under context parallel).
             if text_mask is None:
-                text_mask = torch.ones(text.shape[:2], dtype=torch.bool, device=device)
+                text_mask = torch.ones(text.shape[:2], dtype=torch.bool, device=text.device)
             text_lens = text_mask.sum(dim=1).tolist()
             text_tokens = self.text_embed(text[text_mask]).unsqueeze(0)
-            if shard is not None:
-                # Every rank holds a chunk (>= 1 token, maybe only padding) of every sample.
-                cross_mask = Segments(shard.chunk_lens, text_lens)
-                positions = shard.positions(device)
-                scopes = sharded_scopes(shard)
-                token_sample = shard.token_sample(device)
-            else:
-                cross_mask = Segments(layout.seqlens, text_lens)
-                positions = layout.positions(device)
-                scopes = packed_scopes(layout, device)
-                token_sample = layout.sample_index(device)
+            cross_mask = Segments(place.query_lens, text_lens)
         else:
-            if grid is None:
-                raise ValueError("condition() needs the token grid of a plain batch, or a packed layout")
             text_tokens = self.text_embed(text)
             cross_mask = KeyPadding(text_mask) if text_mask is not None else None
-            if shard is not None:
-                positions = shard.positions(device)
-                scopes = sharded_scopes(shard)
-            else:
-                positions = grid_positions(grid, device)
-                scopes = batch_scopes(batch, grid)
-            token_sample = None
+        positions = place.positions
         table_dtype = torch.float64 if self.param_dtype == torch.float64 else torch.float32
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta, table_dtype)
-        return Conditioning(time, shared, text_tokens, cross_mask, rope, scopes, token_sample, positions)
+        return Conditioning(
+            time, shared, text_tokens, cross_mask, rope, place.scopes, place.token_sample, positions
+        )
 
     @property
     def param_dtype(self) -> torch.dtype:
         return self.time_embed.fc1.weight.dtype
 
-    # --- forward --------------------------------------------------------------------------------------
+    # --- layers around the blocks (the forward is `VideoTransformer.forward`) --------------------------
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        noise_level: torch.Tensor,
-        text: torch.Tensor,
-        text_mask: torch.Tensor | None = None,
-        *,
-        layout: SequenceLayout | None = None,
-        grid: Grid | None = None,
-        drop_text: torch.Tensor | None = None,
-        shard: TokenShard | None = None,
-    ) -> torch.Tensor:
-        cfg = self.config
-        latents_in = x.ndim == 5
-        if shard is not None:
-            tokens = self._check_shard_tokens(x, shard, layout, grid)
-        elif latents_in:
-            if layout is not None:
-                raise ValueError("a packed layout goes with packed tokens (1, S, features); see pack_latents")
-            if x.shape[1] != cfg.in_channels:
-                raise ValueError(
-                    f"latents have {x.shape[1]} channels but model.in_channels={cfg.in_channels}"
-                )
-            grid = token_grid(x.shape[2:], cfg.patch)
-            tokens = patchify(x, cfg.patch)
-        elif x.ndim == 3:
-            tokens = x
-            if layout is not None:
-                if x.shape[0] != 1 or x.shape[1] != layout.total:
-                    raise ValueError(
-                        f"packed tokens must be (1, {layout.total}, features) for this layout, got {tuple(x.shape)}"
-                    )
-            elif grid is None or x.shape[1] != grid[0] * grid[1] * grid[2]:
-                raise ValueError(
-                    f"tokens {tuple(x.shape)} need a packed `layout` or the token `grid` they cover"
-                )
-        else:
-            raise ValueError(
-                f"x must be latents (B, C, T, H, W) or tokens (B, S, features), got {tuple(x.shape)}"
-            )
+    @property
+    def has_input_layer(self) -> bool:
+        return self.patch_embed is not None
 
-        cond = self.condition(
-            noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid, layout=layout, shard=shard
-        )
-        if self.patch_embed is not None:
-            h = self.patch_embed(tokens)
-            if cfg.abs_position == "sincos":
-                h = h + sincos_position_embedding(cond.positions, cfg.hidden, h.dtype)
-        else:
-            h = tokens
-        for block in self.blocks.values():
-            h = block(h, cond)
-        if self.final is None:
-            return h
-        out = self.final(h, cond)
-        if latents_in:
-            return unpatchify(out, grid, cfg.patch, cfg.in_channels)
-        return out
+    @property
+    def has_output_layer(self) -> bool:
+        return self.final is not None
 
-    @staticmethod
-    def _check_shard_tokens(
-        x: torch.Tensor, shard: TokenShard, layout: SequenceLayout | None, grid: Grid | None
-    ) -> torch.Tensor:
-        if layout is not None or grid is not None:
-            raise ValueError("forward(shard=...): the TokenShard carries the layout or grid; pass it alone")
-        rows = 1 if shard.packed else x.shape[0]
-        if x.ndim != 3 or x.shape[0] != rows or x.shape[1] != shard.local:
-            raise ValueError(
-                f"under context parallel x is this rank's tokens ({rows}, {shard.local}, features) "
-                f"(TokenShard.split of the full row), got {tuple(x.shape)}"
-            )
-        return x
+    def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        h = self.patch_embed(tokens)
+        if self.config.abs_position == "sincos":
+            h = h + sincos_position_embedding(cond.positions, self.config.hidden, h.dtype)
+        return h
+
+    def head(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        return self.final(h, cond)

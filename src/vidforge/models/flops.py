@@ -61,7 +61,8 @@ def forward_flops(
     """FLOPs of one forward of the model `cfg` over the samples whose token grids `layout` gives (a
     plain batch of B clips is B equal grids). `text_lens`: caption tokens each sample's text projection
     and cross-attention process (a plain batch processes the padded length; a packed row the real
-    lengths), one number for all or one per sample."""
+    lengths), one number for all or one per sample. The wan family attends to every caption position,
+    padding included, so its `text_lens` is the padded caption length (512 for Wan2.1) in both cases."""
     grids = _grids(layout)
     n = len(grids)
     lens = [int(text_lens)] * n if isinstance(text_lens, int) else [int(x) for x in text_lens]
@@ -71,8 +72,13 @@ def forward_flops(
     seqlens = [t * h * w for t, h, w in grids]
     s, text = sum(seqlens), sum(lens)
 
-    # Which attention scopes each block runs, and its modulation chunks.
-    if cfg.architecture == "dit":
+    # Which attention scopes each block runs, and its modulation chunks. Wan projects the timestep into
+    # its six modulation vectors once (time_proj) and adds a learned table per block: no per-block or
+    # final-layer modulation matmul.
+    wan = cfg.family == "wan"
+    if wan:
+        scopes, chunks = ("full",), 6
+    elif cfg.architecture == "dit":
         scopes, chunks = ("full",), 9
     elif cfg.stdit_block == "parallel":
         scopes, chunks = ("spatial", "temporal", "full"), 9
@@ -92,15 +98,20 @@ def forward_flops(
     patch = 2 * s * p * d
     time_fc1, time_fc2 = 2 * n * TIMESTEP_FREQUENCIES * d, 2 * n * d * d
     text_fc1, text_fc2 = 2 * text * cfg.text_dim * d, 2 * text * d * d
-    shared = 2 * n * d * chunks * d if r else 0
+    shared = 2 * n * d * chunks * d if r or wan else 0
     embed = patch + time_fc1 + time_fc2 + text_fc1 + text_fc2 + shared
 
-    modulation = (2 * n * d * r + 2 * n * r * chunks * d) if r else 2 * n * d * chunks * d
+    if wan:
+        modulation = 0
+    elif r:
+        modulation = 2 * n * d * r + 2 * n * r * chunks * d
+    else:
+        modulation = 2 * n * d * chunks * d
     self_proj = 4 * 2 * s * d * d * len(scopes)
     cross_proj = 2 * (2 * s * d * d) + 2 * (2 * text * d * d)
     attn = sum(core(sc) for sc in scopes) + 4 * d * sum(si * li for si, li in zip(seqlens, lens, strict=True))
     mlp = (3 if cfg.mlp_act == "swiglu" else 2) * 2 * s * d * m
-    final = 2 * n * d * 2 * d + 2 * s * d * p
+    final = (0 if wan else 2 * n * d * 2 * d) + 2 * s * d * p
 
     layers = cfg.layers
     parts = {

@@ -9,7 +9,11 @@ import torch
 from torch import nn
 
 from vidforge.models.dit import DiT
+from vidforge.models.wan import WanTransformer
 from vidforge.profile.model import PRESETS, Model
+
+FAMILIES: dict[str, type[nn.Module]] = {"vidforge": DiT, "wan": WanTransformer}
+"""The network class of each `model.family`; every one takes the DiT's forward arguments."""
 
 
 def model_config(preset: str = "tiny", **overrides: Any) -> Model:
@@ -22,15 +26,15 @@ def model_config(preset: str = "tiny", **overrides: Any) -> Model:
 
 def build_model(
     config: Model, device: torch.device | str | None = None, dtype: torch.dtype | None = None
-) -> DiT:
-    """The DiT or ST-DiT the section describes, initialised. `device="meta"` builds without memory (for
+) -> DiT | WanTransformer:
+    """The network the section describes (the DiT or ST-DiT, or Wan2.1's transformer), initialised. `device="meta"` builds without memory (for
     parallel wrappers that materialise shards later and then call `init_weights`)."""
     if not isinstance(config, Model):
         raise ValueError(
             f"build_model takes the profile's `model` section (vidforge.profile.Model), got {type(config).__name__}"
         )
     with torch.device(device) if device is not None else nullcontext():
-        model = DiT(config)
+        model = FAMILIES[config.family](config)
     if dtype is not None:
         model = model.to(dtype)
     return model

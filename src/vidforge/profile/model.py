@@ -14,7 +14,18 @@ from vidforge.profile.base import Section
 # presets use AdaLN-LoRA (rank 256, as NeMo does): a full modulation projection per block would add
 # 9 x hidden^2 per layer (4.2e9 parameters at dit-7b's width). Parameter counts of vidforge's blocks
 # (`vidforge.models.count_parameters`): dit-1b 1.5e9, dit-7b 8.0e9, dit-14b 13.5e9, dit-28b 30.3e9,
-# stdit-7b 7.3e9, stdit-12b 12.9e9.
+# stdit-7b 7.3e9, stdit-12b 12.9e9. The wan presets are Wan2.1's published transformers (family wan,
+# diffusers' WanTransformer3DModel): wan2.1-1.3b 1.42e9, wan2.1-14b 14.3e9 parameters.
+
+# What Wan2.1 T2V's two sizes share: umT5 text (4096), 16 latent channels, patch 1x2x2 (the default),
+# heads of 128, a LayerNorm before cross-attention.
+WAN2_1: dict[str, Any] = {
+    "family": "wan",
+    "architecture": "dit",
+    "in_channels": 16,
+    "text_dim": 4096,
+    "cross_attn_norm": True,
+}
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "architecture": "dit",
@@ -99,6 +110,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "text_dim": 4096,
         "adaln_lora_rank": 256,
     },
+    # Wan2.1 T2V, the Wan2.1-T2V-{1.3B,14B}-Diffusers transformer configs.
+    "wan2.1-1.3b": {**WAN2_1, "layers": 30, "hidden": 1536, "heads": 12, "mlp_hidden": 8960},
+    "wan2.1-14b": {**WAN2_1, "layers": 40, "hidden": 5120, "heads": 40, "mlp_hidden": 13824},
+}
+
+# What the wan family fixes: Wan2.1's block has exactly this shape, so a field set otherwise has no
+# meaning there (the field names the first one that differs).
+WAN_FIXED: dict[str, Any] = {
+    "architecture": "dit",
+    "mlp_act": "gelu-tanh",
+    "adaln_lora_rank": 0,
+    "abs_position": "none",
+    "qk_norm": True,
 }
 
 
@@ -106,8 +130,13 @@ class Model(Section):
     """The DiT / ST-DiT architecture."""
 
     preset: str | None = "tiny"
-    """Named shape to start from: tiny, small, dit-1b, dit-7b, dit-14b, dit-28b, stdit-7b, stdit-12b
-    (see `vidforge.models`). null means every field is given explicitly."""
+    """Named shape to start from: tiny, small, dit-1b, dit-7b, dit-14b, dit-28b, stdit-7b, stdit-12b,
+    wan2.1-1.3b, wan2.1-14b (see `vidforge.models`). null means every field is given explicitly."""
+    family: Literal["vidforge", "wan"] = "vidforge"
+    """Which network: `vidforge` (this project's DiT / ST-DiT, `architecture` picks) or `wan` (Wan2.1's
+    transformer, diffusers' WanTransformer3DModel module for module, so its published weights load by
+    name; `vidforge model import` brings them in). The wan family fixes architecture=dit,
+    mlp_act=gelu-tanh, adaln_lora_rank=0, abs_position=none and qk_norm=true (RMSNorm across all heads)."""
     architecture: Literal["dit", "stdit"] = "dit"
     """`dit`: full 3D self-attention over all tokens. `stdit`: spatial then temporal attention blocks."""
     stdit_block: Literal["sequential", "parallel"] = "sequential"
@@ -135,6 +164,9 @@ class Model(Section):
     timestep embedding plus, per block, a rank-r update. 0 uses a full projection per block."""
     qk_norm: bool = True
     """RMSNorm on queries and keys per head (keeps attention logits bounded in bf16)."""
+    cross_attn_norm: bool = False
+    """Wan family only: a LayerNorm (with weight and bias) on the tokens before cross-attention (Wan2.1:
+    true)."""
     rope_theta: float = Field(10000.0, gt=0)
     """Base of the rotary position embedding's frequencies."""
     abs_position: Literal["none", "sincos"] = "none"
@@ -175,6 +207,14 @@ class Model(Section):
             )
         if any(p < 1 for p in self.patch):
             raise ValueError(f"patch: every patch size must be >= 1, got {list(self.patch)}")
+        if self.family == "wan":
+            for name, value in WAN_FIXED.items():
+                if getattr(self, name) != value:
+                    raise ValueError(
+                        f"{name}: the wan family has {value!r} (Wan2.1's block), got {getattr(self, name)!r}"
+                    )
+        elif self.cross_attn_norm:
+            raise ValueError("cross_attn_norm: only the wan family has it; set model.family=wan or drop it")
         return self
 
     @property

@@ -13,12 +13,16 @@ class TextEncoder(Section):
     """The text encoder whose per-token hidden states the DiT cross-attends to."""
 
     kind: Literal["open-clip", "t5"] = "open-clip"
-    """`open-clip`: the text tower of an open-clip model (77 tokens). `t5`: a T5 encoder through
-    `transformers` (long captions, 100-200+ tokens; what real runs use)."""
+    """`open-clip`: the text tower of an open-clip model (77 tokens). `t5`: a T5 or umT5 encoder through
+    `transformers` (long captions, 100-200+ tokens; what real runs use; the folder's config picks T5 or
+    umT5). Wan2.1: `t5` with its pipeline's text_encoder/ (umT5-XXL, 4096 wide) and max_length 512."""
     path: str | None = None
     """Local weights: an open-clip checkpoint file, or a transformers T5 folder (config, weights,
     tokenizer). null with `open-clip` builds a small random-weight text tower (demo and tests only: its
     embeddings carry no meaning)."""
+    tokenizer_path: str | None = None
+    """t5 only: the tokenizer's folder when it is not `path` itself (a diffusers pipeline's tokenizer/
+    beside its text_encoder/). null: the tokenizer files are in `path`."""
     arch: str = "ViT-B-32"
     """open-clip model name of the checkpoint at `path` (e.g. ViT-L-14)."""
     max_length: int = Field(77, ge=2)

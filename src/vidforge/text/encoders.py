@@ -3,11 +3,13 @@ hidden states at padding positions are zeroed so nothing past a caption leaks in
 
 - `OpenClipTextEncoder`: an open-clip model's text tower (77-token context), from a local checkpoint, or
   a small random tower when none is given (demo and tests; the embeddings then mean nothing).
-- `T5TextEncoder`: a T5 encoder (and its tokenizer) from a local `transformers` folder; what real runs
-  use, since captions of 100-200 tokens overflow CLIP's context."""
+- `T5TextEncoder`: a T5 or umT5 encoder (and its tokenizer) from a local `transformers` folder; what real
+  runs use, since captions of 100-200 tokens overflow CLIP's context. Wan2.1 reads umT5-XXL states of
+  512 tokens (its pipeline folder's text_encoder/ and tokenizer/; `max_length` 512)."""
 
 from __future__ import annotations
 
+import json
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -130,7 +132,9 @@ class OpenClipTextEncoder(TextEncoderBase):
 
 
 class T5TextEncoder(TextEncoderBase):
-    """A T5 (or umT5) encoder's last hidden states, from a local transformers folder."""
+    """A T5 or umT5 encoder's last hidden states, from a local transformers folder. The folder's
+    config.json model_type picks the class: umT5 gives every layer its own relative position bias
+    (T5 only the first), so T5EncoderModel would drop those weights and compute something else."""
 
     def __init__(
         self,
@@ -139,20 +143,24 @@ class T5TextEncoder(TextEncoderBase):
         device: str = "auto",
         batch_size: int = 32,
         dtype: torch.dtype | None = None,
+        tokenizer_path: str | None = None,
     ):
         super().__init__(batch_size)
         if not path or not Path(path, "config.json").is_file():
             raise UserInputError(
                 f"text_encoder.path: need a local transformers T5 folder with config.json, got {path}"
             )
-        from transformers import AutoTokenizer, T5EncoderModel
+        from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
 
         self.device = resolve_device(device)
         self.path = str(path)
         if dtype is None:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = T5EncoderModel.from_pretrained(path, dtype=dtype).eval().to(self.device)
+        self.model_type = json.loads(Path(path, "config.json").read_text()).get("model_type", "t5")
+        encoder = UMT5EncoderModel if self.model_type == "umt5" else T5EncoderModel
+        # A diffusers pipeline keeps the tokenizer in its own folder beside text_encoder/.
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or path)
+        self.model = encoder.from_pretrained(path, dtype=dtype).eval().to(self.device)
         self.max_length = max_length
         self.width = self.model.config.d_model
 
@@ -169,7 +177,8 @@ class T5TextEncoder(TextEncoderBase):
             "path": self.path,
             "width": self.width,
             "max_length": self.max_length,
-            "note": f"T5 encoder from {self.path}",
+            "model_type": self.model_type,
+            "note": f"{self.model_type} encoder from {self.path}",
         }
 
 
@@ -182,7 +191,9 @@ def build_text_encoder(profile: Any) -> TextEncoderBase:
                 "text_encoder.path: the t5 encoder needs a local transformers folder; "
                 "set --set text_encoder.path=DIR or use text_encoder.kind=open-clip"
             )
-        return T5TextEncoder(os.fspath(cfg.path), cfg.max_length, cfg.device, cfg.batch_size)
+        return T5TextEncoder(
+            os.fspath(cfg.path), cfg.max_length, cfg.device, cfg.batch_size, tokenizer_path=cfg.tokenizer_path
+        )
     return OpenClipTextEncoder(
         cfg.arch,
         cfg.path,

@@ -1,0 +1,105 @@
+"""What every model family's network shares: the forward interface (see `vidforge.models.dit`) and its
+skeleton, input layer -> blocks -> output layer over the conditioning. A family (the DiT and ST-DiT,
+Wan2.1) supplies its conditioning from the placed tokens, its input and output layers and its blocks;
+the trainer, the samplers and the parallel code see one signature."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vidforge.models.layers import Conditioning
+from vidforge.models.packing import SequenceLayout, TokenShard
+from vidforge.models.patchify import Grid, unpatchify
+from vidforge.models.token_inputs import TokenPlacement, check_conditions, model_tokens, place_tokens
+from vidforge.profile.model import Model
+
+
+class VideoTransformer(nn.Module):
+    """A diffusion transformer over latent video tokens. Subclasses build `config` and `blocks` (a
+    ModuleDict keyed by the block index, so pipeline stages may delete entries and keep names) and
+    define `conditioning`, `embed` and `head`; a pipeline stage without the input (output) layer says
+    so through `has_input_layer` (`has_output_layer`) and takes (returns) hidden states."""
+
+    config: Model
+    blocks: nn.ModuleDict
+
+    @property
+    def has_input_layer(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def has_output_layer(self) -> bool:
+        raise NotImplementedError
+
+    def conditioning(
+        self,
+        place: TokenPlacement,
+        noise_level: torch.Tensor,
+        text: torch.Tensor,
+        text_mask: torch.Tensor | None,
+        drop_text: torch.Tensor | None,
+    ) -> Conditioning:
+        """The family's conditioning of checked inputs whose tokens sit as `place` says."""
+        raise NotImplementedError
+
+    def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """Patch tokens (B, S, pt*ph*pw*C) -> hidden states (B, S, hidden)."""
+        raise NotImplementedError
+
+    def head(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """Hidden states -> patch-token outputs (B, S, pt*ph*pw*C)."""
+        raise NotImplementedError
+
+    def condition(
+        self,
+        noise_level: torch.Tensor,
+        text: torch.Tensor,
+        text_mask: torch.Tensor | None = None,
+        drop_text: torch.Tensor | None = None,
+        *,
+        batch: int = 1,
+        grid: Grid | None = None,
+        layout: SequenceLayout | None = None,
+        shard: TokenShard | None = None,
+    ) -> Conditioning:
+        """Everything the blocks need besides the tokens. Small and cheap, so pipeline stages recompute
+        it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row), or `shard` (this
+        context-parallel rank's part of either; it carries the grid or layout)."""
+        place = place_tokens(batch, grid, layout, shard, text.device)
+        check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim)
+        return self.conditioning(place, noise_level, text, text_mask, drop_text)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        noise_level: torch.Tensor,
+        text: torch.Tensor,
+        text_mask: torch.Tensor | None = None,
+        *,
+        layout: SequenceLayout | None = None,
+        grid: Grid | None = None,
+        drop_text: torch.Tensor | None = None,
+        shard: TokenShard | None = None,
+    ) -> torch.Tensor:
+        cfg = self.config
+        inputs = model_tokens(x, cfg.in_channels, cfg.patch, layout, grid, shard)
+        cond = self.condition(
+            noise_level,
+            text,
+            text_mask,
+            drop_text,
+            batch=x.shape[0],
+            grid=inputs.grid,
+            layout=layout,
+            shard=shard,
+        )
+        h = self.embed(inputs.tokens, cond) if self.has_input_layer else inputs.tokens
+        for block in self.blocks.values():
+            h = block(h, cond)
+        if not self.has_output_layer:
+            return h
+        out = self.head(h, cond)
+        if inputs.latents_in:
+            return unpatchify(out, inputs.grid, cfg.patch, cfg.in_channels)
+        return out

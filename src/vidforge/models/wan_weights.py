@@ -1,0 +1,361 @@
+"""Wan2.1 weights between diffusers' folder layout and vidforge's export, one tensor at a time.
+
+Import: a diffusers `WanTransformer3DModel` folder (config.json and diffusion_pytorch_model.safetensors,
+or shards with their .index.json; float32, bfloat16 or float16), or a whole Wan pipeline folder (its
+transformer/), becomes a vidforge export (model.safetensors, config.json, profile.yaml: what
+`vidforge infer` and fine-tuning read). Export: the reverse, a folder that
+`WanTransformer3DModel.from_pretrained` loads with no missing or unexpected keys. The wan family's
+parameter names are diffusers' own (`vidforge.models.wan`), so both directions copy tensors by name,
+bytes untouched (an import may cast to one dtype on request): import then export gives every tensor
+back bitwise. Neither ever holds more than one tensor of the model in memory.
+
+Anything wrong with the input raises `UserInputError` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from safetensors import safe_open
+
+from vidforge.errors import UserInputError
+from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
+from vidforge.models.presets import build_model
+from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
+from vidforge.models.wan import EPS, FREQ_DIM
+from vidforge.profile import RunProfile, dump_profile
+from vidforge.profile.loading import validate_profile
+from vidforge.profile.model import Model
+
+CLASS_NAME = "WanTransformer3DModel"
+SINGLE = "diffusion_pytorch_model.safetensors"
+INDEX = "diffusion_pytorch_model.safetensors.index.json"
+FLOAT_DTYPES = ("F32", "BF16", "F16")
+# Keys diffusers itself ignores when loading a Wan transformer (`_keys_to_ignore_on_load_unexpected`).
+IGNORED = ("norm_added_q",)
+# Config entries vidforge's wan family has no counterpart for: the value it must have.
+FIXED_CONFIG: dict[str, Any] = {
+    "freq_dim": FREQ_DIM,
+    "eps": EPS,
+    "image_dim": None,
+    "added_kv_proj_dim": None,
+    "pos_embed_seq_len": None,
+}
+ROPE_MAX_SEQ_LEN = 1024  # diffusers' table length; vidforge computes RoPE per position (no limit)
+PIPELINE_INDEX = "model_index.json"
+PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
+
+
+# --- configs ----------------------------------------------------------------------------------------
+
+
+def pipeline_parts(src: str | os.PathLike) -> dict[str, Path]:
+    """The component folders of a whole diffusers Wan pipeline folder (the layout of the
+    Wan2.1-T2V-*-Diffusers downloads: model_index.json beside transformer/, vae/, text_encoder/,
+    tokenizer/, scheduler/), by name; empty for anything else. What a profile points at: the transformer
+    (`load_diffusers_wan`), tokenizer.path = vae/, text_encoder.path = text_encoder/ with
+    text_encoder.tokenizer_path = tokenizer/."""
+    path = Path(src)
+    if not (path / PIPELINE_INDEX).is_file():
+        return {}
+    return {name: path / name for name in PIPELINE_PARTS if (path / name).is_dir()}
+
+
+def transformer_folder(src: str | os.PathLike) -> Path:
+    """The transformer folder of `src`: src itself, or src/transformer for a whole diffusers pipeline."""
+    path = Path(src)
+    if not path.is_dir():
+        raise UserInputError(f"{path}: not a folder; point at a diffusers Wan transformer folder")
+    if not (path / CONFIG).is_file() and (path / "transformer" / CONFIG).is_file():
+        return path / "transformer"
+    return path
+
+
+def model_from_diffusers(config: dict[str, Any], where: Path) -> Model:
+    """The wan family's `model` section for a diffusers WanTransformer3DModel config."""
+    if config.get("_class_name") != CLASS_NAME:
+        raise UserInputError(
+            f"{where}: _class_name is {config.get('_class_name')!r}, not {CLASS_NAME}; point at the "
+            "transformer/ folder of a Wan2.1 diffusers download"
+        )
+    for key, value in FIXED_CONFIG.items():
+        if config.get(key, value) != value:
+            raise UserInputError(
+                f"{where}: {key}={config[key]!r} cannot be represented (vidforge's wan family is Wan2.1 "
+                f"text-to-video with {key}={value!r}); use a Wan2.1 T2V transformer"
+            )
+    channels = config.get("in_channels", 16)
+    if config.get("out_channels") not in (None, channels):
+        raise UserInputError(
+            f"{where}: out_channels={config['out_channels']} differs from in_channels={channels} "
+            "(image-to-video); vidforge's wan family is text-to-video"
+        )
+    heads, head_dim = config.get("num_attention_heads", 40), config.get("attention_head_dim", 128)
+    fields = {
+        "preset": None,
+        "family": "wan",
+        "layers": config.get("num_layers", 40),
+        "hidden": heads * head_dim,
+        "heads": heads,
+        "mlp_hidden": config.get("ffn_dim", 13824),
+        "patch": config.get("patch_size", [1, 2, 2]),
+        "in_channels": channels,
+        "text_dim": config.get("text_dim", 4096),
+        "cross_attn_norm": config.get("cross_attn_norm", True),
+    }
+    # Validated as a profile's model section, so a shape vidforge cannot build is refused in its words.
+    return validate_profile({"model": fields}, f"{where} cannot be represented").model
+
+
+def diffusers_config(model: Model) -> dict[str, Any]:
+    """diffusers' config.json of the wan `model` section."""
+    if model.family != "wan":
+        raise UserInputError(
+            f"model.family is {model.family!r}: only the wan family exports to diffusers' WanTransformer3DModel"
+        )
+    if model.rope_theta != 10000.0:
+        raise UserInputError(
+            f"model.rope_theta={model.rope_theta}: diffusers' Wan fixes RoPE's base at 10000; export a model "
+            "trained with it"
+        )
+    try:
+        version = metadata.version("diffusers")
+    except metadata.PackageNotFoundError:
+        version = "0.33.0"
+    return {
+        "_class_name": CLASS_NAME,
+        "_diffusers_version": version,
+        "patch_size": list(model.patch),
+        "num_attention_heads": model.heads,
+        "attention_head_dim": model.head_dim,
+        "in_channels": model.in_channels,
+        "out_channels": model.in_channels,
+        "text_dim": model.text_dim,
+        "ffn_dim": model.mlp_hidden,
+        "num_layers": model.layers,
+        "cross_attn_norm": model.cross_attn_norm,
+        "qk_norm": "rms_norm_across_heads",
+        "rope_max_seq_len": ROPE_MAX_SEQ_LEN,
+        **FIXED_CONFIG,
+    }
+
+
+# --- reading tensors by name ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return DTYPES[self.dtype].itemsize * math.prod(self.shape)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path}: expected a JSON object; download it again")
+    return data
+
+
+def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTensor]:
+    """Every tensor of the folder's safetensors (`single`, or the shards `index` names), by name, from
+    the headers alone."""
+    if (folder / index).is_file():
+        weight_map = _read_json(folder / index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UserInputError(f"{folder / index}: no weight_map; download the index again")
+        files = sorted(set(weight_map.values()))
+    elif (folder / single).is_file():
+        weight_map, files = None, [single]
+    else:
+        raise UserInputError(
+            f"{folder}: neither {single} nor {index}; point at a folder of safetensors weights "
+            "(convert .bin checkpoints with diffusers first)"
+        )
+    found: dict[str, StoredTensor] = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise UserInputError(f"{path}: missing (named in {index}); download that shard again")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    part = f.get_slice(key)
+                    found[key] = StoredTensor(path, part.get_dtype(), tuple(part.get_shape()))
+        except (OSError, ValueError, RuntimeError) as err:
+            raise UserInputError(
+                f"{path}: not a readable safetensors file ({err}); download it again"
+            ) from None
+    if weight_map is not None:
+        for key, name in weight_map.items():
+            if key not in found or found[key].file.name != name:
+                raise UserInputError(f"{folder / name}: has no tensor {key} that {index} places there")
+    return found
+
+
+def _check_against(model: Model, stored: dict[str, StoredTensor], folder: Path) -> list[str]:
+    """The stored tensors' names in the model's order, after checking names, shapes and dtypes."""
+    expected = {name: tuple(t.shape) for name, t in build_model(model, device="meta").state_dict().items()}
+    names = [n for n in stored if not any(part in n for part in IGNORED)]
+    missing = sorted(set(expected) - set(names))
+    unexpected = sorted(set(names) - set(expected))
+    if missing or unexpected:
+        raise UserInputError(
+            f"{folder}: the weights do not match its config.json (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); the folder is incomplete or not a Wan2.1 T2V transformer"
+        )
+    for name, shape in expected.items():
+        t = stored[name]
+        if t.shape != shape:
+            raise UserInputError(
+                f"{t.file}: {name} has shape {t.shape}, config.json implies {shape}; the config and the "
+                "weights come from different models"
+            )
+        if t.dtype not in FLOAT_DTYPES:
+            raise UserInputError(
+                f"{t.file}: {name} is {t.dtype}; vidforge reads float32, bfloat16 or float16 weights "
+                "(dequantise the checkpoint first)"
+            )
+    return list(expected)
+
+
+def _entries(
+    names: list[str], stored: dict[str, StoredTensor], files: ExitStack, cast: str | None
+) -> list[TensorEntry]:
+    """Entries that read each tensor from its open file when written (and cast it when asked)."""
+    handles: dict[Path, Any] = {}
+
+    def loader(name: str):
+        t = stored[name]
+        if t.file not in handles:
+            handles[t.file] = files.enter_context(safe_open(str(t.file), framework="pt"))
+
+        def load() -> torch.Tensor:
+            tensor = handles[t.file].get_tensor(name)
+            return tensor.to(DTYPES[cast]) if cast is not None else tensor
+
+        return load
+
+    return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]
+
+
+# --- import and export ------------------------------------------------------------------------------
+
+
+def _diffusers_source(src: str | os.PathLike) -> tuple[Path, Model, dict[str, StoredTensor], list[str]]:
+    """A diffusers Wan transformer folder checked from its headers: the folder, its model section, its
+    stored tensors and their names in the model's order."""
+    folder = transformer_folder(src)
+    if not (folder / CONFIG).is_file():
+        raise UserInputError(f"{folder}: no config.json; point at a diffusers Wan transformer folder")
+    model = model_from_diffusers(_read_json(folder / CONFIG), folder / CONFIG)
+    stored = stored_tensors(folder, SINGLE, INDEX)
+    return folder, model, stored, _check_against(model, stored, folder)
+
+
+def import_wan(
+    src: str | os.PathLike, out: str | os.PathLike, profile: RunProfile, dtype: str | None = None
+) -> Path:
+    """Write the vidforge export of the diffusers Wan transformer at `src` into `out`: model.safetensors,
+    config.json, and profile.yaml (`profile` with its `model` section replaced by the imported one).
+    `dtype`: None keeps every tensor's dtype; "float32" or "bfloat16" casts all of them."""
+    cast = {None: None, "float32": "F32", "bfloat16": "BF16"}.get(dtype, "?")
+    if cast == "?":
+        raise UserInputError(
+            f"--dtype {dtype}: use float32 or bfloat16 (or leave it out to keep the weights')"
+        )
+    folder, model, stored, names = _diffusers_source(src)
+    data = profile.model_dump(mode="json")
+    # The imported shape with the profile's choice of attention kernels.
+    kernels = {"attention": profile.model.attention, "sdpa_backend": profile.model.sdpa_backend}
+    data["model"] = {**model.model_dump(mode="json"), **kernels}
+    resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as files:
+        write_safetensors(out / WEIGHTS, _entries(names, stored, files, cast), {"format": FORMAT})
+    write_config(out, resolved.model)
+    (out / "profile.yaml").write_text(dump_profile(resolved))
+    return out
+
+
+def load_diffusers_wan(
+    src: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """The wan model of a diffusers transformer (or pipeline) folder, without importing it first: built
+    on the meta device, each tensor read, moved (and cast to `dtype` if given) and assigned, so the
+    weights exist once."""
+    _, model_cfg, stored, names = _diffusers_source(src)
+    model = build_model(model_cfg, device="meta")
+    state = {}
+    with ExitStack() as files:
+        for entry in _entries(names, stored, files, None):
+            tensor = entry.load().to(device)
+            state[entry.name] = tensor.to(dtype) if dtype is not None else tensor
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+def _shards(names: list[str], stored: dict[str, StoredTensor], max_bytes: int) -> list[list[str]]:
+    """Consecutive groups of tensors of at most `max_bytes` each (a larger tensor alone)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        nbytes = stored[name].nbytes
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Write the vidforge export at `export` (a wan model) as a diffusers WanTransformer3DModel folder:
+    config.json and diffusion_pytorch_model.safetensors, or shards of at most `max_shard_bytes` with
+    their index (diffusers' names)."""
+    export = Path(export)
+    if not (export / CONFIG).is_file() and (export / "export" / CONFIG).is_file():
+        export = export / "export"  # a training run directory
+    try:
+        model = read_config(export)
+    except (ValueError, ValidationError) as err:
+        raise UserInputError(f"{export / CONFIG}: {err}; point at a vidforge export folder") from None
+    config = diffusers_config(model)
+    stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
+    names = _check_against(model, stored, export)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _shards(names, stored, max_shard_bytes)
+    weight_map: dict[str, str] = {}
+    with ExitStack() as files:
+        for i, group in enumerate(groups, start=1):
+            name = (
+                SINGLE
+                if len(groups) == 1
+                else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
+            )
+            write_safetensors(out / name, _entries(group, stored, files, None), {"format": "pt"})
+            weight_map.update(dict.fromkeys(group, name))
+    if len(groups) > 1:
+        total = sum(stored[n].nbytes for n in names)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return out
