@@ -34,8 +34,8 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from vidforge.data.loader import ShardLoader
     from vidforge.data.batching import Packer
+    from vidforge.data.loader import ShardLoader
     from vidforge.data.sharding import run as shard
     from vidforge.data.testing import make_annotated_dir, make_latent_shards
     from vidforge.profile import load_profile
