@@ -8,7 +8,8 @@ import pytest
 import torch
 from gpu_device import rel_error
 
-from vidforge.models.attention import KeyPadding, Segments, attention, flash_attn_available
+from vidforge.models.attention import attention, flash_attn_available
+from vidforge.tokens import KeyPadding, Segments
 
 pytestmark = pytest.mark.gpu
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from vidforge.models import SequenceLayout, build_model, model_config
-from vidforge.models.attention import ContextShard, attention
-from vidforge.models.packing import TokenShard
+from vidforge.models.attention import attention
 from vidforge.parallel.cp_attention import block_attention, merge_partial
+from vidforge.tokens import ContextShard, TokenShard
 
 LAYOUTS = [
     SequenceLayout(((2, 2, 3), (1, 1, 1), (3, 2, 2), (1, 2, 5))),  # 12 + 1 + 12 + 10 tokens

@@ -97,7 +97,7 @@ def test_streaming_packer_wastes_under_two_percent_and_keeps_samples_contiguous(
 
 
 def test_packed_tokens_unpack_to_the_latents():
-    from vidforge.models.packing import unpack_tokens
+    from vidforge.tokens import unpack_tokens
 
     rng = np.random.default_rng(0)
     shapes = _realistic_shapes(20, seed=3)

@@ -1,5 +1,5 @@
-"""Imports go down the layers, never up: models know nothing of parallel/, parallel/ nothing of train/ or
-infer/, the diffusion math no profile and no process group. Checked on every import statement, lazy ones
+"""Imports go down the layers, never up: token rows (tokens/) below data and models, models know nothing
+of parallel/, parallel/ nothing of train/ or infer/, the diffusion math no profile and no process group. Checked on every import statement, lazy ones
 inside functions included."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ FORBIDDEN = {
     ),
     "diffusion/edm.py": ("vidforge.profile",),
     "diffusion/objective.py": ("vidforge.profile",),
-    "data": ("vidforge.train", "vidforge.infer", "vidforge.bench", "vidforge.cli"),
+    "data": ("vidforge.models", "vidforge.train", "vidforge.infer", "vidforge.bench", "vidforge.cli"),
+    "tokens": ("vidforge.models", "vidforge.parallel", "vidforge.data", "vidforge.train", "torch.distributed"),
     "profile": ("torch", "vidforge.models", "vidforge.parallel", "vidforge.train"),
 }
 

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from vidforge.models.attention import Attend, KeyPadding, Segments, attention, flash_attn_available
+from vidforge.models.attention import Attend, attention, flash_attn_available
+from vidforge.tokens import KeyPadding, Segments
 
 
 def reference_attention(q, k, v, mask):

@@ -17,10 +17,10 @@ from vidforge.models import (
     unpatchify,
 )
 from vidforge.models.layers import SelfAttention
-from vidforge.models.packing import grid_positions
 from vidforge.models.rope import apply_rope, rope_tables, sincos_position_embedding
 from vidforge.models.scopes import batch_scopes, packed_scopes
 from vidforge.profile import PRESETS, Model
+from vidforge.tokens import grid_positions
 
 ARCHS = [("dit", "sequential"), ("stdit", "sequential"), ("stdit", "parallel")]
 

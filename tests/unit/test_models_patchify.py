@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vidforge.models import SequenceLayout, pack_latents, patchify, token_grid, unpack_tokens, unpatchify
-from vidforge.models.packing import grid_positions
+from vidforge.tokens import grid_positions
 
 
 @pytest.mark.parametrize("patch", [(1, 2, 2), (2, 2, 2), (1, 1, 1), (2, 1, 3)])

@@ -8,8 +8,8 @@ from diffusers import WanTransformer3DModel
 
 from vidforge.bench.param_counts import parameter_counts
 from vidforge.models import build_model, model_config, pack_latents, unpack_tokens
-from vidforge.models.patchify import patchify, token_grid
 from vidforge.profile import Model
+from vidforge.tokens import patchify, token_grid
 
 TINY = {"layers": 2, "hidden": 24, "heads": 2, "mlp_hidden": 40, "text_dim": 16, "in_channels": 4}
 

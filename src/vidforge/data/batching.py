@@ -3,7 +3,7 @@
 Packing: variable-length latents (videos of different lengths and sizes, images) are packed into rows
 of at most `token_budget` tokens by first-fit-decreasing over a buffer of samples; the fullest bin is
 emitted, so the buffer keeps the small samples that fill the next gaps. Each sample's tokens stay
-contiguous, in the order and layout of `vidforge.models.packing` (a `SequenceLayout` of per-sample
+contiguous, in the order and layout of `vidforge.tokens.layout` (a `SequenceLayout` of per-sample
 token grids, giving cu_seqlens, the sample of each token and 3D RoPE positions).
 
 Both batchers are resumable: their state is the loader's plus the references of the samples they hold."""
@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vidforge.models.packing import SequenceLayout, pack_latents
-from vidforge.models.patchify import token_grid
+from vidforge.tokens import SequenceLayout, pack_latents, token_grid
 
 log = logging.getLogger("vidforge.data")
 

@@ -132,7 +132,7 @@ def check_sequence_split(plan: InferPlan, config, latent_shape: Sequence[int]) -
     grid's T and H*W must divide by the sequence ranks. A UserInputError saying what to change if not."""
     if plan.sp == 1 or config.architecture != "stdit":
         return
-    from vidforge.models.patchify import token_grid
+    from vidforge.tokens import token_grid
 
     t, h, w = token_grid(tuple(latent_shape)[1:], config.patch)
     if t % plan.sp or (h * w) % plan.sp:

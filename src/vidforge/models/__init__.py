@@ -1,13 +1,21 @@
 """Video diffusion transformers (DiT, ST-DiT), the attention dispatcher, packing, FLOPs, checkpoints."""
 
-from vidforge.models.attention import Attend, KeyPadding, Segments, attention
+from vidforge.models.attention import Attend, attention
 from vidforge.models.checkpoint import load_model, save_model
 from vidforge.models.dit import DiT
 from vidforge.models.flops import FlopCount, forward_flops, train_step_flops
 from vidforge.models.layers import Conditioning
-from vidforge.models.packing import SequenceLayout, pack_latents, unpack_tokens
-from vidforge.models.patchify import patchify, token_grid, unpatchify
 from vidforge.models.presets import build_model, count_parameters, model_config
+from vidforge.tokens import (
+    KeyPadding,
+    Segments,
+    SequenceLayout,
+    pack_latents,
+    patchify,
+    token_grid,
+    unpack_tokens,
+    unpatchify,
+)
 
 __all__ = [
     "Attend",

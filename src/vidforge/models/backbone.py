@@ -9,10 +9,9 @@ import torch
 from torch import nn
 
 from vidforge.models.layers import Conditioning
-from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid, unpatchify
 from vidforge.models.token_inputs import TokenPlacement, check_conditions, model_tokens, place_tokens
 from vidforge.profile.model import Model
+from vidforge.tokens import Grid, SequenceLayout, TokenShard, unpatchify
 
 
 class VideoTransformer(nn.Module):

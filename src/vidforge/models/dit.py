@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vidforge.models.attention import KeyPadding, Segments
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.blocks import DiTBlock
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
@@ -38,6 +37,7 @@ from vidforge.models.rope import rope_tables, sincos_position_embedding
 from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
 from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
+from vidforge.tokens import KeyPadding, Segments
 
 
 def block_class(cfg: Model) -> type[nn.Module]:

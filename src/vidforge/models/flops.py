@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vidforge.models.packing import SequenceLayout
-from vidforge.models.patchify import Grid
 from vidforge.profile.model import Model
+from vidforge.tokens import Grid, SequenceLayout
 
 TIMESTEP_FREQUENCIES = 256  # sinusoidal features of TimestepEmbedding
 

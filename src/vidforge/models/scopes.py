@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vidforge.models.attention import AttentionMask, ContextShard
-from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid
+from vidforge.models.attention import AttentionMask
+from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 SCOPES = ("full", "spatial", "temporal")
 

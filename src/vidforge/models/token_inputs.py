@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vidforge.models.packing import SequenceLayout, TokenShard, grid_positions
-from vidforge.models.patchify import Grid, patchify, token_grid
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes, sharded_scopes
+from vidforge.tokens import Grid, SequenceLayout, TokenShard, grid_positions, patchify, token_grid
 
 
 @dataclass(frozen=True)

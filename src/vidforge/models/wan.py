@@ -38,13 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vidforge.models.attention import Attend, AttentionMask, Segments
+from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
 from vidforge.models.rope import apply_rope, rope_tables
 from vidforge.models.scopes import Scope
 from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
+from vidforge.tokens import Segments
 
 TIMESTEP_SCALE = 1000.0  # Wan's timestep is 1000 t
 FREQ_DIM = 256  # sinusoidal features of the timestep (diffusers' freq_dim)

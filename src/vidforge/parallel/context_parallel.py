@@ -30,11 +30,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from vidforge.models.attention import Attend, AttentionMask, ContextShard
+from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.layers import SelfAttention
-from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
+from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 CpGroup = DeviceMesh | dist.ProcessGroup
 

@@ -26,8 +26,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from vidforge.models.attention import Segments, attention
-from vidforge.models.packing import TokenShard
+from vidforge.models.attention import attention
+from vidforge.tokens import Segments, TokenShard
 
 # torch >= 2.14 renames the tensor-in/tensor-out collectives; the GPU machine runs 2.11.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

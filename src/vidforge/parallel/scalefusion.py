@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vidforge.models.patchify import patchify, token_grid, unpatchify
 from vidforge.models.rope import sincos_position_embedding
 from vidforge.parallel.stdit_parallel import STShards, check_stdit, spatial_sublayer, temporal_sublayers
+from vidforge.tokens import patchify, token_grid, unpatchify
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vidforge.models.attention import Attend, AttentionMask, ContextShard
+from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.layers import Conditioning, SelfAttention, modulate
-from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes
 from vidforge.parallel.context_parallel import ContextParallelAttend, CpGroup, cp_process_group
 from vidforge.profile.model import Model
+from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 
 def _a2a(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

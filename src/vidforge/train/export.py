@@ -17,7 +17,6 @@ import torch.distributed as dist
 from vidforge.models import build_model, save_model
 from vidforge.models.checkpoint import CONFIG
 from vidforge.profile import RunProfile, dump_profile
-from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.ema import EMA, Modules, as_module_list
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
@@ -60,15 +59,14 @@ def export_weights(
     modules: Modules,
     ema: EMA | None,
     out: str | Path,
+    step: int,
     rank: int = 0,
     pp_group: dist.ProcessGroup | None = None,
-    step: int | None = None,
 ) -> Path:
     """Write the whole model to `out` on rank 0. `modules`: the model, or this rank's pipeline stage
     modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this.
     `step`, the training step the weights are from, goes into config.json (`step`) so that the samples
-    drawn from the export say which step they came from; without it, the run's latest complete
-    checkpoint (`out`'s parent run dir): the loop saves one at its last step before exporting."""
+    drawn from the export say which step they came from."""
     weights = local_weights(modules, ema)
     if pp_group is not None:
         parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pp_group)
@@ -83,13 +81,11 @@ def export_weights(
         plain.load_state_dict(weights, strict=True)
         save_model(plain, out)
         (out / "profile.yaml").write_text(dump_profile(profile))
-        if step is None:
-            step = CheckpointManager(out.parent).latest()
         record_step(out, step)
     return out
 
 
-def record_step(export: Path, step: int | None) -> None:
+def record_step(export: Path, step: int) -> None:
     """Add the training step to the export's config.json (read_config ignores keys beside `model`)."""
     path = export / CONFIG
     config = json.loads(path.read_text())

@@ -142,7 +142,7 @@ def run(
     if step > 0:
         pp_group = parts.pipeline.group if parts.pipeline is not None else None
         export_dir = export_weights(
-            profile, parts.modules, parts.ema, run_dir / "export", runtime.rank, pp_group=pp_group
+            profile, parts.modules, parts.ema, run_dir / "export", step, runtime.rank, pp_group=pp_group
         )
     metrics.close()
     return TrainSummary(

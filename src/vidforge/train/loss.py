@@ -26,8 +26,7 @@ import torch.distributed as dist
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion.objective import Objective
 from vidforge.errors import UserInputError
-from vidforge.models.packing import SequenceLayout, TokenShard
-from vidforge.models.patchify import Grid, patchify, token_grid
+from vidforge.tokens import Grid, SequenceLayout, TokenShard, patchify, token_grid
 
 ShardOf = Callable[[SequenceLayout | Grid], TokenShard]
 """This context-parallel rank's `TokenShard` of a packed row's layout or a plain batch's token grid."""
