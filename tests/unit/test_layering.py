@@ -25,7 +25,13 @@ FORBIDDEN = {
     "diffusion/edm.py": ("vidforge.profile",),
     "diffusion/objective.py": ("vidforge.profile",),
     "data": ("vidforge.models", "vidforge.train", "vidforge.infer", "vidforge.bench", "vidforge.cli"),
-    "tokens": ("vidforge.models", "vidforge.parallel", "vidforge.data", "vidforge.train", "torch.distributed"),
+    "tokens": (
+        "vidforge.models",
+        "vidforge.parallel",
+        "vidforge.data",
+        "vidforge.train",
+        "torch.distributed",
+    ),
     "profile": ("torch", "vidforge.models", "vidforge.parallel", "vidforge.train"),
 }
 

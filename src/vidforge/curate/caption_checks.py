@@ -24,12 +24,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from vidforge.errors import UserInputError
+from vidforge.profile.caption import Caption
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")  # as vidforge.curate.clip_score
 RANDOM_HINT = "or set curation.caption.random_weights=true (tests and demos only)"
 
 
-def check_inputs(cfg: Any, records: Iterable[dict[str, Any]]) -> None:
+def check_inputs(cfg: Caption, records: Iterable[dict[str, Any]]) -> None:
     """Refuse (UserInputError) what would fail on the user's input; `cfg` is `curation.caption`, `records`
     the clip records about to be annotated (their sources locate sidecar captions)."""
     if cfg.backend == "coca":

@@ -14,18 +14,24 @@ own models (a pickled stage never carries a model)."""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vidforge.curate.annotator import CaptionAnnotator, Timings, media_of
 from vidforge.curate.captioners import evenly_spaced
 from vidforge.curate.stage import Stage
+from vidforge.profile.caption import Caption
+
+log = logging.getLogger(__name__)
 
 
-def wanted_frames(cfg: Any, count: int) -> set[int]:
+def wanted_frames(cfg: Caption, count: int) -> set[int]:
     """Indices of the frames some annotation reads, for a clip of `count` frames (`cfg`: curation.caption)."""
     from vidforge.curate.motion import pair_starts
 
@@ -69,9 +75,38 @@ class Annotated:
     random_weights: list[str] = field(default_factory=list)
 
 
-def decode_record(record: dict[str, Any], cfg: Any, clips_dir: Path) -> Decoded:
-    from vidforge.curate.caption import decode_frames, media_of
+def decode_frames(path: Path, wanted: Callable[[int], set[int]]) -> tuple[int, dict[int, np.ndarray]]:
+    """The frame count of a clip and its frames at `wanted(count)` as RGB uint8, decoding it once."""
+    import av
+    from av.video.reformatter import VideoReformatter
 
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        count = stream.frames
+        if count <= 0:  # no count in the header: count by decoding (clips are short)
+            count = sum(1 for _ in container.decode(stream))
+            container.seek(0)
+        keep = wanted(count)
+        frames: dict[int, np.ndarray] = {}
+        last = max(keep, default=-1)
+        to_rgb = VideoReformatter()  # one swscale context, not one per frame
+        for i, frame in enumerate(container.decode(stream)):
+            if i in keep:
+                frames[i] = to_rgb.reformat(frame, format="rgb24").to_ndarray()
+            if i >= last:
+                break
+    if set(frames) != keep:  # the header over-counted: fall back to what was decoded
+        missing = keep - set(frames)
+        if not frames:
+            raise ValueError(f"no decodable frames in {path.name}")
+        count = max(frames) + 1
+        log.debug("%s: %d wanted frames beyond the end", path.name, len(missing))
+        frames = {i: f for i, f in frames.items() if i < count}
+    return count, frames
+
+
+def decode_record(record: dict[str, Any], cfg: Caption, clips_dir: Path) -> Decoded:
     t0 = time.perf_counter()
     try:
         count, frames = decode_frames(media_of(record, clips_dir), lambda n: wanted_frames(cfg, n))
@@ -86,7 +121,7 @@ class DecodeStage(Stage):
     name = "decode"
     kind = "process"
 
-    def __init__(self, cfg: Any, clips_dir: str | Path, workers: int = 1):
+    def __init__(self, cfg: Caption, clips_dir: str | Path, workers: int = 1):
         self.cfg, self.clips_dir, self.workers = cfg, Path(clips_dir), workers
 
     def process(self, item: dict[str, Any]) -> Decoded:
@@ -101,7 +136,14 @@ class AnnotateStage(Stage):
     slow_setup = True
     workers = 1
 
-    def __init__(self, cfg: Any, clips_dir: str | Path, *, load_models: bool = True, annotator: Any = None):
+    def __init__(
+        self,
+        cfg: Caption,
+        clips_dir: str | Path,
+        *,
+        load_models: bool = True,
+        annotator: CaptionAnnotator | None = None,
+    ):
         self.cfg, self.clips_dir = cfg, Path(clips_dir)
         self.batch_size = cfg.batch_clips
         self.load_models = load_models
@@ -114,7 +156,6 @@ class AnnotateStage(Stage):
         return state
 
     def setup(self) -> None:
-        from vidforge.curate.caption import CaptionAnnotator
         from vidforge.curate.caption_checks import check_inputs
 
         if self.annotator is None:
@@ -124,8 +165,6 @@ class AnnotateStage(Stage):
             self.annotator.setup()
 
     def process_batch(self, items: list[Decoded]) -> list[Annotated]:
-        from vidforge.curate.caption import Timings
-
         if self.annotator is None or not self.load_models:
             self.load_models = True
             self.setup()

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from vidforge.curate.captioners.cleaning import DEGENERATE, EMPTY
+from vidforge.profile.caption import Caption
 
 # Every reason a clip can be rejected for, in the order the summary table lists them. `error:<step>` is
 # added for a step (decode, caption, aesthetic, ocr, motion, clip_score) that failed on the clip.
@@ -24,7 +25,7 @@ def _below(value: Any, threshold: float) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value)) and value < threshold
 
 
-def decide(record: dict[str, Any], cfg: Any, failed: list[str] = ()) -> list[str]:
+def decide(record: dict[str, Any], cfg: Caption, failed: list[str] = ()) -> list[str]:
     """Reasons to reject an annotated record (empty: keep it). `cfg` is the `curation.caption` section;
     `failed` names the steps that raised on this clip."""
     reasons = [f"error:{step}" for step in failed]

@@ -11,6 +11,8 @@ import os
 from typing import Any
 
 from vidforge.data.manifest import atomic_path
+from vidforge.profile.caption import Caption
+from vidforge.profile.curation import Curation
 
 
 def _values(records: list[dict[str, Any]], key: str) -> list[float]:
@@ -22,7 +24,7 @@ def _values(records: list[dict[str, Any]], key: str) -> list[float]:
     return out
 
 
-def thresholds(cfg: Any) -> dict[str, list[float]]:
+def thresholds(cfg: Caption) -> dict[str, list[float]]:
     """The keep/reject thresholds of each score under the `curation.caption` section `cfg`, by record key
     (caption.py records them in summary.json, so that a review of the run draws the ones it used)."""
     return {
@@ -33,7 +35,7 @@ def thresholds(cfg: Any) -> dict[str, list[float]]:
     }
 
 
-def clip_thresholds(cfg: Any) -> dict[str, list[float]]:
+def clip_thresholds(cfg: Curation) -> dict[str, list[float]]:
     """The thresholds `vidforge clip` keeps or drops a clip by, under the `curation` section `cfg`, by
     record key (clip.py records them in its summary.json)."""
     return {"static_ratio": [cfg.static_max_ratio], "duration_s": [cfg.min_seconds, cfg.max_seconds]}
@@ -57,7 +59,7 @@ def titles(motion_size: int | None = None) -> dict[str, str]:
     }
 
 
-def write_histograms(records: list[dict[str, Any]], cfg: Any, path: str | os.PathLike) -> bool:
+def write_histograms(records: list[dict[str, Any]], cfg: Caption, path: str | os.PathLike) -> bool:
     """Histograms of the measured scores over `records` under the `curation.caption` section `cfg`."""
     return draw_histograms(records, thresholds(cfg), titles(cfg.motion.size), path)
 

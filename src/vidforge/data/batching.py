@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from vidforge.data.loader import ShardLoader
+from vidforge.profile import RunProfile
 from vidforge.tokens import SequenceLayout, pack_latents, token_grid
 
 log = logging.getLogger("vidforge.data")
@@ -221,7 +223,7 @@ class Bucketer(_Batcher):
             self._pull()
 
 
-def build_batcher(profile: Any, loader: Any) -> Packer | Bucketer:
+def build_batcher(profile: RunProfile, loader: ShardLoader) -> Packer | Bucketer:
     """The profile's micro-batcher: packed (`data.packing`) or bucketed."""
     cfg = profile.data
     if cfg.packing:

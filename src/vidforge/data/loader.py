@@ -30,6 +30,7 @@ from vidforge.data.paths import UnsafePath
 from vidforge.data.shard_index import ShardIndex, read_index
 from vidforge.data.shard_reader import SampleError, ShardError, check_shard, decode_members, read_members
 from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
 
 log = logging.getLogger("vidforge.data")
 
@@ -139,7 +140,7 @@ class ShardLoader:
     @classmethod
     def from_profile(
         cls,
-        profile: Any,
+        profile: RunProfile,
         paths: Sequence[str | os.PathLike] = (),
         *,
         split: str = "train",

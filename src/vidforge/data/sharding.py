@@ -29,6 +29,7 @@ from vidforge.data.shard_writer import ShardWriter, json_bytes, member_bytes, np
 from vidforge.data.split import split_of
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
 from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
 
 
 @dataclass
@@ -106,7 +107,7 @@ def _kept_records(annotated_dir: Path) -> list[dict]:
 
 def plan_shards(
     annotated_dir: str | os.PathLike,
-    profile: Any,
+    profile: RunProfile,
     text_shape: tuple[int, int],
 ) -> tuple[list[PlannedShard], list[dict]]:
     """Shards to write and records rejected (unreadable media, missing file, too short for any bucket)."""
@@ -219,7 +220,7 @@ def write_shard(path: Path, shard: PlannedShard, encoder: Any) -> dict[str, Any]
 
 
 def run(
-    profile: Any,
+    profile: RunProfile,
     annotated_dir: str | os.PathLike,
     out: str | os.PathLike,
     *,

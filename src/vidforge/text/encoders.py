@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
 
 
 def resolve_device(name: str) -> torch.device:
@@ -182,7 +183,7 @@ class T5TextEncoder(TextEncoderBase):
         }
 
 
-def build_text_encoder(profile: Any) -> TextEncoderBase:
+def build_text_encoder(profile: RunProfile) -> TextEncoderBase:
     """The profile's text encoder (`profile.text_encoder`; the random tower's width defaults to model.text_dim)."""
     cfg = profile.text_encoder
     if cfg.kind == "t5":

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
 
 
 def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
@@ -71,7 +72,7 @@ class VideoTokenizer(ABC):
         )
 
 
-def build_tokenizer(profile: Any, device: str | None = None) -> VideoTokenizer:
+def build_tokenizer(profile: RunProfile, device: str | None = None) -> VideoTokenizer:
     """The profile's tokenizer (`profile.tokenizer`)."""
     cfg = profile.tokenizer
     from vidforge.text.encoders import resolve_device

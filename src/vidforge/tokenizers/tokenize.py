@@ -33,6 +33,8 @@ from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
 from vidforge.data.units import UnitLedger
 from vidforge.errors import UserInputError
 from vidforge.parallel.runtime import Runtime, init_runtime
+from vidforge.profile import RunProfile
+from vidforge.profile.data import Data
 from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer, frames_to_tensor, tensor_to_frames
 
 CARRIED = ("text_emb.npy", "text_mask.npy", "txt")
@@ -73,7 +75,7 @@ class Prepared:
     error: str | None = None
 
 
-def prepare(path: Path, sample: SampleMembers, data_cfg: Any) -> Prepared:
+def prepare(path: Path, sample: SampleMembers, data_cfg: Data) -> Prepared:
     """Read one sample's members, decode its media and fit it to its bucket (runs in a worker thread)."""
     import json
 
@@ -114,7 +116,7 @@ def tokenize_shard(
     entry: ShardEntry,
     out_path: Path,
     tokenizer: VideoTokenizer,
-    profile: Any,
+    profile: RunProfile,
     pool: ThreadPoolExecutor,
 ) -> tuple[dict, list[dict], float]:
     """One media shard to one latent shard. Returns (index entry, rejected samples, seconds encoding)."""
@@ -182,7 +184,7 @@ def _done(value: Any) -> Future:
 
 
 @contextmanager
-def _runtime(profile: Any) -> Iterator[Runtime]:
+def _runtime(profile: RunProfile) -> Iterator[Runtime]:
     """This process's runtime (device from tokenizer.device: `cuda:LOCAL_RANK` under torchrun); a process
     group it starts is left on the way out. A group left to interpreter exit can abort the process after
     the work is done (gloo's threads are torn down while still joinable: "terminate called without an
@@ -217,7 +219,7 @@ def _gather(obj: Any, world: int) -> list[Any]:
 
 
 def run(
-    profile: Any,
+    profile: RunProfile,
     shards_dir: str | os.PathLike,
     out: str | os.PathLike,
     *,
@@ -247,7 +249,7 @@ def run(
 
 
 def _tokenize_share(
-    profile: Any,
+    profile: RunProfile,
     index: ShardIndex,
     shards_dir: Path,
     out: Path,
