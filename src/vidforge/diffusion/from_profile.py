@@ -1,12 +1,45 @@
-"""The profile's `diffusion` section -> its objective (the math modules themselves import no profile)."""
+"""The profile's `diffusion` section -> its objective and its sampler (the math modules themselves import
+no profile)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from vidforge.diffusion.edm import EDM
+from vidforge.diffusion.flow import RectifiedFlow, flow_sample
 from vidforge.diffusion.objective import Objective
+from vidforge.diffusion.samplers import Denoiser, heun_sampler, res_sampler
+from vidforge.diffusion.schedule import karras_sigmas
 from vidforge.profile.diffusion import Diffusion
+
+OBJECTIVES: dict[str, Callable[[Diffusion], Objective]] = {
+    "edm": lambda c: EDM(sigma_data=c.sigma_data, p_mean=c.p_mean, p_std=c.p_std),
+    "flow": lambda c: RectifiedFlow(c.flow_time_sampling, c.flow_logit_mean, c.flow_logit_std, c.flow_shift),
+}
 
 
 def build_objective(cfg: Diffusion) -> Objective:
-    """The objective that training optimises and sampling inverts."""
-    return EDM(sigma_data=cfg.sigma_data, p_mean=cfg.p_mean, p_std=cfg.p_std)
+    """The objective that training optimises and sampling inverts (`diffusion.objective`)."""
+    return OBJECTIVES[cfg.objective](cfg)
+
+
+def sample(
+    denoise: Denoiser, noise: torch.Tensor, cfg: Diffusion, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Run the profile's sampler from standard normal `noise`: heun / res over the Karras schedule (EDM:
+    `denoise(x, sigma)`), or unipc / flow-euler over the shifted flow times (flow: `denoise(x, t)`); the
+    profile's validator has matched the sampler to the objective."""
+    if cfg.sampler in ("unipc", "flow-euler"):
+        return flow_sample(
+            denoise, noise, "unipc" if cfg.sampler == "unipc" else "euler", cfg.steps, cfg.flow_shift
+        )
+    sigmas = karras_sigmas(cfg.steps, cfg.sigma_min, cfg.sigma_max, cfg.rho)
+    if cfg.sampler == "heun":
+        return heun_sampler(denoise, noise, sigmas, churn=cfg.churn, generator=generator)
+    if cfg.churn > 0:
+        raise ValueError(
+            "diffusion.churn: the RES sampler is deterministic; set churn to 0 or use sampler=heun"
+        )
+    return res_sampler(denoise, noise, sigmas)

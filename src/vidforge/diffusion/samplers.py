@@ -27,9 +27,6 @@ from collections.abc import Callable
 
 import torch
 
-from vidforge.diffusion.schedule import karras_sigmas
-from vidforge.profile.diffusion import Diffusion
-
 Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """D(x, sigma) -> estimate of the clean sample, same shape as x; sigma is a 0-d tensor."""
 
@@ -114,19 +111,3 @@ def res_sampler(denoise: Denoiser, noise: torch.Tensor, sigmas: torch.Tensor) ->
 def _check_sigmas(levels: list[float]) -> None:
     if len(levels) < 2 or levels[-1] < 0 or any(a <= b for a, b in zip(levels, levels[1:], strict=False)):
         raise ValueError("sigmas must decrease strictly and end at >= 0 (see karras_sigmas)")
-
-
-def sample(
-    denoise: Denoiser, noise: torch.Tensor, diffusion: Diffusion, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Run the profile's sampler (`diffusion.sampler`, `steps`, Karras schedule, `churn`)."""
-    sigmas = karras_sigmas(diffusion.steps, diffusion.sigma_min, diffusion.sigma_max, diffusion.rho)
-    if diffusion.sampler == "heun":
-        return heun_sampler(denoise, noise, sigmas, churn=diffusion.churn, generator=generator)
-    if diffusion.sampler == "res":
-        if diffusion.churn > 0:
-            raise ValueError(
-                "diffusion.churn: the RES sampler is deterministic; set churn to 0 or use sampler=heun"
-            )
-        return res_sampler(denoise, noise, sigmas)
-    raise ValueError(f"diffusion.sampler: unknown {diffusion.sampler!r}; use heun or res")

@@ -31,7 +31,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from vidforge.models.attention import Attend, AttentionMask
-from vidforge.models.layers import SelfAttention
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
@@ -93,7 +92,7 @@ class ContextParallelAttend(nn.Module):
 
 
 def apply_cp(model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather") -> nn.Module:
-    """Install context-parallel attention in every self-attention layer of `model` (in place; returns
+    """Install context-parallel attention in every attention layer of `model` (in place; returns
         it). Apply after pipeline splitting and tensor parallel (it only swaps parameter-free modules, so
         the order with TP, checkpointing and FSDP does not matter otherwise). A second call changes nothing
     (it keeps the first call's group and impl)."""
@@ -105,7 +104,10 @@ def apply_cp(model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather") -> nn
         )
     replaced = 0
     for module in model.modules():
-        if isinstance(module, SelfAttention) and isinstance(module.attend, Attend):
+        # Every attention layer's `Attend` (the DiT's SelfAttention, Wan's attention modules): only a
+        # ContextShard mask (full self-attention over a split row) takes the cp path, so wrapping a
+        # cross-attention's Attend too changes nothing there.
+        if isinstance(getattr(module, "attend", None), Attend):
             module.attend = ContextParallelAttend(module.attend, group, impl)
             replaced += 1
     if not replaced and not any(isinstance(m, ContextParallelAttend) for m in model.modules()):

@@ -1,4 +1,4 @@
-"""`diffusion`: the EDM formulation (Karras et al. 2022) and the sampler used at inference."""
+"""`diffusion`: the training objective (EDM, or rectified flow) and the sampler used at inference."""
 
 from __future__ import annotations
 
@@ -8,10 +8,17 @@ from pydantic import Field, model_validator
 
 from vidforge.profile.base import Section
 
+EDM_SAMPLERS = ("heun", "res")
+FLOW_SAMPLERS = ("unipc", "flow-euler")
+
 
 class Diffusion(Section):
-    """EDM preconditioning, training noise distribution and sampling. Defaults are the paper's."""
+    """The objective, its training noise distribution, and sampling. EDM defaults are the paper's."""
 
+    objective: Literal["edm", "flow"] = "edm"
+    """`edm`: Karras et al. (2022), a preconditioned denoiser trained at log-normal noise levels sigma.
+    `flow`: rectified flow (Wan2.1, SD3): x_t = (1 - t) x0 + t noise, the network predicts the velocity
+    noise - x0, t drawn by `flow_time_sampling` and shifted by `flow_shift`."""
     sigma_data: float = Field(0.5, gt=0)
     """Standard deviation of the (normalised) latents; sets c_skip, c_out and c_in."""
     p_mean: float = -1.2
@@ -24,8 +31,10 @@ class Diffusion(Section):
     """Largest sigma of the sampling schedule (where sampling starts from pure noise)."""
     rho: float = Field(7.0, gt=0)
     """Karras schedule exponent: larger spends more steps at small sigma."""
-    sampler: Literal["heun", "res"] = "heun"
-    """`heun`: EDM's 2nd-order Heun sampler. `res`: RES 2nd-order multistep exponential integrator."""
+    sampler: Literal["heun", "res", "unipc", "flow-euler"] = "heun"
+    """EDM: `heun` (2nd-order Heun) or `res` (RES 2nd-order multistep exponential integrator). Flow:
+    `unipc` (UniPC-bh2 at Wan's integer timesteps, Wan2.1's default) or `flow-euler`. Left out, it is
+    the objective's first (heun for edm, unipc for flow)."""
     steps: int = Field(32, ge=1)
     """Sampling steps (sigma levels); Heun evaluates the model about twice per step."""
     churn: float = Field(0.0, ge=0)
@@ -34,9 +43,30 @@ class Diffusion(Section):
     """Classifier-free guidance scale; 1 disables the unconditional branch."""
     caption_dropout: float = Field(0.1, ge=0, le=1)
     """Probability that training replaces a caption by the learned null embedding (makes CFG possible)."""
+    flow_time_sampling: Literal["uniform", "logit-normal"] = "logit-normal"
+    """Flow training times: `uniform` t ~ U(0, 1), or `logit-normal` t = sigmoid(N(mean, std^2)) (SD3)."""
+    flow_logit_mean: float = 0.0
+    """Mean of the logit-normal training times."""
+    flow_logit_std: float = Field(1.0, gt=0)
+    """Standard deviation of the logit-normal training times."""
+    flow_shift: float = Field(1.0, gt=0)
+    """Flow time shift t -> s t / (1 + (s - 1) t), in training and sampling: more steps at high noise for
+    larger frames (Wan2.1: 3 at 480p, 5 at 720p; 1 leaves t as it is)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sampler_of_the_objective(cls, data: object) -> object:
+        if isinstance(data, dict) and "sampler" not in data and data.get("objective") == "flow":
+            return {**data, "sampler": FLOW_SAMPLERS[0]}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Diffusion:
+        fits = EDM_SAMPLERS if self.objective == "edm" else FLOW_SAMPLERS
+        if self.sampler not in fits:
+            raise ValueError(
+                f"sampler: {self.sampler} does not sample the {self.objective} objective; use one of {', '.join(fits)}"
+            )
         if self.sigma_min >= self.sigma_max:
             raise ValueError(
                 f"sigma_min: must be below diffusion.sigma_max={self.sigma_max}, got {self.sigma_min}"

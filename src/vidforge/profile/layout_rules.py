@@ -120,7 +120,26 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline)
+def _family(profile: RunProfile, layout: Layout) -> list[str]:
+    """What the wan family (Wan2.1's transformer) does not have yet: a tensor-parallel plan (its q/k
+    norms span all heads) and a pipeline split (stages are cut along the DiT's module names)."""
+    if profile.model.family != "wan":
+        return []
+    problems = []
+    if layout.tp > 1:
+        problems.append(
+            f"parallel.tp: the wan family has no tensor-parallel plan yet, got tp={layout.tp}; use tp=1 "
+            "(FSDP shards it) or context parallel for long sequences"
+        )
+    if layout.pp > 1:
+        problems.append(
+            f"parallel.pp: the wan family has no pipeline split yet, got pp={layout.pp}; use pp=1 (FSDP "
+            "shards it)"
+        )
+    return problems
+
+
+RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:
