@@ -33,8 +33,20 @@ CLIP = ("train.grad_clip=0.05",)  # below the gradient norms (~0.2): every step 
 
 EMA = ("train.ema_decay=0.9",)  # the export is then the EMA's weights
 
+# Wan2.1's transformer (tiny) with its objective, rectified flow: the same loop and step.
+WAN = (
+    "model.family=wan",
+    "model.mlp_act=gelu-tanh",
+    "model.adaln_lora_rank=0",
+    "model.abs_position=none",
+    "model.cross_attn_norm=true",
+    "diffusion.objective=flow",
+)
+
 # name -> (ranks, profile overrides)
 LAYOUTS = {
+    # context parallel (ring) with FSDP2 over the cp ranks, on the wan family
+    "wan-cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring", *WAN]),
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
     "tp2": (2, ["parallel.tp=2", *EMA]),  # EMA over tensor-parallel and replicated parameters
     "tp2xcp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ring"]),
@@ -54,10 +66,14 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather"]),
         "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"]),
         "fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2"]),
+        "wan-cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather", *WAN]),
+        "wan-cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses", *WAN]),
+        "wan-fsdp2": (2, ["parallel.dp_shard=2", *WAN]),
     }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
+    **{name: WAN for name in LAYOUTS if name.startswith("wan")},
     "tp2": EMA,
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
@@ -107,7 +123,7 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
         # The whole model's gradient norm, each replicated (conditioning) gradient counted once.
         norms = [_metric(d, "grad_norm") for d in (tmp_path / name, single_dir)]
         assert norms[0] == pytest.approx(norms[1], rel=1e-4)
-    if name.startswith(("pp", "tp2")):  # stages / shards gathered into one export == one process's
+    if name.startswith(("pp", "tp2", "wan")):  # stages / shards gathered into one export == one process's
         from vidforge.models import load_model
 
         ours, theirs = load_model(tmp_path / name / "export"), load_model(single_dir / "export")
