@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     grid = token_grid((t, h, w), tuple(config["patch_size"]))
     formula = flops_formula_model(config)
     if args.mode == "train":
-        flops = train_step_flops(formula, [grid] * batch, args.text_tokens, args.recompute)
+        flops = train_step_flops(formula, [grid] * batch, args.text_tokens)  # model FLOPs: MFU, not HFU
     else:
         flops = forward_flops(formula, [grid] * batch, args.text_tokens).forward
     peak = KNOWN_ACCELERATORS[args.accelerator]["peak_bf16_flops"]

@@ -76,7 +76,9 @@ def test_full_recompute_adds_the_blocks_forward():
     model = build_model(cfg)
     model.blocks = nn.ModuleDict({name: _Recomputed(block) for name, block in model.blocks.items()})
     step = _measure(model, _inputs(cfg), train=True)
-    assert step == pytest.approx(train_step_flops(cfg, [GRID, GRID], TEXT_LEN, recompute="full"), rel=0.02)
+    assert step == pytest.approx(
+        train_step_flops(cfg, [GRID, GRID], TEXT_LEN, recompute_fraction=1.0), rel=0.02
+    )
 
 
 def test_packed_flops_are_the_sum_of_the_samples():

@@ -97,3 +97,26 @@ def test_the_profile_picks_the_objective_and_a_sampler_that_fits_it() -> None:
         Exception, match="heun does not sample the flow objective; use one of unipc, flow-euler"
     ):
         load_profile("local_cpu", ["diffusion.objective=flow", "diffusion.sampler=heun"])
+
+
+def test_mfu_counts_model_flops_and_hfu_the_recompute() -> None:
+    """Activation checkpointing reruns the blocks' forward: hardware FLOPs grow by exactly that, model
+    FLOPs (MFU's numerator) do not."""
+    from vidforge.models import build_model, forward_flops
+    from vidforge.parallel.dims import ParallelDims
+    from vidforge.parallel.runtime import Runtime
+    from vidforge.train.build import TrainParts
+    from vidforge.train.step import LocalTrainStep
+
+    batch = _batches()[1]
+    sets = ["model.in_channels=4", "model.patch=[1,2,2]", "model.layers=4", "model.text_dim=8"]
+    flops = {}
+    for mode in ("none", "full", "selective"):
+        profile = load_profile("local_cpu", [*sets, f"train.activation_checkpointing={mode}"])
+        parts = TrainParts([build_model(profile.model)], [], None, None)
+        runtime = Runtime(0, 1, 0, torch.device("cpu"), ParallelDims(profile.layout))
+        flops[mode] = LocalTrainStep(profile, runtime, parts).flops(batch)
+    count = forward_flops(profile.model, batch.layout, batch.text_mask.sum(dim=1).tolist())
+    assert flops["none"][0] == flops["full"][0] == flops["selective"][0] == flops["none"][1]
+    assert flops["full"][1] == flops["none"][0] + count.blocks
+    assert flops["selective"][1] == flops["none"][0] + round(count.blocks * 0.5)  # checkpoint_ratio 0.5

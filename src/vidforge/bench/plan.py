@@ -97,16 +97,13 @@ def structural_problems(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _flops_per_microbatch(profile: RunProfile, workload: Workload, checkpointing: str) -> float:
-    count = forward_flops(profile.model, [workload.grid] * workload.samples, workload.text_tokens)
-    flops = count.train_step("none")
-    if checkpointing == "full":
-        flops += count.blocks
-    elif checkpointing == "selective":
-        from vidforge.parallel.activation_checkpoint import checkpointed_indices
+    """Hardware FLOPs of a micro-batch: the model's, plus the recomputed forward of the checkpointed blocks."""
+    from vidforge.parallel.activation_checkpoint import recompute_fraction
 
-        chosen = checkpointed_indices(profile.model.layers, "selective", profile.train.checkpoint_ratio)
-        flops += count.blocks * len(chosen) / profile.model.layers
-    return flops
+    count = forward_flops(profile.model, [workload.grid] * workload.samples, workload.text_tokens)
+    return count.train_step(
+        recompute_fraction(profile.model.layers, checkpointing, profile.train.checkpoint_ratio)
+    )
 
 
 def evaluate(

@@ -86,9 +86,10 @@ class BenchStep:
         self.step(self.batches)
         self.step.apply()
 
-    def flops(self) -> float:
-        """Model FLOPs of one step on this rank (every micro-batch)."""
-        return sum(self.step.flops(batch) for batch in self.batches)
+    def flops(self) -> tuple[float, float]:
+        """Model and hardware FLOPs of one step on this rank (every micro-batch)."""
+        model, hardware = zip(*map(self.step.flops, self.batches), strict=True)
+        return sum(model), sum(hardware)
 
     def measure_memory(self) -> dict[str, int]:
         """One more step, measured: saved activations during the first micro-batch's forward (one
@@ -129,6 +130,9 @@ class TrainBenchResult:
     step_time_spread: float
     tokens_per_s: float
     mfu: float
+    """Model FLOPs (no recompute) per second over the peak."""
+    hfu: float
+    """Hardware FLOPs (with the recomputed forwards of activation checkpointing) per second over the peak."""
     flops_per_step: float
     peak_memory_gib: float
     peak_memory_method: str
@@ -162,7 +166,7 @@ def run(profile: RunProfile) -> TrainBenchResult:
     timing = time_calls(step, bench.warmup, bench.repeats, device)
     step_time = _slowest_rank(timing.median, device)
     tokens = step.workload.tokens * len(step.batches) * step.dims.layout.dp
-    flops = step.flops() * step.dims.layout.dp
+    flops, hardware_flops = (f * step.dims.layout.dp for f in step.flops())
     peak = profile.cluster.accelerator.peak_bf16_flops
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -191,6 +195,7 @@ def run(profile: RunProfile) -> TrainBenchResult:
         step_time_spread=timing.spread,
         tokens_per_s=tokens / step_time,
         mfu=flops / (step_time * world * peak),
+        hfu=hardware_flops / (step_time * world * peak),
         flops_per_step=float(flops),
         peak_memory_gib=peak_bytes / GIB,
         peak_memory_method=method,

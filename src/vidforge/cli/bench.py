@@ -65,7 +65,7 @@ def train(
             f"spread {result.step_time_spread:.0%})",
             f"  tokens/s        {result.tokens_per_s:,.0f}",
             f"  MFU             {result.mfu:.2%} of {resolved.cluster.accelerator.peak_bf16_flops / 1e12:g} TFLOP/s "
-            f"x {result.world_size}",
+            f"x {result.world_size} (model FLOPs; HFU {result.hfu:.2%} with activation recompute)",
             f"  peak memory     {result.peak_memory_gib:.4g} GiB ({result.peak_memory_method})",
             f"  predicted       {result.predicted_memory_gib:.4g} GiB (vidforge bench plan's model); "
             f"{result.predicted_measured_terms_gib:.4g} GiB of it in the terms measured",

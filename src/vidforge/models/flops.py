@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from vidforge.profile.model import Model
 from vidforge.tokens import Grid, SequenceLayout
@@ -39,12 +38,16 @@ class FlopCount:
     def forward(self) -> int:
         return sum(self.parts.values())
 
-    def train_step(self, recompute: Literal["none", "full"] = "none") -> int:
-        """Forward + backward (+ the blocks' forward again under full recompute)."""
-        if recompute not in ("none", "full"):
-            raise ValueError(f"recompute: use none or full, got {recompute!r}")
+    def train_step(self, recompute_fraction: float = 0.0) -> int:
+        """Forward + backward, + the forward of that fraction of the blocks again (activation recompute:
+        1.0 under full checkpointing). With 0 these are the model FLOPs (MFU's numerator); with the run's
+        recompute, the hardware FLOPs (HFU's)."""
+        if not 0.0 <= recompute_fraction <= 1.0:
+            raise ValueError(
+                f"recompute_fraction: a fraction of the blocks in [0, 1], got {recompute_fraction}"
+            )
         backward = 2 * self.forward - self.no_grad_input
-        return self.forward + backward + (self.blocks if recompute == "full" else 0)
+        return self.forward + backward + round(self.blocks * recompute_fraction)
 
 
 def _grids(layout: SequenceLayout | Sequence[Grid]) -> list[Grid]:
@@ -129,7 +132,7 @@ def train_step_flops(
     cfg: Model,
     layout: SequenceLayout | Sequence[Grid],
     text_lens: int | Sequence[int],
-    recompute: Literal["none", "full"] = "none",
+    recompute_fraction: float = 0.0,
 ) -> int:
     """FLOPs of forward + backward (about 3x forward; about 4x with full activation recompute)."""
-    return forward_flops(cfg, layout, text_lens).train_step(recompute)
+    return forward_flops(cfg, layout, text_lens).train_step(recompute_fraction)

@@ -20,6 +20,11 @@ def checkpointed_indices(num_blocks: int, mode: str, ratio: float) -> list[int]:
     return sorted({int(i * num_blocks / count) for i in range(count)}) if count else []
 
 
+def recompute_fraction(num_blocks: int, mode: str, ratio: float) -> float:
+    """The fraction of the blocks whose forward runs again in the backward (hardware FLOPs, not model's)."""
+    return len(checkpointed_indices(num_blocks, mode, ratio)) / num_blocks if num_blocks else 0.0
+
+
 def apply_activation_checkpointing(
     blocks: nn.ModuleDict | nn.ModuleList, mode: str, ratio: float = 0.5
 ) -> list[int]:

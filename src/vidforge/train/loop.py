@@ -45,6 +45,7 @@ class TrainSummary:
     tokens_per_s: float
     step_time_s: float
     mfu: float
+    hfu: float
     peak_memory_gib: float
     packing_efficiency: float | None
     export_dir: str | None
@@ -154,6 +155,7 @@ def run(
         tokens_per_s=window.tokens_per_s,
         step_time_s=window.step_time,
         mfu=window.mfu,
+        hfu=window.hfu,
         peak_memory_gib=_peak_memory_gib(runtime.device),
         packing_efficiency=getattr(batcher, "efficiency", None),
         export_dir=str(export_dir) if export_dir else None,
@@ -195,16 +197,17 @@ def _resume(
 
 
 class _Window:
-    """Throughput over the steps since the last log line: step time, tokens/s, MFU."""
+    """Throughput over the steps since the last log line: step time, tokens/s, MFU (model FLOPs) and HFU
+    (hardware FLOPs: with activation recompute)."""
 
     def __init__(self, profile: RunProfile, runtime: Runtime) -> None:
         self.device = runtime.device
         self.peak = profile.cluster.accelerator.peak_bf16_flops * runtime.world
-        self.step_time = self.tokens_per_s = self.mfu = 0.0
+        self.step_time = self.tokens_per_s = self.mfu = self.hfu = 0.0
         self._reset()
 
     def _reset(self) -> None:
-        self.time = self.tokens = self.flops = 0.0
+        self.time = self.tokens = self.flops = self.hardware_flops = 0.0
         self.steps = 0
 
     def add(self, result: StepResult, started: float) -> None:
@@ -213,13 +216,15 @@ class _Window:
         self.time += time.perf_counter() - started
         self.tokens += result.tokens
         self.flops += result.flops
+        self.hardware_flops += result.hardware_flops
         self.steps += 1
 
     def record(self, step: int, result: StepResult, step_fn: TrainStep, batcher: Any) -> dict[str, Any]:
         """The metrics.jsonl line of this step; starts the next window."""
         self.step_time = self.time / self.steps
         self.tokens_per_s = self.tokens / self.time
-        self.mfu = self.flops / (self.time * self.peak)
+        self.mfu = self.flops / (self.time * self.peak)  # model FLOPs only: recompute is not progress
+        self.hfu = self.hardware_flops / (self.time * self.peak)
         record = {
             "step": step,
             "loss": result.loss,
@@ -228,6 +233,7 @@ class _Window:
             "step_time_s": self.step_time,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
+            "hfu": self.hfu,
             "peak_memory_gib": _peak_memory_gib(self.device),
             **step_fn.by_level.means(),
         }

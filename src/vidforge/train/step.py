@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion import build_objective
-from vidforge.models import train_step_flops
+from vidforge.models import forward_flops
+from vidforge.parallel.activation_checkpoint import recompute_fraction
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.train.build import TrainParts
@@ -44,7 +45,8 @@ class StepLosses:
 
     loss: float
     tokens: float
-    flops: float
+    flops: float  # model FLOPs
+    hardware_flops: float  # with the recomputed forwards
     level: torch.Tensor
     per_sample: torch.Tensor
 
@@ -52,12 +54,14 @@ class StepLosses:
 @dataclass
 class StepResult:
     """One step over every rank: the mean loss, the whole model's gradient norm (before clipping), and
-    the tokens and model FLOPs processed (each counted once, not per model-parallel rank)."""
+    the tokens, model FLOPs (MFU's) and hardware FLOPs (HFU's: with activation recompute) processed,
+    each counted once, not per model-parallel rank."""
 
     loss: float
     grad_norm: float
     tokens: float
     flops: float
+    hardware_flops: float
 
     @property
     def finite(self) -> bool:
@@ -78,7 +82,10 @@ class TrainStep(ABC):
         self.loss = DenoisingLoss(objective, dropout, tuple(cfg.patch), cfg.in_channels)
         # the logging window's loss per noise level (the loop resets it)
         self.by_level = LossByLevel(objective)
-        self.recompute = "full" if profile.train.activation_checkpointing == "full" else "none"
+        cfg, train = profile.model, profile.train
+        self.recompute = recompute_fraction(
+            cfg.layers, train.activation_checkpointing, train.checkpoint_ratio
+        )
 
     @abstractmethod
     def next_batches(self, source: BatchSource) -> list[Batch] | None:
@@ -96,7 +103,9 @@ class TrainStep(ABC):
         done = self.forward_backward(batches)
         self.by_level.add(done.level, done.per_sample)
         grad_norm = self.clip_grad_norm_(self.profile.train.grad_clip or math.inf)
-        loss, tokens, flops = _all_reduce_sum([done.loss, done.tokens, done.flops], self.device)
+        loss, tokens, flops, hardware = _all_reduce_sum(
+            [done.loss, done.tokens, done.flops, done.hardware_flops], self.device
+        )
         # Summed over every rank: the cp shares add up to each micro-batch's loss, tp ranks hold copies
         # of it, and so do pp ranks (the last stage's loss is sent to the whole pipeline); tokens and
         # FLOPs are counted once per model-parallel group member.
@@ -106,6 +115,7 @@ class TrainStep(ABC):
             grad_norm,
             tokens / dims.model_parallel,
             flops / dims.model_parallel,
+            hardware / dims.model_parallel,
         )
 
     def set_lr(self, lr: float) -> None:
@@ -127,9 +137,9 @@ class TrainStep(ABC):
         for optimizer in self.parts.optimizers:
             optimizer.zero_grad(set_to_none=True)
 
-    def flops(self, batch: Batch) -> float:
-        """Model FLOPs of one batch's forward and backward (with the recomputed forward under full
-        activation checkpointing)."""
+    def flops(self, batch: Batch) -> tuple[float, float]:
+        """Model and hardware FLOPs of one batch's forward and backward (hardware: with the forward of
+        the activation-checkpointed blocks run again). MFU counts the model's only."""
         text_lens = batch.text_mask.sum(dim=1).tolist()
         if isinstance(batch, PackedBatch):
             grids = batch.layout.grids
@@ -137,7 +147,8 @@ class TrainStep(ABC):
             pt, ph, pw = self.profile.model.patch
             b, _, t, h, w = batch.latents.shape
             grids = [(t // pt, h // ph, w // pw)] * b
-        return train_step_flops(self.profile.model, grids, text_lens, self.recompute)
+        count = forward_flops(self.profile.model, grids, text_lens)
+        return float(count.train_step()), float(count.train_step(self.recompute))
 
 
 class LocalTrainStep(TrainStep):
@@ -178,17 +189,17 @@ class LocalTrainStep(TrainStep):
         (micro.loss * self.runtime.dims.layout.cp / self.profile.train.grad_accum).backward()
 
     def forward_backward(self, batches: list[Batch]) -> StepLosses:
-        loss = tokens = flops = 0.0
+        loss = tokens = 0.0
         levels, per_sample = [], []
         for batch in batches:
             micro = self.forward(batch)
             self.backward(micro)
             loss += micro.loss.item() / len(batches)
             tokens += micro.tokens
-            flops += self.flops(batch)
             levels.append(micro.level)
             per_sample.append(micro.per_sample)
-        return StepLosses(loss, tokens, flops, torch.cat(levels), torch.cat(per_sample))
+        flops, hardware = map(sum, zip(*map(self.flops, batches), strict=True))
+        return StepLosses(loss, tokens, flops, hardware, torch.cat(levels), torch.cat(per_sample))
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         params = self.model.parameters()
@@ -280,7 +291,8 @@ class PipelineTrainStep(TrainStep):
             values[1:] = torch.cat(per_sample)
         dist.all_reduce(values, group=self.runner.group)
         tokens = float(sum(mi.tokens for mi in inputs))
-        return StepLosses(float(values[0]), tokens, sum(map(self.flops, batches)), level, values[1:])
+        flops, hardware = map(sum, zip(*map(self.flops, batches), strict=True))
+        return StepLosses(float(values[0]), tokens, flops, hardware, level, values[1:])
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         # the whole model's norm over the pp group, replicated parameters once
