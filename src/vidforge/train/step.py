@@ -77,14 +77,15 @@ class TrainStep(ABC):
         self.parts = parts
         self.device = runtime.device
         objective = build_objective(profile.diffusion)
-        cfg = parts.modules[0].config  # the model being trained (a pipeline stage carries the whole config)
+        model = parts.modules[0].config  # the model being trained (a pipeline stage carries the whole config)
         dropout = profile.diffusion.caption_dropout
-        self.loss = DenoisingLoss(objective, dropout, tuple(cfg.patch), cfg.in_channels)
+        self.loss = DenoisingLoss(objective, dropout, tuple(model.patch), model.in_channels)
         # the logging window's loss per noise level (the loop resets it)
         self.by_level = LossByLevel(objective)
-        cfg, train = profile.model, profile.train
+        train = profile.train
+        # of the whole model's blocks: FLOPs are counted for the whole model per data-parallel group
         self.recompute = recompute_fraction(
-            cfg.layers, train.activation_checkpointing, train.checkpoint_ratio
+            model.layers, train.activation_checkpointing, train.checkpoint_ratio
         )
 
     @abstractmethod
