@@ -22,6 +22,20 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest complete checkpoint.")
     ] = False,
+    init: Annotated[
+        Path | None,
+        typer.Option(
+            "--init",
+            help="Start from these weights (a vidforge export, a diffusers transformer or pipeline folder); "
+            "a new optimizer, step 0.",
+        ),
+    ] = None,
+    allow_partial: Annotated[
+        bool,
+        typer.Option(
+            "--allow-partial", help="With --init: start tensors the weights lack (or shape otherwise) fresh."
+        ),
+    ] = False,
     nproc: Annotated[
         int | None, typer.Option("--nproc", min=1, help="Start this many local processes under torchrun.")
     ] = None,
@@ -40,6 +54,7 @@ def train(
     checkpoints (resumable), metrics to the console, RUN/metrics.jsonl and TensorBoard.
 
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
+    Example: vidforge train --data runs/latents --run-dir runs/finetune --init runs/train/export
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2 --set cluster.cpu_processes=2
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
     """
@@ -70,7 +85,10 @@ def train(
                 f"MFU {record['mfu']:.1%}"
             )
 
-    summary = run(resolved, data, run_dir, resume=resume, progress=show)
+    from vidforge.train.init_weights import WeightsInit
+
+    weights = WeightsInit(init, allow_partial) if init is not None else None
+    summary = run(resolved, data, run_dir, resume=resume, progress=show, init=weights)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:

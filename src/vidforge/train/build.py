@@ -4,6 +4,7 @@ with its EMA and optimizers. `vidforge train` and `vidforge bench train` both bu
 Order of construction (torchtitan's): model -> pipeline split (pp > 1: this rank's stage modules) ->
 per module: float8 linears -> tensor parallel -> context parallel -> activation checkpointing -> compile
 -> FSDP2 (`vidforge.parallel.parallelize`) -> EMA and one AdamW per module over its (sharded) parameters.
+With `--init`, the weights are loaded into the whole model right after it is built.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.train.ema import EMA
+from vidforge.train.init_weights import WeightsInit, init_from
 
 
 @dataclass
@@ -33,11 +35,15 @@ class TrainParts:
     notes: list[str] = field(default_factory=list)
 
 
-def build(profile: RunProfile, runtime: Runtime) -> TrainParts:
-    """Build and parallelize the profile's model on this rank, with its EMA and AdamW optimizers."""
+def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None) -> TrainParts:
+    """Build and parallelize the profile's model on this rank, with its EMA and AdamW optimizers; with
+    `init`, its weights first loaded from there (`vidforge.train.init_weights`)."""
     cfg, dims, device = profile.train, runtime.dims, runtime.device
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(profile.model, device=device)
+    notes: list[str] = []
+    if init is not None:  # before any split or sharding: every layout starts from the same weights
+        notes.append(init_from(model, init.src, init.allow_partial).describe())
     compute_dtype = autocast_dtype(dims, profile)
     pipeline = None
     modules: list[nn.Module] = [model]
@@ -54,7 +60,6 @@ def build(profile: RunProfile, runtime: Runtime) -> TrainParts:
         )
         modules = list(pipeline.stage_modules)
         del model
-    notes: list[str] = []
     for module in modules:
         applied = parallelize(module, dims, profile, device)
         notes += [note for note in applied.notes if note not in notes]

@@ -24,6 +24,7 @@ from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.build import TrainParts, build
 from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.export import export_weights
+from vidforge.train.init_weights import WeightsInit
 from vidforge.train.lr import lr_multiplier
 from vidforge.train.metrics import MetricsLog
 from vidforge.train.step import StepResult, TrainStep, make_train_step
@@ -65,6 +66,7 @@ def run(
     *,
     resume: bool = False,
     progress: Progress | None = None,
+    init: WeightsInit | None = None,
 ) -> TrainSummary:
     cfg = profile.train
     runtime = init_runtime(profile)
@@ -79,7 +81,7 @@ def run(
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
-    parts = build(profile, runtime)
+    parts = build(profile, runtime, init)
     step_fn = make_train_step(profile, runtime, parts)
     batcher = _batcher(profile, runtime, data)
     notes = list(parts.notes)
