@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 def _train(latents: Path, run_dir: Path, nproc: int) -> None:
     exe = Path(sys.executable).with_name("vidforge")
-    sets = [*TRAIN_SETS, "data.shard_max_samples=1", f"cluster.cpu_processes={nproc}", "train.steps=4"]
+    sets = [*TRAIN_SETS, "data.shard_max_samples=1", "train.steps=4"]  # --nproc alone sets the world
     args = [str(exe), "--quiet", "train", "--data", str(latents), "--run-dir", str(run_dir)]
     args += ["--nproc", str(nproc)] if nproc > 1 else []
     for item in sets:

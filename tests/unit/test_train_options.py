@@ -222,39 +222,28 @@ def test_slurm_without_master_addr_is_an_error(monkeypatch) -> None:
         launch.slurm_to_torch_env()
 
 
-def test_nproc_that_does_not_fit_the_layout_is_refused_before_launching(monkeypatch) -> None:
-    launched = []
-    monkeypatch.setattr(launch, "relaunch_under_torchrun", lambda n, argv=None: launched.append(n) or 0)
+@pytest.mark.parametrize("accelerator", ["cpu", "h100"])
+def test_nproc_alone_sets_a_one_node_world_of_that_size(accelerator) -> None:
+    from vidforge.profile import load_profile
+
+    sets = [f"cluster.accelerator={accelerator}", "cluster.nodes=4", "cluster.cpu_processes=5"]
+    profile = load_profile("local_cpu", [*sets, *launch.nproc_overrides(3)])
+    assert (profile.cluster.nodes, profile.cluster.world_size, profile.layout.world_size) == (1, 3, 3)
+    assert launch.nproc_overrides(None) == []
+
+
+def test_a_worker_reports_its_failure_and_the_parent_raises_the_user_error_once(
+    monkeypatch, tmp_path
+) -> None:
     _clear_dist_env(monkeypatch)
-    with pytest.raises(UserInputError, match="--nproc 3: the profile's layout needs 1 rank"):
-        launch.start_ranks(3, world_size=1)
-    assert launched == []
-    assert launch.start_ranks(2, world_size=2) == 0 and launched == [2]  # relaunched, its exit code
-    assert launch.start_ranks(None, world_size=1) is None  # no --nproc: go on in this process
-
-
-@pytest.mark.parametrize("nproc_args", [["--nproc", "2"], ["--nproc=2"]])
-def test_relaunch_drops_the_nproc_option(nproc_args, monkeypatch) -> None:
-    calls: list[list[str]] = []
-    monkeypatch.setattr(launch.subprocess, "call", lambda cmd: calls.append(cmd) or 0)
-    argv = ["train", "--data", "d", *nproc_args, "--set", "train.steps=2", "--run-dir", "r"]
-    assert launch.relaunch_under_torchrun(2, argv) == 0
-    (command,) = calls
-    assert command[:6] == [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-    ]
-    assert command[6:] == [
-        "vidforge.cli.app",
-        "train",
-        "--data",
-        "d",
-        "--set",
-        "train.steps=2",
-        "--run-dir",
-        "r",
-    ]
+    monkeypatch.setenv(launch.REPORTS_ENV, str(tmp_path))
+    assert launch.report_failure("user", "x") is False  # not a worker: the caller prints it itself
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for rank, kind, message in [(2, "failure", "ValueError: boom"), (1, "user", "fix the data")]:
+        monkeypatch.setenv("RANK", str(rank))
+        assert launch.report_failure(kind, message) is True
+    err = launch._first_failure(tmp_path, RuntimeError("child failed"))
+    assert isinstance(err, UserInputError) and str(err) == "fix the data"
+    (tmp_path / "rank1.json").unlink()
+    err = launch._first_failure(tmp_path, RuntimeError("child failed"))
+    assert isinstance(err, launch.RanksFailed) and str(err) == "rank 2: ValueError: boom"

@@ -10,6 +10,7 @@ from typer.core import TyperGroup
 
 from vidforge.cli._output import EXIT_FAILURE, EXIT_USER_ERROR, Output
 from vidforge.errors import UserInputError
+from vidforge.parallel.launch import RanksFailed, report_failure
 
 
 class GuardedGroup(TyperGroup):
@@ -22,17 +23,19 @@ class GuardedGroup(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own: usage errors, exits
             raise
         except UserInputError as err:
-            _output_of(ctx).error(str(err), kind="user")
+            _error(ctx, str(err), kind="user")
             raise typer.Exit(EXIT_USER_ERROR) from None
         except KeyboardInterrupt:
-            _output_of(ctx).error("interrupted; rerun the same command to resume", kind="interrupted")
+            _error(ctx, "interrupted; rerun the same command to resume", kind="interrupted")
             raise typer.Exit(130) from None
         except Exception as err:  # noqa: BLE001 - this is the boundary
             out = _output_of(ctx)
             if out.debug:
                 traceback.print_exc()
+            # A worker's failure, already named by rank, needs no exception type in front of it.
+            message = str(err) if isinstance(err, RanksFailed) else f"{type(err).__name__}: {err}"
             hint = "" if out.debug else " (rerun with --debug for the traceback)"
-            out.error(f"{type(err).__name__}: {err}{hint}", kind="failure")
+            _error(ctx, message, kind="failure", hint=hint)
             raise typer.Exit(EXIT_FAILURE) from None
         finally:
             _leave_process_group()
@@ -47,6 +50,12 @@ def _leave_process_group() -> None:
     is_initialized = getattr(dist, "is_initialized", None)
     if is_initialized is not None and dist.is_available() and is_initialized():
         dist.destroy_process_group()
+
+
+def _error(ctx: typer.Context, message: str, *, kind: str, hint: str = "") -> None:
+    # A worker that `--nproc` started reports to its parent, which prints one line for all ranks.
+    if not report_failure(kind, message):
+        _output_of(ctx).error(message + hint, kind=kind)
 
 
 def _output_of(ctx: typer.Context) -> Output:

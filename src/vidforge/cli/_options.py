@@ -31,5 +31,19 @@ SetOpt = Annotated[
 ]
 
 
-def profile_from(profile: str | None, overrides: list[str] | None) -> RunProfile:
-    return load_profile(profile, overrides or ())
+NprocOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        min=1,
+        help="Run as this many local processes (a one-node world of N ranks: CPUs, or one GPU each).",
+        show_default=False,
+    ),
+]
+
+
+def profile_from(profile: str | None, overrides: list[str] | None, nproc: int | None = None) -> RunProfile:
+    """The run-profile with the user's overrides, then `--nproc`'s world size (which wins)."""
+    from vidforge.parallel.launch import nproc_overrides
+
+    return load_profile(profile, [*(overrides or ()), *nproc_overrides(nproc)])

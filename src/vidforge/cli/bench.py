@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import current_output
 
 app = typer.Typer(
@@ -28,9 +28,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 @app.command()
 def train(
-    nproc: Annotated[
-        int | None, typer.Option("--nproc", min=1, help="Start this many local processes under torchrun.")
-    ] = None,
+    nproc: NprocOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -40,13 +38,13 @@ def train(
     peak memory (measured) beside the memory model's prediction.
 
     Example: vidforge bench train --set bench.latent_frames=8 --set bench.repeats=10
-    Example: vidforge bench train --nproc 2 --set cluster.cpu_processes=2
-    Example: vidforge bench train --nproc 2 --set cluster.cpu_processes=2 --set parallel.tp=2 --set parallel.dp_shard=1
+    Example: vidforge bench train --nproc 2
+    Example: vidforge bench train --nproc 2 --set parallel.tp=2 --set parallel.dp_shard=1
     """
     from vidforge.parallel.launch import start_ranks
 
-    resolved = profile_from(profile, set_)
-    code = start_ranks(nproc, resolved.layout.world_size)
+    resolved = profile_from(profile, set_, nproc)
+    code = start_ranks(nproc)
     if code is not None:
         raise typer.Exit(code)
     import torch.distributed as dist

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import current_output
 
 
@@ -36,9 +36,7 @@ def train(
             "--allow-partial", help="With --init: start tensors the weights lack (or shape otherwise) fresh."
         ),
     ] = False,
-    nproc: Annotated[
-        int | None, typer.Option("--nproc", min=1, help="Start this many local processes under torchrun.")
-    ] = None,
+    nproc: NprocOpt = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -55,19 +53,19 @@ def train(
 
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
     Example: vidforge train --data runs/latents --run-dir runs/finetune --init runs/train/export
-    Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2 --set cluster.cpu_processes=2
+    Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
     """
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks
 
-    resolved = profile_from(profile, set_)
+    resolved = profile_from(profile, set_, nproc)
     if dry_run:
         _dry_run(resolved)
         return
     if not data or run_dir is None:
         raise UserInputError("train needs --data LATENTS and --run-dir RUN (or --dry-run to check a layout)")
-    code = start_ranks(nproc, resolved.layout.world_size)
+    code = start_ranks(nproc)
     if code is not None:
         raise typer.Exit(code)
 

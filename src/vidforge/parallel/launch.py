@@ -1,14 +1,28 @@
-"""Starting ranks: `--nproc N` relaunches the same command under torchrun; under SLURM (one task per GPU,
-`srun`), the SLURM variables become torch.distributed's."""
+"""Starting ranks, in one place.
+
+`--nproc N` alone is enough: the profile is loaded with a one-node world of N ranks (`nproc_overrides`),
+and the same command runs again as N local workers started in this process by torch's elastic launcher
+(what torchrun uses). Workers keep `--nproc` on their command line, so they load the same profile; they
+see torchrun's RANK/WORLD_SIZE and do not launch again. A worker that fails writes what went wrong to a
+file per rank (`report_failure`) instead of printing it; the parent reads them and raises one error, so a
+user error in any rank is one line on stderr once and exit 2, as in a single process.
+
+External launchers keep working: under `torchrun ... vidforge train` the variables are already there;
+under SLURM (one task per GPU, `srun`) the SLURM variables become torch.distributed's."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-import subprocess
 import sys
+import tempfile
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
-NPROC_FLAG = "--nproc"
+# Set by the parent for its workers: the folder where a failing rank writes `rank<N>.json`.
+REPORTS_ENV = "VIDFORGE_RANK_REPORTS"
 
 
 def under_launcher() -> bool:
@@ -33,49 +47,85 @@ def slurm_to_torch_env() -> bool:
     return True
 
 
-def relaunch_under_torchrun(nproc: int, argv: Sequence[str] | None = None) -> int:
-    """Run this same command line again as `nproc` local workers under torchrun and wait for them.
-    The `--nproc` option is dropped from the workers' arguments so they do not relaunch again."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    cleaned: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg == NPROC_FLAG:
-            skip = True
-            continue
-        if arg.startswith(NPROC_FLAG + "="):
-            continue
-        cleaned.append(arg)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "vidforge.cli.app",
-        *cleaned,
-    ]
-    return subprocess.call(command)
+def nproc_overrides(nproc: int | None) -> list[str]:
+    """Profile overrides that make the world `nproc` ranks on this one node. Both per-node counts are set:
+    the accelerator kind (which of them counts) may itself come from the profile or another override."""
+    if nproc is None:
+        return []
+    return ["cluster.nodes=1", f"cluster.cpu_processes={nproc}", f"cluster.gpus_per_node={nproc}"]
 
 
-def start_ranks(nproc: int | None, world_size: int | None = None) -> int | None:
-    """What a command with `--nproc` does first. Outside a launcher, with --nproc given: check it against
-    the layout's `world_size` (commands that have one) and run the command again under torchrun,
-    returning its exit code for the caller to exit with. Otherwise (a worker, or no --nproc): map SLURM's
-    variables if srun started us, and return None: go on in this process."""
+class RanksFailed(RuntimeError):
+    """A worker failed with something other than a user error (its message, or its exit code)."""
+
+
+def start_ranks(nproc: int | None) -> int | None:
+    """What a command with `--nproc` does first. Outside a launcher, with --nproc given: run this command
+    line as `nproc` local workers and wait for them; returns 0 when they all succeeded (the caller exits),
+    raises UserInputError or RanksFailed with the first failing rank's message otherwise. Inside a worker,
+    or without --nproc: map SLURM's variables if srun started us, and return None: go on here."""
     if nproc is not None and not under_launcher():
-        if world_size is not None and nproc != world_size:
-            from vidforge.errors import UserInputError
-
-            raise UserInputError(
-                f"--nproc {nproc}: the profile's layout needs {world_size} rank(s); "
-                f"set cluster.cpu_processes (or gpus_per_node) to {nproc}, or change --nproc"
-            )
-        if nproc > 1 or world_size is not None:
-            return relaunch_under_torchrun(nproc)
+        launch_workers(nproc, sys.argv[1:])
+        return 0
     slurm_to_torch_env()
     return None
+
+
+def launch_workers(nproc: int, argv: Sequence[str]) -> None:
+    """Run `python -m vidforge ARGV` as `nproc` local ranks (c10d rendezvous on a free local port)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
+    # The elastic agent logs every start and (as ERROR, with a traceback) every failed worker; the
+    # failure is reported below as one line instead.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory(prefix="vidforge-ranks-") as reports:
+        previous = os.environ.get(REPORTS_ENV)
+        os.environ[REPORTS_ENV] = reports  # the workers inherit this process's environment
+        try:
+            elastic_launch(config, sys.executable)("-m", "vidforge", *argv)
+        except ChildFailedError as err:
+            raise _first_failure(Path(reports), err) from None
+        finally:
+            if previous is None:
+                os.environ.pop(REPORTS_ENV, None)
+            else:
+                os.environ[REPORTS_ENV] = previous
+
+
+def report_failure(kind: str, message: str) -> bool:
+    """In a worker the parent launched: record this rank's failure for the parent to print, and return
+    True (the caller prints nothing). Elsewhere (one process, torchrun, SLURM) return False."""
+    folder = os.environ.get(REPORTS_ENV)
+    if not folder or not under_launcher():
+        return False
+    rank = int(os.environ["RANK"])
+    Path(folder, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "kind": kind, "message": message}))
+    return True
+
+
+def _first_failure(reports: Path, err: Exception) -> Exception:
+    """The error to raise in the parent: a user error if any rank had one (they usually all do, the same),
+    else the lowest rank's failure. A rank killed without a report (a crash, or stopped because another
+    rank failed) is named by its exit code."""
+    from vidforge.errors import UserInputError
+
+    found = sorted((json.loads(p.read_text()) for p in reports.glob("rank*.json")), key=lambda r: r["rank"])
+    user = [r for r in found if r["kind"] == "user"]
+    if user:
+        return UserInputError(user[0]["message"])
+    if found:
+        first = found[0]
+        return RanksFailed(f"rank {first['rank']}: {first['message']}")
+    failures = getattr(err, "failures", {}) or {}
+    codes = ", ".join(f"rank {rank} exit code {f.exitcode}" for rank, f in sorted(failures.items()))
+    return RanksFailed(f"a worker failed without a report ({codes or err})")
