@@ -77,7 +77,7 @@ def test_two_ranks_match_one_process(tmp_path, shards) -> None:
     two, _ = _run(["tokenize", str(shards), "-o", str(tmp_path / "out2")], nproc=2)
 
     # each rank wrote its own shards, none twice, and together all of them
-    written = collections.Counter(e["name"] for e in two if e["event"] == "shard")
+    written = collections.Counter(e["name"] for e in two if e["event"] == "progress" and e["unit"] == "shard")
     assert sorted(written) == names and set(written.values()) == {1}, written
     results = [e for e in two if e["event"] == "result"]
     assert len(results) == 2  # one summary per rank

@@ -9,12 +9,14 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
 import typer
 import yaml
 from typer.testing import CliRunner
 
 from vidforge import __version__
 from vidforge.cli._errors import GuardedGroup
+from vidforge.cli._globals import hoist_global_flags
 from vidforge.cli._output import Output, set_current_output
 from vidforge.cli.app import app
 from vidforge.errors import UserInputError
@@ -31,10 +33,9 @@ def test_json_user_error_is_one_line_and_exit_2(monkeypatch) -> None:
     monkeypatch.chdir(ROOT)
     result = invoke("--json", "profile", "validate", "--set", "parallel.tp=3")
     assert result.exit_code == 2
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1
-    event = json.loads(lines[0])
-    assert event["event"] == "error" and event["kind"] == "user"
+    start, event = map(json.loads, result.stdout.strip().splitlines())
+    assert start == {"event": "start", "command": "profile validate", "version": __version__}
+    assert event["event"] == "error" and event["kind"] == "user" and event["command"] == "profile validate"
     assert event["message"].startswith("--set parallel.tp=3: must divide model.heads=4, got 3")
 
 
@@ -48,7 +49,8 @@ def test_installed_console_script_gives_the_same_json_error() -> None:
         env={**os.environ, "VIDFORGE_PROFILE": ""},
     )
     assert proc.returncode == 2
-    assert json.loads(proc.stdout)["kind"] == "user" and proc.stdout.count("\n") == 1
+    start, error = map(json.loads, proc.stdout.splitlines())
+    assert start["event"] == "start" and error["kind"] == "user"
 
 
 def test_human_user_error_goes_to_stderr(monkeypatch) -> None:
@@ -71,7 +73,7 @@ def test_show_applies_overrides(monkeypatch) -> None:
 def test_profile_env_var_selects_the_profile(monkeypatch) -> None:
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("VIDFORGE_PROFILE", "tiny_cpu4_tp2_cp2")
-    event = json.loads(invoke("--json", "profile", "validate").stdout)
+    _, event = map(json.loads, invoke("--json", "profile", "validate").stdout.splitlines())
     assert (event["profile"], event["tp"], event["cp"], event["world_size"]) == ("tiny_cpu4_tp2_cp2", 2, 2, 4)
 
 
@@ -81,8 +83,51 @@ def test_validate_many_reports_each_and_fails_if_any(monkeypatch, tmp_path) -> N
     bad.write_text("parallel: {tp: 3}\n")
     result = invoke("--json", "profile", "validate", "profiles/local_cpu.yaml", str(bad))
     events = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [e["event"] for e in events] == ["result", "error", "error"]
+    assert [e["event"] for e in events] == ["start", "result", "error", "error"]
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["profile", "validate", "--set", "parallel.tp=3", "--json"],
+        ["profile", "validate", "--json", "--set", "parallel.tp=3", "--debug"],
+        ["--json", "profile", "validate", "--set", "parallel.tp=3"],
+    ],
+)
+def test_global_options_go_before_or_after_the_subcommand(args, monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert [json.loads(line)["event"] for line in result.stdout.splitlines()] == ["start", "error"]
+
+
+def test_quiet_after_the_subcommand_prints_nothing_on_success(monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    loud, quiet = invoke("profile", "validate"), invoke("profile", "validate", "-q")
+    assert loud.exit_code == quiet.exit_code == 0
+    assert loud.stdout.strip() and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_options_after_a_double_dash_stay_where_they_are() -> None:
+    assert hoist_global_flags(["clip", "a", "--json", "--", "--quiet"]) == [
+        "--json",
+        "clip",
+        "a",
+        "--",
+        "--quiet",
+    ]
+
+
+def test_every_json_event_has_the_stable_keys(monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    events = [json.loads(line) for line in invoke("profile", "list", "--json").stdout.splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and set(kinds[1:]) == {"progress"}
+    assert all(e["command"] == "profile list" for e in events)
+    progress = events[1:]
+    assert [e["done"] for e in progress] == list(range(1, len(progress) + 1))
+    assert all(e["unit"] == "profile" and e["total"] == len(progress) for e in progress)
 
 
 def test_schema_is_json_schema_with_descriptions() -> None:

@@ -1,10 +1,19 @@
 """Output for humans (rich), for machines (`--json`: one JSON object per line on stdout) and `--quiet`.
 
 Exit codes (also in the README): 0 success, 1 failure while running, 2 a user error (fix the input),
-3 partial success (the batch finished but some inputs were rejected or failed; see the errors file)."""
+3 partial success (the batch finished but some inputs were rejected or failed; see the errors file).
+
+Under `--json` every command writes the same four kinds of event, each with `event` and `command` (e.g.
+"train", "bench train"):
+- `start`: once, before the work (`version`).
+- `progress`: `unit` (what is counted: step, shard, source, clip, point, profile), `done`, `total` (null
+  when unknown), and the unit's own fields.
+- `result`: once, the command's outcome (its own fields).
+- `error`: `kind` (user, failure, interrupted) and `message`; the exit code says the rest."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,6 +33,7 @@ class Output:
     json: bool = False
     quiet: bool = False
     debug: bool = False
+    command: str = ""
 
     def __post_init__(self) -> None:
         self.console = Console(stderr=False, highlight=False)
@@ -39,15 +49,24 @@ class Output:
         if not (self.json or self.quiet):
             self.err_console.print(message)
 
-    def event(self, kind: str, **fields: Any) -> None:
-        """A machine-readable line in --json mode (e.g. per-unit progress); nothing otherwise."""
+    def event(self, event: str, /, **fields: Any) -> None:
+        """A machine-readable line in --json mode; nothing otherwise. Kinds: see the module docstring."""
         if self.json:
-            self._json_line({"event": kind, **fields})
+            self._json_line({"event": event, "command": self.command, **fields})
+
+    def start(self) -> None:
+        from vidforge import __version__
+
+        self.event("start", version=__version__)
+
+    def progress(self, unit: str, done: int, total: int | None, **fields: Any) -> None:
+        """One unit of work finished (a `progress` event in --json mode; bars show it for humans)."""
+        self.event("progress", unit=unit, done=done, total=total, **fields)
 
     def result(self, data: Mapping[str, Any], *, title: str | None = None, text: str | None = None) -> None:
         """The command's outcome: a JSON line, or `text` (or a key/value table) for humans."""
         if self.json:
-            self._json_line({"event": "result", **data})
+            self.event("result", **data)
         elif not self.quiet:
             if text is not None:
                 self.console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -59,7 +78,8 @@ class Output:
         """A callback `(shard entry, total shards)` for stages that work shard by shard: it advances a
         transient progress bar for humans, and emits one `shard` event per shard in --json mode."""
         if not self.show_progress:
-            yield lambda entry, total: self.event("shard", total=total, **entry)
+            done = itertools.count(1)
+            yield lambda entry, total: self.progress("shard", next(done), total, **entry)
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -81,7 +101,7 @@ class Output:
     def error(self, message: str, *, kind: str) -> None:
         """One line: JSON on stdout in --json mode (so a cron wrapper parses it), else on stderr."""
         if self.json:
-            self._json_line({"event": "error", "kind": kind, "message": message})
+            self.event("error", kind=kind, message=message)
         else:
             self.err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
 

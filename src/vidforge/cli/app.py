@@ -19,17 +19,18 @@ from vidforge.cli import (
     tokenize_cmd,
     train_cmd,
 )
-from vidforge.cli._errors import GuardedGroup
+from vidforge.cli._globals import COMMAND_KEY, RootGroup
 from vidforge.cli._output import Output, set_current_output
 
 app = typer.Typer(
     name="vidforge",
-    cls=GuardedGroup,
+    cls=RootGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
     help="Raw videos to a trained video diffusion model and back.\n\n"
     "Every stage reads one run-profile (--profile, default profiles/local_cpu.yaml). "
+    "--json, --quiet and --debug go before or after the subcommand. "
     "Exit codes: 0 ok, 1 failure, 2 fix your input, 3 partial success (see the errors file).",
 )
 
@@ -50,8 +51,12 @@ def root(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
-    ctx.obj = Output(json=json_, quiet=quiet, debug=debug)
+    from vidforge.parallel.launch import announces_the_run
+
+    ctx.obj = Output(json=json_, quiet=quiet, debug=debug, command=ctx.meta.get(COMMAND_KEY, ""))
     set_current_output(ctx.obj)
+    if announces_the_run():
+        ctx.obj.start()
 
 
 app.add_typer(profile_cmd.app, name="profile")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -180,11 +181,12 @@ def sweep(
     profile_from(profile, set_)  # fail fast on a bad profile, before any point runs
     output = current_output()
 
+    points = itertools.count(1)
+
     def show(row: dict) -> None:
         if output.json:
-            output.event(
-                "point", **{k: v for k, v in row.items() if k in ("point", "ok", "tokens_per_s", "error")}
-            )
+            keep = ("point", "ok", "tokens_per_s", "error")
+            output.progress("point", next(points), None, **{k: v for k, v in row.items() if k in keep})
         elif row["ok"]:
             output.info(
                 f"{row['point']}: {row['tokens_per_s']:,.0f} tokens/s, {row['step_time_s'] * 1000:.1f} ms/step"

@@ -53,7 +53,7 @@ def caption(
             f"{info['clips']} clip(s), {info['clips'] - info['todo']} already done"
             + (f", {info['retried']} to retry" if info["retried"] else "")
         )
-        output.event("start", **info)
+        output.progress("clip", info["clips"] - info["todo"], info["clips"], **info)
         if bars is not None and info["todo"]:
             bars.start({name: info["todo"] for name in info["stages"]})  # every clip passes every stage
 
@@ -66,7 +66,7 @@ def caption(
             executor=executor,
             ray_address=ray_address,
             retry_errors=retry_errors,
-            progress=None if bars else lambda done, total: output.event("progress", done=done, total=total),
+            progress=None if bars else lambda done, total: output.progress("clip", done, total),
             monitor=bars.update if bars else None,
             on_start=started,
         )

@@ -53,7 +53,7 @@ def clip(
         if info["embedder"] and "random weights" in info["embedder"]:
             out_.info(f"[yellow]note:[/] embeddings and stitching use {info['embedder']}")
         out_.info(f"{info['sources']} source(s), {info['sources'] - info['todo']} already done")
-        out_.event("start", **info)
+        out_.progress("source", info["sources"] - info["todo"], info["sources"], **info)
         if progress is not None:
             progress.start({name: info["todo"] if name == "decode" else None for name in info["stages"]})
 

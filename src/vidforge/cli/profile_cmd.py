@@ -87,9 +87,17 @@ def list_() -> None:
     """List the shipped profiles (and any in ./profiles) with their layouts."""
     out = current_output()
     rows = []
-    for path in shipped_profiles():
+    paths = shipped_profiles()
+    for done, path in enumerate(paths, 1):
         resolved = load_profile(path)
         layout = resolved.layout
         rows.append((path.stem, resolved.model.preset or "custom", layout.describe(), layout.world_size))
-        out.event("profile", name=path.stem, layout=layout.describe(), world_size=layout.world_size)
+        out.progress(
+            "profile",
+            done,
+            len(paths),
+            name=path.stem,
+            layout=layout.describe(),
+            world_size=layout.world_size,
+        )
     out.table(rows, columns=("profile", "model", "layout", "ranks"))

@@ -75,7 +75,7 @@ def train(
 
     def show(record: dict) -> None:
         if output.json:
-            output.event("metrics", **record)
+            output.progress("step", record["step"], resolved.train.steps, **record)
         else:
             output.info(
                 f"step {record['step']:>6}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "

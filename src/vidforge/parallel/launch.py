@@ -102,6 +102,14 @@ def launch_workers(nproc: int, argv: Sequence[str]) -> None:
                 os.environ[REPORTS_ENV] = previous
 
 
+def announces_the_run() -> bool:
+    """Whether this process announces the command (`--json`'s start event): a single process, the parent
+    of `--nproc` workers, or rank 0 under an external launcher; not the parent's workers."""
+    if os.environ.get(REPORTS_ENV) and under_launcher():
+        return False
+    return os.environ.get("RANK", "0") == "0"
+
+
 def report_failure(kind: str, message: str) -> bool:
     """In a worker the parent launched: record this rank's failure for the parent to print, and return
     True (the caller prints nothing). Elsewhere (one process, torchrun, SLURM) return False."""

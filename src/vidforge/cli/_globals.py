@@ -1,0 +1,46 @@
+"""Global options (`--json`, `--quiet`, `--debug`) in either place: `vidforge --json clip ...` and
+`vidforge clip ... --json` mean the same. click only parses a group's options before its subcommand, so
+the root group moves them to the front before parsing. None of them takes a value and no subcommand has
+an option of the same name; `--` ends the options (what follows it is left alone)."""
+
+from __future__ import annotations
+
+import typer
+from typer.core import TyperGroup
+
+from vidforge.cli._errors import GuardedGroup
+
+GLOBAL_FLAGS = frozenset({"--json", "--quiet", "-q", "--debug"})
+COMMAND_KEY = "vidforge.command"
+
+
+def hoist_global_flags(args: list[str]) -> list[str]:
+    front: list[str] = []
+    rest: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            rest += args[i:]
+            break
+        (front if arg in GLOBAL_FLAGS else rest).append(arg)
+    return front + rest
+
+
+def command_path(group: TyperGroup, args: list[str]) -> str:
+    """The subcommand's name as typed ("train", "bench train"): the first word, and the next one when
+    the first names a group."""
+    words = [arg for arg in args if not arg.startswith("-")]
+    if not words:
+        return ""
+    sub = group.commands.get(words[0])
+    if isinstance(sub, TyperGroup) and len(words) > 1:
+        return f"{words[0]} {words[1]}"
+    return words[0]
+
+
+class RootGroup(GuardedGroup):
+    """`vidforge`: the error boundary (GuardedGroup), with global options accepted after the subcommand."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        args = hoist_global_flags(list(args))
+        ctx.meta[COMMAND_KEY] = command_path(self, args)
+        return super().parse_args(ctx, args)
