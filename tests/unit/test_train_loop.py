@@ -28,10 +28,34 @@ def latents(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def trained(latents, tmp_path_factory) -> Path:
+def trained_run(latents, tmp_path_factory) -> tuple[Path, loop.TrainSummary, list[int]]:
     run_dir = tmp_path_factory.mktemp("run")
-    loop.run(train_profile(), [latents], run_dir)
-    return run_dir
+    steps: list[int] = []
+    summary = loop.run(train_profile(), [latents], run_dir, on_step=steps.append)
+    return run_dir, summary, steps
+
+
+@pytest.fixture(scope="module")
+def trained(trained_run) -> Path:
+    return trained_run[0]
+
+
+def test_summary_loss_is_the_mean_of_the_last_logged_losses_and_every_step_is_reported(trained_run) -> None:
+    run_dir, summary, steps = trained_run
+    logged = losses(run_dir)  # train.log_every=1: six lines, fewer than the window
+    assert summary.final_loss_window == len(logged) == 6
+    assert summary.final_loss_mean == pytest.approx(sum(logged) / len(logged), rel=1e-12)
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_tensorboard_event_files_hold_the_logged_loss(trained) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(trained / "tensorboard"))
+    events.Reload()
+    loss = events.Scalars("loss")
+    assert [s.step for s in loss] == [1, 2, 3, 4, 5, 6]
+    assert [s.value for s in loss] == pytest.approx(losses(trained), rel=1e-6)  # stored as float32
 
 
 def test_run_logs_every_step_checkpoints_and_exports(trained) -> None:
@@ -87,7 +111,7 @@ def test_nan_loss_stops_with_a_clear_message(latents, tmp_path, monkeypatch) -> 
 def test_nan_loss_is_skipped_by_setting(latents, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(LocalTrainStep, "forward", _poisoned(2))
     summary = loop.run(train_profile("train.nan_policy=skip"), [latents], tmp_path)
-    assert summary.skipped_steps == 1 and summary.last_step == 6 and math.isfinite(summary.final_loss)
+    assert summary.skipped_steps == 1 and summary.last_step == 6 and math.isfinite(summary.final_loss_mean)
 
 
 def test_infer_is_deterministic_and_writes_videos(trained, tmp_path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from vidforge.train.metrics import MetricsLog
 from vidforge.train.step import StepResult, TrainStep, make_train_step
 
 Progress = Callable[[dict[str, Any]], None]
+FINAL_LOSS_WINDOW = 10  # logged losses averaged into the summary's final_loss_mean
 
 
 class TrainingDiverged(RuntimeError):
@@ -41,7 +43,10 @@ class TrainSummary:
     run_dir: str
     start_step: int
     last_step: int
-    final_loss: float | None
+    final_loss_mean: float | None
+    """The mean of the last `final_loss_window` logged losses (one step's loss is noisy: a spike at the
+    last logged step is not where the run ended up); None when nothing was logged."""
+    final_loss_window: int
     skipped_steps: int
     tokens_per_s: float
     step_time_s: float
@@ -67,7 +72,10 @@ def run(
     resume: bool = False,
     progress: Progress | None = None,
     init: WeightsInit | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> TrainSummary:
+    """Train; `progress(record)` gets each logged metrics line and `on_step(step)` every finished step
+    (rank 0 only, for a progress bar)."""
     cfg = profile.train
     runtime = init_runtime(profile)
     runtime.require_layout()
@@ -90,7 +98,7 @@ def run(
     metrics = MetricsLog(run_dir, enabled=runtime.is_main, resume_step=step)
     window = _Window(profile, runtime)
     skipped_in_row = skipped = 0
-    last_loss: float | None = None
+    logged_losses: deque[float] = deque(maxlen=FINAL_LOSS_WINDOW)
     for module in parts.modules:
         module.train()
 
@@ -103,6 +111,8 @@ def run(
             break
         result = step_fn(batches)
         step += 1
+        if on_step is not None and runtime.is_main:
+            on_step(step)
         if not result.finite:
             step_fn.zero_grad()
             skipped, skipped_in_row = skipped + 1, skipped_in_row + 1
@@ -116,11 +126,11 @@ def run(
             continue
         skipped_in_row = 0
         step_fn.apply()
-        last_loss = result.loss
         window.add(result, started)
         if step % cfg.log_every == 0 or step == cfg.steps:
             record = window.record(step, result, step_fn, batcher)
             metrics.write(record)
+            logged_losses.append(record["loss"])
             if progress is not None and runtime.is_main:
                 progress(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
@@ -152,7 +162,8 @@ def run(
         run_dir=str(run_dir),
         start_step=start_step,
         last_step=step,
-        final_loss=last_loss,
+        final_loss_mean=sum(logged_losses) / len(logged_losses) if logged_losses else None,
+        final_loss_window=len(logged_losses),
         skipped_steps=skipped,
         tokens_per_s=window.tokens_per_s,
         step_time_s=window.step_time,

@@ -1,5 +1,5 @@
-"""Training metrics: one JSON line per logged step in the run directory, a console line, and TensorBoard
-scalars when tensorboard is installed. Only rank 0 writes."""
+"""Training metrics: one JSON line per logged step in the run directory (metrics.jsonl), a console line,
+and TensorBoard scalars (RUN/tensorboard/: `tensorboard --logdir RUN`). Only rank 0 writes."""
 
 from __future__ import annotations
 
@@ -83,12 +83,9 @@ class MetricsLog:
             # A resumed run rewrites the steps after its checkpoint: drop what the killed run logged past it.
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
             self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # tensorboard is a dependency
 
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-        except ImportError:  # tensorboard is optional
-            self._tb = None
+        self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
