@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -36,13 +38,68 @@ class Output:
     command: str = ""
 
     def __post_init__(self) -> None:
-        self.console = Console(stderr=False, highlight=False)
-        self.err_console = Console(stderr=True, highlight=False)
+        self.console = _console(stderr=False)
+        self.err_console = _console(stderr=True)
+        if self.json or self.quiet:
+            silence_warnings()
 
     @property
     def show_progress(self) -> bool:
         """Progress bars go to stderr for humans only; JSON and quiet runs stay clean for cron logs."""
         return not (self.json or self.quiet)
+
+    @property
+    def live(self) -> bool:
+        """Bars and spinners redraw in place: only for a human at a terminal (a log file gets lines)."""
+        return self.show_progress and self.err_console.is_terminal
+
+    @contextmanager
+    def step_bar(self, label: str, total: int) -> Iterator[Callable[[int], None]]:
+        """A callback `(steps done)` that moves a bar with an ETA on a terminal; nothing elsewhere (plain
+        log lines and --json progress events say the same there). The first call places the bar (a resumed
+        run starts part way) without counting toward the speed the ETA comes from."""
+        if not self.live:
+            yield lambda step: None
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        columns = (
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=self.err_console, transient=True) as bar:
+            task = bar.add_task(label, total=total)
+            placed = False
+
+            def advance(step: int) -> None:
+                nonlocal placed
+                if not placed:
+                    bar.reset(task, total=total, completed=step - 1)
+                    placed = True
+                bar.update(task, completed=step)
+
+            yield advance
+
+    @contextmanager
+    def working(self, message: str) -> Iterator[None]:
+        """Long work with no count to show: a spinner on a terminal, else the message once."""
+        if not self.live:
+            self.info(message)
+            yield
+            return
+        with self.err_console.status(message):
+            yield
 
     def info(self, message: str) -> None:
         """A line for a human reading along; dropped in --json and --quiet modes."""
@@ -81,9 +138,22 @@ class Output:
             done = itertools.count(1)
             yield lambda entry, total: self.progress("shard", next(done), total, **entry)
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, console=self.err_console, transient=True) as bar:
             task = bar.add_task(label, total=None)
             yield lambda entry, total: bar.update(task, advance=1, total=total)
@@ -109,6 +179,23 @@ class Output:
     def _json_line(obj: Mapping[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj, default=str) + "\n")
         sys.stdout.flush()
+
+
+def _console(*, stderr: bool) -> Console:
+    """A terminal gets rich's wrapping at its width; a file or a pipe gets whole lines (a log reader or a
+    parser must not find `MFU \\n1.1%`), and tables as wide as their content."""
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        console.width = 100_000
+    return console
+
+
+def silence_warnings() -> None:
+    """--quiet and --json: Python warnings (torch's UserWarnings) stay off the terminal, here and in the
+    processes this one starts (PYTHONWARNINGS is inherited; workers that parse --quiet do it themselves)."""
+    warnings.simplefilter("ignore")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
 def _fmt(value: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -51,7 +52,7 @@ def infer(
     sequence (ST-DiT: ScaleFusion's overlapped all-to-alls; DiT: context-parallel denoising). Rank 0
     writes the videos.
     """
-    from vidforge.parallel.launch import start_ranks
+    from vidforge.parallel.launch import is_rank_zero, start_ranks
 
     code = start_ranks(nproc)
     if code is not None:
@@ -65,7 +66,9 @@ def infer(
             raise UserInputError(f"--prompts-file {prompts_file}: no such file")
         prompts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
     output = current_output()
-    result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile, log=output.info)
+    what = f"sampling {len(prompts)} prompt(s) from {checkpoint}: loading the model, then denoising"
+    with output.working(what) if is_rank_zero() else nullcontext():
+        result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile, log=output.info)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:

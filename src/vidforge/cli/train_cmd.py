@@ -73,12 +73,14 @@ def train(
 
     output = current_output()
 
+    total = resolved.train.steps
+
     def show(record: dict) -> None:
         if output.json:
-            output.progress("step", record["step"], resolved.train.steps, **record)
+            output.progress("step", record["step"], total, **record)
         else:
             output.info(
-                f"step {record['step']:>6}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "
+                f"step {record['step']:>6}/{total}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "
                 f"lr {record['lr']:.2e}  {record['tokens_per_s']:.0f} tok/s  {record['step_time_s'] * 1000:.0f} ms/step  "
                 f"MFU {record['mfu']:.1%}"
             )
@@ -86,7 +88,8 @@ def train(
     from vidforge.train.init_weights import WeightsInit
 
     weights = WeightsInit(init, allow_partial) if init is not None else None
-    summary = run(resolved, data, run_dir, resume=resume, progress=show, init=weights)
+    with output.step_bar("train", total) as on_step:
+        summary = run(resolved, data, run_dir, resume=resume, progress=show, init=weights, on_step=on_step)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:

@@ -107,6 +107,11 @@ def announces_the_run() -> bool:
     of `--nproc` workers, or rank 0 under an external launcher; not the parent's workers."""
     if os.environ.get(REPORTS_ENV) and under_launcher():
         return False
+    return is_rank_zero()
+
+
+def is_rank_zero() -> bool:
+    """Rank 0 of a launched run, or a single process (known before any process group starts)."""
     return os.environ.get("RANK", "0") == "0"
 
 
