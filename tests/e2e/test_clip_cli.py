@@ -71,6 +71,14 @@ def curated(tmp_path_factory, sample_videos, stitch_threshold) -> Path:
     return out
 
 
+def test_shard_on_a_clip_output_says_to_caption_first(curated, tmp_path):
+    result = CliRunner().invoke(app, ["shard", str(curated), "-o", str(tmp_path / "shards")])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and f"run `vidforge caption {curated} -o CAPTIONED` first" in line
+    assert not (tmp_path / "shards").exists()  # refused before anything was written
+
+
 def test_false_split_merges_and_true_cut_stays(curated, sample_truth):
     truth = sample_truth["false_split"]
     spans = [

@@ -47,6 +47,7 @@ def test_shard_tokenize_and_load(tmp_path):
     assert res.exit_code == 3, res.output
     summary = _result(res.stdout)
     assert summary["samples"] == 5 and summary["rejected"] == 1 and summary["shards"] == 3
+    assert summary["random_weights"] == ["text_encoder"]  # no text_encoder.path: a random tower
 
     res = runner.invoke(app, ["--json", "shard", str(ann), "-o", str(tmp_path / "shards"), *_args()])
     assert _result(res.stdout)["skipped"] == 3 and _result(res.stdout)["written"] == 0

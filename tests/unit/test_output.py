@@ -55,3 +55,13 @@ def test_quiet_and_json_silence_python_warnings(flags, monkeypatch) -> None:
     assert len(seen) == (0 if flags else 1)
     # and in the processes started from here
     assert os.environ.get("PYTHONWARNINGS") == ("ignore" if flags else None)
+
+
+def test_every_stage_notes_random_weights_the_same_way(capsys) -> None:
+    output = Output()
+    output.note_random_weights(["text_encoder"], "set text_encoder.path")
+    output.note_random_weights([], "set text_encoder.path")  # trained weights: nothing to say
+    Output(quiet=True).note_random_weights(["caption"], "x")
+    assert capsys.readouterr().err == (
+        "note: random weights in text_encoder: outputs carry no meaning (set text_encoder.path)\n"
+    )

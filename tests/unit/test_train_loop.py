@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -46,6 +48,18 @@ def test_summary_loss_is_the_mean_of_the_last_logged_losses_and_every_step_is_re
     assert summary.final_loss_window == len(logged) == 6
     assert summary.final_loss_mean == pytest.approx(sum(logged) / len(logged), rel=1e-12)
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_export_files_are_readable_like_every_other_file(trained) -> None:
+    export = trained / "export"
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in export.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {
+        stat.S_IMODE((trained / "profile.yaml").stat().st_mode)
+    }
+    umask = os.umask(0o022)
+    os.umask(umask)
+    if umask == 0o022:
+        assert modes["model.safetensors"] == 0o644
 
 
 def test_tensorboard_event_files_hold_the_logged_loss(trained) -> None:

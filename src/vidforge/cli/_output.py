@@ -116,6 +116,14 @@ class Output:
 
         self.event("start", version=__version__)
 
+    def note_random_weights(self, models: Sequence[str], fix: str) -> None:
+        """The one way every stage says it ran models without trained weights (fine for a demo or a test:
+        their outputs carry no meaning). `fix` says how to give real weights."""
+        if models:
+            self.info(
+                f"[yellow]note:[/] random weights in {', '.join(models)}: outputs carry no meaning ({fix})"
+            )
+
     def progress(self, unit: str, done: int, total: int | None, **fields: Any) -> None:
         """One unit of work finished (a `progress` event in --json mode; bars show it for humans)."""
         self.event("progress", unit=unit, done=done, total=total, **fields)

@@ -91,12 +91,12 @@ def caption(
                 ],
                 columns=("stage", "items", "errors", "workers", "busy s"),
             )
-        note = f"; random weights: {', '.join(summary.random_weights)}" if summary.random_weights else ""
+        output.note_random_weights(summary.random_weights, "give each model's weights in the profile")
         retried = f", {summary.retried} retried" if summary.retried else ""
         output.result(
             {},
             text=f"{summary.kept} kept, {summary.rejected} rejected, {summary.errors} errors of "
-            f"{summary.clips} clips ({summary.skipped} already done{retried}) -> {summary.out}{note}",
+            f"{summary.clips} clips ({summary.skipped} already done{retried}) -> {summary.out}",
         )
     if summary.errors:
         output.info(f"[yellow]{summary.errors} error(s)[/]: see {out / 'errors.jsonl'}")

@@ -51,7 +51,9 @@ def clip(
 
     def started(info: dict) -> None:
         if info["embedder"] and "random weights" in info["embedder"]:
-            out_.info(f"[yellow]note:[/] embeddings and stitching use {info['embedder']}")
+            out_.note_random_weights(
+                [f"embeddings ({resolved.curation.embed_model})"], "set curation.embed_checkpoint"
+            )
         out_.info(f"{info['sources']} source(s), {info['sources'] - info['todo']} already done")
         out_.progress("source", info["sources"] - info["todo"], info["sources"], **info)
         if progress is not None:

@@ -38,6 +38,7 @@ def shard(
     output = current_output()
     with output.shard_progress("shard") as on_shard:
         summary = run(resolved, annotated_dir, out, on_shard=on_shard)
+    output.note_random_weights(summary.random_weights, "set text_encoder.path")
     output.result(summary.as_dict(), title="vidforge shard")
     if summary.rejected:
         output.info(f"{summary.rejected} records rejected: see {out / 'errors.jsonl'}")

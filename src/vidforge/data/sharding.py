@@ -71,6 +71,8 @@ class ShardSummary:
     seconds: float = 0.0
     out: str = ""
     errors: list[dict] = field(default_factory=list)
+    random_weights: list[str] = field(default_factory=list)
+    """Models that ran without trained weights (the text encoder of a demo or a test)."""
 
     @property
     def mb_per_s(self) -> float:
@@ -89,6 +91,7 @@ class ShardSummary:
             "bytes_written": self.bytes_written,
             "seconds": round(self.seconds, 3),
             "MB/s": round(self.mb_per_s, 2),
+            "random_weights": self.random_weights,
         }
 
 
@@ -102,6 +105,13 @@ def _kept_records(annotated_dir: Path) -> list[dict]:
         records = read_jsonl(manifest)
     except ValueError as err:
         raise UserInputError(str(err)) from None
+    if records and not any(
+        "media" in r for r in records
+    ):  # e.g. `vidforge clip`'s manifest: `path`, no caption
+        raise UserInputError(
+            f"{annotated_dir}: its records have no captions (`media` paths); "
+            f"run `vidforge caption {annotated_dir} -o CAPTIONED` first and shard CAPTIONED"
+        )
     return [r for r in records if r.get("keep", True) is True]
 
 
@@ -246,6 +256,7 @@ def run(
     shards, errors = plan_shards(annotated_dir, profile, (encoder.max_length, encoder.width))
     done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
     summary = ShardSummary(shards=len(shards), out=str(out), errors=errors, rejected=len(errors))
+    summary.random_weights = ["text_encoder"] if encoder.random_weights else []
     entries = []
     for shard in shards:
         path = out / shard.name

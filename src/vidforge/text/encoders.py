@@ -55,6 +55,9 @@ class TextEncoderBase(ABC):
             )
         return np.concatenate(hidden_parts), np.concatenate(mask_parts)
 
+    random_weights = False
+    """True for a tower built without a checkpoint (demos, tests): its embeddings carry no meaning."""
+
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """What the shards' index records about the encoder."""
@@ -79,6 +82,7 @@ class OpenClipTextEncoder(TextEncoderBase):
 
         self.device = resolve_device(device)
         self.arch, self.path = arch, path
+        self.random_weights = path is None
         if path is not None:
             if not Path(path).is_file():
                 raise UserInputError(f"text_encoder.path: open-clip checkpoint not found: {path}")

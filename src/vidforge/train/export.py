@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -82,6 +83,9 @@ def export_weights(
         save_model(plain, out)
         (out / "profile.yaml").write_text(dump_profile(profile))
         record_step(out, step)
+        for written in out.iterdir():  # the weights came through a private temp file (0600): readable
+            if written.is_file():  # like every other file, i.e. the mode profile.yaml got (0644)
+                shutil.copymode(out / "profile.yaml", written)
     return out
 
 
