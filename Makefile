@@ -10,6 +10,7 @@ install: $(STAMP)
 
 # Reinstall when the dependency set changes. torch/torchvision are a pinned pair (constraints).
 $(STAMP): pyproject.toml requirements/constraints.txt
+	@echo "installing the pinned set into $(VENV) (about two minutes)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev]'
