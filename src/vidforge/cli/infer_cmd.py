@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
+from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 
 from vidforge.cli._options import SetOpt
 from vidforge.cli._output import current_output
 from vidforge.errors import UserInputError
+from vidforge.profile.diffusion import Diffusion
+
+# The choices --help lists are the profile's own (diffusion.sampler), not a second list.
+Sampler = Enum(
+    "Sampler", {name: name for name in get_args(Diffusion.model_fields["sampler"].annotation)}, type=str
+)
 
 
 def infer(
@@ -38,6 +46,43 @@ def infer(
             help="Share the sampling over this many local processes under torchrun (CFG-parallel, sequence parallel).",
         ),
     ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", min=1, help="Sampler steps (diffusion.steps).", show_default=False),
+    ] = None,
+    guidance: Annotated[
+        float | None,
+        typer.Option(
+            "--guidance",
+            min=0.0,
+            help="Classifier-free guidance scale; 1 turns it off (diffusion.guidance).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Seed of the first prompt's noise (infer.seed).", show_default=False),
+    ] = None,
+    negative_prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--negative-prompt",
+            help="What the guidance steers away from (infer.negative_prompt).",
+            show_default=False,
+        ),
+    ] = None,
+    sampler: Annotated[
+        Sampler | None, typer.Option("--sampler", help="diffusion.sampler.", show_default=False)
+    ] = None,
+    height: Annotated[
+        int | None, typer.Option("--height", min=8, help="infer.height in pixels.", show_default=False)
+    ] = None,
+    width: Annotated[
+        int | None, typer.Option("--width", min=8, help="infer.width in pixels.", show_default=False)
+    ] = None,
+    frames: Annotated[
+        int | None, typer.Option("--frames", min=1, help="infer.frames.", show_default=False)
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
     """Sample videos: text encoder -> sampler (diffusion.sampler heun|res, steps, guidance) -> DiT ->
@@ -46,6 +91,9 @@ def infer(
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o runs/samples
     Example: vidforge infer -c runs/train --prompts-file prompts.txt -o out --set diffusion.sampler=res --set infer.seed=7
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o out --nproc 2
+    Example: vidforge infer -c runs/train --prompt "a red square" -o out --steps 50 --guidance 7 --seed 3 --negative-prompt "blurry" --sampler res --height 64 --width 96 --frames 17
+
+    The flags are the profile fields named in their help (the flag wins over a --set of the same field).
 
     With --nproc N the ranks share every batch: with guidance and an even N, the conditional and
     unconditional branches run on two halves (CFG-parallel); the ranks of each half split the token
@@ -68,7 +116,19 @@ def infer(
     output = current_output()
     what = f"sampling {len(prompts)} prompt(s) from {checkpoint}: loading the model, then denoising"
     with output.working(what) if is_rank_zero() else nullcontext():
-        result = run(checkpoint, prompts, out, overrides=set_ or (), profile=profile, log=output.info)
+        flags = {
+            "diffusion.steps": steps,
+            "diffusion.guidance": guidance,
+            "diffusion.sampler": sampler.value if sampler else None,
+            "infer.seed": seed,
+            # quoted: an override's value is read as YAML, and a prompt may hold `:` or `,`
+            "infer.negative_prompt": json.dumps(negative_prompt) if negative_prompt is not None else None,
+            "infer.height": height,
+            "infer.width": width,
+            "infer.frames": frames,
+        }
+    overrides = [*(set_ or ()), *(f"{field}={value}" for field, value in flags.items() if value is not None)]
+    result = run(checkpoint, prompts, out, overrides=overrides, profile=profile, log=output.info)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:
