@@ -61,24 +61,7 @@ class Output:
         if not self.live:
             yield lambda step: None
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        columns = (
-            TextColumn(label),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=self.err_console, transient=True) as bar:
+        with _progress_bar(self.err_console, label, transient=True) as bar:
             task = bar.add_task(label, total=total)
             placed = False
 
@@ -146,23 +129,7 @@ class Output:
             done = itertools.count(1)
             yield lambda entry, total: self.progress("shard", next(done), total, **entry)
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        columns = (
-            TextColumn(label),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=self.err_console, transient=True) as bar:
+        with _progress_bar(self.err_console, label, transient=True) as bar:
             task = bar.add_task(label, total=None)
             yield lambda entry, total: bar.update(task, advance=1, total=total)
 
@@ -187,6 +154,21 @@ class Output:
     def _json_line(obj: Mapping[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj, default=str) + "\n")
         sys.stdout.flush()
+
+
+def _progress_bar(console: Console, label: str, *, transient: bool) -> Any:
+    """Every bar looks the same: label, bar, done/total, elapsed, ETA (rich imported only when shown)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"))
+    return Progress(*columns, TimeRemainingColumn(), console=console, transient=transient)
 
 
 def _console(*, stderr: bool) -> Console:
@@ -230,15 +212,7 @@ class StageBars:
     A stage with a known total keeps it; the others grow with the items that have reached them."""
 
     def __init__(self, output: Output):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = (
-            TextColumn("{task.description:>10}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        self.progress = Progress(*columns, console=output.err_console, transient=False)
+        self.progress = _progress_bar(output.err_console, "{task.description:>10}", transient=False)
         self.tasks: dict[str, int] = {}
         self.fixed: dict[str, int | None] = {}
 
