@@ -154,6 +154,7 @@ def test_infer_flags_are_the_profile_fields_they_name(trained, tmp_path) -> None
         args = ["infer", "-c", str(trained), "--prompt", "a red square", "-o", str(tmp_path / name), *extra]
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.stderr
+        assert "sampling 1 prompt(s) from" in result.stderr  # says what it is doing before the wait
         (record,) = read_jsonl(tmp_path / name / "samples.jsonl")
         runs[name] = (record, _decode(str(tmp_path / name / record["video"])))
     (record, frames), (same_record, same_frames) = runs["flags"], runs["sets"]

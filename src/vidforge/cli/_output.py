@@ -124,7 +124,8 @@ class Output:
     @contextmanager
     def shard_progress(self, label: str) -> Iterator[Callable[[dict[str, Any], int], None]]:
         """A callback `(shard entry, total shards)` for stages that work shard by shard: it advances a
-        transient progress bar for humans, and emits one `shard` event per shard in --json mode."""
+        transient progress bar for humans, and emits one `progress` event (unit `shard`) per shard in --json
+        mode."""
         if not self.show_progress:
             done = itertools.count(1)
             yield lambda entry, total: self.progress("shard", next(done), total, **entry)
@@ -167,8 +168,15 @@ def _progress_bar(console: Console, label: str, *, transient: bool) -> Any:
         TimeRemainingColumn,
     )
 
-    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"))
-    return Progress(*columns, TimeRemainingColumn(), console=console, transient=transient)
+    columns = (
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=console, transient=transient)
 
 
 def _console(*, stderr: bool) -> Console:

@@ -114,21 +114,21 @@ def infer(
             raise UserInputError(f"--prompts-file {prompts_file}: no such file")
         prompts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
     output = current_output()
+    flags = {
+        "diffusion.steps": steps,
+        "diffusion.guidance": guidance,
+        "diffusion.sampler": sampler.value if sampler else None,
+        "infer.seed": seed,
+        # quoted: an override's value is read as YAML, and a prompt may hold `:` or `,`
+        "infer.negative_prompt": json.dumps(negative_prompt) if negative_prompt is not None else None,
+        "infer.height": height,
+        "infer.width": width,
+        "infer.frames": frames,
+    }
+    overrides = [*(set_ or ()), *(f"{field}={value}" for field, value in flags.items() if value is not None)]
     what = f"sampling {len(prompts)} prompt(s) from {checkpoint}: loading the model, then denoising"
     with output.working(what) if is_rank_zero() else nullcontext():
-        flags = {
-            "diffusion.steps": steps,
-            "diffusion.guidance": guidance,
-            "diffusion.sampler": sampler.value if sampler else None,
-            "infer.seed": seed,
-            # quoted: an override's value is read as YAML, and a prompt may hold `:` or `,`
-            "infer.negative_prompt": json.dumps(negative_prompt) if negative_prompt is not None else None,
-            "infer.height": height,
-            "infer.width": width,
-            "infer.frames": frames,
-        }
-    overrides = [*(set_ or ()), *(f"{field}={value}" for field, value in flags.items() if value is not None)]
-    result = run(checkpoint, prompts, out, overrides=overrides, profile=profile, log=output.info)
+        result = run(checkpoint, prompts, out, overrides=overrides, profile=profile, log=output.info)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:
