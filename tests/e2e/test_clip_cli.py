@@ -76,7 +76,8 @@ def test_shard_on_a_clip_output_says_to_caption_first(curated, tmp_path):
     assert result.exit_code == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and f"run `vidforge caption {curated} -o CAPTIONED` first" in line
-    assert not (tmp_path / "shards").exists()  # refused before anything was written
+    shards = tmp_path / "shards"  # refused before any shard or index was written
+    assert not list(shards.glob("*.tar")) and not (shards / "index.json").exists()
 
 
 def test_false_split_merges_and_true_cut_stays(curated, sample_truth):
