@@ -416,3 +416,21 @@ def test_ray_executor_gives_the_same_manifest(tmp_path, sample_videos, curated, 
     )
     assert (out / "manifest.jsonl").read_text() == (curated / "manifest.jsonl").read_text()
     assert np.array_equal(np.load(out / "embeddings.npy"), np.load(curated / "embeddings.npy"))
+
+
+def test_clip_files_are_named_after_their_source_and_index(curated) -> None:
+    """A person browsing the folder sees which source and which shot (scenedetect's VIDEO-Scene-001)."""
+    records = [json.loads(line) for line in (curated / "manifest.jsonl").read_text().splitlines()]
+    assert records
+    for record in records:
+        name = Path(record["path"]).name
+        stem = Path(record["source"]).stem
+        assert name.startswith(f"{stem}-Scene-") and name.endswith(f"-{record['clip_id']}.mp4"), name
+        assert (curated / record["path"]).is_file()
+    by_source: dict[str, list[int]] = {}
+    for record in records:
+        by_source.setdefault(record["source"], []).append(
+            int(Path(record["path"]).name.split("-Scene-")[1][:3])
+        )
+    for indices in by_source.values():
+        assert len(set(indices)) == len(indices)  # one index per clip of a source

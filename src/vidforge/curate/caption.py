@@ -45,8 +45,10 @@ HISTOGRAMS = "histograms.png"
 
 
 def link_media(src: Path, out_dir: Path, clip_id: str) -> str:
-    """Hard-link (else copy) a clip into OUT/clips/ atomically; returns its path relative to OUT."""
-    rel = Path("clips") / f"{clip_id}{src.suffix or '.mp4'}"
+    """Hard-link (else copy) a clip into OUT/clips/ atomically; returns its path relative to OUT. It keeps
+    the clip stage's name (source name and index beside the id) when that name carries the id."""
+    name = src.name if src.stem.endswith(clip_id) else f"{clip_id}{src.suffix or '.mp4'}"
+    rel = Path("clips") / name
     target = out_dir / rel
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,10 @@ send to a worker process or a Ray actor)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 
@@ -82,10 +84,20 @@ class ClipPlan:
     static_ratio: float
     stitched: int = 1
     rejected: tuple[str, str] | None = None  # (stage, reason)
+    index: int = 1  # 1-based place among its source's clips (rejected ones included), in time order
 
     @property
     def label(self) -> str:
         return f"{self.source}[{self.start}:{self.end}]"
+
+    @property
+    def file_name(self) -> str:
+        """What a person browsing the clips folder reads: the source's name and the clip's index beside
+        its id, as scenedetect's `VIDEO-Scene-001.mp4` (`beach-Scene-003-1f2e...mp4`)."""
+        stem = (
+            re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.source.rstrip("/")).stem)[:48].strip("._") or "source"
+        )
+        return f"{stem}-Scene-{self.index:03d}-{self.clip_id}.mp4"
 
 
 @dataclass

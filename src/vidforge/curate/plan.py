@@ -37,6 +37,8 @@ def plan_clips(analysis: Analysis, cfg: Curation, pooled=None) -> list[ClipPlan]
             ratio = static_ratio(analysis.static, start, end)
             why = static_reason(ratio, cfg.static_max_ratio)
             plans.append(_plan(analysis, shot, start, end, ("static", why) if why else None, ratio))
+    for index, plan in enumerate(plans, 1):  # the clip's place in its source, in time order, as named
+        plan.index = index
     return plans
 
 

@@ -88,7 +88,7 @@ def adopt_recorded(
             if shot is not None:
                 Path(shot.path).unlink(missing_ok=True)
             continue
-        path = clips_dir / f"{plan.clip_id}.mp4"
+        path = clips_dir / plan.file_name
         os.replace(shot.path, path)
         adopted.append(
             ClipResult(
@@ -129,7 +129,7 @@ def transcode_source(plans: list[ClipPlan], clips_dir: Path, cfg: Curation, samp
                 if writer is None:
                     if pts < int(queue[0].pts[0]):
                         continue
-                    writer = _ClipWriter(queue[0], clips_dir / f"{queue[0].clip_id}.mp4", cfg, samples)
+                    writer = _ClipWriter(queue[0], clips_dir / queue[0].file_name, cfg, samples)
                 if pts in writer.wanted:
                     writer.add(frame)
                 if writer.complete or pts >= writer.last_pts:
