@@ -34,10 +34,14 @@ WAN = ["model.preset=wan2.1-1.3b", "model.layers=2", "model.heads=4", "model.tex
 
 
 def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, float]]:
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    profile = load_profile(None, [*TINY, *sets])
-    step = BenchStep(profile)
-    measured = step.measure_memory()
+    try:
+        profile = load_profile(None, [*TINY, *sets])
+        step = BenchStep(profile)
+        measured = step.measure_memory()
+    finally:
+        torch.set_num_threads(threads)  # later tests in this process keep their threads
     est = estimate_memory(profile, step.dims.layout, step.workload)
     predicted = {name: est.get(name) for name in ("parameters", "gradients", "optimizer", "ema")}
     # What autograd holds after the forward: activations, plus the bf16 weight casts autocast keeps.
