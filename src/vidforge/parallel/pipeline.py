@@ -8,7 +8,7 @@ modules (timestep MLP, text projection, null caption, shared adaLN modulation) a
 model's (`blocks.5.attn...`), so the optimizer, FSDP and DCP checkpoints see the usual names.
 
 Conditioning inputs: torch's schedules pass only the previous stage's outputs between stages, as
-positional arguments. The per-sample conditioning inputs (c_noise, text embedding, text mask, caption
+positional arguments. The per-sample conditioning inputs (noise level, text embedding, text mask, caption
 dropout, and the token `grid` or packed `SequenceLayout`) go to every stage as *keyword* arguments, one
 dict per micro-batch (`schedule.step(kwarg_mbs=...)`): the schedule hands each stage the kwargs of the
 micro-batch it is running. That is the side channel keyed by micro-batch index, and it is torch's own.
