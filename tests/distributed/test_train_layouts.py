@@ -47,6 +47,8 @@ WAN = (
 LAYOUTS = {
     # context parallel (ring) with FSDP2 over the cp ranks, on the wan family
     "wan-cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring", *WAN]),
+    # tensor parallel with Wan's q/k norms across all heads (sum of squares all-reduced)
+    "wan-tp2": (2, ["parallel.tp=2", "parallel.sequence_parallel=false", *WAN, *EMA]),
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
     "tp2": (2, ["parallel.tp=2", *EMA]),  # EMA over tensor-parallel and replicated parameters
     "tp2xcp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ring"]),
@@ -69,11 +71,13 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather", *WAN]),
         "wan-cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses", *WAN]),
         "wan-fsdp2": (2, ["parallel.dp_shard=2", *WAN]),
+        "wan-fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=false", *WAN]),
     }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
     **{name: WAN for name in LAYOUTS if name.startswith("wan")},
+    "wan-tp2": (*WAN, *EMA),
     "tp2": EMA,
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2

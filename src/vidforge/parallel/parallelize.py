@@ -44,7 +44,11 @@ def parallelize(
         from vidforge.parallel.float8 import apply_float8
 
         done.notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
-    if dims.tp_enabled:
+    if dims.tp_enabled and profile.model.family == "wan":
+        from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
+
+        apply_wan_tp(model, dims.mesh["tp"])
+    elif dims.tp_enabled:
         from vidforge.parallel.tensor_parallel import apply_tp
 
         apply_tp(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)

@@ -121,15 +121,15 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _family(profile: RunProfile, layout: Layout) -> list[str]:
-    """What the wan family (Wan2.1's transformer) does not have yet: a tensor-parallel plan (its q/k
-    norms span all heads) and a pipeline split (stages are cut along the DiT's module names)."""
+    """What the wan family (Wan2.1's transformer) does not have yet: sequence parallel with its tensor
+    parallel plan, and a pipeline split (stages are cut along the DiT's module names)."""
     if profile.model.family != "wan":
         return []
     problems = []
-    if layout.tp > 1:
+    if layout.tp > 1 and profile.parallel.sequence_parallel:
         problems.append(
-            f"parallel.tp: the wan family has no tensor-parallel plan yet, got tp={layout.tp}; use tp=1 "
-            "(FSDP shards it) or context parallel for long sequences"
+            f"parallel.sequence_parallel: the wan family has no sequence-parallel plan yet (tp={layout.tp}); "
+            "set parallel.sequence_parallel=false"
         )
     if layout.pp > 1:
         problems.append(
