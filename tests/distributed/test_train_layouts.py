@@ -49,6 +49,8 @@ LAYOUTS = {
     "wan-cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring", *WAN]),
     # tensor parallel with Wan's q/k norms across all heads (sum of squares all-reduced)
     "wan-tp2": (2, ["parallel.tp=2", "parallel.sequence_parallel=false", *WAN, *EMA]),
+    # Wan's stages: patch_embedding first; norm_out, proj_out and the output scale_shift_table last
+    "wan-pp2": (2, ["parallel.pp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
     "tp2": (2, ["parallel.tp=2", *EMA]),  # EMA over tensor-parallel and replicated parameters
     "tp2xcp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ring"]),
@@ -71,13 +73,17 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather", *WAN]),
         "wan-cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses", *WAN]),
         "wan-fsdp2": (2, ["parallel.dp_shard=2", *WAN]),
-        "wan-fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=false", *WAN]),
+        "wan-fsdp2xtp2": (
+            4,
+            ["parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=false", *WAN],
+        ),
     }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
     **{name: WAN for name in LAYOUTS if name.startswith("wan")},
     "wan-tp2": (*WAN, *EMA),
+    "wan-pp2": ("train.grad_accum=2", *CLIP, *WAN),  # its 2 micro-batches are 2 packed rows
     "tp2": EMA,
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
@@ -123,7 +129,7 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
     assert len(got) == len(single) == 3
     assert got == pytest.approx(single, rel=1e-4, abs=1e-6)
     assert len(set(single)) > 1  # training moved the weights: later losses differ
-    if name.startswith("pp"):
+    if "pp" in name:
         # The whole model's gradient norm, each replicated (conditioning) gradient counted once.
         norms = [_metric(d, "grad_norm") for d in (tmp_path / name, single_dir)]
         assert norms[0] == pytest.approx(norms[1], rel=1e-4)

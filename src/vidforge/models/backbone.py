@@ -22,6 +22,11 @@ class VideoTransformer(nn.Module):
 
     config: Model
     blocks: nn.ModuleDict
+    input_layers: tuple[str, ...] = ()
+    """Attributes (modules or parameters) only the first pipeline stage keeps: the input layer."""
+    output_layers: tuple[str, ...] = ()
+    """Attributes only the last pipeline stage keeps: the output layer. Everything else outside `blocks`
+    (the conditioning) is on every stage."""
 
     @property
     def has_input_layer(self) -> bool:

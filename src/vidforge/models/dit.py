@@ -49,6 +49,9 @@ def block_class(cfg: Model) -> type[nn.Module]:
 class DiT(VideoTransformer):
     """DiT / ST-DiT over video latents, built from the profile's `model` section."""
 
+    input_layers = ("patch_embed",)
+    output_layers = ("final",)
+
     def __init__(self, config: Model) -> None:
         super().__init__()
         self.config = config

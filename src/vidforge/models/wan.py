@@ -208,6 +208,9 @@ class WanBlock(nn.Module):
 class WanTransformer(VideoTransformer):
     """Wan2.1 T2V transformer built from the profile's `model` section (family wan)."""
 
+    input_layers = ("patch_embedding",)
+    output_layers = ("norm_out", "proj_out", "scale_shift_table")
+
     def __init__(self, config: Model) -> None:
         super().__init__()
         if config.family != "wan":

@@ -1,9 +1,11 @@
-"""Pipeline parallel training of the DiT with `torch.distributed.pipelining` (GPipe, 1F1B, interleaved 1F1B).
+"""Pipeline parallel training of vidforge's model families (`VideoTransformer`: the DiT and ST-DiT, Wan2.1)
+with `torch.distributed.pipelining` (GPipe, 1F1B, interleaved 1F1B).
 
-Split (torchtitan's `pipeline_module_split`, for the DiT): the blocks are divided evenly into pp x vpp
-stages; stage 0 keeps `patch_embed`, the last stage keeps `final`, and every stage keeps the conditioning
-modules (timestep MLP, text projection, null caption, shared adaLN modulation) and recomputes
-`DiT.condition(...)` itself. Stages are placed loop-style: pipeline rank r holds stages r, r + pp, ...
+Split (torchtitan's `pipeline_module_split`): the blocks are divided evenly into pp x vpp stages; stage 0
+keeps the family's `input_layers` (the DiT's `patch_embed`, Wan's `patch_embedding`), the last stage its
+`output_layers` (the DiT's `final`; Wan's `norm_out`, `proj_out` and top-level `scale_shift_table`), and
+every stage keeps the conditioning modules (timestep MLP, text projection, null caption, shared
+modulation) and recomputes `model.condition(...)` itself. Stages are placed loop-style: pipeline rank r holds stages r, r + pp, ...
 (interleaved 1F1B with vpp > 1 chunks per rank). Parameter names inside a stage module are the whole
 model's (`blocks.5.attn...`), so the optimizer, FSDP and DCP checkpoints see the usual names.
 
@@ -49,12 +51,17 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.distributed.tensor import DTensor
 
-from vidforge.models.dit import DiT
+from vidforge.models.backbone import VideoTransformer
 from vidforge.profile.parallel import Layout
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
-STAGE_LOCAL_PREFIXES = ("patch_embed.", "final.", "blocks.")
-"""Parameters under these belong to one stage; every other parameter (conditioning) is on every stage."""
+
+
+def stage_local(name: str, model: VideoTransformer) -> bool:
+    """Whether parameter `name` belongs to one stage (a block, the input or the output layer); every other
+    parameter (conditioning) is on every stage."""
+    top = name.split(".", 1)[0]
+    return top == "blocks" or top in model.input_layers + model.output_layers
 
 
 # --- splitting --------------------------------------------------------------------------------------
@@ -75,37 +82,35 @@ def stage_blocks(layers: int, num_stages: int) -> list[range]:
     return [range(s * per, (s + 1) * per) for s in range(num_stages)]
 
 
-def build_stage(model: DiT, stage: int, num_stages: int) -> DiT:
+def build_stage(model: VideoTransformer, stage: int, num_stages: int) -> VideoTransformer:
     """A copy of `model` holding only what stage `stage` of `num_stages` runs (see the module docstring).
     The dropped parts are not copied at all (deepcopy's memo maps them to None), so a stage costs only its
     own weights."""
     keep = stage_blocks(len(model.blocks), num_stages)[stage]
     dropped = [block for key, block in model.blocks.items() if int(key) not in keep]
-    if stage != 0:
-        dropped.append(model.patch_embed)
-    if stage != num_stages - 1:
-        dropped.append(model.final)
+    names = (model.input_layers if stage != 0 else ()) + (
+        model.output_layers if stage != num_stages - 1 else ()
+    )
+    dropped += [getattr(model, name) for name in names]
     part = copy.deepcopy(model, {id(m): None for m in dropped if m is not None})
     for key in [k for k, block in part.blocks._modules.items() if block is None]:
         del part.blocks[key]
-    if stage != 0:
-        part.patch_embed = None
-    if stage != num_stages - 1:
-        part.final = None
+    for name in names:
+        setattr(part, name, None)
     return part
 
 
-def split_model(model: DiT, pp_rank: int, pp: int, vpp: int = 1) -> list[DiT]:
+def split_model(model: VideoTransformer, pp_rank: int, pp: int, vpp: int = 1) -> list[VideoTransformer]:
     """The stage modules of pipeline rank `pp_rank` (vpp of them, in stage order). `model` is left as is."""
-    if not isinstance(model, DiT):
-        raise ValueError(f"split_model splits a vidforge DiT, got {type(model).__name__}")
+    if not isinstance(model, VideoTransformer):
+        raise ValueError(f"split_model splits a vidforge model family, got {type(model).__name__}")
     num_stages = pp * vpp
     return [build_stage(model, s, num_stages) for s in stage_indices(pp_rank, pp, vpp)]
 
 
 def replicated_parameter_names(stage_module: nn.Module) -> list[str]:
     """Names of the parameters every stage holds a copy of (the conditioning modules)."""
-    return [n for n, _ in stage_module.named_parameters() if not n.startswith(STAGE_LOCAL_PREFIXES)]
+    return [n for n, _ in stage_module.named_parameters() if not stage_local(n, stage_module)]
 
 
 # --- one step's micro-batches --------------------------------------------------------------------------
@@ -138,11 +143,11 @@ class _StageIO:
     pad_to: int | None = None
 
 
-def _trim_padded_input(module: DiT, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+def _trim_padded_input(module: VideoTransformer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Forward pre-hook of stages without patch_embed: a packed row arrives padded to the fixed P2P
     length; the stage runs on its real tokens only (gradients flow back through the slice)."""
     layout = kwargs.get("layout")
-    if module.patch_embed is None and layout is not None and args and args[0].shape[1] > layout.total:
+    if not module.has_input_layer and layout is not None and args and args[0].shape[1] > layout.total:
         return (args[0][:, : layout.total], *args[1:]), kwargs
     return None
 
@@ -151,8 +156,10 @@ def _fixed_shape_output(io: _StageIO):
     """Forward hook of stages without `final`: the activations they send are in one dtype and (packed
     rows) padded to one length, so that every micro-batch fits the receiver's preallocated buffer."""
 
-    def hook(module: DiT, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor | None:
-        if not io.active or module.final is not None:
+    def hook(
+        module: VideoTransformer, args: tuple, kwargs: dict, output: torch.Tensor
+    ) -> torch.Tensor | None:
+        if not io.active or module.has_output_layer:
             return None
         out = output.to(io.dtype)
         if io.pad_to is not None and out.shape[1] < io.pad_to:
@@ -182,7 +189,7 @@ class PipelineRunner:
 
     def __init__(
         self,
-        model: DiT,
+        model: VideoTransformer,
         pp_mesh: DeviceMesh,
         layout: Layout,
         schedule: str,
@@ -203,7 +210,7 @@ class PipelineRunner:
         self.single_stage = issubclass(self.schedule_class, PipelineScheduleSingle)
         self.microbatches = layout.pp_microbatches
         self.config = model.config
-        self.stage_modules: list[DiT] = split_model(model, self.pp_rank, self.pp, self.vpp)
+        self.stage_modules: list[VideoTransformer] = split_model(model, self.pp_rank, self.pp, self.vpp)
         self.replicated = replicated_parameter_names(self.stage_modules[0])
         self.device = device
         self.autocast_dtype = autocast_dtype
@@ -403,7 +410,7 @@ class PipelineRunner:
         counted = []
         for index, module in zip(self.stage_ids, self.stage_modules, strict=True):
             for name, p in module.named_parameters():
-                if p.grad is not None and (index == 0 or name.startswith(STAGE_LOCAL_PREFIXES)):
+                if p.grad is not None and (index == 0 or stage_local(name, module)):
                     counted.append(p.grad)
         square = grad_norm(counted) ** 2
         dist.all_reduce(square, group=self.group)

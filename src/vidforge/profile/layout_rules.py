@@ -122,7 +122,7 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
 
 def _family(profile: RunProfile, layout: Layout) -> list[str]:
     """What the wan family (Wan2.1's transformer) does not have yet: sequence parallel with its tensor
-    parallel plan, and a pipeline split (stages are cut along the DiT's module names)."""
+    parallel plan."""
     if profile.model.family != "wan":
         return []
     problems = []
@@ -130,11 +130,6 @@ def _family(profile: RunProfile, layout: Layout) -> list[str]:
         problems.append(
             f"parallel.sequence_parallel: the wan family has no sequence-parallel plan yet (tp={layout.tp}); "
             "set parallel.sequence_parallel=false"
-        )
-    if layout.pp > 1:
-        problems.append(
-            f"parallel.pp: the wan family has no pipeline split yet, got pp={layout.pp}; use pp=1 (FSDP "
-            "shards it)"
         )
     return problems
 
