@@ -80,8 +80,12 @@ def _sets(pairs: dict[str, object]) -> list[str]:
 
 
 def model_sets(ctx: Context) -> dict[str, object]:
-    """vidforge's side of the peer pair: the preset of PEERS, shrunk in the smoke run."""
-    sets: dict[str, object] = {"model.preset": PEERS["wan-1.3b"]["vidforge_preset"]}
+    """vidforge's side of the peer pair: the preset of PEERS with Wan's objective (rectified flow), shrunk in
+    the smoke run."""
+    sets: dict[str, object] = {
+        "model.preset": PEERS["wan-1.3b"]["vidforge_preset"],
+        "diffusion.objective": "flow",
+    }
     if ctx.smoke:
         sets.update({f"model.{k}": v for k, v in SMOKE_PEER_OVERRIDES["vidforge"].items()})
     return sets

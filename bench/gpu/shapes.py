@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The 1.3B comparison: vidforge's closest own preset beside diffusers' WanTransformer3DModel of the
-# Wan2.1-1.3B shape. When vidforge's `wan` model family lands, its preset replaces `dit-1b` here.
+# The 1.3B comparison: vidforge's `wan2.1-1.3b` (family wan: the same network, vidforge's implementation,
+# trained with rectified flow) beside diffusers' WanTransformer3DModel of the Wan2.1-1.3B shape.
 PEERS: dict[str, dict] = {
     "wan-1.3b": {
-        "vidforge_preset": "dit-1b",
+        "vidforge_preset": "wan2.1-1.3b",  # the same network, vidforge's implementation (family wan)
         # diffusers' WanTransformer3DModel arguments of Wan2.1-T2V-1.3B (its config.json).
         "diffusers": {
             "patch_size": (1, 2, 2),
@@ -29,7 +29,7 @@ PEERS: dict[str, dict] = {
     },
 }
 
-# The smoke run's stand-in for the peer pair: the same two model classes, two layers, hidden 64.
+# The smoke run's stand-in for the peer pair: the same two networks, two layers, hidden 64.
 SMOKE_PEER_OVERRIDES = {
     "vidforge": {
         "layers": 2,
@@ -37,7 +37,6 @@ SMOKE_PEER_OVERRIDES = {
         "heads": 4,
         "mlp_hidden": 128,
         "text_dim": 32,
-        "adaln_lora_rank": 8,
     },
     "diffusers": {
         "num_layers": 2,
