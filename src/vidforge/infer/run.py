@@ -1,7 +1,9 @@
 """`vidforge infer`: prompts -> text encoder -> sampler over the DiT -> tokenizer decode -> MP4 + PNG.
 
 The checkpoint is a training run directory (its `export/`) or an export folder itself; its `profile.yaml`
-is the base profile, so the tokenizer and text encoder are the ones the model was trained with.
+is the base profile, so the tokenizer and text encoder are the ones the model was trained with. Or a
+diffusers Wan2.1 transformer or pipeline folder as downloaded: sampled as published (`diffusers_profile`:
+its transformer, rectified flow with UniPC, the pipeline's VAE and umT5).
 
 Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts (`InferPlan`):
 - with guidance and an even N, the conditional and unconditional branches run on two halves of the
@@ -31,6 +33,12 @@ from vidforge.infer.sampling import sample_latents
 from vidforge.infer.writers import contact_sheet, write_mp4
 from vidforge.models import load_model
 from vidforge.models.checkpoint import CONFIG, WEIGHTS
+from vidforge.models.wan_weights import (
+    load_diffusers_wan,
+    model_from_diffusers,
+    pipeline_parts,
+    transformer_folder,
+)
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile, load_profile
 from vidforge.text.encoders import build_text_encoder
@@ -38,16 +46,47 @@ from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer
 from vidforge.tokenizers.tokenize import decode
 
 
-def find_export(checkpoint: str | Path) -> Path:
-    """The folder holding model.safetensors + config.json: CHECKPOINT/export or CHECKPOINT itself."""
+def find_export(checkpoint: str | Path) -> Path | None:
+    """The folder holding model.safetensors + config.json: CHECKPOINT/export or CHECKPOINT itself; None
+    for a diffusers transformer or pipeline folder; otherwise a UserInputError."""
     path = Path(checkpoint)
     for candidate in (path / "export", path):
         if (candidate / WEIGHTS).is_file():
             return candidate
+    if path.is_dir() and (transformer_folder(path) / CONFIG).is_file():
+        return None
     raise UserInputError(
         f"--checkpoint {checkpoint}: no {WEIGHTS} in it or in its export/; point at a `vidforge train` run "
-        "directory that finished (or an export folder)"
+        "directory that finished, an export folder, or a diffusers Wan transformer or pipeline folder"
     )
+
+
+def diffusers_profile(src: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
+    """The profile that samples a diffusers Wan folder: the given profile (default local_cpu) with the
+    folder's transformer as its model, Wan's objective (rectified flow; UniPC), and, for a whole pipeline,
+    its VAE and umT5 text encoder with Wan's 512-token captions; then `overrides`, which win."""
+    config = json.loads((transformer_folder(src) / CONFIG).read_text())
+    model = model_from_diffusers(config, transformer_folder(src) / CONFIG).model_dump(mode="json")
+    defaults = ["model.preset=null", "diffusion.objective=flow"]
+    defaults += [
+        f"model.{k}={json.dumps(v)}" for k, v in model.items() if k not in ("attention", "sdpa_backend")
+    ]
+    parts = pipeline_parts(src)
+    if "vae" in parts:
+        defaults += [
+            "tokenizer.kind=wan",
+            f"tokenizer.path={parts['vae']}",
+            "tokenizer.spatial_compression=8",
+        ]
+    if "text_encoder" in parts:
+        defaults += [
+            "text_encoder.kind=t5",
+            f"text_encoder.path={parts['text_encoder']}",
+            "text_encoder.max_length=512",
+        ]
+        if "tokenizer" in parts:
+            defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
+    return load_profile(profile, [*defaults, *overrides])
 
 
 def exported_step(export: Path) -> int | None:
@@ -202,14 +241,20 @@ def run(
             "--prompt: give at least one non-empty prompt (or --prompts-file with one per line)"
         )
     export = find_export(checkpoint)
-    prof = checkpoint_profile(export, overrides, profile)
+    if export is not None:
+        prof = checkpoint_profile(export, overrides, profile)
+    else:  # a diffusers Wan folder, sampled as published
+        prof = diffusers_profile(Path(checkpoint), overrides, profile)
     # a checkpoint trained on GPUs still samples on a machine without one
     runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
     rank, world, device = runtime.rank, runtime.world, str(runtime.device)
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
     encoder = build_text_encoder(prof)
-    model = load_model(export, device=device).eval()
+    if export is not None:
+        model = load_model(export, device=device).eval()
+    else:
+        model = load_diffusers_wan(checkpoint, device=device).eval()
     if model.config.text_dim != encoder.width:
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
@@ -250,8 +295,8 @@ def run(
         "steps": prof.diffusion.steps,
         "guidance": prof.diffusion.guidance,
         "negative_prompt": prof.infer.negative_prompt or None,
-        "checkpoint_step": exported_step(export),
-        "checkpoint": str(export.resolve()),
+        "checkpoint_step": exported_step(export) if export is not None else None,
+        "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
     }
     size = prof.infer.batch_size
     for first in range(0, len(prompts), size):
