@@ -31,13 +31,11 @@ TP_RULES: dict[str, TensorParallelRules] = {
     "vidforge": TensorParallelRules(
         ("q_norm", "k_norm", "modulation.down"), ("out", "fc2"), ("shared_modulation.", "final.modulation.")
     ),
-    # Wan, the same Megatron split: to_q/to_k/to_v and ffn.net.0.proj column-wise, to_out.0 and
-    # ffn.net.2 row-wise; norm_q/norm_k (across all heads) split with the heads they normalise (their
-    # statistics reduced over tp); the per-block table and the cross-attention LayerNorm replicated;
-    # outside the blocks time_proj column-wise (the DiT's shared modulation).
-    "wan": TensorParallelRules(
-        ("scale_shift_table", "norm2."), ("to_out.0", "ffn.net.2"), ("condition_embedder.time_proj.",)
-    ),
+    # Wan (`vidforge.parallel.wan_tensor_parallel`), the same Megatron split: to_q/to_k/to_v and
+    # ffn.net.0.proj column-wise, to_out.0 and ffn.net.2 row-wise; norm_q/norm_k (across all heads) split
+    # with the heads they normalise (their statistics reduced over tp); the per-block table and the
+    # cross-attention LayerNorm replicated; everything outside the blocks replicated.
+    "wan": TensorParallelRules(("scale_shift_table", "norm2."), ("to_out.0", "ffn.net.2"), ()),
 }
 
 
@@ -60,8 +58,7 @@ class ParameterCounts:
     outside: int
     """Patch and caption embeddings, timestep MLP, shared modulation, null caption, final layer."""
     outside_tp: int
-    """Of those, the ones tensor parallel splits (the shared and the final layer's modulation; Wan's
-    time_proj)."""
+    """Of those, the ones tensor parallel splits (the shared and the final layer's modulation)."""
     linear_weights: int
     """Weights of every nn.Linear: what bf16 autocast casts and keeps for the backward."""
     layers: int
