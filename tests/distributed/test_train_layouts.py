@@ -140,6 +140,14 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
         mine = dict(ours.named_parameters())
         assert mine.keys() == dict(theirs.named_parameters()).keys()
         for key, value in theirs.named_parameters():
+            if name.startswith("wan"):
+                # Wan's zero-padded captions leave some weights (the cross-attention's to_v) with
+                # gradients at rounding-noise size, and AdamW moves such an element by about lr whatever
+                # its sign: reduction-order noise may flip a few of those steps (seen once in CI). A wrong
+                # gather or shard order changes whole tensors, which the mean catches.
+                diff = (mine[key] - value).abs()
+                assert diff.max() <= 6e-3 and diff.mean() <= 2e-5, (key, diff.max(), diff.mean())
+                continue
             # 3 AdamW steps of lr 1e-3 from equal weights: reduction-order noise only
             torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
