@@ -191,8 +191,8 @@ def test_bad_ocr_folder_is_refused_before_any_model_loads(clips_dir, tmp_path):
     first, *rest = proc.stdout.splitlines()
     exit_code, seconds, torch_loaded, open_clip_loaded = first.split()
     assert exit_code == "2" and "curation.caption.ocr.model_dir" in "\n".join(rest), proc.stdout + proc.stderr
-    assert torch_loaded == "False" and open_clip_loaded == "False"
-    assert float(seconds) < 5
+    # what makes the refusal quick, without a wall-clock bound that a busy machine breaks: no model code loaded
+    assert torch_loaded == "False" and open_clip_loaded == "False", seconds
 
 
 def _scene_caption(truth: dict, start_s: float, end_s: float) -> str:

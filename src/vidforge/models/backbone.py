@@ -5,6 +5,8 @@ the trainer, the samplers and the parallel code see one signature."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
@@ -14,11 +16,11 @@ from vidforge.profile.model import Model
 from vidforge.tokens import Grid, SequenceLayout, TokenShard, unpatchify
 
 
-class VideoTransformer(nn.Module):
+class VideoTransformer(nn.Module, ABC):
     """A diffusion transformer over latent video tokens. Subclasses build `config` and `blocks` (a
     ModuleDict keyed by the block index, so pipeline stages may delete entries and keep names) and
-    define `conditioning`, `embed` and `head`; a pipeline stage without the input (output) layer says
-    so through `has_input_layer` (`has_output_layer`) and takes (returns) hidden states."""
+    define `conditioning`, `embed` and `head`, and name their `input_layers` and `output_layers`; a
+    pipeline stage that dropped them (None) takes (returns) hidden states."""
 
     config: Model
     blocks: nn.ModuleDict
@@ -30,12 +32,15 @@ class VideoTransformer(nn.Module):
 
     @property
     def has_input_layer(self) -> bool:
-        raise NotImplementedError
+        """False on a pipeline stage that dropped the input layer: it takes hidden states."""
+        return all(getattr(self, name) is not None for name in self.input_layers)
 
     @property
     def has_output_layer(self) -> bool:
-        raise NotImplementedError
+        """False on a pipeline stage that dropped the output layer: it returns hidden states."""
+        return all(getattr(self, name) is not None for name in self.output_layers)
 
+    @abstractmethod
     def conditioning(
         self,
         place: TokenPlacement,
@@ -45,15 +50,14 @@ class VideoTransformer(nn.Module):
         drop_text: torch.Tensor | None,
     ) -> Conditioning:
         """The family's conditioning of checked inputs whose tokens sit as `place` says."""
-        raise NotImplementedError
 
+    @abstractmethod
     def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """Patch tokens (B, S, pt*ph*pw*C) -> hidden states (B, S, hidden)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def head(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """Hidden states -> patch-token outputs (B, S, pt*ph*pw*C)."""
-        raise NotImplementedError
 
     def condition(
         self,

@@ -149,14 +149,6 @@ class DiT(VideoTransformer):
 
     # --- layers around the blocks (the forward is `VideoTransformer.forward`) --------------------------
 
-    @property
-    def has_input_layer(self) -> bool:
-        return self.patch_embed is not None
-
-    @property
-    def has_output_layer(self) -> bool:
-        return self.final is not None
-
     def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         h = self.patch_embed(tokens)
         if self.config.abs_position == "sincos":

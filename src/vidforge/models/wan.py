@@ -273,14 +273,6 @@ class WanTransformer(VideoTransformer):
             temb, time_proj, text_tokens, cross_mask, rope, place.scopes, place.token_sample, place.positions
         )
 
-    @property
-    def has_input_layer(self) -> bool:
-        return self.patch_embedding is not None
-
-    @property
-    def has_output_layer(self) -> bool:
-        return self.proj_out is not None
-
     def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         return self.patch_embedding(tokens)
 
