@@ -44,35 +44,15 @@ def write_random_easyocr(folder: Path) -> None:
 
 
 def make_clips(root: Path, count: int, width: int, height: int) -> Path:
-    from make_sample_videos import make_sample_videos
+    from make_sample_videos import catalogue, make_sample_videos
 
-    from vidforge.data.manifest import stable_id, write_jsonl
+    from vidforge.data.testing import make_clips_dir
 
     videos = root / "videos"
-    from make_sample_videos import catalogue
-
     extra = len(catalogue())  # the random videos (sized width x height) come after the fixed catalogue
     truth = make_sample_videos(videos, count=extra + count, seed=0, width=width, height=height, seconds=4.0)
-    truth = {k: v for k, v in truth.items() if k not in catalogue()}
-    clips = root / "clips_run"
-    (clips / "clips").mkdir(parents=True)
-    records = []
-    for name, t in sorted(truth.items())[:count]:
-        cid = stable_id(name)
-        shutil.copy(videos / t["file"], clips / "clips" / f"{cid}.mp4")
-        records.append(
-            {
-                "clip_id": cid,
-                "source": str(videos / t["file"]),
-                "start_s": 0.0,
-                "end_s": t["seconds"],
-                "width": t["width"],
-                "height": t["height"],
-                "media": f"clips/{cid}.mp4",
-            }
-        )
-    write_jsonl(clips / "manifest.jsonl", records)
-    return clips
+    chosen = sorted((k, v) for k, v in truth.items() if k not in catalogue())[:count]
+    return make_clips_dir(root / "clips_run", {videos / t["file"]: t for _, t in chosen})
 
 
 def main(argv: list[str] | None = None) -> None:
