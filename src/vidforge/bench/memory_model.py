@@ -223,6 +223,7 @@ def estimate_memory(
     """Device memory of one rank of `layout` (default: the profile's) training on `workload` (default:
     the profile's bench sample, train.micro_batch clips per rank)."""
     from vidforge.parallel.activation_checkpoint import checkpointed_indices
+    from vidforge.parallel.activation_offload import offloaded_indices
 
     layout = layout or profile.layout
     workload = workload or Workload.from_profile(profile)
@@ -275,10 +276,10 @@ def estimate_memory(
     )
     mode = train.activation_checkpointing
     checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
-    # train.activation_offload: these blocks' saved tensors wait for the backward in host memory.
-    offloaded = set(checkpointed_indices(blocks, "selective", train.activation_offload))
-    recomputed = len(checkpointed - offloaded)
-    kept = blocks - len(checkpointed | offloaded)
+    # train.activation_offload: these blocks (none of them checkpointed) save theirs in host memory.
+    offloaded = offloaded_indices(blocks, mode, train.checkpoint_ratio, train.activation_offload)
+    recomputed = len(checkpointed)
+    kept = blocks - recomputed - len(offloaded)
     in_flight = in_flight_microbatches(layout, par.pp_schedule)
     block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
     stored = kept * one.total + recomputed * block_input
@@ -297,11 +298,24 @@ def estimate_memory(
         formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
     formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss, RoPE, captions)"
     terms.append(Term("activations", acts, formula))
-    if checkpointed or offloaded:
-        what = (
-            "re-runs one checkpointed block's forward" if checkpointed else "brings one offloaded block back"
+    if offloaded:
+        # the block the backward is in, and the previous offloaded one, already on its way back (prefetch);
+        # a block recomputed between the two holds no more than the one being brought back
+        terms.append(
+            Term(
+                "recompute",
+                2 * one.total,
+                f"the backward holds one offloaded block's tensors and prefetches the next: 2 x {_gib(one.total)}",
+            )
         )
-        terms.append(Term("recompute", one.total, f"the backward {what} at a time: {_gib(one.total)}"))
+    elif checkpointed:
+        terms.append(
+            Term(
+                "recompute",
+                one.total,
+                f"the backward re-runs one checkpointed block's forward: {_gib(one.total)}",
+            )
+        )
 
     # --- weight copies held for the backward, communication buffers ------------------------------------
     if prec.autocast:

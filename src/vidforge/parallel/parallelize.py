@@ -63,7 +63,9 @@ def parallelize(
 
             apply_cp(model, dims.mesh["cp"], impl)
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
-    apply_activation_offload(model.blocks, cfg.activation_offload)
+    apply_activation_offload(
+        model.blocks, cfg.activation_offload, cfg.activation_checkpointing, cfg.checkpoint_ratio
+    )
     if cfg.compile:
         for key, block in model.blocks.items():
             model.blocks[key] = torch.compile(block)

@@ -41,8 +41,9 @@ class Train(Section):
     checkpoint_ratio: float = Field(0.5, ge=0, le=1)
     """With selective checkpointing, the fraction of blocks that recompute."""
     activation_offload: float = Field(0.0, ge=0, le=1)
-    """Fraction of the blocks (evenly spread) whose saved activations wait for the backward in pinned CPU
-    memory (Vchitect-2.0). Combines with checkpointing: then only the checkpointed inputs are offloaded."""
+    """Fraction of the blocks whose saved activations wait for the backward in pinned CPU memory, copied on
+    a side stream and brought back ahead of the backward (Vchitect-2.0). Chosen among the blocks that do
+    not recompute: with selective checkpointing, checkpoint_ratio + activation_offload <= 1."""
     compile: bool = False
     """torch.compile each block (GPU; on CPU inductor's C++ build of the tiny model takes minutes)."""
     fp8: bool = False
@@ -74,4 +75,14 @@ class Train(Section):
     def _check(self) -> Train:
         if self.warmup_steps >= self.steps and self.steps > 1:
             raise ValueError(f"warmup_steps: must be below train.steps={self.steps}, got {self.warmup_steps}")
+        recomputed = {"none": 0.0, "full": 1.0, "selective": self.checkpoint_ratio}[
+            self.activation_checkpointing
+        ]
+        if self.activation_offload > 0 and recomputed + self.activation_offload > 1 + 1e-9:
+            # Vchitect-2.0's "combination": a block recomputes or offloads, never both
+            raise ValueError(
+                f"activation_offload: {self.activation_offload:g} of the blocks offloaded plus {recomputed:g} "
+                f"recomputed (activation_checkpointing={self.activation_checkpointing}) exceeds every block; "
+                "offloaded blocks are chosen among those that do not recompute: lower one of them"
+            )
         return self
