@@ -51,6 +51,7 @@ CASES = {
         "train.precision=bf16",
     ],
     "cp2-all-gather": ["parallel.cp=2", "parallel.dp_shard=1"],
+    "cp2-all-gather-regather": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_regather=true"],
     "cp2-ring": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_impl=ring"],
     "cp2-ulysses": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_impl=ulysses"],
 }

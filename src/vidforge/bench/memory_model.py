@@ -262,7 +262,8 @@ def estimate_memory(
 
     # --- activations --------------------------------------------------------------------------------
     tokens = workload.tokens / layout.cp
-    gathered = tokens * (layout.cp - 1) if layout.cp > 1 and par.cp_impl == "all-gather" else 0
+    all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
+    gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
     one = block_activations(
         cfg,
         tokens,

@@ -61,7 +61,7 @@ def parallelize(
         else:
             from vidforge.parallel.context_parallel import apply_cp
 
-            apply_cp(model, dims.mesh["cp"], impl)
+            apply_cp(model, dims.mesh["cp"], impl, profile.parallel.cp_regather)
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
     apply_activation_offload(
         model.blocks, cfg.activation_offload, cfg.activation_checkpointing, cfg.checkpoint_ratio
