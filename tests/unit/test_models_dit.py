@@ -22,7 +22,7 @@ from vidforge.models.scopes import batch_scopes, packed_scopes
 from vidforge.profile import PRESETS, Model
 from vidforge.tokens import grid_positions
 
-ARCHS = [("dit", "sequential"), ("stdit", "sequential"), ("stdit", "parallel")]
+ARCHS = [("dit", "sequential"), ("stdit", "sequential"), ("stdit", "parallel"), ("stdit", "parallel-mm")]
 
 
 def _perturbed(model, scale=0.05, seed=0):

@@ -33,6 +33,7 @@ from torch import nn
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.blocks import DiTBlock
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
+from vidforge.models.mmblock import MMParallelBlock
 from vidforge.models.rope import rope_tables, sincos_position_embedding
 from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
 from vidforge.models.token_inputs import TokenPlacement
@@ -43,7 +44,7 @@ from vidforge.tokens import KeyPadding, Segments
 def block_class(cfg: Model) -> type[nn.Module]:
     if cfg.architecture == "dit":
         return DiTBlock
-    return ParallelSTDiTBlock if cfg.stdit_block == "parallel" else STDiTBlock
+    return {"parallel": ParallelSTDiTBlock, "parallel-mm": MMParallelBlock}.get(cfg.stdit_block, STDiTBlock)
 
 
 class DiT(VideoTransformer):
@@ -86,6 +87,8 @@ class DiT(VideoTransformer):
         for module in self.modules():
             if isinstance(module, Modulation | FinalLayer):
                 module.zero_init()
+            elif isinstance(module, MMParallelBlock):
+                module.reset_context_latents()
         if self.shared_modulation is not None:
             nn.init.zeros_(self.shared_modulation.weight)
             nn.init.zeros_(self.shared_modulation.bias)

@@ -129,15 +129,17 @@ class Modulation(nn.Module):
         if out.bias is not None:
             nn.init.zeros_(out.bias)
 
-    def forward(self, cond: Conditioning) -> tuple[torch.Tensor, ...]:
+    def params(self, cond: Conditioning) -> torch.Tensor:
+        """Per-sample rows (N, chunks*hidden), before broadcasting against tokens."""
         act = F.silu(cond.time)
         if self.lora_rank:
             if cond.shared_modulation is None:
                 raise ValueError("AdaLN-LoRA blocks need the model's shared modulation in Conditioning")
-            params = self.up(self.down(act)) + cond.shared_modulation
-        else:
-            params = self.proj(act)
-        return cond.per_token(params).chunk(self.chunks, dim=-1)
+            return self.up(self.down(act)) + cond.shared_modulation
+        return self.proj(act)
+
+    def forward(self, cond: Conditioning) -> tuple[torch.Tensor, ...]:
+        return cond.per_token(self.params(cond)).chunk(self.chunks, dim=-1)
 
 
 class SelfAttention(nn.Module):

@@ -134,7 +134,24 @@ def _family(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family)
+def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
+    """The multimodal parallel block (stdit_block=parallel-mm) has no tensor- or context-parallel plan
+    yet: its joint attention appends each sample's text keys to every group's video keys."""
+    cfg = profile.model
+    if cfg.architecture != "stdit" or cfg.stdit_block != "parallel-mm":
+        return []
+    return [
+        f"parallel.{name}: model.stdit_block=parallel-mm has no {what} plan yet ({name}={degree}); "
+        f"set parallel.{name}=1 or model.stdit_block=parallel"
+        for name, what, degree in (
+            ("tp", "tensor-parallel", layout.tp),
+            ("cp", "context-parallel", layout.cp),
+        )
+        if degree > 1
+    ]
+
+
+RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family, _mm_block)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:

@@ -139,10 +139,16 @@ class Model(Section):
     mlp_act=gelu-tanh, adaln_lora_rank=0, abs_position=none and qk_norm=true (RMSNorm across all heads)."""
     architecture: Literal["dit", "stdit"] = "dit"
     """`dit`: full 3D self-attention over all tokens. `stdit`: spatial then temporal attention blocks."""
-    stdit_block: Literal["sequential", "parallel"] = "sequential"
+    stdit_block: Literal["sequential", "parallel", "parallel-mm"] = "sequential"
     """ST-DiT only. `sequential`: spatial, temporal, cross-attention and MLP one after another (NeMo
-    ST-DiT). `parallel`: Vchitect-2.0's block, where spatial, temporal and full-sequence attention read
-    the same normalised input and their outputs are summed."""
+    ST-DiT). `parallel`: spatial, temporal and full-sequence attention read the same normalised input
+    and their outputs are summed, then cross-attention (video-only branches). `parallel-mm`: Vchitect-2.0's
+    multimodal block as the paper describes it: each branch a joint (MM-DiT) attention of video and
+    caption tokens with per-modality weights, learnable context latents, one gate per branch, no
+    cross-attention (see `vidforge.models.mmblock`); no tensor or context parallel yet."""
+    context_latents: int = Field(4, ge=0)
+    """stdit_block=parallel-mm only: learnable context tokens per block, appended to every caption as
+    keys of each joint attention."""
     layers: int = Field(2, ge=1)
     """Transformer blocks."""
     hidden: int = Field(64, ge=1)
