@@ -12,7 +12,9 @@ Every branch is a joint (MM-DiT) attention: the video tokens of one group (a fra
 sample's text tokens, with per-modality weights: video q/k/v/out and QK-norms, and separate text k/v and
 k-norm (SD3's add_k_proj / add_v_proj / norm_added_k). Putting the caption beside every frame's tokens is
 the paper's text interleaved with the frames it describes: the spatial branch's key row is
-[frame 0, text, frame 1, text, ...] under a block-diagonal mask. Text keys get no RoPE (SD3).
+[frame 0, text, frame 1, text, ...] under a block-diagonal mask. Text keys get no RoPE (SD3; Flux
+gives text position 0, the same); the spatial branch rotates video by (h, w) only, so its text attention
+does not depend on the frame's index (see `spatial_rope`).
 
 Where the paper is silent, chosen here:
 - The text side is not a residual stream carried from block to block: every block reads the projected
@@ -41,11 +43,13 @@ from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vidforge.models.attention import AttentionMask
 from vidforge.models.blocks import _attend, _norm
 from vidforge.models.layers import MLP, Conditioning, Modulation, SelfAttention, modulate
+from vidforge.models.rope import axis_dims
 from vidforge.models.scopes import Scope
 from vidforge.profile.model import Model
 from vidforge.tokens import KeyPadding, Segments
@@ -150,6 +154,16 @@ def _packed_keys(
     return JointKeys(Segments(groups.q_lens, kv_lens), torch.cat(index).to(device))
 
 
+def spatial_rope(rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables with the t channels' rotation removed. Within a frame t is constant, so video-video
+    scores do not change; but text keys carry no rotation, so a query rotated by its frame's t would
+    meet the caption differently in each frame. Without it the spatial branch is the image model's
+    attention on every frame."""
+    cos, sin = rope
+    t_pairs = axis_dims(2 * cos.shape[-1])[0] // 2
+    return F.pad(cos[..., t_pairs:], (t_pairs, 0), value=1.0), F.pad(sin[..., t_pairs:], (t_pairs, 0))
+
+
 class JointAttention(SelfAttention):
     """Video queries attend to the group's video keys and the sample's text keys. The video weights keep
     SelfAttention's names (q, k, v, out, q_norm, k_norm); the text side has its own k, v and k-norm."""
@@ -218,7 +232,8 @@ class MMParallelBlock(nn.Module):
         for name in self.branches:
             scope = cond.scopes[name]
             keys = joint_keys(scope, side, cond, x.device)
-            outs[name] = getattr(self, f"{name}_attn")(h, cond.rope, scope, text, keys)
+            rope = spatial_rope(cond.rope) if name == "spatial" else cond.rope
+            outs[name] = getattr(self, f"{name}_attn")(h, rope, scope, text, keys)
         return outs, chunks
 
     def forward(self, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
