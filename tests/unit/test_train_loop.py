@@ -246,3 +246,21 @@ def test_rectified_flow_trains_and_samples_through_the_same_step(latents, tmp_pa
     assert _decode(result.videos[0]).shape == (9, 16, 24, 3)
     sample = json.loads((tmp_path / "out" / "samples.jsonl").read_text().splitlines()[0])
     assert sample["sampler"] == "unipc"
+
+
+def test_train_with_the_multimodal_parallel_block_keeps_finite_losses(latents, tmp_path) -> None:
+    """model.stdit_block=parallel-mm through `vidforge train` (packed rows of the token budget)."""
+    import json
+
+    from train_fixtures import TRAIN_SETS
+
+    args = ["train", "--data", str(latents), "--run-dir", str(tmp_path)]
+    sets = [*TRAIN_SETS, "train.steps=3", "model.architecture=stdit", "model.stdit_block=parallel-mm"]
+    for s in sets:
+        args += ["--set", s]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run_losses = losses(tmp_path)
+    assert len(run_losses) == 3 and all(math.isfinite(x) for x in run_losses)
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())["model"]
+    assert exported["stdit_block"] == "parallel-mm"
