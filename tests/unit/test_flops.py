@@ -17,6 +17,7 @@ VARIANTS = [
     {"adaln_lora_rank": 8, "mlp_act": "swiglu"},
     {"architecture": "stdit"},
     {"architecture": "stdit", "stdit_block": "parallel", "adaln_lora_rank": 8},
+    {"architecture": "stdit", "stdit_block": "parallel-mm", "adaln_lora_rank": 8},
 ]
 
 

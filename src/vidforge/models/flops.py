@@ -84,6 +84,8 @@ def forward_flops(
         scopes, chunks = ("full",), 9
     elif cfg.stdit_block == "parallel":
         scopes, chunks = ("spatial", "temporal", "full"), 9
+    elif cfg.stdit_block == "parallel-mm":
+        scopes, chunks = ("spatial", "temporal", "full"), 10
     else:
         scopes, chunks = ("spatial", "temporal"), 12
 
@@ -110,8 +112,16 @@ def forward_flops(
     else:
         modulation = 2 * n * d * chunks * d
     self_proj = 4 * 2 * s * d * d * len(scopes)
-    cross_proj = 2 * (2 * s * d * d) + 2 * (2 * text * d * d)
-    attn = sum(core(sc) for sc in scopes) + 4 * d * sum(si * li for si, li in zip(seqlens, lens, strict=True))
+    if cfg.architecture == "stdit" and cfg.stdit_block == "parallel-mm":
+        # No cross-attention: every branch's video queries also attend to the caption and the context
+        # latents, whose keys and values each branch projects with its own text k/v.
+        keys = [x + cfg.context_latents for x in lens]
+        cross_proj = len(scopes) * 2 * (2 * sum(keys) * d * d)
+        text_pairs = len(scopes) * sum(si * ki for si, ki in zip(seqlens, keys, strict=True))
+    else:
+        cross_proj = 2 * (2 * s * d * d) + 2 * (2 * text * d * d)
+        text_pairs = sum(si * li for si, li in zip(seqlens, lens, strict=True))
+    attn = sum(core(sc) for sc in scopes) + 4 * d * text_pairs
     mlp = (3 if cfg.mlp_act == "swiglu" else 2) * 2 * s * d * m
     final = (0 if wan else 2 * n * d * 2 * d) + 2 * s * d * p
 
