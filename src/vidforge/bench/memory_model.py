@@ -111,6 +111,8 @@ def _scopes(cfg: Model) -> tuple[int, int, int, int]:
         return 3, 1, 1, 9
     if cfg.stdit_block == "parallel":
         return 3, 3, 1, 9
+    if cfg.stdit_block == "parallel-mm":
+        return 2, 3, 1, 10
     return 4, 2, 0, 12
 
 
@@ -136,10 +138,12 @@ def block_activations(
     sequence_parallel: bool = True,
     packed: bool = False,
     gathered_kv_tokens: int = 0,
+    key_groups: int = 1,
 ) -> BlockActivations:
     """What one block saves for `tokens` tokens of this rank (after the context-parallel split) of
     `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
-    all-gather CP keeps per full-attention layer."""
+    all-gather CP keeps per full-attention layer. `key_groups`: attention groups of one clip over all
+    scopes (frames + positions + 1); the multimodal block appends the caption's keys to each."""
     d, m, h = cfg.hidden, cfg.mlp_hidden, cfg.heads
     sublayers, scopes, full_scopes, chunks = _scopes(cfg)
     f32 = 4
@@ -170,6 +174,12 @@ def block_activations(
         "cross-attention": cross * tokens / tp + text,
         "mlp": mlp * tokens / tp,
     }
+    if cfg.architecture == "stdit" and cfg.stdit_block == "parallel-mm":
+        del parts["cross-attention"]
+        keys = samples * (text_tokens + cfg.context_latents)
+        # The text norm's input and output, and per branch the text k/v outputs and normalised keys; then
+        # each group's key row holds its caption's keys and values again.
+        parts["caption keys (joint attention)"] = (3 + 3 * scopes + 2 * key_groups) * keys * d * compute
     if gathered_kv_tokens:
         parts["gathered keys/values (all-gather CP)"] = (
             full_scopes * 2 * gathered_kv_tokens * d * compute / tp
@@ -274,6 +284,7 @@ def estimate_memory(
         sequence_parallel=par.sequence_parallel,
         packed=workload.packed,
         gathered_kv_tokens=gathered,
+        key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
     )
     mode = train.activation_checkpointing
     checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
