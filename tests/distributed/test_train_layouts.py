@@ -33,6 +33,9 @@ CLIP = ("train.grad_clip=0.05",)  # below the gradient norms (~0.2): every step 
 
 EMA = ("train.ema_decay=0.9",)  # the export is then the EMA's weights
 
+# Vchitect-2.0's multimodal parallel block (ST-DiT): it has no tensor- or context-parallel plan.
+MM = ("model.architecture=stdit", "model.stdit_block=parallel-mm")
+
 # Wan2.1's transformer (tiny) with its objective, rectified flow: the same loop and step.
 WAN = (
     "model.family=wan",
@@ -73,6 +76,8 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather", *WAN]),
         "wan-cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses", *WAN]),
         "wan-fsdp2": (2, ["parallel.dp_shard=2", *WAN]),
+        "mm-fsdp2": (2, ["parallel.dp_shard=2", *MM]),
+        "mm-pp2": (2, ["parallel.pp=2", "parallel.pp_microbatches=2", *CLIP, *MM]),
         "wan-fsdp2xtp2": (
             4,
             ["parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=false", *WAN],
@@ -85,6 +90,8 @@ REFERENCE_SETS = {
     "wan-tp2": (*WAN, *EMA),
     "wan-pp2": ("train.grad_accum=2", *CLIP, *WAN),  # its 2 micro-batches are 2 packed rows
     "tp2": EMA,
+    "mm-fsdp2": MM,
+    "mm-pp2": ("train.grad_accum=2", *CLIP, *MM),
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
@@ -133,7 +140,9 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
         # The whole model's gradient norm, each replicated (conditioning) gradient counted once.
         norms = [_metric(d, "grad_norm") for d in (tmp_path / name, single_dir)]
         assert norms[0] == pytest.approx(norms[1], rel=1e-4)
-    if name.startswith(("pp", "tp2", "wan")):  # stages / shards gathered into one export == one process's
+    if name.startswith(
+        ("pp", "tp2", "wan", "mm")
+    ):  # stages / shards gathered into one export == one process's
         from vidforge.models import load_model
 
         ours, theirs = load_model(tmp_path / name / "export"), load_model(single_dir / "export")

@@ -101,28 +101,32 @@ class JointKeys:
         return torch.cat([video, text.repeat_interleave(groups, dim=0)], dim=1)
 
 
-_JOINT: WeakKeyDictionary[Scope, JointKeys] = WeakKeyDictionary()
+# Per Conditioning (one per forward, holding both the scopes and the caption mask the keys depend on), so
+# the blocks of a forward share one index and mask per scope.
+_JOINT: WeakKeyDictionary[Conditioning, dict[str, JointKeys]] = WeakKeyDictionary()
 
 
 def joint_keys(scope: Scope, side: TextSide, cond: Conditioning, device: torch.device) -> JointKeys:
-    """The scope's JointKeys, built once per forward (scopes are per forward) and shared by the blocks."""
-    if scope in _JOINT:
-        return _JOINT[scope]
+    """The scope's JointKeys for this forward's conditioning, built by its first block."""
+    built = _JOINT.setdefault(cond, {})
+    if scope.name not in built:
+        built[scope.name] = _joint_keys(scope, side, cond, device)
+    return built[scope.name]
+
+
+def _joint_keys(scope: Scope, side: TextSide, cond: Conditioning, device: torch.device) -> JointKeys:
     if isinstance(scope.mask, Segments):
-        keys = _packed_keys(scope.mask, side.lens, cond.text_mask.q_lens, device)
-    elif scope.mask is not None:
+        return _packed_keys(scope.mask, side.lens, cond.text_mask.q_lens, device)
+    if scope.mask is not None:
         raise ValueError(
             f"model.stdit_block=parallel-mm: {scope.name} attention over a {type(scope.mask).__name__} has no "
             "joint text keys (context parallel); set parallel.cp=1 or use stdit_block=parallel"
         )
-    elif side.mask is None:
-        keys = JointKeys(None, None)
-    else:
-        groups = _groups_per_sample(scope)
-        video = torch.ones(side.mask.shape[0] * groups, _group_len(scope), dtype=torch.bool, device=device)
-        keys = JointKeys(KeyPadding(torch.cat([video, side.mask.repeat_interleave(groups, 0)], 1)), None)
-    _JOINT[scope] = keys
-    return keys
+    if side.mask is None:
+        return JointKeys(None, None)
+    groups = _groups_per_sample(scope)
+    video = torch.ones(side.mask.shape[0] * groups, _group_len(scope), dtype=torch.bool, device=device)
+    return JointKeys(KeyPadding(torch.cat([video, side.mask.repeat_interleave(groups, 0)], 1)), None)
 
 
 def _groups_per_sample(scope: Scope) -> int:
