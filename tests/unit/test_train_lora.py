@@ -1,0 +1,88 @@
+"""LoRA fine-tuning (`train.lora`, peft): what `build` hands the one training loop is a frozen base in
+the compute dtype with fp32 adapters; training moves the adapters and nothing else."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_fixtures import make_latents, train_profile  # noqa: E402
+
+from vidforge.errors import UserInputError  # noqa: E402
+from vidforge.models import build_model, save_model  # noqa: E402
+from vidforge.parallel.runtime import init_runtime  # noqa: E402
+from vidforge.train import loop  # noqa: E402
+from vidforge.train.build import build  # noqa: E402
+from vidforge.train.init_weights import WeightsInit  # noqa: E402
+from vidforge.train.step import make_train_step  # noqa: E402
+
+# Wan2.1's transformer (tiny, 2 layers) with its objective, as tests/distributed/test_train_layouts.py.
+WAN = (
+    "model.family=wan",
+    "model.mlp_act=gelu-tanh",
+    "model.adaln_lora_rank=0",
+    "model.abs_position=none",
+    "model.cross_attn_norm=true",
+    "diffusion.objective=flow",
+)
+LORA = ("train.lora={rank: 4, alpha: 8}", "train.lr=1e-2", "train.precision=bf16")
+
+
+@pytest.fixture(scope="module")
+def latents(tmp_path_factory) -> Path:
+    return make_latents(tmp_path_factory.mktemp("lora"))
+
+
+def pretrained(profile, folder: Path) -> Path:
+    """An export standing in for a published model: the builder's weights moved off its zero-initialised
+    gates (which would keep every attention's gradient at zero in a fresh DiT)."""
+    torch.manual_seed(7)
+    model = build_model(profile.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    return save_model(model, folder)
+
+
+def _train(profile, latents: Path, steps: int, base: Path | None = None):
+    runtime = init_runtime(profile)
+    parts = build(profile, runtime, WeightsInit(base) if base is not None else None)
+    step = make_train_step(profile, runtime, parts)
+    batcher = loop._batcher(profile, runtime, [latents])
+    before = {name: p.detach().clone() for name, p in parts.modules[0].named_parameters()}
+    for _ in range(steps):
+        result = step(step.next_batches(batcher))
+        assert result.finite
+        step.apply()
+    return parts, before
+
+
+@pytest.mark.parametrize("family", ["wan", "vidforge"])
+def test_frozen_weights_stay_bit_identical_and_the_adapters_move(latents, family, tmp_path) -> None:
+    profile = train_profile(*LORA, *(WAN if family == "wan" else ()))
+    parts, before = _train(profile, latents, 3, pretrained(profile, tmp_path / "base"))
+    model = parts.modules[0]
+    adapters = {name: p for name, p in model.named_parameters() if ".lora_" in name}
+    frozen = {name: p for name, p in model.named_parameters() if ".lora_" not in name}
+    # every default target (the attention projections of both attentions in both blocks) has A and B
+    assert len(adapters) == 2 * 4 * 2 * 2
+    for name, p in frozen.items():
+        assert not p.requires_grad and p.dtype == torch.bfloat16, name
+        assert torch.equal(p, before[name]), name
+    for name, p in adapters.items():
+        assert p.requires_grad and p.dtype == torch.float32, name
+        assert not torch.equal(p, before[name]), name  # lora_B starts at zero, lora_A random: both moved
+    # the optimizer holds the adapters alone, and so does the EMA
+    assert sum(len(g["params"]) for g in parts.optimizers[0].param_groups) == len(adapters)
+    assert parts.ema is not None and set(parts.ema.names) == set(adapters)
+    assert any("LoRA rank 4" in note for note in parts.notes)
+
+
+def test_unknown_target_modules_are_refused_naming_the_field() -> None:
+    profile = train_profile("train.lora={target_modules: [nope]}")
+    with pytest.raises(UserInputError, match=r"^train\.lora\.target_modules: .*nope"):
+        build(profile, init_runtime(profile))
