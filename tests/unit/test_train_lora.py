@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import make_latents, train_profile  # noqa: E402
+from train_fixtures import losses, make_latents, train_profile  # noqa: E402
 
 from vidforge.errors import UserInputError  # noqa: E402
 from vidforge.models import build_model, save_model  # noqa: E402
@@ -86,3 +86,61 @@ def test_unknown_target_modules_are_refused_naming_the_field() -> None:
     profile = train_profile("train.lora={target_modules: [nope]}")
     with pytest.raises(UserInputError, match=r"^train\.lora\.target_modules: .*nope"):
         build(profile, init_runtime(profile))
+
+
+# --- a LoRA run through `vidforge train`'s loop: checkpoints, resume, the exported adapter ------------
+
+RUN = ("train.lora={rank: 4, alpha: 8}", "train.schedule=constant", "train.ema_decay=0", "train.save_every=2")
+
+
+@pytest.fixture(scope="module")
+def wan_base(tmp_path_factory) -> Path:
+    """A diffusers WanTransformer3DModel folder of the tiny wan (random weights), as a download holds."""
+    from vidforge.models.wan_weights import export_wan
+
+    root = tmp_path_factory.mktemp("wan_base")
+    export = pretrained(train_profile(*WAN), root / "export")
+    return export_wan(export, root / "transformer")
+
+
+def _run(latents: Path, run_dir: Path, base: Path, steps: int, resume: bool = False) -> loop.TrainSummary:
+    profile = train_profile(*WAN, *RUN, f"train.steps={steps}")
+    return loop.run(profile, [latents], run_dir, resume=resume, init=WeightsInit(base))
+
+
+@pytest.fixture(scope="module")
+def lora_run(latents, wan_base, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("lora_run") / "run"
+    _run(latents, run_dir, wan_base, steps=4)
+    return run_dir
+
+
+def test_checkpoints_hold_the_adapters_and_their_optimizer_only(lora_run) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = list(
+        FileSystemReader(str(lora_run / "checkpoints" / "step_00000004")).read_metadata().state_dict_metadata
+    )
+    model_keys = [k for k in keys if k.startswith("model.")]
+    optim_keys = [k for k in keys if k.startswith("optim.state.")]
+    assert len(model_keys) == 2 * 4 * 2 * 2  # lora_A and lora_B of 4 projections x 2 attentions x 2 blocks
+    assert all(".lora_" in k for k in model_keys + optim_keys)
+    assert len(optim_keys) == 3 * len(model_keys)  # AdamW: step, exp_avg, exp_avg_sq per adapter
+
+
+def test_a_resumed_lora_run_gives_the_uninterrupted_runs_losses_and_adapter(
+    latents, wan_base, lora_run, tmp_path
+) -> None:
+    from safetensors.torch import load_file
+
+    from vidforge.train.lora import WEIGHTS
+
+    _run(latents, tmp_path / "run", wan_base, steps=2)
+    with pytest.raises(UserInputError, match="pass the --init it started from again"):
+        loop.run(train_profile(*WAN, *RUN, "train.steps=4"), [latents], tmp_path / "run", resume=True)
+    _run(latents, tmp_path / "run", wan_base, steps=4, resume=True)
+    assert losses(tmp_path / "run") == losses(lora_run)
+    resumed, whole = (load_file(run / "export" / WEIGHTS) for run in (tmp_path / "run", lora_run))
+    assert resumed.keys() == whole.keys()
+    for key in whole:
+        assert torch.equal(resumed[key], whole[key]), key
