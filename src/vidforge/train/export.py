@@ -106,3 +106,26 @@ def record_step(export: Path, step: int) -> None:
     tmp = export / f".{CONFIG}.tmp"
     tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
+    """A LoRA run's adapter folded into its base (W + alpha / rank x B @ A per target) and written as a
+    vidforge export at `out`: model.safetensors, config.json (with the adapter's step), profile.yaml.
+    `base`: an export or a diffusers Wan folder, as `--init` takes; default the base the run recorded."""
+    from vidforge.errors import UserInputError
+    from vidforge.profile.model import Model
+    from vidforge.train.init_weights import init_from
+    from vidforge.train.lora import load_adapter, merge, read_adapter
+
+    record = read_adapter(adapter)
+    base = base if base is not None else record.get("base")
+    if base is None:
+        raise UserInputError(f"--base: {adapter} does not record the base it trained on; pass --base BASE")
+    model = build_model(Model.model_validate(record["model"]), device="cpu")
+    init_from(model, Path(base), allow_partial=False)
+    merge(load_adapter(model, record["folder"]))
+    out = Path(out)
+    save_model(model, out)
+    record_step(out, record["step"])
+    shutil.copyfile(record["folder"] / "profile.yaml", out / "profile.yaml")
+    return out
