@@ -245,3 +245,66 @@ def test_infer_with_an_adapter_at_scale_0_is_the_base_and_at_scale_1_the_merged_
     diff = abs(_frames(on) - _frames(merged))
     assert diff.mean() < 0.05 and diff.max() <= 16, (diff.mean(), diff.max())
     assert abs(_frames(on) - _frames(base)).mean() > 10 * max(diff.mean(), 0.01)
+
+
+@pytest.mark.parametrize(("preset", "family"), [("wan2.1-1.3b", "wan"), ("dit-1b", "vidforge")])
+def test_the_memory_model_counts_no_gradients_or_optimizer_states_for_the_frozen_base(preset, family) -> None:
+    """Closed form, per rank of FSDP over 8 ranks, EMA on: full fine-tuning keeps P x (4 + 4 + 8 + 4) B of
+    state; LoRA keeps the base in bf16 (2 B a parameter) and its A adapter parameters at 4 + 4 + 8 + 4 B,
+    A = sum over the targeted Linear layers of rank x (in + out). `bench plan` evaluates the same."""
+    from torch import nn
+
+    from vidforge.bench.memory_model import estimate_memory
+    from vidforge.bench.plan import evaluate
+    from vidforge.profile import load_profile
+    from vidforge.train.lora import DEFAULT_TARGETS
+
+    sets = [f"model.preset={preset}", "cluster.gpus_per_node=8", "parallel.dp_shard=8", "train.ema_decay=0.9"]
+    if family == "wan":
+        sets += list(WAN)
+    full = load_profile("dit1b_1xh200", sets)
+    lora = load_profile("dit1b_1xh200", [*sets, "train.lora={rank: 16}"])
+    model = build_model(full.model, device="meta")
+    params = sum(p.numel() for p in model.parameters())
+    targets = DEFAULT_TARGETS[family]
+    adapters = sum(
+        16 * (m.in_features + m.out_features)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name.endswith(tuple(f".{t}" for t in targets))
+    )
+    assert adapters > 0
+    shards = 8
+    full_state, lora_state = (estimate_memory(p).state for p in (full, lora))
+    assert full_state == pytest.approx(params * 20 / shards, rel=1e-12)
+    assert lora_state == pytest.approx((params * 2 + adapters * 20) / shards, rel=1e-12)
+    assert evaluate(lora).memory.state == pytest.approx(lora_state, rel=1e-12)
+
+
+def test_the_dry_run_counts_the_shards_fsdp_made_of_a_bf16_base_and_fp32_adapters() -> None:
+    """`vidforge train --dry-run` builds rank 0 of FSDP over 4 ranks (fake process group) with the
+    trainer's own build: rank 0's shard of each parameter is ceil(rows / 4) of its rows (torch.chunk);
+    the base's at 2 B, the adapters' (lora_A: rank x in, lora_B: out x rank) at 4 B, and gradients, AdamW
+    states and EMA for the adapters alone."""
+    import math
+
+    from vidforge.profile import load_profile
+    from vidforge.train.dry_run import dry_run
+
+    sets = ["cluster.cpu_processes=4", "parallel.dp_shard=4", "train.precision=bf16", "train.ema_decay=0.9"]
+    profile = load_profile("local_cpu", [*sets, "train.lora={rank: 4}"])
+
+    def shard(*shape: int) -> int:
+        return math.ceil(shape[0] / 4) * math.prod(shape[1:])
+
+    model = build_model(profile.model, device="meta")
+    base = sum(shard(*p.shape) for p in model.parameters())
+    adapters = sum(
+        shard(4, m.in_features) + shard(m.out_features, 4)
+        for name, m in model.named_modules()
+        if name.rsplit(".", 1)[-1] in ("q", "k", "v", "out") and isinstance(m, torch.nn.Linear)
+    )
+    stage = dry_run(profile).stages[0]
+    assert stage.parameters == base + adapters
+    assert stage.parameter_bytes == 2 * base + 4 * adapters
+    assert stage.gradient_bytes == stage.ema_bytes == 4 * adapters
+    assert stage.optimizer_bytes == 8 * adapters
