@@ -174,6 +174,13 @@ def test_the_exported_adapter_loaded_into_diffusers_gives_vidforges_forward(wan_
         out = ours(x, t, text)
     assert (expected - base_out).abs().max() > 1e-3
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # the pipeline's loader (WanPipeline.load_lora_weights) reads it through lora_state_dict: every
+    # tensor under the transformer's prefix, the rank and alpha from the file's metadata
+    from diffusers import WanPipeline
+
+    state, metadata = WanPipeline.lora_state_dict(str(lora_run / "export"), return_lora_metadata=True)
+    assert len(state) == 32 and all(key.startswith("transformer.blocks.") for key in state)
+    assert metadata["transformer.r"] == 4 and metadata["transformer.lora_alpha"] == 8
 
 
 def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, tmp_path) -> None:
@@ -240,6 +247,8 @@ def test_infer_with_an_adapter_at_scale_0_is_the_base_and_at_scale_1_the_merged_
     on = sample(wan_base, "on", lora=lora_run, lora_scale=1.0)
     merged = sample(export_merged(lora_run, tmp_path / "merged"), "merged")
     assert Path(off).read_bytes() == Path(base).read_bytes()
+    with pytest.raises(UserInputError, match="a LoRA adapter, not a model; pass its base as --checkpoint"):
+        infer_run.run(lora_run, prompt, tmp_path / "wrong", overrides=sets)
     # merged weights round differently from base + adapter: a pixel a level or two off before H.264;
     # the adapter itself moves the video by far more
     diff = abs(_frames(on) - _frames(merged))

@@ -55,6 +55,13 @@ def find_export(checkpoint: str | Path) -> Path | None:
             return candidate
     if path.is_dir() and (transformer_folder(path) / CONFIG).is_file():
         return None
+    from vidforge.train.lora import is_adapter_folder
+
+    if is_adapter_folder(path) or is_adapter_folder(path / "export"):
+        raise UserInputError(
+            f"--checkpoint {checkpoint}: a LoRA adapter, not a model; pass its base as --checkpoint and this "
+            "folder as --lora"
+        )
     raise UserInputError(
         f"--checkpoint {checkpoint}: no {WEIGHTS} in it or in its export/; point at a `vidforge train` run "
         "directory that finished, an export folder, or a diffusers Wan transformer or pipeline folder"
