@@ -8,8 +8,8 @@ fp32 runs by default (losses to rel 1e-4, as every layout's test). bf16, where t
 adapters fp32 in one FSDP unit, runs with VIDFORGE_TEST_ALL_LAYOUTS=1: one process autocasts its matmuls
 while FSDP's mixed precision runs the whole block in bf16, so they round differently (losses measured
 within 0.6%), and AdamW's lr-sized steps on noise-sized gradients flip signs (adapters measured 2-10%
-apart in mean): its tolerances are bf16's. Measured here: ~40 s for the fp32 pair on a loaded 2-core
-machine."""
+apart in mean): its tolerances are bf16's. The one-process reference runs in the test's
+own process (no spawn); the pair took ~28 s on a loaded 2-core machine."""
 
 from __future__ import annotations
 
@@ -22,18 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ranks import run_ranks  # noqa: E402
-from train_fixtures import losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import WAN, losses, make_latents, train_profile  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-WAN = (
-    "model.family=wan",
-    "model.mlp_act=gelu-tanh",
-    "model.adaln_lora_rank=0",
-    "model.abs_position=none",
-    "model.cross_attn_norm=true",
-    "diffusion.objective=flow",
-)
 SETS = (
     *WAN,
     "model.heads=4",
@@ -74,8 +66,8 @@ def test_lora_under_fsdp2_matches_one_process(precision, tmp_path) -> None:
             p.add_(torch.randn_like(p), alpha=0.05)
     base = save_model(model, tmp_path / "base")
     runs = {world: tmp_path / f"world{world}" for world in (1, 2)}
-    for world, run_dir in runs.items():
-        run_ranks(_train, world, str(latents), str(base), str(run_dir), precision)
+    _train(0, 1, str(latents), str(base), str(runs[1]), precision)  # one process: this one
+    run_ranks(_train, 2, str(latents), str(base), str(runs[2]), precision)
     loss_rel, adapter_mean = PRECISIONS[precision]
     single, sharded = losses(runs[1]), losses(runs[2])
     assert len(single) == 3 and len(set(single)) > 1

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import WAN, losses, make_latents, train_profile  # noqa: E402
 
 from vidforge.errors import UserInputError  # noqa: E402
 from vidforge.models import build_model, save_model  # noqa: E402
@@ -20,15 +20,6 @@ from vidforge.train.build import build  # noqa: E402
 from vidforge.train.init_weights import WeightsInit  # noqa: E402
 from vidforge.train.step import make_train_step  # noqa: E402
 
-# Wan2.1's transformer (tiny, 2 layers) with its objective, as tests/distributed/test_train_layouts.py.
-WAN = (
-    "model.family=wan",
-    "model.mlp_act=gelu-tanh",
-    "model.adaln_lora_rank=0",
-    "model.abs_position=none",
-    "model.cross_attn_norm=true",
-    "diffusion.objective=flow",
-)
 LORA = ("train.lora={rank: 4, alpha: 8}", "train.lr=1e-2", "train.precision=bf16")
 
 
