@@ -180,6 +180,7 @@ def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, 
     from vidforge.cli.app import app
     from vidforge.models import load_model
     from vidforge.models.wan_weights import load_diffusers_wan
+    from vidforge.profile import load_profile
     from vidforge.train.lora import load_adapter
 
     merged = tmp_path / "merged"  # the base comes from the run's record of its --init
@@ -192,6 +193,7 @@ def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, 
         expected = load_adapter(load_diffusers_wan(wan_base), lora_run).eval()(x, t, text)
         out = load_model(merged).eval()(x, t, text)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert load_profile(merged / "profile.yaml").train.lora is None  # full weights now
     # and as diffusers' folder: from_pretrained of the merged weights gives the same forward
     from diffusers import WanTransformer3DModel
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from vidforge.models import build_model, save_model
 from vidforge.models.checkpoint import CONFIG
-from vidforge.profile import RunProfile, dump_profile
+from vidforge.profile import RunProfile, dump_profile, load_profile
 from vidforge.train.ema import EMA, Modules, as_module_list
 from vidforge.train.lora import save_adapter
 
@@ -51,9 +51,9 @@ def local_weights(modules: Modules, ema: EMA | None, frozen: bool = True) -> dic
                 if clean_name(name) not in weights:
                     weights[clean_name(name)] = _full(p.detach()).float().cpu()
         # Buffers and frozen tensors are not in the EMA: take them from the trained model.
-        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+        trainable = {clean_name(name) for name, p in module.named_parameters() if p.requires_grad}
         for name, t in module.state_dict().items():
-            if clean_name(name) not in weights and (frozen or name in trainable):
+            if clean_name(name) not in weights and (frozen or clean_name(name) in trainable):
                 weights[clean_name(name)] = _full(t.detach()).cpu()
     return weights
 
@@ -127,5 +127,7 @@ def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None 
     out = Path(out)
     save_model(model, out)
     record_step(out, record["step"])
-    shutil.copyfile(record["folder"] / "profile.yaml", out / "profile.yaml")
+    # the run's profile, less train.lora: these are full weights, to sample or fine-tune further
+    trained = load_profile(record["folder"] / "profile.yaml", ["train.lora=null"])
+    (out / "profile.yaml").write_text(dump_profile(trained))
     return out
