@@ -135,9 +135,10 @@ def _family(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _lora(profile: RunProfile, layout: Layout) -> list[str]:
-    """LoRA (peft's adapter layers) under FSDP2/HSDP and context parallel. Tensor parallel's plans name
-    the plain Linear layers that peft wraps (their adapters would stay whole beside a sharded base), and
-    pipeline stages have not been tested with adapters: both are refused."""
+    """LoRA (peft's adapter layers) runs under FSDP2 (HSDP and context parallel take the same path).
+    Tensor parallel's plans name the plain Linear layers that peft wraps (their adapters would stay whole
+    beside a sharded base), pipeline stages have not been run with adapters, and float8 would convert the
+    frozen base's Linears: all three are refused."""
     if profile.train.lora is None:
         return []
     problems = []
