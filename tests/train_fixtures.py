@@ -35,6 +35,16 @@ TRAIN_SETS = (
     "infer.width=24",
 )
 
+# Wan2.1's transformer (tiny, as the profile above sizes it) with its objective, rectified flow.
+WAN = (
+    "model.family=wan",
+    "model.mlp_act=gelu-tanh",
+    "model.adaln_lora_rank=0",
+    "model.abs_position=none",
+    "model.cross_attn_norm=true",
+    "diffusion.objective=flow",
+)
+
 
 def train_profile(*extra: str) -> RunProfile:
     return load_profile("local_cpu", [*TRAIN_SETS, *extra])

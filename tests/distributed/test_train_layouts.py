@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ranks import run_ranks  # noqa: E402
-from train_fixtures import losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import WAN, losses, make_latents, train_profile  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -33,15 +33,6 @@ CLIP = ("train.grad_clip=0.05",)  # below the gradient norms (~0.2): every step 
 
 EMA = ("train.ema_decay=0.9",)  # the export is then the EMA's weights
 
-# Wan2.1's transformer (tiny) with its objective, rectified flow: the same loop and step.
-WAN = (
-    "model.family=wan",
-    "model.mlp_act=gelu-tanh",
-    "model.adaln_lora_rank=0",
-    "model.abs_position=none",
-    "model.cross_attn_norm=true",
-    "diffusion.objective=flow",
-)
 
 # name -> (ranks, profile overrides)
 LAYOUTS = {

@@ -86,6 +86,11 @@ def run(
         raise UserInputError(
             f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume or a new --run-dir"
         )
+    if resume and latest is not None and cfg.lora is not None and init is None:
+        raise UserInputError(
+            "--resume: a LoRA run's checkpoints hold its adapters alone (train.lora); pass the --init it "
+            "started from again"
+        )
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
@@ -155,7 +160,14 @@ def run(
     if step > 0:
         pp_group = parts.pipeline.group if parts.pipeline is not None else None
         export_dir = export_weights(
-            profile, parts.modules, parts.ema, run_dir / "export", step, runtime.rank, pp_group=pp_group
+            profile,
+            parts.modules,
+            parts.ema,
+            run_dir / "export",
+            step,
+            runtime.rank,
+            pp_group=pp_group,
+            base=str(Path(init.src).resolve()) if init is not None else None,
         )
     metrics.close()
     return TrainSummary(
