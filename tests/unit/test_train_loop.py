@@ -103,6 +103,39 @@ def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_pat
     assert losses(tmp_path) == losses(trained)  # bitwise: same floats, same order
 
 
+def _forward(model: torch.nn.Module) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, *LATENT_SHAPE, generator=g)
+    text = torch.randn(2, 3, train_profile().model.text_dim, generator=g)
+    with torch.no_grad():
+        return model(x, torch.tensor([0.1, -0.5]), text)
+
+
+def test_init_from_a_run_checkpoint_reproduces_the_runs_export_exactly(trained) -> None:
+    """--init RUN takes its latest checkpoint's EMA weights through DCP: the export's forward, bit for bit;
+    --init-raw takes the weights the optimizer left, which the checkpoint also holds."""
+    from vidforge.models import load_model
+    from vidforge.parallel.dims import ParallelDims
+    from vidforge.parallel.runtime import Runtime
+    from vidforge.train.build import build
+    from vidforge.train.checkpoint import CheckpointManager
+    from vidforge.train.init_weights import WeightsInit
+
+    profile = train_profile()
+    runtime = Runtime(0, 1, 0, torch.device("cpu"), ParallelDims(profile.layout))
+    exported = _forward(load_model(trained / "export"))
+    for src in (trained, trained / "checkpoints" / "step_00000006"):
+        parts = build(profile, runtime, WeightsInit(src))
+        assert torch.equal(_forward(parts.modules[0]), exported), src
+        assert parts.notes[0].startswith(f"--init {src}: ") and "new" not in parts.notes[0]
+    raw = build(profile, runtime, WeightsInit(trained, raw=True)).modules[0]
+    # the raw weights, read back the way --resume reads them
+    resumed = build(profile, runtime)
+    CheckpointManager(trained).load(6, resumed.modules, resumed.optimizers, resumed.ema)
+    assert torch.equal(_forward(raw), _forward(resumed.modules[0]))
+    assert not torch.equal(_forward(raw), exported)  # the EMA is another model
+
+
 def _poisoned(at_call: int):
     real = LocalTrainStep.forward
     calls = {"n": 0}

@@ -26,8 +26,8 @@ def train(
         Path | None,
         typer.Option(
             "--init",
-            help="Start from these weights (a vidforge export, a diffusers transformer or pipeline folder); "
-            "a new optimizer, step 0.",
+            help="Start from these weights (a vidforge export, a diffusers transformer or pipeline folder, a "
+            "training checkpoint or a run directory: its latest, EMA weights); a new optimizer, step 0.",
         ),
     ] = None,
     allow_partial: Annotated[
@@ -35,6 +35,10 @@ def train(
         typer.Option(
             "--allow-partial", help="With --init: start tensors the weights lack (or shape otherwise) fresh."
         ),
+    ] = False,
+    init_raw: Annotated[
+        bool,
+        typer.Option("--init-raw", help="With --init CHECKPOINT: its raw weights rather than their EMA."),
     ] = False,
     nproc: NprocOpt = None,
     dry_run: Annotated[
@@ -87,7 +91,7 @@ def train(
 
     from vidforge.train.init_weights import WeightsInit
 
-    weights = WeightsInit(init, allow_partial) if init is not None else None
+    weights = WeightsInit(init, allow_partial, init_raw) if init is not None else None
     with output.step_bar("train", total) as on_step:
         summary = run(resolved, data, run_dir, resume=resume, progress=show, init=weights, on_step=on_step)
     import torch.distributed as dist
