@@ -91,7 +91,7 @@ def train(
         if output.json:
             output.progress("step", record["step"], of, **record)
         else:
-            stage = f"[{record['stage']}] " if "stage" in record else ""
+            stage = f"stage {record['stage']}  " if "stage" in record else ""
             output.info(
                 f"{stage}step {record['step']:>6}/{of}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "
                 f"lr {record['lr']:.2e}  {record['tokens_per_s']:.0f} tok/s  {record['step_time_s'] * 1000:.0f} ms/step  "
@@ -110,7 +110,16 @@ def train(
 
     if dist.is_initialized() and dist.get_rank() != 0:
         return  # one summary, from rank 0 (the CLI boundary leaves the process group on the way out)
-    output.result(summary_dict(summary), title="vidforge train")
+    result = summary_dict(summary)
+    if output.json or not resolved.stages:
+        output.result(result, title="vidforge train")
+        return
+    rows = {k: v for k, v in result.items() if k != "stages"}
+    for s in result["stages"]:  # one row a stage: a table cell cannot hold a whole summary
+        done = "complete before --resume" if s["skipped"] else f"steps {s['start_step']}->{s['last_step']}"
+        loss = s["final_loss_mean"]
+        rows[f"stage {s['stage']}"] = done + (f", final loss {loss:.4f}" if loss is not None else "")
+    output.result(rows, title="vidforge train")
 
 
 def _dry_run(profile) -> None:

@@ -8,6 +8,7 @@ Layout of a curriculum's run directory:
     RUN/stages/01-NAME/               the stage's run directory: profile.yaml (the stage's profile),
                                       checkpoints/, metrics.jsonl (each line carries `stage`), export/
     RUN/stages/01-NAME/STAGE_COMPLETE written once the stage has exported: --resume passes over it
+                                      (unless the stage's steps have changed since: then it trains on)
     RUN/export -> stages/NN-LAST/export   the last stage's export, for `vidforge infer -c RUN`
 `--resume` skips the complete stages and resumes the first incomplete one from its latest checkpoint (or
 starts it from the previous stage when it had saved none)."""
@@ -76,8 +77,9 @@ def run(
     for index, stage in enumerate(profile.stages):
         folder = stage_dir(run_dir, index, stage)
         entry: dict[str, Any] = {"stage": stage.name, "run_dir": str(folder)}
-        if resume and (folder / DONE).is_file():
-            summaries.append({**entry, **json.loads((folder / DONE).read_text()), "skipped": True})
+        done = _done(folder)
+        if resume and done.get("steps") == stage.steps:  # a stage given more steps since trains on
+            summaries.append({**entry, **done["summary"], "skipped": True})
         else:
             # Stage 1 starts where --init says; each later one from the stage before it: its latest
             # checkpoint's EMA weights (the raw ones when that stage kept no EMA).
@@ -95,11 +97,17 @@ def run(
             summaries.append({**entry, **asdict(summary), "skipped": False})
             if main:
                 with atomic_path(folder / DONE) as tmp:
-                    tmp.write_text(json.dumps(asdict(summary)))
+                    tmp.write_text(json.dumps({"steps": stage.steps, "summary": asdict(summary)}))
         before += stage.steps
         previous = folder
     export = _link_export(run_dir, previous) if main else None
     return CurriculumSummary(str(run_dir), summaries, str(export) if export else None)
+
+
+def _done(folder: Path) -> dict[str, Any]:
+    """What a complete stage recorded: its steps and its summary; {} for a stage not complete."""
+    path = folder / DONE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _offset(on_step: Callable[[int], None] | None, before: int) -> Callable[[int], None] | None:

@@ -265,5 +265,6 @@ class _Window:
         return record
 
 
-def summary_dict(summary: TrainSummary) -> dict[str, Any]:
+def summary_dict(summary: Any) -> dict[str, Any]:
+    """A TrainSummary, or a curriculum's CurriculumSummary, as a plain dict."""
     return asdict(summary)
