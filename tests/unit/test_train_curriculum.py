@@ -126,3 +126,16 @@ def test_each_stage_is_held_to_the_profile_checks() -> None:
         train_profile("train.warmup_steps=5", "stages=[{name: i, steps: 3}]")
     with pytest.raises(ProfileError, match="each stage needs its own name; i repeats"):
         train_profile("stages=[{name: i, steps: 3}, {name: i, steps: 4}]")
+
+
+def test_train_help_names_stages_and_data_is_needed_only_for_stages_without_it(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from vidforge.cli.app import app
+
+    result = CliRunner().invoke(app, ["train", "--help"])
+    text = " ".join(result.stdout.split())  # the help is wrapped to the terminal's width
+    assert result.exit_code == 0 and "`stages:` (a curriculum)" in text and "previous stage's EMA" in text
+    no_data = ["train", "--run-dir", str(tmp_path), "--set", "stages=[{name: a, steps: 200}]"]
+    result = CliRunner().invoke(app, no_data)
+    assert result.exit_code == 2 and "train needs --data LATENTS" in result.stderr

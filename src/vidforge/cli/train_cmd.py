@@ -62,7 +62,7 @@ def train(
     Example: vidforge train --data runs/latents --run-dir runs/finetune --init runs/train/export
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
-    Example: vidforge train --run-dir runs/curriculum --profile wan14b_curriculum_128xh100 --init WAN_DIR
+    Example: vidforge train --run-dir runs/curriculum --profile wan14b_curriculum_128xh200 --init WAN_DIR
     """
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks
