@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from vidforge.data.manifest import stable_id, write_jsonl
 from vidforge.data.sharding import run as shard_run
 from vidforge.data.testing import make_annotated_dir
@@ -61,3 +63,13 @@ def make_latents(root: Path, *, identical: bool = False, samples: int = 4) -> Pa
 
 def losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def probe_forward(model: torch.nn.Module, profile: RunProfile) -> torch.Tensor:
+    """The model's output on fixed random latents of LATENT_SHAPE, noise levels and captions: two models
+    with the same weights give the same tensor, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, *LATENT_SHAPE, generator=g)
+    text = torch.randn(2, 3, profile.model.text_dim, generator=g)
+    with torch.no_grad():
+        return model(x, torch.tensor([0.1, -0.5]), text)

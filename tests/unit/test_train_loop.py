@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import LATENT_SHAPE, losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import LATENT_SHAPE, losses, make_latents, probe_forward, train_profile  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.data.manifest import read_jsonl  # noqa: E402
@@ -103,14 +103,6 @@ def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_pat
     assert losses(tmp_path) == losses(trained)  # bitwise: same floats, same order
 
 
-def _forward(model: torch.nn.Module) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, *LATENT_SHAPE, generator=g)
-    text = torch.randn(2, 3, train_profile().model.text_dim, generator=g)
-    with torch.no_grad():
-        return model(x, torch.tensor([0.1, -0.5]), text)
-
-
 def test_init_from_a_run_checkpoint_reproduces_the_runs_export_exactly(trained) -> None:
     """--init RUN takes its latest checkpoint's EMA weights through DCP: the export's forward, bit for bit;
     --init-raw takes the weights the optimizer left, which the checkpoint also holds."""
@@ -123,17 +115,17 @@ def test_init_from_a_run_checkpoint_reproduces_the_runs_export_exactly(trained) 
 
     profile = train_profile()
     runtime = Runtime(0, 1, 0, torch.device("cpu"), ParallelDims(profile.layout))
-    exported = _forward(load_model(trained / "export"))
+    exported = probe_forward(load_model(trained / "export"), profile)
     for src in (trained, trained / "checkpoints" / "step_00000006"):
         parts = build(profile, runtime, WeightsInit(src))
-        assert torch.equal(_forward(parts.modules[0]), exported), src
+        assert torch.equal(probe_forward(parts.modules[0], profile), exported), src
         assert parts.notes[0].startswith(f"--init {src}: ") and "new" not in parts.notes[0]
     raw = build(profile, runtime, WeightsInit(trained, raw=True)).modules[0]
     # the raw weights, read back the way --resume reads them
     resumed = build(profile, runtime)
     CheckpointManager(trained).load(6, resumed.modules, resumed.optimizers, resumed.ema)
-    assert torch.equal(_forward(raw), _forward(resumed.modules[0]))
-    assert not torch.equal(_forward(raw), exported)  # the EMA is another model
+    assert torch.equal(probe_forward(raw, profile), probe_forward(resumed.modules[0], profile))
+    assert not torch.equal(probe_forward(raw, profile), exported)  # the EMA is another model
 
 
 def _poisoned(at_call: int):
