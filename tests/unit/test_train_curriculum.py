@@ -11,13 +11,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import make_latents, train_profile  # noqa: E402
+from train_fixtures import killed_at_forward, make_latents, train_profile  # noqa: E402
 
 from vidforge.errors import UserInputError  # noqa: E402
 from vidforge.models import load_model  # noqa: E402
 from vidforge.profile import ProfileError, load_profile  # noqa: E402
 from vidforge.train import curriculum  # noqa: E402
-from vidforge.train.step import LocalTrainStep  # noqa: E402
 
 # Stage "a": 3 steps at the profile's lr; stage "b": 4 steps at a tenth of it, its own data list, a
 # checkpoint every 2 steps (train.save_every=2): killed in b's step 3, it resumes from b's step 2.
@@ -93,19 +92,8 @@ def test_stage_two_starts_from_stage_ones_ema(uninterrupted, latents, tmp_path) 
 def test_killed_in_stage_two_and_resumed_gives_the_uninterrupted_losses(
     uninterrupted, latents, tmp_path, monkeypatch
 ) -> None:
-    real = LocalTrainStep.forward
-    calls = {"n": 0}
-
-    def dies_in_b_step_3(*args, **kwargs):  # a's 3 steps, b's 2, then the kill
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(LocalTrainStep, "forward", dies_in_b_step_3)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_forward(monkeypatch, 6):  # a's 3 steps, b's 2, then the kill in b's step 3
         curriculum.run(_profile(latents), [latents], tmp_path)
-    monkeypatch.setattr(LocalTrainStep, "forward", real)
     assert (tmp_path / "stages" / "01-a" / curriculum.DONE).is_file()
     assert not (tmp_path / "stages" / "02-b" / curriculum.DONE).exists()
     with pytest.raises(UserInputError, match="pass --resume"):

@@ -14,7 +14,14 @@ import torch
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import LATENT_SHAPE, losses, make_latents, probe_forward, train_profile  # noqa: E402
+from train_fixtures import (  # noqa: E402
+    LATENT_SHAPE,
+    killed_at_forward,
+    losses,
+    make_latents,
+    probe_forward,
+    train_profile,
+)
 
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.data.manifest import read_jsonl  # noqa: E402
@@ -83,19 +90,8 @@ def test_run_logs_every_step_checkpoints_and_exports(trained) -> None:
 
 def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_path, monkeypatch) -> None:
     # A run "killed" right after its step-3 checkpoint: stop it there by raising from the step after.
-    real = LocalTrainStep.forward
-    calls = {"n": 0}
-
-    def dies_at_step_4(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(LocalTrainStep, "forward", dies_at_step_4)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_forward(monkeypatch, 4):
         loop.run(train_profile(), [latents], tmp_path)
-    monkeypatch.setattr(LocalTrainStep, "forward", real)
     with pytest.raises(UserInputError, match="pass --resume"):
         loop.run(train_profile(), [latents], tmp_path)
     summary = loop.run(train_profile(), [latents], tmp_path, resume=True)
