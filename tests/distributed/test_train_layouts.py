@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ranks import run_ranks  # noqa: E402
-from train_fixtures import WAN, losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import WAN, losses, make_latents, probe_forward, train_profile  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -80,6 +80,11 @@ REFERENCE_SETS = {
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
 }
+
+# Layouts whose last checkpoint one process then takes as `--init RUN`: tensor-parallel DTensor shards
+# with an EMA (tp2: its EMA), pipeline stages' FSDP shards without one (pp2xfsdp2: the raw weights). Read
+# with DCP, either gives the layout's export's forward exactly.
+INIT_FROM_CHECKPOINT = ("tp2", "pp2xfsdp2")
 
 
 def _train(rank: int, world: int, latents: str, run_dir: str, sets: list[str]) -> None:
@@ -141,6 +146,15 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
                 continue
             # 3 AdamW steps of lr 1e-3 from equal weights: reduction-order noise only
             torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    if name in INIT_FROM_CHECKPOINT:
+        from vidforge.models import build_model, load_model
+        from vidforge.train.init_weights import init_from
+
+        profile = train_profile(*STEPS, *REFERENCE_SETS.get(name, ()))
+        model = build_model(profile.model)
+        assert init_from(model, tmp_path / name).complete
+        exported = load_model(tmp_path / name / "export")
+        assert torch.equal(probe_forward(model, profile), probe_forward(exported, profile))
 
 
 @pytest.mark.parametrize(

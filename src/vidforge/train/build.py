@@ -45,7 +45,7 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
     model = build_model(profile.model, device=device)
     notes: list[str] = []
     if init is not None:  # before any split or sharding: every layout starts from the same weights
-        notes.append(init_from(model, init.src, init.allow_partial).describe())
+        notes.append(init_from(model, init.src, init.allow_partial, init.raw).describe())
     if cfg.lora is not None:  # the frozen base and its adapters are what every layout below is handed
         notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
     compute_dtype = autocast_dtype(dims, profile)

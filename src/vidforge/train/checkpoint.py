@@ -112,6 +112,24 @@ def merged_state(
     return model_sd, optim_sd, keys
 
 
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def complete_steps(root: Path) -> list[int]:
+    """The steps of the complete checkpoints under `root` (RUN/checkpoints), in order."""
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / MARKER).is_file())
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The folder of a run directory's latest complete checkpoint, or None."""
+    root = Path(run_dir) / "checkpoints"
+    steps = complete_steps(root)
+    return step_dir(root, steps[-1]) if steps else None
+
+
 class CheckpointManager:
     """Saves and finds checkpoints of one run directory."""
 
@@ -124,12 +142,10 @@ class CheckpointManager:
         self._pending: Future | None = None
 
     def path(self, step: int) -> Path:
-        return self.root / f"step_{step:08d}"
+        return step_dir(self.root, step)
 
     def complete_steps(self) -> list[int]:
-        if not self.root.is_dir():
-            return []
-        return sorted(int(p.name[5:]) for p in self.root.glob("step_*") if (p / MARKER).is_file())
+        return complete_steps(self.root)
 
     def latest(self) -> int | None:
         steps = self.complete_steps()
