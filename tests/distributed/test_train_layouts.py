@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ranks import run_ranks  # noqa: E402
-from train_fixtures import losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import WAN, losses, make_latents, probe_forward, train_profile  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -35,16 +35,6 @@ EMA = ("train.ema_decay=0.9",)  # the export is then the EMA's weights
 
 # Vchitect-2.0's multimodal parallel block (ST-DiT): it has no tensor- or context-parallel plan.
 MM = ("model.architecture=stdit", "model.stdit_block=parallel-mm")
-
-# Wan2.1's transformer (tiny) with its objective, rectified flow: the same loop and step.
-WAN = (
-    "model.family=wan",
-    "model.mlp_act=gelu-tanh",
-    "model.adaln_lora_rank=0",
-    "model.abs_position=none",
-    "model.cross_attn_norm=true",
-    "diffusion.objective=flow",
-)
 
 # name -> (ranks, profile overrides)
 LAYOUTS = {
@@ -97,6 +87,11 @@ REFERENCE_SETS = {
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
 }
 
+# Layouts whose last checkpoint one process then takes as `--init RUN`: tensor-parallel DTensor shards
+# with an EMA (tp2: its EMA), pipeline stages' FSDP shards without one (pp2xfsdp2: the raw weights). Read
+# with DCP, either gives the layout's export's forward exactly.
+INIT_FROM_CHECKPOINT = ("tp2", "pp2xfsdp2")
+
 
 def _train(rank: int, world: int, latents: str, run_dir: str, sets: list[str]) -> None:
     from vidforge.train import loop
@@ -140,9 +135,8 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
         # The whole model's gradient norm, each replicated (conditioning) gradient counted once.
         norms = [_metric(d, "grad_norm") for d in (tmp_path / name, single_dir)]
         assert norms[0] == pytest.approx(norms[1], rel=1e-4)
-    if name.startswith(
-        ("pp", "tp2", "wan", "mm")
-    ):  # stages / shards gathered into one export == one process's
+    # Stages / shards gathered into one export == one process's.
+    if name.startswith(("pp", "tp2", "wan", "mm")):
         from vidforge.models import load_model
 
         ours, theirs = load_model(tmp_path / name / "export"), load_model(single_dir / "export")
@@ -159,6 +153,15 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
                 continue
             # 3 AdamW steps of lr 1e-3 from equal weights: reduction-order noise only
             torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    if name in INIT_FROM_CHECKPOINT:
+        from vidforge.models import build_model, load_model
+        from vidforge.train.init_weights import init_from
+
+        profile = train_profile(*STEPS, *REFERENCE_SETS.get(name, ()))
+        model = build_model(profile.model)
+        assert init_from(model, tmp_path / name).complete
+        exported = load_model(tmp_path / name / "export")
+        assert torch.equal(probe_forward(model, profile), probe_forward(exported, profile))
 
 
 @pytest.mark.parametrize(

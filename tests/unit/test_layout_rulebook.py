@@ -59,6 +59,8 @@ def test_every_layout_the_planner_proposes_passes_the_rulebook(name: str) -> Non
         ({"pp": 2}, ["train.grad_accum=2"], "train.grad_accum: parallel.pp=2 with grad_accum=2"),
         ({"pp": 2}, ["train.validate_every=5"], "train.validate_every: 5 with parallel.pp=2"),
         ({"tp": 4}, [], "parallel.tp: must divide model.heads=6, got 4"),
+        ({"tp": 2}, ["train.lora={rank: 4}"], "train.lora: LoRA has no tensor-parallel plan (parallel.tp=2)"),
+        ({"pp": 2}, ["train.lora={rank: 4}"], "train.lora: LoRA does not run under pipeline parallel"),
     ],
 )
 def test_a_layout_the_trainer_cannot_run_is_refused_with_the_same_line_everywhere(

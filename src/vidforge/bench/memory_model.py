@@ -39,7 +39,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vidforge.bench.param_counts import ParameterCounts, parameter_counts, tp_local_parameters
+from vidforge.bench.param_counts import (
+    ParameterCounts,
+    lora_parameters,
+    parameter_counts,
+    tp_local_parameters,
+)
 from vidforge.bench.workload import Workload
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
@@ -252,6 +257,23 @@ def estimate_memory(
     where = f"({outside_params:,.0f} outside the blocks + {blocks} blocks x {block_params:,.0f}"
     where += f"{' after TP/' + str(tp) if tp > 1 else ''}) / {shards} FSDP shard(s)"
     offload = train.fsdp_cpu_offload and prec.fsdp
+    # LoRA (train.lora; the rulebook keeps it to tp = pp = 1): the base is frozen in the compute dtype and
+    # has no gradients, optimizer states or EMA; the fp32 adapters have all four.
+    block_adapters, adapters = 0, 0.0
+    if train.lora is not None:
+        block_adapters, outside_adapters = lora_parameters(cfg, train.lora)
+        adapters = (blocks * block_adapters + outside_adapters) / shards
+        base = 2 if train.precision == "bf16" else 4
+        size = 0.0 if offload else local_params * base
+        terms.append(
+            Term(
+                "parameters",
+                size,
+                f"frozen base (train.lora) in the compute dtype: {where} = {local_params:,.0f} params x "
+                f"{base} B = {_gib(size)}",
+            )
+        )
+    trained = adapters if train.lora is not None else local_params
     state = [
         ("parameters", 4, "float32 master weights"),
         ("gradients", 4, "float32 gradients"),
@@ -260,10 +282,9 @@ def estimate_memory(
     if train.ema_decay > 0:
         state.append(("ema", 4, "EMA of the weights, float32"))
     for name, per, what in state:
-        size = 0.0 if offload else local_params * per
-        terms.append(
-            Term(name, size, f"{what}: {where} = {local_params:,.0f} params x {per} B = {_gib(size)}")
-        )
+        size = 0.0 if offload else trained * per
+        of = f"LoRA adapters / {shards} FSDP shard(s)" if train.lora is not None else where
+        terms.append(Term(name, size, f"{what}: {of} = {trained:,.0f} params x {per} B = {_gib(size)}"))
     if offload:
         notes.append(
             f"train.fsdp_cpu_offload: parameters, gradients and optimizer states ({_gib(local_params * 20)}) "
@@ -335,6 +356,8 @@ def estimate_memory(
         # (less the blocks of other pipeline stages, and what other TP ranks hold)
         split = (blocks * counts.block_tp + counts.outside_tp) * (1 - 1 / tp)
         weights = counts.linear_weights - (cfg.layers - blocks) * counts.block - split
+        if train.lora is not None:  # a bf16 base is read as it is: only the fp32 adapters are cast
+            weights = adapters
         terms.append(
             Term(
                 "weight copies",
@@ -354,7 +377,8 @@ def estimate_memory(
             why = "FSDP keeps the last block unsharded from forward to backward"
         terms.append(Term("weight copies", held, f"{why}: {block_params:,.0f} x {prec.compute} B a block"))
         gather = 2 * unsharded
-        reduce = block_params * (prec.compute + 4)
+        # gradients exist for what trains: LoRA's adapters alone
+        reduce = (block_adapters if train.lora is not None else block_params) * (prec.compute + 4)
         comm += gather + reduce
         comm_parts.append(
             f"FSDP all-gather of 2 blocks (current + prefetched) {_gib(gather)} and reduce-scatter of one "

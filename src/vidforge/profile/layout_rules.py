@@ -151,7 +151,30 @@ def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family, _mm_block)
+def _lora(profile: RunProfile, layout: Layout) -> list[str]:
+    """LoRA (peft's adapter layers) runs under FSDP2 (HSDP and context parallel take the same path).
+    Tensor parallel's plans name the plain Linear layers that peft wraps (their adapters would stay whole
+    beside a sharded base), pipeline stages have not been run with adapters, and float8 would convert the
+    frozen base's Linears: all three are refused."""
+    if profile.train.lora is None:
+        return []
+    problems = []
+    if layout.tp > 1:
+        problems.append(
+            f"train.lora: LoRA has no tensor-parallel plan (parallel.tp={layout.tp}); set parallel.tp=1 and "
+            "shard with parallel.dp_shard (FSDP2) instead, or unset train.lora for a full fine-tune"
+        )
+    if layout.pp > 1:
+        problems.append(
+            f"train.lora: LoRA does not run under pipeline parallel (parallel.pp={layout.pp}); set "
+            "parallel.pp=1 and shard with parallel.dp_shard (FSDP2) instead"
+        )
+    if profile.train.fp8:
+        problems.append("train.lora: the frozen base is not converted to float8; set train.fp8=false")
+    return problems
+
+
+RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family, _mm_block, _lora)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:

@@ -9,6 +9,22 @@ from pydantic import Field, model_validator
 from vidforge.profile.base import Section
 
 
+class Lora(Section):
+    """LoRA fine-tuning with peft: low-rank adapters on the named linear layers; every other weight
+    frozen in the compute dtype, the adapters trained (and checkpointed, exported) in fp32."""
+
+    rank: int = Field(16, ge=1)
+    """Rank r of each adapter (lora_A: r x in, lora_B: out x r)."""
+    alpha: float = Field(16.0, gt=0)
+    """Scale numerator: the adapter's output is multiplied by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training."""
+    target_modules: tuple[str, ...] | None = None
+    """Module names (peft's suffix match, e.g. `to_q`) that get adapters; None: the family's attention
+    projections (`vidforge.train.lora.DEFAULT_TARGETS`: wan `to_q`, `to_k`, `to_v`, `to_out.0`; the
+    vidforge DiT `q`, `k`, `v`, `out`)."""
+
+
 class Train(Section):
     """What one training run does. Global batch = micro_batch x grad_accum x data-parallel ranks."""
 
@@ -70,6 +86,8 @@ class Train(Section):
     """Steps between validation samples from the EMA model; 0 disables."""
     validation_prompts: tuple[str, ...] = ("a red square moving right",)
     """Prompts the periodic validation samples."""
+    lora: Lora | None = None
+    """LoRA fine-tuning (adapters on a frozen base, usually with --init); None: every weight trains."""
 
     @model_validator(mode="after")
     def _check(self) -> Train:
