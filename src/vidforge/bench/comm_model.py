@@ -70,6 +70,8 @@ def _sublayers_and_attention(profile: RunProfile) -> tuple[int, int]:
     cfg = profile.model
     if cfg.architecture == "dit":
         return 3, 1
+    if cfg.stdit_block == "parallel-mm":  # summed joint-attention branches, MLP; no cross-attention
+        return 2, 1
     return (3, 1) if cfg.stdit_block == "parallel" else (4, 0)
 
 

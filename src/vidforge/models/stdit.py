@@ -3,9 +3,11 @@ one position) parts.
 
 - `STDiTBlock` (NeMo's ST-DiT, after Latte/Open-Sora): spatial attention, temporal attention,
   cross-attention and MLP in sequence, each with its own (shift, scale, gate).
-- `ParallelSTDiTBlock` (Vchitect-2.0's parallel block): spatial, temporal and full-sequence attention
-  read the same normalised input and their outputs are summed under one gate; then cross-attention and
-  MLP. The three branches are independent, so they can overlap (or be split over devices).
+- `ParallelSTDiTBlock` (after Vchitect-2.0's parallel block, video only): spatial, temporal and
+  full-sequence attention read the same normalised input and their outputs are summed under one gate;
+  then cross-attention and MLP. The three branches are independent, so they can overlap (or be split
+  over devices). The paper's multimodal block, where every branch also attends to the caption, is
+  `vidforge.models.mmblock.MMParallelBlock` (model.stdit_block=parallel-mm).
 """
 
 from __future__ import annotations
