@@ -4,33 +4,29 @@ weights it is that image model at step 0; a few `vidforge train` steps with it k
 (that one lives in test_train_loop.py, beside the trained fixtures it shares)."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from vidforge.models import build_model, model_config
-from vidforge.models.mmblock import GATES, MMParallelBlock, video_state_from_image
-from vidforge.models.rope import apply_rope, axis_dims
-from vidforge.profile import ProfileError, load_profile
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_models_dit import _perturbed  # noqa: E402  (every parameter off its partly zero init)
+
+from vidforge.models import build_model, model_config  # noqa: E402
+from vidforge.models.mmblock import GATES, MMParallelBlock, video_state_from_image  # noqa: E402
+from vidforge.models.rope import apply_rope, axis_dims  # noqa: E402
+from vidforge.profile import ProfileError, load_profile  # noqa: E402
 
 GRID = (3, 2, 3)  # token frames, rows, columns
 TEXT = 5
 
 
-def _perturb(module, seed=0, scale=0.1):
-    """Every parameter off its (partly zero) initialisation, so every term of the block is exercised."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module
-
-
 def _setup(seed=0, grid=GRID, batch=2, **overrides):
     cfg = model_config("tiny", architecture="stdit", stdit_block="parallel-mm", **overrides)
     torch.manual_seed(seed)
-    model = _perturb(build_model(cfg, dtype=torch.float64), seed)
+    model = _perturbed(build_model(cfg, dtype=torch.float64), scale=0.1, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     tokens = math.prod(grid)
     x = torch.randn(batch, tokens, cfg.hidden, generator=g, dtype=torch.float64)
@@ -118,7 +114,7 @@ def test_started_from_an_image_model_it_is_that_image_model_on_every_frame_at_st
     clip. The video block takes its weights (video_state_from_image): its temporal and full branches
     keep their random attention weights but their gates start at zero."""
     model, x, noise, text, mask = _setup()
-    image = _perturb(MMParallelBlock(model.config, video=False).double(), seed=3)
+    image = _perturbed(MMParallelBlock(model.config, video=False).double(), scale=0.1, seed=3)
     video = MMParallelBlock(model.config).double()
     video.load_state_dict(video_state_from_image(image.state_dict(), video))
     out = video(x, model.condition(noise, text, mask, batch=2, grid=GRID))
