@@ -179,7 +179,7 @@ def block_activations(
         "cross-attention": cross * tokens / tp + text,
         "mlp": mlp * tokens / tp,
     }
-    if cfg.architecture == "stdit" and cfg.stdit_block == "parallel-mm":
+    if cfg.multimodal_block:
         del parts["cross-attention"]
         keys = samples * (text_tokens + cfg.context_latents)
         # The text norm's input and output, and per branch the text k/v outputs and normalised keys; then

@@ -112,7 +112,7 @@ def forward_flops(
     else:
         modulation = 2 * n * d * chunks * d
     self_proj = 4 * 2 * s * d * d * len(scopes)
-    if cfg.architecture == "stdit" and cfg.stdit_block == "parallel-mm":
+    if cfg.multimodal_block:
         # No cross-attention: every branch's video queries also attend to the caption and the context
         # latents, whose keys and values each branch projects with its own text k/v.
         keys = [x + cfg.context_latents for x in lens]

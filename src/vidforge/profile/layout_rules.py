@@ -137,8 +137,7 @@ def _family(profile: RunProfile, layout: Layout) -> list[str]:
 def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
     """The multimodal parallel block (stdit_block=parallel-mm) has no tensor- or context-parallel plan
     yet: its joint attention appends each sample's text keys to every group's video keys."""
-    cfg = profile.model
-    if cfg.architecture != "stdit" or cfg.stdit_block != "parallel-mm":
+    if not profile.model.multimodal_block:
         return []
     return [
         f"parallel.{name}: model.stdit_block=parallel-mm has no {what} plan yet ({name}={degree}); "

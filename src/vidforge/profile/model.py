@@ -224,6 +224,12 @@ class Model(Section):
         return self
 
     @property
+    def multimodal_block(self) -> bool:
+        """Blocks read the caption in joint attention (ST-DiT, stdit_block=parallel-mm), not through a
+        cross-attention sub-layer."""
+        return self.architecture == "stdit" and self.stdit_block == "parallel-mm"
+
+    @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
