@@ -4,7 +4,8 @@ Two gloo ranks on one `tp` mesh run the same seeded model and inputs as a single
 parallelism: initial weights, forward outputs and the gradient of every parameter (DTensor gradients
 as `full_tensor()`), for DiT, ST-DiT sequential and ST-DiT parallel blocks, plain batches and packed
 rows, with and without sequence parallel, AdaLN-LoRA and SwiGLU switched on and off across the cases;
-then three AdamW steps with gradient clipping; TP2 + SP under full activation checkpointing; the
+then three AdamW steps with gradient clipping; the wan family's plan (`apply_wan_tp`) with and without
+sequence parallel, plain and packed, held to a float32-sized tolerance (see WAN_TOLERANCE); TP2 + SP under full activation checkpointing; the
 refusals of an indivisible row or head count. One 4-rank run composes TP2 + SP with FSDP2 over
 dp_shard=2 (each data-parallel rank given half of the batch): gradients and two AdamW steps.
 
@@ -61,6 +62,37 @@ def _config(arch: str, block: str, lora: bool, swiglu: bool):
         mlp_hidden=96,
         text_dim=16,
     )
+
+
+# The wan family (`vidforge.parallel.wan_tensor_parallel.apply_wan_tp`): (packed, sequence_parallel). Its
+# cross-attention norm is on, so every kind of parameter that sees the sharded stream is there: norm2,
+# each block's scale_shift_table (and through it time_proj), the row-parallel biases.
+WAN_CASES = [(False, False), (False, True), (True, False), (True, True)]
+# Wan computes its norms, modulation and residual adds in float32 even in a float64 model (`.float()`, as
+# the reference does), so its reduction-order noise is float32's: measured 5e-7 of a tensor's largest
+# value. A missing reduction (norm2's or the modulation table's gradient left to one rank's tokens) was
+# measured at 0.4 to 0.9.
+WAN_TOLERANCE = 1e-5
+
+
+def _wan_config():
+    return model_config(
+        "tiny",
+        family="wan",
+        mlp_act="gelu-tanh",
+        adaln_lora_rank=0,
+        abs_position="none",
+        cross_attn_norm=True,
+        hidden=48,
+        heads=4,
+        mlp_hidden=96,
+        text_dim=16,
+    )
+
+
+def _wan_case_id(case) -> str:
+    packed, sp = case
+    return f"wan-{'packed' if packed else 'plain'}-{'sp' if sp else 'tp'}"
 
 
 def _model(cfg, seed: int = 0, randomise: bool = True):
@@ -157,12 +189,28 @@ AC_CASE = ("stdit", "sequential", True, False, True)  # ..., packed
 # --- ranks ----------------------------------------------------------------------------------------------
 
 
+def _run_case(model, cfg, packed: bool) -> dict:
+    """Forward and backward of one case on a parallelized model: its output, every gradient (partial
+    ones reduced first, as the trainer does), and how many tokens the residual stream held at the block's
+    last norm."""
+    from vidforge.parallel.tensor_parallel import reduce_partial_grads
+
+    seen = []
+    last_norm = [m for n, m in model.blocks["0"].named_children() if n.startswith("norm")][-1]
+    last_norm.register_forward_hook(lambda m, a, o, seen=seen: seen.append(a[0].shape[1]))
+    out, loss = _loss(model, cfg, packed, seed=7)
+    loss.backward()
+    reduce_partial_grads(model.parameters())
+    return {"out": out.detach().clone(), "grads": _grads(model), "stream_tokens": seen[0]}
+
+
 def _tp2_worker(rank: int, world_size: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from vidforge.errors import UserInputError
     from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
     from vidforge.parallel.tensor_parallel import apply_tp, clip_grad_norm_
+    from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
 
     tp_mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))["tp"]
     result: dict = {"cases": []}
@@ -179,14 +227,13 @@ def _tp2_worker(rank: int, world_size: int) -> dict:
         cfg = _config(arch, block, lora, swiglu)
         model = _model(cfg)
         apply_tp(model, tp_mesh, sequence_parallel=sp)
-        seen = []  # tokens per rank between sub-layers (the residual stream at the last norm)
-        last_norm = [m for n, m in model.blocks["0"].named_children() if n.startswith("norm")][-1]
-        last_norm.register_forward_hook(lambda m, a, o, seen=seen: seen.append(a[0].shape[1]))
-        out, loss = _loss(model, cfg, packed, seed=7)
-        loss.backward()
-        result["cases"].append(
-            {"out": out.detach().clone(), "grads": _grads(model), "stream_tokens": seen[0]}
-        )
+        result["cases"].append(_run_case(model, cfg, packed))
+
+    result["wan"] = []
+    for packed, sp in WAN_CASES:
+        model = _model(_wan_config())
+        apply_wan_tp(model, tp_mesh, sequence_parallel=sp)
+        result["wan"].append(_run_case(model, _wan_config(), packed))
 
     # Activation checkpointing wraps the blocks after TP (the order parallelize() uses): same gradients.
     cfg = _config(*AC_CASE[:4])
@@ -261,6 +308,14 @@ def _reference(case) -> dict:
     return {"out": out.detach(), "grads": _grads(model)}
 
 
+def _wan_reference(packed: bool) -> dict:
+    cfg = _wan_config()
+    model = _model(cfg)
+    out, loss = _loss(model, cfg, packed, seed=7)
+    loss.backward()
+    return {"out": out.detach(), "grads": _grads(model)}
+
+
 def _reference_train(steps: int = 3) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
     model = _model(_config(*TRAIN_CASE))
     return _train(model, _config(*TRAIN_CASE), steps, torch.nn.utils.clip_grad_norm_), _params(model)
@@ -302,6 +357,24 @@ def test_tp2_forward_and_gradients_match_single_process(tp2, index: int) -> None
         _assert_tensors_close(got["grads"], reference["grads"], "gradient of")
         # sequence parallel really shards the residual stream; plain TP keeps the whole row
         assert got["stream_tokens"] == (total_tokens // 2 if case[5] else total_tokens)
+
+
+@pytest.mark.parametrize("index", range(len(WAN_CASES)), ids=[_wan_case_id(c) for c in WAN_CASES])
+def test_wan_tp2_forward_and_gradients_match_single_process(tp2, index: int) -> None:
+    """Wan's plan, with and without sequence parallel: every gradient complete and equal, including
+    the replicated ones the sharded stream touches (norm2, scale_shift_table, time_proj)."""
+    packed, sp = WAN_CASES[index]
+    reference = _wan_reference(packed)
+    total_tokens = reference["out"].shape[1] if packed else 8
+    for rank in tp2:
+        got = rank["wan"][index]
+        expected = {"output": reference["out"], **reference["grads"]}
+        actual = {"output": got["out"], **got["grads"]}
+        assert actual.keys() == expected.keys()
+        for name, value in expected.items():
+            error = float((actual[name] - value).abs().max() / value.abs().max())
+            assert error <= WAN_TOLERANCE, (name, error)
+        assert got["stream_tokens"] == (total_tokens // 2 if sp else total_tokens)
 
 
 def test_tp2_adamw_steps_match_single_process(tp2) -> None:
