@@ -120,21 +120,7 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-def _family(profile: RunProfile, layout: Layout) -> list[str]:
-    """What the wan family (Wan2.1's transformer) does not have yet: sequence parallel with its tensor
-    parallel plan."""
-    if profile.model.family != "wan":
-        return []
-    problems = []
-    if layout.tp > 1 and profile.parallel.sequence_parallel:
-        problems.append(
-            f"parallel.sequence_parallel: the wan family has no sequence-parallel plan yet (tp={layout.tp}); "
-            "set parallel.sequence_parallel=false"
-        )
-    return problems
-
-
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family)
+RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:
