@@ -9,7 +9,8 @@ sums the squares of its features, the sums are all-reduced (differentiably), and
 features by the whole row's RMS and its shard of the norm weight (a DTensor sharded like the projection's
 columns, so checkpoints and the export see the whole weight). Everything else (norms on the residual
 stream, the modulation table, the time and text embedders, the output layer) stays replicated on the tp
-ranks, with gradients that are complete on every rank because they act on replicated data.
+ranks, with gradients that are complete on every rank because they act on replicated data (without
+sequence parallel; with it, see below).
 
 Sequence parallel (`parallel.sequence_parallel`), as for the DiT (`vidforge.parallel.tensor_parallel`,
 whose `apply_sequence_region` slices the row at the first block and gathers it after the last, and
@@ -92,14 +93,14 @@ def _plan(block: WanBlock, stream: Placement) -> dict[str, ParallelStyle]:
             desired_input_layouts=(Replicate(), None, None),
             use_local_output=False,
         ),
+        **{f"attn1.{name}": ColwiseParallel() for name in ("to_q", "to_k", "to_v")},
+        # attn2 runs through .cross (no module hooks): to_q, its one reader of the stream, gathers it
         "attn2.to_q": ColwiseParallel(input_layouts=stream),
+        **{f"attn2.{name}": ColwiseParallel() for name in ("to_k", "to_v")},
+        **{f"{attn}.to_out.0": RowwiseParallel(output_layouts=stream) for attn in ("attn1", "attn2")},
         "ffn.net.0.proj": ColwiseParallel(input_layouts=stream),
         "ffn.net.2": RowwiseParallel(output_layouts=stream),
     }
-    for attn in ("attn1", "attn2"):
-        plan |= {f"{attn}.{name}": ColwiseParallel() for name in ("to_k", "to_v")}
-        plan[f"{attn}.to_out.0"] = RowwiseParallel(output_layouts=stream)
-    plan["attn1.to_q"] = ColwiseParallel()
     if isinstance(stream, Shard) and isinstance(block.norm2, nn.LayerNorm):
         plan["norm2"] = SequenceParallel(sequence_dim=SEQUENCE_DIM, use_local_output=True)
     return plan
