@@ -75,7 +75,7 @@ WAN_CASES = [(False, False), (False, True), (True, False), (True, True)]
 WAN_TOLERANCE = 1e-5
 
 
-def _wan_config():
+def _wan_config(heads: int = 4):
     return model_config(
         "tiny",
         family="wan",
@@ -84,7 +84,7 @@ def _wan_config():
         abs_position="none",
         cross_attn_norm=True,
         hidden=48,
-        heads=4,
+        heads=heads,
         mlp_hidden=96,
         text_dim=16,
     )
@@ -273,6 +273,11 @@ def _tp2_worker(rank: int, world_size: int) -> dict:
         result["heads_error"] = None
     except UserInputError as e:
         result["heads_error"] = str(e)
+    try:
+        apply_wan_tp(_model(_wan_config(heads=3)), tp_mesh, sequence_parallel=True)
+        result["wan_heads_error"] = None
+    except UserInputError as e:
+        result["wan_heads_error"] = str(e)
     return _bytes(result)
 
 
@@ -419,6 +424,7 @@ def test_sequence_parallel_refuses_rows_not_divisible_by_tp(tp2) -> None:
 def test_tp_refuses_heads_not_divisible_by_tp(tp2) -> None:
     for rank in tp2:
         assert "parallel.tp=2 must divide model.heads=3" in rank["heads_error"]
+        assert "parallel.tp=2 must divide model.heads=3" in rank["wan_heads_error"]
 
 
 def test_fsdp2_times_tp2_matches_single_process() -> None:

@@ -305,7 +305,9 @@ def apply_sequence_region(blocks: list[nn.Module], mesh: DeviceMesh, *, sum_per_
         blocks[-1].register_forward_hook(partial(_gather_output, mesh))
 
 
-def _check_model(model: DiT, tp: int) -> None:
+def check_tp_model(model: nn.Module, tp: int) -> None:
+    """Refuse a model (either family) whose heads or MLP width tp does not divide, or whose Linears are
+    float8 ones, before any of it is sharded."""
     cfg = model.config
     for field, value in (("heads", cfg.heads), ("mlp_hidden", cfg.mlp_hidden)):
         if value % tp:
@@ -331,7 +333,7 @@ def apply_tp(model: DiT, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> Non
     if tp_mesh.ndim != 1:
         raise ValueError(f"apply_tp takes the 1-D tp mesh (e.g. mesh['tp']), got {tp_mesh.ndim} dimensions")
     tp = tp_mesh.size()
-    _check_model(model, tp)
+    check_tp_model(model, tp)
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
     if model.shared_modulation is not None:

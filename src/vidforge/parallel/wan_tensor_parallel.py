@@ -54,9 +54,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from vidforge.errors import UserInputError
 from vidforge.models.wan import WanBlock, WanTransformer
-from vidforge.parallel.tensor_parallel import SEQUENCE_DIM, apply_sequence_region
+from vidforge.parallel.tensor_parallel import SEQUENCE_DIM, apply_sequence_region, check_tp_model
 
 
 class HeadsSpanningRMSNorm(nn.Module):
@@ -110,12 +109,7 @@ def apply_wan_tp(model: WanTransformer, tp_mesh: DeviceMesh, *, sequence_paralle
     """Tensor (and, with `sequence_parallel`, sequence) parallel over the 1-D `tp_mesh`, in place, before
     activation checkpointing, compile and FSDP. Weights are taken from tp rank 0, so a model initialised
     before this call keeps its values."""
-    tp, cfg = tp_mesh.size(), model.config
-    for name, value in (("heads", cfg.heads), ("mlp_hidden", cfg.mlp_hidden)):
-        if value % tp:
-            raise UserInputError(
-                f"parallel.tp={tp} must divide model.{name}={value}; change tp or the model shape"
-            )
+    check_tp_model(model, tp_mesh.size())
     stream: Placement = Shard(SEQUENCE_DIM) if sequence_parallel else Replicate()
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, _plan(block, stream))
