@@ -40,11 +40,9 @@ its gradients are complete.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -71,7 +69,12 @@ class HeadsSpanningRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         squares = x.float().square().sum(dim=-1, keepdim=True)
-        mean = dist_fn.all_reduce(squares, op=dist.ReduceOp.SUM, group=self.group) / self.features
+        # The sum over ranks as DTensor collectives (torch.compile traces them; it cannot trace
+        # torch.distributed.nn's autograd all_reduce): each rank's mean feeds only its own features, so
+        # the gradients reaching it differ by rank and are declared Partial, summed on the way back.
+        partial_sums = DTensor.from_local(squares, self.weight.device_mesh, (Partial(),), run_check=False)
+        total = partial_sums.redistribute(placements=(Replicate(),)).to_local(grad_placements=(Partial(),))
+        mean = total / self.features
         return (x.float() * torch.rsqrt(mean + self.eps)).type_as(x) * self.weight.to_local()
 
     def __deepcopy__(self, memo: dict) -> HeadsSpanningRMSNorm:
