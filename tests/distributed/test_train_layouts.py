@@ -76,6 +76,7 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-fsdp2": (2, ["parallel.dp_shard=2", *WAN]),
         "wan-tp2": (2, ["parallel.tp=2", "parallel.sequence_parallel=false", *WAN, *EMA]),
         "wan-fsdp2xtp2-sp": (4, ["parallel.dp_shard=2", "parallel.tp=2", *WAN]),
+        "wan-pp2xtp2-sp": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
@@ -84,6 +85,7 @@ REFERENCE_SETS = {
     "wan-tp2-sp": (*WAN, *EMA),
     "wan-tp2": (*WAN, *EMA),
     "wan-pp2": ("train.grad_accum=2", *CLIP, *WAN),  # its 2 micro-batches are 2 packed rows
+    "wan-pp2xtp2-sp": ("train.grad_accum=2", *CLIP, *WAN),
     "tp2": EMA,
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
