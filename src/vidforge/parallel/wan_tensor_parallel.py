@@ -64,7 +64,6 @@ class HeadsSpanningRMSNorm(nn.Module):
         super().__init__()
         (self.features,) = norm.normalized_shape
         self.eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
-        self.group = mesh.get_group()
         self.weight = nn.Parameter(distribute_tensor(norm.weight.detach(), mesh, [Shard(0)]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,10 +77,11 @@ class HeadsSpanningRMSNorm(nn.Module):
         return (x.float() * torch.rsqrt(mean + self.eps)).type_as(x) * self.weight.to_local()
 
     def __deepcopy__(self, memo: dict) -> HeadsSpanningRMSNorm:
-        # A process group cannot be copied: copies of the model (EMA, evaluation) share it.
+        # The weight's mesh (and its process group) cannot be copied: copies of the model (EMA, evaluation)
+        # share it.
         clone = object.__new__(HeadsSpanningRMSNorm)
         nn.Module.__init__(clone)
-        clone.features, clone.eps, clone.group = self.features, self.eps, self.group
+        clone.features, clone.eps = self.features, self.eps
         clone.weight = nn.Parameter(self.weight.detach().clone(), requires_grad=self.weight.requires_grad)
         return clone
 
