@@ -26,6 +26,7 @@ from vidforge.curate.decode import AnalyseStage
 from vidforge.curate.dedup import near_duplicates
 from vidforge.curate.executors import make_executor
 from vidforge.curate.executors.local import usable_cores
+from vidforge.curate.geometry import geometry_record
 from vidforge.curate.histograms import clip_thresholds
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import ClipPlan, ClipResult
@@ -114,7 +115,7 @@ def run(
         records = []
         for item in sorted(items, key=lambda i: _plan_of(i).start):
             records.append(
-                _clip_record(item, out) if isinstance(item, ClipResult) else _rejected_record(item)
+                _clip_record(item, out, cfg) if isinstance(item, ClipResult) else _rejected_record(item)
             )
         if items:
             seconds_in += _plan_of(items[0]).info.duration_s
@@ -156,7 +157,7 @@ def _plan_of(item) -> ClipPlan:
     return item.plan if isinstance(item, ClipResult) else item
 
 
-def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
+def _clip_record(r: ClipResult, out: Path, cfg) -> dict[str, Any]:
     p = r.plan
     return {
         "kind": "clip",
@@ -181,6 +182,7 @@ def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
         "source_variable_rate": p.info.variable_rate,
         "source_width": p.info.width,
         "source_height": p.info.height,
+        **geometry_record(p.info, cfg),
         "_embedding": None if r.embedding is None else [float(x) for x in r.embedding],
     }
 

@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
+from vidforge.curate.geometry import display_size, sample_aspect
 from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
 from vidforge.curate.shot_recorder import ShotRecorder
@@ -136,7 +137,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
         keep_back = cfg.stitch_frames + 16 if cfg.stitch else 0  # detectors report cuts a few frames late
         ring: deque[tuple[int, np.ndarray]] = deque(maxlen=max(1, keep_back))
         boundary: dict[int, np.ndarray] = {}
-        collect_until, pts_list, static, rotation = -1, [], [], 0
+        collect_until, pts_list, static, rotation, interlaced = -1, [], [], 0, False
         prev_gray, first_pts, index = None, None, 0
         to_bgr = VideoReformatter()  # one swscale context for the source, not one per frame (10x faster)
         try:
@@ -149,9 +150,10 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
                     continue  # a repeated or out-of-order timestamp: not a new picture
                 if first_pts is None:
                     first_pts, rotation = pts, int(getattr(frame, "rotation", 0) or 0) % 360
+                    interlaced = bool(frame.interlaced_frame)
                     size = detection_size(frame.width, frame.height)
                     if recorder is not None:
-                        recorder.begin(_info(stream, fps, rotation), time_base)
+                        recorder.begin(_info(stream, fps, rotation, interlaced), time_base)
                 bgr = downscale(to_bgr.reformat(frame, format="bgr24").to_ndarray(), size)
                 gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)
                 static.append(
@@ -184,7 +186,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
             for cut in final:
                 recorder.cut(cut)
             recorded = recorder.finish()
-        info = _info(stream, fps, rotation)
+        info = _info(stream, fps, rotation, interlaced)
     pts = np.asarray(pts_list, np.int64)
     frames = len(pts)
     deltas = np.diff(pts)
@@ -209,11 +211,11 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
     )
 
 
-def _info(stream, fps: Fraction, rotation: int) -> VideoInfo:
-    """The stream as displayed (rotation applied); frames and duration are filled in after the decode."""
-    w, h = int(stream.codec_context.width), int(stream.codec_context.height)
-    if rotation in (90, 270):
-        w, h = h, w
+def _info(stream, fps: Fraction, rotation: int, interlaced: bool) -> VideoInfo:
+    """The stream as displayed (geometry.py); frames and duration are filled in after the decode."""
+    coded_w, coded_h = int(stream.codec_context.width), int(stream.codec_context.height)
+    sar = sample_aspect(stream)
+    w, h = display_size(coded_w, coded_h, sar, rotation)
     return VideoInfo(
         width=w,
         height=h,
@@ -222,6 +224,10 @@ def _info(stream, fps: Fraction, rotation: int) -> VideoInfo:
         duration_s=0.0,
         codec=stream.codec_context.name,
         rotation=rotation,
+        coded_width=coded_w,
+        coded_height=coded_h,
+        sample_aspect=sar,
+        interlaced=interlaced,
     )
 
 

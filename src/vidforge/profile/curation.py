@@ -68,7 +68,12 @@ class Curation(Section):
     ] = "veryfast"
     """x264 speed/size preset."""
     max_resolution: int = Field(0, ge=0)
-    """Longest side of the clips in pixels (downscaled, aspect kept, even sizes); 0 keeps the source's."""
+    """Longest side of the clips in pixels (downscaled, aspect kept, even sizes); 0 keeps the source's.
+    Clips are in square pixels at the source's display aspect (an anamorphic 704x576 16:11 source gives
+    1024x576 before this cap) and upright (its display rotation applied)."""
+    deinterlace: Literal["bwdif", "yadif", "none"] = "bwdif"
+    """Deinterlacer for frames the source flags interlaced (libavfilter, one frame out per frame in, so
+    the cuts stay); `none` keeps the fields and records the clip as interlaced."""
     fps: float | None = Field(None, gt=0)
     """Frame rate of the clips; null keeps the source's (variable-rate sources get their average rate)."""
     encoder_threads: int = Field(0, ge=0)
