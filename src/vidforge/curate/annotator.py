@@ -28,7 +28,7 @@ from vidforge.profile.caption import Caption
 log = logging.getLogger(__name__)
 
 STAGE = "caption"
-STEPS = ("decode", "caption", "aesthetic", "ocr", "motion", "clip_score")
+STEPS = ("decode", "caption", "enhance", "aesthetic", "ocr", "motion", "clip_score")
 
 
 def clip_id_of(record: dict[str, Any]) -> str:
@@ -132,7 +132,12 @@ class CaptionAnnotator:
     def _load_models(self, cfg: Caption) -> None:
         self.captioner = build_captioner(cfg, device=self.device, random_weights=cfg.random_weights)
         self.captioner.setup()
-        self.embedder = self.aesthetic = self.ocr = None
+        self.embedder = self.aesthetic = self.ocr = self.enhancer = None
+        if cfg.enhance.enabled:
+            from vidforge.curate.captioners.enhance import CaptionEnhancer
+
+            self.enhancer = CaptionEnhancer(cfg.enhance)
+            self.enhancer.setup()
         if cfg.aesthetic.enabled or cfg.clip_score.enabled:
             from vidforge.curate.clip_score import ClipEmbedder
 
@@ -160,9 +165,10 @@ class CaptionAnnotator:
                 self.random_weights.append(label)
 
     def teardown(self) -> None:
-        close = getattr(getattr(self, "captioner", None), "close", None)
-        if close:
-            close()
+        for part in ("captioner", "enhancer"):
+            close = getattr(getattr(self, part, None), "close", None)
+            if close:
+                close()
 
     # -- work ----------------------------------------------------------------------------------------
     def annotate(self, decoded: list[Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
@@ -200,15 +206,10 @@ class CaptionAnnotator:
             if res.error is not None:
                 failed[i]["caption"] = res.error
                 continue
-            cleaned = clean_caption(
-                res.text,
-                max_chars=cfg.text.max_chars,
-                min_words=cfg.text.min_words,
-                max_repeats=cfg.text.max_repeats,
-                max_token_share=cfg.text.max_token_share,
-            )
-            out[i]["caption"], out[i]["caption_flags"] = cleaned.text, cleaned.flags
+            out[i]["caption"], out[i]["caption_flags"] = self._clean(res.text)
         self.timings.add("caption", time.perf_counter() - t0, len(live))
+        if self.enhancer is not None:
+            self._enhance(out, live, failed)
 
         # CLIP image embeddings, shared by the aesthetic score and the caption match.
         embeddings: dict[int, np.ndarray] = {}
@@ -258,6 +259,34 @@ class CaptionAnnotator:
             ]
             done.append((row, errs))
         return done
+
+    def _clean(self, text: str | None) -> tuple[str | None, list[str]]:
+        t = self.cfg.text
+        cleaned = clean_caption(
+            text,
+            max_chars=t.max_chars,
+            min_words=t.min_words,
+            max_repeats=t.max_repeats,
+            max_token_share=t.max_token_share,
+        )
+        return cleaned.text, cleaned.flags
+
+    def _enhance(self, out: list[dict[str, Any]], live: list[int], failed: list[dict[str, str]]) -> None:
+        """The second caption pass: each clean caption rewritten (then cleaned like any caption), the first
+        kept as `caption_original`. Empty or degenerate captions are not sent (nothing to keep facts of);
+        a rewrite that fails rejects the clip (`error:enhance`) rather than leave captions of two styles."""
+        t0 = time.perf_counter()
+        for row in out:
+            row.update(caption_original=row.get("caption"), caption_enhanced_by=None)
+        todo = [i for i in live if out[i]["caption"] and not out[i]["caption_flags"] and not failed[i]]
+        results = self.enhancer.enhance([out[i]["caption"] for i in todo])
+        for i, res in zip(todo, results, strict=True):
+            if res.error is not None:
+                failed[i]["enhance"] = res.error
+                continue
+            out[i]["caption"], out[i]["caption_flags"] = self._clean(res.text)
+            out[i]["caption_enhanced_by"] = res.source
+        self.timings.add("enhance", time.perf_counter() - t0, len(todo))
 
     def _step(self, step: str, live: list[int], failed: list[dict[str, str]], fn, *, enabled: bool) -> None:
         if not enabled:
