@@ -28,7 +28,7 @@ from vidforge.profile.caption import Caption
 log = logging.getLogger(__name__)
 
 STAGE = "caption"
-STEPS = ("decode", "caption", "enhance", "aesthetic", "ocr", "motion", "clip_score")
+STEPS = ("decode", "caption", "enhance", "aesthetic", "ocr", "watermark", "motion", "clip_score")
 
 
 def clip_id_of(record: dict[str, Any]) -> str:
@@ -56,6 +56,7 @@ ANNOTATIONS = (
     "aesthetic",
     "text_area",
     "texty_frames",
+    "watermark",
     "motion",
     "clip_score",
 )
@@ -156,10 +157,25 @@ class CaptionAnnotator:
             self.ocr = EasyOcrDetector(cfg.ocr.model_dir, cfg.ocr.languages, device=self.device)
             self.ocr.setup()
             self.text_rule = TextRule.from_settings(cfg.ocr)
+        self.flow = None
+        if cfg.motion.enabled and cfg.motion.method != "farneback":
+            from vidforge.curate.motion import RaftFlow
+
+            self.flow = RaftFlow(cfg.motion.method, cfg.motion.raft_weights, device=self.device)
+            self.flow.setup()
+        self.watermark = None
+        if cfg.watermark.enabled:
+            from vidforge.curate.watermark import WatermarkClassifier
+
+            self.watermark = WatermarkClassifier(
+                cfg.watermark, device=self.device, random_weights=cfg.random_weights
+            )
+            self.watermark.setup()
         for label, part in (
             ("caption", self.captioner),
             ("clip", self.embedder),
             ("aesthetic", self.aesthetic),
+            ("watermark", self.watermark),
         ):
             if part is not None and getattr(part, "random_weights", False):
                 self.random_weights.append(label)
@@ -238,6 +254,13 @@ class CaptionAnnotator:
         )
         self._step("ocr", live, failed, lambda i: self._ocr(out[i], items[i]), enabled=self.ocr is not None)
         self._step(
+            "watermark",
+            live,
+            failed,
+            lambda i: self._watermark(out[i], items[i]),
+            enabled=self.watermark is not None,
+        )
+        self._step(
             "motion", live, failed, lambda i: self._motion(out[i], items[i]), enabled=cfg.motion.enabled
         )
         self._step(
@@ -312,13 +335,16 @@ class CaptionAnnotator:
         verdict = judge_text(self.ocr.detect_many(frames), [f.shape[:2] for f in frames], self.text_rule)
         row["text_area"], row["texty_frames"] = round(verdict.text_area, 6), verdict.texty_frames
 
+    def _watermark(self, row: dict[str, Any], item: ClipItem) -> None:
+        row["watermark"] = round(self.watermark.score_clip(item.sample(self.cfg.watermark.frames)), 6)
+
     def _motion(self, row: dict[str, Any], item: ClipItem) -> None:
         from vidforge.curate.motion import motion_score, pair_starts
 
         pairs = [
             (item.frames[t], item.frames[t + 1]) for t in pair_starts(item.num_frames, self.cfg.motion.pairs)
         ]
-        row["motion"] = _finite(motion_score(pairs, self.cfg.motion.size))
+        row["motion"] = _finite(motion_score(pairs, self.cfg.motion.size, self.flow))
 
     def _clip_score(self, row: dict[str, Any], emb: np.ndarray | None) -> None:
         from vidforge.curate.clip_score import clip_similarity

@@ -63,6 +63,20 @@ def check_inputs(cfg: Caption, records: Iterable[dict[str, Any]]) -> None:
             )
     if cfg.ocr.enabled:
         check_ocr_folder(cfg.ocr.model_dir, cfg.ocr.languages)
+    if cfg.watermark.enabled:
+        check_weights_file(cfg.watermark.weights, cfg.random_weights, "curation.caption.watermark.weights")
+    if cfg.motion.enabled and cfg.motion.method != "farneback":
+        check_weights_file(cfg.motion.raft_weights, False, "curation.caption.motion.raft_weights")
+
+
+def check_weights_file(path: str | None, random_weights: bool, field: str) -> None:
+    """A model's local weights file is named and there (random weights stand in only where allowed)."""
+    if path is None and not random_weights:
+        raise UserInputError(
+            f"{field}: give the local weights file (nothing is downloaded), or turn this step off"
+        )
+    if path is not None and not Path(path).is_file():
+        raise UserInputError(f"{field}: no such file {path}")
 
 
 # -- open-clip -----------------------------------------------------------------------------------------

@@ -187,8 +187,27 @@ class Ocr(Section):
     """Clips with more texty frames than this are rejected (`text_overlay`)."""
 
 
+class Watermark(Section):
+    """Vchitect-2.0's watermark filter: LAION's watermark classifier (EfficientNet-B3, timm) on each clip's
+    first, middle and last frames."""
+
+    enabled: bool = False
+    """Score watermarks (and reject clips above `max_score`). Off by default: it needs the weights."""
+    weights: str | None = None
+    """Local LAION watermark model, the state dict file LAION publishes (`watermark_model_v1.pt`)."""
+    frames: int = Field(3, ge=1, le=64)
+    """Frames checked per clip, evenly spaced with both ends included: 3 = the first, middle and last, as
+    Vchitect-2.0 checks them."""
+    backbone: str = "efficientnet_b3"
+    """timm model under LAION's head (LAION trained `efficientnet_b3a`, the same modules)."""
+    max_score: float = Field(0.5, ge=0, le=1)
+    """Clips whose highest frame probability of a watermark is above this are rejected (`watermark`);
+    0.5 is the classifier's own decision (watermark more likely than clear)."""
+
+
 class Motion(Section):
-    """Dense optical flow (OpenCV Farneback) on sampled pairs of consecutive frames."""
+    """Dense optical flow on sampled pairs of consecutive frames: OpenCV Farneback (the CPU default) or
+    torchvision's RAFT (Vchitect-2.0's motion estimate) from local weights."""
 
     enabled: bool = True
     """Score motion (and reject too static or too shaky clips)."""
@@ -197,6 +216,12 @@ class Motion(Section):
     size: int = Field(128, ge=16)
     """Frames are resized so their shorter side is this many pixels; scores are in pixels per frame at
     this size."""
+    method: Literal["farneback", "raft_small", "raft_large"] = "farneback"
+    """Flow estimator: OpenCV Farneback, or torchvision's `raft_small` / `raft_large` (12 refinement
+    steps; a GPU's work, seconds a pair on a CPU)."""
+    raft_weights: str | None = None
+    """Local torchvision RAFT weights for `raft_*`: the state dict file torchvision's weight enums
+    download (e.g. `raft_small_C_T_V2-01064c6d.pth`, `raft_large_C_T_SKHT_V2-ff5fadd5.pth`)."""
     min_score: float = Field(0.05, ge=0)
     """Clips whose mean flow magnitude is below this are rejected (`too_static`). Sensor grain alone
     measures about 0.03; a small object crossing a still frame at 1 px/frame about 0.1."""
@@ -235,6 +260,8 @@ class Caption(Section):
     """Aesthetic score and its threshold."""
     ocr: Ocr = Ocr()
     """On-screen text detection and its rule."""
+    watermark: Watermark = Watermark()
+    """Watermark classifier and its threshold."""
     motion: Motion = Motion()
     """Optical-flow motion score and its thresholds."""
     clip_score: ClipScore = ClipScore()
