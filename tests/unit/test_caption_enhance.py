@@ -11,7 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from curation_fixtures import make_clips_dir
+from curation_fixtures import CAPTION_BARE_SETS, make_clips_dir
 
 from vidforge.curate import caption
 from vidforge.data.manifest import read_jsonl
@@ -81,12 +81,7 @@ def test_enhancement_rewrites_each_caption_and_keeps_the_original(
     monkeypatch.setenv("ENHANCE_KEY", SECRET)
     clips = make_clips_dir(tmp_path / "clips", sample_videos, sample_truth)
     sets = [
-        "curation.caption.backend=sidecar",
-        "curation.caption.aesthetic.enabled=false",
-        "curation.caption.clip_score.enabled=false",
-        "curation.caption.ocr.enabled=false",
-        "curation.caption.motion.enabled=false",
-        "curation.caption.decode_workers=0",
+        *CAPTION_BARE_SETS,
         "curation.caption.enhance.enabled=true",
         f"curation.caption.enhance.url={text_server}",
         "curation.caption.enhance.model=text-model",

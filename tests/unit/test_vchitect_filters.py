@@ -132,18 +132,15 @@ def test_raft_weights_of_the_other_size_are_one_line_user_error(raft_small_file)
 def test_caption_runs_watermark_and_raft_and_rejects_by_the_profile(
     tmp_path, sample_videos, sample_truth, laion_watermark_file, raft_small_file
 ):
-    from curation_fixtures import make_clips_dir
+    from curation_fixtures import CAPTION_BARE_SETS, make_clips_dir
 
     from vidforge.curate import caption
     from vidforge.data.manifest import read_jsonl
 
     clips = make_clips_dir(tmp_path / "clips", sample_videos, sample_truth)
     sets = [
-        "curation.caption.backend=sidecar",
-        "curation.caption.aesthetic.enabled=false",
-        "curation.caption.clip_score.enabled=false",
-        "curation.caption.ocr.enabled=false",
-        "curation.caption.decode_workers=0",
+        *CAPTION_BARE_SETS,
+        "curation.caption.motion.enabled=true",
         "curation.caption.motion.pairs=1",
         "curation.caption.motion.size=32",
         "curation.caption.motion.min_score=0",
