@@ -60,8 +60,17 @@ def build_stages(cfg, out: Path, sources: int) -> list[Stage]:
     embeddings are on)."""
     samples = cfg.embed_frames if cfg.embed else 0
     record_to = str(out / CLIPS_DIR) if cfg.record_shots and cfg.trim_seconds == 0 else None
+    record_process = cfg.record_process
+    if record_process == "auto":  # a core would idle: one source per decode worker, fewer than cores
+        record_process = sources < usable_cores()
     stages: list[Stage] = [
-        AnalyseStage(cfg, workers=decode_workers(cfg, sources), record_to=record_to, samples=samples),
+        AnalyseStage(
+            cfg,
+            workers=decode_workers(cfg, sources),
+            record_to=record_to,
+            samples=samples,
+            record_process=record_process,
+        ),
         PlanStage(cfg),
         TranscodeStage(cfg, out / CLIPS_DIR, samples=samples, workers=cfg.transcode_workers),
     ]

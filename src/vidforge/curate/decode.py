@@ -19,6 +19,7 @@ from av.video.reformatter import VideoReformatter
 from vidforge.curate.geometry import display_size, sample_aspect
 from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
+from vidforge.curate.recorder_process import RecorderProcess
 from vidforge.curate.shot_recorder import ShotRecorder
 from vidforge.curate.shots import ShotDetector, detection_size, downscale, make_detector
 from vidforge.curate.stage import ItemError, Stage
@@ -106,13 +107,21 @@ def frame_rate(stream) -> Fraction:
     return Fraction(rate.numerator, rate.denominator)
 
 
-def analyse(source: str, cfg: Curation, record_to: Path | None = None, samples: int = 0) -> Analysis:
+def analyse(
+    source: str,
+    cfg: Curation,
+    record_to: Path | None = None,
+    samples: int = 0,
+    record_process: bool = False,
+) -> Analysis:
     """Decode `source` once: shots, static flags and boundary thumbnails, and with `record_to` every shot
-    encoded there (with `samples` thumbnails each for the embedding). ItemError for bad input."""
+    encoded there (with `samples` thumbnails each for the embedding), by this process or, with
+    `record_process`, by a second one (recorder_process.py). ItemError for bad input."""
     detector = make_detector(cfg)
     recorder = None
     if record_to is not None:
-        recorder = ShotRecorder(source, record_to, cfg, detector.event_buffer_length, samples)
+        kind = RecorderProcess if record_process else ShotRecorder
+        recorder = kind(source, record_to, cfg, detector.event_buffer_length, samples)
     try:
         return _analyse(source, cfg, detector, recorder)
     except BaseException:
@@ -256,9 +265,17 @@ class AnalyseStage(Stage):
     name = "decode"
     kind = "process"
 
-    def __init__(self, cfg: Curation, workers: int = 1, record_to: str | None = None, samples: int = 0):
+    def __init__(
+        self,
+        cfg: Curation,
+        workers: int = 1,
+        record_to: str | None = None,
+        samples: int = 0,
+        record_process: bool = False,
+    ):
         self.cfg, self.workers, self.record_to, self.samples = cfg, workers, record_to, samples
+        self.record_process = record_process
 
     def process(self, source: str) -> Analysis:
         record_to = Path(self.record_to) if self.record_to else None
-        return analyse(source, self.cfg, record_to, self.samples)
+        return analyse(source, self.cfg, record_to, self.samples, self.record_process)
