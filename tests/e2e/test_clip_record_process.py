@@ -1,6 +1,6 @@
 """Shots recorded by a second process (`curation.record_process`, recorder_process.py): the same clips,
 byte for byte, as one process records, with the cuts PySceneDetect finds on the same files; `auto` turns
-it on only when a core would idle (fewer sources than cores)."""
+it on only when a core would idle (fewer sources than cores, local executor)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,4 @@ def test_auto_records_in_a_second_process_only_when_a_core_would_idle(tmp_path):
     cores = usable_cores()
     assert clip.build_stages(cfg, tmp_path, sources=1)[0].record_process == (cores > 1)
     assert clip.build_stages(cfg, tmp_path, sources=cores)[0].record_process is False
+    assert clip.build_stages(cfg, tmp_path, sources=1, executor="ray")[0].record_process is False

@@ -55,14 +55,15 @@ class ClipRun:
         return self.summary["errors"] > 0
 
 
-def build_stages(cfg, out: Path, sources: int) -> list[Stage]:
+def build_stages(cfg, out: Path, sources: int, executor: str = "local") -> list[Stage]:
     """The clip pipeline for these settings and this many sources to do (the embedding stage only when
     embeddings are on)."""
     samples = cfg.embed_frames if cfg.embed else 0
     record_to = str(out / CLIPS_DIR) if cfg.record_shots and cfg.trim_seconds == 0 else None
     record_process = cfg.record_process
     if record_process == "auto":  # a core would idle: one source per decode worker, fewer than cores
-        record_process = sources < usable_cores()
+        # Not in Ray's actors (threaded processes, another machine's cores): it balances sources itself.
+        record_process = executor == "local" and sources < usable_cores()
     stages: list[Stage] = [
         AnalyseStage(
             cfg,
@@ -110,7 +111,7 @@ def run(
     ledger = UnitLedger(out)
     ledger.recover()
     todo = [s for s in sources if not ledger.is_done(s)]
-    stages = build_stages(cfg, out, len(todo))
+    stages = build_stages(cfg, out, len(todo), executor)
     options = {"queue_depth": cfg.queue_depth}
     if executor == "ray":
         options["address"] = ray_address

@@ -15,20 +15,23 @@ a core would otherwise idle (`curation.record_process`)."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from vidforge.curate.items import RecordedShot, VideoInfo
-from vidforge.curate.stage import ItemError
 from vidforge.profile.curation import Curation
+
+log = logging.getLogger(__name__)
 
 
 class RecorderProcess:
     """ShotRecorder's interface (`begin`, `cut`, `push`, `finish`, `discard`), recorded by a child."""
 
     def __init__(self, source: str, clips_dir: Path, cfg: Curation, lag: int, samples: int):
+        self.source = source
         # Forked before the parent opens the source (no decoder threads in the parent to copy).
         context = multiprocessing.get_context("fork")
         self._conn, child = context.Pipe()
@@ -55,8 +58,13 @@ class RecorderProcess:
         except EOFError:
             kind, value = "error", "the recording process died"
         self._close()
-        if kind == "error":
-            raise ItemError(f"recording shots: {value}")
+        if kind == "error":  # the clips are then cut from the source, as when nothing was recorded
+            log.warning(
+                "%s: recording shots in a second process failed (%s); cutting from the source",
+                self.source,
+                value,
+            )
+            return []
         return value
 
     def discard(self) -> None:
