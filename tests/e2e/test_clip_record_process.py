@@ -49,7 +49,8 @@ def test_a_second_recording_process_gives_the_same_clips_and_pyscenedetects_cuts
 
 
 def test_auto_records_in_a_second_process_only_when_a_core_would_idle(tmp_path):
-    cfg = load_profile(None, []).curation
+    assert load_profile(None, []).curation.record_process is False  # opt-in until measured idle
+    cfg = load_profile(None, ["curation.record_process=auto"]).curation
     cores = usable_cores()
     assert clip.build_stages(cfg, tmp_path, sources=1)[0].record_process == (cores > 1)
     assert clip.build_stages(cfg, tmp_path, sources=cores)[0].record_process is False

@@ -78,11 +78,12 @@ class Curation(Section):
     """Frame rate of the clips; null keeps the source's (variable-rate sources get their average rate)."""
     encoder_threads: int = Field(0, ge=0)
     """x264 threads per clip; 0 lets x264 choose."""
-    record_process: bool | Literal["auto"] = "auto"
+    record_process: bool | Literal["auto"] = False
     """Record the shots in a second process that decodes the source again, so a source's analysis and
-    its encode run on two cores (the same clips, byte for byte). `auto`: when the run has fewer sources
-    than usable cores (a single long video), where a core would otherwise idle; with more sources the
-    second decode is work a busy machine pays for."""
+    its encode can run on two cores (the same clips, byte for byte). `auto`: when the run has fewer
+    sources than usable cores (a single long video) and the executor is local. Off by default: on this
+    shared 2-core machine (load 8-10) it measured slower than one process (docs/benchmarks.md); to be
+    measured on an idle machine before it becomes the default."""
     record_shots: bool = True
     """Encode every shot while the source is decoded for analysis, so a clip that is a whole shot costs no
     second decode (the common case). Clips that are not (stitched, split, trimmed) are cut from the source
