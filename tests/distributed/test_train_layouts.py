@@ -40,8 +40,9 @@ MM = ("model.architecture=stdit", "model.stdit_block=parallel-mm")
 LAYOUTS = {
     # context parallel (ring) with FSDP2 over the cp ranks, on the wan family
     "wan-cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring", *WAN]),
-    # tensor parallel with Wan's q/k norms across all heads (sum of squares all-reduced)
-    "wan-tp2": (2, ["parallel.tp=2", "parallel.sequence_parallel=false", *WAN, *EMA]),
+    # tensor + sequence parallel (the default) with Wan's q/k norms across all heads (sum of squares
+    # all-reduced), on packed rows whose sequence split cuts through samples
+    "wan-tp2-sp": (2, ["parallel.tp=2", *WAN, *EMA]),
     # Wan's stages: patch_embedding first; norm_out, proj_out and the output scale_shift_table last
     "wan-pp2": (2, ["parallel.pp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
@@ -68,17 +69,18 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-fsdp2": (2, ["parallel.dp_shard=2", *WAN]),
         "mm-fsdp2": (2, ["parallel.dp_shard=2", *MM]),
         "mm-pp2": (2, ["parallel.pp=2", "parallel.pp_microbatches=2", *CLIP, *MM]),
-        "wan-fsdp2xtp2": (
-            4,
-            ["parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=false", *WAN],
-        ),
+        "wan-tp2": (2, ["parallel.tp=2", "parallel.sequence_parallel=false", *WAN, *EMA]),
+        "wan-fsdp2xtp2-sp": (4, ["parallel.dp_shard=2", "parallel.tp=2", *WAN]),
+        "wan-pp2xtp2-sp": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
     **{name: WAN for name in LAYOUTS if name.startswith("wan")},
+    "wan-tp2-sp": (*WAN, *EMA),
     "wan-tp2": (*WAN, *EMA),
     "wan-pp2": ("train.grad_accum=2", *CLIP, *WAN),  # its 2 micro-batches are 2 packed rows
+    "wan-pp2xtp2-sp": ("train.grad_accum=2", *CLIP, *WAN),
     "tp2": EMA,
     "mm-fsdp2": MM,
     "mm-pp2": ("train.grad_accum=2", *CLIP, *MM),

@@ -47,7 +47,7 @@ def parallelize(
     if dims.tp_enabled and profile.model.family == "wan":
         from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
 
-        apply_wan_tp(model, dims.mesh["tp"])
+        apply_wan_tp(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
     elif dims.tp_enabled:
         from vidforge.parallel.tensor_parallel import apply_tp
 

@@ -120,20 +120,6 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-def _family(profile: RunProfile, layout: Layout) -> list[str]:
-    """What the wan family (Wan2.1's transformer) does not have yet: sequence parallel with its tensor
-    parallel plan."""
-    if profile.model.family != "wan":
-        return []
-    problems = []
-    if layout.tp > 1 and profile.parallel.sequence_parallel:
-        problems.append(
-            f"parallel.sequence_parallel: the wan family has no sequence-parallel plan yet (tp={layout.tp}); "
-            "set parallel.sequence_parallel=false"
-        )
-    return problems
-
-
 def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
     """The multimodal parallel block (stdit_block=parallel-mm) has no tensor- or context-parallel plan
     yet: its joint attention appends each sample's text keys to every group's video keys."""
@@ -173,7 +159,7 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family, _mm_block, _lora)
+RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _mm_block, _lora)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:
