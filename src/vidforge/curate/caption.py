@@ -225,7 +225,7 @@ def run(
         out_dir / SUMMARY,
         {
             **summary.as_dict(),
-            "backend": cfg.backend,
+            "backend": cfg.backend if cfg.fallback is None else f"{cfg.backend}+{cfg.fallback}",
             "thresholds": thresholds(cfg),
             "motion_size": cfg.motion.size,
         },

@@ -33,7 +33,8 @@ RANDOM_HINT = "or set curation.caption.random_weights=true (tests and demos only
 def check_inputs(cfg: Caption, records: Iterable[dict[str, Any]]) -> None:
     """Refuse (UserInputError) what would fail on the user's input; `cfg` is `curation.caption`, `records`
     the clip records about to be annotated (their sources locate sidecar captions)."""
-    if cfg.backend == "coca":
+    backends = {cfg.backend, cfg.fallback} - {None}
+    if "coca" in backends:
         config = open_clip_config(
             cfg.coca.model, cfg.coca.checkpoint, cfg.random_weights, "curation.caption.coca"
         )
@@ -42,10 +43,11 @@ def check_inputs(cfg: Caption, records: Iterable[dict[str, Any]]) -> None:
                 f"curation.caption.coca.model: {cfg.coca.model} is not a CoCa model; use coca_ViT-L-14, "
                 "coca_ViT-B-32 or a local-dir: CoCa folder"
             )
-    elif cfg.backend == "endpoint":
+    if "endpoint" in backends:
         check_endpoint_url(cfg.endpoint.url)
-    elif cfg.backend == "sidecar":
-        check_sidecars(cfg.sidecar, records)
+    if "sidecar" in backends:
+        # with a fallback, sources without captions are what it is for: only unreadable sidecars stop the run
+        check_sidecars(cfg.sidecar, records, some_required=cfg.fallback is None)
     if cfg.enhance.enabled:
         check_endpoint_url(cfg.enhance.url, "curation.caption.enhance.url")
     width = None
@@ -321,9 +323,10 @@ def check_endpoint_url(url: str, field: str = "curation.caption.endpoint.url") -
         )
 
 
-def check_sidecars(settings: Any, records: Iterable[dict[str, Any]]) -> None:
-    """The CSV reads with its columns; or, for JSON sidecars, every one next to a source reads, and at
-    least one source has one (a source without one only fails its own clips)."""
+def check_sidecars(settings: Any, records: Iterable[dict[str, Any]], some_required: bool = True) -> None:
+    """The CSV reads with its columns; or, for JSON sidecars, every one next to a source reads, and (when
+    `some_required`: no fallback captioner) at least one source has one (a source without one only fails
+    its own clips)."""
     from vidforge.curate.captioners.sidecar import SIDECAR_SUFFIX, read_csv_captions, read_json_sidecar
 
     if settings.path:
@@ -358,7 +361,7 @@ def check_sidecars(settings: Any, records: Iterable[dict[str, Any]]) -> None:
                     ) from None
                 found += 1
                 break
-    if not found:
+    if not found and some_required:
         raise UserInputError(
             f"curation.caption.backend=sidecar: none of the {len(sources)} source videos has a "
             f"<video>{SIDECAR_SUFFIX} next to it (e.g. {sources[0]}); set curation.caption.sidecar.path to a CSV"

@@ -35,7 +35,8 @@ def wanted_frames(cfg: Caption, count: int) -> set[int]:
     """Indices of the frames some annotation reads, for a clip of `count` frames (`cfg`: curation.caption)."""
     from vidforge.curate.motion import pair_starts
 
-    caption_frames = {"coca": cfg.coca.frames, "endpoint": cfg.endpoint.frames}.get(cfg.backend, 0)
+    frames = {"coca": cfg.coca.frames, "endpoint": cfg.endpoint.frames}
+    caption_frames = max(frames.get(cfg.backend, 0), frames.get(cfg.fallback or "", 0))
     idx: set[int] = set()
     if caption_frames:
         idx.update(evenly_spaced(count, caption_frames))

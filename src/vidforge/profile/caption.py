@@ -244,6 +244,10 @@ class Caption(Section):
     backend: Literal["coca", "endpoint", "sidecar"] = "coca"
     """Who writes the captions: open-clip CoCa on keyframes, an OpenAI-compatible VLM endpoint, or the
     captions that came with the source videos."""
+    fallback: Literal["coca", "endpoint"] | None = None
+    """With `backend: sidecar`: who captions the clips that have no caption of their own (no sidecar for
+    their source, or no segment covering them), as NeMo writes VLM captions only where none was provided.
+    Unset: those clips are flagged `caption_empty` (or fail with `no caption sidecar`)."""
     coca: CocaCaptioner = CocaCaptioner()
     """The `coca` backend."""
     endpoint: EndpointCaptioner = EndpointCaptioner()
@@ -282,6 +286,11 @@ class Caption(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Caption:
+        if self.fallback is not None and self.backend != "sidecar":
+            raise ValueError(
+                f"fallback: captions clips that have none of their own, which only backend=sidecar leaves; "
+                f"backend={self.backend} captions every clip: unset fallback or set backend=sidecar"
+            )
         if self.motion.min_score >= self.motion.max_score:
             raise ValueError(
                 f"motion.min_score ({self.motion.min_score}) must be below motion.max_score ({self.motion.max_score})"

@@ -47,6 +47,9 @@ class CaptionResult:
     """Which backend and model wrote it, e.g. `coca:coca_ViT-L-14`."""
     error: str | None = None
     """Why no caption was produced (the rest of the batch goes on)."""
+    missing: bool = False
+    """The clip has no caption of its own (no sidecar for its source, or no segment overlapping it
+    enough): what `curation.caption.fallback` captions."""
 
 
 class Captioner(Protocol):
@@ -60,17 +63,27 @@ class Captioner(Protocol):
 
 
 def build_captioner(settings: Any, device: str = "cpu", random_weights: bool = False) -> Captioner:
-    """The captioner the profile's `curation.caption` section names (`settings` is that section)."""
-    if settings.backend == "coca":
+    """The captioner the profile's `curation.caption` section names (`settings` is that section), with
+    its `fallback` behind it when one is set."""
+    captioner = _backend(settings.backend, settings, device, random_weights)
+    if settings.fallback is None:
+        return captioner
+    from vidforge.curate.captioners.fallback import FallbackCaptioner
+
+    return FallbackCaptioner(captioner, _backend(settings.fallback, settings, device, random_weights))
+
+
+def _backend(backend: str, settings: Any, device: str, random_weights: bool) -> Captioner:
+    if backend == "coca":
         from vidforge.curate.captioners.coca import CocaCaptioner
 
         return CocaCaptioner(settings.coca, device=device, random_weights=random_weights)
-    if settings.backend == "endpoint":
+    if backend == "endpoint":
         from vidforge.curate.captioners.endpoint import EndpointCaptioner
 
         return EndpointCaptioner(settings.endpoint)
-    if settings.backend == "sidecar":
+    if backend == "sidecar":
         from vidforge.curate.captioners.sidecar import SidecarCaptioner
 
         return SidecarCaptioner(settings.sidecar)
-    raise ValueError(f"unknown caption backend {settings.backend!r}")
+    raise ValueError(f"unknown caption backend {backend!r}")

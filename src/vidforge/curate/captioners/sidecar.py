@@ -122,12 +122,12 @@ class SidecarCaptioner:
         source = str(record.get("source", ""))
         segments, where = self.segments_for(source)
         if segments is None:
-            return CaptionResult(None, where, error=f"no caption sidecar for {source}")
+            return CaptionResult(None, where, error=f"no caption sidecar for {source}", missing=True)
         seg = best_segment(
             segments, float(record["start_s"]), float(record["end_s"]), self.settings.min_overlap
         )
         if seg is None:
-            return CaptionResult("", where)  # nothing overlaps enough: flagged empty downstream
+            return CaptionResult("", where, missing=True)  # nothing overlaps enough: flagged empty downstream
         return CaptionResult(seg.text, where)
 
     def caption(self, items: list[ClipItem]) -> list[CaptionResult]:
