@@ -82,7 +82,7 @@ def train(
             output.info(
                 f"step {record['step']:>6}/{total}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "
                 f"lr {record['lr']:.2e}  {record['tokens_per_s']:.0f} tok/s  {record['step_time_s'] * 1000:.0f} ms/step  "
-                f"MFU {record['mfu']:.1%}"
+                f"data wait {record['data_wait_s'] * 1000:.0f} ms  MFU {record['mfu']:.1%}"
             )
 
     from vidforge.train.init_weights import WeightsInit

@@ -64,6 +64,10 @@ class Data(Section):
     """Samples per micro-batch in the bucketed (unpacked) mode."""
     epochs: int | None = None
     """Passes over the data; null repeats forever (training stops by step count)."""
+    prefetch: int = Field(2, ge=0)
+    """Batches read, decoded and packed ahead of the training step by a background thread, so the step
+    does not wait for data; 0 loads them inside the step. A model-parallel group that exchanges samples
+    (`mp_read` broadcast/allgather) loads inside the step: its exchange shares the step's process group."""
     on_error: Literal["skip", "fail"] = "skip"
     """A truncated or corrupt shard or an undecodable sample: `skip` logs it and goes on, `fail` stops."""
     verify: Literal["sha256", "count", "none"] = "sha256"
