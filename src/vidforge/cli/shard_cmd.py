@@ -19,7 +19,13 @@ def shard(
         ),
     ],
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")
+        str,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output folder or fsspec URL (s3://bucket/prefix: staged locally, uploaded, index last); "
+            "a rerun skips complete shards.",
+        ),
     ],
     profile: ProfileOpt = None,
     set_: SetOpt = None,
@@ -41,5 +47,5 @@ def shard(
     output.note_random_weights(summary.random_weights, "set text_encoder.path")
     output.result(summary.as_dict(), title="vidforge shard")
     if summary.rejected:
-        output.info(f"{summary.rejected} records rejected: see {out / 'errors.jsonl'}")
+        output.info(f"{summary.rejected} records rejected: see {out}/errors.jsonl")
         raise typer.Exit(EXIT_PARTIAL)

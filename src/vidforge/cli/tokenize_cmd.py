@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,10 +12,16 @@ from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 def tokenize(
     shards_dir: Annotated[
-        Path, typer.Argument(help="Output folder of `vidforge shard` (its index.json and tars).")
+        str, typer.Argument(help="Output folder of `vidforge shard` (its index.json and tars), or its URL.")
     ],
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")
+        str,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output folder or fsspec URL (s3://bucket/prefix: staged locally, uploaded, index last); "
+            "a rerun skips complete shards.",
+        ),
     ],
     profile: ProfileOpt = None,
     set_: SetOpt = None,
@@ -38,5 +43,5 @@ def tokenize(
         summary = run(resolved, shards_dir, out, on_shard=on_shard)
     output.result(summary.as_dict(), title="vidforge tokenize")
     if summary.rejected:
-        output.info(f"{summary.rejected} samples or shards rejected: see {out / 'errors.jsonl'}")
+        output.info(f"{summary.rejected} samples or shards rejected: see {out}/errors.jsonl")
         raise typer.Exit(EXIT_PARTIAL)

@@ -13,8 +13,13 @@ from vidforge.cli._output import current_output
 
 def train(
     data: Annotated[
-        list[Path] | None,
-        typer.Option("--data", "-d", help="Latent shards (`vidforge tokenize` output); repeatable."),
+        list[str] | None,
+        typer.Option(
+            "--data",
+            "-d",
+            help="Latent shards (`vidforge tokenize` output): a folder or an fsspec URL (s3://bucket/prefix); "
+            "repeatable.",
+        ),
     ] = None,
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", "-r", help="Checkpoints, metrics.jsonl, export/ go here.")
