@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import ProfileOpt, SetOpt, ShardsOutOpt, profile_from
 from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 
@@ -18,15 +18,7 @@ def shard(
             help="Output folder of `vidforge caption` (manifest.jsonl with keep, caption, media)."
         ),
     ],
-    out: Annotated[
-        str,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Output folder or fsspec URL (s3://bucket/prefix: staged locally, uploaded, index last); "
-            "a rerun skips complete shards.",
-        ),
-    ],
+    out: ShardsOutOpt,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import ProfileOpt, SetOpt, ShardsOutOpt, profile_from
 from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 
@@ -14,15 +14,7 @@ def tokenize(
     shards_dir: Annotated[
         str, typer.Argument(help="Output folder of `vidforge shard` (its index.json and tars), or its URL.")
     ],
-    out: Annotated[
-        str,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Output folder or fsspec URL (s3://bucket/prefix: staged locally, uploaded, index last); "
-            "a rerun skips complete shards.",
-        ),
-    ],
+    out: ShardsOutOpt,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
