@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import train_profile  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
+from vidforge.data.energon import energon_available  # noqa: E402
 from vidforge.data.loader import DataError, ShardLoader  # noqa: E402
 from vidforge.data.shard_index import read_index  # noqa: E402
 from vidforge.data.sharding import run as shard_run  # noqa: E402
@@ -80,6 +81,9 @@ def test_shard_and_tokenize_upload_every_shard_and_the_index(endpoint, latents_u
         assert {s.name for s in index.shards} | {"index.json"} <= names
         assert len(index.shards) == 2 and index.samples == 4
     assert index.kind == "latent"
+    if energon_available():  # Energon's metadata travels with the latent shards
+        assert fs.exists("bkt/latents/.nv-meta/dataset.yaml")
+        assert all(fs.exists(f"bkt/latents/{s.name}.idx") for s in index.shards)
 
 
 def test_train_reads_from_the_bucket(endpoint, latents_url, tmp_path):

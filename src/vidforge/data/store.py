@@ -225,12 +225,17 @@ def staged(out: str | os.PathLike, data: Any) -> tuple[Path, Remote | None]:
 
 
 def upload(stage: Path, remote: Remote, names: Sequence[str], *, finish: bool) -> None:
-    """Upload the shards `names` from `stage`; with `finish`, then the manifests and the index, last."""
+    """Upload the shards `names` from `stage` (with Energon's `.tar.idx` beside each, where written); with
+    `finish`, then the manifests and Energon's `.nv-meta`, and the index last."""
     for name in names:
-        if (stage / name).is_file():
-            remote.put(stage / name, name)
+        for file in (name, f"{name}.idx"):
+            if (stage / file).is_file():
+                remote.put(stage / file, file)
     if finish:
-        for name in ("manifest.jsonl", "errors.jsonl"):
+        extra = ["manifest.jsonl", "errors.jsonl"] + sorted(
+            p.relative_to(stage).as_posix() for p in (stage / ".nv-meta").glob("*")
+        )
+        for name in extra:
             if (stage / name).is_file():
                 remote.put(stage / name, name)
         remote.put(stage / INDEX, INDEX)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resolution_bucket
+from vidforge.data.energon import write_nv_meta
 from vidforge.data.media import MediaError, media_kind, read_media
 from vidforge.data.paths import UnsafePath, inside, plain_name
 from vidforge.data.shard_index import INDEX, ShardEntry, ShardIndex, read_index, write_index
@@ -327,6 +328,7 @@ def _tokenize_share(
             text_encoder=index.meta.get("text_encoder"),
             source=str(shards_dir),
         )
+        write_nv_meta(read_index(out))  # Energon's metadata, where it is installed
     return summary
 
 
