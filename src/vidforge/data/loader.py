@@ -13,7 +13,11 @@ skipped, or raises, by `on_error`. Wrong data is never returned silently.
 Model-parallel groups (tp x cp x pp ranks that must see identical samples) share a dp_rank, so their
 reference streams are identical; a `GroupComm` makes each shard be read once per group: `broadcast`
 (group rank 0 reads, sends), `allgather` (each reads every size-th sample of a chunk, all exchange;
-NeMo's way) or `each` (every rank reads everything)."""
+NeMo's way) or `each` (every rank reads everything).
+
+Ours rather than webdataset's pipeline (`WebDataset`, `split_by_node`, `shuffle`): its shuffle buffer and
+node split keep no state a checkpoint could hold, so a resumed run would not see the same samples; this
+loader's position is a small JSON state. `Prefetcher` (`vidforge.data.prefetch`) runs it ahead of the step."""
 
 from __future__ import annotations
 
