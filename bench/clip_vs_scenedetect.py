@@ -7,7 +7,8 @@ AdaptiveDetector and encode every shot; the full pipeline (defaults) is timed to
 
 Usage:  python bench/clip_vs_scenedetect.py [--videos 3 --seconds 30 --width 640 --height 360]
                                            [--crf 23 --preset veryfast] [--ffmpeg PATH] [--set K=V ...]
-                                           [--repeat N]
+                                           [--repeat N] [--no-full]
+A single 720p source (issue 17's case): --videos 1 --seconds 24 --width 1280 --height 720 --no-full.
 scenedetect's split-video needs an `ffmpeg` binary (on PATH, or --ffmpeg, e.g. the one in the
 imageio-ffmpeg wheel). Prints a table and one JSON line."""
 
@@ -111,6 +112,9 @@ def main() -> None:
         default=[],
         help="extra profile override for both vidforge runs, e.g. curation.record_shots=false",
     )
+    p.add_argument(
+        "--no-full", action="store_true", help="skip the full-pipeline run (single-source speed checks)"
+    )
     args = p.parse_args()
     from make_sample_videos import catalogue, make_sample_videos
 
@@ -138,6 +142,7 @@ def main() -> None:
         "curation.static_max_ratio=1",
         "curation.max_seconds=100000",
     ]
+    load_before = os.getloadavg()
     runs: dict[str, list[float]] = {}
     summaries = {}
     for r in range(args.repeat):  # interleaved, each into a fresh directory (a vidforge rerun is a no-op)
@@ -145,8 +150,18 @@ def main() -> None:
             "decode+encode": (decode_encode, videos, work / f"plain{r}", args.crf, args.preset),
             "scenedetect CLI": (scenedetect_cli, videos, work / f"sd{r}", args.crf, args.preset, ffmpeg_dir),
             "vidforge clip (same work)": (vidforge_clip, videos, work / f"vf_fair{r}", fair),
+            # The same with the shots recorded by a second process (curation.record_process, off by
+            # default): what it buys or costs, in the same run.
+            "vidforge clip (same work, recording process)": (
+                vidforge_clip,
+                videos,
+                work / f"vf_two{r}",
+                [*fair, "curation.record_process=true"],
+            ),
             "vidforge clip (full pipeline)": (vidforge_clip, videos, work / f"vf_full{r}", same),
         }
+        if args.no_full:
+            del jobs["vidforge clip (full pipeline)"]
         for name, (fn, *fn_args) in jobs.items():
             seconds, summaries[name] = timed(fn, *fn_args)
             runs.setdefault(name, []).append(seconds)
@@ -162,13 +177,27 @@ def main() -> None:
         "repeats": args.repeat,
         "seconds": {k: round(v, 2) for k, v in results.items()},
         "all_seconds": {k: [round(t, 2) for t in v] for k, v in runs.items()},
+        # Load average (1, 5, 15 min) before and after: the machine may be shared; compare ratios.
+        "load_average": [[round(x, 2) for x in load_before], [round(x, 2) for x in os.getloadavg()]],
         "clips": {
             "scenedetect": sd_clips,
             "vidforge_same_work": summaries["vidforge clip (same work)"]["clips"],
-            "vidforge_full": summaries["vidforge clip (full pipeline)"]["clips"],
+            "vidforge_full": summaries.get("vidforge clip (full pipeline)", {}).get("clips"),
         },
         "speedup_vs_scenedetect": round(results["scenedetect CLI"] / results["vidforge clip (same work)"], 2),
         "ratio_to_decode_encode": round(results["vidforge clip (same work)"] / results["decode+encode"], 2),
+        "ratio_to_decode_encode_recording_process": round(
+            results["vidforge clip (same work, recording process)"] / results["decode+encode"], 2
+        ),
+        # Per round (interleaved): ours over the floor measured beside it, and scenedetect over ours.
+        "rounds_ratio_to_decode_encode": [
+            round(v / f, 2)
+            for v, f in zip(runs["vidforge clip (same work)"], runs["decode+encode"], strict=True)
+        ],
+        "rounds_speedup_vs_scenedetect": [
+            round(sd / v, 2)
+            for sd, v in zip(runs["scenedetect CLI"], runs["vidforge clip (same work)"], strict=True)
+        ],
         "x_realtime_same_work": round(seconds_in / results["vidforge clip (same work)"], 2),
     }
     for name, secs in results.items():

@@ -342,15 +342,32 @@ def random_scenes(seed: int, seconds: float, fps: int, width: int, height: int) 
 
 
 def encode(
-    path: Path, frames: list[np.ndarray], fps: int = FPS, crf: int = CRF, preset: str = PRESET
+    path: Path,
+    frames: list[np.ndarray],
+    fps: int = FPS,
+    crf: int = CRF,
+    preset: str = PRESET,
+    *,
+    sample_aspect: Fraction | None = None,
+    interlaced: bool = False,
+    rotation: int = 0,
 ) -> None:
-    """Write RGB frames as constant-frame-rate H.264 (yuv420p) in an MP4."""
+    """Write RGB frames as constant-frame-rate H.264 (yuv420p) in an MP4. `sample_aspect` marks the pixels
+    non-square (the stream's and the codec's, as broadcast encoders write both); `interlaced` codes the
+    frames as two fields (x264's interlaced mode, flagged in every frame; bottom field first, see
+    write_geometry_samples). `rotation` is a display rotation in degrees, as phones write."""
     height, width = frames[0].shape[:2]
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = Fraction(1, fps)
         stream.options = {"crf": str(crf), "preset": preset}
+        if sample_aspect is not None:
+            stream.sample_aspect_ratio = stream.codec_context.sample_aspect_ratio = sample_aspect
+        if interlaced:
+            stream.options = {**stream.options, "flags": "+ildct+ilme"}
+        if rotation:
+            stream.set_display_rotation(rotation)
         for i, rgb in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
             frame.pts = i
@@ -418,6 +435,83 @@ def write_video(
     return truth
 
 
+# Geometry samples: what cameras and editors leave between the coded picture and what is shown.
+ANAMORPHIC_SAR = Fraction(16, 11)  # PAL 16:9 (704x576 coded), here at an eighth: 88x72 shown as 128x72
+
+
+def _disc_frames(width: int, height: int, frames: int, t_offset: float = 0.0) -> list[np.ndarray]:
+    """A white disc (radius height/4) moving right 2 px a frame over a dark grey background, drawn in
+    square pixels at `width` x `height`; `t_offset` shifts time by that fraction of a frame."""
+    out = []
+    r = height // 4
+    for i in range(frames):
+        img = np.full((height, width, 3), 40, np.uint8)
+        x4 = round((r + 4 + 2 * (i + t_offset)) * 4)  # centre in quarter pixels (cv2's shift=2)
+        cv2.circle(img, (x4, height * 2), r * 4, (235, 235, 235), -1, cv2.LINE_AA, shift=2)
+        out.append(img)
+    return out
+
+
+def _grating_frames(width: int, height: int, frames: int, t_offset: float = 0.0) -> list[np.ndarray]:
+    """Vertical bars (a sine grating, period 16 px) moving right 4 px a frame; `t_offset` as above."""
+    x = np.arange(width, dtype=np.float64)
+    out = []
+    for i in range(frames):
+        row = 128 + 90 * np.sin(2 * np.pi * (x - 4 * (i + t_offset)) / 16)
+        out.append(np.repeat(np.broadcast_to(row, (height, width))[..., None], 3, axis=2).astype(np.uint8))
+    return out
+
+
+def write_geometry_samples(out_dir: str | Path, frames: int = 36) -> dict[str, dict]:
+    """Write `anamorphic.mp4` (a disc drawn round at 128x72, stored squeezed in 88x72 with a 16:11 sample
+    aspect: round only when shown at its display aspect; `anamorphic_rotated.mp4` the same
+    with a 90 degree display rotation) and `interlaced.mp4` (128x96 moving bars, its odd
+    lines at a frame's time and its even lines half a frame later, as an interlaced camera films: the
+    bars' edges comb), with truth files; return {name: truth} (`display_width`, `sample_aspect`, `interlaced`)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    truths = {}
+    shown = _disc_frames(128, 72, frames)
+    coded_w = round(128 / ANAMORPHIC_SAR)
+    squeezed = [cv2.resize(f, (coded_w, 72), interpolation=cv2.INTER_AREA) for f in shown]
+    encode(out_dir / "anamorphic.mp4", squeezed, sample_aspect=ANAMORPHIC_SAR)
+    encode(out_dir / "anamorphic_rotated.mp4", squeezed, sample_aspect=ANAMORPHIC_SAR, rotation=90)
+    truths["anamorphic"] = {
+        "file": "anamorphic.mp4",
+        "frames": frames,
+        "fps": FPS,
+        "width": coded_w,
+        "height": 72,
+        "display_width": 128,
+        "sample_aspect": f"{ANAMORPHIC_SAR.numerator}:{ANAMORPHIC_SAR.denominator}",
+        "disc_radius": 72 // 4,
+    }
+    # Bottom field first, as PAL DV cameras film: x264 takes the order from a flag on each frame that PyAV
+    # cannot set, and without it codes bottom first.
+    first, second = _grating_frames(128, 96, frames), _grating_frames(128, 96, frames, t_offset=0.5)
+    woven = []
+    for a, b in zip(first, second, strict=True):
+        frame = a.copy()
+        frame[0::2] = b[0::2]  # the top field (even lines) half a frame after the bottom one
+        woven.append(frame)
+    encode(out_dir / "interlaced.mp4", woven, interlaced=True)
+    np.save(out_dir / "interlaced.first_field_time.npy", np.stack(first))  # what a deinterlacer should give
+    truths["interlaced"] = {
+        "file": "interlaced.mp4",
+        "frames": frames,
+        "fps": FPS,
+        "width": 128,
+        "height": 96,
+        "interlaced": True,
+        "field_order": "bottom first",
+        "progressive": "interlaced.first_field_time.npy",
+    }
+    for name, truth in truths.items():
+        truth["seconds"] = frames / FPS
+        (out_dir / f"{name}.truth.json").write_text(json.dumps(truth, indent=2) + "\n")
+    return truths
+
+
 def make_sample_videos(
     out_dir: str | Path,
     count: int | None = None,
@@ -461,7 +555,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="length of each extra random video")
     parser.add_argument("--width", type=int, default=WIDTH, help="width of the extra random videos (even)")
     parser.add_argument("--height", type=int, default=HEIGHT, help="height of the extra random videos (even)")
+    parser.add_argument(
+        "--geometry", action="store_true", help="also write anamorphic.mp4 and interlaced.mp4"
+    )
     args = parser.parse_args(argv)
+    if args.geometry:
+        write_geometry_samples(args.out_dir)
     truths = make_sample_videos(
         args.out_dir, args.count, args.seed, seconds=args.seconds, width=args.width, height=args.height
     )

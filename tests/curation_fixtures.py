@@ -22,6 +22,24 @@ SETTINGS = [
     "curation.caption.clip_score.min_score=-1",
     "curation.caption.batch_clips=2",
 ]
+# `vidforge clip` with one clip per shot, nothing filtered but the shortest, in-process (no workers).
+CLIP_OPEN_SETS = [
+    "curation.decode_workers=0",
+    "curation.transcode_workers=0",
+    "curation.stitch=false",
+    "curation.embed=false",
+    "curation.min_seconds=0.5",
+    "curation.static_max_ratio=1",
+]
+# `vidforge caption` with sidecar captions and no model-backed annotation (a test turns on what it tests).
+CAPTION_BARE_SETS = [
+    "curation.caption.backend=sidecar",
+    "curation.caption.aesthetic.enabled=false",
+    "curation.caption.clip_score.enabled=false",
+    "curation.caption.ocr.enabled=false",
+    "curation.caption.motion.enabled=false",
+    "curation.caption.decode_workers=0",
+]
 NAMES = ["red_square", "motion_static", "motion_slow", "motion_fast", "fade_text"]
 
 

@@ -4,7 +4,12 @@ annotated directory (pixel tokenizer, random open-clip text tower: no weights ne
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+import torch
 
 from vidforge.data.manifest import stable_id, write_jsonl
 from vidforge.data.sharding import run as shard_run
@@ -35,6 +40,16 @@ TRAIN_SETS = (
     "infer.width=24",
 )
 
+# Wan2.1's transformer (tiny, as the profile above sizes it) with its objective, rectified flow.
+WAN = (
+    "model.family=wan",
+    "model.mlp_act=gelu-tanh",
+    "model.adaln_lora_rank=0",
+    "model.abs_position=none",
+    "model.cross_attn_norm=true",
+    "diffusion.objective=flow",
+)
+
 
 def train_profile(*extra: str) -> RunProfile:
     return load_profile("local_cpu", [*TRAIN_SETS, *extra])
@@ -61,3 +76,34 @@ def make_latents(root: Path, *, identical: bool = False, samples: int = 4) -> Pa
 
 def losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def probe_forward(model: torch.nn.Module, profile: RunProfile) -> torch.Tensor:
+    """The model's output on fixed random latents of LATENT_SHAPE, noise levels and captions: two models
+    with the same weights give the same tensor, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, *LATENT_SHAPE, generator=g)
+    text = torch.randn(2, 3, profile.model.text_dim, generator=g)
+    with torch.no_grad():
+        return model(x, torch.tensor([0.1, -0.5]), text)
+
+
+@contextmanager
+def killed_at_forward(monkeypatch: pytest.MonkeyPatch, call: int) -> Iterator[None]:
+    """A run "killed" at its `call`-th forward (KeyboardInterrupt from inside the step, as a SIGKILL would
+    stop it there): the body must be interrupted; the real step is back afterwards."""
+    from vidforge.train.step import LocalTrainStep
+
+    real = LocalTrainStep.forward
+    calls = {"n": 0}
+
+    def dies(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(LocalTrainStep, "forward", dies)
+    with pytest.raises(KeyboardInterrupt):
+        yield
+    monkeypatch.setattr(LocalTrainStep, "forward", real)

@@ -41,6 +41,7 @@ STEPS = {
     "train": (m.train, "1.3B training step, eager and compiled, beside diffusers' Wan"),
     "infer": (m.infer, "guided sampling step beside diffusers' Wan"),
     "memory": (m.memory, "memory model against torch.cuda.max_memory_allocated"),
+    "offload": (m.offload, "activation offload's step time and peak beside keeping activations"),
     "tokenize": (m.tokenize, "vidforge tokenize against the VAE's own encode"),
     "caption": (m.caption, "caption models' clips/s"),
 }

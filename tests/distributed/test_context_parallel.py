@@ -94,7 +94,7 @@ def _edm_loss(model, clean, noise, sigma, sigma_b, text, drop, **row):
     return denoised, edm.loss_weight(sigma_b) * (denoised - clean) ** 2
 
 
-def _case(model, impl: str, row_kind: str, group) -> dict[str, float]:
+def _case(model, impl: str, row_kind: str, group, regather: bool = False) -> dict[str, float]:
     """Largest errors of the cp run against the single-process one: denoised output, loss, gradients.
     The cp side is the recipe for the training step: split the row's tensors with the shard, sigma per
     local token, `shard_loss` as the rank's share of the mean."""
@@ -117,7 +117,7 @@ def _case(model, impl: str, row_kind: str, group) -> dict[str, float]:
     loss.backward()
 
     # A copy of a cp model (EMA, evaluation) shares its process group and computes the same.
-    cp_model = copy.deepcopy(apply_cp(copy.deepcopy(model), group, impl))
+    cp_model = copy.deepcopy(apply_cp(copy.deepcopy(model), group, impl, regather))
     shard = shard_of(row.get("layout") or row.get("grid"), group)
     local, local_elementwise = _edm_loss(
         cp_model,
@@ -246,6 +246,36 @@ def _chunked_ring(group) -> float:
     return max(errors)
 
 
+def _regather_saving(group) -> tuple[int, float]:
+    """Bytes one all-gather attention call keeps for the backward, without re-gather minus with it
+    (measured from what autograd saves), beside the memory model's "gathered keys/values" part for the
+    same shapes: (cp - 1) / cp of the row's K and V."""
+    import torch.distributed as dist
+
+    from vidforge.bench.measure import saved_activations
+    from vidforge.bench.memory_model import block_activations
+    from vidforge.models import model_config
+    from vidforge.parallel.context_parallel import cp_process_group
+    from vidforge.parallel.cp_attention import all_gather_attention
+    from vidforge.tokens import TokenShard
+
+    group = cp_process_group(group)
+    size = dist.get_world_size(group)
+    shard = TokenShard.of_grid((4, 4, 4), dist.get_rank(group), size)
+    heads, dim = 4, 8
+    leaf = torch.randn(3, 1, shard.local, heads, dim, requires_grad=True)
+    kept = []
+    for regather in (False, True):
+        q, k, v = leaf * 1  # activations, as a block's q/k/v are
+        with saved_activations(torch.nn.Module()) as saved:
+            out = all_gather_attention(q, k, v, shard, group, regather=regather)
+        kept.append(saved.bytes)
+        out.sum().backward()  # the re-gather's collective runs here, on every rank
+    cfg = model_config("tiny", hidden=heads * dim, heads=heads)
+    part = block_activations(cfg, shard.local, 1, 0, 4, gathered_kv_tokens=shard.local * (size - 1))
+    return kept[0] - kept[1], part.parts["gathered keys/values (all-gather CP)"]
+
+
 def _worker(rank: int, world: int):
     """Every case on a (dp 2, cp 2) mesh, each pair of ranks a cp group (group ranks are not global
     ranks on the second pair), then the 4-rank cases on the whole world."""
@@ -259,6 +289,9 @@ def _worker(rank: int, world: int):
     for impl in IMPLS:
         for kind in ROWS:
             two[(impl, kind)] = _case(model, impl, kind, cp2)
+    for kind in ROWS:  # NeMo's variant: only the local K/V kept, gathered again in the backward
+        two[("all-gather regather", kind)] = _case(model, "all-gather", kind, cp2, regather=True)
+    two["regather saving"] = _regather_saving(cp2)
     two["sampling"] = _sampling(model, "ring", cp2)
     two["cfg sampling"] = _sampling(model, "all-gather", cp2, cfg_group=mesh["dp"])  # dp ranks as cfg
     four = {"chunked ring": _chunked_ring(dist.group.WORLD)}
@@ -292,7 +325,7 @@ def _check(errors):
 
 
 @pytest.mark.parametrize("kind", ROWS)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", [*IMPLS, "all-gather regather"])
 def test_two_ranks_match_one_process(two_ranks, impl, kind):
     """Output, loss and parameter gradients of 2-rank context parallel equal the single process."""
     for rank_errors in two_ranks:
@@ -338,3 +371,11 @@ def test_cfg_parallel_with_context_parallel_sampling_matches_one_process(two_ran
     for rank_errors in two_ranks:
         assert rank_errors["cfg sampling"]["null caption"] < 1e-5
         assert rank_errors["cfg sampling"]["negative prompt"] < 1e-5
+
+
+def test_regather_saves_what_the_memory_model_says(two_ranks):
+    """All-gather CP with re-gather keeps (cp - 1) / cp less of the row's K/V, as the memory model counts."""
+    for rank_results in two_ranks:
+        measured, predicted = rank_results["regather saving"]
+        assert measured > 0
+        assert predicted == pytest.approx(measured, rel=0.15)

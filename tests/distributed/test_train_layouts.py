@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ranks import run_ranks  # noqa: E402
-from train_fixtures import losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import WAN, losses, make_latents, probe_forward, train_profile  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -33,22 +33,14 @@ CLIP = ("train.grad_clip=0.05",)  # below the gradient norms (~0.2): every step 
 
 EMA = ("train.ema_decay=0.9",)  # the export is then the EMA's weights
 
-# Wan2.1's transformer (tiny) with its objective, rectified flow: the same loop and step.
-WAN = (
-    "model.family=wan",
-    "model.mlp_act=gelu-tanh",
-    "model.adaln_lora_rank=0",
-    "model.abs_position=none",
-    "model.cross_attn_norm=true",
-    "diffusion.objective=flow",
-)
 
 # name -> (ranks, profile overrides)
 LAYOUTS = {
     # context parallel (ring) with FSDP2 over the cp ranks, on the wan family
     "wan-cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring", *WAN]),
-    # tensor parallel with Wan's q/k norms across all heads (sum of squares all-reduced)
-    "wan-tp2": (2, ["parallel.tp=2", "parallel.sequence_parallel=false", *WAN, *EMA]),
+    # tensor + sequence parallel (the default) with Wan's q/k norms across all heads (sum of squares
+    # all-reduced), on packed rows whose sequence split cuts through samples
+    "wan-tp2-sp": (2, ["parallel.tp=2", *WAN, *EMA]),
     # Wan's stages: patch_embedding first; norm_out, proj_out and the output scale_shift_table last
     "wan-pp2": (2, ["parallel.pp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
@@ -73,22 +65,28 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather", *WAN]),
         "wan-cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses", *WAN]),
         "wan-fsdp2": (2, ["parallel.dp_shard=2", *WAN]),
-        "wan-fsdp2xtp2": (
-            4,
-            ["parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=false", *WAN],
-        ),
+        "wan-tp2": (2, ["parallel.tp=2", "parallel.sequence_parallel=false", *WAN, *EMA]),
+        "wan-fsdp2xtp2-sp": (4, ["parallel.dp_shard=2", "parallel.tp=2", *WAN]),
+        "wan-pp2xtp2-sp": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     }
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
     **{name: WAN for name in LAYOUTS if name.startswith("wan")},
+    "wan-tp2-sp": (*WAN, *EMA),
     "wan-tp2": (*WAN, *EMA),
     "wan-pp2": ("train.grad_accum=2", *CLIP, *WAN),  # its 2 micro-batches are 2 packed rows
+    "wan-pp2xtp2-sp": ("train.grad_accum=2", *CLIP, *WAN),
     "tp2": EMA,
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
 }
+
+# Layouts whose last checkpoint one process then takes as `--init RUN`: tensor-parallel DTensor shards
+# with an EMA (tp2: its EMA), pipeline stages' FSDP shards without one (pp2xfsdp2: the raw weights). Read
+# with DCP, either gives the layout's export's forward exactly.
+INIT_FROM_CHECKPOINT = ("tp2", "pp2xfsdp2")
 
 
 def _train(rank: int, world: int, latents: str, run_dir: str, sets: list[str]) -> None:
@@ -150,6 +148,15 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
                 continue
             # 3 AdamW steps of lr 1e-3 from equal weights: reduction-order noise only
             torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    if name in INIT_FROM_CHECKPOINT:
+        from vidforge.models import build_model, load_model
+        from vidforge.train.init_weights import init_from
+
+        profile = train_profile(*STEPS, *REFERENCE_SETS.get(name, ()))
+        model = build_model(profile.model)
+        assert init_from(model, tmp_path / name).complete
+        exported = load_model(tmp_path / name / "export")
+        assert torch.equal(probe_forward(model, profile), probe_forward(exported, profile))
 
 
 @pytest.mark.parametrize(

@@ -11,18 +11,12 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from curation_fixtures import CLIP_OPEN_SETS
 
 from vidforge.curate import clip
 from vidforge.profile import load_profile
 
-SETS = [
-    "curation.decode_workers=0",
-    "curation.transcode_workers=0",
-    "curation.stitch=false",
-    "curation.embed=false",
-    "curation.min_seconds=0.5",
-    "curation.static_max_ratio=1",
-]
+SETS = CLIP_OPEN_SETS
 
 
 def _write(path: Path, times_ms: list[int]) -> Path:

@@ -7,8 +7,9 @@ holds after the forward (for FSDP plus the last block's unsharded weights, which
 the backward). Target (issue #8): within 15%.
 
 TP cases run without EMA (written when EMA under TP without FSDP failed; it works since, tested by the
-tp2 layout test), which keeps their states to what the memory model's TP split is about. The wan case
-holds its tensor-parallel plan (heads-spanning q/k norms split with the heads) to the planner's rules."""
+tp2 layout test), which keeps their states to what the memory model's TP split is about. The wan cases
+hold its tensor-parallel plan (heads-spanning q/k norms split with the heads), with and without
+sequence parallel, to the planner's rules."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ CASES = {
         "train.ema_decay=0",
         "parallel.sequence_parallel=false",
     ],
+    # ... and with sequence parallel: norms, modulation and residuals on half the tokens, norm2 and the
+    # block tables replicated
+    "wan-tp2-sp": [*WAN, "parallel.tp=2", "parallel.dp_shard=1", "train.ema_decay=0"],
     "tp2-sp-plain-bf16": [
         "parallel.tp=2",
         "parallel.dp_shard=1",
@@ -51,6 +55,7 @@ CASES = {
         "train.precision=bf16",
     ],
     "cp2-all-gather": ["parallel.cp=2", "parallel.dp_shard=1"],
+    "cp2-all-gather-regather": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_regather=true"],
     "cp2-ring": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_impl=ring"],
     "cp2-ulysses": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_impl=ulysses"],
 }

@@ -59,6 +59,8 @@ def test_every_layout_the_planner_proposes_passes_the_rulebook(name: str) -> Non
         ({"pp": 2}, ["train.grad_accum=2"], "train.grad_accum: parallel.pp=2 with grad_accum=2"),
         ({"pp": 2}, ["train.validate_every=5"], "train.validate_every: 5 with parallel.pp=2"),
         ({"tp": 4}, [], "parallel.tp: must divide model.heads=6, got 4"),
+        ({"tp": 2}, ["train.lora={rank: 4}"], "train.lora: LoRA has no tensor-parallel plan (parallel.tp=2)"),
+        ({"pp": 2}, ["train.lora={rank: 4}"], "train.lora: LoRA does not run under pipeline parallel"),
     ],
 )
 def test_a_layout_the_trainer_cannot_run_is_refused_with_the_same_line_everywhere(
@@ -78,12 +80,11 @@ def test_a_layout_the_trainer_cannot_run_is_refused_with_the_same_line_everywher
     assert any(line in problem for problem in structural_problems(base, layout))
 
 
-def test_the_wan_family_trains_tp_without_sequence_parallel_and_pipelines() -> None:
+def test_the_wan_family_trains_tp_with_and_without_sequence_parallel_and_pipelines() -> None:
     wan = [
         "model.family=wan", "model.mlp_act=gelu-tanh", "model.adaln_lora_rank=0", "model.abs_position=none",
         "model.heads=4", "model.layers=2", "cluster.cpu_processes=2",
     ]  # fmt: skip
     assert load_profile("local_cpu", [*wan, "parallel.tp=2", "parallel.sequence_parallel=false"])
-    with pytest.raises(ProfileError, match="wan family has no sequence-parallel plan yet"):
-        load_profile("local_cpu", [*wan, "parallel.tp=2"])
+    assert load_profile("local_cpu", [*wan, "parallel.tp=2"]).parallel.sequence_parallel
     assert load_profile("local_cpu", [*wan, "parallel.pp=2"])

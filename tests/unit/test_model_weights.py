@@ -157,7 +157,9 @@ def test_bad_folders_end_in_one_line_naming_the_file(tmp_path):
         "import", str(src), "-o", out
     )
 
-    assert "--to onnx: the one export format is diffusers" in _error("export", out, "-o", out, "--to", "onnx")
+    assert "--to onnx: diffusers, or vidforge with --merged" in _error(
+        "export", out, "-o", out, "--to", "onnx"
+    )
     not_export = tmp_path / "nothing"
     not_export.mkdir()
     assert f"{not_export}/config.json:" in _error("export", str(not_export), "-o", out)

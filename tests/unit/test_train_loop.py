@@ -14,7 +14,14 @@ import torch
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import LATENT_SHAPE, losses, make_latents, train_profile  # noqa: E402
+from train_fixtures import (  # noqa: E402
+    LATENT_SHAPE,
+    killed_at_forward,
+    losses,
+    make_latents,
+    probe_forward,
+    train_profile,
+)
 
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.data.manifest import read_jsonl  # noqa: E402
@@ -86,24 +93,38 @@ def test_run_logs_every_step_checkpoints_and_exports(trained) -> None:
 
 def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_path, monkeypatch) -> None:
     # A run "killed" right after its step-3 checkpoint: stop it there by raising from the step after.
-    real = LocalTrainStep.forward
-    calls = {"n": 0}
-
-    def dies_at_step_4(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(LocalTrainStep, "forward", dies_at_step_4)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_forward(monkeypatch, 4):
         loop.run(train_profile(), [latents], tmp_path)
-    monkeypatch.setattr(LocalTrainStep, "forward", real)
     with pytest.raises(UserInputError, match="pass --resume"):
         loop.run(train_profile(), [latents], tmp_path)
     summary = loop.run(train_profile(), [latents], tmp_path, resume=True)
     assert summary.start_step == 3 and summary.last_step == 6
     assert losses(tmp_path) == losses(trained)  # bitwise: same floats, same order
+
+
+def test_init_from_a_run_checkpoint_reproduces_the_runs_export_exactly(trained) -> None:
+    """--init RUN takes its latest checkpoint's EMA weights through DCP: the export's forward, bit for bit;
+    --init-raw takes the weights the optimizer left, which the checkpoint also holds."""
+    from vidforge.models import load_model
+    from vidforge.parallel.dims import ParallelDims
+    from vidforge.parallel.runtime import Runtime
+    from vidforge.train.build import build
+    from vidforge.train.checkpoint import CheckpointManager
+    from vidforge.train.init_weights import WeightsInit
+
+    profile = train_profile()
+    runtime = Runtime(0, 1, 0, torch.device("cpu"), ParallelDims(profile.layout))
+    exported = probe_forward(load_model(trained / "export"), profile)
+    for src in (trained, trained / "checkpoints" / "step_00000006"):
+        parts = build(profile, runtime, WeightsInit(src))
+        assert torch.equal(probe_forward(parts.modules[0], profile), exported), src
+        assert parts.notes[0].startswith(f"--init {src}: ") and "new" not in parts.notes[0]
+    raw = build(profile, runtime, WeightsInit(trained, raw=True)).modules[0]
+    # the raw weights, read back the way --resume reads them
+    resumed = build(profile, runtime)
+    CheckpointManager(trained).load(6, resumed.modules, resumed.optimizers, resumed.ema)
+    assert torch.equal(probe_forward(raw, profile), probe_forward(resumed.modules[0], profile))
+    assert not torch.equal(probe_forward(raw, profile), exported)  # the EMA is another model
 
 
 def _poisoned(at_call: int):

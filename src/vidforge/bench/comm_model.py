@@ -17,8 +17,8 @@ parameters of a pipeline stage after TP, n the group's degree (ring collectives:
   and backward (an all-reduce each without SP: the same volume): 4 x sub-layers x (t-1)/t x T x d x e
   per block. On the critical path.
 - CP all-gather: keys and values gathered in the forward, their gradients reduce-scattered in the
-  backward: 4 x (c-1) x T x d / t x e per full-attention layer. ring: the same K/V blocks passed c-1
-  times forward, K/V and their gradients backward (6 x ...), overlapped with the blocks' attention.
+  backward: 4 x (c-1) x T x d / t x e per full-attention layer (6 x with `cp_regather`). ring: the same
+  K/V blocks passed c-1 times forward, K/V and their gradients backward (6 x ...), overlapped with the blocks' attention.
   ulysses: 4 all-to-alls forward (q, k, v, out) and 4 backward: 8 x (c-1)/c x T x d / t x e per
   attention. st-hybrid: 2 all-to-alls per block forward, 2 backward: 4 x (c-1)/c x T x d / t x e.
 - PP: each micro-batch's hidden states sent forward and their gradient back at every stage boundary:
@@ -124,9 +124,11 @@ def communication(
         local = tokens * d / tp * e
         impl = par.cp_impl
         if impl == "all-gather":
-            per_layer, overlapped = 2 * (cp - 1) * local * (fwd_repeats + 1) * full_attn, False
+            gathers = fwd_repeats + (1 if par.cp_regather else 0)  # re-gather: once more in the backward
+            per_layer, overlapped = 2 * (cp - 1) * local * (gathers + 1) * full_attn, False
             what = (
-                f"K and V all-gathered ({fwd_repeats} forward pass(es)) and their gradients reduce-scattered"
+                f"K and V all-gathered ({fwd_repeats} forward pass(es)"
+                f"{' + the backward re-gather' if par.cp_regather else ''}) and their gradients reduce-scattered"
             )
         elif impl == "ring":
             per_layer, overlapped = (2 * fwd_repeats + 4) * (cp - 1) * local * full_attn, True

@@ -39,7 +39,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vidforge.bench.param_counts import ParameterCounts, parameter_counts, tp_local_parameters
+from vidforge.bench.param_counts import (
+    ParameterCounts,
+    lora_parameters,
+    parameter_counts,
+    tp_local_parameters,
+)
 from vidforge.bench.workload import Workload
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
@@ -223,6 +228,7 @@ def estimate_memory(
     """Device memory of one rank of `layout` (default: the profile's) training on `workload` (default:
     the profile's bench sample, train.micro_batch clips per rank)."""
     from vidforge.parallel.activation_checkpoint import checkpointed_indices
+    from vidforge.parallel.activation_offload import offloaded_indices
 
     layout = layout or profile.layout
     workload = workload or Workload.from_profile(profile)
@@ -241,6 +247,23 @@ def estimate_memory(
     where = f"({outside_params:,.0f} outside the blocks + {blocks} blocks x {block_params:,.0f}"
     where += f"{' after TP/' + str(tp) if tp > 1 else ''}) / {shards} FSDP shard(s)"
     offload = train.fsdp_cpu_offload and prec.fsdp
+    # LoRA (train.lora; the rulebook keeps it to tp = pp = 1): the base is frozen in the compute dtype and
+    # has no gradients, optimizer states or EMA; the fp32 adapters have all four.
+    block_adapters, adapters = 0, 0.0
+    if train.lora is not None:
+        block_adapters, outside_adapters = lora_parameters(cfg, train.lora)
+        adapters = (blocks * block_adapters + outside_adapters) / shards
+        base = 2 if train.precision == "bf16" else 4
+        size = 0.0 if offload else local_params * base
+        terms.append(
+            Term(
+                "parameters",
+                size,
+                f"frozen base (train.lora) in the compute dtype: {where} = {local_params:,.0f} params x "
+                f"{base} B = {_gib(size)}",
+            )
+        )
+    trained = adapters if train.lora is not None else local_params
     state = [
         ("parameters", 4, "float32 master weights"),
         ("gradients", 4, "float32 gradients"),
@@ -249,10 +272,9 @@ def estimate_memory(
     if train.ema_decay > 0:
         state.append(("ema", 4, "EMA of the weights, float32"))
     for name, per, what in state:
-        size = 0.0 if offload else local_params * per
-        terms.append(
-            Term(name, size, f"{what}: {where} = {local_params:,.0f} params x {per} B = {_gib(size)}")
-        )
+        size = 0.0 if offload else trained * per
+        of = f"LoRA adapters / {shards} FSDP shard(s)" if train.lora is not None else where
+        terms.append(Term(name, size, f"{what}: {of} = {trained:,.0f} params x {per} B = {_gib(size)}"))
     if offload:
         notes.append(
             f"train.fsdp_cpu_offload: parameters, gradients and optimizer states ({_gib(local_params * 20)}) "
@@ -261,7 +283,8 @@ def estimate_memory(
 
     # --- activations --------------------------------------------------------------------------------
     tokens = workload.tokens / layout.cp
-    gathered = tokens * (layout.cp - 1) if layout.cp > 1 and par.cp_impl == "all-gather" else 0
+    all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
+    gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
     one = block_activations(
         cfg,
         tokens,
@@ -275,10 +298,10 @@ def estimate_memory(
     )
     mode = train.activation_checkpointing
     checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
-    # train.activation_offload: these blocks' saved tensors wait for the backward in host memory.
-    offloaded = set(checkpointed_indices(blocks, "selective", train.activation_offload))
-    recomputed = len(checkpointed - offloaded)
-    kept = blocks - len(checkpointed | offloaded)
+    # train.activation_offload: these blocks (none of them checkpointed) save theirs in host memory.
+    offloaded = offloaded_indices(blocks, mode, train.checkpoint_ratio, train.activation_offload)
+    recomputed = len(checkpointed)
+    kept = blocks - recomputed - len(offloaded)
     in_flight = in_flight_microbatches(layout, par.pp_schedule)
     block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
     stored = kept * one.total + recomputed * block_input
@@ -297,11 +320,24 @@ def estimate_memory(
         formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
     formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss, RoPE, captions)"
     terms.append(Term("activations", acts, formula))
-    if checkpointed or offloaded:
-        what = (
-            "re-runs one checkpointed block's forward" if checkpointed else "brings one offloaded block back"
+    if offloaded:
+        # the block the backward is in, and the previous offloaded one, already on its way back (prefetch);
+        # a block recomputed between the two holds no more than the one being brought back
+        terms.append(
+            Term(
+                "recompute",
+                2 * one.total,
+                f"the backward holds one offloaded block's tensors and prefetches the next: 2 x {_gib(one.total)}",
+            )
         )
-        terms.append(Term("recompute", one.total, f"the backward {what} at a time: {_gib(one.total)}"))
+    elif checkpointed:
+        terms.append(
+            Term(
+                "recompute",
+                one.total,
+                f"the backward re-runs one checkpointed block's forward: {_gib(one.total)}",
+            )
+        )
 
     # --- weight copies held for the backward, communication buffers ------------------------------------
     if prec.autocast:
@@ -309,6 +345,8 @@ def estimate_memory(
         # (less the blocks of other pipeline stages, and what other TP ranks hold)
         split = (blocks * counts.block_tp + counts.outside_tp) * (1 - 1 / tp)
         weights = counts.linear_weights - (cfg.layers - blocks) * counts.block - split
+        if train.lora is not None:  # a bf16 base is read as it is: only the fp32 adapters are cast
+            weights = adapters
         terms.append(
             Term(
                 "weight copies",
@@ -328,7 +366,8 @@ def estimate_memory(
             why = "FSDP keeps the last block unsharded from forward to backward"
         terms.append(Term("weight copies", held, f"{why}: {block_params:,.0f} x {prec.compute} B a block"))
         gather = 2 * unsharded
-        reduce = block_params * (prec.compute + 4)
+        # gradients exist for what trains: LoRA's adapters alone
+        reduce = (block_adapters if train.lora is not None else block_params) * (prec.compute + 4)
         comm += gather + reduce
         comm_parts.append(
             f"FSDP all-gather of 2 blocks (current + prefetched) {_gib(gather)} and reduce-scatter of one "

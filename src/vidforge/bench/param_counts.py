@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from vidforge.profile.model import Model
+from vidforge.profile.train import Lora
 
 
 @dataclass(frozen=True)
@@ -97,3 +99,18 @@ def tp_local_parameters(counts: ParameterCounts, blocks: int, tp: int) -> float:
     the blocks, an upper bound for pipeline stages)."""
     outside = counts.outside - counts.outside_tp + counts.outside_tp / tp
     return outside + blocks * (counts.block - counts.block_tp + counts.block_tp / tp)
+
+
+@functools.lru_cache(maxsize=64)
+def lora_parameters(cfg: Model, lora: Lora) -> tuple[int, int]:
+    """(adapter parameters of one block, of the rest of the model) that `train.lora` adds: counted on a
+    meta-device model given its adapters by peft, as training does."""
+    from vidforge.models import build_model
+    from vidforge.train.lora import apply_lora, is_adapter
+
+    model = build_model(cfg, device="meta")
+    apply_lora(model, lora, torch.float32)
+    adapters = {name: p.numel() for name, p in model.named_parameters() if is_adapter(name)}
+    first = sum(n for name, n in adapters.items() if name.startswith("blocks.0."))
+    blocks = sum(n for name, n in adapters.items() if name.startswith("blocks."))
+    return first, sum(adapters.values()) - blocks

@@ -83,6 +83,13 @@ def infer(
     frames: Annotated[
         int | None, typer.Option("--frames", min=1, help="infer.frames.", show_default=False)
     ] = None,
+    lora: Annotated[
+        Path | None,
+        typer.Option("--lora", help="A LoRA run (train.lora) or its export/: its adapter on the -c base."),
+    ] = None,
+    lora_scale: Annotated[
+        float, typer.Option("--lora-scale", help="With --lora: the adapter's weight (0: the base alone).")
+    ] = 1.0,
     set_: SetOpt = None,
 ) -> None:
     """Sample videos: text encoder -> sampler (diffusion.sampler heun|res, steps, guidance) -> DiT ->
@@ -91,6 +98,7 @@ def infer(
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o runs/samples
     Example: vidforge infer -c runs/train --prompts-file prompts.txt -o out --set diffusion.sampler=res --set infer.seed=7
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o out --nproc 2
+    Example: vidforge infer -c Wan2.1-T2V-1.3B-Diffusers --lora runs/wan_lora --lora-scale 0.8 --prompt "a cat" -o out
     Example: vidforge infer -c runs/train --prompt "a red square" -o out --steps 50 --guidance 7 --seed 3 --negative-prompt "blurry" --sampler res --height 64 --width 96 --frames 17
 
     The flags are the profile fields named in their help (the flag wins over a --set of the same field).
@@ -128,7 +136,16 @@ def infer(
     overrides = [*(set_ or ()), *(f"{field}={value}" for field, value in flags.items() if value is not None)]
     what = f"sampling {len(prompts)} prompt(s) from {checkpoint}: loading the model, then denoising"
     with output.working(what) if is_rank_zero() else nullcontext():
-        result = run(checkpoint, prompts, out, overrides=overrides, profile=profile, log=output.info)
+        result = run(
+            checkpoint,
+            prompts,
+            out,
+            overrides=overrides,
+            profile=profile,
+            log=output.info,
+            lora=lora,
+            lora_scale=lora_scale,
+        )
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:

@@ -47,25 +47,51 @@ def import_(
 @app.command("export")
 def export(
     export_dir: Annotated[
-        Path, typer.Argument(help="A vidforge export folder (or a training run directory).")
+        Path,
+        typer.Argument(
+            help="A vidforge export folder (or a training run directory); with --merged a LoRA run's."
+        ),
     ],
     out: OutDir,
     to: Annotated[
-        str, typer.Option("--to", help="Target format; diffusers is the one there is.")
+        str,
+        typer.Option("--to", help="diffusers (a WanTransformer3DModel folder) or vidforge (with --merged)."),
     ] = "diffusers",
     max_shard_mb: Annotated[
         float, typer.Option("--max-shard-mb", min=0.001, help="Largest safetensors shard, in MiB.")
     ] = 5120.0,
+    merged: Annotated[
+        bool,
+        typer.Option("--merged", help="Fold a LoRA run's adapter into its base and write full weights."),
+    ] = False,
+    base: Annotated[
+        Path | None,
+        typer.Option("--base", help="With --merged: the base (default: the --init the LoRA run recorded)."),
+    ] = None,
 ) -> None:
     """Write a wan-family export as a diffusers WanTransformer3DModel folder (config.json, safetensors
-    shards and their index) that `WanTransformer3DModel.from_pretrained` loads.
+    shards and their index) that `WanTransformer3DModel.from_pretrained` loads. With --merged, a LoRA
+    run's adapter folded into its base: full weights, as diffusers (wan) or as a vidforge export.
 
     Example: vidforge model export runs/train/export --to diffusers -o Wan2.1-finetuned/transformer
+    Example: vidforge model export runs/wan_lora --merged -o runs/wan_lora_merged/transformer
     """
+    import tempfile
+
     from vidforge.errors import UserInputError
     from vidforge.models.wan_weights import export_wan
+    from vidforge.train.export import export_merged
 
-    if to != "diffusers":
-        raise UserInputError(f"--to {to}: the one export format is diffusers")
-    written = export_wan(export_dir, out, int(max_shard_mb * 2**20))
-    current_output().result({"diffusers": str(written)}, title="vidforge model export")
+    if to not in ("diffusers", "vidforge") or (to == "vidforge" and not merged):
+        raise UserInputError(f"--to {to}: diffusers, or vidforge with --merged")
+    if not merged:
+        written = export_wan(export_dir, out, int(max_shard_mb * 2**20))
+    elif to == "vidforge":
+        written = export_merged(export_dir, out, base)
+    else:  # merged full weights in vidforge's format first, then as diffusers' folder
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+            written = export_wan(
+                export_merged(export_dir, Path(tmp) / "merged", base), out, int(max_shard_mb * 2**20)
+            )
+    current_output().result({to: str(written)}, title="vidforge model export")

@@ -31,8 +31,8 @@ def train(
         Path | None,
         typer.Option(
             "--init",
-            help="Start from these weights (a vidforge export, a diffusers transformer or pipeline folder); "
-            "a new optimizer, step 0.",
+            help="Start from these weights (a vidforge export, a diffusers transformer or pipeline folder, a "
+            "training checkpoint or a run directory: its latest, EMA weights); a new optimizer, step 0.",
         ),
     ] = None,
     allow_partial: Annotated[
@@ -40,6 +40,10 @@ def train(
         typer.Option(
             "--allow-partial", help="With --init: start tensors the weights lack (or shape otherwise) fresh."
         ),
+    ] = False,
+    init_raw: Annotated[
+        bool,
+        typer.Option("--init-raw", help="With --init CHECKPOINT: its raw weights rather than their EMA."),
     ] = False,
     nproc: NprocOpt = None,
     dry_run: Annotated[
@@ -56,10 +60,14 @@ def train(
     """Train with the EDM loss: AdamW, warm-up + cosine, bf16, EMA, FSDP2 across processes, sharded
     checkpoints (resumable), metrics to the console, RUN/metrics.jsonl and TensorBoard.
 
+    A profile with `stages:` (a curriculum) trains them in order, each in RUN/stages/NN-NAME and started
+    from the previous stage's EMA weights; --resume continues inside the stage it stopped in.
+
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
     Example: vidforge train --data runs/latents --run-dir runs/finetune --init runs/train/export
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
+    Example: vidforge train --run-dir runs/curriculum --profile wan14b_curriculum_128xh200 --init WAN_DIR
     """
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks
@@ -68,38 +76,55 @@ def train(
     if dry_run:
         _dry_run(resolved)
         return
-    if not data or run_dir is None:
+    sourced = bool(resolved.data.sources) or (bool(resolved.stages) and all(s.data for s in resolved.stages))
+    if (not data and not sourced) or run_dir is None:
         raise UserInputError("train needs --data LATENTS and --run-dir RUN (or --dry-run to check a layout)")
     code = start_ranks(nproc)
     if code is not None:
         raise typer.Exit(code)
 
+    from vidforge.train import curriculum
     from vidforge.train.loop import run, summary_dict
 
     output = current_output()
 
-    total = resolved.train.steps
+    total = curriculum.total_steps(resolved)
+    steps = {s.name: s.steps for s in resolved.stages}
 
     def show(record: dict) -> None:
+        of = steps.get(record.get("stage"), total)
         if output.json:
-            output.progress("step", record["step"], total, **record)
+            output.progress("step", record["step"], of, **record)
         else:
+            stage = f"stage {record['stage']}  " if "stage" in record else ""
             output.info(
-                f"step {record['step']:>6}/{total}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "
+                f"{stage}step {record['step']:>6}/{of}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "
                 f"lr {record['lr']:.2e}  {record['tokens_per_s']:.0f} tok/s  {record['step_time_s'] * 1000:.0f} ms/step  "
                 f"data wait {record['data_wait_s'] * 1000:.0f} ms  MFU {record['mfu']:.1%}"
             )
 
     from vidforge.train.init_weights import WeightsInit
 
-    weights = WeightsInit(init, allow_partial) if init is not None else None
+    weights = WeightsInit(init, allow_partial, init_raw) if init is not None else None
+    train = curriculum.run if resolved.stages else run
     with output.step_bar("train", total) as on_step:
-        summary = run(resolved, data, run_dir, resume=resume, progress=show, init=weights, on_step=on_step)
+        summary = train(
+            resolved, data or [], run_dir, resume=resume, progress=show, init=weights, on_step=on_step
+        )
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:
         return  # one summary, from rank 0 (the CLI boundary leaves the process group on the way out)
-    output.result(summary_dict(summary), title="vidforge train")
+    result = summary_dict(summary)
+    if output.json or not resolved.stages:
+        output.result(result, title="vidforge train")
+        return
+    rows = {k: v for k, v in result.items() if k != "stages"}
+    for s in result["stages"]:  # one row a stage: a table cell cannot hold a whole summary
+        done = "complete before --resume" if s["skipped"] else f"steps {s['start_step']}->{s['last_step']}"
+        loss = s["final_loss_mean"]
+        rows[f"stage {s['stage']}"] = done + (f", final loss {loss:.4f}" if loss is not None else "")
+    output.result(rows, title="vidforge train")
 
 
 def _dry_run(profile) -> None:

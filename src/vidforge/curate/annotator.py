@@ -28,7 +28,7 @@ from vidforge.profile.caption import Caption
 log = logging.getLogger(__name__)
 
 STAGE = "caption"
-STEPS = ("decode", "caption", "aesthetic", "ocr", "motion", "clip_score")
+STEPS = ("decode", "caption", "enhance", "aesthetic", "ocr", "watermark", "motion", "clip_score")
 
 
 def clip_id_of(record: dict[str, Any]) -> str:
@@ -56,6 +56,7 @@ ANNOTATIONS = (
     "aesthetic",
     "text_area",
     "texty_frames",
+    "watermark",
     "motion",
     "clip_score",
 )
@@ -132,7 +133,12 @@ class CaptionAnnotator:
     def _load_models(self, cfg: Caption) -> None:
         self.captioner = build_captioner(cfg, device=self.device, random_weights=cfg.random_weights)
         self.captioner.setup()
-        self.embedder = self.aesthetic = self.ocr = None
+        self.embedder = self.aesthetic = self.ocr = self.enhancer = None
+        if cfg.enhance.enabled:
+            from vidforge.curate.captioners.enhance import CaptionEnhancer
+
+            self.enhancer = CaptionEnhancer(cfg.enhance)
+            self.enhancer.setup()
         if cfg.aesthetic.enabled or cfg.clip_score.enabled:
             from vidforge.curate.clip_score import ClipEmbedder
 
@@ -151,18 +157,34 @@ class CaptionAnnotator:
             self.ocr = EasyOcrDetector(cfg.ocr.model_dir, cfg.ocr.languages, device=self.device)
             self.ocr.setup()
             self.text_rule = TextRule.from_settings(cfg.ocr)
+        self.flow = None
+        if cfg.motion.enabled and cfg.motion.method != "farneback":
+            from vidforge.curate.motion import RaftFlow
+
+            self.flow = RaftFlow(cfg.motion.method, cfg.motion.raft_weights, device=self.device)
+            self.flow.setup()
+        self.watermark = None
+        if cfg.watermark.enabled:
+            from vidforge.curate.watermark import WatermarkClassifier
+
+            self.watermark = WatermarkClassifier(
+                cfg.watermark, device=self.device, random_weights=cfg.random_weights
+            )
+            self.watermark.setup()
         for label, part in (
             ("caption", self.captioner),
             ("clip", self.embedder),
             ("aesthetic", self.aesthetic),
+            ("watermark", self.watermark),
         ):
             if part is not None and getattr(part, "random_weights", False):
                 self.random_weights.append(label)
 
     def teardown(self) -> None:
-        close = getattr(getattr(self, "captioner", None), "close", None)
-        if close:
-            close()
+        for part in ("captioner", "enhancer"):
+            close = getattr(getattr(self, part, None), "close", None)
+            if close:
+                close()
 
     # -- work ----------------------------------------------------------------------------------------
     def annotate(self, decoded: list[Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
@@ -200,15 +222,10 @@ class CaptionAnnotator:
             if res.error is not None:
                 failed[i]["caption"] = res.error
                 continue
-            cleaned = clean_caption(
-                res.text,
-                max_chars=cfg.text.max_chars,
-                min_words=cfg.text.min_words,
-                max_repeats=cfg.text.max_repeats,
-                max_token_share=cfg.text.max_token_share,
-            )
-            out[i]["caption"], out[i]["caption_flags"] = cleaned.text, cleaned.flags
+            out[i]["caption"], out[i]["caption_flags"] = self._clean(res.text)
         self.timings.add("caption", time.perf_counter() - t0, len(live))
+        if self.enhancer is not None:
+            self._enhance(out, live, failed)
 
         # CLIP image embeddings, shared by the aesthetic score and the caption match.
         embeddings: dict[int, np.ndarray] = {}
@@ -237,6 +254,13 @@ class CaptionAnnotator:
         )
         self._step("ocr", live, failed, lambda i: self._ocr(out[i], items[i]), enabled=self.ocr is not None)
         self._step(
+            "watermark",
+            live,
+            failed,
+            lambda i: self._watermark(out[i], items[i]),
+            enabled=self.watermark is not None,
+        )
+        self._step(
             "motion", live, failed, lambda i: self._motion(out[i], items[i]), enabled=cfg.motion.enabled
         )
         self._step(
@@ -258,6 +282,34 @@ class CaptionAnnotator:
             ]
             done.append((row, errs))
         return done
+
+    def _clean(self, text: str | None) -> tuple[str | None, list[str]]:
+        t = self.cfg.text
+        cleaned = clean_caption(
+            text,
+            max_chars=t.max_chars,
+            min_words=t.min_words,
+            max_repeats=t.max_repeats,
+            max_token_share=t.max_token_share,
+        )
+        return cleaned.text, cleaned.flags
+
+    def _enhance(self, out: list[dict[str, Any]], live: list[int], failed: list[dict[str, str]]) -> None:
+        """The second caption pass: each clean caption rewritten (then cleaned like any caption), the first
+        kept as `caption_original`. Empty or degenerate captions are not sent (nothing to keep facts of);
+        a rewrite that fails rejects the clip (`error:enhance`) rather than leave captions of two styles."""
+        t0 = time.perf_counter()
+        for row in out:
+            row.update(caption_original=row.get("caption"), caption_enhanced_by=None)
+        todo = [i for i in live if out[i]["caption"] and not out[i]["caption_flags"] and not failed[i]]
+        results = self.enhancer.enhance([out[i]["caption"] for i in todo])
+        for i, res in zip(todo, results, strict=True):
+            if res.error is not None:
+                failed[i]["enhance"] = res.error
+                continue
+            out[i]["caption"], out[i]["caption_flags"] = self._clean(res.text)
+            out[i]["caption_enhanced_by"] = res.source
+        self.timings.add("enhance", time.perf_counter() - t0, len(todo))
 
     def _step(self, step: str, live: list[int], failed: list[dict[str, str]], fn, *, enabled: bool) -> None:
         if not enabled:
@@ -283,13 +335,16 @@ class CaptionAnnotator:
         verdict = judge_text(self.ocr.detect_many(frames), [f.shape[:2] for f in frames], self.text_rule)
         row["text_area"], row["texty_frames"] = round(verdict.text_area, 6), verdict.texty_frames
 
+    def _watermark(self, row: dict[str, Any], item: ClipItem) -> None:
+        row["watermark"] = round(self.watermark.score_clip(item.sample(self.cfg.watermark.frames)), 6)
+
     def _motion(self, row: dict[str, Any], item: ClipItem) -> None:
         from vidforge.curate.motion import motion_score, pair_starts
 
         pairs = [
             (item.frames[t], item.frames[t + 1]) for t in pair_starts(item.num_frames, self.cfg.motion.pairs)
         ]
-        row["motion"] = _finite(motion_score(pairs, self.cfg.motion.size))
+        row["motion"] = _finite(motion_score(pairs, self.cfg.motion.size, self.flow))
 
     def _clip_score(self, row: dict[str, Any], emb: np.ndarray | None) -> None:
         from vidforge.curate.clip_score import clip_similarity

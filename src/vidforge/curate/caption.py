@@ -212,7 +212,7 @@ def run(
         retried=len(errored & set(todo)),
         by_reason=ordered,
         timings=timings.table(),
-        random_weights=[k for k in ("caption", "clip", "aesthetic") if k in random_weights],
+        random_weights=[k for k in ("caption", "clip", "aesthetic", "watermark") if k in random_weights],
         out=str(out_dir),
         wall_seconds=round(time.perf_counter() - started, 3),
         executor=executor,

@@ -46,6 +46,8 @@ def check_inputs(cfg: Caption, records: Iterable[dict[str, Any]]) -> None:
         check_endpoint_url(cfg.endpoint.url)
     elif cfg.backend == "sidecar":
         check_sidecars(cfg.sidecar, records)
+    if cfg.enhance.enabled:
+        check_endpoint_url(cfg.enhance.url, "curation.caption.enhance.url")
     width = None
     if cfg.aesthetic.enabled or cfg.clip_score.enabled:
         config = open_clip_config(
@@ -61,6 +63,20 @@ def check_inputs(cfg: Caption, records: Iterable[dict[str, Any]]) -> None:
             )
     if cfg.ocr.enabled:
         check_ocr_folder(cfg.ocr.model_dir, cfg.ocr.languages)
+    if cfg.watermark.enabled:
+        check_weights_file(cfg.watermark.weights, cfg.random_weights, "curation.caption.watermark.weights")
+    if cfg.motion.enabled and cfg.motion.method != "farneback":
+        check_weights_file(cfg.motion.raft_weights, False, "curation.caption.motion.raft_weights")
+
+
+def check_weights_file(path: str | None, random_weights: bool, field: str) -> None:
+    """A model's local weights file is named and there (random weights stand in only where allowed)."""
+    if path is None and not random_weights:
+        raise UserInputError(
+            f"{field}: give the local weights file (nothing is downloaded), or turn this step off"
+        )
+    if path is not None and not Path(path).is_file():
+        raise UserInputError(f"{field}: no such file {path}")
 
 
 # -- open-clip -----------------------------------------------------------------------------------------
@@ -293,16 +309,15 @@ def _easyocr_config():
 
 
 # -- endpoint and sidecars -----------------------------------------------------------------------------
-def check_endpoint_url(url: str) -> None:
+def check_endpoint_url(url: str, field: str = "curation.caption.endpoint.url") -> None:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise UserInputError(
-            f"curation.caption.endpoint.url must be http(s)://host[:port]/path (e.g. http://127.0.0.1:8000/v1), "
-            f"got {url!r}"
+            f"{field} must be http(s)://host[:port]/path (e.g. http://127.0.0.1:8000/v1), got {url!r}"
         )
     if parsed.path.rstrip("/").endswith("/chat/completions"):
         raise UserInputError(
-            f"curation.caption.endpoint.url: give the base URL without /chat/completions (it is added), got {url!r}"
+            f"{field}: give the base URL without /chat/completions (it is added), got {url!r}"
         )
 
 

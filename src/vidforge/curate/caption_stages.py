@@ -43,6 +43,8 @@ def wanted_frames(cfg: Caption, count: int) -> set[int]:
         idx.update(evenly_spaced(count, cfg.clip.frames))
     if cfg.ocr.enabled:
         idx.update(evenly_spaced(count, cfg.ocr.frames))
+    if cfg.watermark.enabled:
+        idx.update(evenly_spaced(count, cfg.watermark.frames))
     if cfg.motion.enabled:
         for t in pair_starts(count, cfg.motion.pairs):
             idx.update((t, t + 1))

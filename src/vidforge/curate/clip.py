@@ -26,6 +26,7 @@ from vidforge.curate.decode import AnalyseStage
 from vidforge.curate.dedup import near_duplicates
 from vidforge.curate.executors import make_executor
 from vidforge.curate.executors.local import usable_cores
+from vidforge.curate.geometry import geometry_record
 from vidforge.curate.histograms import clip_thresholds
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import ClipPlan, ClipResult
@@ -54,13 +55,23 @@ class ClipRun:
         return self.summary["errors"] > 0
 
 
-def build_stages(cfg, out: Path, sources: int) -> list[Stage]:
+def build_stages(cfg, out: Path, sources: int, executor: str = "local") -> list[Stage]:
     """The clip pipeline for these settings and this many sources to do (the embedding stage only when
     embeddings are on)."""
     samples = cfg.embed_frames if cfg.embed else 0
     record_to = str(out / CLIPS_DIR) if cfg.record_shots and cfg.trim_seconds == 0 else None
+    record_process = cfg.record_process
+    if record_process == "auto":  # a core would idle: one source per decode worker, fewer than cores
+        # Not in Ray's actors (threaded processes, another machine's cores): it balances sources itself.
+        record_process = executor == "local" and sources < usable_cores()
     stages: list[Stage] = [
-        AnalyseStage(cfg, workers=decode_workers(cfg, sources), record_to=record_to, samples=samples),
+        AnalyseStage(
+            cfg,
+            workers=decode_workers(cfg, sources),
+            record_to=record_to,
+            samples=samples,
+            record_process=record_process,
+        ),
         PlanStage(cfg),
         TranscodeStage(cfg, out / CLIPS_DIR, samples=samples, workers=cfg.transcode_workers),
     ]
@@ -100,7 +111,7 @@ def run(
     ledger = UnitLedger(out)
     ledger.recover()
     todo = [s for s in sources if not ledger.is_done(s)]
-    stages = build_stages(cfg, out, len(todo))
+    stages = build_stages(cfg, out, len(todo), executor)
     options = {"queue_depth": cfg.queue_depth}
     if executor == "ray":
         options["address"] = ray_address
@@ -114,7 +125,7 @@ def run(
         records = []
         for item in sorted(items, key=lambda i: _plan_of(i).start):
             records.append(
-                _clip_record(item, out) if isinstance(item, ClipResult) else _rejected_record(item)
+                _clip_record(item, out, cfg) if isinstance(item, ClipResult) else _rejected_record(item)
             )
         if items:
             seconds_in += _plan_of(items[0]).info.duration_s
@@ -156,7 +167,7 @@ def _plan_of(item) -> ClipPlan:
     return item.plan if isinstance(item, ClipResult) else item
 
 
-def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
+def _clip_record(r: ClipResult, out: Path, cfg) -> dict[str, Any]:
     p = r.plan
     return {
         "kind": "clip",
@@ -181,6 +192,7 @@ def _clip_record(r: ClipResult, out: Path) -> dict[str, Any]:
         "source_variable_rate": p.info.variable_rate,
         "source_width": p.info.width,
         "source_height": p.info.height,
+        **geometry_record(p.info, cfg),
         "_embedding": None if r.embedding is None else [float(x) for x in r.embedding],
     }
 

@@ -9,12 +9,14 @@ from vidforge.curate.captioners.cleaning import DEGENERATE, EMPTY
 from vidforge.profile.caption import Caption
 
 # Every reason a clip can be rejected for, in the order the summary table lists them. `error:<step>` is
-# added for a step (decode, caption, aesthetic, ocr, motion, clip_score) that failed on the clip.
+# added for a step (decode, caption, enhance, aesthetic, ocr, watermark,
+# motion, clip_score) that failed on the clip.
 REASONS = (
     "caption_empty",
     "caption_degenerate",
     "low_aesthetic",
     "text_overlay",
+    "watermark",
     "too_static",
     "too_shaky",
     "low_clip_score",
@@ -38,6 +40,8 @@ def decide(record: dict[str, Any], cfg: Caption, failed: list[str] = ()) -> list
         reasons.append("low_aesthetic")
     if cfg.ocr.enabled and (record.get("texty_frames") or 0) > cfg.ocr.max_texty_frames:
         reasons.append("text_overlay")
+    if cfg.watermark.enabled and (record.get("watermark") or 0) > cfg.watermark.max_score:
+        reasons.append("watermark")
     motion = record.get("motion")
     if cfg.motion.enabled and _below(motion, cfg.motion.min_score):
         reasons.append("too_static")

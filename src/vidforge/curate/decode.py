@@ -16,8 +16,10 @@ import cv2
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
+from vidforge.curate.geometry import display_size, sample_aspect
 from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
+from vidforge.curate.recorder_process import RecorderProcess
 from vidforge.curate.shot_recorder import ShotRecorder
 from vidforge.curate.shots import ShotDetector, detection_size, downscale, make_detector
 from vidforge.curate.stage import ItemError, Stage
@@ -105,13 +107,21 @@ def frame_rate(stream) -> Fraction:
     return Fraction(rate.numerator, rate.denominator)
 
 
-def analyse(source: str, cfg: Curation, record_to: Path | None = None, samples: int = 0) -> Analysis:
+def analyse(
+    source: str,
+    cfg: Curation,
+    record_to: Path | None = None,
+    samples: int = 0,
+    record_process: bool = False,
+) -> Analysis:
     """Decode `source` once: shots, static flags and boundary thumbnails, and with `record_to` every shot
-    encoded there (with `samples` thumbnails each for the embedding). ItemError for bad input."""
+    encoded there (with `samples` thumbnails each for the embedding), by this process or, with
+    `record_process`, by a second one (recorder_process.py). ItemError for bad input."""
     detector = make_detector(cfg)
     recorder = None
     if record_to is not None:
-        recorder = ShotRecorder(source, record_to, cfg, detector.event_buffer_length, samples)
+        kind = RecorderProcess if record_process else ShotRecorder
+        recorder = kind(source, record_to, cfg, detector.event_buffer_length, samples)
     try:
         return _analyse(source, cfg, detector, recorder)
     except BaseException:
@@ -136,7 +146,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
         keep_back = cfg.stitch_frames + 16 if cfg.stitch else 0  # detectors report cuts a few frames late
         ring: deque[tuple[int, np.ndarray]] = deque(maxlen=max(1, keep_back))
         boundary: dict[int, np.ndarray] = {}
-        collect_until, pts_list, static, rotation = -1, [], [], 0
+        collect_until, pts_list, static, rotation, interlaced = -1, [], [], 0, False
         prev_gray, first_pts, index = None, None, 0
         to_bgr = VideoReformatter()  # one swscale context for the source, not one per frame (10x faster)
         try:
@@ -149,9 +159,10 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
                     continue  # a repeated or out-of-order timestamp: not a new picture
                 if first_pts is None:
                     first_pts, rotation = pts, int(getattr(frame, "rotation", 0) or 0) % 360
+                    interlaced = bool(frame.interlaced_frame)
                     size = detection_size(frame.width, frame.height)
                     if recorder is not None:
-                        recorder.begin(_info(stream, fps, rotation), time_base)
+                        recorder.begin(_info(stream, fps, rotation, interlaced), time_base)
                 bgr = downscale(to_bgr.reformat(frame, format="bgr24").to_ndarray(), size)
                 gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)
                 static.append(
@@ -184,7 +195,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
             for cut in final:
                 recorder.cut(cut)
             recorded = recorder.finish()
-        info = _info(stream, fps, rotation)
+        info = _info(stream, fps, rotation, interlaced)
     pts = np.asarray(pts_list, np.int64)
     frames = len(pts)
     deltas = np.diff(pts)
@@ -209,11 +220,11 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
     )
 
 
-def _info(stream, fps: Fraction, rotation: int) -> VideoInfo:
-    """The stream as displayed (rotation applied); frames and duration are filled in after the decode."""
-    w, h = int(stream.codec_context.width), int(stream.codec_context.height)
-    if rotation in (90, 270):
-        w, h = h, w
+def _info(stream, fps: Fraction, rotation: int, interlaced: bool) -> VideoInfo:
+    """The stream as displayed (geometry.py); frames and duration are filled in after the decode."""
+    coded_w, coded_h = int(stream.codec_context.width), int(stream.codec_context.height)
+    sar = sample_aspect(stream)
+    w, h = display_size(coded_w, coded_h, sar, rotation)
     return VideoInfo(
         width=w,
         height=h,
@@ -222,6 +233,10 @@ def _info(stream, fps: Fraction, rotation: int) -> VideoInfo:
         duration_s=0.0,
         codec=stream.codec_context.name,
         rotation=rotation,
+        coded_width=coded_w,
+        coded_height=coded_h,
+        sample_aspect=sar,
+        interlaced=interlaced,
     )
 
 
@@ -250,9 +265,17 @@ class AnalyseStage(Stage):
     name = "decode"
     kind = "process"
 
-    def __init__(self, cfg: Curation, workers: int = 1, record_to: str | None = None, samples: int = 0):
+    def __init__(
+        self,
+        cfg: Curation,
+        workers: int = 1,
+        record_to: str | None = None,
+        samples: int = 0,
+        record_process: bool = False,
+    ):
         self.cfg, self.workers, self.record_to, self.samples = cfg, workers, record_to, samples
+        self.record_process = record_process
 
     def process(self, source: str) -> Analysis:
         record_to = Path(self.record_to) if self.record_to else None
-        return analyse(source, self.cfg, record_to, self.samples)
+        return analyse(source, self.cfg, record_to, self.samples, self.record_process)

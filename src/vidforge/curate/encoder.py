@@ -7,6 +7,7 @@ front: frames go in as they are decoded."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
+from vidforge.curate.geometry import Deinterlacer, deinterlacer_for
 from vidforge.curate.items import VideoInfo
 from vidforge.profile.curation import Curation
 
@@ -36,11 +38,24 @@ def sample_indices(frames: int, k: int) -> list[int]:
 class ClipEncoder:
     """Frames of one clip in, an MP4 at `path` out (the caller picks a temporary name and renames it).
 
-    Applies the source's display rotation, caps the size at `curation.max_resolution` and, with
-    `curation.fps`, resamples by dropping or repeating frames so the clip keeps its duration."""
+    Deinterlaces, applies the source's display rotation and sample aspect (geometry.py), caps the size at
+    `curation.max_resolution` and, with `curation.fps`, resamples by dropping or repeating frames so the
+    clip keeps its duration. `on_frame` sees each source frame as converted for the clip (yuv420p at the
+    clip's size), in order; with a deinterlacer that is a frame after `add` (and the last at `close`)."""
 
-    def __init__(self, path: Path, info: VideoInfo, time_base: Fraction, first_pts: int, cfg: Curation):
+    def __init__(
+        self,
+        path: Path,
+        info: VideoInfo,
+        time_base: Fraction,
+        first_pts: int,
+        cfg: Curation,
+        on_frame: Callable[[av.VideoFrame], None] | None = None,
+    ):
         self.path, self.info, self.time_base, self.first_pts = path, info, time_base, first_pts
+        self.on_frame = on_frame
+        self.deinterlace = deinterlacer_for(info, cfg)
+        self._deinterlacer: Deinterlacer | None = None
         self.resample = cfg.fps is not None
         self.width, self.height = output_size(info.width, info.height, cfg.max_resolution)
         self.rate = Fraction(cfg.fps).limit_denominator(1001) if cfg.fps else Fraction(info.fps)
@@ -60,8 +75,18 @@ class ClipEncoder:
             enc.codec_context.thread_count = cfg.encoder_threads
         self.enc = enc
 
-    def add(self, frame: av.VideoFrame) -> av.VideoFrame:
-        """Encode one source frame; returns it as converted for the clip (yuv420p at the clip's size)."""
+    def add(self, frame: av.VideoFrame) -> None:
+        """Encode one source frame (a frame later when deinterlacing)."""
+        self.taken += 1
+        if self.deinterlace is None:
+            self._encode(frame)
+            return
+        if self._deinterlacer is None:
+            self._deinterlacer = Deinterlacer(self.deinterlace, frame, self.time_base)
+        for done in self._deinterlacer.push(frame):
+            self._encode(done)
+
+    def _encode(self, frame: av.VideoFrame) -> None:
         pts = frame.pts
         if self.info.rotation:
             rgb = self._to_rgb.reformat(frame, format="rgb24").to_ndarray()
@@ -75,16 +100,19 @@ class ClipEncoder:
             copy.pts, copy.time_base = self.written, self.frame_tb
             self.output.mux(self.enc.encode(copy))
             self.written += 1
-        self.taken += 1
-        return out
+        if self.on_frame is not None:
+            self.on_frame(out)
 
     def thumbnail(self, converted: av.VideoFrame) -> np.ndarray:
-        """A frame `add` returned, as RGB with SAMPLE_SIDE on its longest side (for the embedding model)."""
+        """A frame `on_frame` saw, as RGB with SAMPLE_SIDE on its longest side (for the embedding model)."""
         sw, sh = output_size(self.width, self.height, SAMPLE_SIDE)
         return self._thumbs.reformat(converted, width=sw, height=sh, format="rgb24").to_ndarray()
 
     def close(self) -> None:
-        """Flush the encoder and finish the file."""
+        """Flush the deinterlacer and the encoder and finish the file."""
+        if self._deinterlacer is not None:
+            for done in self._deinterlacer.flush():
+                self._encode(done)
         self.output.mux(self.enc.encode(None))
         self.output.close()
 

@@ -30,6 +30,7 @@ def thresholds(cfg: Caption) -> dict[str, list[float]]:
     return {
         "aesthetic": [cfg.aesthetic.min_score],
         "text_area": [cfg.ocr.texty_area],
+        "watermark": [cfg.watermark.max_score],
         "motion": [cfg.motion.min_score, cfg.motion.max_score],
         "clip_score": [cfg.clip_score.min_score],
     }
@@ -54,6 +55,7 @@ def titles(motion_size: int | None = None) -> dict[str, str]:
     return {
         "aesthetic": "aesthetic score",
         "text_area": "text area (largest frame fraction)",
+        "watermark": "watermark probability (highest frame)",
         "motion": motion,
         "clip_score": "caption-video CLIP similarity",
     }

@@ -13,7 +13,8 @@ import numpy as np
 
 @dataclass
 class VideoInfo:
-    """A source's video stream as decoded. `width`/`height` are as displayed (after rotation)."""
+    """A source's video stream as decoded. `width`/`height` are as displayed, in square pixels (sample
+    aspect and rotation applied: geometry.py); `coded_*` are the decoded frames' own."""
 
     width: int
     height: int
@@ -23,6 +24,10 @@ class VideoInfo:
     codec: str
     rotation: int = 0
     variable_rate: bool = False
+    coded_width: int = 0
+    coded_height: int = 0
+    sample_aspect: Fraction = Fraction(1)
+    interlaced: bool = False  # its first frame is flagged interlaced
 
 
 @dataclass

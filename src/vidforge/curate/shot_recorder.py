@@ -89,21 +89,26 @@ class ShotRecorder:
             self._encoder.path.unlink(missing_ok=True)
             self._encoder, self._thumbs, self._over = None, [], True
             return
-        converted = self._encoder.add(frame)
-        if self.samples:
-            self._thumbs.append(self._encoder.thumbnail(converted))
+        self._encoder.add(frame)
 
     def _open_shot(self, index: int, first_pts: int) -> None:
         name = f".shot-{stable_id(self.source)}-{index}{TMP_MARK}{os.getpid()}.mp4"
         self.clips_dir.mkdir(parents=True, exist_ok=True)
-        self._encoder = ClipEncoder(self.clips_dir / name, self.info, self.time_base, first_pts, self.cfg)
+        keep = self._keep_thumbnail if self.samples else None
+        self._encoder = ClipEncoder(
+            self.clips_dir / name, self.info, self.time_base, first_pts, self.cfg, keep
+        )
         self._start, self._thumbs, self._over = index, [], False
 
+    def _keep_thumbnail(self, converted: av.VideoFrame) -> None:
+        self._thumbs.append(self._encoder.thumbnail(converted))
+
     def _close_shot(self, end: int) -> None:
-        encoder, self._encoder = self._encoder, None
+        encoder = self._encoder
         if encoder is None:
             return
-        encoder.close()
+        encoder.close()  # before letting go of it: a deinterlaced shot's last frame comes out here
+        self._encoder = None
         picks = sample_indices(end - self._start, self.samples) if self.samples else []
         self.shots.append(
             RecordedShot(

@@ -35,18 +35,21 @@ class _ClipWriter:
         self.samples: list[np.ndarray] = []
         self._atomic = atomic_path(out_path)
         self.out_path = out_path
+        self._seen = 0
         tmp = self._atomic.__enter__()
-        self.encoder = ClipEncoder(tmp, plan.info, plan.time_base, int(plan.pts[0]), cfg)
+        self.encoder = ClipEncoder(tmp, plan.info, plan.time_base, int(plan.pts[0]), cfg, self._sample)
 
     @property
     def complete(self) -> bool:
         return self.encoder.taken == self.want
 
     def add(self, frame: av.VideoFrame) -> None:
-        picked = self.encoder.taken in self.picks
-        converted = self.encoder.add(frame)
-        if picked:
+        self.encoder.add(frame)
+
+    def _sample(self, converted: av.VideoFrame) -> None:
+        if self._seen in self.picks:
             self.samples.append(self.encoder.thumbnail(converted))
+        self._seen += 1
 
     def finish(self) -> ClipResult:
         self.encoder.close()

@@ -55,6 +55,13 @@ def find_export(checkpoint: str | Path) -> Path | None:
             return candidate
     if path.is_dir() and (transformer_folder(path) / CONFIG).is_file():
         return None
+    from vidforge.train.lora import is_adapter_folder
+
+    if is_adapter_folder(path) or is_adapter_folder(path / "export"):
+        raise UserInputError(
+            f"--checkpoint {checkpoint}: a LoRA adapter, not a model; pass its base as --checkpoint and this "
+            "folder as --lora"
+        )
     raise UserInputError(
         f"--checkpoint {checkpoint}: no {WEIGHTS} in it or in its export/; point at a `vidforge train` run "
         "directory that finished, an export folder, or a diffusers Wan transformer or pipeline folder"
@@ -229,11 +236,14 @@ def run(
     profile: str | None = None,
     slicing: ScaleFusionSlicing | None = None,
     log: Any = None,
+    lora: str | Path | None = None,
+    lora_scale: float = 1.0,
 ) -> InferResult:
     """Sample a video per prompt into `out`. Under torchrun (or with a process group already initialised)
     the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S (default:
     the profile's infer.scalefusion_*).
-    `log(message)` is told the plan of a parallel run."""
+    `log(message)` is told the plan of a parallel run. `lora`: a LoRA run's adapter put on the checkpoint
+    (its base), its output weighted by `lora_scale`."""
     from vidforge.parallel.runtime import init_runtime
 
     if not prompts or any(not p.strip() for p in prompts):
@@ -255,6 +265,10 @@ def run(
         model = load_model(export, device=device).eval()
     else:
         model = load_diffusers_wan(checkpoint, device=device).eval()
+    if lora is not None:
+        from vidforge.train.lora import load_adapter
+
+        model = load_adapter(model, lora, lora_scale).eval()
     if model.config.text_dim != encoder.width:
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
@@ -297,6 +311,7 @@ def run(
         "negative_prompt": prof.infer.negative_prompt or None,
         "checkpoint_step": exported_step(export) if export is not None else None,
         "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
+        **({"lora": str(Path(lora).resolve()), "lora_scale": lora_scale} if lora is not None else {}),
     }
     size = prof.infer.batch_size
     for first in range(0, len(prompts), size):

@@ -16,8 +16,12 @@ def checkpointed_indices(num_blocks: int, mode: str, ratio: float) -> list[int]:
         return list(range(num_blocks))
     if mode != "selective":
         raise ValueError(f"train.activation_checkpointing: expected none, full or selective, got {mode!r}")
-    count = round(ratio * num_blocks)
-    return sorted({int(i * num_blocks / count) for i in range(count)}) if count else []
+    return spread(num_blocks, round(ratio * num_blocks))
+
+
+def spread(n: int, count: int) -> list[int]:
+    """`count` of the positions 0..n-1, evenly spread (every k-th, starting at 0)."""
+    return sorted({int(i * n / count) for i in range(count)}) if count else []
 
 
 def recompute_fraction(num_blocks: int, mode: str, ratio: float) -> float:

@@ -51,7 +51,7 @@ class ContextParallelAttend(nn.Module):
     implementation over the group; any other mask (a model called without a shard) runs the wrapped
     `Attend` unchanged, so the same model serves single-rank evaluation."""
 
-    def __init__(self, inner: Attend, group: dist.ProcessGroup, impl: str) -> None:
+    def __init__(self, inner: Attend, group: dist.ProcessGroup, impl: str, regather: bool = False) -> None:
         super().__init__()
         if impl not in CP_ATTENTION:
             raise ValueError(
@@ -61,6 +61,7 @@ class ContextParallelAttend(nn.Module):
         self.inner = inner
         self.group = group
         self.impl = impl
+        self.regather = regather and impl == "all-gather"  # parallel.cp_regather: the others gather nothing
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask = None):
         if not isinstance(mask, ContextShard):
@@ -77,8 +78,9 @@ class ContextParallelAttend(nn.Module):
                 f"{dist.get_rank(self.group)} of a cp group of {dist.get_world_size(self.group)}: "
                 "make the shard with shard_of(..., cp_mesh)"
             )
+        extra = {"regather": True} if self.regather else {}
         return CP_ATTENTION[self.impl](
-            q, k, v, shard, self.group, self.inner.backend, self.inner.sdpa_backend
+            q, k, v, shard, self.group, self.inner.backend, self.inner.sdpa_backend, **extra
         )
 
     def extra_repr(self) -> str:
@@ -86,16 +88,19 @@ class ContextParallelAttend(nn.Module):
 
     def __deepcopy__(self, memo: dict) -> ContextParallelAttend:
         # A process group cannot be copied: copies of the model (EMA, evaluation) share it.
-        clone = ContextParallelAttend(copy.deepcopy(self.inner, memo), self.group, self.impl)
+        clone = ContextParallelAttend(copy.deepcopy(self.inner, memo), self.group, self.impl, self.regather)
         clone.train(self.training)
         return clone
 
 
-def apply_cp(model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather") -> nn.Module:
+def apply_cp(
+    model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather", regather: bool = False
+) -> nn.Module:
     """Install context-parallel attention in every attention layer of `model` (in place; returns
         it). Apply after pipeline splitting and tensor parallel (it only swaps parameter-free modules, so
         the order with TP, checkpointing and FSDP does not matter otherwise). A second call changes nothing
-    (it keeps the first call's group and impl)."""
+    (it keeps the first call's group and impl). `regather` (all-gather only): keep the local K/V shard
+    for the backward and gather again there."""
     group = cp_process_group(cp_mesh)
     if impl not in CP_ATTENTION:
         raise ValueError(
@@ -108,7 +113,7 @@ def apply_cp(model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather") -> nn
         # ContextShard mask (full self-attention over a split row) takes the cp path, so wrapping a
         # cross-attention's Attend too changes nothing there.
         if isinstance(getattr(module, "attend", None), Attend):
-            module.attend = ContextParallelAttend(module.attend, group, impl)
+            module.attend = ContextParallelAttend(module.attend, group, impl, regather)
             replaced += 1
     if not replaced and not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
         raise ValueError("apply_cp found no self-attention layer to make context-parallel")

@@ -5,7 +5,9 @@ this rank's output (B, local, H, D); all are differentiable on CPU (gloo) and GP
 - `all_gather_attention` (NeMo / Megatron's all-gather CP): gather K and V over the group (one
   collective; its backward is a reduce-scatter of their gradients), put the real keys in row order, and
   run the ordinary dispatcher: the local query chunk of sample i attends to the whole of sample i
-  (`Segments(chunk_lens, seqlens)`), any backend. Memory: the full K/V row on every rank.
+  (`Segments(chunk_lens, seqlens)`), any backend. Memory: the full K/V row on every rank, kept for the
+  backward; with `regather=True` (`parallel.cp_regather`, as NeMo/Transformer Engine do) only the local
+  shard is kept and the backward gathers again (`_regathered`).
 - `ring_attention`: K/V blocks travel around the ring with point-to-point sends, each rank merging
   per-block partial outputs by their log-sum-exp; the next transfer is posted before the current block
   is computed, so communication overlaps compute. Backward is the flash-attention backward per block,
@@ -21,6 +23,8 @@ the ring masks them. Pad queries attend to their own sample, so their outputs ar
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import torch
@@ -101,12 +105,59 @@ def all_gather_attention(
     group: dist.ProcessGroup,
     backend: str = "sdpa",
     sdpa_backend: str = "auto",
+    regather: bool = False,
 ) -> torch.Tensor:
     dk = k.shape[-1]
-    kv = gather_tokens(torch.cat([k, v], dim=-1), group)  # one collective for both
-    kv = shard.assemble(kv)  # real keys in row order
-    k_full, v_full = kv.split([dk, kv.shape[-1] - dk], dim=-1)
-    return attention(q, k_full, v_full, _full_row_segments(shard, shard.chunk_lens), backend, sdpa_backend)
+    # One collective for both. Under re-gather this local copy is what the backward keeps (v alone may be
+    # a view of the q/k/v projection's output, which would keep that whole output alive).
+    kv_local = torch.cat([k, v], dim=-1)
+
+    def gathered_attention(q: torch.Tensor, kv_local: torch.Tensor) -> torch.Tensor:
+        kv = shard.assemble(gather_tokens(kv_local, group))  # real keys in row order
+        k_full, v_full = kv.split([dk, kv.shape[-1] - dk], dim=-1)
+        segments = _full_row_segments(shard, shard.chunk_lens)
+        return attention(q, k_full, v_full, segments, backend, sdpa_backend)
+
+    if regather and torch.is_grad_enabled() and shard.size > 1:
+        return _regathered(gathered_attention, q, kv_local)
+    return gathered_attention(q, kv_local)
+
+
+# What the backward may run again: the collectives and the copies and index ops that put the gathered keys
+# in row order. Everything else (the attention kernel's output and log-sum-exp above all) is saved, so the
+# backward re-gathers K/V but does not recompute attention.
+_REGATHER_NAMESPACES = ("c10d", "_c10d_functional")
+_REGATHER_OPS = frozenset(
+    "cat new_empty empty empty_like index_select index split split_with_sizes slice select clone _to_copy "
+    "copy_ contiguous view _unsafe_view reshape permute transpose unflatten movedim expand t".split()
+)
+
+
+def _regather_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op.namespace in _REGATHER_NAMESPACES or op._opname in _REGATHER_OPS:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
+
+
+# Saved tensors of the region go through the caller's saved-tensor hooks (activation offload, the memory
+# measurement) where this torch can say so (2.14); older ones always bypass them.
+_RESPECT_HOOKS = (
+    {"respect_saved_tensors_hooks": True}
+    if "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+    else {}
+)
+
+
+def _regathered(fn, q: torch.Tensor, kv_local: torch.Tensor) -> torch.Tensor:
+    """`fn(q, kv_local)` under torch's selective activation checkpointing: the forward keeps q, the local
+    K/V and the attention's own outputs; the backward runs the all-gather again (every rank reaches it in
+    the same order, as it does the forward's) instead of keeping (cp - 1) / cp of the row's K/V."""
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    context = functools.partial(create_selective_checkpoint_contexts, _regather_policy)
+    return checkpoint(fn, q, kv_local, use_reentrant=False, context_fn=context, **_RESPECT_HOOKS)
 
 
 # --- Ulysses ------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def parallelize(
     if dims.tp_enabled and profile.model.family == "wan":
         from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
 
-        apply_wan_tp(model, dims.mesh["tp"])
+        apply_wan_tp(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
     elif dims.tp_enabled:
         from vidforge.parallel.tensor_parallel import apply_tp
 
@@ -61,9 +61,11 @@ def parallelize(
         else:
             from vidforge.parallel.context_parallel import apply_cp
 
-            apply_cp(model, dims.mesh["cp"], impl)
+            apply_cp(model, dims.mesh["cp"], impl, profile.parallel.cp_regather)
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
-    apply_activation_offload(model.blocks, cfg.activation_offload)
+    apply_activation_offload(
+        model.blocks, cfg.activation_offload, cfg.activation_checkpointing, cfg.checkpoint_ratio
+    )
     if cfg.compile:
         for key, block in model.blocks.items():
             model.blocks[key] = torch.compile(block)

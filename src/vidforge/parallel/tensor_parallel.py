@@ -42,6 +42,7 @@ Order (torchtitan's): pipeline split, then `apply_tp`, then activation checkpoin
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import fields
 from functools import partial
 
 import torch
@@ -245,7 +246,25 @@ def _gather_sequence(h: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return part.redistribute(placements=(Replicate(),)).to_local()
 
 
-def _sequence_parallel_inputs(mesh: DeviceMesh, first: bool, module: nn.Module, args: tuple, kwargs: dict):
+class _RankTokensConditioning(Conditioning):
+    """A block's conditioning under sequence parallel when the block adds learned per-sample rows of its
+    own to the modulation before broadcasting it (Wan's `scale_shift_table`): those rows meet only this
+    rank's tokens, so their gradient, and the modulation's, is this rank's part. `per_token` sums it over
+    the tp ranks (identity forward, all-reduce of the (N, F) rows' gradient backward), which makes the
+    table's and the time projection's gradients complete on every rank."""
+
+    def __init__(self, cond: Conditioning, mesh: DeviceMesh) -> None:
+        super().__init__(**{f.name: getattr(cond, f.name) for f in fields(cond)})
+        self.mesh = mesh
+
+    def per_token(self, values: torch.Tensor) -> torch.Tensor:
+        rows = DTensor.from_local(values, self.mesh, (Replicate(),), run_check=False)
+        return super().per_token(rows.to_local(grad_placements=(Partial(),)))
+
+
+def _sequence_parallel_inputs(
+    mesh: DeviceMesh, first: bool, sum_rows: bool, module: nn.Module, args: tuple, kwargs: dict
+):
     """Forward pre-hook of every block under SP: the first block slices the row; every block gets the
     conditioning of its rank's tokens."""
     if len(args) < 2 or not isinstance(args[1], Conditioning):
@@ -262,14 +281,33 @@ def _sequence_parallel_inputs(mesh: DeviceMesh, first: bool, module: nn.Module, 
         h = _scatter_sequence(h, mesh)
     local = h.shape[SEQUENCE_DIM]
     start = mesh.get_local_rank() * local
-    return (h, cond.token_slice(start, start + local), *args[2:]), kwargs
+    cond = cond.token_slice(start, start + local)
+    if sum_rows:
+        cond = _RankTokensConditioning(cond, mesh)
+    return (h, cond, *args[2:]), kwargs
 
 
 def _gather_output(mesh: DeviceMesh, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
     return _gather_sequence(output, mesh)
 
 
-def _check_model(model: DiT, tp: int) -> None:
+def apply_sequence_region(blocks: list[nn.Module], mesh: DeviceMesh, *, sum_per_sample_grads: bool) -> None:
+    """Make `blocks` (a model's or a pipeline stage's, in order) the sequence-parallel region: the first
+    slices the row (its tokens must divide by tp), each block sees its rank's tokens and conditioning, the
+    last all-gathers its output. `sum_per_sample_grads`: reduce the gradient of what blocks broadcast with
+    `Conditioning.per_token` over the tp ranks (`_RankTokensConditioning`); the DiT's modulation Linear
+    does this in its own reduce-scatter (`GatheredColwiseParallel(partial_grad=True)`) instead."""
+    for i, block in enumerate(blocks):
+        block.register_forward_pre_hook(
+            partial(_sequence_parallel_inputs, mesh, i == 0, sum_per_sample_grads), with_kwargs=True
+        )
+    if blocks:
+        blocks[-1].register_forward_hook(partial(_gather_output, mesh))
+
+
+def check_tp_model(model: nn.Module, tp: int) -> None:
+    """Refuse a model (either family) whose heads or MLP width tp does not divide, or whose Linears are
+    float8 ones, before any of it is sharded."""
     cfg = model.config
     for field, value in (("heads", cfg.heads), ("mlp_hidden", cfg.mlp_hidden)):
         if value % tp:
@@ -295,7 +333,7 @@ def apply_tp(model: DiT, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> Non
     if tp_mesh.ndim != 1:
         raise ValueError(f"apply_tp takes the 1-D tp mesh (e.g. mesh['tp']), got {tp_mesh.ndim} dimensions")
     tp = tp_mesh.size()
-    _check_model(model, tp)
+    check_tp_model(model, tp)
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
     if model.shared_modulation is not None:
@@ -305,13 +343,8 @@ def apply_tp(model: DiT, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> Non
     if model.final is not None:
         # The final layer runs on the whole row on every rank: its modulation gradient is complete.
         parallelize_module(model.final.modulation, tp_mesh, GatheredColwiseParallel(partial_grad=False))
-    blocks = list(model.blocks.values())
-    if sequence_parallel and blocks:
-        for i, block in enumerate(blocks):
-            block.register_forward_pre_hook(
-                partial(_sequence_parallel_inputs, tp_mesh, i == 0), with_kwargs=True
-            )
-        blocks[-1].register_forward_hook(partial(_gather_output, tp_mesh))
+    if sequence_parallel:
+        apply_sequence_region(list(model.blocks.values()), tp_mesh, sum_per_sample_grads=False)
 
 
 @torch.no_grad()

@@ -41,8 +41,9 @@ class CocaCaptioner(Section):
     """Penalty on tokens already generated (1.0 = none); discourages degenerate loops."""
 
 
-class EndpointCaptioner(Section):
-    """An OpenAI-compatible chat-completions endpoint serving a vision-language model (vLLM, SGLang...)."""
+class ChatEndpoint(Section):
+    """An OpenAI-compatible chat-completions server (vLLM, SGLang...): where it is and how it is called.
+    Shared by the `endpoint` captioner and caption enhancement (one HTTP client: curate/chat.py)."""
 
     url: str = "http://127.0.0.1:8000/v1"
     """Base URL of the server; requests go to `<url>/chat/completions`."""
@@ -51,18 +52,10 @@ class EndpointCaptioner(Section):
     api_key_env: str | None = "VIDFORGE_CAPTION_API_KEY"
     """Environment variable holding the API key, sent as a Bearer token; unset or empty sends none.
     The key itself never appears in profiles, logs or outputs."""
-    frames: int = Field(16, ge=1, le=64)
-    """Frames sent per clip as images, evenly spaced over the clip."""
-    prompt: str = VCHITECT_PROMPT
-    """The instruction sent after the frames (Vchitect-2.0's captioning prompt by default)."""
     max_tokens: int = Field(256, ge=1)
     """Longest answer the server may generate."""
     temperature: float = Field(0.0, ge=0.0)
     """Sampling temperature (0 = greedy, reproducible)."""
-    image_max_side: int = Field(448, ge=32)
-    """Frames are downscaled so their longer side is at most this many pixels before JPEG encoding."""
-    jpeg_quality: int = Field(85, ge=10, le=100)
-    """JPEG quality of the frames sent."""
     concurrency: int = Field(8, ge=1)
     """Requests in flight at once."""
     timeout_s: float = Field(60.0, gt=0)
@@ -71,6 +64,52 @@ class EndpointCaptioner(Section):
     """Retries after a timeout, a connection error, HTTP 429 or 5xx (other 4xx answers are not retried)."""
     backoff_s: float = Field(1.0, ge=0)
     """First retry waits this long; each later one twice as long as the one before."""
+
+
+class EndpointCaptioner(ChatEndpoint):
+    """A vision-language model on an OpenAI-compatible chat-completions endpoint: frames in, a caption out."""
+
+    frames: int = Field(16, ge=1, le=64)
+    """Frames sent per clip as images, evenly spaced over the clip."""
+    prompt: str = VCHITECT_PROMPT
+    """The instruction sent after the frames (Vchitect-2.0's captioning prompt by default)."""
+    image_max_side: int = Field(448, ge=32)
+    """Frames are downscaled so their longer side is at most this many pixels before JPEG encoding."""
+    jpeg_quality: int = Field(85, ge=10, le=100)
+    """JPEG quality of the frames sent."""
+
+
+class CaptionEnhance(ChatEndpoint):
+    """A second pass (NeMo Curator's caption enhancement): a text model rewrites each clip's caption to the
+    length and style asked for. The record keeps the first caption (`caption_original`) beside the new
+    one (`caption`) and who wrote it (`caption_enhanced_by`); a clip whose rewrite fails is rejected
+    (`error:enhance`, the reason in errors.jsonl) rather than kept with a caption of another style."""
+
+    enabled: bool = False
+    """Rewrite every caption (off: captions are as the captioner wrote them)."""
+    model: str = "Qwen/Qwen2.5-14B-Instruct"
+    """Text model sent in each request (the name the server serves)."""
+    words: int = Field(80, ge=5)
+    """Length asked for, in words (the `{words}` of the prompt)."""
+    style: str = "one paragraph of plain present-tense prose, no lists, no speculation"
+    """Style asked for (the `{style}` of the prompt)."""
+    prompt: str = (
+        "Rewrite this video caption in about {words} words, as {style}. Keep every fact it states, "
+        "add detail only where it is implied, and answer with the caption alone.\n\nCaption: {caption}"
+    )
+    """The instruction; `{caption}`, `{words}` and `{style}` are filled in per clip."""
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> CaptionEnhance:
+        if "{caption}" not in self.prompt:
+            raise ValueError("prompt must contain {caption} (where the clip's caption goes)")
+        try:
+            self.prompt.format(caption="", words=0, style="")
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(
+                f"prompt may use only {{caption}}, {{words}} and {{style}} (write {{{{ for a brace): {err}"
+            ) from None
+        return self
 
 
 class SidecarCaptioner(Section):
@@ -148,8 +187,27 @@ class Ocr(Section):
     """Clips with more texty frames than this are rejected (`text_overlay`)."""
 
 
+class Watermark(Section):
+    """Vchitect-2.0's watermark filter: LAION's watermark classifier (EfficientNet-B3, timm) on each clip's
+    first, middle and last frames."""
+
+    enabled: bool = False
+    """Score watermarks (and reject clips above `max_score`). Off by default: it needs the weights."""
+    weights: str | None = None
+    """Local LAION watermark model, the state dict file LAION publishes (`watermark_model_v1.pt`)."""
+    frames: int = Field(3, ge=1, le=64)
+    """Frames checked per clip, evenly spaced with both ends included: 3 = the first, middle and last, as
+    Vchitect-2.0 checks them."""
+    backbone: str = "efficientnet_b3"
+    """timm model under LAION's head (LAION trained `efficientnet_b3a`, the same modules)."""
+    max_score: float = Field(0.5, ge=0, le=1)
+    """Clips whose highest frame probability of a watermark is above this are rejected (`watermark`);
+    0.5 is the classifier's own decision (watermark more likely than clear)."""
+
+
 class Motion(Section):
-    """Dense optical flow (OpenCV Farneback) on sampled pairs of consecutive frames."""
+    """Dense optical flow on sampled pairs of consecutive frames: OpenCV Farneback (the CPU default) or
+    torchvision's RAFT (Vchitect-2.0's motion estimate) from local weights."""
 
     enabled: bool = True
     """Score motion (and reject too static or too shaky clips)."""
@@ -158,6 +216,12 @@ class Motion(Section):
     size: int = Field(128, ge=16)
     """Frames are resized so their shorter side is this many pixels; scores are in pixels per frame at
     this size."""
+    method: Literal["farneback", "raft_small", "raft_large"] = "farneback"
+    """Flow estimator: OpenCV Farneback, or torchvision's `raft_small` / `raft_large` (12 refinement
+    steps; a GPU's work, seconds a pair on a CPU)."""
+    raft_weights: str | None = None
+    """Local torchvision RAFT weights for `raft_*`: the state dict file torchvision's weight enums
+    download (e.g. `raft_small_C_T_V2-01064c6d.pth`, `raft_large_C_T_SKHT_V2-ff5fadd5.pth`)."""
     min_score: float = Field(0.05, ge=0)
     """Clips whose mean flow magnitude is below this are rejected (`too_static`). Sensor grain alone
     measures about 0.03; a small object crossing a still frame at 1 px/frame about 0.1."""
@@ -186,6 +250,8 @@ class Caption(Section):
     """The `endpoint` backend."""
     sidecar: SidecarCaptioner = SidecarCaptioner()
     """The `sidecar` backend."""
+    enhance: CaptionEnhance = CaptionEnhance()
+    """Optional second pass rewriting each caption with a text endpoint (any backend's captions)."""
     text: CaptionText = CaptionText()
     """Caption cleaning and the empty/degenerate flags."""
     clip: ClipModel = ClipModel()
@@ -194,6 +260,8 @@ class Caption(Section):
     """Aesthetic score and its threshold."""
     ocr: Ocr = Ocr()
     """On-screen text detection and its rule."""
+    watermark: Watermark = Watermark()
+    """Watermark classifier and its threshold."""
     motion: Motion = Motion()
     """Optical-flow motion score and its thresholds."""
     clip_score: ClipScore = ClipScore()

@@ -68,11 +68,22 @@ class Curation(Section):
     ] = "veryfast"
     """x264 speed/size preset."""
     max_resolution: int = Field(0, ge=0)
-    """Longest side of the clips in pixels (downscaled, aspect kept, even sizes); 0 keeps the source's."""
+    """Longest side of the clips in pixels (downscaled, aspect kept, even sizes); 0 keeps the source's.
+    Clips are in square pixels at the source's display aspect (an anamorphic 704x576 16:11 source gives
+    1024x576 before this cap) and upright (its display rotation applied)."""
+    deinterlace: Literal["bwdif", "yadif", "none"] = "bwdif"
+    """Deinterlacer for frames the source flags interlaced (libavfilter, one frame out per frame in, so
+    the cuts stay); `none` keeps the fields and records the clip as interlaced."""
     fps: float | None = Field(None, gt=0)
     """Frame rate of the clips; null keeps the source's (variable-rate sources get their average rate)."""
     encoder_threads: int = Field(0, ge=0)
     """x264 threads per clip; 0 lets x264 choose."""
+    record_process: bool | Literal["auto"] = False
+    """Record the shots in a second process that decodes the source again, so a source's analysis and
+    its encode can run on two cores (the same clips, byte for byte). `auto`: when the run has fewer
+    sources than usable cores (a single long video) and the executor is local. Off by default: on this
+    shared 2-core machine (load 8-10) it measured slower than one process (docs/benchmarks.md); to be
+    measured on an idle machine before it becomes the default."""
     record_shots: bool = True
     """Encode every shot while the source is decoded for analysis, so a clip that is a whole shot costs no
     second decode (the common case). Clips that are not (stitched, split, trimmed) are cut from the source

@@ -120,21 +120,30 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-def _family(profile: RunProfile, layout: Layout) -> list[str]:
-    """What the wan family (Wan2.1's transformer) does not have yet: sequence parallel with its tensor
-    parallel plan."""
-    if profile.model.family != "wan":
+def _lora(profile: RunProfile, layout: Layout) -> list[str]:
+    """LoRA (peft's adapter layers) runs under FSDP2 (HSDP and context parallel take the same path).
+    Tensor parallel's plans name the plain Linear layers that peft wraps (their adapters would stay whole
+    beside a sharded base), pipeline stages have not been run with adapters, and float8 would convert the
+    frozen base's Linears: all three are refused."""
+    if profile.train.lora is None:
         return []
     problems = []
-    if layout.tp > 1 and profile.parallel.sequence_parallel:
+    if layout.tp > 1:
         problems.append(
-            f"parallel.sequence_parallel: the wan family has no sequence-parallel plan yet (tp={layout.tp}); "
-            "set parallel.sequence_parallel=false"
+            f"train.lora: LoRA has no tensor-parallel plan (parallel.tp={layout.tp}); set parallel.tp=1 and "
+            "shard with parallel.dp_shard (FSDP2) instead, or unset train.lora for a full fine-tune"
         )
+    if layout.pp > 1:
+        problems.append(
+            f"train.lora: LoRA does not run under pipeline parallel (parallel.pp={layout.pp}); set "
+            "parallel.pp=1 and shard with parallel.dp_shard (FSDP2) instead"
+        )
+    if profile.train.fp8:
+        problems.append("train.lora: the frozen base is not converted to float8; set train.fp8=false")
     return problems
 
 
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _family)
+RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _lora)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:

@@ -32,6 +32,10 @@ class Parallel(Section):
     """Context-parallel attention: `all-gather` of K/V (NeMo), `ring` of K/V blocks with log-sum-exp
     merging, `ulysses` all-to-all between heads and sequence, or `st-hybrid` (ST-DiT: all-to-all between
     spatial and temporal layouts)."""
+    cp_regather: bool = False
+    """With cp_impl=all-gather: keep only this rank's K/V shard for the backward and all-gather it again
+    there (NeMo / Transformer Engine), instead of keeping the gathered row: saves (cp-1)/cp of every
+    full-attention layer's K/V activations for one more all-gather per layer in the backward."""
     pp: int = Field(1, ge=1)
     """Pipeline-parallel degree: the blocks split into this many stages."""
     vpp: int = Field(1, ge=1)

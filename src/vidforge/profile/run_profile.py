@@ -15,6 +15,7 @@ from vidforge.profile.infer import Infer
 from vidforge.profile.layout_rules import layout_problems
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout, Parallel
+from vidforge.profile.stages import Stage, stage_problems
 from vidforge.profile.text_encoder import TextEncoder
 from vidforge.profile.tokenizer import Tokenizer
 from vidforge.profile.train import Train
@@ -47,10 +48,14 @@ class RunProfile(Section):
     """Sampling videos with `vidforge infer`."""
     bench: Bench = Bench()
     """`vidforge bench`: the synthetic workload, timing protocol and planning assumptions."""
+    stages: list[Stage] = []
+    """A curriculum: stages `vidforge train` runs in order, each overriding a few data and train fields and
+    starting from the previous stage's EMA weights. Empty: one run with the profile as it is."""
 
     @model_validator(mode="after")
     def _check_layout(self) -> RunProfile:
         problems = layout_problems(self)  # the one rulebook of what the trainer can run
+        problems += stage_problems(self)  # and it holds for each stage's profile too
         if problems:
             # A custom error keeps the messages verbatim (no "Value error," prefix), each with its path.
             raise PydanticCustomError("layout", "; ".join(problems))

@@ -9,6 +9,22 @@ from pydantic import Field, model_validator
 from vidforge.profile.base import Section
 
 
+class Lora(Section):
+    """LoRA fine-tuning with peft: low-rank adapters on the named linear layers; every other weight
+    frozen in the compute dtype, the adapters trained (and checkpointed, exported) in fp32."""
+
+    rank: int = Field(16, ge=1)
+    """Rank r of each adapter (lora_A: r x in, lora_B: out x r)."""
+    alpha: float = Field(16.0, gt=0)
+    """Scale numerator: the adapter's output is multiplied by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training."""
+    target_modules: tuple[str, ...] | None = None
+    """Module names (peft's suffix match, e.g. `to_q`) that get adapters; None: the family's attention
+    projections (`vidforge.train.lora.DEFAULT_TARGETS`: wan `to_q`, `to_k`, `to_v`, `to_out.0`; the
+    vidforge DiT `q`, `k`, `v`, `out`)."""
+
+
 class Train(Section):
     """What one training run does. Global batch = micro_batch x grad_accum x data-parallel ranks."""
 
@@ -41,8 +57,9 @@ class Train(Section):
     checkpoint_ratio: float = Field(0.5, ge=0, le=1)
     """With selective checkpointing, the fraction of blocks that recompute."""
     activation_offload: float = Field(0.0, ge=0, le=1)
-    """Fraction of the blocks (evenly spread) whose saved activations wait for the backward in pinned CPU
-    memory (Vchitect-2.0). Combines with checkpointing: then only the checkpointed inputs are offloaded."""
+    """Fraction of the blocks whose saved activations wait for the backward in pinned CPU memory, copied on
+    a side stream and brought back ahead of the backward (Vchitect-2.0). Chosen among the blocks that do
+    not recompute: with selective checkpointing, checkpoint_ratio + activation_offload <= 1."""
     compile: bool = False
     """torch.compile each block (GPU; on CPU inductor's C++ build of the tiny model takes minutes)."""
     fp8: bool = False
@@ -69,9 +86,21 @@ class Train(Section):
     """Steps between validation samples from the EMA model; 0 disables."""
     validation_prompts: tuple[str, ...] = ("a red square moving right",)
     """Prompts the periodic validation samples."""
+    lora: Lora | None = None
+    """LoRA fine-tuning (adapters on a frozen base, usually with --init); None: every weight trains."""
 
     @model_validator(mode="after")
     def _check(self) -> Train:
         if self.warmup_steps >= self.steps and self.steps > 1:
             raise ValueError(f"warmup_steps: must be below train.steps={self.steps}, got {self.warmup_steps}")
+        recomputed = {"none": 0.0, "full": 1.0, "selective": self.checkpoint_ratio}[
+            self.activation_checkpointing
+        ]
+        if self.activation_offload > 0 and recomputed + self.activation_offload > 1 + 1e-9:
+            # Vchitect-2.0's "combination": a block recomputes or offloads, never both
+            raise ValueError(
+                f"activation_offload: {self.activation_offload:g} of the blocks offloaded plus {recomputed:g} "
+                f"recomputed (activation_checkpointing={self.activation_checkpointing}) exceeds every block; "
+                "offloaded blocks are chosen among those that do not recompute: lower one of them"
+            )
         return self

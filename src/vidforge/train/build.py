@@ -4,7 +4,8 @@ with its EMA and optimizers. `vidforge train` and `vidforge bench train` both bu
 Order of construction (torchtitan's): model -> pipeline split (pp > 1: this rank's stage modules) ->
 per module: float8 linears -> tensor parallel -> context parallel -> activation checkpointing -> compile
 -> FSDP2 (`vidforge.parallel.parallelize`) -> EMA and one AdamW per module over its (sharded) parameters.
-With `--init`, the weights are loaded into the whole model right after it is built.
+With `--init`, the weights are loaded into the whole model right after it is built; with `train.lora`,
+the model is then frozen and given its adapters (`vidforge.train.lora`), before any split or sharding.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.train.ema import EMA
 from vidforge.train.init_weights import WeightsInit, init_from
+from vidforge.train.lora import apply_lora
 
 
 @dataclass
@@ -43,7 +45,9 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
     model = build_model(profile.model, device=device)
     notes: list[str] = []
     if init is not None:  # before any split or sharding: every layout starts from the same weights
-        notes.append(init_from(model, init.src, init.allow_partial).describe())
+        notes.append(init_from(model, init.src, init.allow_partial, init.raw).describe())
+    if cfg.lora is not None:  # the frozen base and its adapters are what every layout below is handed
+        notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
     compute_dtype = autocast_dtype(dims, profile)
     pipeline = None
     modules: list[nn.Module] = [model]
@@ -66,7 +70,7 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
     ema = EMA(modules, cfg.ema_decay) if cfg.ema_decay > 0 else None
     optimizers = [
         torch.optim.AdamW(
-            module.parameters(),
+            [p for p in module.parameters() if p.requires_grad],  # LoRA: the adapters alone
             lr=cfg.lr,
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
@@ -75,3 +79,8 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
         for module in modules
     ]
     return TrainParts(modules, optimizers, ema, compute_dtype, pipeline, notes)
+
+
+def base_dtype(profile: RunProfile) -> torch.dtype:
+    """What LoRA's frozen base is stored in: the compute dtype (bf16 under train.precision=bf16)."""
+    return torch.bfloat16 if profile.train.precision == "bf16" else torch.float32

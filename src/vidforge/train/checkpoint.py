@@ -12,7 +12,8 @@ a pipeline-parallel rank holds several stage modules with one optimizer each, wh
 the whole model's. The optimizer state is in DCP's flattened form (`state.<param>.<key>`,
 `param_groups.<param>.<key>`), keyed by parameter name alone, so any layout (pipeline stages or one
 module, sharded or not) loads a checkpoint of any other. Conditioning parameters live on every stage
-with equal values; their repeated names are kept once.
+with equal values; their repeated names are kept once. Frozen parameters are left out: a LoRA run's
+checkpoints hold its adapters and their optimizer state only (the base comes from its --init again).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ from vidforge.train.ema import EMA, Modules, as_module_list
 
 MARKER = "COMPLETE"
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# Frozen parameters (LoRA's base) are not training state: they come from the build (its --init) again.
+TRAINABLE = StateDictOptions(ignore_frozen_params=True)
+# Loading them leaves the frozen ones as built; every trainable name is loaded (DCP raises on a missing one).
+LOAD_TRAINABLE = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
 
@@ -97,7 +102,7 @@ def merged_state(
     optim_sd: dict[str, Any] = {}
     keys = []
     for module, optimizer in _pairs(modules, optimizers):
-        msd = get_model_state_dict(module)
+        msd = get_model_state_dict(module, options=TRAINABLE)
         osd = get_optimizer_state_dict(module, optimizer, options=FLAT)
         for name, value in msd.items():
             model_sd.setdefault(name, value)
@@ -105,6 +110,24 @@ def merged_state(
             optim_sd.setdefault(name, value)
         keys.append((list(msd), list(osd)))
     return model_sd, optim_sd, keys
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def complete_steps(root: Path) -> list[int]:
+    """The steps of the complete checkpoints under `root` (RUN/checkpoints), in order."""
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / MARKER).is_file())
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The folder of a run directory's latest complete checkpoint, or None."""
+    root = Path(run_dir) / "checkpoints"
+    steps = complete_steps(root)
+    return step_dir(root, steps[-1]) if steps else None
 
 
 class CheckpointManager:
@@ -119,12 +142,10 @@ class CheckpointManager:
         self._pending: Future | None = None
 
     def path(self, step: int) -> Path:
-        return self.root / f"step_{step:08d}"
+        return step_dir(self.root, step)
 
     def complete_steps(self) -> list[int]:
-        if not self.root.is_dir():
-            return []
-        return sorted(int(p.name[5:]) for p in self.root.glob("step_*") if (p / MARKER).is_file())
+        return complete_steps(self.root)
 
     def latest(self) -> int | None:
         steps = self.complete_steps()
@@ -185,7 +206,7 @@ class CheckpointManager:
         for (module, optimizer), (model_keys, optim_keys) in zip(
             _pairs(modules, optimizers), keys, strict=True
         ):
-            set_model_state_dict(module, {k: tensors["model"][k] for k in model_keys})
+            set_model_state_dict(module, {k: tensors["model"][k] for k in model_keys}, options=LOAD_TRAINABLE)
             set_optimizer_state_dict(
                 module, optimizer, {k: tensors["optim"][k] for k in optim_keys}, options=FLAT
             )

@@ -35,7 +35,7 @@ class StageMemory:
     rank: int
     blocks: list[int]
     parameters: int  # parameters held by this rank (local shards)
-    parameter_bytes: float  # float32 master weights
+    parameter_bytes: float  # float32 master weights (LoRA: the frozen base in its dtype + adapters)
     gradient_bytes: float
     optimizer_bytes: float  # AdamW exp_avg and exp_avg_sq, float32
     ema_bytes: float
@@ -65,7 +65,7 @@ def _local_numel(t: torch.Tensor) -> int:
     return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
 
-def _build_rank(profile: RunProfile, rank: int) -> tuple[int, list[int]]:
+def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, list[int]]:
     """Build rank `rank`'s part of the run on a fake process group, exactly as `vidforge train` builds it
     (`vidforge.train.build.build` and its training step), with the weights on the meta device; returns
     (local parameters, block indices it holds)."""
@@ -81,7 +81,7 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, list[int]]:
         runtime = Runtime(rank, dims.world_size, 0, torch.device("meta"), dims)
         parts = build(profile, runtime)
         make_train_step(profile, runtime, parts)
-        params, blocks = 0, []
+        params, trainable, param_bytes, blocks = 0, 0, 0.0, []
         seen: set[int] = set()
         for part in parts.modules:
             blocks += [int(k) for k in part.blocks.keys()]
@@ -89,7 +89,9 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, list[int]]:
                 if id(p) not in seen:  # a conditioning parameter is in every local stage module once
                     seen.add(id(p))
                     params += _local_numel(p)
-        return params, sorted(blocks)
+                    param_bytes += _local_numel(p) * p.element_size()
+                    trainable += _local_numel(p) if p.requires_grad else 0  # LoRA: the adapters alone
+        return params, trainable, param_bytes, sorted(blocks)
     finally:
         dist.destroy_process_group()
 
@@ -109,10 +111,10 @@ def dry_run(profile: RunProfile) -> DryRun:
     per_stage = dims.world_size // layout.pp
     for stage in range(layout.pp):
         rank = stage * per_stage
-        params, blocks = _build_rank(profile, rank)
-        weights = 4.0 * params
+        params, trainable, weights, blocks = _build_rank(profile, rank)
+        grads = 4.0 * trainable  # float32 gradients, AdamW states and EMA of what trains
         activations = estimate.get("activations")
-        total = weights * (2 + ADAM_STATES + (1 if ema else 0)) + activations
+        total = weights + grads * (1 + ADAM_STATES + (1 if ema else 0)) + activations
         stages.append(
             StageMemory(
                 stage=stage,
@@ -120,9 +122,9 @@ def dry_run(profile: RunProfile) -> DryRun:
                 blocks=blocks,
                 parameters=params,
                 parameter_bytes=weights,
-                gradient_bytes=weights,
-                optimizer_bytes=ADAM_STATES * weights,
-                ema_bytes=weights if ema else 0.0,
+                gradient_bytes=grads,
+                optimizer_bytes=ADAM_STATES * grads,
+                ema_bytes=grads if ema else 0.0,
                 activation_bytes=activations,
                 model_parameter_bytes=estimate.get("parameters"),
                 total_bytes=total,

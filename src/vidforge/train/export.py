@@ -17,8 +17,9 @@ import torch.distributed as dist
 
 from vidforge.models import build_model, save_model
 from vidforge.models.checkpoint import CONFIG
-from vidforge.profile import RunProfile, dump_profile
+from vidforge.profile import RunProfile, dump_profile, load_profile
 from vidforge.train.ema import EMA, Modules, as_module_list
+from vidforge.train.lora import save_adapter
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -35,9 +36,10 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def local_weights(modules: Modules, ema: EMA | None) -> dict[str, torch.Tensor]:
+def local_weights(modules: Modules, ema: EMA | None, frozen: bool = True) -> dict[str, torch.Tensor]:
     """This rank's modules' weights (the EMA's where there is one) as full fp32 CPU tensors, by clean
-    name. Collective over each module's shard group: every rank of it must call this."""
+    name; `frozen=False` leaves out frozen parameters and buffers (a LoRA run's base: only its adapters
+    are gathered). Collective over each module's shard group: every rank of it must call this."""
     modules = as_module_list(modules)
     weights: dict[str, torch.Tensor] = {}
     if ema is not None:
@@ -49,8 +51,9 @@ def local_weights(modules: Modules, ema: EMA | None) -> dict[str, torch.Tensor]:
                 if clean_name(name) not in weights:
                     weights[clean_name(name)] = _full(p.detach()).float().cpu()
         # Buffers and frozen tensors are not in the EMA: take them from the trained model.
+        trainable = {clean_name(name) for name, p in module.named_parameters() if p.requires_grad}
         for name, t in module.state_dict().items():
-            if clean_name(name) not in weights:
+            if clean_name(name) not in weights and (frozen or clean_name(name) in trainable):
                 weights[clean_name(name)] = _full(t.detach()).cpu()
     return weights
 
@@ -63,12 +66,15 @@ def export_weights(
     step: int,
     rank: int = 0,
     pp_group: dist.ProcessGroup | None = None,
+    base: str | None = None,
 ) -> Path:
     """Write the whole model to `out` on rank 0. `modules`: the model, or this rank's pipeline stage
     modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this.
     `step`, the training step the weights are from, goes into config.json (`step`) so that the samples
-    drawn from the export say which step they came from."""
-    weights = local_weights(modules, ema)
+    drawn from the export say which step they came from. A LoRA run (train.lora) exports its adapters
+    alone (`vidforge.train.lora.save_adapter`), recording `base`, the --init it was trained on."""
+    lora = profile.train.lora
+    weights = local_weights(modules, ema, frozen=lora is None)
     if pp_group is not None:
         parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pp_group)
         dist.all_gather_object(parts, weights, group=pp_group)
@@ -78,11 +84,14 @@ def export_weights(
                 weights.setdefault(name, t)  # conditioning weights: equal on every stage
     out = Path(out)
     if rank == 0:
-        plain = build_model(profile.model, device="cpu")
-        plain.load_state_dict(weights, strict=True)
-        save_model(plain, out)
+        if lora is not None:
+            save_adapter(out, weights, profile.model, lora, step, base)
+        else:
+            plain = build_model(profile.model, device="cpu")
+            plain.load_state_dict(weights, strict=True)
+            save_model(plain, out)
+            record_step(out, step)
         (out / "profile.yaml").write_text(dump_profile(profile))
-        record_step(out, step)
         for written in out.iterdir():  # the weights came through a private temp file (0600): readable
             if written.is_file():  # like every other file, i.e. the mode profile.yaml got (0644)
                 shutil.copymode(out / "profile.yaml", written)
@@ -97,3 +106,28 @@ def record_step(export: Path, step: int) -> None:
     tmp = export / f".{CONFIG}.tmp"
     tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
+    """A LoRA run's adapter folded into its base (W + alpha / rank x B @ A per target) and written as a
+    vidforge export at `out`: model.safetensors, config.json (with the adapter's step), profile.yaml.
+    `base`: an export or a diffusers Wan folder, as `--init` takes; default the base the run recorded."""
+    from vidforge.errors import UserInputError
+    from vidforge.profile.model import Model
+    from vidforge.train.init_weights import init_from
+    from vidforge.train.lora import load_adapter, merge, read_adapter
+
+    record = read_adapter(adapter)
+    base = base if base is not None else record.get("base")
+    if base is None:
+        raise UserInputError(f"--base: {adapter} does not record the base it trained on; pass --base BASE")
+    model = build_model(Model.model_validate(record["model"]), device="cpu")
+    init_from(model, Path(base), allow_partial=False)
+    merge(load_adapter(model, record["folder"]))
+    out = Path(out)
+    save_model(model, out)
+    record_step(out, record["step"])
+    # the run's profile, less train.lora: these are full weights, to sample or fine-tune further
+    trained = load_profile(record["folder"] / "profile.yaml", ["train.lora=null"])
+    (out / "profile.yaml").write_text(dump_profile(trained))
+    return out

@@ -1,8 +1,12 @@
 """`vidforge train --init SRC`: start training from published or earlier weights (a new optimizer, step 0).
 
 SRC is a vidforge export (`RUN/export`: model.safetensors), a diffusers transformer folder (Wan2.1's
-`WanTransformer3DModel`: its tensor names are the wan family's own), or a whole diffusers pipeline folder
-(its transformer/). Tensors are matched by name: each is loaded (same name and shape), new (the model has
+`WanTransformer3DModel`: its tensor names are the wan family's own), a whole diffusers pipeline folder
+(its transformer/), or a training checkpoint (`RUN/checkpoints/step_N`, or RUN itself: its latest complete
+one). A checkpoint hands on its EMA weights where it has an EMA (what the run's export holds and infer
+samples from, so `--init RUN` starts where `--init RUN/export` would), its raw weights with `raw`; it is
+read with torch.distributed.checkpoint, so whatever layout wrote it (FSDP shards, TP, pipeline stages)
+loads into the whole model; its optimizer state and step stay behind. Tensors are matched by name: each is loaded (same name and shape), new (the model has
 it, SRC does not), reshaped (both have it, shapes differ) or unused (SRC has it, the model does not).
 NeMo's "partial weight initialization" for a grown or changed model: anything but a full match is refused
 unless `--allow-partial` says so, and the report says which tensors went which way. The weights are read
@@ -12,6 +16,7 @@ from the same weights)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +27,10 @@ from torch import nn
 
 from vidforge.errors import UserInputError
 from vidforge.models.checkpoint import CONFIG, WEIGHTS
-from vidforge.models.wan_weights import INDEX, SINGLE, StoredTensor, stored_tensors, transformer_folder
+from vidforge.models.wan_weights import INDEX, SINGLE, stored_tensors, transformer_folder
+from vidforge.train import safe_dcp
+from vidforge.train.checkpoint import MARKER, latest_checkpoint
+from vidforge.train.export import clean_name
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,8 @@ class WeightsInit:
 
     src: Path
     allow_partial: bool = False
+    raw: bool = False
+    """From a training checkpoint: its raw weights rather than their EMA."""
 
 
 @dataclass
@@ -61,31 +71,96 @@ def _some(names: list[str], count: int = 3) -> str:
     return ", ".join(names[:count]) + (", ..." if len(names) > count else "")
 
 
-def source_tensors(src: str | os.PathLike) -> dict[str, StoredTensor]:
-    """Every tensor SRC holds, by name, from the safetensors headers alone."""
+class _Safetensors:
+    """An export or a diffusers folder: tensors read one at a time from their safetensors files."""
+
+    def __init__(self, path: Path):
+        if (path / WEIGHTS).is_file():  # a vidforge export
+            self.stored = stored_tensors(path, WEIGHTS, WEIGHTS + ".index.json")
+        else:
+            self.stored = stored_tensors(transformer_folder(path), SINGLE, INDEX)
+        self.shapes = {name: t.shape for name, t in self.stored.items()}
+
+    def read(self, into: Mapping[str, torch.Tensor]) -> None:
+        with ExitStack() as files:
+            handles = {}
+            for name, target in into.items():
+                file = self.stored[name].file
+                if file not in handles:
+                    handles[file] = files.enter_context(safe_open(str(file), framework="pt"))
+                target.copy_(handles[file].get_tensor(name))
+
+
+class _Checkpoint:
+    """A training checkpoint's weights: the EMA's where it has one (unless `raw`), the model's for the
+    rest (buffers, frozen tensors), as the export takes them. Names are cleaned of the wrappers that
+    activation checkpointing and compile put into the EMA's names."""
+
+    def __init__(self, path: Path, raw: bool):
+        self.path = path
+        metadata = safe_dcp.read_metadata(path / ".metadata").state_dict_metadata
+        self.where: dict[str, tuple[str, str]] = {}  # clean name -> (group, name as saved)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        groups = ("model",) if raw else ("model", "ema")  # the EMA's entries win
+        for group in groups:
+            for key, meta in metadata.items():
+                if key.startswith(group + ".") and hasattr(meta, "size"):
+                    saved = key[len(group) + 1 :]
+                    self.where[clean_name(saved)] = (group, saved)
+                    self.shapes[clean_name(saved)] = tuple(meta.size)
+
+    def read(self, into: Mapping[str, torch.Tensor]) -> None:
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for name, target in into.items():
+            group, saved = self.where[name]
+            state.setdefault(group, {})[saved] = target  # DCP reads into these tensors, casting
+        safe_dcp.load(state, self.path)
+
+
+def _checkpoint_dir(path: Path) -> Path | None:
+    """A checkpoint folder, or a run directory's latest complete one; None for anything else."""
+    if (path / MARKER).is_file() and (path / ".metadata").is_file():
+        return path
+    if (path / "checkpoints").is_dir():
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise UserInputError(
+                f"--init {path}: a run directory without a complete checkpoint; point at its export/ "
+                "or at a run that saved one"
+            )
+        return latest
+    return None
+
+
+def open_source(src: str | os.PathLike, raw: bool = False) -> _Safetensors | _Checkpoint:
+    """SRC's tensors by name and shape (from headers and metadata alone), and a way to read them."""
     path = Path(src)
-    if (path / WEIGHTS).is_file():  # a vidforge export
-        return stored_tensors(path, WEIGHTS, WEIGHTS + ".index.json")
-    folder = transformer_folder(path)
-    if not (folder / CONFIG).is_file():
+    checkpoint = _checkpoint_dir(path)
+    if checkpoint is not None:
+        return _Checkpoint(checkpoint, raw)
+    if not (path / WEIGHTS).is_file() and not (transformer_folder(path) / CONFIG).is_file():
         raise UserInputError(
-            f"--init {src}: neither a vidforge export ({WEIGHTS}) nor a diffusers transformer or pipeline "
-            "folder; point at RUN/export or the downloaded model folder"
+            f"--init {src}: neither a vidforge export ({WEIGHTS}), a training checkpoint or run directory, "
+            "nor a diffusers transformer or pipeline folder; point at RUN/export, RUN or the downloaded "
+            "model folder"
         )
-    return stored_tensors(folder, SINGLE, INDEX)
+    return _Safetensors(path)
 
 
 @torch.no_grad()
-def init_from(model: nn.Module, src: str | os.PathLike, allow_partial: bool = False) -> InitReport:
+def init_from(
+    model: nn.Module, src: str | os.PathLike, allow_partial: bool = False, raw: bool = False
+) -> InitReport:
     """Copy SRC's tensors into `model` by name (cast to each parameter's dtype); refuse anything but a full
     match unless `allow_partial`. Returns what was loaded and what was not."""
-    stored = source_tensors(src)
+    source = open_source(src, raw)
+    stored = source.shapes
     own = model.state_dict()
     report = InitReport(str(src))
     for name, tensor in own.items():
         if name not in stored:
             report.new.append(name)
-        elif stored[name].shape != tuple(tensor.shape):
+        elif stored[name] != tuple(tensor.shape):
             report.reshaped.append(name)
         else:
             report.loaded.append(name)
@@ -97,11 +172,5 @@ def init_from(model: nn.Module, src: str | os.PathLike, allow_partial: bool = Fa
         )
     if not report.complete and not allow_partial:
         raise UserInputError(f"{report.describe()}; pass --allow-partial to start the rest fresh")
-    with ExitStack() as files:
-        handles = {}
-        for name in report.loaded:
-            t = stored[name]
-            if t.file not in handles:
-                handles[t.file] = files.enter_context(safe_open(str(t.file), framework="pt"))
-            own[name].copy_(handles[t.file].get_tensor(name))
+    source.read({name: own[name] for name in report.loaded})
     return report

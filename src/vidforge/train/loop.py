@@ -8,7 +8,7 @@ from __future__ import annotations
 import resource
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,12 @@ def run(
     progress: Progress | None = None,
     init: WeightsInit | None = None,
     on_step: Callable[[int], None] | None = None,
+    labels: Mapping[str, Any] | None = None,
 ) -> TrainSummary:
     """Train; `progress(record)` gets each logged metrics line and `on_step(step)` every finished step
-    (rank 0 only, for a progress bar)."""
+    (rank 0 only, for a progress bar). `labels` (a curriculum's `{"stage": name}`) go into every metrics
+    line and every checkpoint's per-rank state."""
+    labels = dict(labels or {})
     cfg = profile.train
     runtime = init_runtime(profile)
     runtime.require_layout()
@@ -86,6 +89,11 @@ def run(
     if latest is not None and not resume:
         raise UserInputError(
             f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume or a new --run-dir"
+        )
+    if resume and latest is not None and cfg.lora is not None and init is None:
+        raise UserInputError(
+            "--resume: a LoRA run's checkpoints hold its adapters alone (train.lora); pass the --init it "
+            "started from again"
         )
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -130,15 +138,13 @@ def run(
         step_fn.apply()
         window.add(result, started, data_wait)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            record = window.record(step, result, step_fn, batcher)
+            record = {**window.record(step, result, step_fn, batcher), **labels}
             metrics.write(record)
             logged_losses.append(record["loss"])
             if progress is not None and runtime.is_main:
                 progress(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
-            checkpoints.save(
-                step, parts.modules, parts.optimizers, parts.ema, {"loader": batcher.state_dict()}
-            )
+            _save(checkpoints, step, parts, batcher, labels)
         if cfg.validate_every and step % cfg.validate_every == 0:
             from vidforge.train.validation import validate
 
@@ -151,13 +157,20 @@ def run(
             )
 
     if step > start_step and (step % cfg.save_every and step != cfg.steps):
-        checkpoints.save(step, parts.modules, parts.optimizers, parts.ema, {"loader": batcher.state_dict()})
+        _save(checkpoints, step, parts, batcher, labels)
     checkpoints.wait()
     export_dir = None
     if step > 0:
         pp_group = parts.pipeline.group if parts.pipeline is not None else None
         export_dir = export_weights(
-            profile, parts.modules, parts.ema, run_dir / "export", step, runtime.rank, pp_group=pp_group
+            profile,
+            parts.modules,
+            parts.ema,
+            run_dir / "export",
+            step,
+            runtime.rank,
+            pp_group=pp_group,
+            base=str(Path(init.src).resolve()) if init is not None else None,
         )
     metrics.close()
     if isinstance(batcher, Prefetcher):
@@ -198,6 +211,13 @@ def _batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Path]) 
     if profile.data.prefetch and not exchange:
         return Prefetcher(batcher, profile.data.prefetch, pin=runtime.device.type == "cuda")
     return batcher
+
+
+def _save(
+    checkpoints: CheckpointManager, step: int, parts: TrainParts, batcher: Any, labels: dict[str, Any]
+) -> None:
+    state = {"loader": batcher.state_dict(), **labels}
+    checkpoints.save(step, parts.modules, parts.optimizers, parts.ema, state)
 
 
 def _resume(
@@ -271,5 +291,6 @@ class _Window:
         return record
 
 
-def summary_dict(summary: TrainSummary) -> dict[str, Any]:
+def summary_dict(summary: Any) -> dict[str, Any]:
+    """A TrainSummary, or a curriculum's CurriculumSummary, as a plain dict."""
     return asdict(summary)

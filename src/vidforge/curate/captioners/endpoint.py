@@ -1,39 +1,21 @@
 """Captions from an OpenAI-compatible chat-completions endpoint serving a vision-language model (vLLM,
 SGLang and the like): N evenly spaced frames go as JPEG data-URL images, followed by the prompt.
 
-Requests run on a bounded thread pool (`concurrency`), each with a timeout and retries with exponential
-backoff on timeouts, connection errors, 429 and 5xx. The API key is read from an environment variable
-at setup and sent as a Bearer header to the configured origin only: a redirect is not followed (urllib
-would resend the header to wherever it points) but is that clip's error, as is an answer that is not a
-chat completion. The key is never logged, stored in results or put in error messages: a server that echoes
-request headers in an error body has the key cut out of what is recorded."""
+Requests run on a bounded thread pool (`concurrency`) through the shared chat client (curate/chat.py:
+timeouts, retries, the API key sent to the configured origin only and never recorded); a request that
+fails for good is that clip's error."""
 
 from __future__ import annotations
 
 import base64
-import json
-import logging
-import os
-import socket
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cv2
 import numpy as np
 
 from vidforge.curate.captioners import CaptionResult, ClipItem
-from vidforge.errors import UserInputError
-
-log = logging.getLogger(__name__)
-
-RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
-
-
-class EndpointError(RuntimeError):
-    """A request that failed for good (after retries, or with an answer that retrying cannot fix)."""
+from vidforge.curate.chat import ChatClient
 
 
 def encode_jpeg_data_url(frame: np.ndarray, max_side: int, quality: int) -> str:
@@ -76,120 +58,20 @@ class EndpointCaptioner:
     def __init__(self, settings: Any, sleep=time.sleep):
         self.settings = settings
         self.frames = settings.frames
-        self._sleep = sleep
-        self._headers: dict[str, str] | None = None
-        self.url = settings.url.rstrip("/") + "/chat/completions"
+        self.client = ChatClient(settings, "curation.caption.endpoint", sleep)
 
     @property
     def source(self) -> str:
         return f"endpoint:{self.settings.model}"
 
     def setup(self) -> None:
-        if not self.settings.url.startswith(("http://", "https://")):
-            raise UserInputError(
-                f"curation.caption.endpoint.url must start with http:// or https://, got {self.settings.url!r}"
-            )
-        headers = {"Content-Type": "application/json"}
-        env = self.settings.api_key_env
-        key = os.environ.get(env, "") if env else ""
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._headers = headers
-        log.info(
-            "caption endpoint %s model %s (API key %s)",
-            self.url,
-            self.settings.model,
-            f"from ${env}" if key else "not set",
-        )
+        self.client.setup()
 
     def close(self) -> None:
-        self._headers = None
-
-    def _redact(self, text: str) -> str:
-        key = (self._headers or {}).get("Authorization", "")[len("Bearer ") :]
-        return text.replace(key, "[redacted]") if key else text
-
-    def _post(self, data: bytes) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.url, data=data, headers=self._headers or {}, method="POST")
-        try:
-            with _OPENER.open(req, timeout=self.settings.timeout_s) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as err:
-            if 300 <= err.code < 400:
-                where = err.headers.get("Location", "?")
-                raise EndpointError(
-                    f"HTTP {err.code}: redirected to {where}, not followed (the API key goes to "
-                    "curation.caption.endpoint.url only; set it to the final address)"
-                ) from None
-            return err.code, err.read()
-
-    def request(self, body: dict[str, Any]) -> str:
-        """POST one request, retrying what can be retried; returns the answer's text."""
-        if self._headers is None:
-            raise RuntimeError("call setup() first")
-        try:
-            return self._request(body)
-        except EndpointError as err:
-            raise EndpointError(self._redact(str(err))) from None
-
-    def _request(self, body: dict[str, Any]) -> str:
-        data = json.dumps(body).encode("utf-8")
-        attempts = self.settings.retries + 1
-        last = ""
-        for attempt in range(attempts):
-            if attempt:
-                self._sleep(self.settings.backoff_s * 2 ** (attempt - 1))
-            try:
-                status, payload = self._post(data)
-            except TimeoutError:
-                last = f"timed out after {self.settings.timeout_s:g} s"
-                continue
-            except (urllib.error.URLError, ConnectionError, OSError) as err:
-                reason = getattr(err, "reason", err)
-                if isinstance(reason, (TimeoutError, socket.timeout)):
-                    last = f"timed out after {self.settings.timeout_s:g} s"
-                else:
-                    last = f"connection failed ({type(reason).__name__})"
-                continue
-            text = self._redact(payload.decode("utf-8", "replace"))  # before any cut: no half key either
-            if status in RETRYABLE_STATUS:
-                last = f"HTTP {status}"
-                continue
-            if status != 200:
-                raise EndpointError(f"HTTP {status}: {text[:200]}")
-            try:
-                return _message_text(json.loads(text)["choices"][0]["message"])
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                raise EndpointError(f"not a chat-completions answer: {text[:200]}") from None
-        raise EndpointError(f"{last} ({attempts} attempt{'s' if attempts > 1 else ''})")
-
-    def _one(self, item: ClipItem) -> CaptionResult:
-        try:
-            text = self.request(build_request(item.sample(self.frames), self.settings))
-        except Exception as err:  # noqa: BLE001 - one clip's failure must not stop the batch
-            return CaptionResult(None, self.source, error=f"{type(err).__name__}: {err}")
-        return CaptionResult(text, self.source)
+        self.client.close()
 
     def caption(self, items: list[ClipItem]) -> list[CaptionResult]:
-        if self._headers is None:
-            self.setup()
-        with ThreadPoolExecutor(max_workers=min(self.settings.concurrency, max(1, len(items)))) as pool:
-            return list(pool.map(self._one, items))
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
-        return None  # urlopen raises the 3xx as an HTTPError: `_post` makes it the clip's error
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
-def _message_text(message: dict[str, Any]) -> str:
-    """The text of an assistant message; TypeError when the message is not one (another server's reply)."""
-    content = message["content"]
-    if isinstance(content, list):  # some servers answer with content parts
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if not isinstance(content, str):
-        raise TypeError("content is not text")
-    return content
+        answers = self.client.answers(
+            items, lambda item: build_request(item.sample(self.frames), self.settings)
+        )
+        return [CaptionResult(text, self.source, error=error) for text, error in answers]

@@ -1,0 +1,102 @@
+"""`stages`: a curriculum, run in order by `vidforge train` (vidforge.train.curriculum), each stage
+starting from the previous one's EMA weights. A stage overrides a few fields of the profile (its data,
+buckets, lengths, steps, learning rate, batch); everything else (model, layout, objective) is the profile's.
+Each stage's resulting profile must pass the whole validation, layout rulebook included."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, ValidationError
+
+from vidforge.profile.base import Section
+from vidforge.profile.data import Source
+
+if TYPE_CHECKING:
+    from vidforge.profile.run_profile import RunProfile
+
+# Stage field -> (section, field) of the profile it overrides.
+OVERRIDES = {
+    "data": ("data", "sources"),
+    "buckets": ("data", "buckets"),
+    "frame_buckets": ("data", "frame_buckets"),
+    "token_budget": ("data", "token_budget"),
+    "batch_size": ("data", "batch_size"),
+    "steps": ("train", "steps"),
+    "lr": ("train", "lr"),
+    "warmup_steps": ("train", "warmup_steps"),
+    "micro_batch": ("train", "micro_batch"),
+    "grad_accum": ("train", "grad_accum"),
+}
+
+
+class Stage(Section):
+    """One stage of a curriculum; a field left out keeps the profile's value."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """A label for the stage's folder (RUN/stages/NN-name), its metrics lines and checkpoints."""
+    steps: int = Field(ge=1)
+    """Optimizer steps of this stage (train.steps); each stage counts from 0 with a new optimizer."""
+    data: list[Source] | None = None
+    """Latent shard directories of this stage, with weights (data.sources): tokenized at this stage's
+    buckets. Left out: the profile's data.sources, else `--data`."""
+    buckets: list[tuple[int, int]] | None = None
+    """(height, width) resolution buckets (data.buckets), what this stage's data was tokenized at."""
+    frame_buckets: list[int] | None = None
+    """Frame counts (data.frame_buckets): [1] is an image stage, [1, 81] images and videos together."""
+    lr: float | None = Field(None, gt=0)
+    """Peak learning rate (train.lr)."""
+    warmup_steps: int | None = Field(None, ge=0)
+    """Warm-up steps (train.warmup_steps), below `steps`."""
+    micro_batch: int | None = Field(None, ge=1)
+    """Samples per rank per forward (train.micro_batch)."""
+    grad_accum: int | None = Field(None, ge=1)
+    """Micro-batches per optimizer step (train.grad_accum)."""
+    token_budget: int | None = Field(None, ge=1)
+    """Tokens per packed micro-batch (data.token_budget): grows with the resolution."""
+    batch_size: int | None = Field(None, ge=1)
+    """Samples per micro-batch in the bucketed mode (data.batch_size)."""
+
+    def overrides(self) -> dict[str, dict[str, Any]]:
+        """The profile fields this stage sets, by section."""
+        sections: dict[str, dict[str, Any]] = {}
+        for name, (section, field) in OVERRIDES.items():
+            value = getattr(self, name)
+            if value is not None:
+                sections.setdefault(section, {})[field] = value
+        return sections
+
+
+def apply_stage(profile: RunProfile, stage: Stage) -> RunProfile:
+    """The RunProfile one stage trains with: the profile with the stage's fields set and no stages.
+    Raises pydantic's ValidationError where a section refuses the stage's values."""
+    update: dict[str, Any] = {"stages": []}
+    for section, fields in stage.overrides().items():
+        current = getattr(profile, section)
+        update[section] = type(current).model_validate({**current.model_dump(), **fields})
+    return profile.model_copy(update=update)
+
+
+def stage_problems(profile: RunProfile) -> list[str]:
+    """What is wrong with each stage's resulting profile (section checks and the layout rulebook), as
+    `stages: in stage 'NAME', field: message`."""
+    from vidforge.profile.layout_rules import layout_problems
+
+    problems: list[str] = []
+    names = [stage.name for stage in profile.stages]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        problems.append(f"stages: each stage needs its own name; {', '.join(repeated)} repeats")
+    for stage in profile.stages:
+        try:
+            found = layout_problems(apply_stage(profile, stage))
+        except ValidationError as err:  # raised by the section the stage's values went into
+            found = [_describe(err.title.lower(), e) for e in err.errors(include_url=False)]
+        problems += [f"stages: in stage {stage.name!r}, {p}" for p in found]
+    return problems
+
+
+def _describe(section: str, error: dict[str, Any]) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(p) for p in error["loc"])
+    return f"{section}.{where}: {message}" if where else f"{section}.{message}"

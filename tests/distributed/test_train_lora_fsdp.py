@@ -1,0 +1,79 @@
+"""LoRA (`train.lora`) under FSDP2 against one process: the frozen base (bf16) and its fp32 adapters share
+each block's FSDP unit (fully_shard needs one dtype among a unit's trainable parameters only, and its
+param_dtype casts every parameter to bf16 for the all-gather), the gradients and AdamW states exist for the
+adapters alone. Same data on both ranks (tests/distributed/test_train_layouts.py's reference), so the
+losses and the exported adapter must be one process's.
+
+fp32 runs by default (losses to rel 1e-4, as every layout's test). bf16, where the base is bf16 and the
+adapters fp32 in one FSDP unit, runs with VIDFORGE_TEST_ALL_LAYOUTS=1: one process autocasts its matmuls
+while FSDP's mixed precision runs the whole block in bf16, so they round differently (losses measured
+within 0.6%), and AdamW's lr-sized steps on noise-sized gradients flip signs (adapters measured 2-10%
+apart in mean): its tolerances are bf16's. The one-process reference runs in the test's
+own process (no spawn); the pair took ~28 s on a loaded 2-core machine."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ranks import run_ranks  # noqa: E402
+from train_fixtures import WAN, losses, make_latents, train_profile  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+SETS = (
+    *WAN,
+    "model.heads=4",
+    "train.steps=3",
+    "train.lora={rank: 4, alpha: 8}",
+    "train.lr=1e-2",
+    "train.ema_decay=0",
+    "data.token_budget=432",
+)
+# precision -> (the losses' relative tolerance, the adapters' mean difference relative to their mean size)
+PRECISIONS = {"fp32": (1e-4, 1e-3)}
+if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
+    PRECISIONS["bf16"] = (1e-2, 0.2)
+
+
+def _train(rank: int, world: int, latents: str, base: str, run_dir: str, precision: str) -> None:
+    from vidforge.train import loop
+    from vidforge.train.init_weights import WeightsInit
+
+    profile = train_profile(
+        *SETS, f"train.precision={precision}", f"cluster.cpu_processes={world}", "parallel.dp_shard=-1"
+    )
+    loop.run(profile, [latents], run_dir, init=WeightsInit(Path(base)))
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_lora_under_fsdp2_matches_one_process(precision, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    from vidforge.models import build_model, save_model
+    from vidforge.train.lora import WEIGHTS
+
+    latents = make_latents(tmp_path / "data", identical=True, samples=4)
+    torch.manual_seed(7)  # a base off the builder's zero-initialised gates (which would keep gradients 0)
+    model = build_model(train_profile(*SETS).model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    base = save_model(model, tmp_path / "base")
+    runs = {world: tmp_path / f"world{world}" for world in (1, 2)}
+    _train(0, 1, str(latents), str(base), str(runs[1]), precision)  # one process: this one
+    run_ranks(_train, 2, str(latents), str(base), str(runs[2]), precision)
+    loss_rel, adapter_mean = PRECISIONS[precision]
+    single, sharded = losses(runs[1]), losses(runs[2])
+    assert len(single) == 3 and len(set(single)) > 1
+    assert sharded == pytest.approx(single, rel=loss_rel)
+    one, two = (load_file(runs[w] / "export" / WEIGHTS) for w in (1, 2))
+    assert one.keys() == two.keys() and len(one) == 2 * 4 * 2 * 2
+    for key, value in one.items():
+        diff = (two[key] - value).abs()
+        assert diff.mean() <= adapter_mean * value.abs().mean(), (key, diff.mean(), diff.max())
