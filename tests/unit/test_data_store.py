@@ -73,10 +73,11 @@ def latents_url(endpoint, tmp_path_factory):
     return "s3://bkt/latents"
 
 
-def test_shard_and_tokenize_upload_every_shard_and_the_index(endpoint, latents_url):
+def test_shard_and_tokenize_upload_every_shard_and_the_index(endpoint, latents_url, tmp_path):
     fs = _fs(endpoint)
+    settings = StoreSettings(str(tmp_path / "c"), storage_options={"endpoint_url": endpoint})
     for prefix in ("bkt/shards", "bkt/latents"):
-        index = read_index(f"s3://{prefix}", StoreSettings(storage_options={"endpoint_url": endpoint}))
+        index = read_index(f"s3://{prefix}", settings)
         names = {p.rsplit("/", 1)[1] for p in fs.ls(prefix)}
         assert {s.name for s in index.shards} | {"index.json"} <= names
         assert len(index.shards) == 2 and index.samples == 4
@@ -109,12 +110,12 @@ def test_second_epoch_is_served_from_the_cache(endpoint, latents_url, tmp_path):
 def test_corrupted_object_is_refetched_then_reported(endpoint, latents_url, tmp_path, caplog):
     fs = _fs(endpoint)
     fs.copy("bkt/latents", "bkt/bad", recursive=True)
-    index = read_index("s3://bkt/bad", StoreSettings(storage_options={"endpoint_url": endpoint}))
+    settings = StoreSettings(str(tmp_path / "c"), storage_options={"endpoint_url": endpoint})
+    index = read_index("s3://bkt/bad", settings)
     name = index.shards[0].name
     data = bytearray(fs.cat_file(f"bkt/bad/{name}"))
     data[700] ^= 0x01
     fs.pipe_file(f"bkt/bad/{name}", bytes(data))
-    settings = StoreSettings(str(tmp_path / "c"), storage_options={"endpoint_url": endpoint})
     with caplog.at_level(logging.WARNING, logger="vidforge.data"):
         loader = ShardLoader(["s3://bkt/bad"], epochs=1, store=settings)
         got = list(loader)

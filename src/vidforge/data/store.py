@@ -141,7 +141,6 @@ class ShardCache:
 
     def __init__(self, folder: str | os.PathLike, max_bytes: int):
         self.folder, self.max_bytes = Path(folder).expanduser(), max_bytes
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.stats = {"hits": 0, "misses": 0, "refetched": 0, "evicted": 0}
 
     def _path(self, entry: ShardEntry) -> Path:
@@ -157,6 +156,7 @@ class ShardCache:
             self.stats["hits"] += 1
             return path
         self.stats["misses"] += 1
+        self.folder.mkdir(parents=True, exist_ok=True)  # on the first fetch: reading an index writes nothing
         part = path.with_name(f".{path.name}.{os.getpid()}.part")
         for attempt in range(2):
             remote.get(entry.name, part)
