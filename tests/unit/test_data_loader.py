@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from vidforge.data.batching import Packer
-from vidforge.data.blending import rank_shards
+from vidforge.data.blending import rank_segments, rank_shards
 from vidforge.data.loader import DataError, ShardLoader, group_share, merge_shares
 from vidforge.data.shard_index import read_index
 from vidforge.data.testing import make_latent_shards
@@ -78,6 +79,45 @@ def test_data_parallel_ranks_read_disjoint_shards_covering_all(shards_a):
         )
     assert not per_rank[0] & per_rank[1]
     assert per_rank[0] | per_rank[1] == {str(index.path(s)) for s in index.shards}
+
+
+@pytest.mark.parametrize("sizes,ranks", [([9], 2), ([9], 4), ([7, 5], 3), ([3, 1, 4], 5)])
+def test_fewer_shards_than_ranks_split_by_sample_covering_each_once(sizes, ranks):
+    for epoch in range(3):
+        reads = [
+            (shard, i)
+            for rank in range(ranks)
+            for shard, first, end in rank_segments(sizes, 11, 0, epoch, rank, ranks)
+            for i in range(first, end)
+        ]
+        assert sorted(reads) == [(s, i) for s, n in enumerate(sizes) for i in range(n)]  # once each
+        counts = [
+            sum(e - f for _, f, e in rank_segments(sizes, 11, 0, epoch, r, ranks)) for r in range(ranks)
+        ]
+        assert max(counts) - min(counts) <= 1  # balanced: every rank takes the same number of steps
+
+
+def test_two_ranks_on_one_shard_see_disjoint_samples_whose_union_is_one_ranks_across_resume(tmp_path):
+    root = make_latent_shards(tmp_path / "one", shards=1, per_shard=9, seed=4)
+
+    def make(rank, size):
+        return ShardLoader([root], dp_rank=rank, dp_size=size, epochs=2, shuffle_buffer=3, seed=2)
+
+    def keys(loader, n=10**6):
+        return [(s["__ref__"][2], s["__key__"]) for _, s in zip(range(n), loader, strict=False)]
+
+    single = keys(make(0, 1))
+    per_rank = []
+    for rank in range(2):
+        reference = keys(make(rank, 2))
+        first = make(rank, 2)
+        head = keys(first, 3)
+        resumed = make(rank, 2)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert head + keys(resumed) == reference  # the resumed rank continues exactly
+        per_rank.append(reference)
+    assert not set(per_rank[0]) & set(per_rank[1])  # rank 0 reads 4 samples an epoch, rank 1 the other 5
+    assert Counter(per_rank[0]) + Counter(per_rank[1]) == Counter(single)  # each sample once an epoch
 
 
 def test_epoch_reads_every_sample_once_and_shuffles(shards_a):

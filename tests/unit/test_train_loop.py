@@ -29,6 +29,7 @@ from vidforge.errors import UserInputError  # noqa: E402
 from vidforge.infer import run as infer_run  # noqa: E402
 from vidforge.train import loop  # noqa: E402
 from vidforge.train.loss import MicroLoss  # noqa: E402
+from vidforge.train.metrics import read_metrics  # noqa: E402
 from vidforge.train.step import LocalTrainStep  # noqa: E402
 
 
@@ -86,6 +87,8 @@ def test_run_logs_every_step_checkpoints_and_exports(trained) -> None:
     assert (trained / "export" / "model.safetensors").is_file()
     assert (trained / "export" / "profile.yaml").is_file()
     assert sorted(p.name for p in (trained / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
+    records = read_metrics(trained / "metrics.jsonl")
+    assert all(0 <= r["data_wait_s"] < r["step_time_s"] for r in records)  # the wait is part of the step
 
 
 def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_path, monkeypatch) -> None:
@@ -237,8 +240,6 @@ def test_resume_past_a_torn_metrics_line(latents, tmp_path) -> None:
     """Issue 23, point 7: a run killed while writing metrics.jsonl left a torn last line, which made every
     later --resume fail with a bare JSONDecodeError. It is dropped (with a warning) and the run goes on."""
     from train_fixtures import TRAIN_SETS
-
-    from vidforge.train.metrics import read_metrics
 
     base = ["train", "--data", str(latents), "--run-dir", str(tmp_path)]
     for s in [*TRAIN_SETS, "train.save_every=2"]:

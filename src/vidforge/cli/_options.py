@@ -31,6 +31,17 @@ SetOpt = Annotated[
 ]
 
 
+ShardsOutOpt = Annotated[
+    str,
+    typer.Option(
+        "--out",
+        "-o",
+        help="Output folder or fsspec URL (s3://bucket/prefix: staged locally, uploaded, index last); "
+        "a rerun skips complete shards.",
+    ),
+]
+"""Where `shard` and `tokenize` write their shards."""
+
 NprocOpt = Annotated[
     int | None,
     typer.Option(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import ProfileOpt, SetOpt, ShardsOutOpt, profile_from
 from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 
@@ -18,9 +18,7 @@ def shard(
             help="Output folder of `vidforge caption` (manifest.jsonl with keep, caption, media)."
         ),
     ],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")
-    ],
+    out: ShardsOutOpt,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -41,5 +39,5 @@ def shard(
     output.note_random_weights(summary.random_weights, "set text_encoder.path")
     output.result(summary.as_dict(), title="vidforge shard")
     if summary.rejected:
-        output.info(f"{summary.rejected} records rejected: see {out / 'errors.jsonl'}")
+        output.info(f"{summary.rejected} records rejected: see {out}/errors.jsonl")
         raise typer.Exit(EXIT_PARTIAL)

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import ProfileOpt, SetOpt, ShardsOutOpt, profile_from
 from vidforge.cli._output import EXIT_PARTIAL, current_output
 
 
 def tokenize(
     shards_dir: Annotated[
-        Path, typer.Argument(help="Output folder of `vidforge shard` (its index.json and tars).")
+        str, typer.Argument(help="Output folder of `vidforge shard` (its index.json and tars), or its URL.")
     ],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="Output folder (created; a rerun skips complete shards).")
-    ],
+    out: ShardsOutOpt,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -38,5 +35,5 @@ def tokenize(
         summary = run(resolved, shards_dir, out, on_shard=on_shard)
     output.result(summary.as_dict(), title="vidforge tokenize")
     if summary.rejected:
-        output.info(f"{summary.rejected} samples or shards rejected: see {out / 'errors.jsonl'}")
+        output.info(f"{summary.rejected} samples or shards rejected: see {out}/errors.jsonl")
         raise typer.Exit(EXIT_PARTIAL)

@@ -13,8 +13,13 @@ from vidforge.cli._output import current_output
 
 def train(
     data: Annotated[
-        list[Path] | None,
-        typer.Option("--data", "-d", help="Latent shards (`vidforge tokenize` output); repeatable."),
+        list[str] | None,
+        typer.Option(
+            "--data",
+            "-d",
+            help="Latent shards (`vidforge tokenize` output): a folder or an fsspec URL (s3://bucket/prefix); "
+            "repeatable.",
+        ),
     ] = None,
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", "-r", help="Checkpoints, metrics.jsonl, export/ go here.")
@@ -95,7 +100,7 @@ def train(
             output.info(
                 f"{stage}step {record['step']:>6}/{of}  loss {record['loss']:.4f}  grad {record['grad_norm']:.3g}  "
                 f"lr {record['lr']:.2e}  {record['tokens_per_s']:.0f} tok/s  {record['step_time_s'] * 1000:.0f} ms/step  "
-                f"MFU {record['mfu']:.1%}"
+                f"data wait {record['data_wait_s'] * 1000:.0f} ms  MFU {record['mfu']:.1%}"
             )
 
     from vidforge.train.init_weights import WeightsInit

@@ -3,7 +3,9 @@
 A `SourceStream` turns one shard directory into an endless (or `epochs`-long) stream of sample
 references `(source, shard, index)` for one data-parallel rank: each epoch the shards are permuted by
 (seed, source, epoch) and dealt round-robin to the ranks, read in order, and passed through a shuffle
-buffer. Its whole position is a small JSON-able state (epoch, shard cursor, sample cursor, buffer, RNG),
+buffer. A source with fewer shards than ranks is split by sample instead (as Energon and webdataset's
+split_by_node do): the epoch's permuted shards, laid end to end, are cut into one contiguous range of
+samples per rank, so one shard trains any number of ranks, each reading only its part. Its whole position is a small JSON-able state (epoch, shard cursor, sample cursor, buffer, RNG),
 so a resumed stream continues exactly. The `Blender` picks a source per sample with the weights, from
 its own RNG, and carries every source's state."""
 
@@ -38,6 +40,29 @@ def rank_shards(num_shards: int, seed: int, source: int, epoch: int, dp_rank: in
     return [int(i) for i in perm[dp_rank::dp_size]]
 
 
+Segment = tuple[int, int, int]  # (shard, first sample, end sample): a run of one shard that a rank reads
+
+
+def rank_segments(
+    sizes: Sequence[int], seed: int, source: int, epoch: int, dp_rank: int, dp_size: int
+) -> list[Segment]:
+    """What data-parallel rank `dp_rank` reads in `epoch`, in order. Whole shards dealt round-robin when
+    every rank can have one (each rank opens only its own shards); otherwise, split by sample, the
+    contiguous range [rank*N/size, (rank+1)*N/size) of the epoch's N samples in permuted shard order.
+    Either way the ranks' reads are disjoint and together cover every sample once."""
+    if len(sizes) >= dp_size:
+        return [(s, 0, sizes[s]) for s in rank_shards(len(sizes), seed, source, epoch, dp_rank, dp_size)]
+    total = sum(sizes)
+    lo, hi = dp_rank * total // dp_size, (dp_rank + 1) * total // dp_size
+    segments, offset = [], 0
+    for shard in rank_shards(len(sizes), seed, source, epoch, 0, 1):
+        first, end = max(lo, offset), min(hi, offset + sizes[shard])
+        if first < end:
+            segments.append((shard, first - offset, end - offset))
+        offset += sizes[shard]
+    return segments
+
+
 def _rng_state(rng: np.random.Generator) -> dict:
     state = rng.bit_generator.state
     return {
@@ -67,22 +92,23 @@ class SourceStream:
         epochs: int | None = None,
         name: str = "",
     ):
-        if len(shard_sizes) < dp_size:
+        if sum(shard_sizes) < dp_size:
             raise UserInputError(
-                f"source {name or source}: {len(shard_sizes)} shards for {dp_size} data-parallel ranks; every rank "
-                "needs its own shards: reshard with a smaller data.shard_max_samples"
+                f"source {name or source}: {sum(shard_sizes)} samples for {dp_size} data-parallel ranks; every "
+                "rank needs at least one sample: add data or train on fewer ranks"
             )
         self.source, self.sizes, self.seed = source, list(shard_sizes), seed
         self.dp_rank, self.dp_size, self.buffer_size, self.epochs = dp_rank, dp_size, shuffle_buffer, epochs
+        # shard_pos: the segment of this epoch's rank_segments being read; sample_pos: samples read of it
         self.epoch, self.shard_pos, self.sample_pos = 0, 0, 0
         self.buffer: list[Ref] = []
         self.rng = np.random.default_rng([seed, source, dp_rank, 0xB0FF])
         self._order_epoch, self._order = -1, []
 
-    def _shards(self) -> list[int]:
+    def _segments(self) -> list[Segment]:
         if self._order_epoch != self.epoch:
-            self._order = rank_shards(
-                len(self.sizes), self.seed, self.source, self.epoch, self.dp_rank, self.dp_size
+            self._order = rank_segments(
+                self.sizes, self.seed, self.source, self.epoch, self.dp_rank, self.dp_size
             )
             self._order_epoch = self.epoch
         return self._order
@@ -91,16 +117,16 @@ class SourceStream:
         while True:
             if self.epochs is not None and self.epoch >= self.epochs:
                 return None
-            order = self._shards()
+            order = self._segments()
             if self.shard_pos >= len(order):
                 self.epoch, self.shard_pos, self.sample_pos = self.epoch + 1, 0, 0
                 continue
-            shard = order[self.shard_pos]
-            if self.sample_pos >= self.sizes[shard]:
+            shard, first, end = order[self.shard_pos]
+            if first + self.sample_pos >= end:
                 self.shard_pos, self.sample_pos = self.shard_pos + 1, 0
                 continue
             self.sample_pos += 1
-            return (self.source, shard, self.sample_pos - 1)
+            return (self.source, shard, first + self.sample_pos - 1)
 
     def next(self) -> Ref | None:
         """The next reference, or None when `epochs` are done and the buffer is empty."""

@@ -13,7 +13,11 @@ skipped, or raises, by `on_error`. Wrong data is never returned silently.
 Model-parallel groups (tp x cp x pp ranks that must see identical samples) share a dp_rank, so their
 reference streams are identical; a `GroupComm` makes each shard be read once per group: `broadcast`
 (group rank 0 reads, sends), `allgather` (each reads every size-th sample of a chunk, all exchange;
-NeMo's way) or `each` (every rank reads everything)."""
+NeMo's way) or `each` (every rank reads everything).
+
+Ours rather than webdataset's pipeline (`WebDataset`, `split_by_node`, `shuffle`): its shuffle buffer and
+node split keep no state a checkpoint could hold, so a resumed run would not see the same samples; this
+loader's position is a small JSON state. `Prefetcher` (`vidforge.data.prefetch`) runs it ahead of the step."""
 
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from vidforge.data.blending import Blender, Ref, SourceStream
@@ -29,6 +32,7 @@ from vidforge.data.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, read_media
 from vidforge.data.paths import UnsafePath
 from vidforge.data.shard_index import ShardIndex, read_index
 from vidforge.data.shard_reader import SampleError, ShardError, check_shard, decode_members, read_members
+from vidforge.data.store import StoreSettings
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
 
@@ -103,11 +107,12 @@ class ShardLoader:
         group: GroupComm | None = None,
         decode_media: bool = False,
         cache_shards: int = 64,
+        store: Any = None,
     ):
         if not sources:
             raise ValueError("ShardLoader needs at least one source")
         pairs = [(s, 1.0) if not isinstance(s, tuple) else s for s in sources]
-        self.indexes: list[ShardIndex] = [read_index(p) for p, _ in pairs]
+        self.indexes: list[ShardIndex] = [read_index(p, store) for p, _ in pairs]
         self.shards = [ix.split(split) for ix in self.indexes]
         streams = []
         for i, (ix, shards) in enumerate(zip(self.indexes, self.shards, strict=True)):
@@ -163,6 +168,7 @@ class ShardLoader:
             verify=cfg.verify,
             group=group,
             decode_media=decode_media,
+            store=StoreSettings.from_profile(cfg),
         )
 
     # --- fetching ---------------------------------------------------------------------------------------
@@ -183,7 +189,13 @@ class ShardLoader:
         entry = self.shards[source][shard]
         try:
             path = self.indexes[source].path(entry)
-            table = check_shard(path, entry, self.verify if key not in self._checked else "count")
+            # a remote shard's sha256 was checked when it entered the cache: hashing it again buys nothing
+            first = (
+                self.verify
+                if self.indexes[source].remote is None
+                else ("count" if self.verify == "sha256" else self.verify)
+            )
+            table = check_shard(path, entry, first if key not in self._checked else "count")
         except (ShardError, UnsafePath) as err:
             table = err
             self._fail(f"{self.indexes[source].root}/{err}", "shard")
@@ -199,7 +211,11 @@ class ShardLoader:
         table = self._table(source, shard)
         if isinstance(table, Exception):
             return None  # counted once when the shard failed
-        path = self.indexes[source].path(self.shards[source][shard])
+        try:  # a remote shard evicted since its check is fetched again
+            path = self.indexes[source].path(self.shards[source][shard])
+        except (ShardError, UnsafePath) as err:
+            self._fail(f"{self.indexes[source].root}/{err}", "sample")
+            return None
         if index >= len(table):
             self._fail(f"{path.name}: no sample {index}", "sample")
             return None
@@ -281,7 +297,7 @@ class ShardLoader:
             "version": 1,
             "blender": self.blender.state_dict(),
             "pending": [list(r) for r, _ in self.pending],
-            "sources": [str(Path(ix.root)) for ix in self.indexes],
+            "sources": [str(ix.root) for ix in self.indexes],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

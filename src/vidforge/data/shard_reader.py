@@ -3,7 +3,11 @@ sequential iteration, and decoding of members by extension.
 
 A shard is checked before any of its samples is used: a tar that ends inside a member or lacks its
 end-of-archive blocks is truncated; a sample count or sha256 that differs from the index is corrupt.
-Either raises `ShardError`; the loader logs and skips the shard, or fails, by setting."""
+Either raises `ShardError`; the loader logs and skips the shard, or fails, by setting.
+
+Ours, not webdataset's `TarIterator`: webdataset streams a tar front to back, while exact resume needs a
+sample by index (a member table of data offsets, then seeks), and its reader checks neither truncation
+nor the index's sha256. The shards stay plain WebDataset tars: `webdataset.WebDataset` reads them (tested)."""
 
 from __future__ import annotations
 

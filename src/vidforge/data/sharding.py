@@ -24,9 +24,10 @@ from vidforge.data.buckets import bucket_label, frame_bucket, resolution_bucket
 from vidforge.data.manifest import read_jsonl, stable_id, write_jsonl
 from vidforge.data.media import MediaError, media_kind, probe
 from vidforge.data.paths import UnsafePath, inside
-from vidforge.data.shard_index import write_index
+from vidforge.data.shard_index import INDEX, write_index
 from vidforge.data.shard_writer import ShardWriter, json_bytes, member_bytes, npy_bytes, safe_key
 from vidforge.data.split import split_of
+from vidforge.data.store import staged, upload
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
@@ -237,9 +238,12 @@ def run(
     encoder: Any = None,
     on_shard: Callable[[dict[str, Any], int], None] | None = None,
 ) -> ShardSummary:
-    """Shard the kept clips of `annotated_dir` into `out`. `on_shard(entry, total)` is called per shard
-    (written or skipped). The text encoder is built from the profile unless one is passed."""
-    annotated_dir, out = Path(annotated_dir), Path(out)
+    """Shard the kept clips of `annotated_dir` into `out` (a folder or an fsspec URL: written in a local
+    staging folder, then uploaded, the index last). `on_shard(entry, total)` is called per shard (written
+    or skipped). The text encoder is built from the profile unless one is passed."""
+    target = out
+    out, remote = staged(out, profile.data)
+    annotated_dir = Path(annotated_dir)
     if not annotated_dir.is_dir():
         raise UserInputError(
             f"{annotated_dir}: not a directory; pass the output directory of `vidforge caption`"
@@ -248,6 +252,8 @@ def run(
         raise UserInputError(f"-o {out}: must differ from the input directory")
     ledger = UnitLedger(out)
     ledger.recover()  # the folder's lock first: a busy folder is refused before the encoder loads
+    if remote is not None:
+        remote.remove(INDEX)  # readers see no dataset until the new one is whole
     if encoder is None:
         from vidforge.text import build_text_encoder
 
@@ -285,7 +291,6 @@ def run(
     ]
     write_jsonl(out / MANIFEST, records)
     write_jsonl(out / ERRORS, errors)
-    summary.seconds = time.perf_counter() - started
     write_index(
         out,
         "media",
@@ -294,4 +299,8 @@ def run(
         text_encoder=encoder.describe(),
         source=str(annotated_dir),
     )
+    if remote is not None:
+        upload(out, remote, [s.name for s in shards], finish=True)
+        summary.out = str(target)
+    summary.seconds = time.perf_counter() - started
     return summary

@@ -64,6 +64,21 @@ class Data(Section):
     """Samples per micro-batch in the bucketed (unpacked) mode."""
     epochs: int | None = None
     """Passes over the data; null repeats forever (training stops by step count)."""
+    prefetch: int = Field(2, ge=0)
+    """Batches read, decoded and packed ahead of the training step by a background thread, so the step
+    does not wait for data; 0 loads them inside the step. A model-parallel group that exchanges samples
+    (`mp_read` broadcast/allgather) loads inside the step: its exchange shares the step's process group."""
+    cache_dir: str = "~/.cache/vidforge"
+    """Local folder for shards read from object storage (`--data s3://bucket/prefix`, any fsspec URL) and
+    for datasets staged before `shard`/`tokenize` upload them; on a cluster, the node's NVMe."""
+    cache_bytes: int = Field(100 << 30, ge=1)
+    """Most bytes of remote shards kept in `cache_dir`; the least recently used go first."""
+    storage_options: dict[str, str | int | float | bool | dict] = {}
+    """fsspec options of the object store, e.g. {endpoint_url: http://127.0.0.1:9000} for an S3-compatible
+    server; credentials are best left to the store's usual environment variables or profiles."""
+    io_retries: int = Field(4, ge=1)
+    """Attempts at each object-store call that fails transiently (connection, timeout), with backoff
+    0.5 s, 1 s, 2 s, ... between them."""
     on_error: Literal["skip", "fail"] = "skip"
     """A truncated or corrupt shard or an undecodable sample: `skip` logs it and goes on, `fail` stops."""
     verify: Literal["sha256", "count", "none"] = "sha256"

@@ -25,11 +25,13 @@ import numpy as np
 import torch
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resolution_bucket
+from vidforge.data.energon import write_nv_meta
 from vidforge.data.media import MediaError, media_kind, read_media
 from vidforge.data.paths import UnsafePath, inside, plain_name
-from vidforge.data.shard_index import ShardEntry, ShardIndex, read_index, write_index
+from vidforge.data.shard_index import INDEX, ShardEntry, ShardIndex, read_index, write_index
 from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
+from vidforge.data.store import StoreSettings, is_url, staged, upload
 from vidforge.data.units import UnitLedger
 from vidforge.errors import UserInputError
 from vidforge.parallel.runtime import Runtime, init_runtime
@@ -226,14 +228,17 @@ def run(
     tokenizer: VideoTokenizer | None = None,
     on_shard: Callable[[dict[str, Any], int], None] | None = None,
 ) -> TokenizeSummary:
-    """Tokenize every shard of `shards_dir` (this rank's share under torchrun) into `out`."""
-    shards_dir, out = Path(shards_dir), Path(out)
-    index = read_index(shards_dir)
+    """Tokenize every shard of `shards_dir` (this rank's share under torchrun) into `out`. Either may be
+    an fsspec URL: input shards are read through the local cache; output is written in a local staging
+    folder and uploaded, each rank its shards, then rank 0 the index."""
+    target = out
+    index = read_index(shards_dir, StoreSettings.from_profile(profile.data))
     if index.kind != "media":
         raise UserInputError(
             f"{shards_dir}: holds {index.kind} shards; pass the output directory of `vidforge shard`"
         )
-    if out.resolve() == shards_dir.resolve():
+    out, remote = staged(out, profile.data)
+    if not is_url(shards_dir) and out.resolve() == Path(shards_dir).resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
     with _runtime(profile) as runtime:
         # The folder's lock first (rank 0, for all ranks; held while `owner` lives, to the end of the run):
@@ -241,17 +246,27 @@ def run(
         owner = UnitLedger(out)
         if runtime.rank == 0:
             owner.recover()
+        if remote is not None and runtime.rank == 0:
+            remote.remove(INDEX)  # readers see no dataset until the new one is whole
         if tokenizer is None:
             tokenizer = build_tokenizer(profile, str(runtime.device))
-        return _tokenize_share(
+        summary = _tokenize_share(
             profile, index, shards_dir, out, tokenizer, on_shard, runtime.rank, runtime.world
         )
+        if remote is not None:
+            shards = sorted(index.shards, key=lambda s: s.name)[runtime.rank :: runtime.world]
+            upload(out, remote, [s.name for s in shards], finish=False)
+            _barrier(runtime.world)
+            if runtime.rank == 0:
+                upload(out, remote, [], finish=True)
+            summary.out = str(target)
+        return summary
 
 
 def _tokenize_share(
     profile: RunProfile,
     index: ShardIndex,
-    shards_dir: Path,
+    shards_dir: str | os.PathLike,
     out: Path,
     tokenizer: VideoTokenizer,
     on_shard: Callable[[dict[str, Any], int], None] | None,
@@ -271,8 +286,8 @@ def _tokenize_share(
             unit = f"{entry.name}#{entry.sha256}"
             try:  # the name comes from the input's index: it may only name a file inside each folder
                 path = inside(out, plain_name(entry.name, "shard name"), "shard name")
-                in_path = index.path(entry)
-            except UnsafePath as err:
+                in_path = index.path(entry)  # a remote one: fetched and checked (ShardError if corrupt)
+            except (UnsafePath, ShardError) as err:
                 summary.errors.append({"shard": entry.name, "reason": str(err)})
                 continue
             result = done.get(unit)
@@ -313,6 +328,7 @@ def _tokenize_share(
             text_encoder=index.meta.get("text_encoder"),
             source=str(shards_dir),
         )
+        write_nv_meta(read_index(out))  # Energon's metadata, where it is installed
     return summary
 
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from vidforge.data.batching import build_batcher
 from vidforge.data.blending import DataParallelSizeChanged
 from vidforge.data.loader import GroupComm, ShardLoader
+from vidforge.data.prefetch import Prefetcher
 from vidforge.errors import UserInputError
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
@@ -114,6 +115,7 @@ def run(
         started = time.perf_counter()
         step_fn.set_lr(cfg.lr * lr_multiplier(step, cfg))
         batches = step_fn.next_batches(batcher)
+        data_wait = time.perf_counter() - started
         if batches is None:
             notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
             break
@@ -134,7 +136,7 @@ def run(
             continue
         skipped_in_row = 0
         step_fn.apply()
-        window.add(result, started)
+        window.add(result, started, data_wait)
         if step % cfg.log_every == 0 or step == cfg.steps:
             record = {**window.record(step, result, step_fn, batcher), **labels}
             metrics.write(record)
@@ -171,6 +173,8 @@ def run(
             base=str(Path(init.src).resolve()) if init is not None else None,
         )
     metrics.close()
+    if isinstance(batcher, Prefetcher):
+        batcher.close()
     return TrainSummary(
         run_dir=str(run_dir),
         start_step=start_step,
@@ -190,15 +194,23 @@ def run(
 
 
 def _batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Path]) -> Any:
-    """This rank's batches. Ranks of one model-parallel group (tp x cp x pp) share a dp rank, so they get
-    the same samples; the group reads each shard once and exchanges it."""
+    """This rank's batches, `data.prefetch` ahead in a background thread. Ranks of one model-parallel group
+    (tp x cp x pp) share a dp rank, so they get the same samples; the group reads each shard once and
+    exchanges it (unless `data.mp_read` is `each`), inside the step: that exchange runs on the group the
+    step's own collectives use, and two threads issuing collectives on one group could interleave them
+    differently on different ranks."""
     dims = runtime.dims
     dp_rank = dims.flat("dp").get_local_rank() if dist.is_initialized() else 0
-    mp_group = GroupComm(dims.model_parallel_group()) if dims.model_parallel > 1 else None
+    mode = profile.data.mp_read
+    exchange = dims.model_parallel > 1 and mode != "each"
+    mp_group = GroupComm(dims.model_parallel_group(), mode) if exchange else None
     loader = ShardLoader.from_profile(
         profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp, group=mp_group
     )
-    return build_batcher(profile, loader)
+    batcher = build_batcher(profile, loader)
+    if profile.data.prefetch and not exchange:
+        return Prefetcher(batcher, profile.data.prefetch, pin=runtime.device.type == "cuda")
+    return batcher
 
 
 def _save(
@@ -240,16 +252,17 @@ class _Window:
         self._reset()
 
     def _reset(self) -> None:
-        self.time = self.tokens = self.flops = self.hardware_flops = 0.0
+        self.time = self.tokens = self.flops = self.hardware_flops = self.data_wait = 0.0
         self.steps = 0
 
-    def add(self, result: StepResult, started: float) -> None:
+    def add(self, result: StepResult, started: float, data_wait: float) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.time += time.perf_counter() - started
         self.tokens += result.tokens
         self.flops += result.flops
         self.hardware_flops += result.hardware_flops
+        self.data_wait += data_wait
         self.steps += 1
 
     def record(self, step: int, result: StepResult, step_fn: TrainStep, batcher: Any) -> dict[str, Any]:
@@ -264,13 +277,14 @@ class _Window:
             "grad_norm": result.grad_norm,
             "lr": step_fn.parts.optimizers[0].param_groups[0]["lr"],
             "step_time_s": self.step_time,
+            "data_wait_s": self.data_wait / self.steps,  # of each step's time, spent waiting for its batches
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
             "hfu": self.hfu,
             "peak_memory_gib": _peak_memory_gib(self.device),
             **step_fn.by_level.means(),
         }
-        if hasattr(batcher, "efficiency"):
+        if getattr(batcher, "efficiency", None) is not None:
             record["packing_efficiency"] = batcher.efficiency
         step_fn.by_level.reset()
         self._reset()

@@ -68,7 +68,9 @@ class DenoisingLoss:
     ) -> MicroInputs:
         """Noise the batch: the network's input, the target and the conditioning. With `shard_of`
         (context parallel) only this rank's tokens, drawn from the same full-shape noise."""
-        text, text_mask = batch.text_emb.to(device), batch.text_mask.to(device)
+        # non_blocking: a prefetched batch sits in pinned memory, so the copy overlaps the GPU's work
+        text = batch.text_emb.to(device, non_blocking=True)
+        text_mask = batch.text_mask.to(device, non_blocking=True)
         n = text.shape[0]
         level = self.objective.sample_levels(n).to(device)
         drop_text = (torch.rand(n) < self.caption_dropout).to(device)
@@ -85,7 +87,7 @@ class DenoisingLoss:
             clean = patchify(latents, self.patch)
             row = token_grid(latents.shape[2:], self.patch)
             rows = latents.shape[0]
-        clean, noise = clean.to(device), noise.to(device)
+        clean, noise = clean.to(device, non_blocking=True), noise.to(device, non_blocking=True)
         layout = row if isinstance(row, SequenceLayout) else None
         tokens = layout.total if layout is not None else rows * row[0] * row[1] * row[2]
         shard = shard_of(row) if shard_of is not None else None
