@@ -15,6 +15,9 @@ backwards interleave). Both are reported beside the analytic model's prediction
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +29,7 @@ from vidforge.bench.memory_model import GIB, estimate_memory
 from vidforge.bench.timing import time_calls
 from vidforge.bench.workload import Workload
 from vidforge.data.batching import BucketBatch, PackedBatch
+from vidforge.errors import UserInputError
 from vidforge.models import pack_latents
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
@@ -83,8 +87,41 @@ class BenchStep:
             module.train()
 
     def __call__(self) -> None:
-        self.step(self.batches)
+        self._run(self.batches)
+
+    def _run(self, batches: list) -> None:
+        self.step(batches)
         self.step.apply()
+
+    def time_data(self, data: Sequence[str], steps: int) -> tuple[list[float], list[float]]:
+        """Each of `steps` steps (after `bench.warmup`) on batches read from `data` by `vidforge train`'s
+        own loader (`rank_batcher`: buckets, packing, `data.prefetch`): (step seconds, seconds waited for
+        the batches). The synthetic timing says what the model costs; this says whether the data keeps up."""
+        from vidforge.data.prefetch import Prefetcher
+        from vidforge.train.loop import rank_batcher
+
+        batcher = rank_batcher(self.profile, self.runtime, data)
+        totals, waits = [], []
+        try:
+            for i in range(self.profile.bench.warmup + steps):
+                started = time.perf_counter()
+                batches = self.step.next_batches(batcher)
+                fetched = time.perf_counter()
+                if batches is None:
+                    raise UserInputError(
+                        f"--data: the shards ran out after {i} step(s) of {self.profile.bench.warmup + steps}; "
+                        "give more data, raise data.epochs, or lower bench.repeats"
+                    )
+                self._run(batches)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                if i >= self.profile.bench.warmup:
+                    totals.append(time.perf_counter() - started)
+                    waits.append(fetched - started)
+        finally:
+            if isinstance(batcher, Prefetcher):
+                batcher.close()
+        return totals, waits
 
     def flops(self) -> tuple[float, float]:
         """Model and hardware FLOPs of one step on this rank (every micro-batch)."""
@@ -143,6 +180,14 @@ class TrainBenchResult:
     measured_memory: dict[str, int] = field(default_factory=dict)
     predicted_memory: dict[str, float] = field(default_factory=dict)
     step_times_s: list[float] = field(default_factory=list)
+    data: str | None = None
+    """With `--data`: the shards the real-data steps read."""
+    data_step_time_s: float | None = None
+    """Median step time on the real batches, their wait included."""
+    data_wait_s: float | None = None
+    """Mean time a real-data step waited for its batches (`data_wait_s` of metrics.jsonl)."""
+    data_wait_fraction: float | None = None
+    """data_wait_s over the mean real-data step time: the share of the step spent waiting for data."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,8 +202,9 @@ def _slowest_rank(seconds: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def run(profile: RunProfile) -> TrainBenchResult:
-    """Time the step of `profile` (every rank runs this; rank 0's result is the one to report)."""
+def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchResult:
+    """Time the step of `profile` (every rank runs this; rank 0's result is the one to report); with
+    `data` (shard folders or URLs), also `bench.repeats` steps on real batches, timing their wait."""
     step = BenchStep(profile)
     device = step.device
     world = step.dims.world_size
@@ -180,6 +226,16 @@ def run(profile: RunProfile) -> TrainBenchResult:
         method = "CPU: local parameter/gradient/optimizer/EMA shards + bytes autograd saved in a forward"
         if step.parts.pipeline is not None:
             method = "CPU: local parameter/gradient/optimizer/EMA shards (activations not measured under pp)"
+    real: dict[str, Any] = {}
+    if data:
+        totals, waits = step.time_data(data, bench.repeats)
+        wait = _slowest_rank(statistics.fmean(waits), device)
+        real = {
+            "data": ", ".join(map(str, data)),
+            "data_step_time_s": _slowest_rank(statistics.median(totals), device),
+            "data_wait_s": wait,
+            "data_wait_fraction": wait / statistics.fmean(totals),
+        }
     predicted = estimate_memory(profile, step.dims.layout, step.workload)
     measured_terms = ("parameters", "gradients", "optimizer", "ema", "activations", "weight copies")
     comparable = sum(predicted.get(name) for name in measured_terms)
@@ -204,4 +260,5 @@ def run(profile: RunProfile) -> TrainBenchResult:
         measured_memory=measured,
         predicted_memory={t.name: predicted.get(t.name) for t in predicted.terms},
         step_times_s=list(timing.samples),
+        **real,
     )

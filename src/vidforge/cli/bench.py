@@ -32,6 +32,15 @@ def train(
     nproc: NprocOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
+    data: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--data",
+            help="Also run bench.repeats steps on batches read from these latent shards (a folder or an "
+            "fsspec URL, as `vidforge train --data`) through train's own loader and prefetch, and report "
+            "the time each step waited for data.",
+        ),
+    ] = None,
 ) -> None:
     """Time the training step (`vidforge train`'s own build and step: FSDP2, TP/SP, CP, PP) on synthetic
     latents of bench.latent_* (train.micro_batch clips per rank, packed when data.packing):
@@ -41,6 +50,7 @@ def train(
     Example: vidforge bench train --set bench.latent_frames=8 --set bench.repeats=10
     Example: vidforge bench train --nproc 2
     Example: vidforge bench train --nproc 2 --set parallel.tp=2 --set parallel.dp_shard=1
+    Example: vidforge bench train --data runs/latents   # + data wait on real shards (data.prefetch)
     """
     from vidforge.parallel.launch import start_ranks
 
@@ -52,7 +62,7 @@ def train(
 
     from vidforge.bench.train_bench import run
 
-    result = run(resolved)  # starts this rank's runtime (device, process group)
+    result = run(resolved, data)  # starts this rank's runtime (device, process group)
     if dist.is_initialized() and dist.get_rank() != 0:
         return  # one report, from rank 0 (the CLI boundary leaves the process group on the way out)
     data = result.as_dict()
@@ -69,6 +79,15 @@ def train(
             f"  predicted       {result.predicted_memory_gib:.4g} GiB (vidforge bench plan's model); "
             f"{result.predicted_measured_terms_gib:.4g} GiB of it in the terms measured",
         ]
+        + (
+            [
+                f"  real data       {result.data}: step {result.data_step_time_s * 1000:.1f} ms, waited "
+                f"{result.data_wait_s * 1000:.2f} ms for data ({result.data_wait_fraction:.2%} of the step, "
+                f"data.prefetch={resolved.data.prefetch})"
+            ]
+            if result.data
+            else []
+        )
     )
     current_output().result(data, text=text)
 

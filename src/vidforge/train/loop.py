@@ -100,7 +100,7 @@ def run(
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
     parts = build(profile, runtime, init)
     step_fn = make_train_step(profile, runtime, parts)
-    batcher = _batcher(profile, runtime, data)
+    batcher = rank_batcher(profile, runtime, data)
     notes = list(parts.notes)
     step = _resume(checkpoints, latest, parts, batcher, notes) if resume else 0
     start_step = step
@@ -193,7 +193,7 @@ def run(
     )
 
 
-def _batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Path]) -> Any:
+def rank_batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Path]) -> Any:
     """This rank's batches, `data.prefetch` ahead in a background thread. Ranks of one model-parallel group
     (tp x cp x pp) share a dp rank, so they get the same samples; the group reads each shard once and
     exchanges it (unless `data.mp_read` is `each`), inside the step: that exchange runs on the group the
