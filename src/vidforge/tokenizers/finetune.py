@@ -311,6 +311,8 @@ def run(
     run_dir = Path(run_dir)
     runtime = init_runtime(profile, device=profile.tokenizer.device)
     device = runtime.device
+    vae, init = build_vae(profile)  # a wrong tokenizer.path is refused before any clip is decoded
+    _check_shapes(vae, profile)
     clips = load_clips(src, ft.frames, ft.size)
     held = [v for _, v in clips[: ft.holdout]]
     train = [v for _, v in clips[ft.holdout :]]
@@ -319,8 +321,6 @@ def run(
             f"{src}: {len(train)} training clip(s) after holding out {ft.holdout}, fewer than one step needs "
             f"(tokenizer.finetune.batch={ft.batch} x {runtime.world} ranks); add clips or lower them"
         )
-    vae, init = build_vae(profile)
-    _check_shapes(vae, profile)
     torch.manual_seed(ft.seed)
     ae = Autoencoder(vae.to(device).train())
     disc = PatchDiscriminator3D(ft.disc_channels).to(device)
