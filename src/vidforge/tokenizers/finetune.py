@@ -196,6 +196,23 @@ def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+@torch.no_grad()
+def _init_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter its AdamW state with a zero-learning-rate step on zero gradients (as DCP's
+    state-dict helpers do for an empty optimizer). Otherwise parameters that have had no gradient yet
+    (the discriminator before gan_start; time convolutions a 1-frame clip never reaches) have no state in
+    a checkpoint, and the fresh optimizer of a resumed run, which DCP gives state for all, cannot load it."""
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+
+
 def _full_state(module: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -332,6 +349,8 @@ def run(
         torch.optim.AdamW(disc.parameters(), lr=ft.disc_lr, betas=(0.5, 0.9), weight_decay=0.0),
         losses.build_lpips(ft.lpips_net, ft.lpips_backbone).to(device),
     )
+    _init_state(parts.opt_g)
+    _init_state(parts.opt_d)
     ckpt = CheckpointManager(run_dir, keep=ft.keep_checkpoints)
     start = ckpt.latest() or 0
     if start:
