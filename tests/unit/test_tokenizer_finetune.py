@@ -28,30 +28,36 @@ TINY_WAN = {
 }
 
 
-@pytest.fixture(scope="module")
-def wan_dir(tmp_path_factory):
+def save_tiny_wan(path):
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("wan")
     AutoencoderKLWan(**TINY_WAN).save_pretrained(path)
     return path
 
 
-@pytest.fixture(scope="module")
-def clips(tmp_path_factory):
-    """A clips folder as `vidforge clip` writes it: 4 clips of 5 frames, 32x32."""
-    out = tmp_path_factory.mktemp("clips")
-    (out / "clips").mkdir()
+def write_clips(out, count=4):
+    """A clips folder as `vidforge clip` writes it: `count` clips of 5 frames, 32x32."""
+    (out / "clips").mkdir(parents=True)
     records = []
-    for i in range(4):
+    for i in range(count):
         write_video(out / "clips" / f"c{i}.mp4", synthetic_frames(5, 32, 32, seed=i), lossless=True)
         records.append({"clip_id": f"c{i}", "media": f"clips/c{i}.mp4"})
     write_jsonl(out / "manifest.jsonl", records)
     return out
 
 
-def _profile(wan_dir, *extra):
+@pytest.fixture(scope="module")
+def wan_dir(tmp_path_factory):
+    return save_tiny_wan(tmp_path_factory.mktemp("wan"))
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    return write_clips(tmp_path_factory.mktemp("clips"))
+
+
+def finetune_profile(wan_dir, *extra):
     return load_profile(
         None,
         [
@@ -78,7 +84,7 @@ STEPS = ["tokenizer.finetune.steps=6", "tokenizer.finetune.checkpoint_every=3"]
 @pytest.fixture(scope="module")
 def full_run(wan_dir, clips, tmp_path_factory):
     out = tmp_path_factory.mktemp("ft") / "run"
-    summary = run(_profile(wan_dir, *STEPS), clips, out)
+    summary = run(finetune_profile(wan_dir, *STEPS), clips, out)
     return out, summary
 
 
@@ -100,8 +106,8 @@ def test_heldout_psnr_rises_and_a_grid_is_written(full_run):
 
 
 def test_stopped_and_resumed_run_logs_the_same_losses(full_run, wan_dir, clips, tmp_path):
-    run(_profile(wan_dir, "tokenizer.finetune.steps=3"), clips, tmp_path / "run")
-    summary = run(_profile(wan_dir, *STEPS), clips, tmp_path / "run")
+    run(finetune_profile(wan_dir, "tokenizer.finetune.steps=3"), clips, tmp_path / "run")
+    summary = run(finetune_profile(wan_dir, *STEPS), clips, tmp_path / "run")
     assert summary["resumed_from"] == 3
     unbroken, resumed = _losses(full_run[0]), _losses(tmp_path / "run")
     for step in (4, 5, 6):
@@ -135,7 +141,9 @@ def test_result_loads_in_diffusers_and_tokenize_encodes_with_it(full_run, wan_di
 def test_grown_vae_loads_every_pretrained_tensor_that_fits_and_trains(wan_dir, clips, tmp_path):
     from diffusers import AutoencoderKLWan
 
-    profile = _profile(wan_dir, "tokenizer.finetune.extra_spatial_levels=1", "tokenizer.finetune.steps=2")
+    profile = finetune_profile(
+        wan_dir, "tokenizer.finetune.extra_spatial_levels=1", "tokenizer.finetune.steps=2"
+    )
     grown, report = build_vae(profile)
     pretrained = AutoencoderKLWan.from_pretrained(wan_dir).state_dict()
     own = grown.state_dict()

@@ -72,8 +72,11 @@ def build_lpips(net: str, backbone: str | None) -> torch.nn.Module:
 
     import lpips
 
-    with warnings.catch_warnings():  # torchvision's deprecation of `pretrained=`, which lpips passes
+    # torchvision's deprecation of `pretrained=`, which lpips passes, silenced; a random backbone is the
+    # same one on every rank and in every run.
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore", UserWarning)
+        torch.manual_seed(0)
         model = lpips.LPIPS(pretrained=True, net=net, pnet_rand=True, verbose=False)
     if backbone is not None:
         try:
