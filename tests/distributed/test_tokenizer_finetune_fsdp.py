@@ -1,8 +1,10 @@
 """`tokenize finetune` under FSDP2 on 2 gloo ranks (one clip each per step) against one process (two
-clips per step): the same logged losses, held-out measures and saved VAE."""
+clips per step): the same logged losses, held-out measures and saved VAE. About 35 s here, beyond the
+suite's budget for this piece: an opt-in extra with VIDFORGE_TEST_ALL_LAYOUTS=1 (one more layout)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +19,13 @@ from test_tokenizer_finetune import finetune_profile, save_tiny_wan, write_clips
 from vidforge.tokenizers.finetune import run  # noqa: E402
 from vidforge.train.metrics import read_metrics  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.distributed,
+    pytest.mark.skipif(
+        os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") != "1", reason="opt-in: VIDFORGE_TEST_ALL_LAYOUTS=1"
+    ),
+]
 
 LR = 2e-3  # the profile's tokenizer.finetune.lr
 SETTINGS = (
