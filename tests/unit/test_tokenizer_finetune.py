@@ -173,3 +173,32 @@ def test_psnr_and_ssim_against_closed_forms():
     flat = torch.full((1, 3, 1, 16, 16), 2 * m - 1)
     expected = (2 * m * (m + d) + c1) / (m**2 + (m + d) ** 2 + c1)
     assert float(losses.ssim(flat + 2 * d, flat)[0]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_cli_finetune_beside_tokenize_and_a_wrong_vae_path_is_one_line_exit_2(clips, tmp_path):
+    from typer.testing import CliRunner
+
+    from vidforge.cli.app import app
+
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        [
+            "--json",
+            "tokenize",
+            "finetune",
+            str(clips),
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--set",
+            "tokenizer.kind=wan",
+        ],
+    )
+    assert result.exit_code == 2
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert events[-1]["command"] == "tokenize finetune" and "tokenizer.path" in events[-1]["message"]
+    # `tokenize SRC -o OUT` still runs tokenize's own command (here refusing a folder without an index).
+    result = runner.invoke(app, ["--json", "tokenize", str(clips), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    error = json.loads(result.stdout.splitlines()[-1])
+    assert error["command"] == "tokenize" and "no index.json" in error["message"]
