@@ -5,6 +5,8 @@ VAE (16x spatial) loads every pretrained tensor that fits and trains; the result
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,15 +19,8 @@ from vidforge.tokenizers import build_tokenizer, frames_to_tensor, losses
 from vidforge.tokenizers.finetune import build_vae, run
 from vidforge.train.metrics import read_metrics
 
-TINY_WAN = {
-    "base_dim": 8,
-    "z_dim": 4,
-    "dim_mult": [1, 2, 2, 2],
-    "num_res_blocks": 1,
-    "temperal_downsample": [False, True, True],
-    "latents_mean": [0.0] * 4,
-    "latents_std": [1.0] * 4,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_tokenizers_vae import TINY_WAN  # noqa: E402  (the tiny Wan VAE of the tokenizer's tests)
 
 
 def save_tiny_wan(path):
