@@ -83,8 +83,8 @@ def finetune(
     set_: SetOpt = None,
 ) -> None:
     """Fine-tune the diffusers VAE at tokenizer.path (Wan) on the clips: MSE/L1, KL, LPIPS and a patch-GAN
-    loss from tokenizer.finetune.gan_start; grown by tokenizer.finetune.extra_spatial_levels /
-    extra_temporal_levels with every pretrained tensor that fits loaded. Under torchrun, FSDP2 over the ranks.
+    loss from tokenizer.finetune.gan_start; grown by tokenizer.finetune.extra_spatial_levels (16x spatial),
+    every pretrained tensor that fits loaded. Under torchrun, FSDP2 over the ranks.
 
     Writes RUN/metrics.jsonl (each loss; held-out PSNR, SSIM, LPIPS), RUN/grids/*.png (originals above
     reconstructions), RUN/checkpoints/ and RUN/vae/, a diffusers folder: --set tokenizer.path=RUN/vae.

@@ -50,9 +50,8 @@ class Finetune(Section):
     """Width of the patch discriminator's first layer (doubled at each of its 3 strided layers)."""
     extra_spatial_levels: int = Field(0, ge=0, le=2)
     """Extra encoder/decoder levels, each 2x more spatial compression (1: 8x -> 16x); new tensors start
-    random, the rest from the pretrained VAE."""
-    extra_temporal_levels: int = Field(0, ge=0, le=2)
-    """Spatial levels that also halve time (1: 4x -> 8x temporal compression); needs enough levels."""
+    random, the rest from the pretrained VAE. (More temporal compression is not offered: diffusers'
+    AutoencoderKLWan encodes in 4-frame chunks, which a third halving of time cannot take.)"""
     log_every: int = Field(10, ge=1)
     eval_every: int = Field(100, ge=1)
     """Held-out PSNR, SSIM and LPIPS every this many steps (and at the start and end)."""

@@ -146,7 +146,7 @@ def build_vae(profile: RunProfile) -> tuple[nn.Module, dict[str, Any]]:
         )
     cls = vae_class(tok.kind)
     vae = cls.from_pretrained(tok.path, torch_dtype=torch.float32)
-    if not (ft.extra_spatial_levels or ft.extra_temporal_levels):
+    if not ft.extra_spatial_levels:
         n = len(vae.state_dict())
         return vae, {
             "loaded": n,
@@ -155,7 +155,7 @@ def build_vae(profile: RunProfile) -> tuple[nn.Module, dict[str, Any]]:
             "unused": 0,
             "describe": f"{tok.path}: {n} tensors",
         }
-    config = grown_config(vae.config, ft.extra_spatial_levels, ft.extra_temporal_levels)
+    config = grown_config(vae.config, ft.extra_spatial_levels)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ft.seed)
         grown = cls.from_config(config)

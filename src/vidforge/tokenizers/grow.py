@@ -1,7 +1,8 @@
 """A Wan VAE with more compression (NeMo's customised tokenizer), initialised partly from a pretrained one.
 
-Each extra level is one more encoder down-sampling and decoder up-sampling stage (2x spatial; with
-`temporal`, 2x in time too), at the width of the deepest level. The encoder's layers are a flat list in
+Each extra level is one more encoder down-sampling and decoder up-sampling stage (2x spatial), at the
+width of the deepest level. (No more temporal compression: AutoencoderKLWan encodes in chunks of 4
+frames, and a third halving of time fails inside its causal convolutions.) The encoder's layers are a flat list in
 level order, so the pretrained ones keep their names and the new ones come after them; the decoder's
 levels run deepest first, so a new level goes in front and the pretrained up_blocks.i become
 up_blocks.(i + extra). Tensors are then matched by (renamed) name: loaded, new, reshaped or unused,
@@ -15,29 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from vidforge.errors import UserInputError
 from vidforge.train.init_weights import InitReport
 
 
-def grown_config(config: dict[str, Any], spatial: int, temporal: int) -> dict[str, Any]:
-    """The Wan VAE config with `spatial` extra levels, `temporal` of all down-sampling levels (new ones
-    first, then the shallowest) also halving time."""
+def grown_config(config: dict[str, Any], spatial: int) -> dict[str, Any]:
+    """The Wan VAE config with `spatial` extra levels, none of which halves time."""
     cfg = {k: v for k, v in dict(config).items() if not k.startswith("_")}
     mult = list(cfg.get("dim_mult", [1, 2, 4, 4]))
     down = list(cfg.get("temperal_downsample", [False, True, True]))
     mult += [mult[-1]] * spatial
     down += [False] * spatial
-    turned = 0
-    for i in [*range(len(down) - spatial, len(down)), *range(len(down))]:
-        if turned == temporal:
-            break
-        if not down[i]:
-            down[i], turned = True, turned + 1
-    if turned < temporal:
-        raise UserInputError(
-            f"tokenizer.finetune.extra_temporal_levels: only {turned} more level(s) can halve time; "
-            "add extra_spatial_levels or lower it"
-        )
     cfg.update(
         dim_mult=mult,
         temperal_downsample=down,
