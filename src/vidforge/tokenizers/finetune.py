@@ -33,7 +33,7 @@ from torch import nn
 from vidforge.data.buckets import resize_crop
 from vidforge.data.media import MediaError, media_kind, read_media
 from vidforge.errors import UserInputError
-from vidforge.parallel.runtime import Runtime, init_runtime
+from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.tokenizers import losses
 from vidforge.tokenizers.base import frames_to_tensor, tensor_to_frames
@@ -321,12 +321,23 @@ def run(
     on_step: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune to `tokenizer.finetune.steps` (resuming from RUN's latest checkpoint); returns a summary."""
+    from vidforge.tokenizers.tokenize import runtime_scope
+
+    with runtime_scope(profile) as runtime:
+        return _run(profile, src, Path(run_dir), runtime, on_step)
+
+
+def _run(
+    profile: RunProfile,
+    src: str | os.PathLike,
+    run_dir: Path,
+    runtime: Runtime,
+    on_step: Callable[[int, int], None] | None,
+) -> dict[str, Any]:
     from vidforge.train.checkpoint import CheckpointManager
     from vidforge.train.metrics import MetricsLog
 
     ft = profile.tokenizer.finetune
-    run_dir = Path(run_dir)
-    runtime = init_runtime(profile, device=profile.tokenizer.device)
     device = runtime.device
     vae, init = build_vae(profile)  # a wrong tokenizer.path is refused before any clip is decoded
     _check_shapes(vae, profile)
@@ -360,7 +371,7 @@ def run(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "init.json").write_text(json.dumps(init, indent=1))
     first_eval = last_eval = None
-    if start == 0 or start == ft.steps:
+    if start == 0 and held:
         first_eval, _ = evaluate(parts, held, device)
         metrics.write({"step": start, **first_eval})
     record: dict[str, Any] = {}
