@@ -33,6 +33,7 @@ class Finetune(Section):
     recon: Literal["mse", "l1"] = "mse"
     """Pixel reconstruction loss."""
     recon_weight: float = Field(1.0, ge=0)
+    """Weight of the pixel reconstruction loss."""
     kl_weight: float = Field(1e-6, ge=0)
     """Weight of the KL divergence of the posterior from N(0, 1) (mean over latent elements)."""
     lpips_weight: float = Field(0.1, ge=0)
@@ -53,13 +54,17 @@ class Finetune(Section):
     random, the rest from the pretrained VAE. (More temporal compression is not offered: diffusers'
     AutoencoderKLWan encodes in 4-frame chunks, which a third halving of time cannot take.)"""
     log_every: int = Field(10, ge=1)
+    """Losses to metrics.jsonl every this many steps (and at the last)."""
     eval_every: int = Field(100, ge=1)
     """Held-out PSNR, SSIM and LPIPS every this many steps (and at the start and end)."""
     grid_every: int = Field(100, ge=1)
     """A reconstruction grid PNG (original row above reconstruction) every this many steps."""
     checkpoint_every: int = Field(100, ge=1)
+    """A DCP checkpoint every this many steps (and at the last); a rerun resumes from the latest."""
     keep_checkpoints: int = Field(2, ge=1)
+    """Complete checkpoints kept (older ones deleted)."""
     seed: int = 0
+    """Seeds the discriminator's and new VAE tensors' initialisation, the clip order and the posterior noise."""
 
 
 class Tokenizer(Section):
