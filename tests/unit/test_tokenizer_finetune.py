@@ -149,6 +149,9 @@ def test_grown_vae_loads_every_pretrained_tensor_that_fits_and_trains(wan_dir, c
     fitting = sum(own[k].shape == pretrained[k].shape for k in encoder)
     assert fitting > 0.9 * len(encoder)
     assert report["new"] > 0 and report["loaded"] >= fitting
+    # Every pretrained tensor found its place (the decoder's levels renamed behind the new one): loaded,
+    # or reported as another shape; none left unused.
+    assert report["unused"] == 0 and report["loaded"] + report["reshaped"] == len(pretrained)
     assert grown.config.scale_factor_spatial == 16
     summary = run(profile, clips, tmp_path / "run")
     assert json.loads((tmp_path / "run" / "init.json").read_text())["loaded"] == report["loaded"]
