@@ -27,12 +27,12 @@ def hoist_global_flags(args: list[str]) -> list[str]:
 
 def command_path(group: TyperGroup, args: list[str]) -> str:
     """The subcommand's name as typed ("train", "bench train"): the first word, and the next one when
-    the first names a group."""
+    the first names a group and the next one of its commands (`tokenize SRC` runs tokenize's default)."""
     words = [arg for arg in args if not arg.startswith("-")]
     if not words:
         return ""
     sub = group.commands.get(words[0])
-    if isinstance(sub, TyperGroup) and len(words) > 1:
+    if isinstance(sub, TyperGroup) and len(words) > 1 and words[1] in sub.commands:
         return f"{words[0]} {words[1]}"
     return words[0]
 

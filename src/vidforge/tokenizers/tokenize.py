@@ -186,7 +186,7 @@ def _done(value: Any) -> Future:
 
 
 @contextmanager
-def _runtime(profile: RunProfile) -> Iterator[Runtime]:
+def runtime_scope(profile: RunProfile) -> Iterator[Runtime]:
     """This process's runtime (device from tokenizer.device: `cuda:LOCAL_RANK` under torchrun); a process
     group it starts is left on the way out. A group left to interpreter exit can abort the process after
     the work is done (gloo's threads are torn down while still joinable: "terminate called without an
@@ -240,7 +240,7 @@ def run(
     out, remote = staged(out, profile.data)
     if not is_url(shards_dir) and out.resolve() == Path(shards_dir).resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
-    with _runtime(profile) as runtime:
+    with runtime_scope(profile) as runtime:
         # The folder's lock first (rank 0, for all ranks; held while `owner` lives, to the end of the run):
         # a busy folder is refused before the tokenizer loads.
         owner = UnitLedger(out)

@@ -46,6 +46,7 @@ class WeightsInit:
 @dataclass
 class InitReport:
     source: str
+    flag: str = "--init"  # what the report names the source with (`tokenize finetune` reports its VAE)
     loaded: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
     reshaped: list[str] = field(default_factory=list)
@@ -64,7 +65,10 @@ class InitReport:
         ):
             if names:
                 parts.append(f"{len(names)} {what} ({_some(names)})")
-        return f"--init {self.source}: " + ", ".join(parts)
+        return f"{self.flag} {self.source}: " + ", ".join(parts)
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: len(getattr(self, k)) for k in ("loaded", "new", "reshaped", "unused")}
 
 
 def _some(names: list[str], count: int = 3) -> str:
