@@ -7,6 +7,7 @@ command names run `encode`, so `vidforge tokenize SRC -o OUT` (the stage's comma
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
