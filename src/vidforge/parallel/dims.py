@@ -26,6 +26,7 @@ class ParallelDims:
     device_type: str = "cpu"
     _mesh: DeviceMesh | None = field(default=None, repr=False)
     _flat: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
+    _groups: dict[str, dist.ProcessGroup] = field(default_factory=dict, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -89,6 +90,21 @@ class ParallelDims:
 
     def model_parallel_group(self) -> dist.ProcessGroup:
         return self.flat("mp").get_group()
+
+    def data_exchange_group(self) -> dist.ProcessGroup:
+        """The model-parallel group's ranks again, in a gloo group of their own, for the loader's sample
+        exchange (`data.mp_read`): it runs in the prefetch thread while the step's collectives run on the
+        mesh's groups, and two threads must never issue collectives on one group (their order could differ
+        between ranks). gloo: the exchanged samples are pickled host objects. Every rank calls this (new
+        groups are made collectively); made once."""
+        if "data" not in self._groups:
+            mine = dist.get_process_group_ranks(self.model_parallel_group())
+            every: list[list[int] | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(every, mine)
+            enumeration = sorted({tuple(ranks) for ranks in every if ranks is not None})
+            group, _ = dist.new_subgroups_by_enumeration([list(r) for r in enumeration], backend="gloo")
+            self._groups["data"] = group
+        return self._groups["data"]
 
     def fsdp_mesh(self) -> DeviceMesh:
         """The mesh FSDP shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""

@@ -66,8 +66,8 @@ class Data(Section):
     """Passes over the data; null repeats forever (training stops by step count)."""
     prefetch: int = Field(2, ge=0)
     """Batches read, decoded and packed ahead of the training step by a background thread, so the step
-    does not wait for data; 0 loads them inside the step. A model-parallel group that exchanges samples
-    (`mp_read` broadcast/allgather) loads inside the step: its exchange shares the step's process group."""
+    does not wait for data; 0 loads them inside the step. A model-parallel group's sample exchange
+    (`mp_read` broadcast/allgather) runs in that thread too, on a gloo group of its own."""
     cache_dir: str = "~/.cache/vidforge"
     """Local folder for shards read from object storage (`--data s3://bucket/prefix`, any fsspec URL) and
     for datasets staged before `shard`/`tokenize` upload them; on a cluster, the node's NVMe."""

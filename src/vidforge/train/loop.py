@@ -196,19 +196,18 @@ def run(
 def rank_batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Path]) -> Any:
     """This rank's batches, `data.prefetch` ahead in a background thread. Ranks of one model-parallel group
     (tp x cp x pp) share a dp rank, so they get the same samples; the group reads each shard once and
-    exchanges it (unless `data.mp_read` is `each`), inside the step: that exchange runs on the group the
-    step's own collectives use, and two threads issuing collectives on one group could interleave them
-    differently on different ranks."""
+    exchanges it (unless `data.mp_read` is `each`) on a gloo group of its own (`data_exchange_group`), so
+    the prefetch thread's exchange never shares a group with the step's collectives."""
     dims = runtime.dims
     dp_rank = dims.flat("dp").get_local_rank() if dist.is_initialized() else 0
     mode = profile.data.mp_read
     exchange = dims.model_parallel > 1 and mode != "each"
-    mp_group = GroupComm(dims.model_parallel_group(), mode) if exchange else None
+    mp_group = GroupComm(dims.data_exchange_group(), mode) if exchange else None
     loader = ShardLoader.from_profile(
         profile, [str(p) for p in data], dp_rank=dp_rank, dp_size=dims.layout.dp, group=mp_group
     )
     batcher = build_batcher(profile, loader)
-    if profile.data.prefetch and not exchange:
+    if profile.data.prefetch:
         return Prefetcher(batcher, profile.data.prefetch, pin=runtime.device.type == "cuda")
     return batcher
 
