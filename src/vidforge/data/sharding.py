@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resolution_bucket
+from vidforge.data.energon import write_nv_meta
 from vidforge.data.manifest import read_jsonl, stable_id, write_jsonl
 from vidforge.data.media import MediaError, media_kind, probe
 from vidforge.data.paths import UnsafePath, inside
-from vidforge.data.shard_index import INDEX, write_index
+from vidforge.data.shard_index import INDEX, read_index, write_index
 from vidforge.data.shard_writer import ShardWriter, json_bytes, member_bytes, npy_bytes, safe_key
 from vidforge.data.split import split_of
 from vidforge.data.store import staged, upload
@@ -299,6 +300,7 @@ def run(
         text_encoder=encoder.describe(),
         source=str(annotated_dir),
     )
+    write_nv_meta(read_index(out))  # Energon's metadata, where it is installed (uploaded with the shards)
     if remote is not None:
         upload(out, remote, [s.name for s in shards], finish=True)
         summary.out = str(target)
