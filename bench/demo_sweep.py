@@ -2,8 +2,10 @@
 docs/benchmarks.md. Trains on latent shards the demo wrote (commands/demo.sh up to tokenize), samples the
 demo's prompts at each seed, and prints, per prompt and seed, the fraction of frames holding the named
 colour and the blob's travel the named way (fraction of the frame), with train and infer CPU seconds.
+On a shared machine set OMP_NUM_THREADS=1: torch's two threads spinning against other processes made a
+step about 15x slower here (docs/benchmarks.md).
 
-    python bench/demo_sweep.py --data runs/demo/latents --out /tmp/sweep/flow --steps 1500 --seeds 0 1 \\
+    OMP_NUM_THREADS=1 python bench/demo_sweep.py --data runs/demo/latents --out /tmp/sweep/flow --steps 1500 --seeds 0 1 \\
         --set diffusion.objective=flow
 """
 
