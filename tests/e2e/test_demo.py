@@ -15,11 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 import torch
 
+from vidforge.bench.prompt_track import COLOURS, decode
 from vidforge.data.shard_index import read_index
 from vidforge.data.shard_reader import iter_shard
 from vidforge.diffusion import build_objective
@@ -36,17 +36,12 @@ TRAIN_STEPS = 1500
 def red_centroids(frames: np.ndarray, min_pixels: int = 3) -> list[float | None]:
     """x of the red pixels' centroid in each frame (None where too few are red)."""
     rgb = frames.astype(int)
-    red = (rgb[..., 0] > 140) & (rgb[..., 1] < 110) & (rgb[..., 2] < 110)
+    red = COLOURS["red"](rgb[..., 0], rgb[..., 1], rgb[..., 2])
     out: list[float | None] = []
     for mask in red:
         ys, xs = np.nonzero(mask)
         out.append(float(xs.mean()) if len(xs) >= min_pixels else None)
     return out
-
-
-def decode(path: Path) -> np.ndarray:
-    with av.open(str(path)) as container:
-        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
 
 def test_tracker_sees_the_training_clip_move_right(sample_videos) -> None:
