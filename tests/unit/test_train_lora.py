@@ -43,12 +43,15 @@ def _train(profile, latents: Path, steps: int, base: Path | None = None):
     runtime = init_runtime(profile)
     parts = build(profile, runtime, WeightsInit(base) if base is not None else None)
     step = make_train_step(profile, runtime, parts)
-    batcher = loop._batcher(profile, runtime, [latents])
+    batcher = loop.rank_batcher(profile, runtime, [latents])
     before = {name: p.detach().clone() for name, p in parts.modules[0].named_parameters()}
-    for _ in range(steps):
-        result = step(step.next_batches(batcher))
-        assert result.finite
-        step.apply()
+    try:
+        for _ in range(steps):
+            result = step(step.next_batches(batcher))
+            assert result.finite
+            step.apply()
+    finally:
+        getattr(batcher, "close", lambda: None)()  # the prefetch thread, when data.prefetch > 0
     return parts, before
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 import weakref
 from pathlib import Path
 from typing import IO
@@ -49,8 +50,14 @@ def _take(folder: Path) -> IO[str]:
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
+        holder = ""
+        for _ in range(50):  # the holder writes its pid just after taking the lock: give it that moment
+            f.seek(0)
+            holder = f.read().strip()
+            if holder:
+                break
+            time.sleep(0.01)
+        holder = holder or "another process"
         f.close()
         raise FolderBusy(
             f"{folder}: {holder} is writing this folder; wait for it to finish or pass another output folder"
