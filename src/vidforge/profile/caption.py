@@ -100,7 +100,7 @@ class CaptionEnhance(ChatEndpoint):
     """The instruction; `{caption}`, `{words}` and `{style}` are filled in per clip."""
 
     @model_validator(mode="after")
-    def _placeholders(self) -> CaptionEnhance:
+    def _check_prompt_fields(self) -> CaptionEnhance:
         if "{caption}" not in self.prompt:
             raise ValueError("prompt must contain {caption} (where the clip's caption goes)")
         try:
