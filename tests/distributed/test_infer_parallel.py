@@ -366,3 +366,165 @@ def test_infer_on_two_ranks_writes_the_single_process_videos(two_ranks, infer_pa
     guided, unguided = (_frames(Path(ranks[0][case][0])) for case in ("cfg-parallel", "scalefusion"))
     assert (guided != unguided).any()
     assert (_frames(Path(ranks[0]["scalefusion"][0])) != _frames(Path(ranks[0]["scalefusion"][1]))).any()
+
+
+# --- sampling that follows the layout: each parallel.cp_impl, infer.tp, TP2 x CFG-parallel -------------
+# One launch of 4 ranks. By default the two combinations the issue adds (TP2 x CFG-parallel; CFG-parallel
+# x ring context parallel); VIDFORGE_TEST_ALL_LAYOUTS=1 adds every other cp_impl on all 4 ranks and
+# TP2 x CP2 (`vidforge infer` on 2 ranks, above, covers all-gather CP and st-hybrid end to end anyway).
+
+LAYOUT_CASES = {  # name: architecture, profile settings (world 4)
+    "tp2 x cfg2": ("dit", ["infer.tp=2", "diffusion.guidance=4.0"]),
+    "cfg2 x cp2 ring": ("dit", ["parallel.cp_impl=ring", "diffusion.guidance=4.0"]),
+}
+ALL_LAYOUT_CASES = {
+    "cp4 all-gather": ("dit", ["parallel.cp_impl=all-gather", "diffusion.guidance=1"]),
+    "cp4 ulysses": ("dit", ["parallel.cp_impl=ulysses", "diffusion.guidance=1"]),
+    "cp4 st-hybrid": ("stdit", ["model.stdit_block=parallel", "diffusion.guidance=1"]),
+    "tp2 x cp2 ring": ("dit", ["infer.tp=2", "parallel.cp_impl=ring", "diffusion.guidance=1"]),
+}
+
+
+def _layout_cases() -> dict[str, tuple[str, list[str]]]:
+    import os
+
+    extra = ALL_LAYOUT_CASES if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1" else {}
+    return {**LAYOUT_CASES, **extra}
+
+
+def _layout_setup(case: tuple[str, list[str]]):
+    architecture, sets = case
+    block = [s.removeprefix("model.") for s in sets if s.startswith("model.")]
+    overrides = dict(item.split("=") for item in block)
+    model = _tiny_model(architecture=architecture, **overrides)
+    return model, _profile("model.preset=tiny", f"model.architecture={architecture}", *sets)
+
+
+def _layout_worker(rank: int, world: int, cases: dict) -> dict:
+    from vidforge.infer.run import InferPlan, check_plan, parallel_sampler, profile_slicing
+
+    text, mask, negative = _captions()
+    latents, plans = {}, {}
+    for name, case in cases.items():
+        model, prof = _layout_setup(case)
+        plan = InferPlan.choose(
+            world, prof.diffusion.guidance, model.config, prof.infer.tp, prof.parallel.cp_impl
+        )
+        check_plan(plan, prof)
+        sampler = parallel_sampler(model, prof, plan, "cpu", profile_slicing(prof))
+        latents[name] = sampler(text, mask, [3, 4], LATENT_SHAPE, negative)
+        plans[name] = plan.describe()
+        plans[f"{name} installed"] = _installed(model)
+    return {"latents": _by_value(latents), "plans": plans}
+
+
+def _installed(model) -> tuple[bool, list[str]]:
+    """What parallel_sampler put in the model: sharded (DTensor) weights, and each attention's cp method."""
+    from torch.distributed.tensor import DTensor
+
+    from vidforge.parallel.context_parallel import ContextParallelAttend
+    from vidforge.parallel.stdit_parallel import STHybridAttend
+
+    sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    methods = {
+        "st-hybrid" if isinstance(m, STHybridAttend) else m.impl
+        for m in model.modules()
+        if isinstance(m, ContextParallelAttend)
+    }
+    return sharded, sorted(methods)
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> tuple[dict, list[dict]]:
+    cases = _layout_cases()
+    return cases, run_ranks(_layout_worker, 4, cases)
+
+
+def test_sampling_each_layout_equals_single_process_sampling(four_ranks) -> None:
+    from vidforge.infer.sampling import sample_latents
+
+    cases, ranks = four_ranks
+    assert {name: ranks[0]["plans"][name] for name in LAYOUT_CASES} == {
+        "tp2 x cfg2": "tensor parallel x2 and CFG-parallel x2",
+        "cfg2 x cp2 ring": "CFG-parallel x2 and context parallel x2 (ring)",
+    }
+    installed = {name: tuple(ranks[0]["plans"][f"{name} installed"]) for name in cases}
+    assert installed["tp2 x cfg2"] == (True, [])  # the TP plan sharded the weights; no sequence split
+    assert installed["cfg2 x cp2 ring"] == (False, ["ring"])  # the profile's cp_impl, installed
+    expected = {"cp4 all-gather": ["all-gather"], "cp4 ulysses": ["ulysses"], "cp4 st-hybrid": ["st-hybrid"]}
+    expected["tp2 x cp2 ring"] = ["ring"]
+    for name in set(ALL_LAYOUT_CASES) & set(cases):
+        assert installed[name] == (name.startswith("tp2"), expected[name])
+    text, mask, negative = _captions()
+    for name, case in cases.items():
+        model, prof = _layout_setup(case)
+        reference = sample_latents(model, prof, text, mask, [3, 4], LATENT_SHAPE, negative)
+        for rank, result in enumerate(ranks):
+            # float64 model; the sampler state is float32 (sample_latents casts the network's output),
+            # and a sharded matmul or a ring's log-sum-exp merge sums in another order, so one element
+            # may round the other way in float32: float32 tolerance. A wrong shard, head split or
+            # exchange is off by the signal itself (order 1).
+            got = torch.from_numpy(result["latents"][name])
+            torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5, msg=f"{name}, rank {rank}")
+    assert not torch.allclose(  # guidance and the negative caption matter: the cases are not trivial
+        torch.from_numpy(ranks[0]["latents"]["tp2 x cfg2"]),
+        sample_latents(*_layout_setup(LAYOUT_CASES["tp2 x cfg2"]), text, mask, [3, 4], LATENT_SHAPE),
+    )
+
+
+@pytest.mark.parametrize(
+    ("world", "guidance", "architecture", "tp", "cp_impl", "expected"),
+    [
+        (4, 3.0, "dit", 2, "all-gather", (2, 2, 1, None, None)),
+        (8, 3.0, "dit", 2, "ring", (2, 2, 2, "context-parallel", "ring")),
+        (4, 1.0, "dit", 1, "ulysses", (1, 1, 4, "context-parallel", "ulysses")),
+        (4, 1.0, "stdit-parallel", 2, "ring", (2, 1, 2, "context-parallel", "st-hybrid")),
+        (2, 3.0, "dit", 2, "ring", (2, 1, 1, None, None)),
+    ],
+)
+def test_infer_plan_holds_the_model_on_tp_ranks_then_splits_branches_and_sequence(
+    world, guidance, architecture, tp, cp_impl, expected
+) -> None:
+    from vidforge.infer.run import InferPlan
+    from vidforge.models import model_config
+
+    arch = {"architecture": "stdit", "stdit_block": "parallel"} if architecture == "stdit-parallel" else {}
+    config = model_config("tiny", **(arch or {"architecture": architecture}))
+    plan = InferPlan.choose(world, guidance, config, tp, cp_impl)
+    assert (plan.tp, plan.cfg, plan.sp, plan.method, plan.cp_impl) == expected
+    assert plan.layout().world_size == world
+
+
+@pytest.mark.parametrize(
+    ("world", "sets", "lora", "message"),
+    [
+        (4, ["infer.tp=3"], None, "infer.tp: 3 does not divide --nproc 4"),
+        (2, ["infer.tp=4"], None, "infer.tp: 4 does not divide --nproc 2"),
+        (6, ["infer.tp=3"], None, "infer.tp: must divide model.heads=4, got 3"),
+        (
+            8,
+            ["parallel.cp_impl=ulysses", "diffusion.guidance=1"],
+            None,
+            "ulysses context parallel needs tp x cp = 8",
+        ),
+        (4, ["infer.tp=2", "model.architecture=stdit", "diffusion.guidance=1"], None, "ScaleFusion"),
+        (2, ["infer.tp=2"], "runs/lora", "--lora: LoRA adapters have no tensor-parallel plan"),
+        (
+            2,
+            ["model.architecture=stdit", "model.stdit_block=parallel-mm", "diffusion.guidance=1"],
+            None,
+            "model.stdit_block=parallel-mm has no context-parallel plan",
+        ),
+    ],
+)
+def test_infer_refuses_a_layout_it_cannot_sample_in_one_line(world, sets, lora, message) -> None:
+    from vidforge.errors import UserInputError
+    from vidforge.infer.run import InferPlan, check_plan
+
+    prof = _profile("model.preset=tiny", *sets)
+    with pytest.raises(UserInputError) as err:
+        plan = InferPlan.choose(
+            world, prof.diffusion.guidance, prof.model, prof.infer.tp, prof.parallel.cp_impl
+        )
+        check_plan(plan, prof, lora)
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -43,7 +43,18 @@ def infer(
         typer.Option(
             "--nproc",
             min=1,
-            help="Share the sampling over this many local processes under torchrun (CFG-parallel, sequence parallel).",
+            help="Share the sampling over this many local processes under torchrun (--tp, CFG-parallel, "
+            "context parallel with parallel.cp_impl).",
+        ),
+    ] = None,
+    tp: Annotated[
+        int | None,
+        typer.Option(
+            "--tp",
+            min=1,
+            help="With --nproc: hold the model tensor-parallel on groups of this many ranks, for a model "
+            "that does not fit one GPU (infer.tp; must divide --nproc).",
+            show_default=False,
         ),
     ] = None,
     steps: Annotated[
@@ -103,10 +114,16 @@ def infer(
 
     The flags are the profile fields named in their help (the flag wins over a --set of the same field).
 
-    With --nproc N the ranks share every batch: with guidance and an even N, the conditional and
+    With --nproc N the ranks share every batch: with --tp T (infer.tp) groups of T ranks hold the model
+    tensor-parallel (training's TP plan); with guidance and an even number of groups, the conditional and
     unconditional branches run on two halves (CFG-parallel); the ranks of each half split the token
-    sequence (ST-DiT: ScaleFusion's overlapped all-to-alls; DiT: context-parallel denoising). Rank 0
-    writes the videos.
+    sequence (ST-DiT: ScaleFusion's overlapped all-to-alls, or st-hybrid for the parallel block; DiT and
+    Wan: context parallel with the profile's parallel.cp_impl: all-gather, ring or ulysses). Rank 0
+    writes the videos. A layout the model cannot take (tp not dividing the heads, Ulysses over more ranks
+    than heads, ...) is refused in one line before sampling.
+
+    Example: vidforge infer -c runs/train --prompt "a cat" -o out --nproc 4 --tp 2   # TP2 x CFG-parallel
+    Example: vidforge infer -c runs/train --prompt "a cat" -o out --nproc 4 --guidance 1 --set parallel.cp_impl=ring
     """
     from vidforge.parallel.launch import is_rank_zero, start_ranks
 
@@ -132,6 +149,7 @@ def infer(
         "infer.height": height,
         "infer.width": width,
         "infer.frames": frames,
+        "infer.tp": tp,
     }
     overrides = [*(set_ or ()), *(f"{field}={value}" for field, value in flags.items() if value is not None)]
     what = f"sampling {len(prompts)} prompt(s) from {checkpoint}: loading the model, then denoising"

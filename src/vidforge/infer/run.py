@@ -6,12 +6,15 @@ diffusers Wan2.1 transformer or pipeline folder as downloaded: sampled as publis
 its transformer, rectified flow with UniPC, the pipeline's VAE and umT5).
 
 Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts (`InferPlan`):
-- with guidance and an even N, the conditional and unconditional branches run on two halves of the
-  ranks (CFG-parallel), so N = 2 needs no sequence split at all;
+- with infer.tp > 1, groups of tp ranks hold the model tensor-parallel (the training's TP plan, applied
+  by `vidforge.parallel.parallelize.apply_tensor_parallel`), for a model that does not fit one GPU;
+- with guidance and an even number of such groups, the conditional and unconditional branches run on two
+  halves of them (CFG-parallel), so N = 2 needs no sequence split at all;
 - the ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's overlapped
   spatial/temporal all-to-alls, any other model with context-parallel denoising
-  (`vidforge.infer.sampling.sample_latents_cp`: all-gather CP for a DiT, st-hybrid for a
-  parallel ST-DiT).
+  (`vidforge.infer.sampling.sample_latents_cp`) with the profile's parallel.cp_impl for a DiT or Wan
+  (all-gather, ring, ulysses: installed by `apply_context_parallel`, training's own dispatcher) and
+  st-hybrid for a parallel ST-DiT.
 Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,8 @@ from vidforge.models.wan_weights import (
 )
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile, load_profile
+from vidforge.profile.layout_rules import sampling_layout_problems
+from vidforge.profile.parallel import Layout, Parallel
 from vidforge.text.encoders import build_text_encoder
 from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer
 from vidforge.tokenizers.tokenize import decode
@@ -149,28 +154,86 @@ class InferResult:
 
 @dataclass(frozen=True)
 class InferPlan:
-    """How `world` ranks share sampling: `cfg` guidance branches (1 or 2) x `sp` sequence ranks, and
-    which sequence-parallel method (`scalefusion`, `context-parallel` or None for sp = 1)."""
+    """How `world` ranks share sampling: `tp` tensor-parallel ranks (infer.tp) x `cfg` guidance branches
+    (1 or 2) x `sp` sequence ranks; the sequence-parallel method (`scalefusion`, `context-parallel` or
+    None for sp = 1) and, for context parallel, its `cp_impl`."""
 
     world: int
     cfg: int
     sp: int
     method: str | None
+    tp: int = 1
+    cp_impl: str | None = None
 
     @classmethod
-    def choose(cls, world: int, guidance: float, config) -> InferPlan:
+    def choose(
+        cls, world: int, guidance: float, config, tp: int = 1, cp_impl: str = "all-gather"
+    ) -> InferPlan:
+        """The plan for `world` ranks; `cp_impl` is the profile's parallel.cp_impl (an ST-DiT's attention
+        is not full attention: its sequence split is ScaleFusion or st-hybrid whatever the profile says)."""
+        if world % tp:
+            raise UserInputError(
+                f"infer.tp: {tp} does not divide --nproc {world} (the model is held by groups of infer.tp "
+                "ranks); change infer.tp or --nproc"
+            )
+        groups = world // tp
         scalefusion = config.architecture == "stdit" and config.stdit_block == "sequential"
-        cfg = 2 if guidance != 1.0 and world % 2 == 0 else 1
-        sp = world // cfg
+        cfg = 2 if guidance != 1.0 and groups % 2 == 0 else 1
+        sp = groups // cfg
         method = None if sp == 1 else ("scalefusion" if scalefusion else "context-parallel")
-        return cls(world, cfg, sp, method)
+        impl = None
+        if method == "context-parallel":
+            impl = "st-hybrid" if config.architecture == "stdit" else cp_impl
+        return cls(world, cfg, sp, method, tp, impl)
+
+    def layout(self) -> Layout:
+        """The plan as a mesh layout: the guidance pair holds the same weights and tokens, as data-parallel
+        replicas do, so it takes the dp_replicate dimension; the sequence ranks cp; tp innermost, as in
+        training (the fastest links)."""
+        return Layout(pp=1, dp_replicate=self.cfg, dp_shard=1, cp=self.sp, tp=self.tp)
 
     def describe(self) -> str:
         names = {"scalefusion": "ScaleFusion sequence parallel", "context-parallel": "context parallel"}
-        parts = (["CFG-parallel x2"] if self.cfg == 2 else []) + (
-            [f"{names[self.method]} x{self.sp}"] if self.sp > 1 else []
+        sequence = f"{names[self.method]} x{self.sp}" if self.method else ""
+        # all-gather is a DiT's default and st-hybrid an ST-DiT's only method: named when the profile chose
+        if self.cp_impl not in (None, "all-gather", "st-hybrid"):
+            sequence += f" ({self.cp_impl})"
+        parts = (
+            ([f"tensor parallel x{self.tp}"] if self.tp > 1 else [])
+            + (["CFG-parallel x2"] if self.cfg == 2 else [])
+            + ([sequence] if sequence else [])
         )
         return " and ".join(parts) or "one rank"
+
+
+def sampling_parallel(profile: RunProfile, plan: InferPlan) -> Parallel:
+    """The profile's parallel section with the plan's cp_impl (st-hybrid for an ST-DiT)."""
+    return profile.parallel.model_copy(update={"cp_impl": plan.cp_impl or profile.parallel.cp_impl})
+
+
+def check_plan(plan: InferPlan, profile: RunProfile, lora: object = None) -> None:
+    """Refuse a plan the model cannot be sampled with, in one line saying what to change: the layout
+    rulebook's model rules (heads over tp, and over tp x cp for Ulysses; the multimodal block), and what
+    tensor-parallel sampling does not combine with."""
+    where = f"--nproc {plan.world} ({plan.describe()})"
+    if plan.tp > 1 and plan.method == "scalefusion":
+        raise UserInputError(
+            f"infer.tp: {where}: ScaleFusion (the sequential ST-DiT's sequence split) has no tensor-parallel "
+            f"path; set infer.tp=1, or use --nproc {plan.tp * plan.cfg} so the sequence is not split"
+        )
+    if plan.tp > 1 and lora is not None:
+        raise UserInputError(
+            f"--lora: LoRA adapters have no tensor-parallel plan (infer.tp={plan.tp}); set infer.tp=1"
+        )
+    used = profile.model_copy(update={"parallel": sampling_parallel(profile, plan)})
+    problems = sampling_layout_problems(used, plan.layout())
+    if problems:  # the rulebook names the training fields; sampling's tp and cp come from these
+        problem = problems[0].replace("parallel.tp", "infer.tp")
+        if problem.startswith("parallel.cp"):
+            problem += (
+                f" (sampling's cp is --nproc / (infer.tp x guidance branches) = {plan.sp}: change --nproc)"
+            )
+        raise UserInputError(f"{where}: {problem}")
 
 
 def check_sequence_split(plan: InferPlan, config, latent_shape: Sequence[int]) -> None:
@@ -189,27 +252,31 @@ def check_sequence_split(plan: InferPlan, config, latent_shape: Sequence[int]) -
         )
 
 
-def _parallel_sampler(model, prof: RunProfile, plan: InferPlan, device: str, slicing: ScaleFusionSlicing):
-    """A function (text, mask, seeds, latent_shape, negative) -> latents that samples with the plan's
-    split over the process groups it builds (all ranks call it in the same order)."""
-    from torch.distributed.device_mesh import init_device_mesh
+Sampler = Callable[..., torch.Tensor]
+"""(text, mask, seeds, latent_shape, negative) -> latents (B, C, T, H, W), the same on every rank."""
 
-    mesh = init_device_mesh(torch.device(device).type, (plan.cfg, plan.sp), mesh_dim_names=("cfg", "sp"))
-    cfg_group = mesh["cfg"].get_group() if plan.cfg == 2 else None
-    sp_group = mesh["sp"].get_group()
+
+def parallel_sampler(
+    model, prof: RunProfile, plan: InferPlan, device: str, slicing: ScaleFusionSlicing
+) -> Sampler:
+    """Make `model` (whole, on every rank) parallel as `plan` says, in place, and return the function that
+    samples with it over the process groups built here (every rank calls both in the same order)."""
+    from vidforge.parallel.dims import ParallelDims
+    from vidforge.parallel.parallelize import apply_context_parallel, apply_tensor_parallel
+
+    dims = ParallelDims(plan.layout(), torch.device(device).type)
+    cfg_group = dims.mesh["dp_replicate"].get_group() if plan.cfg == 2 else None
+    if plan.tp > 1:
+        apply_tensor_parallel(model, dims, prof)
     if plan.method == "context-parallel":
         from vidforge.infer.sampling import sample_latents_cp
-        from vidforge.parallel.context_parallel import apply_cp
-        from vidforge.parallel.stdit_parallel import apply_st_hybrid
 
-        if model.config.architecture == "stdit":
-            apply_st_hybrid(model, sp_group)
-        else:
-            apply_cp(model, sp_group, "all-gather")
+        apply_context_parallel(model, dims, sampling_parallel(prof, plan))
+        cp_mesh = dims.mesh["cp"]
 
         def sampler(text, mask, seeds, shape, negative):
             return sample_latents_cp(
-                model, prof, text, mask, seeds, shape, sp_group, negative, cfg_group=cfg_group
+                model, prof, text, mask, seeds, shape, cp_mesh, negative, cfg_group=cfg_group
             )
 
         return sampler
@@ -217,7 +284,7 @@ def _parallel_sampler(model, prof: RunProfile, plan: InferPlan, device: str, sli
     if plan.method == "scalefusion":
         from vidforge.parallel.scalefusion import scalefusion_network
 
-        forward = scalefusion_network(model, sp_group, slicing)
+        forward = scalefusion_network(model, dims.mesh["cp"].get_group(), slicing)
 
     def sampler(text, mask, seeds, shape, negative):
         return sample_latents(
@@ -225,6 +292,17 @@ def _parallel_sampler(model, prof: RunProfile, plan: InferPlan, device: str, sli
         )
 
     return sampler
+
+
+def profile_slicing(prof: RunProfile) -> ScaleFusionSlicing:
+    """ScaleFusion's N_T, N_S, L_T, L_S from the profile's infer.scalefusion_*."""
+    cfg = prof.infer
+    return ScaleFusionSlicing(
+        cfg.scalefusion_slices_t,
+        cfg.scalefusion_slices_s,
+        cfg.scalefusion_first_parts_t,
+        cfg.scalefusion_first_parts_s,
+    )
 
 
 def run(
@@ -274,20 +352,20 @@ def run(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
     if world > 1:
-        plan = InferPlan.choose(world, prof.diffusion.guidance, model.config)
+        plan = InferPlan.choose(
+            world, prof.diffusion.guidance, model.config, prof.infer.tp, prof.parallel.cp_impl
+        )
         if log is not None and rank == 0:
             log(f"{world} ranks: {plan.describe()}")
+        check_plan(plan, prof, lora)
         check_sequence_split(plan, model.config, latent_shape)
-        if slicing is None:
-            cfg = prof.infer
-            slicing = ScaleFusionSlicing(
-                cfg.scalefusion_slices_t,
-                cfg.scalefusion_slices_s,
-                cfg.scalefusion_first_parts_t,
-                cfg.scalefusion_first_parts_s,
-            )
-        sampler = _parallel_sampler(model, prof, plan, device, slicing)
+        sampler = parallel_sampler(model, prof, plan, device, slicing or profile_slicing(prof))
     else:
+        if prof.infer.tp > 1:
+            raise UserInputError(
+                f"infer.tp: {prof.infer.tp} ranks hold the model tensor-parallel, but one process runs; "
+                f"use --nproc {prof.infer.tp} (or a multiple), or set infer.tp=1"
+            )
 
         def sampler(text, mask, seeds, shape, negative):
             return sample_latents(model, prof, text, mask, seeds, shape, negative)

@@ -22,6 +22,7 @@ from vidforge.parallel.activation_offload import apply_activation_offload
 from vidforge.parallel.dims import ParallelDims
 from vidforge.parallel.fsdp import apply_fsdp
 from vidforge.profile import RunProfile
+from vidforge.profile.parallel import Parallel
 
 
 @dataclass
@@ -44,24 +45,10 @@ def parallelize(
         from vidforge.parallel.float8 import apply_float8
 
         done.notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
-    if dims.tp_enabled and profile.model.family == "wan":
-        from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
-
-        apply_wan_tp(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
-    elif dims.tp_enabled:
-        from vidforge.parallel.tensor_parallel import apply_tp
-
-        apply_tp(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
+    if dims.tp_enabled:
+        apply_tensor_parallel(model, dims, profile)
     if dims.cp_enabled:
-        impl = profile.parallel.cp_impl
-        if impl == "st-hybrid":
-            from vidforge.parallel.stdit_parallel import apply_st_hybrid
-
-            apply_st_hybrid(model, dims.mesh["cp"])
-        else:
-            from vidforge.parallel.context_parallel import apply_cp
-
-            apply_cp(model, dims.mesh["cp"], impl, profile.parallel.cp_regather)
+        apply_context_parallel(model, dims, profile.parallel)
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
     apply_activation_offload(
         model.blocks, cfg.activation_offload, cfg.activation_checkpointing, cfg.checkpoint_ratio
@@ -84,6 +71,35 @@ def parallelize(
         )
     done.autocast_dtype = autocast_dtype(dims, profile)
     return done
+
+
+def apply_tensor_parallel(model: nn.Module, dims: ParallelDims, profile: RunProfile) -> None:
+    """The model family's tensor-parallel plan over `dims.mesh["tp"]` (with the profile's sequence
+    parallel), in place. Training (`parallelize`) and `vidforge infer` (infer.tp) both apply it here."""
+    sequence_parallel = profile.parallel.sequence_parallel
+    if profile.model.family == "wan":
+        from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
+
+        apply_wan_tp(model, dims.mesh["tp"], sequence_parallel=sequence_parallel)
+    else:
+        from vidforge.parallel.tensor_parallel import apply_tp
+
+        apply_tp(model, dims.mesh["tp"], sequence_parallel=sequence_parallel)
+
+
+def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Parallel) -> None:
+    """Context parallel over `dims.mesh["cp"]` with `parallel.cp_impl`, in place: the one place that maps
+    a cp_impl to the code that installs it (st-hybrid for an ST-DiT; the full-attention implementations
+    through `apply_cp`). Training and context-parallel sampling both come here."""
+    impl = parallel.cp_impl
+    if impl == "st-hybrid":
+        from vidforge.parallel.stdit_parallel import apply_st_hybrid
+
+        apply_st_hybrid(model, dims.mesh["cp"])
+    else:
+        from vidforge.parallel.context_parallel import apply_cp
+
+        apply_cp(model, dims.mesh["cp"], impl, parallel.cp_regather)
 
 
 def uses_fsdp(dims: ParallelDims) -> bool:

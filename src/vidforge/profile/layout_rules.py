@@ -183,3 +183,16 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
             )
             return problems + [p for rule in RULES for p in rule(profile, layout)]
     return [p for rule in RULES for p in rule(profile, layout)]
+
+
+# Sampling (`vidforge infer --nproc N`) runs a layout of its own: cfg (on the dp_replicate dimension) x cp
+# x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
+# LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
+# own settings gave the degrees.
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _mm_block)
+
+
+def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:
+    """What keeps `vidforge infer` from sampling with `layout` (pp 1, dp_replicate = the guidance
+    branches, cp = the sequence ranks, tp = infer.tp), each as `field: message`."""
+    return [p for rule in SAMPLING_RULES for p in rule(profile, layout)]
