@@ -93,16 +93,26 @@ def train(
 
 
 @app.command()
-def infer(profile: ProfileOpt = None, set_: SetOpt = None) -> None:
+def infer(nproc: NprocOpt = None, profile: ProfileOpt = None, set_: SetOpt = None) -> None:
     """Sampling latency per step and end to end, for each sampler (heun, res), with classifier-free
     guidance batched (one doubled batch) and sequential (two calls). infer.batch_size prompts of
     bench.latent_* latents, diffusion.steps steps, random weights; tokenizer decode not included.
 
+    With --nproc N: N local ranks sample the way `vidforge infer --nproc N` does (infer.tp, CFG-parallel,
+    context parallel with parallel.cp_impl), against one process measured first in the same run:
+    latency per step, speed-up and efficiency, and the largest difference from the one process's latents.
+
     Example: vidforge bench infer --set diffusion.steps=8 --set infer.batch_size=1
+    Example: vidforge bench infer --nproc 2 --set diffusion.guidance=1 --set parallel.cp_impl=ring
+    Example: vidforge bench infer --nproc 4 --set infer.tp=2   # TP2 x CFG-parallel
     """
+    resolved = profile_from(profile, set_)
+    if nproc is not None:
+        _infer_scaling(resolved, nproc)
+        return
     from vidforge.bench.infer_bench import run
 
-    result = run(profile_from(profile, set_))
+    result = run(resolved)
     lines = [
         f"bench infer  {result['profile']} on {result['device']} ({result['dtype']}): {result['workload']}"
     ]
@@ -115,6 +125,33 @@ def infer(profile: ProfileOpt = None, set_: SetOpt = None) -> None:
             f"  {r['sampler']:<8} {r['guidance']:<18} {r['steps']:>5} {r['model_calls']:>5} {r['rows_per_call']:>4} "
             f"{_fmt(r['end_to_end_s']):>12} {_fmt(r['per_step_s']):>10} {_fmt(r['per_model_call_s']):>10}"
         )
+    current_output().result(result, text="\n".join(lines))
+
+
+def _infer_scaling(resolved, nproc: int) -> None:
+    from vidforge.parallel.launch import start_ranks
+
+    code = start_ranks(nproc)
+    if code is not None:
+        raise typer.Exit(code)
+    import torch.distributed as dist
+
+    from vidforge.bench.infer_scaling import run
+
+    result = run(resolved)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return  # one report, from rank 0 (the CLI boundary leaves the process group on the way out)
+    lines = [
+        f"bench infer  {result['profile']} on {result['device']} ({result['dtype']}): {result['workload']}, "
+        f"{result['sampler']} {result['steps']} steps, guidance {result['guidance_scale']:g}",
+        f"  {'layout':<44} {'ranks':>5} {'per step s':>10} {'end to end s':>12} {'speed-up':>8} {'efficiency':>10}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"  {r['layout']:<44} {r['ranks']:>5} {_fmt(r['per_step_s']):>10} {_fmt(r['end_to_end_s']):>12} "
+            f"{r['speedup']:>7.2f}x {r['efficiency']:>10.0%}"
+        )
+    lines.append(f"  largest difference from the one process's latents: {result['max_abs_diff']:.2g}")
     current_output().result(result, text="\n".join(lines))
 
 

@@ -1,0 +1,109 @@
+"""`vidforge bench infer --nproc N`: sampling on N ranks against one process, measured in the same run.
+
+Every rank builds the profile's model with the same random weights (latency does not depend on them).
+Rank 0 first samples alone while the others wait at a barrier: the one-process reference, `vidforge
+infer`'s single-process sampler. Then the N ranks sample with the plan `vidforge infer --nproc N` would
+take (`InferPlan`: infer.tp, CFG-parallel, the sequence split with parallel.cp_impl), built by the same
+`parallel_sampler`. Each is timed as bench.warmup untimed samples, then the median of bench.repeats.
+Reported: latency per sampler step and end to end, speed-up (one process / N ranks) and efficiency
+(speed-up / N), and how far the N ranks' latents are from the one process's (a check that the split
+computes the same thing). Latents of bench.latent_*, infer.batch_size prompts with bench.text_tokens
+random caption tokens; the tokenizer's decode and the text encoder are not included; churn is off (with
+churn the ranks draw other noise)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vidforge.bench.timing import time_calls
+from vidforge.bench.workload import Workload
+from vidforge.infer.run import InferPlan, Sampler, check_plan, parallel_sampler, profile_slicing
+from vidforge.infer.sampling import sample_latents
+from vidforge.models import build_model
+from vidforge.parallel.runtime import init_runtime
+from vidforge.profile import RunProfile
+
+
+@dataclass
+class ScalingRow:
+    layout: str
+    ranks: int
+    end_to_end_s: float
+    per_step_s: float
+    spread: float
+    speedup: float
+    efficiency: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run(profile: RunProfile) -> dict[str, Any]:
+    """Measure on this rank's part of the run (every rank calls it); the result is complete on rank 0."""
+    runtime = init_runtime(profile)
+    device, world = runtime.device, runtime.world
+    if world < 2:
+        from vidforge.errors import UserInputError
+
+        raise UserInputError("bench infer --nproc: give 2 or more ranks (--nproc 1 is `bench infer` itself)")
+    prof = profile.model_copy(update={"diffusion": profile.diffusion.model_copy(update={"churn": 0.0})})
+    dtype = torch.bfloat16 if prof.train.precision == "bf16" and device.type == "cuda" else torch.float32
+    workload = Workload.from_profile(prof, samples=prof.infer.batch_size, packed=False)
+    b = workload.samples
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn((b, workload.text_tokens, prof.model.text_dim), generator=g)
+    mask = torch.ones(b, workload.text_tokens, dtype=torch.bool)
+    seeds = list(range(b))
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(prof.train.seed)
+        return build_model(prof.model, device=device, dtype=dtype).eval()
+
+    def timed(sampler: Sampler) -> tuple[Any, torch.Tensor]:
+        latents = sampler(text, mask, seeds, workload.latent, None)
+        warmup = max(0, prof.bench.warmup - 1)  # the call above was the first
+        return time_calls(
+            lambda: sampler(text, mask, seeds, workload.latent, None), warmup, prof.bench.repeats, device
+        ), latents
+
+    single = None
+    if runtime.rank == 0:  # alone: the other ranks wait at the barrier, so it has the machine to itself
+        one = model()
+        single = timed(lambda *args: sample_latents(one, prof, *args))
+        del one
+    dist.barrier()
+    plan = InferPlan.choose(world, prof.diffusion.guidance, prof.model, prof.infer.tp, prof.parallel.cp_impl)
+    check_plan(plan, prof)
+    parallel = timed(parallel_sampler(model(), prof, plan, str(device), profile_slicing(prof)))
+    if single is None:
+        return {}
+    steps = prof.diffusion.steps
+    rows = []
+    for layout, ranks, timing in (("1 process", 1, single[0]), (plan.describe(), world, parallel[0])):
+        speedup = single[0].median / timing.median
+        rows.append(
+            ScalingRow(
+                layout,
+                ranks,
+                timing.median,
+                timing.median / steps,
+                timing.spread,
+                speedup,
+                speedup / ranks,
+            )
+        )
+    return {
+        "profile": prof.name,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "workload": workload.describe(),
+        "sampler": prof.diffusion.sampler,
+        "steps": steps,
+        "guidance_scale": prof.diffusion.guidance,
+        "max_abs_diff": float((parallel[1].float().cpu() - single[1].float().cpu()).abs().max()),
+        "rows": [r.as_dict() for r in rows],
+    }
