@@ -1,6 +1,7 @@
 """`vidforge bench infer --nproc N`: sampling on N ranks against one process, measured in the same run.
 
-Every rank builds the profile's model with the same random weights (latency does not depend on them).
+Every rank builds the profile's model with the same random weights (latency does not depend on them;
+perturbed away from adaLN-Zero's identity blocks, so that the difference below compares real outputs).
 Rank 0 first samples alone while the others wait at a barrier: the one-process reference, `vidforge
 infer`'s single-process sampler. Then the N ranks sample with the plan `vidforge infer --nproc N` would
 take (`InferPlan`: infer.tp, CFG-parallel, the sequence split with parallel.cp_impl), built by the same
@@ -38,9 +39,6 @@ class ScalingRow:
     speedup: float
     efficiency: float
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def run(profile: RunProfile) -> dict[str, Any]:
     """Measure on this rank's part of the run (every rank calls it); the result is complete on rank 0."""
@@ -61,7 +59,11 @@ def run(profile: RunProfile) -> dict[str, Any]:
 
     def model() -> torch.nn.Module:
         torch.manual_seed(prof.train.seed)
-        return build_model(prof.model, device=device, dtype=dtype).eval()
+        built = build_model(prof.model, device=device, dtype=dtype).eval()
+        with torch.no_grad():  # adaLN-Zero starts every block at the identity and the output at zero:
+            for p in built.parameters():  # perturbed, the latents depend on every layer's attention
+                p.add_(0.05 * torch.randn_like(p))
+        return built
 
     def timed(sampler: Sampler) -> tuple[Any, torch.Tensor]:
         latents = sampler(text, mask, seeds, workload.latent, None)
@@ -70,14 +72,14 @@ def run(profile: RunProfile) -> dict[str, Any]:
             lambda: sampler(text, mask, seeds, workload.latent, None), warmup, prof.bench.repeats, device
         ), latents
 
+    plan = InferPlan.choose(world, prof.diffusion.guidance, prof.model, prof.infer.tp, prof.parallel.cp_impl)
+    check_plan(plan, prof)  # before anything is measured
     single = None
     if runtime.rank == 0:  # alone: the other ranks wait at the barrier, so it has the machine to itself
         one = model()
         single = timed(lambda *args: sample_latents(one, prof, *args))
         del one
     dist.barrier()
-    plan = InferPlan.choose(world, prof.diffusion.guidance, prof.model, prof.infer.tp, prof.parallel.cp_impl)
-    check_plan(plan, prof)
     parallel = timed(parallel_sampler(model(), prof, plan, str(device), profile_slicing(prof)))
     if single is None:
         return {}
@@ -105,5 +107,5 @@ def run(profile: RunProfile) -> dict[str, Any]:
         "steps": steps,
         "guidance_scale": prof.diffusion.guidance,
         "max_abs_diff": float((parallel[1].float().cpu() - single[1].float().cpu()).abs().max()),
-        "rows": [r.as_dict() for r in rows],
+        "rows": [asdict(r) for r in rows],
     }

@@ -336,6 +336,11 @@ def run(
     # a checkpoint trained on GPUs still samples on a machine without one
     runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
     rank, world, device = runtime.rank, runtime.world, str(runtime.device)
+    if world == 1 and prof.infer.tp > 1:  # before anything loads
+        raise UserInputError(
+            f"infer.tp: {prof.infer.tp} ranks hold the model tensor-parallel, but one process runs; "
+            f"use --nproc {prof.infer.tp} (or a multiple), or set infer.tp=1"
+        )
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
     encoder = build_text_encoder(prof)
@@ -361,11 +366,6 @@ def run(
         check_sequence_split(plan, model.config, latent_shape)
         sampler = parallel_sampler(model, prof, plan, device, slicing or profile_slicing(prof))
     else:
-        if prof.infer.tp > 1:
-            raise UserInputError(
-                f"infer.tp: {prof.infer.tp} ranks hold the model tensor-parallel, but one process runs; "
-                f"use --nproc {prof.infer.tp} (or a multiple), or set infer.tp=1"
-            )
 
         def sampler(text, mask, seeds, shape, negative):
             return sample_latents(model, prof, text, mask, seeds, shape, negative)
