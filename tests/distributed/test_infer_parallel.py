@@ -8,6 +8,9 @@
 - `vidforge infer` (`infer.run.run`) on 2 ranks, each way it splits the work (CFG-parallel, ScaleFusion,
   context-parallel DiT, st-hybrid parallel ST-DiT): rank 0 writes the single process's videos, frame for
   frame.
+- Sampling that follows the layout (`infer.run.parallel_sampler`): TP2 (infer.tp), the profile's
+  parallel.cp_impl, TP2 x CFG-parallel, equal to single-process sampling; the plan and its one-line
+  refusals; `vidforge bench infer --nproc 2`.
 """
 
 from __future__ import annotations

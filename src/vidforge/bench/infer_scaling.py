@@ -2,10 +2,11 @@
 
 Every rank builds the profile's model with the same random weights (latency does not depend on them;
 perturbed away from adaLN-Zero's identity blocks, so that the difference below compares real outputs).
-Rank 0 first samples alone while the others wait at a barrier: the one-process reference, `vidforge
-infer`'s single-process sampler. Then the N ranks sample with the plan `vidforge infer --nproc N` would
-take (`InferPlan`: infer.tp, CFG-parallel, the sequence split with parallel.cp_impl), built by the same
-`parallel_sampler`. Each is timed as bench.warmup untimed samples, then the median of bench.repeats.
+The one-process reference is rank 0 sampling alone (`vidforge infer`'s single-process sampler) while
+the others wait at a barrier; then the N ranks sample with the plan `vidforge infer --nproc N` would take
+(`InferPlan`: infer.tp, CFG-parallel, the sequence split with parallel.cp_impl), built by the same
+`parallel_sampler`. The two alternate, round by round: bench.warmup rounds untimed, then the median of
+bench.repeats rounds of each.
 Reported: latency per sampler step and end to end, speed-up (one process / N ranks) and efficiency
 (speed-up / N), and how far the N ranks' latents are from the one process's (a check that the split
 computes the same thing). Latents of bench.latent_*, infer.batch_size prompts with bench.text_tokens
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vidforge.bench.timing import time_calls
+from vidforge.bench.timing import Stopwatch, Timing
 from vidforge.bench.workload import Workload
 from vidforge.infer.run import InferPlan, Sampler, check_plan, parallel_sampler, profile_slicing
 from vidforge.infer.sampling import sample_latents
@@ -65,28 +66,37 @@ def run(profile: RunProfile) -> dict[str, Any]:
                 p.add_(0.05 * torch.randn_like(p))
         return built
 
-    def timed(sampler: Sampler) -> tuple[Any, torch.Tensor]:
-        latents = sampler(text, mask, seeds, workload.latent, None)
-        warmup = max(0, prof.bench.warmup - 1)  # the call above was the first
-        return time_calls(
-            lambda: sampler(text, mask, seeds, workload.latent, None), warmup, prof.bench.repeats, device
-        ), latents
-
     plan = InferPlan.choose(world, prof.diffusion.guidance, prof.model, prof.infer.tp, prof.parallel.cp_impl)
     check_plan(plan, prof)  # before anything is measured
-    single = None
-    if runtime.rank == 0:  # alone: the other ranks wait at the barrier, so it has the machine to itself
-        one = model()
-        single = timed(lambda *args: sample_latents(one, prof, *args))
-        del one
-    dist.barrier()
-    parallel = timed(parallel_sampler(model(), prof, plan, str(device), profile_slicing(prof)))
-    if single is None:
+    parallel = parallel_sampler(model(), prof, plan, str(device), profile_slicing(prof))
+    one = model() if runtime.rank == 0 else None
+    watch = Stopwatch(device)
+    single_s, parallel_s = [], []
+    latents: dict[str, torch.Tensor] = {}
+
+    def timed(name: str, sampler: Sampler, seconds: list[float] | None) -> None:
+        watch.start()
+        latents[name] = sampler(text, mask, seeds, workload.latent, None)
+        if seconds is not None:
+            seconds.append(watch.stop())
+
+    # bench.warmup rounds untimed, then bench.repeats timed. Each round samples once in one process (rank
+    # 0 alone, the others waiting at the barrier) and once on the N ranks: alternating, a machine whose
+    # load drifts during the run moves both measurements alike.
+    for i in range(prof.bench.warmup + prof.bench.repeats):
+        timing = i >= prof.bench.warmup
+        if one is not None:
+            timed("single", lambda *args: sample_latents(one, prof, *args), single_s if timing else None)
+        dist.barrier()
+        timed("parallel", parallel, parallel_s if timing else None)
+        dist.barrier()
+    if one is None:
         return {}
+    single, split = Timing(tuple(single_s)), Timing(tuple(parallel_s))
     steps = prof.diffusion.steps
     rows = []
-    for layout, ranks, timing in (("1 process", 1, single[0]), (plan.describe(), world, parallel[0])):
-        speedup = single[0].median / timing.median
+    for layout, ranks, timing in (("1 process", 1, single), (plan.describe(), world, split)):
+        speedup = single.median / timing.median
         rows.append(
             ScalingRow(
                 layout,
@@ -106,6 +116,8 @@ def run(profile: RunProfile) -> dict[str, Any]:
         "sampler": prof.diffusion.sampler,
         "steps": steps,
         "guidance_scale": prof.diffusion.guidance,
-        "max_abs_diff": float((parallel[1].float().cpu() - single[1].float().cpu()).abs().max()),
+        "max_abs_diff": float(
+            (latents["parallel"].float().cpu() - latents["single"].float().cpu()).abs().max()
+        ),
         "rows": [asdict(r) for r in rows],
     }
