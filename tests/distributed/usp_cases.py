@@ -1,28 +1,19 @@
-"""2D context parallel (parallel.cp_impl=usp: Ulysses 2 inside, ring 2 across) on 4 gloo ranks against one
-process, with the groups `ParallelDims.cp_2d_groups` makes.
+"""2D context parallel's cases (parallel.cp_impl=usp: Ulysses 2 inside, ring 2 across) on 4 gloo ranks
+against one process, with the groups `ParallelDims.cp_2d_groups` makes. They run in
+test_context_parallel.py's 4-rank spawn (process start-up costs more than the cases on this machine),
+whose tests check them:
 
-- The attention alone: random float64 q, k, v of a packed row whose samples leave pads at cp 4 (12 + 3 +
+- the attention alone: random float64 q, k, v of a packed row whose samples leave pads at cp 4 (12 + 3 +
   9 + 5 tokens) and of a plain batch with pads (2 rows of 9), against softmax attention written out per
-  sample; forward and the gradients of q, k and v.
-- A tiny DiT's EDM loss, through `test_context_parallel`'s case (output, loss share, every parameter's
+  sample; forward and the gradients of q, k and v;
+- a tiny DiT's EDM loss, through test_context_parallel's `_case` (output, loss share, every parameter's
   gradient, for packed rows and plain batches with and without pads).
 
-float64: the computations differ in summation order only, so 1e-10 bounds rounding (see
-test_context_parallel.py). One spawn of 4 ranks runs every case."""
+float64: the computations differ in summation order only, so 1e-10 bounds rounding."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_context_parallel as cpt  # noqa: E402
-from ranks import run_ranks  # noqa: E402
-
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 HEADS, DIM = 4, 8
 ATTENTION_ROWS = {"packed": [12, 3, 9, 5], "plain padded": [9]}
@@ -67,7 +58,10 @@ def _attention_case(kind: str, cp_mesh, groups) -> dict[str, float]:
     return errors
 
 
-def _worker(rank: int, world: int):
+def usp_cases() -> dict:
+    """Every case on this rank: ("attention", row kind) -> errors, ("model", row kind) -> errors."""
+    from test_context_parallel import ROWS, _case, _model
+
     from vidforge.parallel.context_parallel import apply_cp
     from vidforge.parallel.dims import ParallelDims
     from vidforge.parallel.usp_attention import UspGroups
@@ -78,27 +72,7 @@ def _worker(rank: int, world: int):
     cp_mesh = dims.mesh["cp"]
     results = {("attention", kind): _attention_case(kind, cp_mesh, groups) for kind in ATTENTION_ROWS}
     # The model with usp installed first; the case's own apply_cp then finds it installed and keeps it.
-    model = apply_cp(cpt._model(), cp_mesh, "usp", usp_groups=groups)
-    for kind in cpt.ROWS:
-        results[("model", kind)] = cpt._case(model, "usp", kind, cp_mesh)
+    model = apply_cp(_model(), cp_mesh, "usp", usp_groups=groups)
+    for kind in ROWS:
+        results[("model", kind)] = _case(model, "usp", kind, cp_mesh)
     return results
-
-
-@pytest.fixture(scope="module")
-def results():
-    return run_ranks(_worker, 4)
-
-
-@pytest.mark.parametrize("kind", ATTENTION_ROWS)
-def test_usp_attention_equals_attention_forward_and_grads(results, kind):
-    for rank_errors in results:
-        errors = rank_errors[("attention", kind)]
-        assert errors["grad_scale"] > 1e-3
-        assert max(v for name, v in errors.items() if name != "grad_scale") < cpt.TOL["atol"], errors
-
-
-@pytest.mark.parametrize("kind", cpt.ROWS)
-def test_usp_dit_loss_and_gradients_equal_one_process(results, kind):
-    """Output, loss share and parameter gradients of the DiT under ulysses2 x ring2 equal one process."""
-    for rank_errors in results:
-        cpt._check(rank_errors[("model", kind)])
