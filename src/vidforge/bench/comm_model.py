@@ -130,7 +130,10 @@ def communication(
             f"{2 + fwd_repeats} passes x {tp - 1}/{tp} x {tokens:,.0f} tokens x {d} x {e} B"
         )
         terms.append(CommTerm("tp", size, link, bw, False, formula))
-    if cp > 1:
+    if cp > 1 and par.cp_impl == "usp":
+        local = tokens * d / tp * e
+        terms.extend(_usp_terms(profile, layout, microbatches * blocks, local, fwd_repeats, full_attn))
+    elif cp > 1:
         local = tokens * d / tp * e
         impl = par.cp_impl
         if impl == "all-gather":
@@ -143,8 +146,6 @@ def communication(
         elif impl == "ring":
             per_layer, overlapped = (2 * fwd_repeats + 4) * (cp - 1) * local * full_attn, True
             what = "K/V blocks passed around the ring forward, K/V and their gradients backward"
-        elif impl == "usp":
-            terms.extend(_usp_terms(profile, layout, microbatches * blocks, local, fwd_repeats, full_attn))
         elif impl == "ulysses":
             attn = full_attn or 1
             per_layer, overlapped = (4 * fwd_repeats + 4) * (cp - 1) / cp * local * attn, False
@@ -152,11 +153,12 @@ def communication(
         else:
             per_layer, overlapped = (2 * fwd_repeats + 2) * (cp - 1) / cp * local, False
             what = "all-to-all between the spatial and temporal layouts, forward and backward"
-        if impl != "usp":
-            size = microbatches * blocks * per_layer
-            link, bw = group_link(profile, layout, ("cp",))
-            formula = f"{microbatches} x {blocks} blocks: {what}; {tokens:,.0f} tokens/rank x {d}/{tp} x {e} B, cp={cp}"
-            terms.append(CommTerm(f"cp ({impl})", size, link, bw, overlapped, formula))
+        size = microbatches * blocks * per_layer
+        link, bw = group_link(profile, layout, ("cp",))
+        formula = (
+            f"{microbatches} x {blocks} blocks: {what}; {tokens:,.0f} tokens/rank x {d}/{tp} x {e} B, cp={cp}"
+        )
+        terms.append(CommTerm(f"cp ({impl})", size, link, bw, overlapped, formula))
     if pp > 1:
         sp = tp if par.sequence_parallel else 1
         size = microbatches * 2 * tokens * d * e / sp
