@@ -1,4 +1,4 @@
-"""Context parallel (all-gather, ring, Ulysses; 2D: usp_cases.py) on 2 and 4 gloo ranks against one process.
+"""Context parallel (all-gather, ring, Ulysses) on 2 and 4 gloo ranks against one process.
 
 Every rank builds the same tiny float64 DiT and the same micro-batch, runs the EDM training loss of the
 single-process model as the reference, then of the context-parallel copy on its share of the tokens

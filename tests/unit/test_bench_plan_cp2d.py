@@ -12,10 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from vidforge.bench.comm_model import communication
-from vidforge.bench.plan import cp_choices, rank_cp_impls
+from vidforge.bench.plan import cp_choices, rank_cp_impls, structural_problems
 from vidforge.bench.workload import Workload
 from vidforge.cli.app import app
 from vidforge.profile import load_profile
+from vidforge.profile.parallel import Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_bench_plan import WORKED_EXAMPLE  # noqa: E402  (dit-14b, 72K tokens, cp 16 over 2 nodes of 8)
@@ -78,3 +79,13 @@ def test_bench_plan_lists_the_cp_implementations_of_the_layout() -> None:
     assert result.exit_code == 0, result.output
     listing = result.output.split("context parallel, by implementation (fastest first):")[1]
     assert listing.split()[0:2] == ["usp", "8x2"]
+
+
+def test_a_usp_profile_leaves_layouts_without_context_parallel_to_the_planner() -> None:
+    """The rulebook refuses a cp that cp_ulysses does not divide, not the layouts with no cp at all."""
+    p = _profile("parallel.cp_impl=usp", "parallel.cp_ulysses=8")
+    assert structural_problems(p, Layout(pp=1, dp_replicate=4, dp_shard=32, cp=1, tp=1)) == []
+    refused = structural_problems(p, Layout(pp=1, dp_replicate=4, dp_shard=8, cp=4, tp=1))
+    assert refused == [
+        "parallel.cp_ulysses: 8 must divide parallel.cp=4 (cp = cp_ulysses x cp_ring); change cp_ulysses or cp"
+    ]

@@ -43,9 +43,10 @@ def _heads(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _cp_2d(profile: RunProfile, layout: Layout) -> list[str]:
-    """2D context parallel (cp_impl=usp): cp = cp_ulysses x cp_ring."""
+    """2D context parallel (cp_impl=usp): cp = cp_ulysses x cp_ring. Without context parallel (cp 1, a
+    layout the planner tries) there is nothing to split."""
     ulysses = profile.parallel.cp_ulysses
-    if profile.parallel.cp_impl != "usp" or layout.cp % ulysses == 0:
+    if layout.cp == 1 or profile.parallel.cp_impl != "usp" or layout.cp % ulysses == 0:
         return []
     return [
         f"parallel.cp_ulysses: {ulysses} must divide parallel.cp={layout.cp} (cp = cp_ulysses x cp_ring); "
