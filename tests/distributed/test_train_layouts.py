@@ -73,6 +73,18 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-fsdp2xtp2-sp": (4, ["parallel.dp_shard=2", "parallel.tp=2", *WAN]),
         "wan-pp2xtp2-sp": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     }
+# Pipeline x context parallel: each stage holds its cp rank's shard of the stream. One layout by default
+# (ring over packed rows, 4 ranks, sharing pp2xfsdp2's reference run); the other cp_impls, bucket batches
+# and pp2 x cp2 x tp2 (8 ranks) with VIDFORGE_TEST_ALL_LAYOUTS=1.
+PP2 = ("parallel.pp=2", "parallel.pp_microbatches=2", *CLIP)
+LAYOUTS["pp2xcp2-ring"] = (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring"])
+if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
+    LAYOUTS |= {
+        "pp2xcp2-all-gather": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=all-gather"]),
+        "pp2xcp2-ulysses-buckets": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ulysses", *BUCKETS]),
+        "pp2xcp2xtp2": (8, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring", "parallel.tp=2"]),
+    }
+
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
@@ -87,6 +99,10 @@ REFERENCE_SETS = {
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
+    "pp2xcp2-ring": ("train.grad_accum=2", *CLIP),
+    "pp2xcp2-all-gather": ("train.grad_accum=2", *CLIP),
+    "pp2xcp2-ulysses-buckets": (*BUCKETS, *CLIP),
+    "pp2xcp2xtp2": ("train.grad_accum=2", *CLIP),
 }
 
 # Layouts whose last checkpoint one process then takes as `--init RUN`: tensor-parallel DTensor shards
@@ -169,7 +185,6 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("sets", "field"),
     [
-        (["parallel.cp=2"], "parallel.cp"),
         (["train.grad_accum=2"], "train.grad_accum"),
         (["data.packing=false", "data.batch_size=3"], "data.batch_size"),
         (["train.validate_every=1"], "train.validate_every"),

@@ -95,11 +95,6 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
             f"parallel.pp_microbatches: 1F1B needs at least pp={layout.pp} micro-batches, got {micro}; "
             "raise it (0 picks pp x vpp)"
         )
-    if layout.cp > 1:
-        problems.append(
-            f"parallel.cp: {pp} with cp={layout.cp}: the pipeline does not split token rows over cp ranks; "
-            "use pp with dp_shard/dp_replicate (and tp), or cp without pp"
-        )
     if profile.train.grad_accum > 1:
         problems.append(
             f"train.grad_accum: {pp} with grad_accum={profile.train.grad_accum}: the pipeline's micro-batches "
