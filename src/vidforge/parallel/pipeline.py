@@ -21,6 +21,11 @@ bandwidth; (2) masks are bool, dropout flags need no gradient, and a packed layo
 object: none of them can travel through the schedule's P2P sends, which carry float activations and
 their gradients.
 
+Under context parallel (pp x cp) the stages are cp-sharded like any module (`apply_cp` after the split):
+each stage rank's micro-batch is its `TokenShard` of the row, passed as the `shard` kwarg, so the first
+stage's input and the activations sent between stages are the local shard's (B, shard.local, hidden), and
+packed shards are padded to `pad_to` like packed rows. The runner itself does nothing cp-specific.
+
 Loss on the last stage: the runner knows no objective. The caller hands it each micro-batch's first-stage
 input, conditioning kwargs and loss target, and a `loss_fn(index, output, target)` that the last stage
 calls for micro-batch `index` (last-stage forwards run in micro-batch order); `scale_grads=False`, so the
