@@ -2,7 +2,7 @@
 ranks against one process, as tests/distributed/test_train_layouts.py holds the other cp_impls (losses,
 gradient norms, the export). A layout of its own data: st-hybrid splits every clip by frames, so the
 latents are tokenized at 5 frames (2 latent frames, one a cp rank), where the layout tests' 9 frames give
-3. An opt-in extra (VIDFORGE_TEST_ALL_LAYOUTS=1): two runs of a 4-rank pipeline cost about a minute here."""
+3. An opt-in extra (VIDFORGE_TEST_ALL_LAYOUTS=1): its data and two runs took 110 s on a busy 2-core machine."""
 
 from __future__ import annotations
 
