@@ -75,7 +75,7 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
     }
 # Pipeline x context parallel: each stage holds its cp rank's shard of the stream. One layout by default
 # (ring over packed rows, 4 ranks, sharing pp2xfsdp2's reference run); the other cp_impls, bucket batches
-# and pp2 x cp2 x tp2 (8 ranks) with VIDFORGE_TEST_ALL_LAYOUTS=1.
+# pp2 x cp2 x tp2 (8 ranks) and the wan family with VIDFORGE_TEST_ALL_LAYOUTS=1.
 PP2 = ("parallel.pp=2", "parallel.pp_microbatches=2", *CLIP)
 LAYOUTS["pp2xcp2-ring"] = (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring"])
 if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
@@ -83,6 +83,7 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "pp2xcp2-all-gather": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=all-gather"]),
         "pp2xcp2-ulysses-buckets": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ulysses", *BUCKETS]),
         "pp2xcp2xtp2": (8, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring", "parallel.tp=2"]),
+        "wan-pp2xcp2-ring": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring", *WAN]),
     }
 
 
@@ -134,6 +135,7 @@ REFERENCE_SETS = {
     "pp2xcp2-ulysses-buckets": (*BUCKETS, *CLIP),
     "pp2xcp2xtp2": ("train.grad_accum=2", *CLIP),
     "pp-dit28b_74k_tp4_cp8_pp2_512xh100": ("train.grad_accum=4", *CLIP),
+    "wan-pp2xcp2-ring": ("train.grad_accum=2", *CLIP, *WAN),  # wan-pp2's reference
 }
 
 # Layouts whose last checkpoint one process then takes as `--init RUN`: tensor-parallel DTensor shards
