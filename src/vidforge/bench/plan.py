@@ -238,6 +238,8 @@ def rank_layouts(profile: RunProfile, world_size: int | None = None) -> PlanRepo
         "FSDP + TP",
         "FSDP + CP + TP",
         "FSDP + PP",
+        "FSDP + CP + PP",
+        "FSDP + TP + PP",
         "FSDP + CP + TP + PP",
     ):
         best = next((p for p in ranked if _family(p.layout) == family), None)

@@ -4,7 +4,7 @@ Every check of a layout against the model, the data and the training settings li
 everything that decides about layouts asks it: the profile validator (a profile whose layout cannot
 train fails when it loads), `vidforge bench plan` (it never proposes a layout that fails here),
 `vidforge train --dry-run` and `vidforge bench train` (they only get loaded profiles) and the training
-loop itself. A capability that lands (say pipeline x context parallel) is removed from here, once.
+loop itself. A capability that lands is removed from here, once (as pipeline x context parallel was).
 
 Each rule returns `field: what is wrong; what to change`, one line, naming the profile field to change.
 Pure data: no torch.
@@ -93,7 +93,8 @@ def _stages(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
-    """What the pipeline schedule needs, and what it does not combine with (yet)."""
+    """What the pipeline schedule needs, and what it does not combine with (yet). Context parallel it
+    does: each stage holds its cp rank's shard of the stream (`vidforge.train.step.PipelineTrainStep`)."""
     if layout.pp == 1:
         if layout.vpp > 1:
             return [
@@ -112,11 +113,6 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
         problems.append(
             f"parallel.pp_microbatches: 1F1B needs at least pp={layout.pp} micro-batches, got {micro}; "
             "raise it (0 picks pp x vpp)"
-        )
-    if layout.cp > 1:
-        problems.append(
-            f"parallel.cp: {pp} with cp={layout.cp}: the pipeline does not split token rows over cp ranks; "
-            "use pp with dp_shard/dp_replicate (and tp), or cp without pp"
         )
     if profile.train.grad_accum > 1:
         problems.append(
