@@ -375,7 +375,7 @@ def test_infer_on_two_ranks_writes_the_single_process_videos(two_ranks, infer_pa
 # --- sampling that follows the layout: each parallel.cp_impl, infer.tp, TP2 x CFG-parallel -------------
 # By default one launch of 2 ranks: TP2, and ring context parallel (the cp_impl `vidforge infer` ignored
 # before). VIDFORGE_TEST_ALL_LAYOUTS=1 adds a launch of 4 ranks: TP2 x CFG-parallel, CFG-parallel x ring
-# CP2, all-gather, Ulysses and st-hybrid over 4 ranks, TP2 x ring CP2 (about 35 s more; `vidforge infer`
+# CP2, all-gather, Ulysses, 2D (usp) and st-hybrid over 4 ranks, TP2 x ring CP2 (35-70 s more; `vidforge infer`
 # on 2 ranks, above, runs all-gather CP and st-hybrid end to end by default).
 # Each case: architecture, profile settings, the plan InferPlan.describe() gives, and what the sampler
 # installed in the model (weights sharded by TP, each attention's cp method).
@@ -408,6 +408,12 @@ ALL_LAYOUT_CASES = {  # 4 ranks
         ["parallel.cp_impl=ulysses", "diffusion.guidance=1"],
         "context parallel x4 (ulysses)",
         (False, ["ulysses"]),
+    ),
+    "cp4 usp": (  # 2D: Ulysses over pairs of ranks, the ring across the two pairs
+        "dit",
+        ["parallel.cp_impl=usp", "parallel.cp_ulysses=2", "diffusion.guidance=1"],
+        "context parallel x4 (usp)",
+        (False, ["usp"]),
     ),
     "cp4 st-hybrid": (
         "stdit",
@@ -497,7 +503,7 @@ def test_sampling_with_tp2_and_with_ring_cp2_equals_single_process_sampling() ->
 
 @pytest.mark.skipif(
     os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") != "1",
-    reason="4 more ranks (about 35 s): set VIDFORGE_TEST_ALL_LAYOUTS=1",
+    reason="4 more ranks (35-70 s): set VIDFORGE_TEST_ALL_LAYOUTS=1",
 )
 def test_sampling_with_each_cp_impl_and_tp2_x_cfg2_equals_single_process_sampling() -> None:
     _assert_single_process_sampling(ALL_LAYOUT_CASES, run_ranks(_layout_worker, 4, ALL_LAYOUT_CASES))
@@ -539,6 +545,12 @@ def test_infer_plan_holds_the_model_on_tp_ranks_then_splits_branches_and_sequenc
             "ulysses context parallel needs tp x cp = 8",
         ),
         (4, ["infer.tp=2", "model.architecture=stdit", "diffusion.guidance=1"], None, "ScaleFusion"),
+        (
+            6,
+            ["parallel.cp_impl=usp", "parallel.cp_ulysses=4", "diffusion.guidance=1"],
+            None,
+            "parallel.cp_ulysses: 4 must divide parallel.cp=6",
+        ),
         (2, ["infer.tp=2"], "runs/lora", "--lora: LoRA adapters have no tensor-parallel plan"),
         (
             2,

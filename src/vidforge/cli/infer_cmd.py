@@ -118,7 +118,7 @@ def infer(
     tensor-parallel (training's TP plan); with guidance and an even number of groups, the conditional and
     unconditional branches run on two halves (CFG-parallel); the ranks of each half split the token
     sequence (ST-DiT: ScaleFusion's overlapped all-to-alls, or st-hybrid for the parallel block; DiT and
-    Wan: context parallel with the profile's parallel.cp_impl: all-gather, ring or ulysses). Rank 0
+    Wan: context parallel with the profile's parallel.cp_impl: all-gather, ring, ulysses or usp). Rank 0
     writes the videos. A layout the model cannot take (tp not dividing the heads, Ulysses over more ranks
     than heads, ...) is refused in one line before sampling.
 

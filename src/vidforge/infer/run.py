@@ -13,7 +13,7 @@ Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts
 - the ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's overlapped
   spatial/temporal all-to-alls, any other model with context-parallel denoising
   (`vidforge.infer.sampling.sample_latents_cp`) with the profile's parallel.cp_impl for a DiT or Wan
-  (all-gather, ring, ulysses: installed by `apply_context_parallel`, training's own dispatcher) and
+  (all-gather, ring, ulysses, usp: installed by `apply_context_parallel`, training's own dispatcher) and
   st-hybrid for a parallel ST-DiT.
 Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 

@@ -89,8 +89,9 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims, profile: RunProf
 
 def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Parallel) -> None:
     """Context parallel over `dims.mesh["cp"]` with `parallel.cp_impl`, in place: the one place that maps
-    a cp_impl to the code that installs it (st-hybrid for an ST-DiT; the full-attention implementations
-    through `apply_cp`). Training and context-parallel sampling both come here."""
+    a cp_impl to the code that installs it (st-hybrid for an ST-DiT; the full-attention implementations,
+    usp with its Ulysses and ring sub-groups, through `apply_cp`). Training and context-parallel sampling
+    both come here."""
     impl = parallel.cp_impl
     if impl == "st-hybrid":
         from vidforge.parallel.stdit_parallel import apply_st_hybrid
@@ -98,8 +99,10 @@ def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Paral
         apply_st_hybrid(model, dims.mesh["cp"])
     else:
         from vidforge.parallel.context_parallel import apply_cp
+        from vidforge.parallel.usp_attention import UspGroups
 
-        apply_cp(model, dims.mesh["cp"], impl, parallel.cp_regather)
+        usp = UspGroups(*dims.cp_2d_groups(parallel.cp_ulysses)) if impl == "usp" else None
+        apply_cp(model, dims.mesh["cp"], impl, parallel.cp_regather, usp)
 
 
 def uses_fsdp(dims: ParallelDims) -> bool:
