@@ -58,6 +58,10 @@ def parallelize(
             from vidforge.parallel.stdit_parallel import apply_st_hybrid
 
             apply_st_hybrid(model, dims.mesh["cp"])
+        elif impl == "st-spatial":
+            from vidforge.parallel.st_spatial import apply_st_spatial
+
+            apply_st_spatial(model, dims.mesh["cp"])
         else:
             from vidforge.parallel.context_parallel import apply_cp
 

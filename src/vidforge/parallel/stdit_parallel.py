@@ -30,6 +30,7 @@ switch; the distributed tests hold them to the unmodified block's output).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -228,6 +229,8 @@ class STHybridAttend(ContextParallelAttend):
     frames, temporal attention in the positions layout between two all-to-alls, full attention by the
     context-parallel `full_impl`. Without a `ContextShard` mask it runs the wrapped `Attend` unchanged."""
 
+    IMPL = "st-hybrid"
+
     def __init__(self, inner: Attend, group: dist.ProcessGroup, full_impl: str = "all-gather") -> None:
         super().__init__(inner, group, full_impl)
 
@@ -262,20 +265,30 @@ def apply_st_hybrid(model: nn.Module, cp_mesh: CpGroup, full_impl: str = "all-ga
     `apply_cp` (`shard_of`, `shard.split`, `model(..., shard=shard)`, `shard_loss`, `gather_row`).
     Only swaps parameter-free modules, so it composes with tensor parallel, checkpointing and FSDP in
     any order. Idempotent."""
+    group = cp_process_group(cp_mesh)
+    return install_st_attend(model, STHybridAttend, lambda inner: STHybridAttend(inner, group, full_impl))
+
+
+def install_st_attend(
+    model: nn.Module, kind: type[ContextParallelAttend], make: Callable[[Attend], ContextParallelAttend]
+) -> nn.Module:
+    """Put `make(inner)` (an ST-DiT sequence-parallel Attend of class `kind`) in every self-attention
+    layer of an ST-DiT, in place of its `Attend` (or of another context-parallel one's inner `Attend`);
+    layers that already hold a `kind` are left. Returns the model."""
+    what = f"parallel.cp_impl={kind.IMPL}"
     config = getattr(model, "config", None)
     if config is not None:
-        check_stdit(config, "parallel.cp_impl=st-hybrid")
-    group = cp_process_group(cp_mesh)
+        check_stdit(config, what)
     replaced = 0
     for module in model.modules():
         if isinstance(module, SelfAttention):
             inner = module.attend
-            if isinstance(inner, STHybridAttend):
+            if isinstance(inner, kind):
                 continue
             if isinstance(inner, ContextParallelAttend):
                 inner = inner.inner
-            module.attend = STHybridAttend(inner, group, full_impl)
+            module.attend = make(inner)
             replaced += 1
-    if not replaced and not any(isinstance(m, STHybridAttend) for m in model.modules()):
-        raise ValueError("apply_st_hybrid found no self-attention layer to make context-parallel")
+    if not replaced and not any(isinstance(m, kind) for m in model.modules()):
+        raise ValueError(f"{what} found no self-attention layer to make context-parallel")
     return model
