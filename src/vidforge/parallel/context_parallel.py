@@ -69,7 +69,7 @@ class ContextParallelAttend(nn.Module):
         if mask.scope != "full":
             raise ValueError(
                 f"parallel.cp_impl={self.impl} splits full attention only; ST-DiT's {mask.scope} attention "
-                "under context parallel needs parallel.cp_impl=st-hybrid"
+                "under context parallel needs parallel.cp_impl=st-hybrid or st-spatial"
             )
         shard = mask.shard
         if shard.size != dist.get_world_size(self.group) or shard.rank != dist.get_rank(self.group):

@@ -19,7 +19,8 @@ positions layout with one all-to-all, attends, and moves the output back with a 
 (all-gather of K/V by default). So a sequential ST-DiT block costs two all-to-alls, before and after
 its temporal attention; everything per token (modulation, norms, cross-attention, MLP) stays in the
 frames layout. Plain batches and packed rows (every sample's T and H*W divisible by P) both work; the
-all-to-alls are autograd-aware functional collectives.
+all-to-alls are autograd-aware functional collectives. For images and odd frame counts, which cannot be
+split by frames, `st_spatial.py` slices by positions instead (parallel.cp_impl=st-spatial).
 
 Inference (`scalefusion.py`) switches the hidden states instead (one all-to-all of width C rather than
 q, k, v), keeping the positions layout through cross-attention and MLP; `STShards`,
