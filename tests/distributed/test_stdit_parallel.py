@@ -77,26 +77,32 @@ def _by_value(out: torch.Tensor, grads: dict[str, torch.Tensor]) -> dict:
 
 
 def _worker(rank: int, world: int) -> dict[str, dict]:
+    from vidforge.parallel.stdit_parallel import apply_st_hybrid
+
+    return _sharded_runs(apply_st_hybrid, {rows: _inputs(rows) for rows in ROWS}, "chunks")
+
+
+def _sharded_runs(apply, inputs: dict, slicing: str) -> dict[str, dict]:
+    """Each block's model with `apply` installed, run on this rank's shard of every named input: the
+    gathered output and the gradients summed over the ranks, keyed "block-name"."""
     import torch.distributed as dist
 
     from vidforge.parallel.context_parallel import gather_row, shard_of
-    from vidforge.parallel.stdit_parallel import apply_st_hybrid
 
     results = {}
     for block in BLOCKS:
-        model = apply_st_hybrid(_model(block), dist.group.WORLD)
-        for rows in ROWS:
+        model = apply(_model(block), dist.group.WORLD)
+        for name, (tokens, row, (noise_level, text, mask, drop), weights) in inputs.items():
             model.zero_grad(set_to_none=True)
-            tokens, row, (noise_level, text, mask, drop), weights = _inputs(rows)
-            shard = shard_of(row, dist.group.WORLD)
+            shard = shard_of(row, dist.group.WORLD, slicing)
             out = model(shard.split(tokens), noise_level, text, mask, drop_text=drop, shard=shard)
             (out * shard.split(weights)).sum().backward()
             grads = {}
-            for name, p in model.named_parameters():
+            for param, p in model.named_parameters():
                 if p.grad is not None:  # every rank's tokens touch the same parameters
                     dist.all_reduce(p.grad)
-                    grads[name] = p.grad
-            results[f"{block}-{rows}"] = _by_value(gather_row(out.detach(), shard, dist.group.WORLD), grads)
+                    grads[param] = p.grad
+            results[f"{block}-{name}"] = _by_value(gather_row(out.detach(), shard, dist.group.WORLD), grads)
     return results
 
 
@@ -115,9 +121,9 @@ def hybrid_results(both_results) -> list[dict[str, dict]]:
     return [result["hybrid"] for result in both_results]
 
 
-def _single_process(block: str, rows: str):
+def _single_process(block: str, inputs):
     model = _model(block)
-    tokens, row, (noise_level, text, mask, drop), weights = _inputs(rows)
+    tokens, row, (noise_level, text, mask, drop), weights = inputs
     out = model(tokens, noise_level, text, mask, drop_text=drop, **_layout_kwargs(row))
     (out * weights).sum().backward()
     return out.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
@@ -126,12 +132,15 @@ def _single_process(block: str, rows: str):
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("block", BLOCKS)
 def test_st_hybrid_output_and_gradients_equal_single_process(hybrid_results, block: str, rows: str) -> None:
-    out, grads = _single_process(block, rows)
+    _assert_ranks_equal(hybrid_results, f"{block}-{rows}", *_single_process(block, _inputs(rows)))
+
+
+def _assert_ranks_equal(results: list[dict[str, dict]], key: str, out: torch.Tensor, grads: dict) -> None:
     # float64: the ranks attend over the same keys in other groupings and sum gradients over 2 ranks,
     # so only the order of float64 additions differs (measured ~1e-15); 1e-10 leaves room, far below
     # any real difference (a token in the wrong place changes values at the 1e-2 level).
-    for result in hybrid_results:
-        got = result[f"{block}-{rows}"]
+    for result in results:
+        got = result[key]
         torch.testing.assert_close(torch.from_numpy(got["out"]), out, rtol=1e-10, atol=1e-10)
         assert set(got["grads"]) == set(grads)
         for name, grad in grads.items():
@@ -160,27 +169,10 @@ def _spatial_row(name: str):
 
 
 def _spatial_worker(rank: int, world: int) -> dict[str, dict]:
-    import torch.distributed as dist
-
-    from vidforge.parallel.context_parallel import gather_row, shard_of
     from vidforge.parallel.st_spatial import apply_st_spatial
 
-    results = {}
-    for block in BLOCKS:
-        model = apply_st_spatial(_model(block), dist.group.WORLD)
-        for name in SPATIAL_ROWS:
-            model.zero_grad(set_to_none=True)
-            tokens, row, (noise_level, text, mask, drop), weights = _row_inputs(_spatial_row(name))
-            shard = shard_of(row, dist.group.WORLD, slicing="positions")
-            out = model(shard.split(tokens), noise_level, text, mask, drop_text=drop, shard=shard)
-            (out * shard.split(weights)).sum().backward()
-            grads = {}
-            for param, p in model.named_parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
-                    grads[param] = p.grad
-            results[f"{block}-{name}"] = _by_value(gather_row(out.detach(), shard, dist.group.WORLD), grads)
-    return results
+    inputs = {name: _row_inputs(_spatial_row(name)) for name in SPATIAL_ROWS}
+    return _sharded_runs(apply_st_spatial, inputs, "positions")
 
 
 @pytest.fixture(scope="module")
@@ -194,16 +186,5 @@ def test_st_spatial_output_and_gradients_equal_single_process(spatial_results, b
     """Each rank holds (h, w) positions of every frame: temporal attention local, spatial (and the
     parallel block's full) attention head-parallel. Output and summed gradients equal one process's, to
     float64 rounding as above, for images, 5- and 9-frame latents and a packed row of all three."""
-    model = _model(block)
-    tokens, row, (noise_level, text, mask, drop), weights = _row_inputs(_spatial_row(name))
-    out = model(tokens, noise_level, text, mask, drop_text=drop, **_layout_kwargs(row))
-    (out * weights).sum().backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    for result in spatial_results:
-        got = result[f"{block}-{name}"]
-        torch.testing.assert_close(torch.from_numpy(got["out"]), out.detach(), rtol=1e-10, atol=1e-10)
-        assert set(got["grads"]) == set(grads)
-        for param, grad in grads.items():
-            torch.testing.assert_close(
-                torch.from_numpy(got["grads"][param]), grad, rtol=1e-10, atol=1e-10, msg=param
-            )
+    reference = _single_process(block, _row_inputs(_spatial_row(name)))
+    _assert_ranks_equal(spatial_results, f"{block}-{name}", *reference)

@@ -43,7 +43,7 @@ from torch import nn
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes
 from vidforge.parallel.context_parallel import ContextParallelAttend, CpGroup, cp_process_group
-from vidforge.parallel.stdit_parallel import _a2a, install_st_attend
+from vidforge.parallel.stdit_parallel import _a2a, attend_in, install_st_attend
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 
@@ -105,8 +105,7 @@ class STSpatialAttend(ContextParallelAttend):
             )
         plan = _spatial_plan(shard.layout.grids, shard.packed, size, q.shape[0], str(q.device))
         if mask.scope == "temporal":
-            scope = plan.temporal
-            return scope.scatter(self.inner(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask))
+            return attend_in(plan.temporal, self.inner, q, k, v)
         batch, local, heads = q.shape[:3]
         if heads % size:
             raise ValueError(
@@ -117,9 +116,7 @@ class STSpatialAttend(ContextParallelAttend):
         dims = (q.shape[-1], k.shape[-1], v.shape[-1])
         qkv = _heads_to_positions(torch.cat([q, k, v], dim=-1), self.group, size)
         qkv = qkv.index_select(1, plan.rows)  # the whole row in row order, pads dropped
-        scope = plan.row_scopes[mask.scope]
-        qr, kr, vr = (scope.gather(t) for t in qkv.split(dims, dim=-1))
-        out = scope.scatter(self.inner(qr, kr, vr, scope.mask))
+        out = attend_in(plan.row_scopes[mask.scope], self.inner, *qkv.split(dims, dim=-1))
         gathered = out.new_zeros((batch, size * local, heads // size, dims[2]))
         return _positions_to_heads(gathered.index_copy(1, plan.rows, out), self.group, size)
 

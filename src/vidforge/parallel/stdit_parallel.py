@@ -217,6 +217,11 @@ def _hybrid_plan(grids: tuple[Grid, ...], packed: bool, size: int, batch: int, d
     )
 
 
+def attend_in(scope: Scope, inner: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`inner` attention over q, k, v (B, S, H, D) regrouped as `scope` says, the output scattered back."""
+    return scope.scatter(inner(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask))
+
+
 def _exchange(x: torch.Tensor, order: torch.Tensor, arrival: torch.Tensor, group, size: int) -> torch.Tensor:
     """Reorder tokens (dim 1) by `order` into [destination rank][...] chunks, all-to-all them, and
     reorder what arrives ([source rank][...]) by `arrival`."""
@@ -247,12 +252,9 @@ class STHybridAttend(ContextParallelAttend):
             )
         plan = _hybrid_plan(shard.layout.grids, shard.packed, size, q.shape[0], str(q.device))
         if mask.scope == "spatial":
-            scope = plan.frames_scope
-            return scope.scatter(self.inner(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask))
+            return attend_in(plan.frames_scope, self.inner, q, k, v)
         qkv = _exchange(torch.stack([q, k, v], dim=2), plan.send, plan.recv, self.group, size)
-        scope = plan.positions_scope
-        qp, kp, vp = (scope.gather(t) for t in qkv.unbind(2))
-        out = scope.scatter(self.inner(qp, kp, vp, scope.mask))
+        out = attend_in(plan.positions_scope, self.inner, *qkv.unbind(2))
         return _exchange(out, plan.send_back, plan.recv_back, self.group, size)
 
     def extra_repr(self) -> str:
