@@ -61,7 +61,7 @@ def make_latents(
     """Latent shards under root/latents. identical=True: every sample is the same clip and caption, one
     sample per shard, so data-parallel ranks see the same data as a single process does. `images`: that
     many still images besides the `samples` videos; `sets`: profile overrides for shard and tokenize
-    (e.g. frame buckets that keep the images)."""
+    (e.g. other data.frame_buckets, or ones that keep the images)."""
     annotated = make_annotated_dir(
         root / "annotated", videos=samples, images=images, rejected=0, size=(48, 64), frames=(9, 12), seed=0
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from vidforge.bench.comm_model import communication
-from vidforge.bench.plan import rank_layouts
+from vidforge.bench.plan import rank_cp_impls, rank_layouts
 from vidforge.bench.workload import Workload
 from vidforge.profile import load_profile
 from vidforge.profile.layout_rules import layout_problems
@@ -93,3 +93,16 @@ def test_planner_keeps_the_slicing_that_moves_less() -> None:
     # 4 x 81: frame slicing kept even when the profile names st-spatial
     padded = _choices("model.stdit_block=sequential", "parallel.cp_impl=st-spatial", *PADDED)
     assert {impl for impl, _ in padded.values()} == {"st-hybrid"}
+
+
+def test_bench_plan_lists_an_st_dits_two_sequence_parallels() -> None:
+    """`bench plan` on an ST-DiT profile's own layout lists st-hybrid and st-spatial (not the
+    full-attention implementations, which cannot run its spatial and temporal attention)."""
+    p = _profile("parallel.cp_impl=st-hybrid", "data.frame_buckets=[1,17,33]", "cluster.cpu_processes=2")
+    p = p.model_copy(update={"parallel": p.parallel.model_copy(update={"cp": 2})})
+    choices = dict(rank_cp_impls(p))
+    assert set(choices) == {"st-hybrid", "st-spatial"}
+    assert (
+        choices["st-spatial"].valid
+        and "1 frames give 1 latent token frames" in choices["st-hybrid"].problems[0]
+    )
