@@ -14,6 +14,9 @@
 from __future__ import annotations
 
 import sys
+import time
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -205,19 +208,63 @@ def _scalefusion_worker(rank: int, world: int) -> dict:
     x, noise_level, text, mask, drop = _st_inputs()
     outputs, traces = {}, {}
     for name, numbers in SLICINGS.items():
-        traces[name] = []
-        outputs[name] = scalefusion_forward(
-            model,
-            x,
-            noise_level,
-            text,
-            mask,
-            drop_text=drop,
-            group=dist.group.WORLD,
-            slicing=ScaleFusionSlicing(*numbers),
-            trace=traces[name],
-        )
-    return {"outputs": _by_value(outputs), "traces": traces}
+        traces[name] = _WatchedTrace()
+        with _watch_receive_buffers(traces[name]):
+            outputs[name] = scalefusion_forward(
+                model,
+                x,
+                noise_level,
+                text,
+                mask,
+                drop_text=drop,
+                group=dist.group.WORLD,
+                slicing=ScaleFusionSlicing(*numbers),
+                trace=traces[name],
+            )
+    return {"outputs": _by_value(outputs), "traces": {name: list(t) for name, t in traces.items()}}
+
+
+class _WatchedTrace(list):
+    """A schedule's trace that also gets ("dead", block, phase, slice) when the garbage collector frees a
+    receive tensor of that slice's all-to-alls (see `_watch_receive_buffers`): what the "free" events
+    claim, observed. gloo's worker thread lets go of a finished all-to-all's tensors a moment after the
+    wait returns, so a "free" is written once its slice's tensors are dead, or after a second, which
+    only a reference that the schedule still holds lasts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[tuple, int] = {}
+
+    def collected(self, slice_: tuple) -> None:
+        self.held[slice_] -= 1
+        super().append(("dead", *slice_))
+
+    def append(self, event: tuple) -> None:
+        deadline = time.monotonic() + 1.0
+        while event[0] == "free" and self.held.get(event[1:4]) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        super().append(event)
+
+
+@contextmanager
+def _watch_receive_buffers(trace: _WatchedTrace):
+    """Inside, each all-to-all's receive tensor tells `trace` when it is collected. The event just
+    before an exchange is built is its "issue"."""
+    from vidforge.parallel.scalefusion import _Exchange
+
+    built = _Exchange.__init__
+
+    def init(self, send, group):
+        built(self, send, group)
+        slice_ = tuple(trace[-1][1:4])
+        trace.held[slice_] = trace.held.get(slice_, 0) + 1
+        weakref.finalize(self.recv, trace.collected, slice_)
+
+    _Exchange.__init__ = init
+    try:
+        yield
+    finally:
+        _Exchange.__init__ = built
 
 
 @pytest.fixture(scope="module")
@@ -279,26 +326,33 @@ def test_scalefusion_event_order_is_algorithm_1(scalefusion_traces, slicing: str
     depth = model_config("tiny", architecture="stdit").layers
     expected = _algorithm_1(*SLICINGS[slicing], depth)
     for traces in scalefusion_traces:
-        assert [tuple(event) for event in traces[slicing]] == expected
+        assert [tuple(event) for event in traces[slicing] if event[0] != "dead"] == expected
 
 
 @pytest.mark.parametrize("slicing", list(SLICINGS))
 def test_scalefusion_frees_receive_buffers_as_slices_finish(scalefusion_traces, slicing: str) -> None:
     """Slices holding received data at once, counted in the recorded events (a slice from its first
     piece's issue to its free), are at most min(L+1, N) of the phase computing plus min(L', N') of the
-    phase it feeds; every one is freed by the end."""
+    phase it feeds; every one is freed by the end, and by its "free" event the garbage collector has
+    collected every tensor its all-to-alls received into."""
     n_t, n_s, l_t, l_s = SLICINGS[slicing]
     n_t, n_s = min(n_t, LOCAL_FRAMES), min(n_s, LOCAL_POSITIONS)
     l_t, l_s = min(l_t, n_t), min(l_s, n_s)
     bound = max(min(l_t + 1, n_t) + min(l_s, n_s), min(l_s + 1, n_s) + min(l_t, n_t))
     for traces in scalefusion_traces:
         live, peak, issued = set(), 0, set()
+        in_flight: dict[tuple, int] = {}  # receive tensors of a slice not yet collected
         for kind, block, phase, k, *_ in traces[slicing]:
+            slice_ = (block, phase, k)
             if kind == "issue":
-                live.add((block, phase, k))
-                issued.add((block, phase, k))
+                live.add(slice_)
+                issued.add(slice_)
+                in_flight[slice_] = in_flight.get(slice_, 0) + 1
+            elif kind == "dead":
+                in_flight[slice_] -= 1
             elif kind == "free":
-                live.remove((block, phase, k))
+                assert in_flight[slice_] == 0, f"{slice_} freed with its received data still held"
+                live.remove(slice_)
             peak = max(peak, len(live))
         assert peak <= bound
         assert not live and issued  # every received slice freed; and there were all-to-alls at all
