@@ -325,6 +325,21 @@ def _fused_ring(group) -> dict:
     return errors
 
 
+def _bench_cp(group) -> dict:
+    """`vidforge bench attention`'s context-parallel rows on this group (a 32-token row, one timed call):
+    each implementation's row."""
+    from vidforge.bench.attention_bench import CP_IMPLS, AttentionRow, measure_cp
+    from vidforge.parallel.context_parallel import cp_process_group
+    from vidforge.profile import load_profile
+
+    profile = load_profile(None, ["bench.warmup=0", "bench.repeats=1"])
+    group = cp_process_group(group)
+    return {
+        impl: measure_cp(AttentionRow(impl, 32), profile, group, torch.device("cpu"), torch.float32).as_dict()
+        for impl in CP_IMPLS
+    }
+
+
 def _worker(rank: int, world: int):
     """Every case on a (dp 2, cp 2) mesh, each pair of ranks a cp group (group ranks are not global
     ranks on the second pair), then the 4-rank cases on the whole world."""
@@ -344,6 +359,7 @@ def _worker(rank: int, world: int):
     two["sampling"] = _sampling(model, "ring", cp2)
     two["cfg sampling"] = _sampling(model, "all-gather", cp2, cfg_group=mesh["dp"])  # dp ranks as cfg
     two["fused ring"] = _fused_ring(cp2)
+    two["bench cp"] = _bench_cp(cp2)
     four = {"chunked ring": _chunked_ring(dist.group.WORLD)}
     four["fused ring"] = _fused_ring(dist.group.WORLD)
     for impl in ("ring", "ulysses"):
@@ -443,3 +459,22 @@ def test_fused_ring_equals_einsum_ring_and_one_process(two_ranks, four_ranks, ri
         errors = rank_results["fused ring"]
         assert errors[(ring, kind)] < TOL["atol"]
         assert errors[("scale", kind)] > 1e-3  # the gradients compared are not trivially zero
+
+
+def test_bench_attention_times_every_cp_implementation(two_ranks):
+    """bench attention's rows under 2 ranks: ring (fused), the einsum ring, all-gather and Ulysses each
+    timed forward and forward + backward, the same slowest-rank time reported on every rank, and the
+    rate that of the whole 32-token row's attention."""
+    from vidforge.bench.attention_bench import attention_flops
+    from vidforge.profile import load_profile
+
+    model = load_profile(None).model
+    for impl in ("ring", "ring-einsum", "all-gather", "ulysses"):
+        rows = [rank_results["bench cp"][impl] for rank_results in two_ranks]
+        for row in rows:
+            assert row["skipped"] is None and row["forward_s"] > 0 and row["forward_backward_s"] > 0
+            flops = attention_flops(32, model.heads, model.head_dim)
+            assert row["forward_tflops"] == pytest.approx(flops / row["forward_s"] / 1e12)
+        # each cp pair reduces to its slowest rank
+        assert rows[0]["forward_backward_s"] == rows[1]["forward_backward_s"]
+        assert rows[2]["forward_backward_s"] == rows[3]["forward_backward_s"]
