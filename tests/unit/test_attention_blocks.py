@@ -9,16 +9,7 @@ import math
 import pytest
 import torch
 
-from vidforge.parallel.attention_blocks import (
-    BlockKeys,
-    CpuFlash,
-    Einsum,
-    block_backward,
-    block_forward,
-    block_kernel,
-    finite_lse,
-)
-from vidforge.parallel.cp_attention import merge_partial
+from vidforge.parallel.attention_blocks import BlockKeys, CpuFlash, Einsum, attend_blocks, block_kernel
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
@@ -62,15 +53,8 @@ def _ring_simulated(kernel, blocks, batch):
     weight = torch.randn(batch, length, heads, 8, generator=g, dtype=torch.float64)
     scale = 1 / math.sqrt(8)
 
-    out, lse = block_forward(kernel, q, ks[0], vs[0], blocks[0], scale)
-    for k, v, keys in zip(ks[1:], vs[1:], blocks[1:], strict=True):
-        out, lse = merge_partial(out, lse, *block_forward(kernel, q, k, v, keys, scale))
-    dq = torch.zeros_like(q)
-    dkv = []
-    for k, v, keys in zip(ks, vs, blocks, strict=True):
-        dq_b, dk_b, dv_b = block_backward(kernel, weight, q, k, v, out, finite_lse(lse), keys, scale)
-        dq += dq_b
-        dkv += [dk_b, dv_b]
+    out, dq, dks, dvs = attend_blocks(kernel, q, list(zip(ks, vs, blocks, strict=True)), weight)
+    dkv = [t for pair in zip(dks, dvs, strict=True) for t in pair]
 
     leaves = [t.clone().requires_grad_() for t in (q, *ks, *vs)]
     qr, kr, vr = leaves[0], leaves[1 : 1 + len(blocks)], leaves[1 + len(blocks) :]

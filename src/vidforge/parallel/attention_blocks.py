@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from dataclasses import dataclass
 
 import torch
@@ -293,7 +294,41 @@ def block_kernel(backend: str, sdpa_backend: str, q: torch.Tensor, query_chunk: 
     return SdpaEfficient()
 
 
-# --- a block: forward and backward ----------------------------------------------------------------
+# --- a block: forward and backward; the merge -----------------------------------------------------
+
+
+def merge_partial(
+    out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two softmax-normalised partial outputs over disjoint key sets by their log-sum-exps
+    (B, H, Lq): the result is the attention over the union. -inf (no keys yet) on either side is fine."""
+    new_lse = torch.logaddexp(lse, block_lse)
+    finite = finite_lse(new_lse)
+    w_old = torch.exp(lse - finite).transpose(1, 2)[..., None]  # (B, Lq, H, 1)
+    w_new = torch.exp(block_lse - finite).transpose(1, 2)[..., None]
+    return out * w_old + block_out * w_new, new_lse
+
+
+def attend_blocks(
+    kernel: BlockKernel,
+    q: torch.Tensor,
+    blocks: list[tuple[torch.Tensor, torch.Tensor, BlockKeys]],
+    grad_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """A ring's arithmetic in one process, without the sends: q against each (k, v, keys) block in turn,
+    merged by log-sum-exp, then each block's backward from the merged output for the output gradient
+    `grad_out`. Returns the output, dq, and every block's dk and dv (compute dtype). The kernels' tests
+    run it (on the CPU and in the GPU suite)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out = lse = None
+    for k, v, keys in blocks:
+        part = block_forward(kernel, q, k, v, keys, scale)
+        out, lse = part if out is None else merge_partial(out, lse, *part)
+    dq, dks, dvs = 0, [], []
+    for k, v, keys in blocks:
+        dq_b, dk_b, dv_b = block_backward(kernel, grad_out, q, k, v, out, finite_lse(lse), keys, scale)
+        dq, dks, dvs = dq + dq_b, [*dks, dk_b], [*dvs, dv_b]
+    return out, dq, dks, dvs
 
 
 def block_forward(

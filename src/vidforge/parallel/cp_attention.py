@@ -40,8 +40,11 @@ from vidforge.parallel.attention_blocks import (
     block_kernel,
     finite_lse,
 )
+from vidforge.parallel.attention_blocks import (  # the ring's arithmetic, tested on its own
+    block_attention as block_attention,
+)
 from vidforge.parallel.attention_blocks import (
-    block_attention as block_attention,  # the einsum arithmetic, tested on its own
+    merge_partial as merge_partial,
 )
 from vidforge.tokens import Segments, TokenShard
 
@@ -219,18 +222,6 @@ def ulysses_attention(
 
 
 # --- ring ---------------------------------------------------------------------------------------------
-
-
-def merge_partial(
-    out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine two softmax-normalised partial outputs over disjoint key sets by their log-sum-exps
-    (B, H, Lq): the result is the attention over the union. -inf (no keys yet) on either side is fine."""
-    new_lse = torch.logaddexp(lse, block_lse)
-    finite = finite_lse(new_lse)
-    w_old = torch.exp(lse - finite).transpose(1, 2)[..., None]  # (B, Lq, H, 1)
-    w_new = torch.exp(block_lse - finite).transpose(1, 2)[..., None]
-    return out * w_old + block_out * w_new, new_lse
 
 
 class _Ring:
