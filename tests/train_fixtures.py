@@ -55,13 +55,16 @@ def train_profile(*extra: str) -> RunProfile:
     return load_profile("local_cpu", [*TRAIN_SETS, *extra])
 
 
-def make_latents(root: Path, *, identical: bool = False, samples: int = 4) -> Path:
+def make_latents(
+    root: Path, *, identical: bool = False, samples: int = 4, sets: tuple[str, ...] = ()
+) -> Path:
     """Latent shards under root/latents. identical=True: every sample is the same clip and caption, one
-    sample per shard, so data-parallel ranks see the same data as a single process does."""
+    sample per shard, so data-parallel ranks see the same data as a single process does. `sets`: profile
+    overrides for shard and tokenize (e.g. other data.frame_buckets)."""
     annotated = make_annotated_dir(
         root / "annotated", videos=samples, images=0, rejected=0, size=(48, 64), frames=(9, 12), seed=0
     )
-    sets = ["data.shard_max_samples=1"] if identical else []
+    sets = [*sets, "data.shard_max_samples=1"] if identical else list(sets)
     if identical:
         records = [json.loads(line) for line in (annotated / "manifest.jsonl").read_text().splitlines()]
         first = records[0]

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ranks import run_ranks  # noqa: E402
+from usp_cases import ATTENTION_ROWS, usp_cases  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -365,6 +366,7 @@ def _worker(rank: int, world: int):
     for impl in ("ring", "ulysses"):
         for kind in ROWS:
             four[(impl, kind)] = _case(model, impl, kind, dist.group.WORLD)
+    four["usp"] = usp_cases()  # 2D context parallel: tests/distributed/usp_cases.py
     return {2: two, 4: four}
 
 
@@ -478,3 +480,23 @@ def test_bench_attention_times_every_cp_implementation(two_ranks):
         # each cp pair reduces to its slowest rank
         assert rows[0]["forward_backward_s"] == rows[1]["forward_backward_s"]
         assert rows[2]["forward_backward_s"] == rows[3]["forward_backward_s"]
+
+
+# --- 2D context parallel (cp_impl=usp, ulysses 2 x ring 2): the cases of usp_cases.py -------------------
+
+
+@pytest.mark.parametrize("kind", ATTENTION_ROWS)
+def test_usp_attention_equals_attention_forward_and_grads(four_ranks, kind):
+    """ulysses2 x ring2 attention of a row split over 4 ranks equals softmax attention over the whole
+    row: outputs and the gradients of q, k and v, on packed rows and padded plain batches."""
+    for rank_errors in four_ranks:
+        errors = rank_errors["usp"][("attention", kind)]
+        assert errors["grad_scale"] > 1e-3
+        assert max(v for name, v in errors.items() if name != "grad_scale") < TOL["atol"], errors
+
+
+@pytest.mark.parametrize("kind", ROWS)
+def test_usp_dit_loss_and_gradients_equal_one_process(four_ranks, kind):
+    """Output, loss share and parameter gradients of the DiT under ulysses2 x ring2 equal one process."""
+    for rank_errors in four_ranks:
+        _check(rank_errors["usp"][("model", kind)])

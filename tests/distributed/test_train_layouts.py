@@ -56,6 +56,9 @@ LAYOUTS = {
     "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2", *CLIP]),
     "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP]),  # with SP
 }
+# 2D context parallel (cp_impl=usp): Ulysses inside cp ranks {0, 1} and {2, 3}, the ring across them.
+USP = ("parallel.cp=4", "parallel.cp_impl=usp", "parallel.cp_ulysses=2")
+LAYOUTS["cp4-usp"] = (4, list(USP))
 # Covered at module level by the parallel code's own tests (tests/distributed/test_context_parallel.py,
 # test_tensor_parallel.py); run through the training loop too with VIDFORGE_TEST_ALL_LAYOUTS=1 (each
 # multi-rank run costs 20-40 s on 2 cores, and `make test` has a 20-minute budget).
@@ -73,6 +76,50 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-fsdp2xtp2-sp": (4, ["parallel.dp_shard=2", "parallel.tp=2", *WAN]),
         "wan-pp2xtp2-sp": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     }
+    LAYOUTS["fsdp2xcp4-usp"] = (8, ["parallel.dp_shard=2", *USP])  # 2D CP inside FSDP (over dp_shard x cp)
+# Pipeline x context parallel: each stage holds its cp rank's shard of the stream. One layout by default
+# (ring over packed rows, 4 ranks, sharing pp2xfsdp2's reference run); the other cp_impls, bucket batches
+# pp2 x cp2 x tp2 (8 ranks) and the wan family with VIDFORGE_TEST_ALL_LAYOUTS=1.
+PP2 = ("parallel.pp=2", "parallel.pp_microbatches=2", *CLIP)
+LAYOUTS["pp2xcp2-ring"] = (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring"])
+if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
+    LAYOUTS |= {
+        "pp2xcp2-all-gather": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=all-gather"]),
+        "pp2xcp2-ulysses-buckets": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ulysses", *BUCKETS]),
+        "pp2xcp2xtp2": (8, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring", "parallel.tp=2"]),
+        "wan-pp2xcp2-ring": (4, [*PP2, "parallel.cp=2", "parallel.cp_impl=ring", *WAN]),
+    }
+
+
+def miniature(name: str) -> tuple[int, list[str]]:
+    """A shipped profile's layout in miniature for the tiny model: degree 2 in each mesh dimension it
+    uses, with its cp_impl, pipeline schedule, micro-batches, sequence parallel and recompute. Returns
+    (ranks, overrides)."""
+    from vidforge.profile import load_profile
+
+    profile = load_profile(name)
+    layout, par = profile.layout, profile.parallel
+    degrees = {dim: min(degree, 2) for dim, degree in layout.degrees().items()}
+    sets = [f"parallel.{dim}={degree}" for dim, degree in degrees.items()]
+    sets += [
+        f"parallel.cp_impl={par.cp_impl}",
+        f"parallel.pp_schedule={par.pp_schedule}",
+        f"parallel.vpp={layout.vpp}",
+        f"parallel.pp_microbatches={layout.pp_microbatches}",
+        f"parallel.sequence_parallel={str(par.sequence_parallel).lower()}",
+        f"train.activation_checkpointing={profile.train.activation_checkpointing}",
+        *CLIP,
+    ]
+    ranks = degrees["pp"] * degrees["dp_replicate"] * degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
+    return ranks, sets
+
+
+# The shipped 512-GPU profile (pp2 x dp_shard8 x cp8 x tp4, ring, 1F1B over 4 micro-batches) as
+# pp2 x dp_shard2 x cp2 x tp2 on 16 processes: its 4 micro-batches a step are 4 packed rows per data-parallel
+# rank (every sample the same clip: one process accumulating 4 rows is the reference).
+if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
+    LAYOUTS["pp-dit28b_74k_tp4_cp8_pp2_512xh100"] = miniature("dit28b_74k_tp4_cp8_pp2_512xh100")
+
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {
@@ -87,6 +134,12 @@ REFERENCE_SETS = {
     "pp2-1f1b": (*BUCKETS, *CLIP),
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
+    "pp2xcp2-ring": ("train.grad_accum=2", *CLIP),
+    "pp2xcp2-all-gather": ("train.grad_accum=2", *CLIP),
+    "pp2xcp2-ulysses-buckets": (*BUCKETS, *CLIP),
+    "pp2xcp2xtp2": ("train.grad_accum=2", *CLIP),
+    "pp-dit28b_74k_tp4_cp8_pp2_512xh100": ("train.grad_accum=4", *CLIP),
+    "wan-pp2xcp2-ring": ("train.grad_accum=2", *CLIP, *WAN),  # wan-pp2's reference
 }
 
 # Layouts whose last checkpoint one process then takes as `--init RUN`: tensor-parallel DTensor shards
@@ -169,7 +222,6 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("sets", "field"),
     [
-        (["parallel.cp=2"], "parallel.cp"),
         (["train.grad_accum=2"], "train.grad_accum"),
         (["data.packing=false", "data.batch_size=3"], "data.batch_size"),
         (["train.validate_every=1"], "train.validate_every"),

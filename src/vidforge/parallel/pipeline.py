@@ -21,6 +21,11 @@ bandwidth; (2) masks are bool, dropout flags need no gradient, and a packed layo
 object: none of them can travel through the schedule's P2P sends, which carry float activations and
 their gradients.
 
+Under context parallel (pp x cp) the stages are cp-sharded like any module (`apply_cp` after the split):
+each stage rank's micro-batch is its `TokenShard` of the row, passed as the `shard` kwarg, so the first
+stage's input and the activations sent between stages are the local shard's (B, shard.local, hidden), and
+packed shards are padded to `pad_to` like packed rows. The runner itself does nothing cp-specific.
+
 Loss on the last stage: the runner knows no objective. The caller hands it each micro-batch's first-stage
 input, conditioning kwargs and loss target, and a `loss_fn(index, output, target)` that the last stage
 calls for micro-batch `index` (last-stage forwards run in micro-batch order); `scale_grads=False`, so the
@@ -144,11 +149,13 @@ class _StageIO:
 
 
 def _trim_padded_input(module: VideoTransformer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """Forward pre-hook of stages without patch_embed: a packed row arrives padded to the fixed P2P
-    length; the stage runs on its real tokens only (gradients flow back through the slice)."""
-    layout = kwargs.get("layout")
-    if not module.has_input_layer and layout is not None and args and args[0].shape[1] > layout.total:
-        return (args[0][:, : layout.total], *args[1:]), kwargs
+    """Forward pre-hook of stages without patch_embed: a packed row (or a context-parallel rank's shard of
+    one) arrives padded to the fixed P2P length; the stage runs on its own tokens only (gradients flow
+    back through the slice)."""
+    layout, shard = kwargs.get("layout"), kwargs.get("shard")
+    length = shard.local if shard is not None else layout.total if layout is not None else None
+    if not module.has_input_layer and length is not None and args and args[0].shape[1] > length:
+        return (args[0][:, :length], *args[1:]), kwargs
     return None
 
 
@@ -340,13 +347,15 @@ class PipelineRunner:
     @staticmethod
     def _whole_batch_step(schedule: Any, mbs: PipelineMicroBatches, losses: list) -> None:
         """torch < 2.12: hand the schedule the whole batch and let it split every tensor along dim 0
-        (an even split, as the caller made); the token grid is replicated to each micro-batch."""
+        (an even split, as the caller made); the token grid (or context-parallel TokenShard, which is
+        per row) is replicated to each micro-batch."""
         kwargs = {
-            name: torch.cat([kw[name] for kw in mbs.kwargs]) for name in mbs.kwargs[0] if name != "grid"
+            name: torch.cat([kw[name] for kw in mbs.kwargs]) if torch.is_tensor(value) else value
+            for name, value in mbs.kwargs[0].items()
         }
         x = torch.cat([a[0] for a in mbs.args])
         target = torch.cat(mbs.targets)
-        schedule.step(x, target=target, losses=losses, grid=mbs.kwargs[0]["grid"], **kwargs)
+        schedule.step(x, target=target, losses=losses, **kwargs)
 
     # --- replicated (conditioning) parameters ---------------------------------------------------------
 

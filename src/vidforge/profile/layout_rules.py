@@ -4,7 +4,7 @@ Every check of a layout against the model, the data and the training settings li
 everything that decides about layouts asks it: the profile validator (a profile whose layout cannot
 train fails when it loads), `vidforge bench plan` (it never proposes a layout that fails here),
 `vidforge train --dry-run` and `vidforge bench train` (they only get loaded profiles) and the training
-loop itself. A capability that lands (say pipeline x context parallel) is removed from here, once.
+loop itself. A capability that lands is removed from here, once (as pipeline x context parallel was).
 
 Each rule returns `field: what is wrong; what to change`, one line, naming the profile field to change.
 Pure data: no torch.
@@ -33,7 +33,25 @@ def _heads(profile: RunProfile, layout: Layout) -> list[str]:
             f"parallel.cp: ulysses context parallel needs tp x cp = {layout.tp * layout.cp} to divide "
             f"model.heads={heads}; use cp_impl=ring or all-gather, or another cp"
         )
+    ulysses = profile.parallel.cp_ulysses
+    if layout.cp > 1 and impl == "usp" and heads % (layout.tp * ulysses):
+        problems.append(
+            f"parallel.cp_ulysses: usp splits heads over tp x cp_ulysses = {layout.tp * ulysses}, which must "
+            f"divide model.heads={heads}; use a smaller cp_ulysses"
+        )
     return problems
+
+
+def _cp_2d(profile: RunProfile, layout: Layout) -> list[str]:
+    """2D context parallel (cp_impl=usp): cp = cp_ulysses x cp_ring. Without context parallel (cp 1, a
+    layout the planner tries) there is nothing to split."""
+    ulysses = profile.parallel.cp_ulysses
+    if layout.cp == 1 or profile.parallel.cp_impl != "usp" or layout.cp % ulysses == 0:
+        return []
+    return [
+        f"parallel.cp_ulysses: {ulysses} must divide parallel.cp={layout.cp} (cp = cp_ulysses x cp_ring); "
+        "change cp_ulysses or cp"
+    ]
 
 
 def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
@@ -75,7 +93,8 @@ def _stages(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
-    """What the pipeline schedule needs, and what it does not combine with (yet)."""
+    """What the pipeline schedule needs, and what it does not combine with (yet). Context parallel it
+    does: each stage holds its cp rank's shard of the stream (`vidforge.train.step.PipelineTrainStep`)."""
     if layout.pp == 1:
         if layout.vpp > 1:
             return [
@@ -94,11 +113,6 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
         problems.append(
             f"parallel.pp_microbatches: 1F1B needs at least pp={layout.pp} micro-batches, got {micro}; "
             "raise it (0 picks pp x vpp)"
-        )
-    if layout.cp > 1:
-        problems.append(
-            f"parallel.cp: {pp} with cp={layout.cp}: the pipeline does not split token rows over cp ranks; "
-            "use pp with dp_shard/dp_replicate (and tp), or cp without pp"
         )
     if profile.train.grad_accum > 1:
         problems.append(
@@ -159,7 +173,7 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _mm_block, _lora)
+RULES: tuple[Rule, ...] = (_heads, _cp_2d, _st_hybrid, _stages, _pipeline, _mm_block, _lora)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:

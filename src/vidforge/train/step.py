@@ -33,6 +33,10 @@ from vidforge.train.metrics import LossByLevel
 
 Batch = PackedBatch | BucketBatch
 
+PAD_GRANULE = 64
+"""Pipeline x context parallel over packed rows: the activations between stages are padded to a multiple
+of this many tokens (see `PipelineTrainStep._pad_to`)."""
+
 
 class BatchSource(Protocol):
     def next_batch(self) -> Batch | None: ...
@@ -87,6 +91,17 @@ class TrainStep(ABC):
         self.recompute = recompute_fraction(
             model.layers, train.activation_checkpointing, train.checkpoint_ratio
         )
+        # Context parallel: this rank draws its TokenShard of every row and holds only those tokens, in a
+        # pipeline stage as in one module.
+        dims = runtime.dims
+        self.cp = dims.layout.cp
+        self.cp_group = dims.mesh["cp"].get_group() if dims.cp_enabled else None
+        self.shard_of = None
+        if self.cp_group is not None:
+            from vidforge.parallel.context_parallel import shard_of
+
+            group = self.cp_group
+            self.shard_of = lambda row: shard_of(row, group)
 
     @abstractmethod
     def next_batches(self, source: BatchSource) -> list[Batch] | None:
@@ -159,14 +174,6 @@ class LocalTrainStep(TrainStep):
     def __init__(self, profile: RunProfile, runtime: Runtime, parts: TrainParts) -> None:
         super().__init__(profile, runtime, parts)
         self.model = parts.modules[0]
-        dims = runtime.dims
-        self.cp_group = dims.mesh["cp"].get_group() if dims.cp_enabled else None
-        self.shard_of = None
-        if self.cp_group is not None:
-            from vidforge.parallel.context_parallel import shard_of
-
-            group = self.cp_group
-            self.shard_of = lambda row: shard_of(row, group)
 
     def next_batches(self, source: BatchSource) -> list[Batch] | None:
         batches = []
@@ -187,7 +194,7 @@ class LocalTrainStep(TrainStep):
     def backward(self, micro: MicroLoss) -> None:
         # Under context parallel each rank's loss is its share of the mean and FSDP averages the
         # gradients over dp_shard x cp: scale by cp so the cp shares add up instead.
-        (micro.loss * self.runtime.dims.layout.cp / self.profile.train.grad_accum).backward()
+        (micro.loss * self.cp / self.profile.train.grad_accum).backward()
 
     def forward_backward(self, batches: list[Batch]) -> StepLosses:
         loss = tokens = 0.0
@@ -218,7 +225,12 @@ class PipelineTrainStep(TrainStep):
     through the schedule: that many packed rows, or one bucket batch split evenly. Every pp rank draws
     the whole step's noise (the same values: same seed, same order as `LocalTrainStep`), the first stage
     uses the inputs, the last the targets; the loss and per-sample losses go from the last stage to every
-    pp rank."""
+    pp rank.
+
+    Under context parallel every stage holds its cp rank's `TokenShard` of each micro-batch: the first
+    stage takes the shard's tokens, the stream between stages is the shard's hidden states (the P2P
+    buffers are the local shard's shape), and the last stage takes its share of the loss as
+    `LocalTrainStep` does (backpropagated x cp: FSDP over dp_shard x cp averages)."""
 
     def __init__(self, profile: RunProfile, runtime: Runtime, parts: TrainParts) -> None:
         super().__init__(profile, runtime, parts)
@@ -243,18 +255,21 @@ class PipelineTrainStep(TrainStep):
 
     def _micro_inputs(self, batches: list[Batch]) -> list[MicroInputs]:
         if isinstance(batches[0], PackedBatch):
-            return [self.loss.draw(row, self.device) for row in batches]
-        whole = self.loss.draw(batches[0], self.device)
+            return [self.loss.draw(row, self.device, self.shard_of) for row in batches]
+        whole = self.loss.draw(batches[0], self.device, self.shard_of)
         m = self.microbatches
         kwargs = whole.model_kwargs
-        split = {name: kwargs[name].tensor_split(m) for name in kwargs if name != "grid"}
+        # per-sample tensors split with the rows; the grid or the (per-row) TokenShard goes to every one
+        split = {name: value.tensor_split(m) for name, value in kwargs.items() if torch.is_tensor(value)}
+        shared = {name: value for name, value in kwargs.items() if name not in split}
         return [
             MicroInputs(
                 x=x,
                 target=target,
-                model_kwargs={**{name: parts[i] for name, parts in split.items()}, "grid": kwargs["grid"]},
+                model_kwargs={**{name: parts[i] for name, parts in split.items()}, **shared},
                 level=level,
                 tokens=whole.tokens // m,
+                shard=whole.shard,
             )
             for i, (x, target, level) in enumerate(
                 zip(
@@ -266,29 +281,45 @@ class PipelineTrainStep(TrainStep):
             )
         ]
 
+    def _pad_to(self, batches: list[Batch], inputs: list[MicroInputs]) -> int | None:
+        """Packed rows: the token count every micro-batch's activations are padded to between stages, so
+        that one schedule's receive buffers fit them all: the row budget, or under context parallel the
+        step's largest shard (sum of ceil(n_i / cp) over its samples: it varies with the samples a row
+        holds) rounded up to PAD_GRANULE tokens, so that few distinct shapes (schedules) arise."""
+        if not isinstance(batches[0], PackedBatch):
+            return None
+        if self.shard_of is None:
+            return max(row.budget for row in batches)
+        local = max(mi.shard.local for mi in inputs if mi.shard is not None)
+        return -(-local // PAD_GRANULE) * PAD_GRANULE
+
     def forward_backward(self, batches: list[Batch]) -> StepLosses:
         from vidforge.parallel.pipeline import PipelineMicroBatches
 
         inputs = self._micro_inputs(batches)
-        packed = inputs[0].layout is not None
         mbs = PipelineMicroBatches(
             args=[(mi.x,) for mi in inputs],
             kwargs=[mi.model_kwargs for mi in inputs],
             targets=[mi.target for mi in inputs],
-            pad_to=max(row.budget for row in batches) if packed else None,
+            pad_to=self._pad_to(batches, inputs),
         )
+        shares: list[torch.Tensor] = []
         per_sample: list[torch.Tensor] = []
 
         def loss_fn(index: int, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            micro = self.loss.reduce(output, inputs[index])
+            # the per-sample losses are summed over the cp group here: every cp rank of the last stage
+            # runs its micro-batches' losses in the same order
+            micro = self.loss.reduce(output, inputs[index], self.cp_group)
+            share = micro.loss / len(inputs)
+            shares.append(share.detach())
             per_sample.append(micro.per_sample)
-            return micro.loss / len(inputs)
+            return share * self.cp
 
-        losses = self.runner.step(mbs, loss_fn)
+        self.runner.step(mbs, loss_fn)
         level = torch.cat([mi.level for mi in inputs])
         values = torch.zeros(1 + level.shape[0], dtype=torch.float64, device=self.device)
         if self.runner.has_last_stage:
-            values[0] = torch.stack([loss.detach() for loss in losses]).sum()
+            values[0] = torch.stack(shares).sum()
             values[1:] = torch.cat(per_sample)
         dist.all_reduce(values, group=self.runner.group)
         tokens = float(sum(mi.tokens for mi in inputs))
