@@ -92,7 +92,7 @@ class BlockKeys:
         return ((segment[:, None] == segment[None, :]) & key_ok[None, :]).to(device)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # packed rows differ step to step: bounded
 def _runs(q_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> tuple[Run, ...]:
     runs: list[Run] = []
     start = 0
