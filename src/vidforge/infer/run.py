@@ -283,8 +283,8 @@ def run(
             slicing = ScaleFusionSlicing(
                 cfg.scalefusion_slices_t,
                 cfg.scalefusion_slices_s,
-                cfg.scalefusion_first_parts_t,
-                cfg.scalefusion_first_parts_s,
+                cfg.scalefusion_lookahead_t,
+                cfg.scalefusion_lookahead_s,
             )
         sampler = _parallel_sampler(model, prof, plan, device, slicing)
     else:
