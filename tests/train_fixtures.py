@@ -56,13 +56,14 @@ def train_profile(*extra: str) -> RunProfile:
 
 
 def make_latents(
-    root: Path, *, identical: bool = False, samples: int = 4, sets: tuple[str, ...] = ()
+    root: Path, *, identical: bool = False, samples: int = 4, images: int = 0, sets: tuple[str, ...] = ()
 ) -> Path:
     """Latent shards under root/latents. identical=True: every sample is the same clip and caption, one
-    sample per shard, so data-parallel ranks see the same data as a single process does. `sets`: profile
-    overrides for shard and tokenize (e.g. other data.frame_buckets)."""
+    sample per shard, so data-parallel ranks see the same data as a single process does. `images`: that
+    many still images besides the `samples` videos; `sets`: profile overrides for shard and tokenize
+    (e.g. other data.frame_buckets, or ones that keep the images)."""
     annotated = make_annotated_dir(
-        root / "annotated", videos=samples, images=0, rejected=0, size=(48, 64), frames=(9, 12), seed=0
+        root / "annotated", videos=samples, images=images, rejected=0, size=(48, 64), frames=(9, 12), seed=0
     )
     sets = [*sets, "data.shard_max_samples=1"] if identical else list(sets)
     if identical:

@@ -277,6 +277,70 @@ def _regather_saving(group) -> tuple[int, float]:
     return kept[0] - kept[1], part.parts["gathered keys/values (all-gather CP)"]
 
 
+def _fused_ring(group) -> dict:
+    """Ring attention with each block through the fused CPU flash kernel (model.attention=sdpa) and
+    through the einsum reference (dense, 3 queries at a time), against one process's dense attention
+    over the whole row: for each row kind, the largest error of the output (real tokens) and of the q,
+    k, v gradients (this rank's rows) of either ring, and between the two rings."""
+    from vidforge.models import SequenceLayout
+    from vidforge.models.attention import attention
+    from vidforge.parallel.context_parallel import cp_process_group, shard_of
+    from vidforge.parallel.cp_attention import ring_attention
+
+    group = cp_process_group(group)
+    rows = {  # (layout or grid, batch): pads at cp 2 and 4 in all but "plain"
+        "packed": (SequenceLayout(((2, 2, 3), (1, 1, 3), (3, 1, 3))), 1),
+        "plain": ((2, 2, 3), 2),
+        "plain padded": ((3, 1, 3), 2),
+    }
+    errors = {}
+    for kind, (row, batch) in rows.items():
+        layout = row if isinstance(row, SequenceLayout) else SequenceLayout((row,))
+        segments = layout.segments() if isinstance(row, SequenceLayout) else None
+        g = torch.Generator().manual_seed(5)
+        q, k, v, weight = (
+            torch.randn(batch, layout.total, 2, 6, generator=g, dtype=torch.float64) for _ in range(4)
+        )
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        reference = attention(*full, segments, "dense")
+        (reference * weight).sum().backward()
+        shard = shard_of(row, group)
+        valid = shard.valid()
+        results = {}
+        for backend in ("sdpa", "dense"):
+            local = [shard.split(t).requires_grad_() for t in (q, k, v)]
+            out = ring_attention(*local, shard, group, backend, query_chunk=3)
+            (out * shard.split(weight)).sum().backward()
+            results[backend] = [out.detach()[:, valid]] + [t.grad for t in local]
+        wanted = [shard.split(reference.detach())[:, valid]] + [shard.split(t.grad) for t in full]
+        for name, (a, b) in {
+            "fused": ("sdpa", None),
+            "einsum": ("dense", None),
+            "fused vs einsum": ("sdpa", "dense"),
+        }.items():
+            other = wanted if b is None else results[b]
+            errors[(name, kind)] = max(
+                (x - y).abs().max().item() for x, y in zip(results[a], other, strict=True)
+            )
+        errors[("scale", kind)] = min(t.grad.abs().max().item() for t in full)
+    return errors
+
+
+def _bench_cp(group) -> dict:
+    """`vidforge bench attention`'s context-parallel rows on this group (a 32-token row, one timed call):
+    each implementation's row."""
+    from vidforge.bench.attention_bench import CP_IMPLS, AttentionRow, measure_cp
+    from vidforge.parallel.context_parallel import cp_process_group
+    from vidforge.profile import load_profile
+
+    profile = load_profile(None, ["bench.warmup=0", "bench.repeats=1"])
+    group = cp_process_group(group)
+    return {
+        impl: measure_cp(AttentionRow(impl, 32), profile, group, torch.device("cpu"), torch.float32).as_dict()
+        for impl in CP_IMPLS
+    }
+
+
 def _worker(rank: int, world: int):
     """Every case on a (dp 2, cp 2) mesh, each pair of ranks a cp group (group ranks are not global
     ranks on the second pair), then the 4-rank cases on the whole world."""
@@ -295,7 +359,10 @@ def _worker(rank: int, world: int):
     two["regather saving"] = _regather_saving(cp2)
     two["sampling"] = _sampling(model, "ring", cp2)
     two["cfg sampling"] = _sampling(model, "all-gather", cp2, cfg_group=mesh["dp"])  # dp ranks as cfg
+    two["fused ring"] = _fused_ring(cp2)
+    two["bench cp"] = _bench_cp(cp2)
     four = {"chunked ring": _chunked_ring(dist.group.WORLD)}
+    four["fused ring"] = _fused_ring(dist.group.WORLD)
     for impl in ("ring", "ulysses"):
         for kind in ROWS:
             four[(impl, kind)] = _case(model, impl, kind, dist.group.WORLD)
@@ -381,6 +448,38 @@ def test_regather_saves_what_the_memory_model_says(two_ranks):
         measured, predicted = rank_results["regather saving"]
         assert measured > 0
         assert predicted == pytest.approx(measured, rel=0.15)
+
+
+@pytest.mark.parametrize("kind", ROWS)
+@pytest.mark.parametrize("ring", ["fused", "einsum", "fused vs einsum"])
+def test_fused_ring_equals_einsum_ring_and_one_process(two_ranks, four_ranks, ring, kind):
+    """Ring attention whose blocks run through the fused CPU flash kernel (returning the log-sum-exp
+    the merge uses) gives the einsum ring's and one process's outputs and q, k, v gradients, on 2 and 4
+    ranks, for packed rows (samples with no token on some rank) and plain batches with and without pads
+    (float64: 1e-10)."""
+    for rank_results in [*two_ranks, *four_ranks]:
+        errors = rank_results["fused ring"]
+        assert errors[(ring, kind)] < TOL["atol"]
+        assert errors[("scale", kind)] > 1e-3  # the gradients compared are not trivially zero
+
+
+def test_bench_attention_times_every_cp_implementation(two_ranks):
+    """bench attention's rows under 2 ranks: ring (fused), the einsum ring, all-gather and Ulysses each
+    timed forward and forward + backward, the same slowest-rank time reported on every rank, and the
+    rate that of the whole 32-token row's attention."""
+    from vidforge.bench.attention_bench import attention_flops
+    from vidforge.profile import load_profile
+
+    model = load_profile(None).model
+    for impl in ("ring", "ring-einsum", "all-gather", "ulysses"):
+        rows = [rank_results["bench cp"][impl] for rank_results in two_ranks]
+        for row in rows:
+            assert row["skipped"] is None and row["forward_s"] > 0 and row["forward_backward_s"] > 0
+            flops = attention_flops(32, model.heads, model.head_dim)
+            assert row["forward_tflops"] == pytest.approx(flops / row["forward_s"] / 1e12)
+        # each cp pair reduces to its slowest rank
+        assert rows[0]["forward_backward_s"] == rows[1]["forward_backward_s"]
+        assert rows[2]["forward_backward_s"] == rows[3]["forward_backward_s"]
 
 
 # --- 2D context parallel (cp_impl=usp, ulysses 2 x ring 2): the cases of usp_cases.py -------------------

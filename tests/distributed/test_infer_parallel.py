@@ -4,7 +4,8 @@
   all-gather; the guided denoiser and whole sampled latents equal the one-batch single-process ones.
 - ScaleFusion: ST-DiT denoising with the sequence split over frames, all-to-alls between the spatial
   and temporal layouts, and the sliced, overlapped schedule; equal to the plain (synchronous, unsliced)
-  schedule and to the single-process forward.
+  schedule and to the single-process forward; its recorded issues, waits, computes and frees in the
+  order of Algorithm 1 (as scalefusion.py reads it), receive buffers freed as slices finish.
 - `vidforge infer` (`infer.run.run`) on 2 ranks, each way it splits the work (CFG-parallel, ScaleFusion,
   context-parallel DiT, st-hybrid parallel ST-DiT): rank 0 writes the single process's videos, frame for
   frame.
@@ -17,6 +18,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -181,10 +185,13 @@ def test_cfg_parallel_sample_equals_single_process_sample(cfg_results, unconditi
 # --- ScaleFusion --------------------------------------------------------------------------------------
 
 ST_LATENT = (4, 8, 8, 8)  # C, T, H, W: 8 frames x 4 x 4 positions; 4 frames and 8 positions per rank
-SLICINGS = {
+LOCAL_FRAMES, LOCAL_POSITIONS = 4, 8
+SLICINGS = {  # N_T, N_S, L_T, L_S
     "plain": (1, 1, 1, 1),
-    "default": (4, 4, 1, 3),  # N_T, N_S, L_T, L_S: the issue's defaults
-    "uneven": (3, 2, 2, 2),  # frame slices of 2, 1, 1 frames; the first of each all-to-all in 2 parts
+    "default": (4, 4, 1, 1),
+    "deep": (4, 4, 2, 3),
+    "uneven": (3, 2, 2, 2),  # frame slices of 2, 1, 1 frames; every position slice's all-to-all leaves early
+    "clamped": (6, 8, 9, 1),  # 6 frame slices of 4 local frames make 4; lookahead 9 of 4 slices makes 4
 }
 
 
@@ -196,16 +203,18 @@ def _st_inputs():
     return x, noise_level, text, mask, torch.tensor([False, True])
 
 
-def _scalefusion_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
+def _scalefusion_worker(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from vidforge.parallel.scalefusion import ScaleFusionSlicing, scalefusion_forward
 
     model = _tiny_model(architecture="stdit")
     x, noise_level, text, mask, drop = _st_inputs()
-    return _by_value(
-        {
-            name: scalefusion_forward(
+    outputs, traces = {}, {}
+    for name, numbers in SLICINGS.items():
+        traces[name] = _WatchedTrace()
+        with _watch_receive_buffers(traces[name]):
+            outputs[name] = scalefusion_forward(
                 model,
                 x,
                 noise_level,
@@ -214,15 +223,62 @@ def _scalefusion_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
                 drop_text=drop,
                 group=dist.group.WORLD,
                 slicing=ScaleFusionSlicing(*numbers),
+                trace=traces[name],
             )
-            for name, numbers in SLICINGS.items()
-        }
-    )
+    return {"outputs": _by_value(outputs), "traces": {name: list(t) for name, t in traces.items()}}
+
+
+class _WatchedTrace(list):
+    """A schedule's trace that also gets ("dead", block, phase, slice) when the garbage collector frees a
+    receive tensor of that slice's all-to-alls (see `_watch_receive_buffers`): what the "free" events
+    claim, observed. gloo's worker thread lets go of a finished all-to-all's tensors a moment after the
+    wait returns, so a "free" is written once its slice's tensors are dead, or after a second, which
+    only a reference that the schedule still holds lasts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[tuple, int] = {}
+
+    def collected(self, slice_: tuple) -> None:
+        self.held[slice_] -= 1
+        super().append(("dead", *slice_))
+
+    def append(self, event: tuple) -> None:
+        deadline = time.monotonic() + 1.0
+        while event[0] == "free" and self.held.get(event[1:4]) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        super().append(event)
+
+
+@contextmanager
+def _watch_receive_buffers(trace: _WatchedTrace):
+    """Inside, each all-to-all's receive tensor tells `trace` when it is collected. The event just
+    before an exchange is built is its "issue"."""
+    from vidforge.parallel.scalefusion import _Exchange
+
+    built = _Exchange.__init__
+
+    def init(self, send, group):
+        built(self, send, group)
+        slice_ = tuple(trace[-1][1:4])
+        trace.held[slice_] = trace.held.get(slice_, 0) + 1
+        weakref.finalize(self.recv, trace.collected, slice_)
+
+    _Exchange.__init__ = init
+    try:
+        yield
+    finally:
+        _Exchange.__init__ = built
 
 
 @pytest.fixture(scope="module")
 def scalefusion_results(two_ranks) -> list[dict[str, torch.Tensor]]:
-    return _as_tensors([result["scalefusion"] for result in two_ranks])
+    return _as_tensors([result["scalefusion"]["outputs"] for result in two_ranks])
+
+
+@pytest.fixture(scope="module")
+def scalefusion_traces(two_ranks) -> list[dict[str, list[tuple]]]:
+    return [result["scalefusion"]["traces"] for result in two_ranks]
 
 
 def test_scalefusion_plain_schedule_equals_single_process_forward(scalefusion_results) -> None:
@@ -235,10 +291,75 @@ def test_scalefusion_plain_schedule_equals_single_process_forward(scalefusion_re
         torch.testing.assert_close(result["plain"], reference, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("slicing", ["default", "uneven"])
+@pytest.mark.parametrize("slicing", [name for name in SLICINGS if name != "plain"])
 def test_scalefusion_overlapped_schedule_equals_plain_schedule(scalefusion_results, slicing: str) -> None:
     for result in scalefusion_results:
         assert torch.equal(result[slicing], result["plain"])
+
+
+def _algorithm_1(n_t: int, n_s: int, l_t: int, l_s: int, depth: int) -> list[tuple]:
+    """The events of the schedule in scalefusion.py's docstring, enumerated directly: the phases in
+    order (spatial, temporal per block), each slice k of a phase with N slices and lookahead L issuing
+    slice k+L's whole all-to-all, waiting for its own, computing, freeing, then sending piece k of each
+    of the next phase's first L' slices. The first phase is fed by no all-to-all."""
+    slices = {"spatial": min(n_t, LOCAL_FRAMES), "temporal": min(n_s, LOCAL_POSITIONS)}
+    ahead = {"spatial": min(l_t, slices["spatial"]), "temporal": min(l_s, slices["temporal"])}
+    phases = [(block, name) for block in range(depth) for name in ("spatial", "temporal")]
+    events = []
+    for index, (block, name) in enumerate(phases):
+        fed = index > 0
+        feeds = phases[index + 1] if index + 1 < len(phases) else None
+        n, lookahead = slices[name], ahead[name]
+        for k in range(n):
+            if fed and k + lookahead < n:
+                events.append(("issue", block, name, k + lookahead, None))
+            if fed:
+                events.append(("wait", block, name, k))
+            events.append(("compute", block, name, k))
+            if fed:
+                events.append(("free", block, name, k))
+            if feeds is not None:
+                events += [("issue", *feeds, j, k) for j in range(ahead[feeds[1]])]
+    return events
+
+
+@pytest.mark.parametrize("slicing", list(SLICINGS))
+def test_scalefusion_event_order_is_algorithm_1(scalefusion_traces, slicing: str) -> None:
+    from vidforge.models import model_config
+
+    depth = model_config("tiny", architecture="stdit").layers
+    expected = _algorithm_1(*SLICINGS[slicing], depth)
+    for traces in scalefusion_traces:
+        assert [tuple(event) for event in traces[slicing] if event[0] != "dead"] == expected
+
+
+@pytest.mark.parametrize("slicing", list(SLICINGS))
+def test_scalefusion_frees_receive_buffers_as_slices_finish(scalefusion_traces, slicing: str) -> None:
+    """Slices holding received data at once, counted in the recorded events (a slice from its first
+    piece's issue to its free), are at most min(L+1, N) of the phase computing plus min(L', N') of the
+    phase it feeds; every one is freed by the end, and by its "free" event the garbage collector has
+    collected every tensor its all-to-alls received into."""
+    n_t, n_s, l_t, l_s = SLICINGS[slicing]
+    n_t, n_s = min(n_t, LOCAL_FRAMES), min(n_s, LOCAL_POSITIONS)
+    l_t, l_s = min(l_t, n_t), min(l_s, n_s)
+    bound = max(min(l_t + 1, n_t) + min(l_s, n_s), min(l_s + 1, n_s) + min(l_t, n_t))
+    for traces in scalefusion_traces:
+        live, peak, issued = set(), 0, set()
+        in_flight: dict[tuple, int] = {}  # receive tensors of a slice not yet collected
+        for kind, block, phase, k, *_ in traces[slicing]:
+            slice_ = (block, phase, k)
+            if kind == "issue":
+                live.add(slice_)
+                issued.add(slice_)
+                in_flight[slice_] = in_flight.get(slice_, 0) + 1
+            elif kind == "dead":
+                in_flight[slice_] -= 1
+            elif kind == "free":
+                assert in_flight[slice_] == 0, f"{slice_} freed with its received data still held"
+                live.remove(slice_)
+            peak = max(peak, len(live))
+        assert peak <= bound
+        assert not live and issued  # every received slice freed; and there were all-to-alls at all
 
 
 # --- vidforge infer on 2 ranks ------------------------------------------------------------------------

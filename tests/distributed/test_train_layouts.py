@@ -233,3 +233,31 @@ def test_pipeline_refuses_what_it_cannot_do(sets, field) -> None:
 
     with pytest.raises(ProfileError, match=field.replace(".", r"\.")):
         train_profile("cluster.cpu_processes=4", "parallel.pp=2", "parallel.pp_microbatches=2", *sets)
+
+
+# Joint image-video training under ST-DiT sequence parallel sliced by space (parallel.cp_impl=st-spatial):
+# images (1 frame -> latent T = 1) and 9-frame clips (T = 3) packed into rows, which st-hybrid's split by
+# frames refuses under cp=2. Its own data (the shared reference's clips are all 9 frames): 2 images and 2
+# clips, 192 tokens an epoch, so the 3 full rows of 432 tokens take every sample several times.
+JOINT = ("model.architecture=stdit", "data.frame_buckets=[1,9]")
+
+
+def test_st_spatial_joint_image_video_matches_one_process(tmp_path) -> None:
+    from vidforge.data.shard_index import read_index
+    from vidforge.data.shard_reader import iter_shard
+    from vidforge.profile import ProfileError
+
+    latents = make_latents(tmp_path / "data", samples=2, images=2, sets=JOINT)
+    index = read_index(latents)
+    frames = sorted(s["json"]["latent_shape"][1] for e in index.shards for s in iter_shard(index.path(e), e))
+    assert frames == [1, 1, 3, 3]  # two images and two clips, as latents
+    with pytest.raises(
+        ProfileError, match="1 frames give 1 latent token frames, not divisible by parallel.cp=2"
+    ):
+        train_profile(*JOINT, "cluster.cpu_processes=2", "parallel.cp=2", "parallel.cp_impl=st-hybrid")
+    run_ranks(_train, 1, str(latents), str(tmp_path / "single"), list(JOINT))
+    sets = ["parallel.cp=2", "parallel.cp_impl=st-spatial", *JOINT]
+    run_ranks(_train, 2, str(latents), str(tmp_path / "st-spatial"), sets)
+    single, got = losses(tmp_path / "single"), losses(tmp_path / "st-spatial")
+    assert len(got) == len(single) == 3 and len(set(single)) > 1
+    assert got == pytest.approx(single, rel=1e-4, abs=1e-6)

@@ -111,7 +111,7 @@ def test_vpp_needs_interleaved_schedule(tmp_path: Path) -> None:
         (
             "cp_impl",
             "zigzag",
-            "parallel.cp_impl: Input should be 'all-gather', 'ring', 'ulysses', 'usp' or 'st-hybrid'",
+            "parallel.cp_impl: Input should be 'all-gather', 'ring', 'ulysses', 'usp', 'st-hybrid' or 'st-spatial'",
         ),
         ("pp_schedule", "zb", "parallel.pp_schedule: Input should be 'gpipe', '1f1b' or 'interleaved-1f1b'"),
         ("tp", 0, "parallel.tp: Input should be greater than or equal to 1, got 0"),

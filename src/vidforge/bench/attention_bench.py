@@ -7,7 +7,12 @@ at twice the forward, as `vidforge.models.flops` does for MFU; FlashAttention's 
 backward at 2.5x, so their TFLOP/s for the same time are 1.17x ours. A backend that cannot run here is
 skipped with the reason (flash-attn not installed or no GPU; the dense reference beyond
 `DENSE_LIMIT_BYTES` of scores); a forward or backward that raises (FlexAttention has no CPU backward)
-is reported with its error."""
+is reported with its error.
+
+Under several ranks (`--nproc N`, or torchrun), it times context-parallel attention instead: one row of
+each length split over all N ranks (`TokenShard`), through ring attention with fused per-block kernels
+(`ring`), the einsum ring (`ring-einsum`, the reference), all-gather and Ulysses (both through the
+model's backend); the slowest rank's median, TFLOP/s of the whole row's attention over all ranks."""
 
 from __future__ import annotations
 
@@ -15,11 +20,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from vidforge.bench.timing import time_calls
 from vidforge.models.attention import BACKENDS, attention, flash_attn_available
+from vidforge.parallel.cp_attention import CP_ATTENTION
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
+from vidforge.tokens import TokenShard
 
 DENSE_LIMIT_BYTES = 2 * 2**30  # the dense reference materialises heads x S x S float32 scores (twice)
 
@@ -53,31 +61,46 @@ def unavailable(backend: str, seq_len: int, heads: int, device: torch.device) ->
 
 def measure(row: AttentionRow, profile: RunProfile, device: torch.device, dtype: torch.dtype) -> AttentionRow:
     """Fill `row` with the backend's forward and forward + backward times at its sequence length."""
-    heads, head_dim, bench = profile.model.heads, profile.model.head_dim, profile.bench
     backend, sdpa_backend = row.backend, profile.model.sdpa_backend
-    shape = (1, row.seq_len, heads, head_dim)
+
+    def attend(q, k, v):
+        return attention(q, k, v, None, backend, sdpa_backend)
+
+    return _time(row, attend, row.seq_len, profile, device, dtype)
+
+
+def _time(
+    row: AttentionRow, attend, local: int, profile: RunProfile, device, dtype, group=None
+) -> AttentionRow:
+    """Forward and forward + backward times of `attend(q, k, v)` on (1, local, heads, head_dim) inputs,
+    with the TFLOP/s of full attention over row.seq_len tokens; the slowest of `group`'s ranks when
+    given."""
+    heads, head_dim, bench = profile.model.heads, profile.model.head_dim, profile.bench
+    shape = (1, local, heads, head_dim)
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, grad = (torch.randn(shape, generator=g, device=device, dtype=dtype) for _ in range(4))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
     def forward() -> None:
         with torch.no_grad():
-            attention(q, k, v, None, backend, sdpa_backend)
+            attend(q, k, v)
 
     def forward_backward() -> None:
-        attention(*leaves, None, backend, sdpa_backend).backward(grad)
+        attend(*leaves).backward(grad)
         for t in leaves:
             t.grad = None
 
     flops = attention_flops(row.seq_len, heads, head_dim)
     try:
-        fwd = time_calls(forward, bench.warmup, bench.repeats, device).median
+        fwd = _slowest(time_calls(forward, bench.warmup, bench.repeats, device).median, group, device)
     except (RuntimeError, ValueError, NotImplementedError) as err:
         row.skipped = f"forward: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
         return row
     row.forward_s, row.forward_tflops = fwd, flops / fwd / 1e12
     try:
-        both = time_calls(forward_backward, bench.warmup, bench.repeats, device).median
+        both = _slowest(
+            time_calls(forward_backward, bench.warmup, bench.repeats, device).median, group, device
+        )
     except (RuntimeError, ValueError, NotImplementedError) as err:
         row.skipped = f"backward: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
         return row
@@ -85,21 +108,62 @@ def measure(row: AttentionRow, profile: RunProfile, device: torch.device, dtype:
     return row
 
 
+def _slowest(seconds: float, group: dist.ProcessGroup | None, device: torch.device) -> float:
+    """The largest of the group's ranks' times (a step waits for its slowest rank); no group: this one's."""
+    if group is None:
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)  # NCCL reduces on the GPU
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return value.item()
+
+
+CP_IMPLS = ("ring", "ring-einsum", "all-gather", "ulysses")
+"""What `bench attention` compares under several ranks; ring-einsum is the ring with model.attention=dense."""
+
+
+def measure_cp(
+    row: AttentionRow, profile: RunProfile, group: dist.ProcessGroup, device, dtype
+) -> AttentionRow:
+    """Fill `row` (backend: one of CP_IMPLS) with its times over `group`: a row of row.seq_len tokens,
+    split over the group's ranks. Every rank of the group calls this with the same row."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    heads = profile.model.heads
+    if row.backend == "ulysses" and heads % size:
+        row.skipped = f"ulysses splits the {heads} heads over {size} ranks: needs heads divisible by ranks"
+        return row
+    shard = TokenShard.of_grid((row.seq_len, 1, 1), rank, size)
+    impl = "ring" if row.backend == "ring-einsum" else row.backend
+    backend = "dense" if row.backend == "ring-einsum" else profile.model.attention
+    sdpa_backend = profile.model.sdpa_backend
+
+    def attend(q, k, v):
+        return CP_ATTENTION[impl](q, k, v, shard, group, backend, sdpa_backend)
+
+    return _time(row, attend, shard.local, profile, device, dtype, group)
+
+
 def run(profile: RunProfile) -> dict[str, Any]:
     device = init_runtime(profile).device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     heads = profile.model.heads
+    ranks = dist.get_world_size() if dist.is_initialized() else 1
     rows = []
-    for backend in BACKENDS:
-        for seq_len in profile.bench.attention_seq_lens:
-            row = AttentionRow(backend, seq_len)
-            row.skipped = unavailable(backend, seq_len, heads, device)
-            rows.append(row if row.skipped else measure(row, profile, device, dtype))
+    if ranks > 1:  # the whole world as one context-parallel group
+        for impl in CP_IMPLS:
+            for seq_len in profile.bench.attention_seq_lens:
+                rows.append(measure_cp(AttentionRow(impl, seq_len), profile, dist.group.WORLD, device, dtype))
+    else:
+        for backend in BACKENDS:
+            for seq_len in profile.bench.attention_seq_lens:
+                row = AttentionRow(backend, seq_len)
+                row.skipped = unavailable(backend, seq_len, heads, device)
+                rows.append(row if row.skipped else measure(row, profile, device, dtype))
     return {
         "profile": profile.name,
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "heads": heads,
         "head_dim": profile.model.head_dim,
+        "ranks": ranks,
         "rows": [r.as_dict() for r in rows],
     }

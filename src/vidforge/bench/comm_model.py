@@ -23,7 +23,11 @@ parameters of a pipeline stage after TP, n the group's degree (ring collectives:
   attention. usp (2D, cp = u x r): Ulysses's all-to-alls over u consecutive cp ranks, 8 x (u-1)/u x T x d
   / t x e on their own (usually intra-node) link, plus the ring over r ranks, 6 x (r-1) x T x d / t x e
   (a ring rank's block is u x the tokens with 1/u of the heads: the same bytes), overlapped, on the cp
-  group's link. st-hybrid: 2 all-to-alls per block forward, 2 backward: 4 x (c-1)/c x T x d / t x e.
+  group's link. st-hybrid: temporal attention's q, k, v all-to-all'ed to the positions layout and its
+  output back, forward and backward: 8 x (c-1)/c x T x d / t x e per block, plus the parallel block's
+  full attention as all-gather. st-spatial: spatial attention head-parallel, the same 8 x (c-1)/c
+  x T x d / t x e per block (and again for the parallel block's full attention), T counting the pad
+  columns when H x W does not divide by c (`Workload.tokens_per_rank`).
 - PP: each micro-batch's hidden states sent forward and their gradient back at every stage boundary:
   2 x T x d x e (/t with sequence parallel). On the critical path (small).
 Activation recompute repeats the forward's TP and CP collectives."""
@@ -97,7 +101,7 @@ def communication(
     tp, cp, pp = layout.tp, layout.cp, layout.pp
     blocks = cfg.layers // pp
     stage_params = tp_local_parameters(counts, blocks, tp)
-    tokens = workload.tokens / cp
+    tokens = workload.tokens_per_rank(cp, par.token_slicing)
     d = cfg.hidden
     fwd_repeats = 2 if checkpointing == "full" else 1  # recompute repeats the forward's collectives
     sublayers, full_attn = _sublayers_and_attention(profile)
@@ -150,9 +154,21 @@ def communication(
             attn = full_attn or 1
             per_layer, overlapped = (4 * fwd_repeats + 4) * (cp - 1) / cp * local * attn, False
             what = "all-to-all of q, k, v and the output, forward and backward"
-        else:
-            per_layer, overlapped = (2 * fwd_repeats + 2) * (cp - 1) / cp * local, False
-            what = "all-to-all between the spatial and temporal layouts, forward and backward"
+        elif impl == "st-hybrid":
+            # q, k, v (3 x local) to the positions layout and the output (1 x) back, every pass; the
+            # parallel block's full attention by all-gathered K/V, as apply_st_hybrid runs it
+            full = 2 * (cp - 1) * local * (fwd_repeats + 1) * full_attn
+            per_layer, overlapped = (4 * fwd_repeats + 4) * (cp - 1) / cp * local + full, False
+            what = (
+                "temporal q, k, v and output all-to-all'ed between frames and positions, forward and backward"
+            )
+            what += ", full attention's K/V all-gathered" if full_attn else ""
+        else:  # st-spatial: spatial (and full) attention head-parallel, the same 4 tensors each way
+            per_layer, overlapped = (4 * fwd_repeats + 4) * (cp - 1) / cp * local * (1 + full_attn), False
+            what = (
+                "spatial q, k, v and output all-to-all'ed between positions and heads, forward and backward"
+            )
+            what += " (and the full attention's)" if full_attn else ""
         size = microbatches * blocks * per_layer
         link, bw = group_link(profile, layout, ("cp",))
         formula = (

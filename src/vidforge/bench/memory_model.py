@@ -292,7 +292,7 @@ def estimate_memory(
         )
 
     # --- activations --------------------------------------------------------------------------------
-    tokens = workload.tokens / layout.cp
+    tokens = workload.tokens_per_rank(layout.cp, par.token_slicing)
     all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
     gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
     one = block_activations(

@@ -13,7 +13,11 @@ Predicted step time of one rank, for `m` micro-batches a step:
 
 Layouts are ranked by tokens per second per GPU (each layout's own batch: train.micro_batch clips per
 data-parallel rank, m micro-batches). Each layout gets the least activation recompute that fits its
-memory (none, then selective, then full), because recompute costs time."""
+memory (none, then selective, then full), because recompute costs time. An ST-DiT whose parallel.cp_impl
+is either of its sequence parallels (st-hybrid slices clips by frames, st-spatial by positions) has both
+weighed per context-parallel layout: what the rulebook refuses for the data buckets (st-hybrid: odd latent
+frame counts, images) is out, and of the rest the faster prediction wins (their traffic differs with the
+block and the pad columns), the profile's own on a tie."""
 
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from vidforge.profile.layout_rules import layout_problems
 from vidforge.profile.parallel import Layout
 
 CHECKPOINTING = ("none", "selective", "full")
+ST_CP_IMPLS = ("st-hybrid", "st-spatial")
+"""ST-DiT's two sequence parallels, which the planner chooses between per layout."""
 
 
 @dataclass
@@ -39,6 +45,8 @@ class LayoutPlan:
     layout: Layout
     checkpointing: str
     microbatches: int
+    cp_impl: str | None = None
+    """parallel.cp_impl of this plan (None without context parallel)."""
     memory: MemoryEstimate | None = None
     comm: list[CommTerm] = field(default_factory=list)
     compute_s: float = 0.0
@@ -68,6 +76,7 @@ class LayoutPlan:
             "describe": self.layout.describe(),
             "checkpointing": self.checkpointing,
             "microbatches": self.microbatches,
+            "cp_impl": self.cp_impl,
             "valid": self.valid,
             "problems": list(self.problems),
             "why": list(self.why),
@@ -120,7 +129,7 @@ def evaluate(
     mode = checkpointing or profile.train.activation_checkpointing
     if microbatches is None:
         microbatches = layout.pp_microbatches if layout.pp > 1 else profile.train.grad_accum
-    plan = LayoutPlan(layout, mode, microbatches)
+    plan = LayoutPlan(layout, mode, microbatches, profile.parallel.cp_impl if layout.cp > 1 else None)
     plan.problems = structural_problems(profile, layout)
     plan.capacity_bytes = profile.cluster.accelerator.memory_gib * GIB * profile.bench.memory_headroom
     if plan.problems:
@@ -173,6 +182,51 @@ def _reasons(
     return out
 
 
+def _least_recompute(profile: RunProfile, layout: Layout, workload: Workload, micro: int) -> LayoutPlan:
+    """The layout with the least activation checkpointing that fits (or the last one tried)."""
+    plan = None
+    for mode in CHECKPOINTING:
+        plan = evaluate(profile, layout, mode, workload, micro)
+        if plan.valid or plan.memory is None:
+            break
+    assert plan is not None
+    return plan
+
+
+def cp_impl_variants(profile: RunProfile, layout: Layout) -> list[RunProfile]:
+    """The profiles the planner weighs for a layout: the profile itself, and for a context-parallel
+    ST-DiT on one of `ST_CP_IMPLS` the same with the other one."""
+    impl = profile.parallel.cp_impl
+    if layout.cp == 1 or profile.model.architecture != "stdit" or impl not in ST_CP_IMPLS:
+        return [profile]
+    other = next(i for i in ST_CP_IMPLS if i != impl)
+    parallel = profile.parallel.model_copy(update={"cp_impl": other})
+    return [profile, profile.model_copy(update={"parallel": parallel})]
+
+
+def _best_cp_impl(profile: RunProfile, layout: Layout, workload: Workload, micro: int) -> LayoutPlan:
+    """`_least_recompute` of each `cp_impl_variants` profile: the fastest valid one (the first on a tie),
+    saying why over the other; the profile's own when none is valid."""
+    plans = [
+        _least_recompute(variant, layout, workload, micro) for variant in cp_impl_variants(profile, layout)
+    ]
+    valid = [p for p in plans if p.valid]
+    best = max(valid, key=lambda p: p.tokens_per_s_per_gpu) if valid else plans[0]
+    for other in plans:
+        if other is best:
+            continue
+        if not other.valid:
+            why = f"{other.cp_impl} is refused: {other.problems[0]}"
+        else:
+            mine, theirs = (sum(c.bytes for c in p.comm if c.dim.startswith("cp")) for p in (best, other))
+            why = (
+                f"{other.cp_impl} predicts {other.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
+                f"(cp traffic {theirs / 1e9:.3g} GB/step against {mine / 1e9:.3g})"
+            )
+        best.why.append(f"parallel.cp_impl={best.cp_impl}: {why}")
+    return best
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -223,12 +277,7 @@ def rank_layouts(profile: RunProfile, world_size: int | None = None) -> PlanRepo
     workload = Workload.from_profile(profile)
     ranked, rejected = [], []
     for layout, micro in candidate_layouts(profile, world):
-        plan = None
-        for mode in CHECKPOINTING:
-            plan = evaluate(profile, layout, mode, workload, micro)
-            if plan.valid or plan.memory is None:
-                break
-        assert plan is not None
+        plan = _best_cp_impl(profile, layout, workload, micro)
         (ranked if plan.valid else rejected).append(plan)
     ranked.sort(key=lambda p: -p.tokens_per_s_per_gpu)
     families = []
@@ -352,7 +401,9 @@ def rank_cp_impls(
     its Ulysses degree (`usp 8x2` is cp_ulysses 8, a ring of 2)."""
     layout = layout or profile.layout
     out = []
-    for impl, ulysses in cp_choices(layout.cp):
+    # an ST-DiT's spatial and temporal attention need one of its own sequence parallels
+    stdit = profile.model.architecture == "stdit"
+    for impl, ulysses in [(i, 1) for i in ST_CP_IMPLS] if stdit else cp_choices(layout.cp):
         parallel = profile.parallel.model_copy(update={"cp_impl": impl, "cp_ulysses": ulysses})
         plan = evaluate(profile.model_copy(update={"parallel": parallel}), layout, checkpointing)
         out.append((f"usp {ulysses}x{layout.cp // ulysses}" if impl == "usp" else impl, plan))

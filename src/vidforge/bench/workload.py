@@ -32,6 +32,14 @@ class Workload:
         """Video tokens of the micro-batch (before any context-parallel split)."""
         return self.samples * self.tokens_per_sample
 
+    def tokens_per_rank(self, cp: int, slicing: str = "chunks") -> float:
+        """Video tokens one of `cp` context-parallel ranks holds: tokens / cp, or with the positions
+        slicing (parallel.cp_impl=st-spatial) T x ceil(H W / cp) a clip, pad columns included."""
+        if slicing != "positions" or cp == 1:
+            return self.tokens / cp
+        t, h, w = self.grid
+        return self.samples * t * -(-(h * w) // cp)
+
     @classmethod
     def from_profile(
         cls, profile: RunProfile, samples: int | None = None, packed: bool | None = None

@@ -156,23 +156,39 @@ def _infer_scaling(resolved, nproc: int) -> None:
 
 
 @app.command()
-def attention(profile: ProfileOpt = None, set_: SetOpt = None) -> None:
+def attention(nproc: NprocOpt = None, profile: ProfileOpt = None, set_: SetOpt = None) -> None:
     """TFLOP/s of every attention backend (sdpa, dense, flex, flash) at bench.attention_seq_lens, forward
     and forward + backward, with the model's heads and head size; unavailable backends with the reason.
+    With --nproc N: context-parallel attention instead, each length split over the N ranks: ring with
+    fused per-block kernels, the einsum ring, all-gather and Ulysses (the slowest rank's times).
 
     Example: vidforge bench attention --set "bench.attention_seq_lens=[1024,4096,16384]"
+    Example: vidforge bench attention --nproc 2 --set "bench.attention_seq_lens=[2048,8192]"
     """
+    from vidforge.parallel.launch import start_ranks
+
+    resolved = profile_from(profile, set_, nproc)
+    code = start_ranks(nproc)
+    if code is not None:
+        raise typer.Exit(code)
+    import torch.distributed as dist
+
     from vidforge.bench.attention_bench import run
 
-    result = run(profile_from(profile, set_))
+    result = run(resolved)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return  # one report, from rank 0
+    ranks = result["ranks"]
+    first = "backend" if ranks == 1 else "cp impl"
     lines = [
-        f"bench attention  {result['device']} ({result['dtype']}), {result['heads']} heads x {result['head_dim']}",
-        f"  {'backend':<7} {'seq':>7} {'fwd ms':>9} {'fwd TFLOP/s':>11} {'fwd+bwd ms':>10} {'fwd+bwd TFLOP/s':>15}",
+        f"bench attention  {result['device']} ({result['dtype']}), {result['heads']} heads x {result['head_dim']}"
+        + ("" if ranks == 1 else f", each row split over {ranks} ranks (TFLOP/s of all ranks)"),
+        f"  {first:<11} {'seq':>7} {'fwd ms':>9} {'fwd TFLOP/s':>11} {'fwd+bwd ms':>10} {'fwd+bwd TFLOP/s':>15}",
     ]
     for r in result["rows"]:
         ms = [None if r[k] is None else r[k] * 1000 for k in ("forward_s", "forward_backward_s")]
         line = (
-            f"  {r['backend']:<7} {r['seq_len']:>7} {_fmt(ms[0]):>9} {_fmt(r['forward_tflops']):>11} "
+            f"  {r['backend']:<11} {r['seq_len']:>7} {_fmt(ms[0]):>9} {_fmt(r['forward_tflops']):>11} "
             f"{_fmt(ms[1]):>10} {_fmt(r['forward_backward_tflops']):>15}"
         )
         if r["skipped"]:
@@ -291,8 +307,8 @@ def plan(
         return
     layout_plan = evaluate(resolved)
     result, text = layout_plan.as_dict(), format_plan(layout_plan, resolved)
-    if resolved.layout.cp > 1 and resolved.parallel.cp_impl != "st-hybrid":
-        # The same layout with each context-parallel implementation (1D and 2D), ranked.
+    if resolved.layout.cp > 1:
+        # The same layout with each context-parallel implementation (1D and 2D; an ST-DiT's two), ranked.
         from vidforge.bench.plan import format_cp_choices, rank_cp_impls
 
         choices = rank_cp_impls(resolved)

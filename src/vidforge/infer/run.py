@@ -300,8 +300,8 @@ def profile_slicing(prof: RunProfile) -> ScaleFusionSlicing:
     return ScaleFusionSlicing(
         cfg.scalefusion_slices_t,
         cfg.scalefusion_slices_s,
-        cfg.scalefusion_first_parts_t,
-        cfg.scalefusion_first_parts_s,
+        cfg.scalefusion_lookahead_t,
+        cfg.scalefusion_lookahead_s,
     )
 
 

@@ -81,5 +81,6 @@ def packed_scopes(layout: SequenceLayout, device: torch.device | str = "cpu") ->
 def sharded_scopes(shard: TokenShard) -> dict[str, Scope]:
     """Scopes for this rank's tokens of a row split over context-parallel ranks: no regrouping here (the
     tokens of a sample are spread over ranks); each mask is a `ContextShard` naming the scope, for the
-    context-parallel attention that `apply_cp` (full) or the ST-DiT hybrid (spatial, temporal) installs."""
+    context-parallel attention that `apply_cp` (full) or ST-DiT sequence parallel (spatial, temporal:
+    `apply_st_hybrid`, `apply_st_spatial`) installs."""
     return {name: Scope(name, ContextShard(name, shard)) for name in SCOPES}

@@ -79,7 +79,7 @@ class ContextParallelAttend(nn.Module):
         if mask.scope != "full":
             raise ValueError(
                 f"parallel.cp_impl={self.impl} splits full attention only; ST-DiT's {mask.scope} attention "
-                "under context parallel needs parallel.cp_impl=st-hybrid"
+                "under context parallel needs parallel.cp_impl=st-hybrid or st-spatial"
             )
         shard = mask.shard
         if shard.size != dist.get_world_size(self.group) or shard.rank != dist.get_rank(self.group):
@@ -151,13 +151,14 @@ def _check_usp_groups(impl: str, usp_groups: UspGroups | None) -> None:
         )
 
 
-def shard_of(row: SequenceLayout | Grid, cp_mesh: CpGroup) -> TokenShard:
-    """This rank's `TokenShard` of a packed row (its `SequenceLayout`) or of a plain batch's token grid."""
+def shard_of(row: SequenceLayout | Grid, cp_mesh: CpGroup, slicing: str = "chunks") -> TokenShard:
+    """This rank's `TokenShard` of a packed row (its `SequenceLayout`) or of a plain batch's token grid;
+    `slicing` as `Parallel.token_slicing` says for the profile's cp_impl."""
     group = cp_process_group(cp_mesh)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     if isinstance(row, SequenceLayout):
-        return TokenShard.of_layout(row, rank, size)
-    return TokenShard.of_grid(tuple(row), rank, size)
+        return TokenShard.of_layout(row, rank, size, slicing)
+    return TokenShard.of_grid(tuple(row), rank, size, slicing)
 
 
 def gather_row(x: torch.Tensor, shard: TokenShard, cp_mesh: CpGroup) -> torch.Tensor:

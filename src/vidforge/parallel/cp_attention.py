@@ -9,7 +9,8 @@ this rank's output (B, local, H, D); all are differentiable on CPU (gloo) and GP
   backward; with `regather=True` (`parallel.cp_regather`, as NeMo/Transformer Engine do) only the local
   shard is kept and the backward gathers again (`_regathered`).
 - `ring_attention`: K/V blocks travel around the ring with point-to-point sends, each rank merging
-  per-block partial outputs by their log-sum-exp; the next transfer is posted before the current block
+  per-block partial outputs by their log-sum-exp, each block computed by a fused attention kernel that
+  returns it (`vidforge.parallel.attention_blocks`); the next transfer is posted before the current block
   is computed, so communication overlaps compute. Backward is the flash-attention backward per block,
   with the key-gradient accumulators travelling the ring behind the blocks and arriving at their owner
   after a full turn. Memory: two K/V blocks.
@@ -31,6 +32,20 @@ import torch
 import torch.distributed as dist
 
 from vidforge.models.attention import attention
+from vidforge.parallel.attention_blocks import (
+    BlockKernel,
+    BlockKeys,
+    block_backward,
+    block_forward,
+    block_kernel,
+    finite_lse,
+)
+from vidforge.parallel.attention_blocks import (  # the ring's arithmetic, tested on its own
+    block_attention as block_attention,
+)
+from vidforge.parallel.attention_blocks import (
+    merge_partial as merge_partial,
+)
 from vidforge.tokens import Segments, TokenShard
 
 # torch >= 2.14 renames the tensor-in/tensor-out collectives; the GPU machine runs 2.11.
@@ -223,39 +238,6 @@ def tokens_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 # --- ring ---------------------------------------------------------------------------------------------
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def block_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of q (B, Lq, H, D) to one block of keys (B, Lk, H, D) where `allowed` (Lq, Lk) is True:
-    the block-normalised output (B, Lq, H, Dv) and its log-sum-exp (B, H, Lq), in q's (compute) dtype.
-    A query with no allowed key in the block gets output 0 and log-sum-exp -inf."""
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - _finite(lse)[..., None])
-    return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
-
-
-def merge_partial(
-    out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine two softmax-normalised partial outputs over disjoint key sets by their log-sum-exps
-    (B, H, Lq): the result is the attention over the union. -inf (no keys yet) on either side is fine."""
-    new_lse = torch.logaddexp(lse, block_lse)
-    finite = _finite(new_lse)
-    w_old = torch.exp(lse - finite).transpose(1, 2)[..., None]  # (B, Lq, H, 1)
-    w_new = torch.exp(block_lse - finite).transpose(1, 2)[..., None]
-    return out * w_old + block_out * w_new, new_lse
-
-
-def _finite(lse: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isinf(lse), torch.zeros((), dtype=lse.dtype, device=lse.device), lse)
-
-
 class _Ring:
     """Point-to-point neighbours of this rank in the cp group: send to rank+1, receive from rank-1."""
 
@@ -282,82 +264,62 @@ def _wait(requests: list) -> None:
         request.wait()
 
 
-def _block_mask(shard: TokenShard, source: int, device: torch.device) -> torch.Tensor:
-    """(local, local): which of rank `source`'s tokens (as keys) each local query may see: same sample,
-    and not a pad."""
-    sample = shard.token_sample(device)  # the same on every rank
-    return (sample[:, None] == sample[None, :]) & shard.valid(device, source)[None, :]
+def _block_keys(shard: TokenShard, source: int) -> BlockKeys:
+    """Which of rank `source`'s tokens (as keys) each local query sees: its sample's real tokens there.
+    Every rank holds each sample's piece at the same local positions, real tokens first."""
+    return BlockKeys(shard.chunk_lens, shard.local_counts(source))
 
 
 RING_QUERY_CHUNK = 2048
-"""Queries per einsum in ring attention: bounds the (B, H, chunk, local) score tensor, which for whole
-blocks of a long sequence would not fit (9k local tokens x 24 heads is 8 GB in float32)."""
-
-
-def _query_chunks(length: int, chunk: int) -> list[slice]:
-    return [slice(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+"""Queries per score tensor in the einsum ring (`model.attention=dense`): bounds the (B, H, chunk,
+local) scores, which for whole blocks of a long sequence would not fit (9k local tokens x 24 heads is
+8 GB in float32). The fused kernels never hold the scores and take the whole block."""
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, shard: TokenShard, group: dist.ProcessGroup, query_chunk: int):
+    def forward(ctx, q, k, v, shard: TokenShard, group: dist.ProcessGroup, kernel: BlockKernel):
         ring = _Ring(group)
-        compute = _compute_dtype(q)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        qc = q.to(compute)
         dk = k.shape[-1]
-        chunks = _query_chunks(q.shape[1], query_chunk)
-        block = torch.cat([k, v], dim=-1).to(compute).contiguous()
-        out = qc.new_zeros((*q.shape[:3], v.shape[-1]))
-        lse = qc.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"))
+        block = torch.cat([k, v], dim=-1).contiguous()  # travels in the input dtype
+        out = lse = None
         for step in range(ring.size):
             source = (ring.rank - step) % ring.size
             if step + 1 < ring.size:  # overlap: the next block is on its way while this one computes
                 incoming, requests = ring.shift(block, tag=0)
             kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            allowed = _block_mask(shard, source, q.device)
-            for rows in chunks:
-                part = block_attention(qc[:, rows], kb, vb, allowed[rows], scale)
-                out[:, rows], lse[..., rows] = merge_partial(out[:, rows], lse[..., rows], *part)
+            part = block_forward(kernel, q, kb, vb, _block_keys(shard, source), scale)
+            out, lse = part if out is None else merge_partial(out, lse, *part)
             if step + 1 < ring.size:
                 _wait(requests)
                 block = incoming
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.shard, ctx.group, ctx.scale, ctx.chunks = shard, group, scale, chunks
+        ctx.shard, ctx.group, ctx.scale, ctx.kernel = shard, group, scale, kernel
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         shard, ring, scale = ctx.shard, _Ring(ctx.group), ctx.scale
-        compute = _compute_dtype(q)
-        qc, dout = q.to(compute), grad_out.to(compute)
-        delta = (dout * out).sum(-1).transpose(1, 2)  # (B, H, Lq): rowsum(dO * O)
-        finite_lse = _finite(lse)
+        merged_lse = finite_lse(lse)  # every query has a key somewhere in the row
         dk = k.shape[-1]
-        block = torch.cat([k, v], dim=-1).to(compute).contiguous()
-        grad_block = torch.zeros_like(block)  # gradient of the block in hand, summed over ranks so far
+        block = torch.cat([k, v], dim=-1).contiguous()
+        grad_block = block.new_zeros(block.shape, dtype=out.dtype)  # the block in hand's gradient so far
         grad_requests: list = []
-        dq = torch.zeros_like(qc)
+        dq = torch.zeros(q.shape, dtype=out.dtype, device=q.device)
         for step in range(ring.size):
             source = (ring.rank - step) % ring.size
             if step + 1 < ring.size:
                 incoming, requests = ring.shift(block, tag=1)
             kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            allowed = _block_mask(shard, source, q.device)
-            grad_here = torch.zeros_like(block)  # this rank's contribution to the block's gradient
-            for rows in ctx.chunks:
-                scores = torch.einsum("bqhd,bkhd->bhqk", qc[:, rows], kb) * scale
-                probs = torch.exp(scores - finite_lse[..., rows, None]).masked_fill(~allowed[rows], 0.0)
-                d_probs = torch.einsum("bqhd,bkhd->bhqk", dout[:, rows], vb)
-                d_scores = probs * (d_probs - delta[..., rows, None])
-                dq[:, rows] += torch.einsum("bhqk,bkhd->bqhd", d_scores, kb) * scale
-                grad_here[..., :dk] += torch.einsum("bhqk,bqhd->bkhd", d_scores, qc[:, rows]) * scale
-                grad_here[..., dk:] += torch.einsum("bhqk,bqhd->bkhd", probs, dout[:, rows])
+            keys = _block_keys(shard, source)
+            dq_b, dk_b, dv_b = block_backward(ctx.kernel, grad_out, q, kb, vb, out, merged_lse, keys, scale)
+            dq += dq_b
             # The accumulator arrived (overlapped with the compute above) from the previous rank with
             # this block; add to it and pass it on: after the last step it reaches the block's owner.
             _wait(grad_requests)
-            grad_block, grad_requests = ring.shift(grad_block + grad_here, tag=2)
+            grad_block, grad_requests = ring.shift(grad_block + torch.cat([dk_b, dv_b], dim=-1), tag=2)
             if step + 1 < ring.size:
                 _wait(requests)
                 block = incoming
@@ -376,12 +338,15 @@ def ring_attention(
     sdpa_backend: str = "auto",
     query_chunk: int = RING_QUERY_CHUNK,
 ) -> torch.Tensor:
-    """Ring attention (see the module docstring). Per-block attention is explicit einsum math in float32
-    (float64 for float64 inputs), `query_chunk` queries at a time, so `backend` is not used: it runs
-    and differentiates anywhere."""
+    """Ring attention (see the module docstring). Each block goes through the fused kernel that
+    `vidforge.parallel.attention_blocks.block_kernel` picks for `backend`, `sdpa_backend` and q (the CPU
+    flash kernel here; SDPA's flash, efficient or cuDNN op, or flash-attn, on CUDA), which returns the
+    block's log-sum-exp for the merge; `backend="dense"` runs the einsum reference instead, `query_chunk`
+    queries at a time. Plain and packed rows take the same kernels (see `BlockKeys`)."""
     if shard.size == 1:
         return all_gather_attention(q, k, v, shard, group, backend, sdpa_backend)
-    return _RingAttention.apply(q, k, v, shard, group, query_chunk)
+    kernel = block_kernel(backend, sdpa_backend, q, query_chunk)
+    return _RingAttention.apply(q, k, v, shard, group, kernel)
 
 
 CP_ATTENTION = {

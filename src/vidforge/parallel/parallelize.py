@@ -89,7 +89,7 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims, profile: RunProf
 
 def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Parallel) -> None:
     """Context parallel over `dims.mesh["cp"]` with `parallel.cp_impl`, in place: the one place that maps
-    a cp_impl to the code that installs it (st-hybrid for an ST-DiT; the full-attention implementations,
+    a cp_impl to the code that installs it (st-hybrid and st-spatial for an ST-DiT; the full-attention implementations,
     usp with its Ulysses and ring sub-groups, through `apply_cp`). Training and context-parallel sampling
     both come here."""
     impl = parallel.cp_impl
@@ -97,6 +97,10 @@ def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Paral
         from vidforge.parallel.stdit_parallel import apply_st_hybrid
 
         apply_st_hybrid(model, dims.mesh["cp"])
+    elif impl == "st-spatial":
+        from vidforge.parallel.st_spatial import apply_st_spatial
+
+        apply_st_spatial(model, dims.mesh["cp"])
     else:
         from vidforge.parallel.context_parallel import apply_cp
         from vidforge.parallel.usp_attention import UspGroups

@@ -5,24 +5,43 @@ The sequence is split over P ranks as in `stdit_parallel`: spatial attention run
 whole frames, temporal attention (with cross-attention and MLP, which are per token) with each rank
 holding whole (h, w) positions, and an all-to-all switches between the two layouts. Done plainly, every
 all-to-all waits for the whole layer before it and the whole next layer waits for it. ScaleFusion cuts
-the work into slices that the all-to-alls can run beside:
+the work into slices that the all-to-alls run beside.
 
-- the spatial phase of a block (frames layout) runs in `slices_t` slices of this rank's frames (N_T);
-- the temporal phase (positions layout) runs in `slices_s` slices of this rank's positions (N_S);
-- the all-to-all into the temporal phase is cut by the temporal phase's slices: the data of position
-  slice j is one asynchronous all-to-all, so slice j+1's data travels while slice j computes. The first
-  slice's all-to-all would still wait for the whole spatial phase, so it is cut further, along the
-  spatial phase's frame slices, into `first_parts_s` parts (L_S): each part leaves as soon as the frames
-  it carries are computed, beside the rest of the spatial phase;
-- symmetrically, the all-to-all back into the next spatial phase is cut by that phase's frame slices, and
-  its first slice's all-to-all into `first_parts_t` parts (L_T) along the temporal phase's position
-  slices, each leaving as soon as its positions are computed.
+The paper's text (its Algorithm 1) was not to be found (searched November 2026: only the abstract and a
+talk summary), so this is the reading implemented, from the abstract and the issue that asked for it
+(issue 26, item 3), with the paper's names:
 
-Every token goes through the same arithmetic as in the plain schedule (slices 1, 1, 1, 1), only in
-smaller batches, and every collective is an exact copy, so the result equals the plain schedule's up to
-float rounding of the smaller matrix products (the tests measure bitwise equality on CPU float64).
-Communication uses torch.distributed's asynchronous all_to_all_single (async_op=True, waited on before
-use); inference only (no autograd). Plain batches of the sequential ST-DiT block.
+- N_T (`slices_t`): the spatial phase of a block runs in N_T slices along T (this rank's frames);
+  N_S (`slices_s`): the temporal phase in N_S slices along S (this rank's positions). Slice k of a
+  phase needs, from the all-to-all into it, one piece from every slice of the phase before.
+- L_T (`lookahead_t`), L_S (`lookahead_s`): how many of the spatial (L_T) and temporal (L_S) phase's
+  slices have their all-to-all in flight ahead of the slice being computed. With lookahead L a phase of
+  N slices runs, for k = 0 .. N-1:
+
+      issue the all-to-all of slice k+L (if k+L < N: its data is complete, the phase before is done)
+      wait for slice k's all-to-all; compute slice k; free slice k's receive buffers
+      issue piece k of each of the next phase's first L' slices (L' the next phase's lookahead)
+
+  so the all-to-alls of slices 0 .. L-1 are moved into the phase before, one piece per slice of it,
+  each leaving as soon as the data it carries is computed, and the later slices' all-to-alls each overlap
+  the L computes before their own. L = 1 already overlaps part of every switch; L >= N issues every
+  all-to-all during the phase before. The first block's spatial phase has no all-to-all before it, the
+  last block's temporal phase none after it (the final layer runs in the positions layout).
+- Receive buffers: a slice's are released as soon as its compute is done, so at most min(L+1, N) of a
+  phase's slices and the first min(L', N') slices of the next phase hold received data at once (the
+  plain schedule and this module before issue 26 held a whole phase's).
+
+Defaults N_T = N_S = 4, L_T = L_S = 1: the paper's values were not to be found; lookahead 1 hides every
+all-to-all that takes at most one slice's compute, and a deeper one costs a slice's receive buffer per
+step of depth. Counts larger than what a rank holds are clamped (2 local frames cannot make 4 slices),
+lookaheads to the phase's slice count.
+
+Every token goes through the same arithmetic as in the plain schedule (N_T = N_S = 1), only in smaller
+batches, and every collective is an exact copy, so the result equals the plain schedule's up to float
+rounding of the smaller matrix products (the tests measure bitwise equality on CPU float64). Communication
+uses torch.distributed's asynchronous all_to_all_single (async_op=True, waited on before use); inference
+only (no autograd). Plain batches of the sequential ST-DiT block. `trace`, where given, records each issue,
+wait, compute and free in the order done, which the tests hold against the schedule above.
 """
 
 from __future__ import annotations
@@ -41,30 +60,19 @@ from vidforge.tokens import patchify, token_grid, unpatchify
 
 @dataclass(frozen=True)
 class ScaleFusionSlicing:
-    """N_T, N_S, L_T, L_S (see the module docstring). The profile fields, once added, are
-    infer.scalefusion_slices_t / _slices_s / _first_parts_t / _first_parts_s with these defaults.
-    Counts larger than what a rank holds are clamped (2 local frames cannot make 4 slices)."""
+    """N_T, N_S, L_T, L_S (see the module docstring); the profile's infer.scalefusion_slices_t /
+    _slices_s / _lookahead_t / _lookahead_s, with these defaults."""
 
     slices_t: int = 4
     slices_s: int = 4
-    first_parts_t: int = 1
-    first_parts_s: int = 3
+    lookahead_t: int = 1
+    lookahead_s: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("slices_t", "slices_s", "first_parts_t", "first_parts_s"):
+        for name in ("slices_t", "slices_s", "lookahead_t", "lookahead_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"infer.scalefusion_{name}: must be an integer >= 1, got {value!r}")
-        if self.first_parts_t > self.slices_s:
-            raise ValueError(
-                f"infer.scalefusion_first_parts_t={self.first_parts_t}: the first frame slice's all-to-all is cut "
-                f"along the {self.slices_s} position slices (infer.scalefusion_slices_s); use at most that many parts"
-            )
-        if self.first_parts_s > self.slices_t:
-            raise ValueError(
-                f"infer.scalefusion_first_parts_s={self.first_parts_s}: the first position slice's all-to-all is cut "
-                f"along the {self.slices_t} frame slices (infer.scalefusion_slices_t); use at most that many parts"
-            )
 
 
 PLAIN = ScaleFusionSlicing(1, 1, 1, 1)
@@ -97,29 +105,40 @@ class _Exchange:
         return self.recv
 
 
-def _groups(slices: list[tuple[int, int]], parts: int) -> list[tuple[int, int, int]]:
-    """Consecutive slices merged into `parts` groups: (index of the group's last slice, start, count)."""
-    out = []
-    for first, count in even_splits(len(slices), parts):
-        last = first + count - 1
-        start = slices[first][0]
-        out.append((last, start, slices[last][0] + slices[last][1] - start))
-    return out
+@dataclass(frozen=True)
+class _Phase:
+    """One half of a block: `spatial` over frame slices, `temporal` over position slices."""
+
+    name: str
+    slices: list[tuple[int, int]]
+    lookahead: int  # clamped to len(slices)
 
 
 class ScaleFusionSchedule:
-    """The overlapped forward of one model over one token grid on one rank of `group`."""
+    """The overlapped forward of one model over one token grid on one rank of `group`. `trace`, where
+    given, receives ("issue", block, phase, slice, piece), ("wait" | "compute" | "free", block, phase,
+    slice) as they are done; piece is the slice of the phase before that an early piece carries, None
+    for a whole all-to-all."""
 
     def __init__(
-        self, model: nn.Module, shards: STShards, group: dist.ProcessGroup, slicing: ScaleFusionSlicing
+        self,
+        model: nn.Module,
+        shards: STShards,
+        group: dist.ProcessGroup,
+        slicing: ScaleFusionSlicing,
+        trace: list | None = None,
     ):
-        self.model, self.shards, self.group = model, shards, group
+        self.model, self.shards, self.group, self.trace = model, shards, group, trace
         self.frame_slices = even_splits(shards.frames, slicing.slices_t)
         self.position_slices = even_splits(shards.positions, slicing.slices_s)
-        # first_parts_s cuts the all-to-all into position slice 0 along the frame slices, and
-        # first_parts_t the one into frame slice 0 along the position slices.
-        self.into_positions_parts = _groups(self.frame_slices, slicing.first_parts_s)
-        self.into_frames_parts = _groups(self.position_slices, slicing.first_parts_t)
+        self.spatial = _Phase("spatial", self.frame_slices, min(slicing.lookahead_t, len(self.frame_slices)))
+        self.temporal = _Phase(
+            "temporal", self.position_slices, min(slicing.lookahead_s, len(self.position_slices))
+        )
+
+    def _note(self, *event) -> None:
+        if self.trace is not None:
+            self.trace.append(event)
 
     # --- layout switch: frames -> positions (feeds the temporal phase) ---------------------------------
 
@@ -157,56 +176,69 @@ class ScaleFusionSchedule:
         p, b, m, nl, ch = recv.shape
         return recv.permute(1, 2, 0, 3, 4).reshape(b, m * p * nl, ch)
 
-    # --- one block ----------------------------------------------------------------------------------------
+    # --- Algorithm 1: one phase -----------------------------------------------------------------------
 
-    def spatial_phase(self, block, mods, frames_in: list[Callable[[], torch.Tensor]], ropes, scopes):
-        """Spatial attention slice by slice (frame slice i's input from frames_in[i]()); launches the
-        all-to-all parts of position slice 0 as their frames complete, then the other position slices'
-        all-to-alls. Returns, per position slice, a callable giving its positions-layout input."""
-        b, ch = self.batch, self.model.config.hidden
-        out = torch.empty(b, self.shards.frames, self.shards.hw, ch, dtype=self.dtype, device=self.device)
-        first = self.position_slices[0]
-        parts: list[_Exchange] = []
-        groups = iter(self.into_positions_parts)
-        group_last, group_start, group_count = next(groups)
-        for i, (f, m) in enumerate(self.frame_slices):
-            x = frames_in[i]()
-            out[:, f : f + m] = spatial_sublayer(block, x, mods, ropes[i], scopes[i]).view(b, m, -1, ch)
-            if i == group_last:
-                parts.append(self._send_positions(out, (group_start, group_count), first))
-                group_last, group_start, group_count = next(groups, (None, 0, 0))
-        rest = [self._send_positions(out, (0, self.shards.frames), s) for s in self.position_slices[1:]]
-        inputs = [lambda: self._positions_input([e.result() for e in parts])]
-        inputs += [lambda e=e: self._positions_input([e.result()]) for e in rest]
-        return inputs
+    def _issue(self, block: int, phase: _Phase, k: int, source: torch.Tensor, piece: int | None) -> _Exchange:
+        """The all-to-all into slice k of `phase` from `source`, the phase before's output: whole, or only
+        the part computed by that phase's slice `piece`."""
+        self._note("issue", block, phase.name, k, piece)
+        if phase.name == "temporal":
+            frames = (0, self.shards.frames) if piece is None else self.frame_slices[piece]
+            return self._send_positions(source, frames, self.position_slices[k])
+        positions = (0, self.shards.positions) if piece is None else self.position_slices[piece]
+        return self._send_frames(source, self.frame_slices[k], positions)
 
-    def temporal_phase(
-        self, block, mods, positions_in, ropes, scopes, cond, send_back: bool = True
-    ) -> tuple[torch.Tensor, list]:
-        """Temporal attention, cross-attention and MLP slice by slice; launches the all-to-all parts of
-        the next spatial phase's frame slice 0 as their positions complete, then the other frame slices'.
-        Returns the positions-layout output (B, T, HW/P, C) and per frame slice its input callable
-        (none when `send_back` is False: the last block's output stays in the positions layout)."""
-        b, ch, t = self.batch, self.model.config.hidden, self.shards.grid[0]
-        out = torch.empty(b, t, self.shards.positions, ch, dtype=self.dtype, device=self.device)
-        first = self.frame_slices[0]
-        parts: list[_Exchange] = []
-        groups = iter(self.into_frames_parts)
-        group_last, group_start, group_count = next(groups)
-        for j, (c, n) in enumerate(self.position_slices):
-            y = positions_in[j]()
-            out[:, :, c : c + n] = temporal_sublayers(block, y, mods, ropes[j], scopes[j], cond).view(
-                b, t, n, ch
-            )
-            if send_back and j == group_last:
-                parts.append(self._send_frames(out, first, (group_start, group_count)))
-                group_last, group_start, group_count = next(groups, (None, 0, 0))
-        if not send_back:
-            return out, []
-        rest = [self._send_frames(out, s, (0, self.shards.positions)) for s in self.frame_slices[1:]]
-        inputs = [lambda: self._frames_input([e.result() for e in parts])]
-        inputs += [lambda e=e: self._frames_input([e.result()]) for e in rest]
-        return out, inputs
+    def _receive(
+        self, block: int, phase: _Phase, pending: dict[int, list[_Exchange]], k: int
+    ) -> torch.Tensor:
+        """Slice k's input, its all-to-all's pieces waited on and taken out of `pending`."""
+        self._note("wait", block, phase.name, k)
+        pieces = [e.result() for e in pending.pop(k)]
+        return (self._positions_input if phase.name == "temporal" else self._frames_input)(pieces)
+
+    def _run_phase(
+        self,
+        block: int,
+        phase: _Phase,
+        compute: Callable[[int, torch.Tensor], torch.Tensor],
+        out: torch.Tensor,
+        fed: tuple[torch.Tensor, dict[int, list[_Exchange]]] | tuple[Callable[[int], torch.Tensor], None],
+        after: tuple[int, _Phase] | None,
+    ) -> dict[int, list[_Exchange]]:
+        """Slice by slice, `compute(k, input)` placed into `out`, with the all-to-alls of the module
+        docstring. `fed`: (the phase before's output, the all-to-alls already in flight into this phase),
+        or, for the first phase, (a callable giving slice k's input, None). `after`: the block and phase
+        this one's output feeds (None for the last). Returns the all-to-alls issued into it."""
+        source, pending = fed
+        upcoming: dict[int, list[_Exchange]] = {j: [] for j in range(after[1].lookahead)} if after else {}
+        n = len(phase.slices)
+        for k in range(n):
+            if pending is None:
+                self._note("compute", block, phase.name, k)
+                self._place(phase, out, k, compute(k, source(k)))
+            else:
+                if k + phase.lookahead < n:
+                    ahead = k + phase.lookahead
+                    pending[ahead] = [self._issue(block, phase, ahead, source, None)]
+                x = self._receive(block, phase, pending, k)
+                self._note("compute", block, phase.name, k)
+                self._place(phase, out, k, compute(k, x))
+                del x  # the last reference to slice k's received data
+                self._note("free", block, phase.name, k)
+            for j in upcoming:
+                upcoming[j].append(self._issue(after[0], after[1], j, out, k))
+        return upcoming
+
+    @staticmethod
+    def _place(phase: _Phase, out: torch.Tensor, k: int, y: torch.Tensor) -> None:
+        """Slice k's output tokens y (B, tokens, C) into the phase's output: frames layout (B, T/P, HW, C)
+        for the spatial phase, positions layout (B, T, HW/P, C) for the temporal one."""
+        start, count = phase.slices[k]
+        b, t, _, ch = out.shape
+        if phase.name == "spatial":
+            out[:, start : start + count] = y.view(b, count, -1, ch)
+        else:
+            out[:, :, start : start + count] = y.view(b, t, count, ch)
 
     # --- the whole model ----------------------------------------------------------------------------------
 
@@ -214,39 +246,52 @@ class ScaleFusionSchedule:
         """Full token row (B, S, patch_dim) -> full output (B, S, patch_dim), on every rank."""
         model, shards = self.model, self.shards
         cfg = model.config
-        self.batch, self.device, self.dtype = tokens.shape[0], tokens.device, model.param_dtype
+        batch, device, dtype = tokens.shape[0], tokens.device, model.param_dtype
         cos, sin = cond.rope
         frame_ropes, frame_scopes = [], []
         for f, m in self.frame_slices:
-            index = shards.frame_token_index(f, m).to(self.device)
+            index = shards.frame_token_index(f, m).to(device)
             frame_ropes.append((cos[index], sin[index]))
-            frame_scopes.append(shards.frame_scope(self.batch, m))
+            frame_scopes.append(shards.frame_scope(batch, m))
         position_ropes, position_scopes = [], []
         for c, n in self.position_slices:
-            index = shards.position_token_index(c, n).to(self.device)
+            index = shards.position_token_index(c, n).to(device)
             position_ropes.append((cos[index], sin[index]))
-            position_scopes.append(shards.position_scope(self.batch, n))
+            position_scopes.append(shards.position_scope(batch, n))
 
         lo, hi = shards.token_range
         h = model.patch_embed(tokens[:, lo:hi])
         if cfg.abs_position == "sincos":
             h = h + sincos_position_embedding(cond.positions[lo:hi], cfg.hidden, h.dtype)
-        h = h.view(self.batch, shards.frames, shards.hw, -1)
-        frames_in = [
-            lambda f=f, m=m: h[:, f : f + m].reshape(self.batch, -1, h.shape[-1])
-            for f, m in self.frame_slices
-        ]
+        h = h.view(batch, shards.frames, shards.hw, -1)
+
+        def embedded(k: int) -> torch.Tensor:
+            f, m = self.frame_slices[k]
+            return h[:, f : f + m].reshape(batch, -1, h.shape[-1])
+
+        fed: tuple = (embedded, None)
         blocks = list(model.blocks.values())
-        for k, block in enumerate(blocks):
+        frames_shape = (batch, shards.frames, shards.hw, cfg.hidden)
+        positions_shape = (batch, shards.grid[0], shards.positions, cfg.hidden)
+        for b, block in enumerate(blocks):
             mods = block.modulation(cond)
-            positions_in = self.spatial_phase(block, mods, frames_in, frame_ropes, frame_scopes)
-            last = k + 1 == len(blocks)
-            y, frames_in = self.temporal_phase(
-                block, mods, positions_in, position_ropes, position_scopes, cond, send_back=not last
-            )
+
+            def spatial(k, x, block=block, mods=mods):
+                return spatial_sublayer(block, x, mods, frame_ropes[k], frame_scopes[k])
+
+            def temporal(k, x, block=block, mods=mods):
+                return temporal_sublayers(block, x, mods, position_ropes[k], position_scopes[k], cond)
+
+            frames = torch.empty(frames_shape, dtype=dtype, device=device)
+            pending = self._run_phase(b, self.spatial, spatial, frames, fed, (b, self.temporal))
+            # The positions-layout output before has sent its last whole all-to-all: drop it.
+            fed = positions = None
+            positions = torch.empty(positions_shape, dtype=dtype, device=device)
+            after = (b + 1, self.spatial) if b + 1 < len(blocks) else None
+            pending = self._run_phase(b, self.temporal, temporal, positions, (frames, pending), after)
+            fed, frames = (positions, pending), None
         # The final layer is per token: run it in the positions layout, then gather the whole row.
-        b, t, nl = self.batch, shards.grid[0], shards.positions
-        out = model.final(y.reshape(b, t * nl, -1), cond)
+        out = model.final(positions.reshape(batch, -1, cfg.hidden), cond)
         return gather_positions(out, shards, self.group)
 
 
@@ -271,10 +316,12 @@ def scalefusion_forward(
     drop_text: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
     slicing: ScaleFusionSlicing = ScaleFusionSlicing(),
+    trace: list | None = None,
 ) -> torch.Tensor:
     """`model(x, noise_level, text, text_mask, drop_text=...)` for latents x (B, C, T, H, W), computed by
     the ranks of `group` together: each gives the same inputs and gets the whole output. The model is a
-    sequential ST-DiT; the token grid's T and H*W must divide by the group's size."""
+    sequential ST-DiT; the token grid's T and H*W must divide by the group's size. `trace`: a list that
+    receives the schedule's events (`ScaleFusionSchedule`)."""
     group = group if group is not None else dist.group.WORLD
     cfg = model.config
     check_stdit(cfg, "ScaleFusion inference")
@@ -289,7 +336,7 @@ def scalefusion_forward(
     shards = STShards(grid, dist.get_rank(group), dist.get_world_size(group))
     tokens = patchify(x, cfg.patch)
     cond = model.condition(noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid)
-    out = ScaleFusionSchedule(model, shards, group, slicing).forward(tokens, cond)
+    out = ScaleFusionSchedule(model, shards, group, slicing, trace).forward(tokens, cond)
     return unpatchify(out, grid, cfg.patch, cfg.in_channels)
 
 

@@ -19,7 +19,8 @@ positions layout with one all-to-all, attends, and moves the output back with a 
 (all-gather of K/V by default). So a sequential ST-DiT block costs two all-to-alls, before and after
 its temporal attention; everything per token (modulation, norms, cross-attention, MLP) stays in the
 frames layout. Plain batches and packed rows (every sample's T and H*W divisible by P) both work; the
-all-to-alls are autograd-aware functional collectives.
+all-to-alls are autograd-aware functional collectives. For images and odd frame counts, which cannot be
+split by frames, `st_spatial.py` slices by positions instead (parallel.cp_impl=st-spatial).
 
 Inference (`scalefusion.py`) switches the hidden states instead (one all-to-all of width C rather than
 q, k, v), keeping the positions layout through cross-attention and MLP; `STShards`,
@@ -30,6 +31,7 @@ switch; the distributed tests hold them to the unmodified block's output).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -215,6 +217,11 @@ def _hybrid_plan(grids: tuple[Grid, ...], packed: bool, size: int, batch: int, d
     )
 
 
+def attend_in(scope: Scope, inner: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`inner` attention over q, k, v (B, S, H, D) regrouped as `scope` says, the output scattered back."""
+    return scope.scatter(inner(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask))
+
+
 def _exchange(x: torch.Tensor, order: torch.Tensor, arrival: torch.Tensor, group, size: int) -> torch.Tensor:
     """Reorder tokens (dim 1) by `order` into [destination rank][...] chunks, all-to-all them, and
     reorder what arrives ([source rank][...]) by `arrival`."""
@@ -227,6 +234,8 @@ class STHybridAttend(ContextParallelAttend):
     """A self-attention's `Attend` under parallel.cp_impl=st-hybrid: spatial attention on the rank's own
     frames, temporal attention in the positions layout between two all-to-alls, full attention by the
     context-parallel `full_impl`. Without a `ContextShard` mask it runs the wrapped `Attend` unchanged."""
+
+    IMPL = "st-hybrid"
 
     def __init__(self, inner: Attend, group: dist.ProcessGroup, full_impl: str = "all-gather") -> None:
         super().__init__(inner, group, full_impl)
@@ -243,12 +252,9 @@ class STHybridAttend(ContextParallelAttend):
             )
         plan = _hybrid_plan(shard.layout.grids, shard.packed, size, q.shape[0], str(q.device))
         if mask.scope == "spatial":
-            scope = plan.frames_scope
-            return scope.scatter(self.inner(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask))
+            return attend_in(plan.frames_scope, self.inner, q, k, v)
         qkv = _exchange(torch.stack([q, k, v], dim=2), plan.send, plan.recv, self.group, size)
-        scope = plan.positions_scope
-        qp, kp, vp = (scope.gather(t) for t in qkv.unbind(2))
-        out = scope.scatter(self.inner(qp, kp, vp, scope.mask))
+        out = attend_in(plan.positions_scope, self.inner, *qkv.unbind(2))
         return _exchange(out, plan.send_back, plan.recv_back, self.group, size)
 
     def extra_repr(self) -> str:
@@ -262,20 +268,30 @@ def apply_st_hybrid(model: nn.Module, cp_mesh: CpGroup, full_impl: str = "all-ga
     `apply_cp` (`shard_of`, `shard.split`, `model(..., shard=shard)`, `shard_loss`, `gather_row`).
     Only swaps parameter-free modules, so it composes with tensor parallel, checkpointing and FSDP in
     any order. Idempotent."""
+    group = cp_process_group(cp_mesh)
+    return install_st_attend(model, STHybridAttend, lambda inner: STHybridAttend(inner, group, full_impl))
+
+
+def install_st_attend(
+    model: nn.Module, kind: type[ContextParallelAttend], make: Callable[[Attend], ContextParallelAttend]
+) -> nn.Module:
+    """Put `make(inner)` (an ST-DiT sequence-parallel Attend of class `kind`) in every self-attention
+    layer of an ST-DiT, in place of its `Attend` (or of another context-parallel one's inner `Attend`);
+    layers that already hold a `kind` are left. Returns the model."""
+    what = f"parallel.cp_impl={kind.IMPL}"
     config = getattr(model, "config", None)
     if config is not None:
-        check_stdit(config, "parallel.cp_impl=st-hybrid")
-    group = cp_process_group(cp_mesh)
+        check_stdit(config, what)
     replaced = 0
     for module in model.modules():
         if isinstance(module, SelfAttention):
             inner = module.attend
-            if isinstance(inner, STHybridAttend):
+            if isinstance(inner, kind):
                 continue
             if isinstance(inner, ContextParallelAttend):
                 inner = inner.inner
-            module.attend = STHybridAttend(inner, group, full_impl)
+            module.attend = make(inner)
             replaced += 1
-    if not replaced and not any(isinstance(m, STHybridAttend) for m in model.modules()):
-        raise ValueError("apply_st_hybrid found no self-attention layer to make context-parallel")
+    if not replaced and not any(isinstance(m, kind) for m in model.modules()):
+        raise ValueError(f"{what} found no self-attention layer to make context-parallel")
     return model

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vidforge.profile.base import Section
 
@@ -29,16 +29,29 @@ class Infer(Section):
     """x264 quality of the written MP4 (lower is better)."""
     scalefusion_slices_t: int = Field(4, ge=1)
     """ScaleFusion (`vidforge infer --nproc` with a sequential ST-DiT): N_T, the frame slices spatial
-    attention is cut into, so each slice's all-to-all overlaps the next slice's compute."""
+    attention is cut into, so each slice's all-to-all overlaps other slices' compute."""
     scalefusion_slices_s: int = Field(4, ge=1)
     """ScaleFusion: N_S, the position slices temporal attention, cross-attention and the MLP are cut into."""
-    scalefusion_first_parts_t: int = Field(1, ge=1)
-    """ScaleFusion: L_T, the parts the all-to-all feeding the first frame slice is cut into."""
-    scalefusion_first_parts_s: int = Field(3, ge=1)
-    """ScaleFusion: L_S, the parts the all-to-all feeding the first position slice is cut into."""
+    scalefusion_lookahead_t: int = Field(1, ge=1)
+    """ScaleFusion: L_T, how many frame slices' all-to-alls are in flight ahead of the one computed (the
+    first L_T leave in pieces during the temporal phase before); each costs a slice's receive buffer."""
+    scalefusion_lookahead_s: int = Field(1, ge=1)
+    """ScaleFusion: L_S, the same for the position slices (the first L_S leave during the spatial phase)."""
     tp: int = Field(1, ge=1)
     """Tensor-parallel degree of `vidforge infer --nproc N` (and `bench infer --nproc N`), for a model that
     does not fit one GPU: the training's TP plan (parallel.sequence_parallel included) over groups of tp
     ranks. Must divide N; the other N / tp ranks split the guidance branches (CFG-parallel, when guidance
     is on and they are even) and then the token sequence (parallel.cp_impl). Must divide model.heads and
     model.mlp_hidden. E.g. --nproc 4 with tp 2 and guidance: tp 2 x CFG-parallel 2."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        # L_T / L_S were "parts of the first slice's all-to-all" before issue 26: a new meaning, a new name.
+        for axis in ("t", "s") if isinstance(data, dict) else ():
+            if f"scalefusion_first_parts_{axis}" in data:
+                raise ValueError(
+                    f"scalefusion_first_parts_{axis}: renamed infer.scalefusion_lookahead_{axis} (how many "
+                    "slices' all-to-alls run ahead, 1 by default); set that instead"
+                )
+        return data

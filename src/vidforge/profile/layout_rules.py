@@ -82,6 +82,34 @@ def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
+def _st_spatial(profile: RunProfile, layout: Layout) -> list[str]:
+    """st-spatial gives each rank (h, w) positions of every frame (any T: images and odd frame counts
+    work) and splits spatial attention's heads over cp: tp x cp must divide the heads, and every bucket
+    needs at least cp positions a frame (else some rank holds only pads). H x W not divisible by cp is
+    allowed: the last position columns of some ranks are pads."""
+    if layout.cp == 1 or profile.parallel.cp_impl != "st-spatial":
+        return []
+    if profile.model.architecture != "stdit":
+        return [
+            "parallel.cp_impl: st-spatial is for model.architecture=stdit; use all-gather, ring or ulysses"
+        ]
+    cp, heads, tok, (_, ph, pw) = layout.cp, profile.model.heads, profile.tokenizer, profile.model.patch
+    problems = []
+    if heads % (layout.tp * cp):
+        problems.append(
+            f"parallel.cp: st-spatial splits spatial attention's heads over tp x cp = {layout.tp * cp}, which "
+            f"must divide model.heads={heads}; change cp or tp, or use parallel.cp_impl=st-hybrid"
+        )
+    for h, w in profile.data.buckets:
+        positions = (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw)
+        if positions < cp:
+            problems.append(
+                f"data.buckets: ({h}, {w}) gives {positions} token positions a frame, fewer than "
+                f"parallel.cp={cp} (st-spatial splits every frame's positions); use a larger bucket or a smaller cp"
+            )
+    return problems
+
+
 def _stages(profile: RunProfile, layout: Layout) -> list[str]:
     stages = layout.pp * layout.vpp
     if profile.model.layers % stages:
@@ -173,7 +201,7 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-RULES: tuple[Rule, ...] = (_heads, _cp_2d, _st_hybrid, _stages, _pipeline, _mm_block, _lora)
+RULES: tuple[Rule, ...] = (_heads, _cp_2d, _st_hybrid, _st_spatial, _stages, _pipeline, _mm_block, _lora)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from vidforge.profile.base import Section
 
-CpImpl = Literal["all-gather", "ring", "ulysses", "usp", "st-hybrid"]
+CpImpl = Literal["all-gather", "ring", "ulysses", "usp", "st-hybrid", "st-spatial"]
 PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 
 
@@ -32,7 +32,10 @@ class Parallel(Section):
     """Context-parallel attention: `all-gather` of K/V (NeMo), `ring` of K/V blocks with log-sum-exp
     merging, `ulysses` all-to-all between heads and sequence, `usp` (2D: Ulysses inside groups of
     `cp_ulysses` ranks, the ring across the groups, as USP / xDiT do), or `st-hybrid` (ST-DiT: all-to-all
-    between spatial and temporal layouts)."""
+    between spatial and temporal layouts). `st-spatial` (ST-DiT, Vchitect-2.0): each rank holds (h, w)
+    positions of every frame, so temporal attention is local and spatial (and full) attention
+    head-parallel (all-to-all between positions and heads; tp x cp must divide model.heads); it takes
+    images and odd frame counts, which st-hybrid's split by frames cannot."""
     cp_ulysses: int = Field(1, ge=1)
     """With cp_impl=usp: the Ulysses degree, cp = cp_ulysses x cp_ring. Each Ulysses group is cp_ulysses
     consecutive cp ranks (inside one node when tp x cp_ulysses divides cluster.gpus_per_node), so its
@@ -83,6 +86,12 @@ class Parallel(Section):
                 )
         microbatches = self.pp_microbatches or self.pp * self.vpp
         return Layout(self.pp, self.dp_replicate, dp_shard, self.cp, self.tp, self.vpp, microbatches)
+
+    @property
+    def token_slicing(self) -> str:
+        """How a context-parallel rank's `TokenShard` cuts each sample: `positions` (whole (h, w) position
+        columns of every frame) for cp_impl=st-spatial, contiguous `chunks` for the others."""
+        return "positions" if self.cp_impl == "st-spatial" else "chunks"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ import torch
 from vidforge.tokens.layout import SequenceLayout
 from vidforge.tokens.patchify import Grid
 
+SLICINGS = ("chunks", "positions")
+"""How `TokenShard` cuts each sample: contiguous t-major chunks, or (h, w) position columns."""
+
 
 @dataclass(frozen=True, eq=False)
 class TokenShard:
@@ -32,6 +35,13 @@ class TokenShard:
     cross-attend like it), are never keys in self-attention (context-parallel attention drops or masks
     them), and are excluded from the loss (`valid`). Their outputs are finite and meaningless.
 
+    Slicings (`slicing`): "chunks", the above; "positions" (ST-DiT sequence parallel sliced by space,
+    parallel.cp_impl=st-spatial): rank r holds the flattened (h, w) positions [s_r, s_r + m_r) of every
+    frame of sample i (m_r = hw_i // size, plus one on the first hw_i % size ranks), t-major as a
+    (T_i, q_i) grid with q_i = ceil(hw_i / size) columns, the last q_i - m_r of them pads. So each rank
+    holds whole position columns (temporal attention is local) and c_i = T_i q_i tokens; a sample's
+    pads are T_i (size q_i - hw_i), none when size divides H_i W_i. Pads as above.
+
     Orders: "row order" is the unpadded full row (what `pack_latents` or `patchify` give); "gathered
     order" is the ranks' local tokens concatenated by rank (what an all-gather over the cp group gives,
     size * local tokens); `gathered_row_index` maps between them.
@@ -41,6 +51,7 @@ class TokenShard:
     rank: int
     size: int
     packed: bool = True
+    slicing: str = "chunks"
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -50,16 +61,18 @@ class TokenShard:
             )
         if not self.packed and self.layout.num_samples != 1:
             raise ValueError("TokenShard of a plain batch describes one grid (shared by every row)")
+        if self.slicing not in SLICINGS:
+            raise ValueError(f"TokenShard.slicing must be one of {', '.join(SLICINGS)}, got {self.slicing!r}")
 
     @classmethod
-    def of_layout(cls, layout: SequenceLayout, rank: int, size: int) -> TokenShard:
+    def of_layout(cls, layout: SequenceLayout, rank: int, size: int, slicing: str = "chunks") -> TokenShard:
         """Rank `rank`'s share of one packed row (B = 1)."""
-        return cls(layout, rank, size, packed=True)
+        return cls(layout, rank, size, packed=True, slicing=slicing)
 
     @classmethod
-    def of_grid(cls, grid: Grid, rank: int, size: int) -> TokenShard:
+    def of_grid(cls, grid: Grid, rank: int, size: int, slicing: str = "chunks") -> TokenShard:
         """Rank `rank`'s share of every row of a plain batch whose samples share the token grid `grid`."""
-        return cls(SequenceLayout((tuple(grid),)), rank, size, packed=False)
+        return cls(SequenceLayout((tuple(grid),)), rank, size, packed=False, slicing=slicing)
 
     # Sizes (host integers) ---------------------------------------------------------------------------
 
@@ -77,8 +90,27 @@ class TokenShard:
 
     @property
     def chunk_lens(self) -> tuple[int, ...]:
-        """Tokens of each sample on every rank (pads included): c_i = ceil(n_i / size)."""
+        """Tokens of each sample on every rank (pads included): c_i = ceil(n_i / size), or T_i q_i for
+        the positions slicing."""
+        if self.slicing == "positions":
+            return tuple(t * q for (t, _, _), q in zip(self.layout.grids, self.columns, strict=True))
         return tuple(-(-n // self.size) for n in self.layout.seqlens)
+
+    @property
+    def columns(self) -> tuple[int, ...]:
+        """Positions slicing: the position columns of each sample on every rank, q_i = ceil(H_i W_i / size)
+        (pads included)."""
+        return tuple(-(-(h * w) // self.size) for _, h, w in self.layout.grids)
+
+    @property
+    def local_grids(self) -> tuple[Grid, ...]:
+        """Positions slicing: each sample's local tokens as the t-major grid (T_i, 1, q_i), so that the
+        grid's temporal scope is the sample's temporal attention (pad columns attend among themselves)."""
+        if self.slicing != "positions":
+            raise ValueError(
+                "TokenShard.local_grids: only the positions slicing holds whole position columns"
+            )
+        return tuple((t, 1, q) for (t, _, _), q in zip(self.layout.grids, self.columns, strict=True))
 
     @property
     def padded_lens(self) -> tuple[int, ...]:
@@ -97,15 +129,19 @@ class TokenShard:
 
     @property
     def gathered_is_row_order(self) -> bool:
-        """True when gathering the ranks' tokens gives the row itself (one sample per row, no pads), so
-        `assemble` and `gathered_row_index` are the identity."""
-        return self.layout.num_samples == 1 and self.pad == 0
+        """True when gathering the ranks' tokens gives the row itself (one sample per row, no pads, and
+        contiguous pieces: the chunks slicing, or positions of a single frame), so `assemble` and
+        `gathered_row_index` are the identity."""
+        contiguous = self.slicing == "chunks" or self.layout.grids[0][0] == 1
+        return self.layout.num_samples == 1 and self.pad == 0 and contiguous
 
     def local_counts(self, rank: int | None = None) -> tuple[int, ...]:
         """Real tokens of each sample on `rank` (default: this rank): n_i // size, plus one on the first
-        n_i % size ranks."""
+        n_i % size ranks (positions slicing: T_i times its position count m_r)."""
         r = self.rank if rank is None else rank
-        return tuple(n // self.size + (r < n % self.size) for n in self.layout.seqlens)
+        if self.slicing == "positions":
+            return tuple(t * _share(h * w, self.size, r)[1] for t, h, w in self.layout.grids)
+        return tuple(_share(n, self.size, r)[1] for n in self.layout.seqlens)
 
     # Index tensors (cached per device) ---------------------------------------------------------------
 
@@ -120,12 +156,19 @@ class TokenShard:
 
         def build() -> torch.Tensor:
             parts = []
-            for offset, n, c, count in zip(
-                self.layout.offsets, self.layout.seqlens, self.chunk_lens, self.local_counts(r), strict=False
-            ):
-                start = offset + r * (n // self.size) + min(r, n % self.size)
+            if self.slicing == "positions":
+                for offset, (t, h, w), q in zip(
+                    self.layout.offsets, self.layout.grids, self.columns, strict=False
+                ):
+                    start, count = _share(h * w, self.size, r)
+                    column = torch.arange(q)
+                    index = offset + torch.arange(t)[:, None] * (h * w) + start + column[None, :]
+                    parts.append(torch.where(column[None, :] < count, index, -1).reshape(-1))
+                return torch.cat(parts).to(device)
+            for offset, n, c in zip(self.layout.offsets, self.layout.seqlens, self.chunk_lens, strict=False):
+                start, count = _share(n, self.size, r)
                 within = torch.arange(c)
-                parts.append(torch.where(within < count, start + within, -1))
+                parts.append(torch.where(within < count, offset + start + within, -1))
             return torch.cat(parts).to(device)
 
         return self._cached(("row", r, str(device)), build)
@@ -157,8 +200,9 @@ class TokenShard:
 
     def gathered_padded_order(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """(size * local,) the gathered positions of every rank's tokens, reordered sample by sample
-        (sample i: rank 0's chunk, rank 1's, ...; size * c_i tokens, real ones in row order, pads
-        among them). Index a gathered tensor with it to make each sample's tokens contiguous."""
+        (sample i: rank 0's chunk, rank 1's, ...; size * c_i tokens, pads among them; the real ones in
+        row order for the chunks slicing). Index a gathered tensor with it to make each sample's tokens
+        contiguous."""
 
         def build() -> torch.Tensor:
             parts, local_offset = [], 0
@@ -176,9 +220,9 @@ class TokenShard:
         `gathered.index_select(1, gathered_row_index)`."""
 
         def build() -> torch.Tensor:
-            order = self.gathered_padded_order("cpu")
-            gathered_valid = torch.cat([self.valid("cpu", r) for r in range(self.size)])
-            return order[gathered_valid[order]].to(device)
+            rows = torch.cat([self.row_index("cpu", r) for r in range(self.size)])  # of each gathered token
+            real = torch.nonzero(rows >= 0).squeeze(1)
+            return torch.empty(self.total, dtype=torch.long).index_copy_(0, rows[real], real).to(device)
 
         return self._cached(("gathered_row", str(device)), build)
 
@@ -209,6 +253,12 @@ class TokenShard:
         if self.gathered_is_row_order:
             return gathered
         return gathered.index_select(dim, self.gathered_row_index(gathered.device))
+
+
+def _share(n: int, size: int, rank: int) -> tuple[int, int]:
+    """Rank `rank`'s contiguous piece [start, start + count) of n items split over `size` ranks, the
+    first n % size ranks taking one more."""
+    return rank * (n // size) + min(rank, n % size), n // size + (rank < n % size)
 
 
 @dataclass(eq=False)

@@ -100,8 +100,8 @@ class TrainStep(ABC):
         if self.cp_group is not None:
             from vidforge.parallel.context_parallel import shard_of
 
-            group = self.cp_group
-            self.shard_of = lambda row: shard_of(row, group)
+            group, slicing = self.cp_group, profile.parallel.token_slicing
+            self.shard_of = lambda row: shard_of(row, group, slicing)
 
     @abstractmethod
     def next_batches(self, source: BatchSource) -> list[Batch] | None:
