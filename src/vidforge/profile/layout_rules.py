@@ -110,6 +110,19 @@ def _st_spatial(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
+def _stdit_cp(profile: RunProfile, layout: Layout) -> list[str]:
+    """ST-DiT's spatial and temporal attention are not full attention: the full-attention cp_impls
+    (all-gather, ring, ulysses, usp) cannot split them, so an ST-DiT under context parallel takes one of
+    the two slicings made for it (else the first step fails inside ContextParallelAttend)."""
+    impl = profile.parallel.cp_impl
+    if layout.cp == 1 or profile.model.architecture != "stdit" or impl in ("st-hybrid", "st-spatial"):
+        return []
+    return [
+        f"parallel.cp_impl: {impl} splits full attention only; model.architecture=stdit under cp={layout.cp} "
+        "needs st-spatial (any frame count) or st-hybrid (frames divisible by cp)"
+    ]
+
+
 def _stages(profile: RunProfile, layout: Layout) -> list[str]:
     stages = layout.pp * layout.vpp
     if profile.model.layers % stages:
@@ -201,7 +214,17 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-RULES: tuple[Rule, ...] = (_heads, _cp_2d, _st_hybrid, _st_spatial, _stages, _pipeline, _mm_block, _lora)
+RULES: tuple[Rule, ...] = (
+    _heads,
+    _cp_2d,
+    _stdit_cp,
+    _st_hybrid,
+    _st_spatial,
+    _stages,
+    _pipeline,
+    _mm_block,
+    _lora,
+)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:
