@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ranks import run_ranks  # noqa: E402
+from train_fixtures import WAN  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -503,6 +504,12 @@ def test_infer_on_two_ranks_writes_the_single_process_videos(two_ranks, infer_pa
 
 LAYOUT_CASES = {  # 2 ranks
     "tp2": ("dit", ["infer.tp=2", "diffusion.guidance=4.0"], "tensor parallel x2", (True, [])),
+    "wan tp2": (  # the family a 14B comes in: wan's own TP plan (heads-spanning q/k norm), flow sampling
+        "dit",
+        [*WAN, "infer.tp=2", "diffusion.guidance=4.0"],
+        "tensor parallel x2",
+        (True, []),
+    ),
     "cp2 ring": (
         "dit",
         ["parallel.cp_impl=ring", "diffusion.guidance=1"],
