@@ -516,6 +516,12 @@ LAYOUT_CASES = {  # 2 ranks
         "context parallel x2 (ring)",
         (False, ["ring"]),
     ),
+    "cp2 st-spatial": (  # an ST-DiT sliced by (h, w) positions (sequential blocks: ScaleFusion otherwise)
+        "stdit",
+        ["parallel.cp_impl=st-spatial", "diffusion.guidance=1"],
+        "context parallel x2 (st-spatial)",
+        (False, ["st-spatial"]),
+    ),
 }
 ALL_LAYOUT_CASES = {  # 4 ranks
     "tp2 x cfg2": (
@@ -587,11 +593,12 @@ def _installed(model) -> tuple[bool, list[str]]:
     from torch.distributed.tensor import DTensor
 
     from vidforge.parallel.context_parallel import ContextParallelAttend
+    from vidforge.parallel.st_spatial import STSpatialAttend
     from vidforge.parallel.stdit_parallel import STHybridAttend
 
     sharded = any(isinstance(p, DTensor) for p in model.parameters())
     methods = {
-        "st-hybrid" if isinstance(m, STHybridAttend) else m.impl
+        "st-hybrid" if isinstance(m, STHybridAttend) else m.IMPL if isinstance(m, STSpatialAttend) else m.impl
         for m in model.modules()
         if isinstance(m, ContextParallelAttend)
     }
@@ -645,6 +652,9 @@ def test_sampling_with_each_cp_impl_and_tp2_x_cfg2_equals_single_process_samplin
         (4, 1.0, "dit", 1, "ulysses", (1, 1, 4, "context-parallel", "ulysses")),
         (4, 1.0, "stdit-parallel", 2, "ring", (2, 1, 2, "context-parallel", "st-hybrid")),
         (2, 3.0, "dit", 2, "ring", (2, 1, 1, None, None)),
+        # st-spatial slices a sequential ST-DiT by positions instead of ScaleFusion's frames
+        (2, 1.0, "stdit", 1, "st-spatial", (1, 1, 2, "context-parallel", "st-spatial")),
+        (2, 1.0, "stdit", 1, "ring", (1, 1, 2, "scalefusion", None)),
     ],
 )
 def test_infer_plan_holds_the_model_on_tp_ranks_then_splits_branches_and_sequence(

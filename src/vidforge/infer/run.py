@@ -10,7 +10,8 @@ Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts
   by `vidforge.parallel.parallelize.apply_tensor_parallel`), for a model that does not fit one GPU;
 - with guidance and an even number of such groups, the conditional and unconditional branches run on two
   halves of them (CFG-parallel), so N = 2 needs no sequence split at all;
-- the ranks of each half split the token sequence: a sequential ST-DiT with ScaleFusion's overlapped
+- the ranks of each half split the token sequence: an ST-DiT whose profile says cp_impl=st-spatial by
+  (h, w) positions (any frame count), any other sequential ST-DiT with ScaleFusion's overlapped
   spatial/temporal all-to-alls, any other model with context-parallel denoising
   (`vidforge.infer.sampling.sample_latents_cp`) with the profile's parallel.cp_impl for a DiT or Wan
   (all-gather, ring, ulysses, usp: installed by `apply_context_parallel`, training's own dispatcher) and
@@ -177,13 +178,17 @@ class InferPlan:
                 "ranks); change infer.tp or --nproc"
             )
         groups = world // tp
-        scalefusion = config.architecture == "stdit" and config.stdit_block == "sequential"
+        stdit = config.architecture == "stdit"
+        # An ST-DiT slices by positions when the profile says st-spatial (any frame count), else by frames:
+        # ScaleFusion for the sequential block, st-hybrid for the parallel one.
+        spatial = stdit and cp_impl == "st-spatial"
+        scalefusion = stdit and config.stdit_block == "sequential" and not spatial
         cfg = 2 if guidance != 1.0 and groups % 2 == 0 else 1
         sp = groups // cfg
         method = None if sp == 1 else ("scalefusion" if scalefusion else "context-parallel")
         impl = None
         if method == "context-parallel":
-            impl = "st-hybrid" if config.architecture == "stdit" else cp_impl
+            impl = cp_impl if spatial or not stdit else "st-hybrid"
         return cls(world, cfg, sp, method, tp, impl)
 
     def layout(self) -> Layout:
@@ -237,13 +242,21 @@ def check_plan(plan: InferPlan, profile: RunProfile, lora: object = None) -> Non
 
 
 def check_sequence_split(plan: InferPlan, config, latent_shape: Sequence[int]) -> None:
-    """ST-DiT's sequence split puts whole frames, and then whole positions, on every rank: the token
-    grid's T and H*W must divide by the sequence ranks. A UserInputError saying what to change if not."""
+    """ST-DiT's frame slicing (ScaleFusion, st-hybrid) puts whole frames, and then whole positions, on every
+    rank: the token grid's T and H*W must divide by the sequence ranks; st-spatial's position slicing takes
+    any T and needs a position of every frame on each rank. A UserInputError saying what to change if not."""
     if plan.sp == 1 or config.architecture != "stdit":
         return
     from vidforge.tokens import token_grid
 
     t, h, w = token_grid(tuple(latent_shape)[1:], config.patch)
+    if plan.cp_impl == "st-spatial":
+        if h * w < plan.sp:
+            raise UserInputError(
+                f"--nproc {plan.world}: {plan.describe()} gives each rank (h, w) positions of every frame, but "
+                f"the token grid has {h * w} a frame; raise infer.height / infer.width or use another --nproc"
+            )
+        return
     if t % plan.sp or (h * w) % plan.sp:
         raise UserInputError(
             f"--nproc {plan.world}: {plan.describe()} splits the {t} x {h} x {w} token grid's frames (T={t}) and "

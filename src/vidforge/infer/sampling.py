@@ -158,7 +158,8 @@ def sample_latents_cp(
     cfg = model.config
     param = next(model.parameters())
     device = param.device
-    shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group)
+    # st-spatial's ranks hold (h, w) position columns; every other method contiguous chunks
+    shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group, profile.parallel.token_slicing)
 
     def forward(x, noise_level, texts, masks, drop_text):
         return model(x, noise_level, texts, masks, drop_text=drop_text, shard=shard)
