@@ -61,6 +61,7 @@ def test_every_layout_the_planner_proposes_passes_the_rulebook(name: str) -> Non
         ({"tp": 4}, [], "parallel.tp: must divide model.heads=6, got 4"),
         ({"tp": 2}, ["train.lora={rank: 4}"], "train.lora: LoRA has no tensor-parallel plan (parallel.tp=2)"),
         ({"pp": 2}, ["train.lora={rank: 4}"], "train.lora: LoRA does not run under pipeline parallel"),
+        ({"tp": 2}, ["train.fp8=true"], "train.fp8: tensor parallel has no float8 plan (parallel.tp=2)"),
     ],
 )
 def test_a_layout_the_trainer_cannot_run_is_refused_with_the_same_line_everywhere(
