@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ranks import run_ranks  # noqa: E402
+from usp_cases import ATTENTION_ROWS, usp_cases  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -298,6 +299,7 @@ def _worker(rank: int, world: int):
     for impl in ("ring", "ulysses"):
         for kind in ROWS:
             four[(impl, kind)] = _case(model, impl, kind, dist.group.WORLD)
+    four["usp"] = usp_cases()  # 2D context parallel: tests/distributed/usp_cases.py
     return {2: two, 4: four}
 
 
@@ -379,3 +381,23 @@ def test_regather_saves_what_the_memory_model_says(two_ranks):
         measured, predicted = rank_results["regather saving"]
         assert measured > 0
         assert predicted == pytest.approx(measured, rel=0.15)
+
+
+# --- 2D context parallel (cp_impl=usp, ulysses 2 x ring 2): the cases of usp_cases.py -------------------
+
+
+@pytest.mark.parametrize("kind", ATTENTION_ROWS)
+def test_usp_attention_equals_attention_forward_and_grads(four_ranks, kind):
+    """ulysses2 x ring2 attention of a row split over 4 ranks equals softmax attention over the whole
+    row: outputs and the gradients of q, k and v, on packed rows and padded plain batches."""
+    for rank_errors in four_ranks:
+        errors = rank_errors["usp"][("attention", kind)]
+        assert errors["grad_scale"] > 1e-3
+        assert max(v for name, v in errors.items() if name != "grad_scale") < TOL["atol"], errors
+
+
+@pytest.mark.parametrize("kind", ROWS)
+def test_usp_dit_loss_and_gradients_equal_one_process(four_ranks, kind):
+    """Output, loss share and parameter gradients of the DiT under ulysses2 x ring2 equal one process."""
+    for rank_errors in four_ranks:
+        _check(rank_errors["usp"][("model", kind)])

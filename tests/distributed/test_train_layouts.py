@@ -57,6 +57,9 @@ LAYOUTS = {
     "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2", *CLIP]),
     "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP]),  # with SP
 }
+# 2D context parallel (cp_impl=usp): Ulysses inside cp ranks {0, 1} and {2, 3}, the ring across them.
+USP = ("parallel.cp=4", "parallel.cp_impl=usp", "parallel.cp_ulysses=2")
+LAYOUTS["cp4-usp"] = (4, list(USP))
 # Covered at module level by the parallel code's own tests (tests/distributed/test_context_parallel.py,
 # test_tensor_parallel.py); run through the training loop too with VIDFORGE_TEST_ALL_LAYOUTS=1 (each
 # multi-rank run costs 20-40 s on 2 cores, and `make test` has a 20-minute budget).
@@ -74,6 +77,7 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "wan-fsdp2xtp2-sp": (4, ["parallel.dp_shard=2", "parallel.tp=2", *WAN]),
         "wan-pp2xtp2-sp": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
     }
+    LAYOUTS["fsdp2xcp4-usp"] = (8, ["parallel.dp_shard=2", *USP])  # 2D CP inside FSDP (over dp_shard x cp)
 # Layouts whose single-process reference differs from the default one: name -> reference overrides.
 # (pp2xfsdp2's and pp2xtp2's 2 micro-batches per step are 2 packed rows: one process accumulates 2 rows.)
 REFERENCE_SETS = {

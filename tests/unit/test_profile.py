@@ -74,6 +74,21 @@ def test_ulysses_needs_tp_times_cp_to_divide_heads(tmp_path: Path) -> None:
     assert load_profile(write(tmp_path, data)).layout.cp == 8
 
 
+def test_usp_needs_tp_times_cp_ulysses_to_divide_heads_and_cp_ulysses_to_divide_cp(tmp_path: Path) -> None:
+    data = {**GPU64, "model": {"preset": "dit-7b", "heads": 24, "hidden": 24 * 128}}
+    data["parallel"] = {"tp": 4, "cp": 8, "cp_impl": "usp", "cp_ulysses": 4}  # 24 % 16 != 0
+    assert "parallel.cp_ulysses: usp splits heads over tp x cp_ulysses = 16" in error_of(tmp_path, data)
+    data["parallel"]["cp_ulysses"] = 3  # 24 % 12 == 0, but 3 does not divide cp=8
+    assert "parallel.cp_ulysses: 3 must divide parallel.cp=8" in error_of(tmp_path, data)
+    data["parallel"]["cp_ulysses"] = 2  # the ring takes the other 4: 24 heads % (tp 4 x 2) == 0
+    assert load_profile(write(tmp_path, data)).parallel.cp_ulysses == 2
+
+
+def test_cp_ulysses_is_only_for_usp(tmp_path: Path) -> None:
+    data = {"parallel": {"cp": 2, "cp_impl": "ring", "cp_ulysses": 2}}
+    assert "parallel.cp_ulysses: 2 is the Ulysses degree of cp_impl=usp" in error_of(tmp_path, data)
+
+
 def test_pp_times_vpp_must_divide_layers(tmp_path: Path) -> None:
     data = {**GPU64, "model": {"preset": "dit-7b"}}
     data["parallel"] = {"pp": 4, "vpp": 2, "pp_schedule": "interleaved-1f1b"}  # 8 does not divide 28
@@ -96,7 +111,7 @@ def test_vpp_needs_interleaved_schedule(tmp_path: Path) -> None:
         (
             "cp_impl",
             "zigzag",
-            "parallel.cp_impl: Input should be 'all-gather', 'ring', 'ulysses' or 'st-hybrid'",
+            "parallel.cp_impl: Input should be 'all-gather', 'ring', 'ulysses', 'usp' or 'st-hybrid'",
         ),
         ("pp_schedule", "zb", "parallel.pp_schedule: Input should be 'gpipe', '1f1b' or 'interleaved-1f1b'"),
         ("tp", 0, "parallel.tp: Input should be greater than or equal to 1, got 0"),

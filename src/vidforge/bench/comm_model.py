@@ -20,7 +20,10 @@ parameters of a pipeline stage after TP, n the group's degree (ring collectives:
   backward: 4 x (c-1) x T x d / t x e per full-attention layer (6 x with `cp_regather`). ring: the same
   K/V blocks passed c-1 times forward, K/V and their gradients backward (6 x ...), overlapped with the blocks' attention.
   ulysses: 4 all-to-alls forward (q, k, v, out) and 4 backward: 8 x (c-1)/c x T x d / t x e per
-  attention. st-hybrid: 2 all-to-alls per block forward, 2 backward: 4 x (c-1)/c x T x d / t x e.
+  attention. usp (2D, cp = u x r): Ulysses's all-to-alls over u consecutive cp ranks, 8 x (u-1)/u x T x d
+  / t x e on their own (usually intra-node) link, plus the ring over r ranks, 6 x (r-1) x T x d / t x e
+  (a ring rank's block is u x the tokens with 1/u of the heads: the same bytes), overlapped, on the cp
+  group's link. st-hybrid: 2 all-to-alls per block forward, 2 backward: 4 x (c-1)/c x T x d / t x e.
 - PP: each micro-batch's hidden states sent forward and their gradient back at every stage boundary:
   2 x T x d x e (/t with sequence parallel). On the critical path (small).
 Activation recompute repeats the forward's TP and CP collectives."""
@@ -60,6 +63,11 @@ def group_link(profile: RunProfile, layout: Layout, dims: tuple[str, ...]) -> tu
     span = 1  # consecutive ranks the group is spread over: its own degrees x every dimension inside it
     for name in dims + tuple(order[order.index(dims[-1]) + 1 :]):
         span *= getattr(layout, name)
+    return span_link(profile, span)
+
+
+def span_link(profile: RunProfile, span: int) -> tuple[str, float]:
+    """The slowest link of a group spread over `span` consecutive ranks."""
     cluster = profile.cluster
     if span <= cluster.devices_per_node:
         return "intra-node", cluster.intra_node_bandwidth_gbs
@@ -122,7 +130,10 @@ def communication(
             f"{2 + fwd_repeats} passes x {tp - 1}/{tp} x {tokens:,.0f} tokens x {d} x {e} B"
         )
         terms.append(CommTerm("tp", size, link, bw, False, formula))
-    if cp > 1:
+    if cp > 1 and par.cp_impl == "usp":
+        local = tokens * d / tp * e
+        terms.extend(_usp_terms(profile, layout, microbatches * blocks, local, fwd_repeats, full_attn))
+    elif cp > 1:
         local = tokens * d / tp * e
         impl = par.cp_impl
         if impl == "all-gather":
@@ -154,4 +165,26 @@ def communication(
         link, bw = group_link(profile, layout, ("pp",))
         formula = f"{microbatches} micro-batches x (activations forward + gradients back) {tokens:,.0f} x {d} x {e} B"
         terms.append(CommTerm("pp", size, link, bw, False, formula))
+    return terms
+
+
+def _usp_terms(
+    profile: RunProfile, layout: Layout, layers: int, local: float, fwd_repeats: int, full_attn: int
+) -> list[CommTerm]:
+    """2D context parallel's two collectives over `layers` attention layers (micro-batches x blocks):
+    the Ulysses all-to-alls on the link of cp_ulysses x tp consecutive ranks, exposed, and the ring of
+    cp / cp_ulysses ranks on the cp group's link, overlapped with the blocks' attention. `local` is the
+    bytes of one rank's K (or V) activations."""
+    u = profile.parallel.cp_ulysses
+    ring = layout.cp // u
+    attn = full_attn or 1
+    shape = f"{local:,.0f} B of K per rank and layer, cp={layout.cp} = cp_ulysses {u} x ring {ring}"
+    link, bw = span_link(profile, u * layout.tp)
+    all_to_all = (4 * fwd_repeats + 4) * (u - 1) / u * local * attn * layers
+    what = f"{layers} layers: all-to-all of q, k, v and the output, forward and backward; {shape}"
+    terms = [CommTerm("cp (usp ulysses)", all_to_all, link, bw, False, what)]
+    link, bw = group_link(profile, layout, ("cp",))
+    passed = (2 * fwd_repeats + 4) * (ring - 1) * local * full_attn * layers
+    what = f"{layers} layers: K/V blocks passed around the ring forward, K/V and their gradients backward; {shape}"
+    terms.append(CommTerm("cp (usp ring)", passed, link, bw, True, what))
     return terms

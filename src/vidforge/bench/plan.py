@@ -332,3 +332,44 @@ def format_ranking(report: PlanReport, top: int = 10) -> str:
         lines.append("rejected:")
         lines.extend(f"  {n:>4} x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
     return "\n".join(lines)
+
+
+def cp_choices(cp: int) -> list[tuple[str, int]]:
+    """The context-parallel implementations of full attention for a cp degree, as (cp_impl, cp_ulysses):
+    the 1D ones, and usp with every Ulysses degree that divides cp strictly between 1 and cp (the two
+    ends are ring and ulysses)."""
+    return [("all-gather", 1), ("ring", 1), ("ulysses", 1)] + [("usp", u) for u in divisors(cp)[1:-1]]
+
+
+def rank_cp_impls(
+    profile: RunProfile, layout: Layout | None = None, checkpointing: str | None = None
+) -> list[tuple[str, LayoutPlan]]:
+    """A layout's (default: the profile's) context-parallel implementations, each evaluated like
+    `evaluate` with the profile otherwise unchanged: (name, plan) pairs, valid ones fastest first, then
+    the ones the rulebook refuses or memory does not hold. Names are `parallel.cp_impl` values, usp with
+    its Ulysses degree (`usp 8x2` is cp_ulysses 8, a ring of 2)."""
+    layout = layout or profile.layout
+    out = []
+    for impl, ulysses in cp_choices(layout.cp):
+        parallel = profile.parallel.model_copy(update={"cp_impl": impl, "cp_ulysses": ulysses})
+        plan = evaluate(profile.model_copy(update={"parallel": parallel}), layout, checkpointing)
+        out.append((f"usp {ulysses}x{layout.cp // ulysses}" if impl == "usp" else impl, plan))
+    return sorted(out, key=lambda pair: (not pair[1].valid, -pair[1].tokens_per_s_per_gpu))
+
+
+def format_cp_choices(choices: list[tuple[str, LayoutPlan]]) -> str:
+    """`rank_cp_impls`'s answer for a reader: one line per implementation, fastest first."""
+    lines = ["context parallel, by implementation (fastest first):"]
+    for name, plan in choices:
+        if not plan.valid:
+            lines.append(f"  {name:<12} invalid: {plan.problems[0]}")
+            continue
+        cp = ", ".join(
+            f"{c.dim} {c.seconds:.3g} s{' (overlapped)' if c.overlapped else ''} over {c.link}"
+            for c in plan.comm
+            if c.dim.startswith("cp")
+        )
+        lines.append(
+            f"  {name:<12} step {plan.step_s:.3g} s, {plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; {cp}"
+        )
+    return "\n".join(lines)

@@ -237,8 +237,9 @@ def plan(
     """The analytic model of the profile's layout: per-rank memory (parameters, gradients, optimizer,
     EMA, activations with the profile's checkpointing, weight copies, communication buffers), the
     communication volume of each parallel dimension over the cluster's links, and the predicted step
-    time. With --rank: every valid layout of the cluster, fastest first, with the reasons and what was
-    rejected. Nothing runs; no GPU needed.
+    time; with context parallel, the layout under each CP implementation (all-gather, ring, ulysses, 2D
+    usp at each Ulysses degree), fastest first. With --rank: every valid layout of the cluster, fastest
+    first, with the reasons and what was rejected. Nothing runs; no GPU needed.
 
     Example: vidforge bench plan --profile dit7b_74k_tp2_cp4_64xh100
     Example: vidforge bench plan --profile dit1b_1xh200 --rank --world-size 8
@@ -252,4 +253,12 @@ def plan(
         output.result(report.as_dict(top), text=format_ranking(report, top))
         return
     layout_plan = evaluate(resolved)
-    output.result(layout_plan.as_dict(), text=format_plan(layout_plan, resolved))
+    result, text = layout_plan.as_dict(), format_plan(layout_plan, resolved)
+    if resolved.layout.cp > 1 and resolved.parallel.cp_impl != "st-hybrid":
+        # The same layout with each context-parallel implementation (1D and 2D), ranked.
+        from vidforge.bench.plan import format_cp_choices, rank_cp_impls
+
+        choices = rank_cp_impls(resolved)
+        result["cp_choices"] = [{"cp_impl": name, **choice.as_dict()} for name, choice in choices]
+        text += "\n\n" + format_cp_choices(choices)
+    output.result(result, text=text)

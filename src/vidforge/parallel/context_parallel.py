@@ -9,7 +9,8 @@ How a model runs under context parallel:
    tokens with `shard.split(tokens)` and calls `model(local_tokens, ..., shard=shard)`; the model slices
    positions, RoPE and per-token conditioning to the rank's tokens and hands full attention a
    `ContextShard` mask, which the installed attention evaluates with `parallel.cp_impl`
-   (`vidforge.parallel.cp_attention`: all-gather, ring or ulysses).
+   (`vidforge.parallel.cp_attention`: all-gather, ring or ulysses; `vidforge.parallel.usp_attention`:
+   usp, Ulysses inside the cp group's sub-groups and the ring across them).
 3. The output is the rank's tokens; `gather_row(out, shard, group)` assembles the full row where it is
    needed (sampling), while training keeps it local. A training step draws sigma, caption dropout and
    noise identically on every cp rank of a data-parallel group, splits clean latents and noise with
@@ -32,9 +33,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
+from vidforge.parallel.usp_attention import UspGroups, usp_attention
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 CpGroup = DeviceMesh | dist.ProcessGroup
+
+FULL_ATTENTION = {**CP_ATTENTION, "usp": usp_attention}
+"""Every full-attention context-parallel implementation, by parallel.cp_impl."""
 
 
 def cp_process_group(cp_mesh: CpGroup) -> dist.ProcessGroup:
@@ -51,17 +56,22 @@ class ContextParallelAttend(nn.Module):
     implementation over the group; any other mask (a model called without a shard) runs the wrapped
     `Attend` unchanged, so the same model serves single-rank evaluation."""
 
-    def __init__(self, inner: Attend, group: dist.ProcessGroup, impl: str, regather: bool = False) -> None:
+    def __init__(
+        self,
+        inner: Attend,
+        group: dist.ProcessGroup,
+        impl: str,
+        regather: bool = False,
+        usp_groups: UspGroups | None = None,
+    ) -> None:
         super().__init__()
-        if impl not in CP_ATTENTION:
-            raise ValueError(
-                f"parallel.cp_impl: {impl!r} is not a full-attention implementation; use one of "
-                f"{', '.join(CP_ATTENTION)} (st-hybrid is applied by vidforge.parallel.stdit_parallel)"
-            )
+        _check_impl(impl)
+        _check_usp_groups(impl, usp_groups)
         self.inner = inner
         self.group = group
         self.impl = impl
         self.regather = regather and impl == "all-gather"  # parallel.cp_regather: the others gather nothing
+        self.usp_groups = usp_groups if impl == "usp" else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask = None):
         if not isinstance(mask, ContextShard):
@@ -79,7 +89,9 @@ class ContextParallelAttend(nn.Module):
                 "make the shard with shard_of(..., cp_mesh)"
             )
         extra = {"regather": True} if self.regather else {}
-        return CP_ATTENTION[self.impl](
+        if self.usp_groups is not None:
+            extra = {"groups": self.usp_groups}
+        return FULL_ATTENTION[self.impl](
             q, k, v, shard, self.group, self.inner.backend, self.inner.sdpa_backend, **extra
         )
 
@@ -88,36 +100,55 @@ class ContextParallelAttend(nn.Module):
 
     def __deepcopy__(self, memo: dict) -> ContextParallelAttend:
         # A process group cannot be copied: copies of the model (EMA, evaluation) share it.
-        clone = ContextParallelAttend(copy.deepcopy(self.inner, memo), self.group, self.impl, self.regather)
+        clone = ContextParallelAttend(
+            copy.deepcopy(self.inner, memo), self.group, self.impl, self.regather, self.usp_groups
+        )
         clone.train(self.training)
         return clone
 
 
 def apply_cp(
-    model: nn.Module, cp_mesh: CpGroup, impl: str = "all-gather", regather: bool = False
+    model: nn.Module,
+    cp_mesh: CpGroup,
+    impl: str = "all-gather",
+    regather: bool = False,
+    usp_groups: UspGroups | None = None,
 ) -> nn.Module:
     """Install context-parallel attention in every attention layer of `model` (in place; returns
         it). Apply after pipeline splitting and tensor parallel (it only swaps parameter-free modules, so
         the order with TP, checkpointing and FSDP does not matter otherwise). A second call changes nothing
     (it keeps the first call's group and impl). `regather` (all-gather only): keep the local K/V shard
-    for the backward and gather again there."""
+    for the backward and gather again there. `usp_groups` (usp only): the cp group's Ulysses and ring
+    sub-groups, `ParallelDims.cp_2d_groups`."""
     group = cp_process_group(cp_mesh)
-    if impl not in CP_ATTENTION:
-        raise ValueError(
-            f"parallel.cp_impl: {impl!r} is not a full-attention implementation; use one of "
-            f"{', '.join(CP_ATTENTION)} (st-hybrid is applied by vidforge.parallel.stdit_parallel)"
-        )
+    _check_impl(impl)
     replaced = 0
     for module in model.modules():
         # Every attention layer's `Attend` (the DiT's SelfAttention, Wan's attention modules): only a
         # ContextShard mask (full self-attention over a split row) takes the cp path, so wrapping a
         # cross-attention's Attend too changes nothing there.
         if isinstance(getattr(module, "attend", None), Attend):
-            module.attend = ContextParallelAttend(module.attend, group, impl, regather)
+            module.attend = ContextParallelAttend(module.attend, group, impl, regather, usp_groups)
             replaced += 1
     if not replaced and not any(isinstance(m, ContextParallelAttend) for m in model.modules()):
         raise ValueError("apply_cp found no self-attention layer to make context-parallel")
     return model
+
+
+def _check_impl(impl: str) -> None:
+    if impl not in FULL_ATTENTION:
+        raise ValueError(
+            f"parallel.cp_impl: {impl!r} is not a full-attention implementation; use one of "
+            f"{', '.join(FULL_ATTENTION)} (st-hybrid is applied by vidforge.parallel.stdit_parallel)"
+        )
+
+
+def _check_usp_groups(impl: str, usp_groups: UspGroups | None) -> None:
+    if impl == "usp" and usp_groups is None:
+        raise ValueError(
+            "parallel.cp_impl=usp needs the cp group's Ulysses and ring sub-groups: pass "
+            "usp_groups=UspGroups(*ParallelDims.cp_2d_groups(parallel.cp_ulysses))"
+        )
 
 
 def shard_of(row: SequenceLayout | Grid, cp_mesh: CpGroup) -> TokenShard:

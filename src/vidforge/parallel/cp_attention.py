@@ -173,18 +173,15 @@ def ulysses_attention(
     sdpa_backend: str = "auto",
 ) -> torch.Tensor:
     size = shard.size
-    b, local, heads = q.shape[:3]
+    heads = q.shape[2]
     if heads % size:
         raise ValueError(
             f"parallel.cp_impl=ulysses splits the {heads} attention heads (per tensor-parallel rank) over "
             f"cp={size} ranks; make model.heads / parallel.tp divisible by parallel.cp, or use all-gather or ring"
         )
     dims = (q.shape[-1], k.shape[-1], v.shape[-1])
-    qkv = torch.cat([q, k, v], dim=-1)  # (B, L, H, Dq+Dk+Dv): one all-to-all for all three
-    # to rank j: my tokens, head group j  ->  from rank j: its tokens, my head group (gathered order)
-    send = qkv.unflatten(2, (size, heads // size)).permute(2, 0, 1, 3, 4)
-    recv = _AllToAll.apply(send, group)  # (size, B, L, H/size, D)
-    qkv = recv.movedim(0, 1).flatten(1, 2)  # (B, size*L, H/size, D)
+    # (B, L, H, Dq+Dk+Dv): one all-to-all for all three
+    qkv = heads_to_tokens(torch.cat([q, k, v], dim=-1), group)
     qg, kg, vg = qkv.split(dims, dim=-1)
     if shard.gathered_is_row_order:  # one sample per row, no pads: the gathered row is the row
         out = attention(qg, kg, vg, None, backend, sdpa_backend)
@@ -200,10 +197,27 @@ def ulysses_attention(
             sdpa_backend,
         )
         out = out.index_select(1, torch.argsort(order))  # back to gathered order
+    return tokens_to_heads(out, group)
+
+
+def heads_to_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Ulysses's first all-to-all, differentiable: this rank's tokens with every head (B, L, H, D) ->
+    every rank's tokens (gathered order) with this rank's group of H/size heads (B, size*L, H/size, D)."""
+    size, heads = dist.get_world_size(group), x.shape[2]
+    # to rank j: my tokens, head group j  ->  from rank j: its tokens, my head group
+    send = x.unflatten(2, (size, heads // size)).permute(2, 0, 1, 3, 4)
+    recv = _AllToAll.apply(send, group)  # (size, B, L, H/size, D)
+    return recv.movedim(0, 1).flatten(1, 2)
+
+
+def tokens_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The inverse of `heads_to_tokens`: (B, size*L, H/size, D) -> (B, L, H, D)."""
+    size = dist.get_world_size(group)
+    b, gathered, group_heads, d = x.shape
     # to rank j: its tokens, my head group  ->  from rank j: my tokens, head group j
-    send = out.unflatten(1, (size, local)).movedim(1, 0)  # (size, B, L, H/size, Dv)
+    send = x.unflatten(1, (size, gathered // size)).movedim(1, 0)  # (size, B, L, H/size, D)
     recv = _AllToAll.apply(send, group)
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, local, heads, dims[2])
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, gathered // size, size * group_heads, d)
 
 
 # --- ring ---------------------------------------------------------------------------------------------

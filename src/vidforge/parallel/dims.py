@@ -7,6 +7,7 @@ Flattened views built with it:
     dp_shard_cp = dp_shard x cp                  FSDP shards over cp too (cp ranks hold the same weights)
     dp_cp       = dp_replicate x dp_shard x cp   the loss is averaged over these
     mp          = pp x cp x tp                    one model-parallel group: the same samples
+Sub-groups of cp for 2D context parallel (cp_impl=usp): `cp_2d_groups`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -111,3 +113,29 @@ class ParallelDims:
         if self.layout.dp_replicate > 1:
             return self.mesh["dp_replicate", "dp_shard_cp"]
         return self.flat("dp_shard_cp")
+
+    def cp_2d_groups(self, ulysses: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+        """2D context parallel's sub-groups of this rank's cp group, cp = cp_ring x `ulysses`
+        (parallel.cp_impl=usp): the Ulysses group, `ulysses` consecutive cp ranks (tp apart in the world:
+        inside one node when tp x ulysses divides gpus_per_node), and the ring group, the cp ranks
+        `ulysses` apart, one from each Ulysses group. Both list their ranks in cp order, so a rank's
+        place in them is its cp rank % ulysses and // ulysses. Every rank calls this (new groups are made
+        collectively); made once per degree."""
+        key = f"cp_2d_{ulysses}"
+        if key not in self._groups:
+            inner, ring = cp_2d_ranks(self.mesh.mesh, ulysses)
+            self._groups[key], _ = dist.new_subgroups_by_enumeration(inner)
+            self._groups[key + "_ring"], _ = dist.new_subgroups_by_enumeration(ring)
+        return self._groups[key], self._groups[key + "_ring"]
+
+
+def cp_2d_ranks(ranks: torch.Tensor, ulysses: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Every Ulysses group and every ring group of 2D context parallel (`ParallelDims.cp_2d_groups`),
+    as global ranks, from the mesh's rank tensor (dimensions `Layout.MESH_DIMS`)."""
+    cp = ranks.shape[Layout.MESH_DIMS.index("cp")]
+    if cp % ulysses:
+        raise ValueError(f"parallel.cp_ulysses: {ulysses} must divide parallel.cp={cp}")
+    rows = ranks.movedim(Layout.MESH_DIMS.index("cp"), -1).reshape(-1, cp).tolist()  # cp groups, cp order
+    inner = [row[start : start + ulysses] for row in rows for start in range(0, cp, ulysses)]
+    ring = [row[offset::ulysses] for row in rows for offset in range(ulysses)]
+    return inner, ring

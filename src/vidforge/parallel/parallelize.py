@@ -60,8 +60,10 @@ def parallelize(
             apply_st_hybrid(model, dims.mesh["cp"])
         else:
             from vidforge.parallel.context_parallel import apply_cp
+            from vidforge.parallel.usp_attention import UspGroups
 
-            apply_cp(model, dims.mesh["cp"], impl, profile.parallel.cp_regather)
+            usp = UspGroups(*dims.cp_2d_groups(profile.parallel.cp_ulysses)) if impl == "usp" else None
+            apply_cp(model, dims.mesh["cp"], impl, profile.parallel.cp_regather, usp)
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
     apply_activation_offload(
         model.blocks, cfg.activation_offload, cfg.activation_checkpointing, cfg.checkpoint_ratio

@@ -33,7 +33,25 @@ def _heads(profile: RunProfile, layout: Layout) -> list[str]:
             f"parallel.cp: ulysses context parallel needs tp x cp = {layout.tp * layout.cp} to divide "
             f"model.heads={heads}; use cp_impl=ring or all-gather, or another cp"
         )
+    ulysses = profile.parallel.cp_ulysses
+    if layout.cp > 1 and impl == "usp" and heads % (layout.tp * ulysses):
+        problems.append(
+            f"parallel.cp_ulysses: usp splits heads over tp x cp_ulysses = {layout.tp * ulysses}, which must "
+            f"divide model.heads={heads}; use a smaller cp_ulysses"
+        )
     return problems
+
+
+def _cp_2d(profile: RunProfile, layout: Layout) -> list[str]:
+    """2D context parallel (cp_impl=usp): cp = cp_ulysses x cp_ring. Without context parallel (cp 1, a
+    layout the planner tries) there is nothing to split."""
+    ulysses = profile.parallel.cp_ulysses
+    if layout.cp == 1 or profile.parallel.cp_impl != "usp" or layout.cp % ulysses == 0:
+        return []
+    return [
+        f"parallel.cp_ulysses: {ulysses} must divide parallel.cp={layout.cp} (cp = cp_ulysses x cp_ring); "
+        "change cp_ulysses or cp"
+    ]
 
 
 def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
@@ -171,7 +189,7 @@ def _fp8(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
-RULES: tuple[Rule, ...] = (_heads, _st_hybrid, _stages, _pipeline, _mm_block, _lora, _fp8)
+RULES: tuple[Rule, ...] = (_heads, _cp_2d, _st_hybrid, _stages, _pipeline, _mm_block, _lora, _fp8)
 
 
 def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[str]:

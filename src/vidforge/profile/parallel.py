@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from vidforge.profile.base import Section
 
-CpImpl = Literal["all-gather", "ring", "ulysses", "st-hybrid"]
+CpImpl = Literal["all-gather", "ring", "ulysses", "usp", "st-hybrid"]
 PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 
 
@@ -30,8 +30,14 @@ class Parallel(Section):
     """Context-parallel degree: the token sequence split over this many ranks."""
     cp_impl: CpImpl = "all-gather"
     """Context-parallel attention: `all-gather` of K/V (NeMo), `ring` of K/V blocks with log-sum-exp
-    merging, `ulysses` all-to-all between heads and sequence, or `st-hybrid` (ST-DiT: all-to-all between
-    spatial and temporal layouts)."""
+    merging, `ulysses` all-to-all between heads and sequence, `usp` (2D: Ulysses inside groups of
+    `cp_ulysses` ranks, the ring across the groups, as USP / xDiT do), or `st-hybrid` (ST-DiT: all-to-all
+    between spatial and temporal layouts)."""
+    cp_ulysses: int = Field(1, ge=1)
+    """With cp_impl=usp: the Ulysses degree, cp = cp_ulysses x cp_ring. Each Ulysses group is cp_ulysses
+    consecutive cp ranks (inside one node when tp x cp_ulysses divides cluster.gpus_per_node), so its
+    all-to-alls run on the fast links and the ring of cp / cp_ulysses groups on the slow ones. Must divide
+    cp, and tp x cp_ulysses must divide model.heads. Leave it 1 with the other cp_impl values."""
     cp_regather: bool = False
     """With cp_impl=all-gather: keep only this rank's K/V shard for the backward and all-gather it again
     there (NeMo / Transformer Engine), instead of keeping the gathered row: saves (cp-1)/cp of every
@@ -50,6 +56,11 @@ class Parallel(Section):
         if self.dp_shard == 0 or self.dp_shard < -1:
             raise ValueError(
                 f"dp_shard: must be >= 1, or -1 for the rest of the world size, got {self.dp_shard}"
+            )
+        if self.cp_ulysses > 1 and self.cp_impl != "usp":
+            raise ValueError(
+                f"cp_ulysses: {self.cp_ulysses} is the Ulysses degree of cp_impl=usp, but cp_impl is "
+                f"{self.cp_impl}; set cp_impl=usp or cp_ulysses=1"
             )
         return self
 
