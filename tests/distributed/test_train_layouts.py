@@ -21,6 +21,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from planned_layouts import Miniature, planned_miniatures  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 from train_fixtures import WAN, losses, make_latents, probe_forward, train_profile  # noqa: E402
 
@@ -142,6 +143,27 @@ REFERENCE_SETS = {
     "wan-pp2xcp2-ring": ("train.grad_accum=2", *CLIP, *WAN),  # wan-pp2's reference
 }
 
+# Every layout shape `bench plan --rank` proposes for the NeMo profiles, in miniature (planned_layouts.py).
+# A shape that a layout above has is trained there; the others join LAYOUTS: by default one sample, the
+# best-placed of at most 4 ranks (each multi-rank run costs 20-40 s here), all of them with
+# VIDFORGE_TEST_ALL_LAYOUTS=1. A pipeline takes 2 packed rows a step: one process accumulating 2 rows.
+PIPELINE_MICRO = ("parallel.pp_microbatches=2", *CLIP)
+TRAINED_SHAPES = {
+    Miniature.of_sets(ranks, sets)
+    for ranks, sets in LAYOUTS.values()
+    if not any(s.startswith("model.") for s in sets)
+}
+UNTRAINED = [mini for mini in planned_miniatures() if mini not in TRAINED_SHAPES]
+for mini in (
+    UNTRAINED
+    if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1"
+    else [m for m in UNTRAINED if m.ranks <= 4][:1]
+):
+    assert mini.name not in LAYOUTS, mini.name
+    LAYOUTS[mini.name] = (mini.ranks, [*mini.sets(), *(PIPELINE_MICRO if mini.pipelined else ())])
+    if mini.pipelined:
+        REFERENCE_SETS[mini.name] = ("train.grad_accum=2", *CLIP)
+
 # Layouts whose last checkpoint one process then takes as `--init RUN`: tensor-parallel DTensor shards
 # with an EMA (tp2: its EMA), pipeline stages' FSDP shards without one (pp2xfsdp2: the raw weights). Read
 # with DCP, either gives the layout's export's forward exactly.
@@ -261,3 +283,15 @@ def test_st_spatial_joint_image_video_matches_one_process(tmp_path) -> None:
     single, got = losses(tmp_path / "single"), losses(tmp_path / "st-spatial")
     assert len(got) == len(single) == 3 and len(set(single)) > 1
     assert got == pytest.approx(single, rel=1e-4, abs=1e-6)
+
+
+def test_every_planned_layout_shape_loads_in_miniature() -> None:
+    """Each shape the planner ranks for the NeMo profiles, at degree 2 on the tiny model, is a layout the
+    trainer accepts when the profile loads (the rulebook), and keeps its shape there."""
+    planned = planned_miniatures()
+    assert len(planned) > 10 and all(mini.ranks <= 8 for mini in planned)
+    for mini in planned:
+        sets = [*mini.sets(), *(PIPELINE_MICRO if mini.pipelined else ())]
+        profile = train_profile(*STEPS, f"cluster.cpu_processes={mini.ranks}", *sets)
+        assert profile.layout.world_size == mini.ranks
+        assert Miniature.of(profile.layout, profile.parallel.cp_impl, profile.parallel.pp_schedule) == mini

@@ -6,8 +6,7 @@ multiple of the group size: within a few hundred bytes of total / 2); activation
 holds after the forward (for FSDP plus the last block's unsharded weights, which it keeps gathered for
 the backward). Target (issue #8): within 15%.
 
-TP cases run without EMA (written when EMA under TP without FSDP failed; it works since, tested by the
-tp2 layout test), which keeps their states to what the memory model's TP split is about. The wan cases
+Every case keeps an EMA (the default), so the TP cases hold its tensor-parallel shards too. The wan cases
 hold its tensor-parallel plan (heads-spanning q/k norms split with the heads), with and without
 sequence parallel, to the planner's rules."""
 
@@ -29,11 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 CASES = {
     "fsdp-fp32-packed": [],
     "fsdp-bf16-plain": ["train.precision=bf16", "data.packing=false"],
-    "tp2-sp": ["parallel.tp=2", "parallel.dp_shard=1", "train.ema_decay=0"],
+    "tp2-sp": ["parallel.tp=2", "parallel.dp_shard=1"],
     "tp2-no-sp": [
         "parallel.tp=2",
         "parallel.dp_shard=1",
-        "train.ema_decay=0",
         "parallel.sequence_parallel=false",
     ],
     # Wan's plan: q/k/v and the first FFN projection column-wise, heads-spanning q/k norms split with them
@@ -41,16 +39,14 @@ CASES = {
         *WAN,
         "parallel.tp=2",
         "parallel.dp_shard=1",
-        "train.ema_decay=0",
         "parallel.sequence_parallel=false",
     ],
     # ... and with sequence parallel: norms, modulation and residuals on half the tokens, norm2 and the
     # block tables replicated
-    "wan-tp2-sp": [*WAN, "parallel.tp=2", "parallel.dp_shard=1", "train.ema_decay=0"],
+    "wan-tp2-sp": [*WAN, "parallel.tp=2", "parallel.dp_shard=1"],
     "tp2-sp-plain-bf16": [
         "parallel.tp=2",
         "parallel.dp_shard=1",
-        "train.ema_decay=0",
         "data.packing=false",
         "train.precision=bf16",
     ],

@@ -61,6 +61,7 @@ def test_every_layout_the_planner_proposes_passes_the_rulebook(name: str) -> Non
             ["model.architecture=stdit", "parallel.cp_impl=ring"],
             "parallel.cp_impl: ring splits full attention only; model.architecture=stdit under cp=2",
         ),
+        ({"tp": 2}, ["train.fp8=true"], "train.fp8: tensor parallel has no float8 plan (parallel.tp=2)"),
     ],
 )
 def test_a_layout_the_trainer_cannot_run_is_refused_with_the_same_line_everywhere(

@@ -242,7 +242,7 @@ def test_presets_have_the_published_shapes():
     assert (wan.hidden, wan.layers, wan.heads, wan.mlp_hidden, wan.patch) == (1536, 30, 12, 8960, (1, 2, 2))
     for name, shape in {
         "dit-7b": (28, 4096, 32),
-        "dit-14b": (36, 5120, 40),
+        "dit-14b": (40, 5120, 40),
         "dit-28b": (48, 6144, 48),
     }.items():
         cfg = Model.model_validate({"preset": name})

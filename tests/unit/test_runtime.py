@@ -11,6 +11,7 @@ import torch
 
 from vidforge.errors import UserInputError
 from vidforge.parallel import runtime as rt
+from vidforge.parallel.dims import ParallelDims
 from vidforge.profile import load_profile
 
 SRC = Path(rt.__file__).resolve().parents[1]
@@ -80,3 +81,23 @@ def test_nothing_else_picks_a_device_or_starts_a_process_group() -> None:
         if str(path.relative_to(SRC)) not in owners and pattern.search(path.read_text())
     ]
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("name", "sets", "command"),
+    [
+        ("dit7b_8k_tp2_64xh100", [], "`sbatch --nodes=8 commands/train-slurm.sbatch PROFILE LATENTS RUN`"),
+        ("tiny_cpu4_tp2_cp2", [], "`torchrun --nnodes 1 --nproc-per-node 4 -m vidforge ...`"),
+        ("local_cpu", ["cluster.cpu_processes=2"], "use --nproc 2;"),
+    ],
+)
+def test_a_wrong_number_of_ranks_is_told_the_profiles_launch_command(name, sets, command) -> None:
+    """`cluster.launcher` names how the profile's ranks start; one process of a larger layout is told that
+    command, on one line. The SLURM recipe takes the profile, the latents and the run in that order."""
+    profile = load_profile(name, sets)
+    runtime = rt.Runtime(0, 1, 0, torch.device("cpu"), ParallelDims(profile.layout))
+    with pytest.raises(UserInputError) as err:
+        runtime.require_layout(profile.cluster)
+    assert command in str(err.value) and "\n" not in str(err.value)
+    recipe = (SRC.parents[1] / "commands" / "train-slurm.sbatch").read_text()
+    assert re.findall(r"^(\w+)=\$\{(\d)", recipe, re.M) == [("PROFILE", "1"), ("DATA", "2"), ("RUN", "3")]

@@ -69,7 +69,7 @@ class BenchStep:
     def __init__(self, profile: RunProfile) -> None:
         self.profile = profile
         self.runtime = init_runtime(profile)
-        self.runtime.require_layout()
+        self.runtime.require_layout(profile.cluster)
         self.device = self.runtime.device
         self.dims = self.runtime.dims
         self.workload = Workload.from_profile(profile)

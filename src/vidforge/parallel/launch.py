@@ -8,7 +8,9 @@ file per rank (`report_failure`) instead of printing it; the parent reads them a
 user error in any rank is one line on stderr once and exit 2, as in a single process.
 
 External launchers keep working: under `torchrun ... vidforge train` the variables are already there;
-under SLURM (one task per GPU, `srun`) the SLURM variables become torch.distributed's."""
+under SLURM (one task per GPU, `srun`) the SLURM variables become torch.distributed's. A run started with
+the wrong number of ranks is told the command that starts the profile's (`start_advice`, by
+`cluster.launcher`)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vidforge.profile.cluster import Cluster
 
 # Set by the parent for its workers: the folder where a failing rank writes `rank<N>.json`.
 REPORTS_ENV = "VIDFORGE_RANK_REPORTS"
@@ -53,6 +59,24 @@ def nproc_overrides(nproc: int | None) -> list[str]:
     if nproc is None:
         return []
     return ["cluster.nodes=1", f"cluster.cpu_processes={nproc}", f"cluster.gpus_per_node={nproc}"]
+
+
+def start_advice(cluster: Cluster, ranks: int) -> str:
+    """How to start `ranks` ranks of this profile, the way its `cluster.launcher` says they start: what a
+    run that started another number of them tells the user to do."""
+    here = f"--nproc {ranks}"
+    nodes, per_node = cluster.nodes, cluster.devices_per_node
+    if cluster.launcher == "torchrun":
+        return (
+            f"start them with `torchrun --nnodes {nodes} --nproc-per-node {per_node} -m vidforge ...` on each "
+            f"node (cluster.launcher=torchrun), or {here} on one machine"
+        )
+    if cluster.launcher == "slurm":
+        return (
+            f"start them with srun, one task per device on {nodes} node(s) (`sbatch --nodes={nodes} "
+            f"commands/train-slurm.sbatch PROFILE LATENTS RUN`; cluster.launcher=slurm), or {here} on one machine"
+        )
+    return f"use {here}"
 
 
 class RanksFailed(RuntimeError):

@@ -18,7 +18,9 @@ import torch.distributed as dist
 
 from vidforge.errors import UserInputError
 from vidforge.parallel.dims import ParallelDims
+from vidforge.parallel.launch import start_advice
 from vidforge.profile import RunProfile
+from vidforge.profile.cluster import Cluster
 
 DeviceChoice = Literal["cuda", "cpu", "auto"]
 """What a stage asks for: `cuda` (refused when no GPU is visible), `cpu`, or `auto` (a GPU if visible)."""
@@ -58,12 +60,15 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def require_layout(self) -> None:
-        """Refuse a world that is not the layout's size (train and bench train run exactly the layout)."""
+    def require_layout(self, cluster: Cluster | None = None) -> None:
+        """Refuse a world that is not the layout's size (train and bench train run exactly the layout),
+        saying how the profile's ranks start (`cluster.launcher`; `--nproc` when no cluster is given)."""
         if self.world != self.dims.world_size:
+            ranks = self.dims.world_size
+            advice = start_advice(cluster, ranks) if cluster is not None else f"use --nproc {ranks}"
             raise UserInputError(
-                f"the layout {self.dims.layout.describe()} needs {self.dims.world_size} rank(s) but "
-                f"{self.world} started; use --nproc {self.dims.world_size} or change cluster/parallel in the profile"
+                f"the layout {self.dims.layout.describe()} needs {ranks} rank(s) but {self.world} started; "
+                f"{advice}; or change cluster/parallel in the profile"
             )
 
 

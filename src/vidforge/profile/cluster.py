@@ -62,8 +62,13 @@ class Cluster(Section):
     inter_node_bandwidth_gbs: float = Field(50.0, gt=0)
     """Per-device unidirectional bandwidth between nodes in GB/s (one 400 Gb/s NIC per GPU: 50)."""
     launcher: Literal["local", "torchrun", "slurm"] = "local"
-    """How ranks are started: `local` (one process, or `--nproc` spawns torchrun), `torchrun`, or `slurm`
-    (ranks read SLURM_* variables)."""
+    """How this profile's ranks are started: `local` (`--nproc N` starts them on this machine), `torchrun`
+    (one torchrun per node) or `slurm` (srun, one task per device: commands/train-slurm.sbatch). A rank
+    learns how it was started from its environment (torchrun's or SLURM's variables), so this does not
+    change a run; it is the command `train` and `bench train` name when they find another number of
+    ranks than the layout's (`vidforge.parallel.launch.start_advice`): a 64-GPU profile started by hand
+    on a login node answers with the sbatch line, not `--nproc 64`. Kept rather than removed because
+    the profile is where the cluster is described."""
 
     @property
     def devices_per_node(self) -> int:

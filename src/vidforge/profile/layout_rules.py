@@ -214,6 +214,18 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
+def _fp8(profile: RunProfile, layout: Layout) -> list[str]:
+    """torchao's Float8Linear needs float8 tensor-parallel styles (Float8ColwiseParallel, ...) that
+    vidforge's TP plans do not use; the build refused it (`check_tp_model`) after the profile had loaded,
+    the planner had proposed it and the dry run had passed, so the rule lives here now."""
+    if not profile.train.fp8 or layout.tp == 1:
+        return []
+    return [
+        f"train.fp8: tensor parallel has no float8 plan (parallel.tp={layout.tp}); set train.fp8=false or "
+        "parallel.tp=1"
+    ]
+
+
 RULES: tuple[Rule, ...] = (
     _heads,
     _cp_2d,
@@ -224,6 +236,7 @@ RULES: tuple[Rule, ...] = (
     _pipeline,
     _mm_block,
     _lora,
+    _fp8,
 )
 
 

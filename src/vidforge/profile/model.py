@@ -13,7 +13,7 @@ from vidforge.profile.base import Section
 # Every preset names its architecture so that `{preset: stdit-7b}` alone builds an ST-DiT. The large
 # presets use AdaLN-LoRA (rank 256, as NeMo does): a full modulation projection per block would add
 # 9 x hidden^2 per layer (4.2e9 parameters at dit-7b's width). Parameter counts of vidforge's blocks
-# (`vidforge.models.count_parameters`): dit-1b 1.5e9, dit-7b 8.0e9, dit-14b 13.5e9, dit-28b 30.3e9,
+# (`vidforge.models.count_parameters`): dit-1b 1.5e9, dit-7b 8.0e9, dit-14b 14.9e9, dit-28b 30.3e9,
 # stdit-7b 7.3e9, stdit-12b 12.9e9. The wan presets are Wan2.1's published transformers (family wan,
 # diffusers' WanTransformer3DModel): wan2.1-1.3b 1.42e9, wan2.1-14b 14.3e9 parameters.
 
@@ -56,7 +56,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "text_dim": 4096,
         "adaln_lora_rank": 256,
     },
-    # NeMo video foundation model paper, DiT-7B / 28B; Wan2.1-14B.
+    # NeMo video foundation model paper, DiT-7B / 28B; dit-14b is the 14B infrastructure article's DiT
+    # ("Training 14B Video Models: Infrastructure Deep Dive": 40 layers, 5120 wide, 40 heads, FFN 13,824),
+    # which is Wan2.1-14B's shape.
     "dit-7b": {
         "architecture": "dit",
         "layers": 28,
@@ -69,7 +71,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "dit-14b": {
         "architecture": "dit",
-        "layers": 36,
+        "layers": 40,
         "hidden": 5120,
         "heads": 40,
         "mlp_hidden": 13824,

@@ -82,7 +82,7 @@ def run(
     labels = dict(labels or {})
     cfg = profile.train
     runtime = init_runtime(profile)
-    runtime.require_layout()
+    runtime.require_layout(profile.cluster)
     run_dir = Path(run_dir)
     checkpoints = CheckpointManager(run_dir, keep=cfg.keep_checkpoints, use_async=cfg.async_checkpoint)
     latest = checkpoints.latest()
