@@ -26,8 +26,9 @@ stage "shard" "$VF" shard "$OUT/captioned" -o "$OUT/shards"
 stage "tokenize" "$VF" tokenize "$OUT/shards" -o "$OUT/latents"
 # The demo's training, on top of the default profile (which other recipes and tests keep as it is):
 # rectified flow learnt the colours where EDM did not, and on the clips above it moves the red square
-# the named way (docs/benchmarks.md, Demo sweep; green and white are not there yet). 2000 steps: about 4 minutes of the 2 cores,
-# what the demo test can afford in CI. infer reads these from the run's exported profile.
+# the named way (docs/benchmarks.md, Demo sweep; green and white are not there yet). 2000 steps: about
+# 4 minutes of the 2 cores, what the demo test can afford in CI. infer reads these from the run's
+# exported profile.
 train_args=(--data "$OUT/latents" --run-dir "$OUT/train" --resume
   --set diffusion.objective=flow --set train.steps=2000)
 [ -n "${TRAIN_STEPS:-}" ] && train_args+=(--set "train.steps=$TRAIN_STEPS" --set train.warmup_steps=1)

@@ -1,14 +1,14 @@
 """The demo shows what its prompts say: `commands/demo.sh` (the whole pipeline, default profile, CPU)
 samples each of its three prompts at two seeds, and in every one of the six videos a blob of the named
-colour is in most frames and travels the named way by a clear margin. The colour-centroid tracker that
-judges it (vidforge.bench.prompt_track, which the demo sweep ranks configurations by) is checked itself
-on the sample generator's own clip first.
+colour is in most frames and travels the named way by a clear margin. The tracker that judges it
+(vidforge.bench.prompt_track: the centroid of the colour's largest connected patch; the demo sweep ranks
+configurations by it) is checked itself on the sample generator's own clip first.
 
 The thresholds, and why: visible in at least 0.6 of the frames (most of them: a blob that is missing
 from a frame or two is still the prompt), and travel of at least 0.08 of the frame the named way (the
 training windows go 0.13-0.38 (red), 0.06-0.38 (green, the slowest a catalogue clip at 1 px a frame) and
-0.18-0.47 (white) in their 9 frames: 0.08 asks for motion plainly the named way, beyond the tracker's
-centroid jitter, while leaving room for a model that moves the square slower than most clips). Two
+0.18-0.47 (white) in their 9 frames: 0.08 asks for motion plainly the named way, beyond the blob's
+jitter, while leaving room for a model that moves the square slower than most clips). Two
 seeds each, so a lucky draw cannot pass."""
 
 from __future__ import annotations
