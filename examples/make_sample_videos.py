@@ -12,9 +12,10 @@ frame rate). Beside every `<name>.mp4` the generator writes:
 and, for the whole folder, `truth.json` (name -> truth) and `captions.csv` (`path,caption`: each video
 with its scene captions joined by "; ").
 
-Usage:  python examples/make_sample_videos.py OUT_DIR [--count N] [--seed S]
+Usage:  python examples/make_sample_videos.py OUT_DIR [--count N] [--seed S] [--demo N]
         (`--count` beyond the fixed catalogue adds seeded random multi-scene videos, e.g. for benchmarks;
-        `--width/--height/--seconds` size those extra videos.)
+        `--width/--height/--seconds` size those extra videos; `--demo N` adds N one-shot training videos
+        for each of the demo's prompts, as `make demo` trains on.)
 
 Importable: `make_sample_videos(out_dir, count=None, seed=0)` returns {name: truth}.
 """
@@ -338,6 +339,36 @@ def random_scenes(seed: int, seconds: float, fps: int, width: int, height: int) 
     return scenes
 
 
+# The demo's prompts, each with the way its square moves: (colour, direction, speeds in pixels/frame).
+DEMO_PROMPTS = (("red", "right", (3, 6)), ("green", "right", (3, 6)), ("white", "down", (2, 5)))
+DEMO_FRAMES = 24  # 1 s: curation.min_seconds keeps nothing shorter
+DEMO_WINDOW = 9  # the frames tokenize keeps (local_cpu's data.frame_buckets): the square is whole in these
+
+
+def demo_scenes(
+    per_prompt: int, seed: int = 0, width: int = WIDTH, height: int = HEIGHT
+) -> dict[str, list[Scene]]:
+    """`per_prompt` one-shot videos for each demo prompt, name -> scenes: a square of the named colour
+    (12-20 px) starting anywhere it stays whole for the first DEMO_WINDOW frames, moving the named way at
+    a seeded speed; it may leave the frame later. Why so many: with the catalogue's one or two clips a
+    prompt, the demo's tiny model learnt the colours but not the motion (docs/benchmarks.md, Demo sweep)."""
+    rng = np.random.default_rng([seed, per_prompt])
+    out: dict[str, list[Scene]] = {}
+    for colour, direction, (slow, fast) in DEMO_PROMPTS:
+        dx, dy = DIRECTIONS[direction]
+        for k in range(per_prompt):
+            size, speed = _jitter(rng, 12, 20), _jitter(rng, slow, fast)
+            reach = speed * (DEMO_WINDOW - 1)  # how far the square goes while tokenize looks
+            x = _jitter(rng, 2, width - size - 2 - reach * dx)
+            y = _jitter(rng, 2, height - size - 2 - reach * dy)
+            shade = _jitter(rng, 20, 60)
+            background = ((shade, shade, shade + 10), (shade + 30, shade + 30, shade + 40))
+            shape = Shape("square", colour, size, (x, y), direction, speed)
+            caption = f"a {colour} square moving {direction}"
+            out[f"demo_{colour}_{k:03d}"] = [Scene(DEMO_FRAMES, caption, background, shapes=[shape])]
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 
 
@@ -521,9 +552,11 @@ def make_sample_videos(
     width: int = WIDTH,
     height: int = HEIGHT,
     fps: int = FPS,
+    demo: int = 0,
 ) -> dict[str, dict]:
     """Write the catalogue (the first `count` of it when count is smaller) plus `count - len(catalogue)`
-    random videos; return {name: truth}. Same arguments, same bytes."""
+    random videos, plus `demo` training videos for each demo prompt (demo_scenes); return {name: truth}.
+    Same arguments, same bytes."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fixed = catalogue(seed)
@@ -535,6 +568,8 @@ def make_sample_videos(
         name = f"random_{k:03d}"
         scenes = random_scenes(seed * 1000 + k, seconds, fps, width, height)
         truths[name] = write_video(out_dir, name, scenes, fps, width, height)
+    for name, scenes in demo_scenes(demo, seed).items():
+        truths[name] = write_video(out_dir, name, scenes)
     (out_dir / "truth.json").write_text(json.dumps(truths, indent=2) + "\n")
     with open(out_dir / "captions.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -558,11 +593,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--geometry", action="store_true", help="also write anamorphic.mp4 and interlaced.mp4"
     )
+    parser.add_argument(
+        "--demo", type=int, default=0, help="also write N training videos for each demo prompt (make demo)"
+    )
     args = parser.parse_args(argv)
     if args.geometry:
         write_geometry_samples(args.out_dir)
     truths = make_sample_videos(
-        args.out_dir, args.count, args.seed, seconds=args.seconds, width=args.width, height=args.height
+        args.out_dir,
+        args.count,
+        args.seed,
+        seconds=args.seconds,
+        width=args.width,
+        height=args.height,
+        demo=args.demo,
     )
     for truth in truths.values():
         print(f"{args.out_dir / truth['file']}  {truth['frames']} frames, cuts at {truth['cuts']}")

@@ -43,3 +43,19 @@ def test_tracker_scores_the_wrong_way_negative_and_an_absent_colour_zero() -> No
     assert track(frames, "a green square moving right").visible == 0.0
     with pytest.raises(ValueError, match="not a demo prompt"):
         parse_prompt("a cat walks on the grass")
+
+
+def test_scattered_colour_is_no_blob_and_a_blob_in_sparse_noise_is_followed() -> None:
+    # Red pixels on every 4th row and column (isolated, as an undertrained model's noise scatters them):
+    # no patch holds a quarter of them, so no frame shows the square, however many there are.
+    frames = np.zeros((9, 32, 48, 3), np.uint8)
+    frames[:, ::4, ::4] = (220, 30, 30)
+    assert track(frames, "a red square moving right").visible == 0.0
+    # A 6-px red square moving right 2 px a frame, among 12 stray red pixels (36 of 48 in the blob):
+    # its own path, not the strays' centroid.
+    frames = np.zeros((9, 32, 48, 3), np.uint8)
+    frames[:, 30, ::4] = (220, 30, 30)
+    for t in range(9):
+        frames[t, 4:10, 2 + 2 * t : 8 + 2 * t] = (220, 30, 30)
+    right = track(frames, "a red square moving right")
+    assert right.visible == 1.0 and right.travel == pytest.approx(16 / 48)

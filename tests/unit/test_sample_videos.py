@@ -85,3 +85,28 @@ def test_captions_sidecar_and_csv(sample_videos, sample_truth):
         assert captions[-1]["end"] == pytest.approx(truth["frames"] / truth["fps"])
     rows = (sample_videos / "captions.csv").read_text().splitlines()
     assert rows[0] == "path,caption" and len(rows) == len(sample_truth) + 1
+
+
+def test_demo_videos_show_their_caption_in_the_tokenized_window(tmp_path):
+    # `--demo N`: N videos a demo prompt, the named square whole and moving the named way at its speed in
+    # the first frames (the ones tokenize keeps), from start positions that differ.
+    truths = make_sample_videos(tmp_path, count=0, demo=3)
+    assert len(truths) == 9
+    starts = set()
+    for name, truth in truths.items():
+        (scene,) = truth["scenes"]
+        motion = scene["motion"][0]
+        assert scene["caption"] == f"a {motion['colour']} square moving {motion['direction']}", name
+        frames = _frames(tmp_path / truth["file"])[:9]
+        r, g, b = (np.stack(frames)[..., i].astype(int) for i in range(3))
+        mask = {
+            "red": (r > 150) & (g < 90) & (b < 90),
+            "green": (g > 150) & (r < 90) & (b < 120),
+            "white": (r > 200) & (g > 200) & (b > 200),
+        }[motion["colour"]]
+        axis = 1 if motion["direction"] == "right" else 0  # a frame's mask is (y, x)
+        along = [np.nonzero(m)[axis].mean() for m in mask]
+        assert all(m.sum() == pytest.approx(motion["size"] ** 2, rel=0.15) for m in mask), name
+        assert np.allclose(np.diff(along), motion["speed"], atol=0.35), name
+        starts.add(tuple(motion["start"]))
+    assert len(starts) == 9

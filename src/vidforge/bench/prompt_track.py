@@ -41,6 +41,28 @@ def parse_prompt(prompt: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+# A frame shows the blob when the largest connected patch of the colour holds at least this share of
+# the colour's pixels. Why: an undertrained model paints noise of every colour over the frame, and the
+# centroid of scattered pixels drifts as much as a blob moves; in such noise (the demo at 20 training
+# steps) the largest patch held 4-14% of the colour, in 2000-step samples with a blob 30-74%
+# (docs/benchmarks.md, Demo sweep).
+MIN_BLOB_SHARE = 0.25
+
+
+def _blob(mask: np.ndarray, min_pixels: int) -> tuple[float, float] | None:
+    """(x, y) centroid of the mask's largest 8-connected patch, or None where it is not a blob."""
+    import cv2
+
+    n, _, stats, centroids = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    if n < 2:
+        return None
+    largest = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
+    area = stats[largest, cv2.CC_STAT_AREA]
+    if area < min_pixels or area < MIN_BLOB_SHARE * mask.sum():
+        return None
+    return float(centroids[largest][0]), float(centroids[largest][1])
+
+
 def track(frames: np.ndarray, prompt: str, min_pixels: int = 3) -> Track:
     """Score frames (T, H, W, 3 uint8) against the prompt."""
     colour, direction = parse_prompt(prompt)
@@ -50,10 +72,9 @@ def track(frames: np.ndarray, prompt: str, min_pixels: int = 3) -> Track:
     extent = frames.shape[2] if dx else frames.shape[1]
     seen, along = [], []
     for t, mask in enumerate(masks):
-        ys, xs = np.nonzero(mask)
-        if len(xs) >= min_pixels:
+        if (blob := _blob(mask, min_pixels)) is not None:
             seen.append(t)
-            along.append((dx * xs.mean() + dy * ys.mean()) / extent)
+            along.append((dx * blob[0] + dy * blob[1]) / extent)
     # A least-squares line through the seen centroids, over the whole clip: one stray frame moves it little.
     travel = float(np.polyfit(seen, along, 1)[0] * (len(frames) - 1)) if len(seen) >= 2 else 0.0
     return Track(colour, direction, len(seen) / len(frames), travel)
