@@ -26,6 +26,8 @@ from vidforge.profile import load_profile
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("a red square moving right", "a green square moving right", "a white square moving down")
 MIN_VISIBLE, MIN_TRAVEL = 0.6, 0.08
+# The prompt check needs the demo's full training (about 5 CPU minutes) and fails today (issue 21): opt-in.
+CHECK_PROMPTS = os.environ.get("VIDFORGE_TEST_DEMO_PROMPTS") == "1"
 
 
 def test_tracker_sees_the_training_clip_move_right(sample_videos, sample_truth) -> None:
@@ -46,6 +48,8 @@ def demo(tmp_path_factory) -> tuple[Path, str]:
         "PYTHON": sys.executable,
         "VIDFORGE": str(Path(sys.executable).with_name("vidforge")),
     }
+    if not CHECK_PROMPTS:  # the whole pipeline and its outputs; the demo's 2000 steps only for the prompts
+        env["TRAIN_STEPS"] = "100"
     proc = subprocess.run(
         ["bash", "commands/demo.sh", str(out)],
         cwd=ROOT,
@@ -76,7 +80,7 @@ def test_demo_writes_each_prompt_twice_and_names_the_contact_sheet(demo) -> None
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    os.environ.get("VIDFORGE_TEST_DEMO_PROMPTS") != "1",
+    not CHECK_PROMPTS,
     reason="issue 21 is open: no configuration measured within the demo's budget shows every prompt at "
     "both seeds yet (docs/benchmarks.md, Demo sweep), so this check fails today; "
     "VIDFORGE_TEST_DEMO_PROMPTS=1 runs it",
