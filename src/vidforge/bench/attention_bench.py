@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vidforge.bench.timing import time_calls
+from vidforge.bench.timing import slowest_rank, time_calls
 from vidforge.models.attention import BACKENDS, attention, flash_attn_available
 from vidforge.parallel.cp_attention import CP_ATTENTION
 from vidforge.parallel.runtime import init_runtime
@@ -92,29 +92,20 @@ def _time(
 
     flops = attention_flops(row.seq_len, heads, head_dim)
     try:
-        fwd = _slowest(time_calls(forward, bench.warmup, bench.repeats, device).median, group, device)
+        fwd = slowest_rank(time_calls(forward, bench.warmup, bench.repeats, device).median, device, group)
     except (RuntimeError, ValueError, NotImplementedError) as err:
         row.skipped = f"forward: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
         return row
     row.forward_s, row.forward_tflops = fwd, flops / fwd / 1e12
     try:
-        both = _slowest(
-            time_calls(forward_backward, bench.warmup, bench.repeats, device).median, group, device
+        both = slowest_rank(
+            time_calls(forward_backward, bench.warmup, bench.repeats, device).median, device, group
         )
     except (RuntimeError, ValueError, NotImplementedError) as err:
         row.skipped = f"backward: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
         return row
     row.forward_backward_s, row.forward_backward_tflops = both, 3 * flops / both / 1e12
     return row
-
-
-def _slowest(seconds: float, group: dist.ProcessGroup | None, device: torch.device) -> float:
-    """The largest of the group's ranks' times (a step waits for its slowest rank); no group: this one's."""
-    if group is None:
-        return seconds
-    value = torch.tensor([seconds], dtype=torch.float64, device=device)  # NCCL reduces on the GPU
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return value.item()
 
 
 CP_IMPLS = ("ring", "ring-einsum", "all-gather", "ulysses")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,13 @@ def time_calls(
         fn()
         samples.append(watch.stop())
     return Timing(tuple(samples))
+
+
+def slowest_rank(seconds: float, device: torch.device | str, group: dist.ProcessGroup | None = None) -> float:
+    """The largest of `group`'s ranks' times (default: every rank; a step waits for its slowest rank);
+    without a process group, this process's own."""
+    if not dist.is_initialized():
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)  # NCCL reduces on the GPU
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return float(value.item())

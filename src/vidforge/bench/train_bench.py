@@ -22,11 +22,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from vidforge.bench.measure import saved_activations, state_bytes
 from vidforge.bench.memory_model import GIB, estimate_memory
-from vidforge.bench.timing import time_calls
+from vidforge.bench.timing import slowest_rank, time_calls
 from vidforge.bench.workload import Workload
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.errors import UserInputError
@@ -193,15 +192,6 @@ class TrainBenchResult:
         return asdict(self)
 
 
-def _slowest_rank(seconds: float, device: torch.device) -> float:
-    """Every rank timed the same steps; a step is as slow as its slowest rank."""
-    if not dist.is_initialized():
-        return seconds
-    t = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchResult:
     """Time the step of `profile` (every rank runs this; rank 0's result is the one to report); with
     `data` (shard folders or URLs), also `bench.repeats` steps on real batches, timing their wait."""
@@ -210,7 +200,7 @@ def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchRes
     world = step.dims.world_size
     bench = profile.bench
     timing = time_calls(step, bench.warmup, bench.repeats, device)
-    step_time = _slowest_rank(timing.median, device)
+    step_time = slowest_rank(timing.median, device)
     tokens = step.workload.tokens * len(step.batches) * step.dims.layout.dp
     flops, hardware_flops = (f * step.dims.layout.dp for f in step.flops())
     peak = profile.cluster.accelerator.peak_bf16_flops
@@ -229,10 +219,10 @@ def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchRes
     real: dict[str, Any] = {}
     if data:
         totals, waits = step.time_data(data, bench.repeats)
-        wait = _slowest_rank(statistics.fmean(waits), device)
+        wait = slowest_rank(statistics.fmean(waits), device)
         real = {
             "data": ", ".join(map(str, data)),
-            "data_step_time_s": _slowest_rank(statistics.median(totals), device),
+            "data_step_time_s": slowest_rank(statistics.median(totals), device),
             "data_wait_s": wait,
             "data_wait_fraction": wait / statistics.fmean(totals),
         }

@@ -38,6 +38,7 @@ import functools
 import inspect
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -121,18 +122,16 @@ def _lse_segments(lse: torch.Tensor, run: Run) -> torch.Tensor:
 # --- kernels --------------------------------------------------------------------------------------
 
 
-class FusedKernel:
+class FusedKernel(Protocol):
     """A fused attention kernel over a batch of equal segments without a mask: q (N, Lq, H, D), k and
     v (N, Lk, H, D) (BSHD); `forward` gives (out (N, Lq, H, Dv), lse (N, H, Lq)), `backward` the
     gradients of q, k and v from the gradient of out, out and lse."""
 
-    name = "fused"
+    name: str
 
-    def forward(self, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+    def forward(self, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def backward(self, dout, q, k, v, out, lse, scale: float) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
+    def backward(self, dout, q, k, v, out, lse, scale: float) -> tuple[torch.Tensor, ...]: ...
 
 
 def _bhsd(*tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -154,7 +153,7 @@ class CpuFlash(FusedKernel):
         return [g.transpose(1, 2) for g in grads]
 
 
-def _rng_placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _unused_dropout_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The dropout state the CUDA backward ops take; unread at dropout 0."""
     return torch.zeros(2, dtype=torch.int64, device=device), torch.zeros((), dtype=torch.int64, device=device)
 
@@ -167,7 +166,7 @@ class SdpaFlash(FusedKernel):
         return out.transpose(1, 2), lse
 
     def backward(self, dout, q, k, v, out, lse, scale):
-        seed, offset = _rng_placeholders(q.device)
+        seed, offset = _unused_dropout_state(q.device)
         lq, lk = q.shape[1], k.shape[1]
         grads = aten._scaled_dot_product_flash_attention_backward(
             *_bhsd(dout, q, k, v, out), lse, None, None, lq, lk, 0.0, False, seed, offset, scale=scale
@@ -208,7 +207,7 @@ class SdpaCudnn(FusedKernel):
         return out.transpose(1, 2), lse.squeeze(-1) if lse.ndim == 4 else lse
 
     def backward(self, dout, q, k, v, out, lse, scale):
-        seed, offset = _rng_placeholders(q.device)
+        seed, offset = _unused_dropout_state(q.device)
         lq, lk = q.shape[1], k.shape[1]
         grads = aten._scaled_dot_product_cudnn_attention_backward(
             *_bhsd(dout, q, k, v, out), lse.unsqueeze(-1), seed, offset, None, None, None, lq, lk, 0.0,
