@@ -33,6 +33,9 @@ BUCKETS = ("data.packing=false", "data.batch_size=2")  # bucket batches of 2 sam
 CLIP = ("train.grad_clip=0.05",)  # below the gradient norms (~0.2): every step is clipped
 
 EMA = ("train.ema_decay=0.9",)  # the export is then the EMA's weights
+# Flow with x-prediction: a loss whose error is scaled per sample (1 / t), per token of a cp shard and
+# split with the rows of pipeline micro-batches.
+XPRED = ("diffusion.objective=flow", "diffusion.flow_prediction=clean")
 
 # Vchitect-2.0's multimodal parallel block (ST-DiT): it has no tensor- or context-parallel plan.
 MM = ("model.architecture=stdit", "model.stdit_block=parallel-mm")
@@ -52,8 +55,9 @@ LAYOUTS = {
     "dp2xtp2xcp2": (8, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.cp=2"]),
     "pp2-1f1b": (
         2,
-        ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS, *CLIP],
+        ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS, *CLIP, *XPRED],
     ),
+    "cp2-ring-xpred": (2, ["parallel.cp=2", "parallel.cp_impl=ring", *XPRED]),
     "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2", *CLIP]),
     "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP]),  # with SP
 }
@@ -132,7 +136,8 @@ REFERENCE_SETS = {
     "tp2": EMA,
     "mm-fsdp2": MM,
     "mm-pp2": ("train.grad_accum=2", *CLIP, *MM),
-    "pp2-1f1b": (*BUCKETS, *CLIP),
+    "pp2-1f1b": (*BUCKETS, *CLIP, *XPRED),
+    "cp2-ring-xpred": XPRED,
     "pp2xfsdp2": ("train.grad_accum=2", *CLIP),  # the same reference run as pp2xtp2
     "pp2xtp2": ("train.grad_accum=2", *CLIP),
     "pp2xcp2-ring": ("train.grad_accum=2", *CLIP),

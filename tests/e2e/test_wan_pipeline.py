@@ -105,6 +105,12 @@ def test_a_wan_pipeline_folder_tokenizes_trains_samples_and_exports(pipeline, tm
             *small, "--set", "infer.width=32", "--set", "diffusion.steps=2")  # fmt: skip
     record = json.loads((tmp_path / "as_published" / "samples.jsonl").read_text())
     assert record["sampler"] == "unipc" and record["frames"] == 5
+    # published weights predict the velocity: sampling them as x-prediction is refused in one line
+    refused = CliRunner().invoke(
+        app, ["infer", "-c", str(pipeline), "--prompt", "a", "-o", str(tmp_path / "no"),
+              "--set", "diffusion.flow_prediction=clean"],
+    )  # fmt: skip
+    assert refused.exit_code != 0 and "predict the velocity" in refused.output
     # the trained export, back in diffusers' layout, computes what vidforge's export computes
     _invoke("model", "export", str(run / "export"), "--to", "diffusers", "-o", str(tmp_path / "diffusers"))
     from vidforge.models import load_model
@@ -114,3 +120,15 @@ def test_a_wan_pipeline_folder_tokenizes_trains_samples_and_exports(pipeline, tm
     x, text = torch.randn(1, 4, 2, 4, 4), torch.randn(1, 3, 16)
     with torch.no_grad():
         torch.testing.assert_close(ours(x, torch.tensor([0.3]), text), theirs(x, torch.tensor([0.3]), text))
+    # an x-prediction model would sample noise in diffusers' pipelines, which read a velocity: refused
+    import shutil
+
+    clean = shutil.copytree(run / "export", tmp_path / "clean_export")
+    profile = (clean / "profile.yaml").read_text()
+    (clean / "profile.yaml").write_text(
+        profile.replace("flow_prediction: velocity", "flow_prediction: clean")
+    )
+    refused = CliRunner().invoke(
+        app, ["model", "export", str(clean), "--to", "diffusers", "-o", str(tmp_path / "x")]
+    )
+    assert refused.exit_code != 0 and "flow_prediction=clean" in refused.output

@@ -93,6 +93,44 @@ def test_noising_and_target_are_diffusers_flow_matching():
     torch.testing.assert_close(flow.denoised(noised, velocity, t_b), clean)
 
 
+def test_clean_prediction_is_trained_on_the_velocity_error_it_implies():
+    """x-prediction (Li & He 2025): the network outputs x0; the loss's error times its weight is the
+    error of the velocity that estimate implies, (x_t - x0_hat) / t - (noise - x0), down to t = 0.05,
+    where the weight stops growing."""
+    flow = RectifiedFlow(prediction="clean")
+    g = torch.Generator().manual_seed(4)
+    clean, noise, estimate = (torch.randn(3, 4, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    t_b = flow.expand(torch.tensor([0.9, 0.3, 0.01], dtype=torch.float64), clean)
+    noisy = flow.corrupt(clean, noise, t_b)
+    error = flow.error_scale(t_b) * (estimate - flow.target(clean, noise, t_b))
+    implied = (noisy - estimate) / t_b - (noise - clean)
+    torch.testing.assert_close(error[:2], -implied[:2])
+    torch.testing.assert_close(error[2], (estimate - clean)[2] / 0.05)
+    torch.testing.assert_close(flow.denoised(noisy, estimate, t_b), estimate)
+    assert RectifiedFlow().error_scale(t_b) is None
+
+
+def test_clean_and_velocity_prediction_sample_the_same_flow():
+    """The exact networks of both parameterisations (for Gaussian data) give the same clean estimates,
+    so the samplers, which take clean estimates, run the same flow: to mean + STD noise at the end."""
+    mean, _ = _means()
+    noise = _noise()
+    outs = []
+    for prediction in ("velocity", "clean"):
+        flow = RectifiedFlow(prediction=prediction)
+
+        def network(x, level, flow=flow):
+            velocity = gaussian_velocity(x, level[0], mean)
+            return velocity if flow.prediction == "velocity" else x - level[0] * velocity
+
+        def denoise(x, t, flow=flow, network=network):
+            return flow.denoise(network, x, t.reshape(()).expand(x.shape[0]))
+
+        outs.append(flow_sample(denoise, noise, "unipc", 30, shift=3.0))
+    torch.testing.assert_close(outs[0], outs[1])
+    assert (outs[1] - (mean + STD * noise)).abs().max() < 5e-3
+
+
 @pytest.mark.parametrize(
     "sampling,shift", [("uniform", 1.0), ("uniform", 3.0), ("logit-normal", 1.0), ("logit-normal", 5.0)]
 )

@@ -45,6 +45,8 @@ def _expected_target(objective, batch, seed: int) -> tuple[torch.Tensor, torch.T
     if isinstance(objective, EDM):
         sd, s = objective.sigma_data, (level_b**2 + objective.sigma_data**2).sqrt()
         target = clean * level_b / (sd * s) - noise * sd / s  # (y - c_skip x) / c_out, closed form
+    elif objective.prediction == "clean":
+        target = clean
     else:
         target = noise - clean  # the velocity
     return target, level
@@ -73,6 +75,23 @@ def test_zero_network_loss_is_the_mean_squared_target(objective, packed) -> None
     torch.testing.assert_close(micro.per_sample, torch.stack(expected))
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_clean_prediction_loss_weighs_each_sample_by_one_over_its_time(packed) -> None:
+    """x-prediction: the error on x0 counts 1 / t (floored at 0.05) times, per sample, in plain batches
+    and packed rows alike."""
+    flow = RectifiedFlow("uniform", prediction="clean")
+    loss = DenoisingLoss(flow, caption_dropout=0.5, patch=PATCH, in_channels=4)
+    batch = _batches()[int(packed)]
+    torch.manual_seed(7)
+    inputs = loss.draw(batch, torch.device("cpu"))
+    micro = loss.reduce(torch.zeros_like(inputs.target), inputs)
+    clean, level = _expected_target(flow, batch, seed=7)
+    torch.testing.assert_close(inputs.target, clean)
+    weight = 1 / level.clamp(min=0.05)
+    weighted = clean * (batch.layout.per_token(weight)[..., None] if packed else weight[:, None, None])
+    torch.testing.assert_close(micro.loss, (weighted**2).mean())
+
+
 def test_flow_input_is_the_interpolation_and_its_level_is_t() -> None:
     flow = RectifiedFlow("uniform", shift=1.0)
     loss = DenoisingLoss(flow, caption_dropout=0.0, patch=PATCH, in_channels=4)
@@ -92,6 +111,8 @@ def test_the_profile_picks_the_objective_and_a_sampler_that_fits_it() -> None:
     flow = load_profile("local_cpu", ["diffusion.objective=flow", "diffusion.flow_shift=5"])
     assert flow.diffusion.sampler == "unipc"
     assert build_objective(flow.diffusion) == RectifiedFlow("logit-normal", 0.0, 1.0, 5.0)
+    clean = load_profile("local_cpu", ["diffusion.objective=flow", "diffusion.flow_prediction=clean"])
+    assert build_objective(clean.diffusion).prediction == "clean"
     assert isinstance(build_objective(load_profile("local_cpu").diffusion), EDM)
     with pytest.raises(
         Exception, match="heun does not sample the flow objective; use one of unipc, flow-euler"

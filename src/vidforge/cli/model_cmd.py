@@ -84,6 +84,8 @@ def export(
 
     if to not in ("diffusers", "vidforge") or (to == "vidforge" and not merged):
         raise UserInputError(f"--to {to}: diffusers, or vidforge with --merged")
+    if to == "diffusers":
+        _refuse_clean_prediction(export_dir)
     if not merged:
         written = export_wan(export_dir, out, int(max_shard_mb * 2**20))
     elif to == "vidforge":
@@ -95,3 +97,22 @@ def export(
                 export_merged(export_dir, Path(tmp) / "merged", base), out, int(max_shard_mb * 2**20)
             )
     current_output().result({to: str(written)}, title="vidforge model export")
+
+
+def _refuse_clean_prediction(export_dir: Path) -> None:
+    """Diffusers' Wan pipelines read the transformer's output as a velocity: a model trained to output
+    clean latents (diffusion.flow_prediction=clean) would sample noise there."""
+    from vidforge.errors import UserInputError
+    from vidforge.infer.run import checkpoint_profile, find_export
+
+    try:
+        export = find_export(export_dir)
+    except UserInputError:
+        return  # not an export: export_wan says what is wrong with it
+    if export is None or not (export / "profile.yaml").is_file():
+        return
+    if checkpoint_profile(export, []).diffusion.flow_prediction == "clean":
+        raise UserInputError(
+            f"{export_dir}: trained with diffusion.flow_prediction=clean, but diffusers' Wan pipelines "
+            "read the output as a velocity; sample it with `vidforge infer` instead"
+        )

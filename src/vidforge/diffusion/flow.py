@@ -37,6 +37,7 @@ from vidforge.diffusion.objective import Objective
 from vidforge.diffusion.samplers import Denoiser
 
 TRAIN_TIMESTEPS = 1000  # Wan's and SD3's timestep = 1000 t
+CLEAN_LOSS_MIN_T = 0.05  # x-prediction's velocity loss divides by t, at least this (Li & He 2025)
 
 
 def shift_time(t: torch.Tensor, shift: float) -> torch.Tensor:
@@ -50,7 +51,13 @@ class RectifiedFlow(Objective):
 
     `sampling`: `uniform` t ~ U(0, 1), or `logit-normal` t = sigmoid(N(logit_mean, logit_std^2)); then
     shifted by `shift`. The network's noise-level input is t itself: vidforge's DiT scales it by 1000
-    in its sinusoids, and so does the wan family (Wan's timestep 1000 t)."""
+    in its sinusoids, and so does the wan family (Wan's timestep 1000 t).
+
+    `prediction`: the network outputs the velocity noise - x0 (`velocity`), or x0 itself (`clean`,
+    Li & He 2025's x-prediction) trained, as they found best, on the velocity error that estimate
+    implies: v - v_hat = (x0_hat - x0) / t, with t floored at CLEAN_LOSS_MIN_T (their clip) so that the
+    weight stays bounded near clean data. Sampling is the same either way: the samplers take the clean
+    estimate."""
 
     level_name = "t"
     level_bucket_edges = (0.2, 0.4, 0.6, 0.8)
@@ -59,10 +66,13 @@ class RectifiedFlow(Objective):
     logit_mean: float = 0.0
     logit_std: float = 1.0
     shift: float = 1.0
+    prediction: Literal["velocity", "clean"] = "velocity"
 
     def __post_init__(self) -> None:
         if self.sampling not in ("uniform", "logit-normal"):
             raise ValueError(f"flow timestep sampling: use uniform or logit-normal, got {self.sampling!r}")
+        if self.prediction not in ("velocity", "clean"):
+            raise ValueError(f"flow prediction: use velocity or clean, got {self.prediction!r}")
         if self.logit_std <= 0 or self.shift <= 0:
             raise ValueError(f"flow logit_std and shift must be > 0, got {self.logit_std} and {self.shift}")
 
@@ -85,11 +95,17 @@ class RectifiedFlow(Objective):
         return level
 
     def target(self, clean: torch.Tensor, noise: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
-        """The velocity noise - x0."""
-        return noise - clean
+        """The velocity noise - x0, or x0."""
+        return noise - clean if self.prediction == "velocity" else clean
+
+    def error_scale(self, level_b: torch.Tensor) -> torch.Tensor | None:
+        """x-prediction: 1 / t (floored), the clean estimate's error as a velocity error."""
+        return 1 / level_b.clamp(min=CLEAN_LOSS_MIN_T) if self.prediction == "clean" else None
 
     def denoised(self, noisy: torch.Tensor, raw: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
-        """x0 = x_t - t v."""
+        """x0 = x_t - t v, or the output itself."""
+        if self.prediction == "clean":
+            return raw.to(noisy.dtype)
         return noisy - level_b * raw.to(noisy.dtype)
 
 

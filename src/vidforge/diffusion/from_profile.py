@@ -16,7 +16,9 @@ from vidforge.profile.diffusion import Diffusion
 
 OBJECTIVES: dict[str, Callable[[Diffusion], Objective]] = {
     "edm": lambda c: EDM(sigma_data=c.sigma_data, p_mean=c.p_mean, p_std=c.p_std),
-    "flow": lambda c: RectifiedFlow(c.flow_time_sampling, c.flow_logit_mean, c.flow_logit_std, c.flow_shift),
+    "flow": lambda c: RectifiedFlow(
+        c.flow_time_sampling, c.flow_logit_mean, c.flow_logit_std, c.flow_shift, c.flow_prediction
+    ),
 }
 
 

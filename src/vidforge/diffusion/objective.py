@@ -6,13 +6,14 @@ layout (plain batch, packed row, context-parallel shard, the last pipeline stage
 
     noisy   = corrupt(clean, noise, level)            the training input at noise level `level`
     F(network_input(noisy, level), network_level(level), ...)
-    loss    = mean (F - target(clean, noise, level))^2
+    loss    = mean (error_scale(level) (F - target(clean, noise, level)))^2
     clean estimate for sampling = denoised(noisy, F, level)
 
 `level` is the objective's own noise coordinate (EDM: sigma; rectified flow: t in [0, 1]), one value per
 sample, drawn by `sample_levels`. Arguments named `*_b` broadcast against the tensors: (B, 1, ...) for a
 plain batch, per token (1, S, 1) for a packed row. An objective whose loss carries a weight folds it into
-`target` and `network_input` (EDM's lambda c_out^2 = 1 makes its weighted loss a plain squared error on F).
+`target` and `network_input` where it can (EDM's lambda c_out^2 = 1 makes its weighted loss a plain squared
+error on F), else says it in `error_scale`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Objective(ABC):
     @abstractmethod
     def target(self, clean: torch.Tensor, noise: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
         """The raw network output that makes the loss zero."""
+
+    def error_scale(self, level_b: torch.Tensor) -> torch.Tensor | None:
+        """The factor on F - target in the loss, broadcast like `level_b`; None: 1."""
+        return None
 
     @abstractmethod
     def denoised(self, noisy: torch.Tensor, raw: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:

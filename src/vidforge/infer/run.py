@@ -99,7 +99,13 @@ def diffusers_profile(src: Path, overrides: Sequence[str], profile: str | None =
         ]
         if "tokenizer" in parts:
             defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
-    return load_profile(profile, [*defaults, *overrides])
+    prof = load_profile(profile, [*defaults, *overrides])
+    if prof.diffusion.flow_prediction != "velocity":
+        raise UserInputError(
+            f"diffusion.flow_prediction: {src}'s published weights predict the velocity; "
+            "leave flow_prediction at velocity to sample them"
+        )
+    return prof
 
 
 def exported_step(export: Path) -> int | None:

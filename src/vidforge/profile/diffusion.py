@@ -52,6 +52,12 @@ class Diffusion(Section):
     flow_shift: float = Field(1.0, gt=0)
     """Flow time shift t -> s t / (1 + (s - 1) t), in training and sampling: more steps at high noise for
     larger frames (Wan2.1: 3 at 480p, 5 at 720p; 1 leaves t as it is)."""
+    flow_prediction: Literal["velocity", "clean"] = "velocity"
+    """What the network outputs under the flow objective: `velocity` noise - x0 (Wan2.1, SD3; what
+    published flow weights predict), or `clean` x0 itself (Li & He 2025, "Back to Basics: Let Denoising
+    Generative Models Denoise"), trained on the velocity error it implies. `clean` is for models whose
+    latent tokens are as wide as the network: noise fills every channel of a token, clean data lies
+    near a few of them, so a network too narrow to carry noise through can still output clean data."""
 
     @model_validator(mode="before")
     @classmethod

@@ -11,7 +11,8 @@ The network always sees tokens: a plain batch is patchified ((B, S, F) with its 
 
 `DenoisingLoss.reduce` turns the network's output into the micro-batch's mean loss (a rank's share of it
 under context parallel: the shares sum to one process's mean) and per-sample losses for the metrics. The
-formulas belong to the objective (`vidforge.diffusion.Objective`): loss = mean (F - target)^2.
+formulas belong to the objective (`vidforge.diffusion.Objective`): loss = mean (s (F - target))^2, s the
+objective's `error_scale` (1 for most).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class MicroInputs:
     tokens: int  # model tokens processed (the whole row's, under context parallel too)
     layout: SequenceLayout | None = None
     shard: TokenShard | None = None
+    error_scale: torch.Tensor | None = None  # the objective's, broadcast like the level; None: 1
 
 
 @dataclass
@@ -117,6 +119,7 @@ class DenoisingLoss:
             tokens=tokens,
             layout=layout,
             shard=shard,
+            error_scale=self.objective.error_scale(level_b),
         )
 
     def reduce(
@@ -126,7 +129,10 @@ class DenoisingLoss:
         `loss` is this rank's share (over the whole row's element count, pads excluded) and the
         per-sample losses are summed over `cp_group`."""
         dtype = torch.promote_types(output.dtype, torch.float32)  # the squared error in fp32 or wider
-        squared = (output.to(dtype) - inputs.target.to(dtype)).square()
+        error = output.to(dtype) - inputs.target.to(dtype)
+        if inputs.error_scale is not None:
+            error = error * inputs.error_scale.to(dtype)
+        squared = error.square()
         per_token = squared.detach().mean(dim=-1)  # (rows, S)
         n = inputs.level.shape[0]
         shard = inputs.shard

@@ -270,6 +270,7 @@ class PipelineTrainStep(TrainStep):
                 level=level,
                 tokens=whole.tokens // m,
                 shard=whole.shard,
+                error_scale=None if whole.error_scale is None else whole.error_scale.tensor_split(m)[i],
             )
             for i, (x, target, level) in enumerate(
                 zip(
