@@ -56,7 +56,9 @@ def _samples(n_text=5):
 @pytest.mark.parametrize("backend", ["sdpa", "dense"])
 @pytest.mark.parametrize("arch,block", ARCHS)
 def test_packed_forward_equals_per_sample_forwards(arch, block, backend):
-    model = _tiny(arch, block, attention=backend, adaln_lora_rank=8, mlp_act="swiglu")
+    # text_pool with the sdpa backend: the pooled caption is per sample in packed rows too
+    pool = backend == "sdpa"
+    model = _tiny(arch, block, attention=backend, adaln_lora_rank=8, mlp_act="swiglu", text_pool=pool)
     latents, noise, text, mask = _samples()
     tokens, layout = pack_latents(latents, model.config.patch)
     packed = unpack_tokens(model(tokens, noise, text, mask, layout=layout), layout, model.config.patch)
@@ -174,8 +176,9 @@ def test_adaln_lora_is_low_rank():
     assert model.shared_modulation.weight.shape == (9 * 64, 64)
 
 
-def test_null_caption_ignores_the_text():
-    model = _tiny()
+@pytest.mark.parametrize("text_pool", [False, True])
+def test_null_caption_ignores_the_text(text_pool):
+    model = _tiny(text_pool=text_pool)
     x = torch.randn(2, 4, 1, 4, 4, dtype=torch.float64)
     noise = torch.zeros(2, dtype=torch.float64)
     text_a, text_b = torch.randn(2, 2, 5, 32, dtype=torch.float64)
@@ -186,8 +189,9 @@ def test_null_caption_ignores_the_text():
     assert not torch.allclose(out_a[1], out_b[1])  # kept caption: it does
 
 
-def test_masked_text_tokens_have_no_effect():
-    model = _tiny()
+@pytest.mark.parametrize("text_pool", [False, True])
+def test_masked_text_tokens_have_no_effect(text_pool):
+    model = _tiny(text_pool=text_pool)
     x = torch.randn(1, 4, 1, 4, 4, dtype=torch.float64)
     text = torch.randn(1, 5, 32, dtype=torch.float64)
     mask = torch.tensor([[True, True, False, False, True]])
@@ -195,6 +199,22 @@ def test_masked_text_tokens_have_no_effect():
     changed[:, 2:4] = 100.0
     noise = torch.zeros(1, dtype=torch.float64)
     torch.testing.assert_close(model(x, noise, text, mask), model(x, noise, changed, mask))
+
+
+def test_text_pool_carries_the_caption_without_cross_attention():
+    """model.text_pool: with every cross-attention silenced the caption still reaches the output, through
+    the adaLN modulations; without text_pool it then does not."""
+    x = torch.randn(1, 4, 1, 4, 4, dtype=torch.float64)
+    noise = torch.zeros(1, dtype=torch.float64)
+    text_a, text_b = torch.randn(2, 1, 5, 32, dtype=torch.float64)
+    for text_pool in (False, True):
+        model = _tiny(text_pool=text_pool)
+        with torch.no_grad():
+            for block in model.blocks.values():
+                block.cross_attn.out.weight.zero_()
+                block.cross_attn.out.bias.zero_()
+        same = torch.allclose(model(x, noise, text_a), model(x, noise, text_b))
+        assert same is not text_pool
 
 
 def test_rope_depends_only_on_relative_position():

@@ -41,6 +41,14 @@ from vidforge.profile.model import Model
 from vidforge.tokens import KeyPadding, Segments
 
 
+def _mean_token(text: torch.Tensor, text_mask: torch.Tensor | None) -> torch.Tensor:
+    """(N, L, D) caption tokens -> (N, D): the mean over each caption's real tokens."""
+    if text_mask is None:
+        return text.mean(dim=1)
+    weight = text_mask.to(text.dtype)[..., None]
+    return (text * weight).sum(dim=1) / weight.sum(dim=1).clamp(min=1)
+
+
 def block_class(cfg: Model) -> type[nn.Module]:
     if cfg.architecture == "dit":
         return DiTBlock
@@ -61,6 +69,12 @@ class DiT(VideoTransformer):
         self.patch_embed = nn.Linear(config.patch_dim, hidden)
         self.time_embed = TimestepEmbedding(hidden)
         self.text_embed = TextProjection(config.text_dim, hidden)
+        # model.text_pool: the caption's mean token into the timestep embedding (SD3's pooled text)
+        self.text_pool = (
+            nn.Sequential(nn.Linear(config.text_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+            if config.text_pool
+            else None
+        )
         # The caption used for the unconditional branch of classifier-free guidance: one learned token.
         self.null_text = nn.Parameter(torch.zeros(1, config.text_dim))
         # AdaLN-LoRA: the full-rank part of every block's modulation, shared by all blocks.
@@ -126,8 +140,10 @@ class DiT(VideoTransformer):
         """The learned null caption where drop_text is True, the caption's real tokens, RoPE tables in
         the model's precision."""
         time = self.time_embed(noise_level)
-        shared = self.shared_modulation(F.silu(time)) if self.shared_modulation is not None else None
         text, text_mask = self.with_null_text(text, text_mask, drop_text)
+        if self.text_pool is not None:
+            time = time + self.text_pool(_mean_token(text, text_mask))
+        shared = self.shared_modulation(F.silu(time)) if self.shared_modulation is not None else None
         if place.query_lens is not None:
             # Packed: keep only real caption tokens, one key segment per sample (every rank holds a
             # chunk, >= 1 token and maybe only padding, of every sample under context parallel).

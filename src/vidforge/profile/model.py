@@ -125,6 +125,7 @@ WAN_FIXED: dict[str, Any] = {
     "adaln_lora_rank": 0,
     "abs_position": "none",
     "qk_norm": True,
+    "text_pool": False,
 }
 
 
@@ -182,6 +183,10 @@ class Model(Section):
     `sincos`: fixed 3D sine-cosine features of (t, h, w) (DiT's 2D embedding, one axis more). RoPE only
     encodes offsets, so a small model given pure noise cannot tell where in the frame it is and puts
     content anywhere; `sincos` lets it learn layouts. `none`: RoPE only."""
+    text_pool: bool = False
+    """Also condition every adaLN modulation on the caption: the mean of its tokens, through an MLP, added
+    to the timestep embedding (SD3's pooled text beside cross-attention). The demo's two-layer model
+    learnt the prompt's colour through cross-attention alone at some training seeds only."""
     attention: Literal["sdpa", "flex", "flash", "dense"] = "sdpa"
     """Attention backend. `sdpa`: torch scaled_dot_product_attention (packed sequences run per sample).
     `flex`: FlexAttention with a document mask (GPU; compiled). `flash`: flash-attn varlen (needs the
