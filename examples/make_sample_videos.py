@@ -207,7 +207,7 @@ def catalogue(seed: int = 0) -> dict[str, list[Scene]]:
         "cuts": [
             Scene(
                 30,
-                "a red square moving right",
+                "a red square moving right over blue stripes",
                 ((20, 40, 140), (60, 90, 200)),
                 pattern=3,
                 shapes=[Shape("square", "red", 18, (6, _jitter(rng, 20, 50)), "right", 2)],
@@ -340,33 +340,49 @@ def random_scenes(seed: int, seconds: float, fps: int, width: int, height: int) 
 
 
 # The demo's prompts, each with the way its square moves: (colour, direction, speeds in pixels/frame).
-DEMO_PROMPTS = (("red", "right", (3, 6)), ("green", "right", (3, 6)), ("white", "down", (2, 5)))
+# Fast enough that in the DEMO_WINDOW frames tokenize keeps the square crosses a third of the frame or more.
+DEMO_PROMPTS = (("red", "right", (6, 9)), ("green", "right", (6, 9)), ("white", "down", (4, 6)))
 DEMO_FRAMES = 24  # 1 s: curation.min_seconds keeps nothing shorter
 DEMO_WINDOW = 9  # the frames tokenize keeps (local_cpu's data.frame_buckets): the square is whole in these
+DEMO_SIZES = (24, 32)  # the square's side in pixels: 8-11 at the demo's 32x48, two or three tokens wide
+DEMO_ENTRY = 0.2  # the square starts within this share of the frame on the side it comes from
 
 
 def demo_scenes(
     per_prompt: int, seed: int = 0, width: int = WIDTH, height: int = HEIGHT
 ) -> dict[str, list[Scene]]:
     """`per_prompt` one-shot videos for each demo prompt, name -> scenes: a square of the named colour
-    (12-20 px) starting anywhere it stays whole for the first DEMO_WINDOW frames, moving the named way at
-    a seeded speed; it may leave the frame later. Why so many: with the catalogue's one or two clips a
-    prompt, the demo's tiny model learnt the colours but not the motion (docs/benchmarks.md, Demo sweep)."""
+    (DEMO_SIZES) that starts near the side it comes from (DEMO_ENTRY), anywhere across the other axis,
+    and crosses a third of the frame or more the named way in the first DEMO_WINDOW frames, on a dark
+    background.
+    Why this shape: where the square is in each frame then tells the direction by itself (early frames
+    on the left, late ones on the right), which the demo's tiny model learns; with start positions
+    anywhere, the direction lived only in how frames relate, and the model's samples moved either way
+    (docs/benchmarks.md, Demo sweep)."""
     rng = np.random.default_rng([seed, per_prompt])
     out: dict[str, list[Scene]] = {}
     for colour, direction, (slow, fast) in DEMO_PROMPTS:
         dx, dy = DIRECTIONS[direction]
         for k in range(per_prompt):
-            size, speed = _jitter(rng, 12, 20), _jitter(rng, slow, fast)
+            size, speed = _jitter(rng, DEMO_SIZES[0], DEMO_SIZES[1]), _jitter(rng, slow, fast)
             reach = speed * (DEMO_WINDOW - 1)  # how far the square goes while tokenize looks
-            x = _jitter(rng, 2, width - size - 2 - reach * dx)
-            y = _jitter(rng, 2, height - size - 2 - reach * dy)
+            x = _start(rng, dx, width, size, reach)
+            y = _start(rng, dy, height, size, reach)
             shade = _jitter(rng, 20, 60)
             background = ((shade, shade, shade + 10), (shade + 30, shade + 30, shade + 40))
             shape = Shape("square", colour, size, (x, y), direction, speed)
             caption = f"a {colour} square moving {direction}"
             out[f"demo_{colour}_{k:03d}"] = [Scene(DEMO_FRAMES, caption, background, shapes=[shape])]
     return out
+
+
+def _start(rng: np.random.Generator, moving: int, extent: int, size: int, reach: int) -> int:
+    """A start coordinate on one axis: near the entry side along the motion (moving = 1), anywhere the
+    square fits across it (moving = 0)."""
+    last = extent - size - 2 - reach * moving
+    if moving:
+        last = min(last, int(DEMO_ENTRY * extent))
+    return _jitter(rng, 2, last)
 
 
 # --------------------------------------------------------------------------------------------------

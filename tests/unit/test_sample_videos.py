@@ -108,5 +108,9 @@ def test_demo_videos_show_their_caption_in_the_tokenized_window(tmp_path):
         along = [np.nonzero(m)[axis].mean() for m in mask]
         assert all(m.sum() == pytest.approx(motion["size"] ** 2, rel=0.15) for m in mask), name
         assert np.allclose(np.diff(along), motion["speed"], atol=0.35), name
+        # it comes in from its side (the first fifth of the frame) and crosses a third of it or more
+        extent = truth["width"] if motion["direction"] == "right" else truth["height"]
+        assert along[0] - motion["size"] / 2 <= 0.2 * extent + 1, name
+        assert along[-1] - along[0] >= extent / 3 - 1, name
         starts.add(tuple(motion["start"]))
     assert len(starts) == 9
