@@ -29,8 +29,9 @@ def _batches() -> tuple[BucketBatch, PackedBatch]:
     return plain, packed
 
 
-def _expected_target(objective, batch, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target the loss must use, from the same draws redone in order: levels, dropout, noise."""
+def _expected_target(objective, batch, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target the loss must use, from the same draws redone in order: levels, dropout, noise; and the
+    factor on the error (x-prediction: 1 / t, floored at 0.05; else 1)."""
     torch.manual_seed(seed)
     level = objective.sample_levels(2).double()
     torch.rand(2)  # the caption dropout draw
@@ -46,14 +47,16 @@ def _expected_target(objective, batch, seed: int) -> tuple[torch.Tensor, torch.T
         sd, s = objective.sigma_data, (level_b**2 + objective.sigma_data**2).sqrt()
         target = clean * level_b / (sd * s) - noise * sd / s  # (y - c_skip x) / c_out, closed form
     elif objective.prediction == "clean":
-        target = clean
+        return clean, level, 1 / level_b.clamp(min=0.05)
     else:
         target = noise - clean  # the velocity
-    return target, level
+    return target, level, torch.ones_like(level_b)
 
 
 @pytest.mark.parametrize(
-    "objective", [EDM(), RectifiedFlow("logit-normal", 0.0, 1.0, 3.0)], ids=["edm", "flow"]
+    "objective",
+    [EDM(), RectifiedFlow("logit-normal", 0.0, 1.0, 3.0), RectifiedFlow("uniform", prediction="clean")],
+    ids=["edm", "flow", "flow-x-prediction"],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 def test_zero_network_loss_is_the_mean_squared_target(objective, packed) -> None:
@@ -62,34 +65,18 @@ def test_zero_network_loss_is_the_mean_squared_target(objective, packed) -> None
     torch.manual_seed(7)
     inputs = loss.draw(batch, torch.device("cpu"))
     micro = loss.reduce(torch.zeros_like(inputs.target), inputs)
-    target, level = _expected_target(objective, batch, seed=7)
+    target, level, scale = _expected_target(objective, batch, seed=7)
     torch.testing.assert_close(inputs.target, target)
-    torch.testing.assert_close(micro.loss, (target**2).mean())
+    error = target * scale  # x-prediction: each sample's error counts 1 / t times
+    torch.testing.assert_close(micro.loss, (error**2).mean())
     torch.testing.assert_close(micro.level.double(), level)
     # per-sample losses: each sample's own mean, whatever its token count
     if packed:
         offsets = batch.layout.offsets
-        expected = [(target[0, a:b] ** 2).mean() for a, b in zip(offsets, offsets[1:], strict=False)]
+        expected = [(error[0, a:b] ** 2).mean() for a, b in zip(offsets, offsets[1:], strict=False)]
     else:
-        expected = [(target[i] ** 2).mean() for i in range(2)]
+        expected = [(error[i] ** 2).mean() for i in range(2)]
     torch.testing.assert_close(micro.per_sample, torch.stack(expected))
-
-
-@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
-def test_clean_prediction_loss_weighs_each_sample_by_one_over_its_time(packed) -> None:
-    """x-prediction: the error on x0 counts 1 / t (floored at 0.05) times, per sample, in plain batches
-    and packed rows alike."""
-    flow = RectifiedFlow("uniform", prediction="clean")
-    loss = DenoisingLoss(flow, caption_dropout=0.5, patch=PATCH, in_channels=4)
-    batch = _batches()[int(packed)]
-    torch.manual_seed(7)
-    inputs = loss.draw(batch, torch.device("cpu"))
-    micro = loss.reduce(torch.zeros_like(inputs.target), inputs)
-    clean, level = _expected_target(flow, batch, seed=7)
-    torch.testing.assert_close(inputs.target, clean)
-    weight = 1 / level.clamp(min=0.05)
-    weighted = clean * (batch.layout.per_token(weight)[..., None] if packed else weight[:, None, None])
-    torch.testing.assert_close(micro.loss, (weighted**2).mean())
 
 
 def test_flow_input_is_the_interpolation_and_its_level_is_t() -> None:
