@@ -100,6 +100,8 @@ def test_the_profile_picks_the_objective_and_a_sampler_that_fits_it() -> None:
     assert build_objective(flow.diffusion) == RectifiedFlow("logit-normal", 0.0, 1.0, 5.0)
     clean = load_profile("local_cpu", ["diffusion.objective=flow", "diffusion.flow_prediction=clean"])
     assert build_objective(clean.diffusion).prediction == "clean"
+    with pytest.raises(Exception, match="flow_prediction=clean: only the flow objective has it"):
+        load_profile("local_cpu", ["diffusion.flow_prediction=clean"])  # local_cpu's objective is edm
     assert isinstance(build_objective(load_profile("local_cpu").diffusion), EDM)
     with pytest.raises(
         Exception, match="heun does not sample the flow objective; use one of unipc, flow-euler"

@@ -73,6 +73,11 @@ class Diffusion(Section):
             raise ValueError(
                 f"sampler: {self.sampler} does not sample the {self.objective} objective; use one of {', '.join(fits)}"
             )
+        if self.objective != "flow" and self.flow_prediction != "velocity":
+            raise ValueError(
+                f"flow_prediction: only the flow objective has it (EDM preconditions its own output); "
+                f"set diffusion.objective=flow or drop flow_prediction={self.flow_prediction}"
+            )
         if self.sigma_min >= self.sigma_max:
             raise ValueError(
                 f"sigma_min: must be below diffusion.sigma_max={self.sigma_max}, got {self.sigma_min}"
