@@ -10,12 +10,10 @@ unconditional equal. docs/benchmarks.md (Demo sweep) has what it showed for the 
 from __future__ import annotations
 
 import argparse
-import io
-import tarfile
 
-import numpy as np
 import torch
 
+from vidforge.data.shard_reader import iter_shard
 from vidforge.diffusion import build_objective
 from vidforge.infer.run import checkpoint_profile, find_export
 from vidforge.infer.sampling import batched_denoiser
@@ -25,17 +23,11 @@ LEVELS = (0.02, 0.1, 0.3, 0.5, 0.7, 0.9, 0.98)
 
 
 def _read(shard: str, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The first `count` samples' latents, caption embeddings and masks from a latent shard."""
-    samples: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(shard) as tar:
-        for member in tar.getmembers():
-            key, ext = member.name.split(".", 1)
-            if ext in ("latent.npy", "text_emb.npy", "text_mask.npy"):
-                samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
-    keys = sorted(samples)[:count]
+    """The first `count` samples (by key) of a latent shard: latents, caption embeddings and masks."""
+    samples = sorted(iter_shard(shard), key=lambda s: s["__key__"])[:count]
 
     def stack(ext: str) -> torch.Tensor:
-        return torch.stack([torch.from_numpy(np.load(io.BytesIO(samples[k][ext]))) for k in keys])
+        return torch.stack([torch.from_numpy(s[ext]) for s in samples])
 
     return stack("latent.npy").float(), stack("text_emb.npy").float(), stack("text_mask.npy")
 
@@ -60,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         for level in LEVELS:
             noise = torch.randn(latents.shape, generator=generator)
-            level_b = torch.full((n, 1, 1, 1, 1), level)
+            level_b = objective.expand(torch.full((n,), level), latents)
             noisy = objective.corrupt(latents, noise, level_b)
             errors = []
             for uncond in (False, True):

@@ -262,6 +262,7 @@ class PipelineTrainStep(TrainStep):
         # per-sample tensors split with the rows; the grid or the (per-row) TokenShard goes to every one
         split = {name: value.tensor_split(m) for name, value in kwargs.items() if torch.is_tensor(value)}
         shared = {name: value for name, value in kwargs.items() if name not in split}
+        scales = [None] * m if whole.error_scale is None else whole.error_scale.tensor_split(m)
         return [
             MicroInputs(
                 x=x,
@@ -270,13 +271,14 @@ class PipelineTrainStep(TrainStep):
                 level=level,
                 tokens=whole.tokens // m,
                 shard=whole.shard,
-                error_scale=None if whole.error_scale is None else whole.error_scale.tensor_split(m)[i],
+                error_scale=scale,
             )
-            for i, (x, target, level) in enumerate(
+            for i, (x, target, level, scale) in enumerate(
                 zip(
                     whole.x.tensor_split(m),
                     whole.target.tensor_split(m),
                     whole.level.tensor_split(m),
+                    scales,
                     strict=True,
                 )
             )
