@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -117,3 +118,62 @@ def test_an_error_body_echoing_the_headers_has_the_key_cut_out(servers, monkeypa
     assert result.text is None and SECRET[:4] not in result.error
     if status == 400:  # 503 is retried, and the error says so rather than quoting the body
         assert "you sent Bearer [redac" in result.error
+
+
+def _trickle(handler, what: bytes, every_s: float):
+    """Writes `what` one byte every `every_s` seconds, stopping when the client hangs up."""
+    for byte in what:
+        try:
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+        except OSError:
+            return
+        time.sleep(every_s)
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_server_trickling_bytes_is_cut_off_at_the_request_deadline(servers, monkeypatch, where):
+    """Issue 38, point 1: a byte every 0.2 s never trips a 0.5 s read timeout, so the request ran as long as
+    the server liked (the report's ran past 100 s holding the folder's lock). The deadline bounds it."""
+    body = _chat("x" * 40)
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+
+    def slow(handler):
+        handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+        if where == "headers":
+            _trickle(handler, head + body, 0.2)
+        else:
+            handler.wfile.write(head)
+            _trickle(handler, body, 0.2)
+
+    class Handler(BaseHTTPRequestHandler):
+        do_POST = slow  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        monkeypatch.setenv("HOSTILE_KEY", SECRET)
+        settings = EndpointSettings(
+            url=f"http://127.0.0.1:{httpd.server_address[1]}/v1",
+            model="m",
+            api_key_env="HOSTILE_KEY",
+            frames=2,
+            retries=1,
+            backoff_s=0,
+            timeout_s=0.5,
+        )
+        captioner = EndpointCaptioner(settings, sleep=lambda s: None)
+        captioner.setup()
+        frames = {i: np.full((16, 16, 3), 90, np.uint8) for i in range(4)}
+        start = time.monotonic()
+        [result] = captioner.caption([ClipItem(clip_id="c", record={}, num_frames=4, frames=frames)])
+        took = time.monotonic() - start
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.text is None
+    assert result.error == "EndpointError: timed out after 0.5 s (2 attempts)"
+    assert took < 2.0  # two attempts of 0.5 s each; the whole answer takes the server 20 s or more

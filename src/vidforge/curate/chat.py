@@ -1,8 +1,10 @@
 """One HTTP client for OpenAI-compatible chat-completions servers (vLLM, SGLang and the like), shared by
 the endpoint captioner and caption enhancement.
 
-Each request has a timeout and retries with exponential backoff on timeouts, connection errors, 429 and
-5xx. The API key is read from an environment variable at setup and sent as a Bearer header to the
+Each request has a deadline (`timeout_s` bounds the whole attempt: connecting, sending, the answer's
+headers and body, not each socket read, so a server that trickles a byte a second cannot hold a clip, or the
+output folder's lock, for longer) and retries with exponential backoff on timeouts, connection errors, 429
+and 5xx. The API key is read from an environment variable at setup and sent as a Bearer header to the
 configured origin only: a redirect is not followed (urllib would resend the header to wherever it points)
 but is that request's error, as is an answer that is not a chat completion. The key is never logged,
 stored in results or put in error messages: a server that echoes request headers in an error body has the
@@ -10,10 +12,13 @@ key cut out of what is recorded."""
 
 from __future__ import annotations
 
+import functools
+import http.client
 import json
 import logging
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -76,17 +81,28 @@ class ChatClient:
 
     def _post(self, data: bytes) -> tuple[int, bytes]:
         req = urllib.request.Request(self.url, data=data, headers=self._headers or {}, method="POST")
+        deadline = _Deadline(self.settings.timeout_s)
         try:
-            with _OPENER.open(req, timeout=self.settings.timeout_s) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as err:
-            if 300 <= err.code < 400:
-                where = err.headers.get("Location", "?")
-                raise EndpointError(
-                    f"HTTP {err.code}: redirected to {where}, not followed (the API key goes to "
-                    f"{self.field}.url only; set it to the final address)"
-                ) from None
-            return err.code, err.read()
+            try:
+                with _opener(deadline).open(req, timeout=self.settings.timeout_s) as response:
+                    status, payload = response.status, response.read()
+            except urllib.error.HTTPError as err:
+                if 300 <= err.code < 400:
+                    where = err.headers.get("Location", "?")
+                    raise EndpointError(
+                        f"HTTP {err.code}: redirected to {where}, not followed (the API key goes to "
+                        f"{self.field}.url only; set it to the final address)"
+                    ) from None
+                status, payload = err.code, err.read()
+        except (OSError, http.client.HTTPException):
+            if deadline.expired:
+                raise TimeoutError from None
+            raise
+        finally:
+            deadline.cancel()
+        if deadline.expired:  # cut while reading a body without a length: what was read is short
+            raise TimeoutError
+        return status, payload
 
     def answers(
         self, items: list[T], body: Callable[[T], dict[str, Any]]
@@ -127,7 +143,7 @@ class ChatClient:
             except TimeoutError:
                 last = f"timed out after {self.settings.timeout_s:g} s"
                 continue
-            except (urllib.error.URLError, ConnectionError, OSError) as err:
+            except (OSError, http.client.HTTPException) as err:
                 reason = getattr(err, "reason", err)
                 if isinstance(reason, (TimeoutError, socket.timeout)):
                     last = f"timed out after {self.settings.timeout_s:g} s"
@@ -152,7 +168,79 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # urlopen raises the 3xx as an HTTPError: `_post` makes it the clip's error
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class _Deadline:
+    """Cuts a request's sockets `seconds` after it began. A socket timeout bounds each read only: a server
+    sending a byte a second never trips it. Shutting the socket down wakes the blocked read at once."""
+
+    def __init__(self, seconds: float):
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:  # connecting took the whole deadline
+                _cut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _cut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _cut(sock: socket.socket) -> None:
+    try:  # the plain socket's shutdown, also under TLS: no TLS close from the timer's thread
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+class _Watched(http.client.HTTPConnection):
+    def __init__(self, *args, deadline: _Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.watch(self.sock)
+
+
+class _WatchedHTTPS(_Watched, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_Watched, deadline=self.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req):
+        return self.do_open(
+            functools.partial(_WatchedHTTPS, deadline=self.deadline), req, context=self._context
+        )
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """urllib's opener (proxies from the environment included) with redirects refused and every
+    connection it opens under `deadline`."""
+    return urllib.request.build_opener(_NoRedirect, _HTTPHandler(deadline), _HTTPSHandler(deadline))
 
 
 def _message_text(message: dict[str, Any]) -> str:

@@ -59,7 +59,8 @@ class ChatEndpoint(Section):
     concurrency: int = Field(8, ge=1)
     """Requests in flight at once."""
     timeout_s: float = Field(60.0, gt=0)
-    """Per-request timeout in seconds; a timed-out request is retried."""
+    """Deadline of one request in seconds, from connecting to the last byte of the answer (not of each
+    read: a server trickling bytes is cut off too); a timed-out request is retried."""
     retries: int = Field(3, ge=0)
     """Retries after a timeout, a connection error, HTTP 429 or 5xx (other 4xx answers are not retried)."""
     backoff_s: float = Field(1.0, ge=0)
