@@ -30,7 +30,9 @@ from typing import Any
 from vidforge.curate.annotator import STAGE, CaptionAnnotator, Timings, blank_row, clip_id_of, media_of
 from vidforge.curate.caption_checks import check_inputs
 from vidforge.curate.caption_stages import AnnotateStage, DecodeStage
+from vidforge.curate.clip import CLIPS_DIR
 from vidforge.curate.decision import REASONS, decide
+from vidforge.data.folder_lock import subfolder
 from vidforge.data.manifest import TMP_MARK, read_jsonl, write_json, write_jsonl
 from vidforge.data.paths import UnsafePath
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
@@ -48,10 +50,9 @@ def link_media(src: Path, out_dir: Path, clip_id: str) -> str:
     """Hard-link (else copy) a clip into OUT/clips/ atomically; returns its path relative to OUT. It keeps
     the clip stage's name (source name and index beside the id) when that name carries the id."""
     name = src.name if src.stem.endswith(clip_id) else f"{clip_id}{src.suffix or '.mp4'}"
-    rel = Path("clips") / name
-    target = out_dir / rel
+    rel = Path(CLIPS_DIR) / name
+    target = subfolder(out_dir, CLIPS_DIR) / name
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.stem}{TMP_MARK}{os.getpid()}{target.suffix}")
         tmp.unlink(missing_ok=True)
         try:
@@ -126,8 +127,10 @@ def run(
     records = read_clip_manifest(clips_dir)
     if limit is not None:
         records = records[:limit]
+    subfolder(clips_dir, CLIPS_DIR, create=False)  # the clip stage's rule for its own output, here too
     ledger = UnitLedger(out_dir)
     ledger.recover()
+    subfolder(out_dir, CLIPS_DIR)
     errored = {e["unit"] for e in ledger.entries() if e["kind"] == "error"} if retry_errors else set()
     todo: dict[str, dict[str, Any]] = {}
     for r in records:

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from vidforge.data.folder_lock import FolderLock
+from vidforge.data.folder_lock import FolderLock, subfolder
 from vidforge.data.manifest import atomic_path
 from vidforge.train import safe_dcp
 from vidforge.train.ema import EMA, Modules, as_module_list
@@ -136,7 +136,8 @@ class CheckpointManager:
     def __init__(self, run_dir: str | Path, keep: int = 3, use_async: bool = False):
         # One training run writes a run directory at a time (rank 0 holds the lock for all its ranks).
         self._lock = FolderLock(run_dir) if _rank() == 0 else None
-        self.root = Path(run_dir) / "checkpoints"
+        # A planted `checkpoints` link is refused: the run would save (and resume) wherever it points.
+        self.root = subfolder(run_dir, "checkpoints", create=False)
         self.keep = keep
         self.use_async = use_async
         self._pending: Future | None = None
