@@ -313,3 +313,27 @@ def test_the_dry_run_counts_the_shards_fsdp_made_of_a_bf16_base_and_fp32_adapter
     assert stage.parameter_bytes == 2 * base + 4 * adapters
     assert stage.gradient_bytes == stage.ema_bytes == 4 * adapters
     assert stage.optimizer_bytes == 8 * adapters
+
+
+def test_resuming_with_another_lora_rank_or_init_is_refused_naming_it(
+    latents, wan_base, lora_run, tmp_path
+) -> None:
+    """Issue 38, points 4 and 5: another rank was DCP's traceback; another --init continued silently,
+    training the adapters on another base (and the export named the new one)."""
+    import shutil
+
+    run = Path(shutil.copytree(lora_run, tmp_path / "run"))
+    ranked = train_profile(*WAN, *RUN, "train.steps=6", "train.lora={rank: 8, alpha: 8}")
+    with pytest.raises(UserInputError) as err:
+        loop.run(ranked, [latents], run, resume=True, init=WeightsInit(wan_base))
+    assert str(err.value).startswith(
+        "--resume: the run was trained with train.lora.rank=4, this command has train.lora.rank=8; "
+    )
+    other = Path(shutil.copytree(wan_base, tmp_path / "other_base"))
+    with pytest.raises(UserInputError) as err:
+        _run(latents, run, other, steps=6, resume=True)
+    assert str(err.value) == (
+        f"--resume: the run's LoRA adapters were trained on --init {wan_base.resolve()}, this command "
+        f"passes --init {other.resolve()}; pass the run's --init again, or a new --run-dir"
+    )
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002", "step_00000004"]

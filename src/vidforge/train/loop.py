@@ -24,7 +24,7 @@ from vidforge.errors import UserInputError
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.build import TrainParts, build
-from vidforge.train.checkpoint import CheckpointManager
+from vidforge.train.checkpoint import CheckpointManager, run_identity
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
 from vidforge.train.lr import lr_multiplier
@@ -95,6 +95,11 @@ def run(
             "--resume: a LoRA run's checkpoints hold its adapters alone (train.lora); pass the --init it "
             "started from again"
         )
+    identity = run_identity(
+        profile.model, cfg.lora, str(Path(init.src).resolve()) if init is not None else None
+    )
+    if resume and latest is not None:
+        checkpoints.check_resume(latest, identity)  # before profile.yaml is rewritten and the model built
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
@@ -144,7 +149,7 @@ def run(
             if progress is not None and runtime.is_main:
                 progress(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
-            _save(checkpoints, step, parts, batcher, labels)
+            _save(checkpoints, step, parts, batcher, {**labels, "run": identity})
         if cfg.validate_every and step % cfg.validate_every == 0:
             from vidforge.train.validation import validate
 
@@ -157,7 +162,7 @@ def run(
             )
 
     if step > start_step and (step % cfg.save_every and step != cfg.steps):
-        _save(checkpoints, step, parts, batcher, labels)
+        _save(checkpoints, step, parts, batcher, {**labels, "run": identity})
     checkpoints.wait()
     export_dir = None
     if step > 0:
@@ -213,9 +218,9 @@ def rank_batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Pat
 
 
 def _save(
-    checkpoints: CheckpointManager, step: int, parts: TrainParts, batcher: Any, labels: dict[str, Any]
+    checkpoints: CheckpointManager, step: int, parts: TrainParts, batcher: Any, extra: dict[str, Any]
 ) -> None:
-    state = {"loader": batcher.state_dict(), **labels}
+    state = {"loader": batcher.state_dict(), **extra}
     checkpoints.save(step, parts.modules, parts.optimizers, parts.ema, state)
 
 
