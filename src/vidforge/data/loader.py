@@ -27,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from vidforge.data.blending import Blender, Ref, SourceStream
 from vidforge.data.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, read_media
 from vidforge.data.paths import UnsafePath
@@ -89,6 +91,38 @@ class GroupComm:
         return box[0]
 
 
+def _latent_channels(index: ShardIndex) -> int | None:
+    tokenizer = index.meta.get("tokenizer")
+    channels = tokenizer.get("latent_channels") if isinstance(tokenizer, dict) else None
+    return channels if isinstance(channels, int) and not isinstance(channels, bool) else None
+
+
+def check_latent(sample: dict[str, Any], channels: int | None) -> None:
+    """SampleError unless a sample's `latent.npy` can be a latent: (C, T, H, W) floats, all finite, with the
+    `channels` of the rest of its source (when its index names them). One bad sample is then skipped like
+    a bad shard (`data.on_error`), rather than ending the run as a raw error, a MemoryError, a diverged
+    loss blamed on the learning rate, or advice to change model.in_channels to fit it."""
+    latent = sample.get("latent.npy")
+    if latent is None:
+        return
+    name = f"{sample['__key__']}.latent.npy"
+    if not isinstance(latent, np.ndarray) or latent.ndim != 4:
+        raise SampleError(f"{name}: shape {getattr(latent, 'shape', '?')} is not (C, T, H, W)")
+    if latent.dtype.kind != "f":
+        raise SampleError(f"{name}: {latent.dtype} values, not floats")
+    if channels is not None and latent.shape[0] != channels:
+        raise SampleError(f"{name}: {latent.shape[0]} channels where its index's tokenizer gives {channels}")
+    for ext in ("latent.npy", "text_emb.npy"):
+        values = sample.get(ext)
+        if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+            bad = values.size - int(np.count_nonzero(np.isfinite(values)))
+            if bad:
+                raise SampleError(
+                    f"{sample['__key__']}.{ext}: {bad} of {values.size} values are NaN or infinite (the data, "
+                    "not the learning rate)"
+                )
+
+
 class ShardLoader:
     """See the module docstring. `sources` are shard directories, or (directory, weight) pairs."""
 
@@ -132,6 +166,8 @@ class ShardLoader:
             )
         self.blender = Blender(streams, [w for _, w in pairs], seed=seed, dp_rank=dp_rank)
         self.on_error, self.verify, self.group, self.decode_media = on_error, verify, group, decode_media
+        # Each source's latent channels as its index says (the tokenizer that wrote it), when it says.
+        self._channels = [_latent_channels(ix) for ix in self.indexes]
         self.pending: list[tuple[Ref, dict | None]] = []  # fetched (group exchange) but not yet returned
         self._tables: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._checked: set[tuple[int, int]] = set()
@@ -231,6 +267,7 @@ class ShardLoader:
                         sample["frames"] = read_media(sample[media[0]], kind)
                     except MediaError as err:
                         raise SampleError(f"{sample['__key__']}.{media[0]}: {err}") from None
+            check_latent(sample, self._channels[source])
         except (SampleError, ShardError, OSError) as err:
             self._fail(f"{path.name}: {err}", "sample")
             return None
