@@ -12,6 +12,7 @@ key cut out of what is recorded."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.client
 import json
@@ -25,6 +26,7 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+from urllib.parse import quote, quote_plus
 
 from vidforge.errors import UserInputError
 
@@ -47,6 +49,7 @@ class ChatClient:
         self.settings, self.field = settings, field
         self._sleep = sleep
         self._headers: dict[str, str] | None = None
+        self._secrets: list[str] = []
         self.url = settings.url.rstrip("/") + "/chat/completions"
 
     def setup(self) -> None:
@@ -56,10 +59,13 @@ class ChatClient:
             )
         headers = {"Content-Type": "application/json"}
         env = self.settings.api_key_env
+        if env:
+            check_key_variable(env, f"{self.field}.api_key_env")
         key = os.environ.get(env, "") if env else ""
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._headers = headers
+        self._secrets = encoded_forms(key) if key else []
         log.info(
             "%s: %s model %s (API key %s)",
             self.field,
@@ -76,8 +82,9 @@ class ChatClient:
         self._headers = None
 
     def _redact(self, text: str) -> str:
-        key = (self._headers or {}).get("Authorization", "")[len("Bearer ") :]
-        return text.replace(key, "[redacted]") if key else text
+        for form in self._secrets:
+            text = text.replace(form, "[redacted]")
+        return text
 
     def _post(self, data: bytes) -> tuple[int, bytes]:
         req = urllib.request.Request(self.url, data=data, headers=self._headers or {}, method="POST")
@@ -161,6 +168,40 @@ class ChatClient:
             except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 raise EndpointError(f"not a chat-completions answer: {text[:200]}") from None
         raise EndpointError(f"{last} ({attempts} attempt{'s' if attempts > 1 else ''})")
+
+
+# Besides these names, a profile may send only variables named for vidforge: a profile is shared, and one
+# naming HOME, AWS_SECRET_ACCESS_KEY or OPENAI_API_KEY beside its own URL would send that secret there.
+KEY_PREFIX = "VIDFORGE_"
+ALLOW_ENV = "VIDFORGE_API_KEY_ENVS"
+
+
+def check_key_variable(name: str, field: str) -> None:
+    """UserInputError unless the environment variable `name` may be sent as an API key: it starts with
+    VIDFORGE_, or the user listed it (comma-separated) in $VIDFORGE_API_KEY_ENVS, which no profile sets."""
+    allowed = {n.strip() for n in os.environ.get(ALLOW_ENV, "").split(",") if n.strip()}
+    if name in allowed or (name.startswith(KEY_PREFIX) and name != ALLOW_ENV):
+        return
+    raise UserInputError(
+        f"{field}: {name} is not a {KEY_PREFIX}* variable, and a profile sends only keys named for vidforge; "
+        f"put the key in one (VIDFORGE_CAPTION_API_KEY by default) and name that, or add {name} to "
+        f"${ALLOW_ENV} if it is meant for this endpoint"
+    )
+
+
+def encoded_forms(key: str) -> list[str]:
+    """`key` as an error body may carry it: as is, percent-encoded, hex, and base64 (standard and URL-safe,
+    at each of the three byte alignments it can have inside a longer encoded text: the characters that
+    depend on the key's bytes alone). Longest first, so a longer form is cut before a shorter one."""
+    raw = key.encode("utf-8")
+    forms = {key, quote(key, safe=""), quote_plus(key), raw.hex(), raw.hex().upper()}
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw + b"\0\0").decode("ascii")
+        first = -(-8 * offset // 6)  # the first character whose bits are all the key's
+        last = (8 * (offset + len(raw))) // 6  # one past the last
+        core = encoded[first:last]
+        forms |= {core, core.replace("+", "-").replace("/", "_")}
+    return sorted((f for f in forms if len(f) >= 8), key=len, reverse=True)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -51,7 +51,8 @@ class ChatEndpoint(Section):
     """Model name sent in each request (the name the server serves)."""
     api_key_env: str | None = "VIDFORGE_CAPTION_API_KEY"
     """Environment variable holding the API key, sent as a Bearer token; unset or empty sends none.
-    The key itself never appears in profiles, logs or outputs."""
+    The key itself never appears in profiles, logs or outputs. It must be a VIDFORGE_* variable or one
+    listed in $VIDFORGE_API_KEY_ENVS (a shared profile cannot send HOME or a cloud token to its URL)."""
     max_tokens: int = Field(256, ge=1)
     """Longest answer the server may generate."""
     temperature: float = Field(0.0, ge=0.0)
