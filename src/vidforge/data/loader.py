@@ -178,6 +178,13 @@ class ShardLoader:
         self._misses = 0
         self._max_misses = max(1, sum(s.samples for shards in self.shards for s in shards))
 
+    @property
+    def mean_sample_bytes(self) -> float:
+        """A sample's size in its shards on average, by the indexes (what a decoded sample holds, roughly:
+        latents are stored as raw .npy)."""
+        shards = [s for source in self.shards for s in source]
+        return sum(s.bytes for s in shards) / max(1, sum(s.samples for s in shards))
+
     @classmethod
     def from_profile(
         cls,

@@ -23,6 +23,7 @@ from vidforge.data.blending import DataParallelSizeChanged
 from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
 from vidforge.errors import Terminated, UserInputError
+from vidforge.memory import require_model
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.build import TrainParts, build
@@ -134,6 +135,16 @@ def run(
     )
     if resume and latest is not None:
         checkpoints.check_resume(latest, identity)  # before profile.yaml is rewritten and the model built
+    # A LoRA base is frozen in the compute dtype; a trained weight has fp32 master, gradient, 2 AdamW states
+    # (in host memory under train.fsdp_cpu_offload).
+    require_model(
+        profile.model,
+        2 if cfg.lora is not None else 16,
+        runtime.world,
+        torch.device("cpu") if cfg.fsdp_cpu_offload else runtime.device,
+        "lower model.hidden, model.layers or model.mlp_hidden (or pick a smaller model.preset), or train "
+        "on more ranks",
+    )
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
