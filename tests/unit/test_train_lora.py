@@ -337,3 +337,33 @@ def test_resuming_with_another_lora_rank_or_init_is_refused_naming_it(
         f"passes --init {other.resolve()}; pass the run's --init again, or a new --run-dir"
     )
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002", "step_00000004"]
+
+
+def test_the_exported_adapter_file_is_the_same_bytes_every_time(lora_run, tmp_path) -> None:
+    """Issue 38, point 10: safetensors writes its metadata from a Rust HashMap, whose order changes from
+    run to run: two identical runs exported different bytes. The header is written with sorted keys."""
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    from vidforge.profile.train import Lora
+    from vidforge.train.lora import WEIGHTS, save_adapter
+
+    weights = {
+        k.replace("transformer.", "", 1)
+        .replace(".lora_A.", ".lora_A.default.")
+        .replace(".lora_B.", ".lora_B.default."): v
+        for k, v in load_file(lora_run / "export" / WEIGHTS).items()
+    }
+    profile = train_profile(*WAN, *RUN)
+    files = [
+        save_adapter(tmp_path / str(i), weights, profile.model, profile.train.lora or Lora(), 4, None)
+        / WEIGHTS
+        for i in range(8)
+    ]
+    first = files[0].read_bytes()
+    assert all(f.read_bytes() == first for f in files[1:])
+    n = int.from_bytes(first[:8], "little")
+    header = _json.loads(first[8 : 8 + n])
+    assert list(header) == sorted(header) and list(header["__metadata__"]) == sorted(header["__metadata__"])
+    assert load_file(files[0]).keys() == load_file(lora_run / "export" / WEIGHTS).keys()
