@@ -257,3 +257,39 @@ def test_a_planted_output_subfolder_link_is_refused_by_every_stage_alike(
         f"error: {folder / name} is a symbolic link (a stage keeps to its own folders); remove it and run again"
     ]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_infer_refuses_an_output_folder_another_run_writes(tmp_path):
+    """Issue 38, point 10: two `infer` runs on one -o both finished, and samples.jsonl kept the last's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from train_fixtures import TRAIN_SETS, train_profile
+
+    from vidforge.models import build_model, save_model
+
+    export = save_model(build_model(train_profile().model), tmp_path / "export")
+    out = tmp_path / "out"
+    proc = _holder(out)
+    try:
+        args = [
+            "infer",
+            "-c",
+            str(export),
+            "--profile",
+            "local_cpu",
+            "--prompt",
+            "a red square",
+            "-o",
+            str(out),
+        ]
+        for s in TRAIN_SETS:
+            args += ["--set", s]
+        result = CliRunner().invoke(app, args)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {out}: vidforge pid {proc.pid} is writing this folder; wait for it to finish or pass "
+        "another output folder"
+    )
+    assert not (out / "samples.jsonl").exists()

@@ -91,9 +91,16 @@ def read_clip_manifest(clips_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise UserInputError(f"{clips_dir}: no {MANIFEST}; give the output folder of `vidforge clip`")
     try:
-        return read_jsonl(path)
+        records = read_jsonl(path)
     except ValueError as err:
         raise UserInputError(str(err)) from None
+    for number, record in enumerate(records, 1):  # blank lines are skipped: a count, not a line number
+        if not isinstance(record, dict):
+            raise UserInputError(
+                f"{path}: record {number} is a JSON {type(record).__name__}, not an object; each line of a "
+                'clip manifest is one clip\'s record ({"clip_id": ..., "media": ...})'
+            )
+    return records
 
 
 def run(

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vidforge.data.folder_lock import FolderLock
 from vidforge.data.manifest import write_jsonl
 from vidforge.errors import UserInputError
 from vidforge.infer.sampling import sample_latents
@@ -389,6 +390,8 @@ def run(
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
     check_memory(prof, latent_shape, len(prompts), runtime.device, world)
+    # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
+    lock = FolderLock(out) if rank == 0 else None
     encoder = build_text_encoder(prof)
     if export is not None:
         model = load_model(export, device=device).eval()
@@ -473,4 +476,6 @@ def run(
         note += f", step {settings['checkpoint_step']}"
     contact_sheet(sheet, videos, labels, note=note)
     write_jsonl(out / "samples.jsonl", records)
+    if lock is not None:
+        lock.release()
     return InferResult([str(out / r["video"]) for r in records], str(sheet), seconds, seconds / len(records))
