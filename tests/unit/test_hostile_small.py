@@ -43,3 +43,38 @@ def test_a_clip_manifest_line_that_is_not_a_record_is_one_line(tmp_path) -> None
     assert str(err.value).startswith(
         f"{tmp_path / 'manifest.jsonl'}: record 2 is a JSON list, not an object; "
     )
+
+
+class _Planted:
+    """Unpickling this runs `touch <marker>`: a weights file that carries code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_weights_file_carrying_code_is_one_line_naming_the_field_and_runs_nothing(tmp_path) -> None:
+    """A refused weight file showed torch's page of advice, ending with "retry with weights_only=False"
+    (which would run the code), and named no profile field."""
+    import torch
+
+    from vidforge.curate.aesthetic import load_head
+
+    marker = tmp_path / "ran"
+    path = tmp_path / "head.pth"
+    torch.save({"layers.0.weight": _Planted(marker)}, path)
+    with pytest.raises(UserInputError) as err:
+        load_head(str(path))
+    message = str(err.value)
+    assert message.startswith(f"curation.caption.aesthetic.head: {path} holds more than weights (")
+    assert "weights_only=False" not in message and "\n" not in message
+    assert not marker.exists()
+    (tmp_path / "junk.pth").write_bytes(b"not a torch file")
+    with pytest.raises(
+        UserInputError, match="^curation.caption.aesthetic.head: .*junk.pth is not a torch weights file"
+    ):
+        load_head(str(tmp_path / "junk.pth"))
