@@ -100,7 +100,7 @@ def load(run_dir: Path, out: Path) -> Page:
     errors = run_dir / "errors.jsonl"
     if errors.is_file() and errors.stat().st_size:
         page.summary.append(("errors", f"{len(read_jsonl(errors))} (errors.jsonl)"))
-    # The thresholds the run used (recorded in summary.json since `vidforge review` exists).
+    # The thresholds the run decided by and its panels' titles, as its summary.json records them.
     limits = summary.get("thresholds") or {}
     if not limits:
         page.notes.append("summary.json records no thresholds (a run from before they were recorded)")
