@@ -1,11 +1,11 @@
 """Fail-fast checks of `vidforge caption`'s inputs, run before any model loads (diffusers' `check_inputs`).
 
-They check what the user gave, reading files only (no torch, open-clip or EasyOCR import: those take
-5-15 s on a small machine, and loading ViT-L-14 another 30 s), so a wrong profile is refused in about a
-second: weights files and `local-dir:` folders exist (a `local-dir:` CoCa is a CoCa), shapes read from
-file headers agree, the endpoint URLs, the sidecar captions (the CSV, or the JSON next to the source
-videos), and each enabled filter's own `check` (`curate.filters`). Each failure is a `UserInputError`
-naming the setting to change.
+They check what the user gave, reading files only (no open-clip or EasyOCR import, and torch only to
+read a `.pth` file's shapes with its safe loader: those imports take 5-15 s on a small machine, and
+loading ViT-L-14 another 30 s), so a wrong profile is refused in about a second: weights files and
+`local-dir:` folders exist (a `local-dir:` CoCa is a CoCa), shapes read from file headers agree, the
+endpoint URLs, the sidecar captions (the CSV, or the JSON next to the source videos), and each enabled
+filter's own `check` (`curate.filters`). Each failure is a `UserInputError` naming the setting to change.
 
 What only the libraries know (an open-clip model name, the EasyOCR files a language needs, a corrupt
 checkpoint, no CUDA) is refused by each model's own `setup`, once, before any clip is annotated."""

@@ -178,8 +178,8 @@ def open_clip_config(model: str, checkpoint: str | None, random_weights: bool, f
 
 def tensor_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     """{key: shape} of the state dict in a weights file, from its header: a `.safetensors` file's JSON
-    header, else `torch.load(weights_only=True, mmap=True)` (torch's safe loader; the tensor data is
-    mapped, not read). UserInputError-free: a file neither reads raises what the loader raised."""
+    header, else `torch.load(weights_only=True, mmap=True)` (torch's safe loader: no code runs, and the
+    tensor data is mapped, not read). A file that does not read raises what its reader raised."""
     if file.suffix == ".safetensors":
         with open(file, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
