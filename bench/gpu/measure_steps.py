@@ -163,8 +163,8 @@ def correctness(ctx: Context, work: Path) -> Iterator[Row]:
     a crash) get a row saying so."""
     s = ctx.shapes
     records = work / "tests.jsonl"
-    log = work / "pytest.log"
-    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+    log = (ctx.out or work) / "pytest.log"  # the failures' tracebacks: brought back beside the table
+    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider"]
     cmd += ["-p", "pytest_rows", f"--timeout={s.test_timeout_s}"]
     if s.test_workers > 1:
         cmd += ["-n", str(s.test_workers)]
