@@ -172,9 +172,9 @@ def correctness(ctx: Context, work: Path) -> Iterator[Row]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     limit = ctx.time_left(1800)
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # its own process group (not session: the device kills a command's leftover processes by
+        # session), so that the deadline can stop pytest with its workers and the runs they started
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
     collected: list[str] = []
     finished: set[str] = set()
     read = 0
@@ -183,7 +183,7 @@ def correctness(ctx: Context, work: Path) -> Iterator[Row]:
     while True:
         done = proc.poll() is not None
         if records.exists():
-            lines = records.read_text().splitlines()
+            lines = records.read_text().split("\n")[:-1]  # whole lines only: the plugin may be mid-write
             for line in lines[read:]:
                 record = json.loads(line)
                 if "collected" in record:
