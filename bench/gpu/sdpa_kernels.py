@@ -75,7 +75,9 @@ def sdpa_calls(events) -> list[dict]:
             "count": count,
             "kernels": [name for name, _ in kernels[(impl, phase, op, query, key, bias)].most_common(3)],
         }
-        for (impl, phase, op, query, key, bias), count in sorted(groups.items(), key=lambda g: g[0][:2])
+        for (impl, phase, op, query, key, bias), count in sorted(
+            groups.items(), key=lambda g: (g[0][1] != "forward", g[0][0], g[0][3], g[0][4])
+        )
     ]
 
 

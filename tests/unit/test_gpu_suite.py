@@ -130,29 +130,30 @@ def test_rows_plugin_writes_each_test_once_as_it_finishes_under_xdist(tmp_path):
     assert outcomes["test_sample.py::test_setup_error"] == ("error", "RuntimeError: setup broke")
 
 
-def test_sdpa_calls_name_the_implementation_of_each_attention_call():
-    """The profiler's SDPA ops, grouped per (implementation, phase, shapes): as many as were made."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.profiler import ProfilerActivity, profile
-
-    q = torch.randn(1, 2, 16, 8, requires_grad=True)
-    kv = torch.randn(1, 2, 4, 8, requires_grad=True)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(3):
-            F.scaled_dot_product_attention(q, kv, kv).sum().backward()
-        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
-            F.scaled_dot_product_attention(q, q, q)
+def test_sdpa_kernels_names_the_implementation_of_each_attention_call_of_the_step(capsys):
+    """bench/gpu/sdpa_kernels.py on the CPU (its GPU path differs only in the profiler's CUDA activity):
+    a 2-block wan model's train step with full recompute makes 2 x (self + cross) attention calls a
+    forward, each forward twice (the recompute), each backward once; the cross-attention's keys are the
+    4 caption tokens. The CPU's SDPA picks its own flash kernel for every one."""
+    sets = ["cluster.accelerator=cpu", "cluster.gpus_per_node=1", "model.preset=wan2.1-1.3b"]
+    sets += ["diffusion.objective=flow", "model.layers=2", "model.hidden=64", "model.heads=4"]
+    sets += ["model.mlp_hidden=128", "model.text_dim=32", "bench.latent_frames=2", "bench.latent_height=4"]
+    sets += ["bench.latent_width=4", "bench.text_tokens=4", "train.activation_checkpointing=full"]
+    sets += ["train.precision=fp32"]
+    sdpa_kernels.main(["--profile", "dit1b_1xh200", *[a for s in sets for a in ("--set", s)]])
+    report = json.loads(capsys.readouterr().out)
     calls = {
-        (c["implementation"], c["phase"], tuple(c["query"]), tuple(c["key"])): c["count"]
-        for c in sdpa_kernels.sdpa_calls(prof.events())
+        (c["phase"], c["implementation"], tuple(c["query"]), tuple(c["key"])): c["count"]
+        for c in report["calls"]
     }
+    video, text = (1, 4, 8, 16), (1, 4, 4, 16)  # 2 x 4 x 4 latents in 1x2x2 patches: 8 tokens, 4 heads
     assert calls == {
-        ("flash (CPU)", "forward", (1, 2, 16, 8), (1, 2, 4, 8)): 3,
-        ("flash (CPU)", "backward", (1, 2, 16, 8), (1, 2, 4, 8)): 3,
-        ("math", "forward", (1, 2, 16, 8), (1, 2, 16, 8)): 1,
+        ("forward", "flash (CPU)", video, video): 4,
+        ("forward", "flash (CPU)", video, text): 4,
+        ("backward", "flash (CPU)", video, video): 2,
+        ("backward", "flash (CPU)", video, text): 2,
     }
+    assert report["sdpa_backend"] == "auto" and all(not c["bias"] for c in report["calls"])
 
 
 def _needs_carrying() -> set[str]:
