@@ -7,6 +7,7 @@ the time left before the context's deadline."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -166,7 +167,7 @@ def correctness(ctx: Context, work: Path) -> Iterator[Row]:
     log = (ctx.out or work) / "pytest.log"  # the failures' tracebacks: brought back beside the table
     cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider"]
     cmd += ["-p", "pytest_rows", f"--timeout={s.test_timeout_s}"]
-    if s.test_workers > 1:
+    if s.test_workers > 1 and importlib.util.find_spec("xdist") is not None:  # else one process
         cmd += ["-n", str(s.test_workers)]
     env = {**ctx.env, "VIDFORGE_GPU_SUITE_ROWS": str(records)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
