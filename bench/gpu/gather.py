@@ -408,6 +408,8 @@ def verify(folder: Path, lock: Path = LOCK) -> Plan:
     if "vidforge" not in found:
         plan.problems.append("vidforge's own wheel is missing (python bench/gpu/gather.py builds it)")
     pins = read_lock(lock)
+    if not pins:
+        plan.problems.append(f"{lock} is missing or empty: python bench/gpu/gather.py --lock writes it")
     by_file = {p.filename: p for p in pins.values()}
     for wheel in (w for name, ws in found.items() if name != "vidforge" for w in ws):
         pin = by_file.get(wheel.name)
