@@ -39,13 +39,7 @@ def test_the_objectives_of_the_profile_are_the_ones_built():
     assert set(OBJECTIVE_NAMES) == set(OBJECTIVES)
 
 
-def _marks(path: str):
-    if path in ("bench", "bench infer"):  # its help is fixed on the branch that owns `bench infer`
-        return pytest.mark.xfail(strict=True, reason="bench infer's help names heun and res only")
-    return ()
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=_marks(p), id=p or "vidforge") for p in COMMANDS])
+@pytest.mark.parametrize("path", [pytest.param(p, id=p or "vidforge") for p in COMMANDS])
 def test_help_names_the_samplers_and_objectives_there_are(path):
     result = runner.invoke(app, [*path.split(), "--help"], terminal_width=300)
     assert result.exit_code == 0, result.output
