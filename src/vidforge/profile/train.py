@@ -65,7 +65,8 @@ class Train(Section):
     fp8: bool = False
     """FP8 matmuls in the linear layers (torchao float8, dynamic tensorwise scaling): CUDA GPUs with compute
     capability >= 8.9 and torchao (the `gpu` extra) only. Layers with a dim not a multiple of 16 and the
-    final layer stay in high precision. Pays off with train.compile=true on large models."""
+    final layer stay in high precision; token counts that are not are padded with zeros for the matmul
+    (exact). Pays off with train.compile=true on large models."""
     fsdp_cpu_offload: bool = False
     """Keep FSDP-sharded parameters and optimizer states in CPU memory."""
     seed: int = 0
