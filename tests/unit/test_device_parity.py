@@ -19,8 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import WAN, train_profile  # noqa: E402
 
-from vidforge.models import build_model  # noqa: E402
-from vidforge.models.cpu_draws import CpuDraws, cpu_draws  # noqa: E402
+from vidforge.models import build_model, count_parameters, model_config  # noqa: E402
+from vidforge.models.cpu_draws import MAX_PARAMETERS, CpuDraws, cpu_draws  # noqa: E402
 
 
 def _built(profile, device: str, redirect: tuple[str, ...] | None) -> tuple[dict, torch.Tensor]:
@@ -51,11 +51,17 @@ def test_the_initial_weights_are_drawn_on_the_cpu_whatever_the_device(family) ->
 
 
 def test_a_gpu_build_redirects_its_draws_and_a_cpu_build_needs_no_redirection() -> None:
+    """Redirected: a GPU build of a model a CPU can train (the tiny ones the GPU suite compares with the
+    CPU); not: a CPU or meta build, nor the 1.3B Wan (seconds of serial CPU draws per build)."""
+    tiny = count_parameters(train_profile().model)
     for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
-        mode = cpu_draws(device)
+        mode = cpu_draws(device, lambda: tiny)
         assert isinstance(mode, CpuDraws) and "cuda" not in mode.passthrough
     for device in ("cpu", "meta", None):
-        assert not isinstance(cpu_draws(device), CpuDraws)
+        assert not isinstance(cpu_draws(device, lambda: tiny), CpuDraws)
+    wan = count_parameters(model_config("wan2.1-1.3b"))
+    assert tiny < MAX_PARAMETERS < wan
+    assert not isinstance(cpu_draws("cuda", lambda: wan), CpuDraws)
 
 
 def test_an_explicit_generator_is_kept() -> None:

@@ -30,12 +30,14 @@ def build_model(
 ) -> DiT | WanTransformer:
     """The network the section describes (the DiT or ST-DiT, or Wan2.1's transformer), initialised. `device="meta"` builds without memory (for
     parallel wrappers that materialise shards later and then call `init_weights`). The initialisation is
-    drawn from torch's CPU generator on every device (`cpu_draws`): a seed gives a GPU the CPU's weights."""
+    drawn from torch's CPU generator on every device (`cpu_draws`): a seed gives a GPU the CPU's weights
+    (for models a CPU can train: up to `cpu_draws.MAX_PARAMETERS`)."""
     if not isinstance(config, Model):
         raise ValueError(
             f"build_model takes the profile's `model` section (vidforge.profile.Model), got {type(config).__name__}"
         )
-    with torch.device(device) if device is not None else nullcontext(), cpu_draws(device):
+    draws = cpu_draws(device, lambda: count_parameters(config))
+    with torch.device(device) if device is not None else nullcontext(), draws:
         model = FAMILIES[config.family](config)
     if dtype is not None:
         model = model.to(dtype)

@@ -50,7 +50,8 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
     if init is not None:  # before any split or sharding: every layout starts from the same weights
         notes.append(init_from(model, init.src, init.allow_partial, init.raw).describe())
     if cfg.lora is not None:  # the frozen base and its adapters are what every layout below is handed
-        with cpu_draws(device):  # the adapters' initialisation, as the model's
+        # the adapters' initialisation, as the model's
+        with cpu_draws(device, lambda: sum(p.numel() for p in model.parameters())):
             notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
     compute_dtype = autocast_dtype(dims, profile)
     pipeline = None
