@@ -14,6 +14,7 @@ from vidforge.models.attention import (
     Attend,
     attention,
     flash_attn_available,
+    say_fallback,
     sdpa_context,
     sdpa_kernels,
 )
@@ -144,7 +145,7 @@ def test_sdpa_kernel_choice_by_device_and_mask():
 def test_sdpa_context_sets_torch_s_kernels_and_says_a_fallback_once(monkeypatch):
     """What torch is told (its enabled kernels and their priority), and the fallback said once."""
     monkeypatch.setattr(importlib.import_module("vidforge.models.attention"), "_said", set())
-    with sdpa_context(HOPPER, "auto", masked=False):
+    with sdpa_context(sdpa_kernels("auto", HOPPER, masked=False)):
         assert torch._C._get_sdp_priority_order()[0] == SDPBackend.CUDNN_ATTENTION.value
         assert torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
     default = torch._C._get_sdp_priority_order()
@@ -152,17 +153,41 @@ def test_sdpa_context_sets_torch_s_kernels_and_says_a_fallback_once(monkeypatch)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         for _ in range(3):
-            with sdpa_context(HOPPER, "flash", masked=True):
+            kernels = sdpa_kernels("flash", HOPPER, masked=True)
+            say_fallback("flash", kernels)
+            with sdpa_context(kernels):
                 assert not torch.backends.cuda.flash_sdp_enabled()
                 assert torch._C._get_sdp_priority_order()[0] == SDPBackend.EFFICIENT_ATTENTION.value
-            with sdpa_context(HOPPER, "flash", masked=False):
+            kernels = sdpa_kernels("flash", HOPPER, masked=False)
+            say_fallback("flash", kernels)
+            with sdpa_context(kernels):
                 assert torch.backends.cuda.flash_sdp_enabled()
                 assert not torch.backends.cuda.mem_efficient_sdp_enabled()
     assert [str(w.message).split(":")[0] for w in said] == ["model.sdpa_backend=flash"]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with sdpa_context(HOPPER, "auto", masked=True), sdpa_context(None, "flash", masked=True):
-            pass  # `auto` has nothing to say, and a CPU has nothing to fall back from
+        warnings.simplefilter("error")  # `auto` has nothing to say, and a CPU nothing to fall back from
+        say_fallback("auto", sdpa_kernels("auto", HOPPER, masked=True))
+        say_fallback("flash", sdpa_kernels("flash", None, masked=True))
+
+
+def test_the_kernel_choice_compiles_without_a_graph_break(monkeypatch):
+    """torch.compile traces the choice, the note and the kernel context whole (dynamo's own counters):
+    the note said from the function that made the context sent the whole frame back to eager."""
+    monkeypatch.setattr(importlib.import_module("vidforge.models.attention"), "_said", set())
+
+    def call(q, sdpa_backend, masked):
+        kernels = sdpa_kernels(sdpa_backend, HOPPER, masked)
+        say_fallback(sdpa_backend, kernels)
+        with sdpa_context(kernels):
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q) * 2
+
+    q = torch.randn(1, 2, 8, 16)
+    for sdpa_backend, masked in [("auto", False), ("auto", True), ("flash", True), ("flash", False)]:
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            explained = torch._dynamo.explain(call)(q, sdpa_backend, masked)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), (sdpa_backend, masked)
 
 
 def test_packed_sdpa_gradients_match_dense():

@@ -143,14 +143,10 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return props.major, props.minor
 
 
-def sdpa_context(capability: tuple[int, int] | None, sdpa_backend: str, masked: bool):
-    """The context one SDPA call runs in: `sdpa_kernels`' choice, with the fallback said once per
-    forced kernel."""
-    kernels = sdpa_kernels(sdpa_backend, capability, masked)
-    if kernels is None:
-        return nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+def say_fallback(sdpa_backend: str, kernels: tuple[str, ...] | None) -> None:
+    """Say once per forced kernel that masked calls run elsewhere (`sdpa_kernels` gave `MASKED` for a
+    kernel that takes no mask). Called before the kernel context is made: torch.compile traces it whole
+    that way (saying it from the function that makes the context defeats dynamo's sdpa_kernel support)."""
     if kernels == MASKED and sdpa_backend not in ("auto", *TAKES_MASK) and sdpa_backend not in _said:
         _said.add(sdpa_backend)
         warnings.warn(
@@ -158,6 +154,15 @@ def sdpa_context(capability: tuple[int, int] | None, sdpa_backend: str, masked: 
             f"(captions padded to one length) run on {' / '.join(MASKED)} instead",
             stacklevel=4,
         )
+
+
+def sdpa_context(kernels: tuple[str, ...] | None):
+    """Torch's SDPA kernel selection for `sdpa_kernels`' answer: those kernels enabled, in that priority
+    (None: torch's own)."""
+    if kernels is None:
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     by_name = {
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "flash": SDPBackend.FLASH_ATTENTION,
@@ -175,7 +180,9 @@ def _sdpa_bshd(q, k, v, attn_mask=None):
 
 
 def _sdpa(q, k, v, mask, sdpa_backend):
-    with sdpa_context(_capability(q.device), sdpa_backend, masked=isinstance(mask, KeyPadding)):
+    kernels = sdpa_kernels(sdpa_backend, _capability(q.device), masked=isinstance(mask, KeyPadding))
+    say_fallback(sdpa_backend, kernels)
+    with sdpa_context(kernels):
         if mask is None:
             return _sdpa_bshd(q, k, v)
         if isinstance(mask, KeyPadding):
