@@ -139,7 +139,7 @@ def sdpa_kernels(
 def _capability(device: torch.device) -> tuple[int, int] | None:
     if device.type != "cuda":
         return None
-    props = torch.cuda.get_device_properties(device)  # constant to torch.compile (no graph break)
+    props = torch.cuda.get_device_properties(device)  # dynamo constant-folds this call
     return props.major, props.minor
 
 
