@@ -4,7 +4,7 @@ saying where it stopped and how to go on; `--resume` then gives the losses of a 
 to die at once with 143, no message and no checkpoint: up to `save_every` steps lost.
 
 By default the CLI in this process, signalled once it has logged two steps, and its resume (16 s on a
-loaded 2-core machine). With the other opt-in kill tests (VIDFORGE_TEST_KILL_RESUME=1, 30-90 s each on a
+loaded 2-core machine). With the other opt-in kill tests (VIDFORGE_TEST_KILL_RESUME=1, 35 s and 95 s on a
 loaded 2-core machine): a real `vidforge train` process, its losses against a run never stopped, and the
 same through `--nproc 2` (the parent signalled, as `kill -TERM` of the job does; it passes the signal on
 to its ranks, which agree on one step to stop at)."""
