@@ -89,6 +89,19 @@ class GroupComm:
         return box[0]
 
 
+def check_text_width(indexes: Sequence[ShardIndex], text_dim: int) -> None:
+    """The text embeddings the shards hold are as wide as the model's text input: a mismatch would fail
+    inside the first forward (under pp x cp, as hundreds of lines from the pipeline schedule), so say it
+    in one line at load, from the width each index.json records for its text encoder."""
+    for ix in indexes:
+        width = (ix.meta.get("text_encoder") or {}).get("width")
+        if width is not None and width != text_dim:
+            raise UserInputError(
+                f"model.text_dim: {ix.root} holds {width}-wide text embeddings (its index.json's text_encoder), "
+                f"the model takes {text_dim}; set --set model.text_dim={width} or re-tokenize with that encoder"
+            )
+
+
 class ShardLoader:
     """See the module docstring. `sources` are shard directories, or (directory, weight) pairs."""
 
@@ -156,7 +169,7 @@ class ShardLoader:
     ) -> ShardLoader:
         cfg = profile.data
         sources: list[Any] = [(s.path, s.weight) for s in cfg.sources] or [(p, 1.0) for p in paths]
-        return cls(
+        loader = cls(
             sources,
             split=split,
             seed=cfg.seed,
@@ -170,6 +183,8 @@ class ShardLoader:
             decode_media=decode_media,
             store=StoreSettings.from_profile(cfg),
         )
+        check_text_width(loader.indexes, profile.model.text_dim)
+        return loader
 
     # --- fetching ---------------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.tokens.masks import KeyPadding, Segments
 from vidforge.tokens.shard import ContextShard
 
@@ -72,7 +73,7 @@ def attention(
         return _flex(q, k, v, mask)
     if backend == "flash":
         return _flash(q, k, v, mask)
-    raise ValueError(f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    raise UserInputError(f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
 
 class Attend(nn.Module):
@@ -82,11 +83,11 @@ class Attend(nn.Module):
     def __init__(self, backend: str = "sdpa", sdpa_backend: str = "auto") -> None:
         super().__init__()
         if backend not in BACKENDS:
-            raise ValueError(
+            raise UserInputError(
                 f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}"
             )
         if sdpa_backend not in SDPA_BACKENDS:
-            raise ValueError(
+            raise UserInputError(
                 f"model.sdpa_backend: unknown {sdpa_backend!r}; use one of {', '.join(SDPA_BACKENDS)}"
             )
         self.backend = backend
@@ -205,7 +206,7 @@ def _flex(q, k, v, mask):
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError as err:  # pragma: no cover - torch >= 2.5 has it
-        raise ValueError("model.attention=flex needs torch >= 2.5; use sdpa") from err
+        raise UserInputError("model.attention=flex needs torch >= 2.5; use sdpa") from err
     block_mask = _flex_block_mask(mask, q.shape[0], q.shape[1], k.shape[1], q.device)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if q.device.type == "cuda":
@@ -233,11 +234,11 @@ def _flash(q, k, v, mask):
     try:
         from flash_attn import flash_attn_func, flash_attn_varlen_func
     except ImportError as err:
-        raise ValueError(
+        raise UserInputError(
             "model.attention=flash needs the flash-attn package (pip install 'vidforge[gpu]'); use sdpa"
         ) from err
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(
+        raise UserInputError(
             f"model.attention=flash runs on CUDA in fp16/bf16, got {q.device.type} {q.dtype}; use autocast or sdpa"
         )
     if mask is None:

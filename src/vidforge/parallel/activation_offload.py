@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
 
+from vidforge.errors import UserInputError
 from vidforge.parallel.activation_checkpoint import checkpointed_indices, spread
 
 
@@ -146,7 +147,7 @@ def apply_activation_offload(
     """Wrap the blocks `offloaded_indices` chooses (given the checkpointing `mode` and `ratio`) in place;
     returns their positions."""
     if not 0 <= offload <= 1:
-        raise ValueError(f"train.activation_offload: a fraction of the blocks in [0, 1], got {offload}")
+        raise UserInputError(f"train.activation_offload: a fraction of the blocks in [0, 1], got {offload}")
     keys = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else list(range(len(blocks)))
     chosen = offloaded_indices(len(keys), mode, ratio, offload)
     offloader = HostOffloader()
