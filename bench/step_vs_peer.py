@@ -13,7 +13,7 @@ What it prints, each vidforge / peer:
   fastest round of each is the figure, the median beside it);
 - per part (model = forward + backward, loss = draws + reduction, optimizer = AdamW + zero_grad, clip, EMA,
   the rest = the step less its parts: syncs, bookkeeping): CPU time from one profiled round per step and
-  the number of aten ops launched (each is at least one kernel on a GPU);
+  the number of aten ops that do work on data (each at least one kernel on a GPU; views are not counted);
 - the bytes autograd saves in one forward (activation memory), by `vidforge.bench.measure.saved_activations`.
 """
 
@@ -61,7 +61,7 @@ PARTS = {  # part -> the profiler ranges it adds up, vidforge's and the peer's
 class PeerStep:
     """diffusers' Wan with vidforge's weights, stepped as bench/gpu/peer_wan.py steps it."""
 
-    def __init__(self, ours: torch.nn.Module, cfg, precision: str) -> None:
+    def __init__(self, ours: torch.nn.Module, cfg, precision: str, fused: bool) -> None:
         from diffusers import WanTransformer3DModel
 
         self.model = WanTransformer3DModel(
@@ -80,7 +80,8 @@ class PeerStep:
         )
         self.model.load_state_dict(ours.state_dict(), strict=True)  # the same names: the same weights
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        # peer_wan.py's loop: fused AdamW on CUDA, torch's default elsewhere (unless told otherwise)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=fused or None)
         self.autocast = precision == "bf16"
 
     def inputs(self, latent: tuple[int, int, int], text_tokens: int, channels: int, text_dim: int) -> None:
@@ -107,21 +108,34 @@ class PeerStep:
             self.optimizer.zero_grad(set_to_none=True)
 
 
-def interleaved(a, b, rounds: int) -> tuple[list[float], list[float]]:
-    """Seconds of `a()` and `b()`, one call each per round, the order alternating."""
+def interleaved(a, b, rounds: int, clock=time.perf_counter) -> tuple[list[float], list[float]]:
+    """Seconds of `a()` and `b()` by `clock`, one call each per round, the order alternating."""
     times: tuple[list[float], list[float]] = ([], [])
     for r in range(rounds):
         order = ((0, a), (1, b)) if r % 2 == 0 else ((1, b), (0, a))
         for i, fn in order:
-            started = time.perf_counter()
+            started = clock()
             fn()
-            times[i].append(time.perf_counter() - started)
+            times[i].append(clock() - started)
     return times
+
+
+def launches_work(name: str) -> bool:
+    """Whether an aten op does work on the data (a kernel on a GPU), rather than make a view of it or
+    detach it: ops whose every result aliases an input (view, transpose, select, detach ...) do not."""
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None)
+    if packet is None:
+        return True
+    schemas = [getattr(packet, o)._schema for o in packet.overloads()]
+    return not all(
+        s.returns and all(r.alias_info is not None and not r.alias_info.is_write for r in s.returns)
+        for s in schemas
+    )
 
 
 def profiled_parts(fn, steps: int) -> tuple[dict[str, float], dict[str, int], float]:
     """Per profiler range over `steps` calls: CPU seconds and top-level aten ops (an op counts once, not
-    with the ops it calls); and the seconds of the whole calls."""
+    with the ops it calls, views and detaches not counted); and the seconds of the whole calls."""
     seconds: dict[str, float] = defaultdict(float)
     ops: dict[str, int] = defaultdict(int)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -133,7 +147,7 @@ def profiled_parts(fn, steps: int) -> tuple[dict[str, float], dict[str, int], fl
     for event in prof.events():
         if event.name.startswith(("step.", "peer.")):
             seconds[event.name] += event.cpu_time_total / 1e6
-        if not event.name.startswith("aten::"):
+        if not event.name.startswith("aten::") or not launches_work(event.name):
             continue
         parent, label, nested = event.cpu_parent, "rest", False
         while parent is not None:
@@ -160,19 +174,33 @@ def saved_bytes(model: torch.nn.Module, forward) -> int:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--packing", action="store_true", help="vidforge packs the clip in one row (the GPU suite's)")
+    ap.add_argument(
+        "--packing", action="store_true", help="vidforge packs the clip in one row (the GPU suite's)"
+    )
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument(
+        "--peer-fused",
+        action="store_true",
+        help="the peer's AdamW fused too (vidforge's is wherever torch has the kernel; on the GPU both are)",
+    )
     ap.add_argument("--set", action="append", default=[], help="more profile overrides for vidforge's side")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared machine one thread's CPU time is the steadiest figure)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
+    torch.set_num_threads(args.threads)
     sets = {**PROXY, "train.precision": args.precision, "data.packing": args.packing}
     profile_ = load_profile("dit1b_1xh200", [f"{k}={v}" for k, v in sets.items()] + args.set)
     torch.manual_seed(0)
     ours = BenchStep(profile_)
     model = ours.parts.modules[0]
     cfg = profile_.model
-    peer = PeerStep(model, cfg, args.precision)
+    peer = PeerStep(model, cfg, args.precision, args.peer_fused)
     latent = (profile_.bench.latent_frames, profile_.bench.latent_height, profile_.bench.latent_width)
     peer.inputs(latent, profile_.bench.text_tokens, cfg.in_channels, cfg.text_dim)
 
@@ -180,6 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         ours()
         peer()
     t_ours, t_peer = interleaved(ours, peer, args.rounds)
+    cpu_ours, cpu_peer = interleaved(ours, peer, args.rounds, time.process_time)
     parts_ours = profiled_parts(ours, 3)
     parts_peer = profiled_parts(peer, 3)
 
@@ -198,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
         "step_median_s": {"vidforge": statistics.median(t_ours), "peer": statistics.median(t_peer)},
         "ratio_fastest": min(t_ours) / min(t_peer),
         "ratio_median": statistics.median(t_ours) / statistics.median(t_peer),
+        "cpu_s": {"vidforge": min(cpu_ours), "peer": min(cpu_peer)},
+        "ratio_cpu": min(cpu_ours) / min(cpu_peer),
         "saved_bytes": {"vidforge": saved[0], "peer": saved[1]},
         "parts": {},
     }
@@ -217,11 +248,15 @@ def main(argv: list[str] | None = None) -> dict:
     result["ops_total"] = (sum(ops_o.values()), sum(ops_p.values()))
 
     print(
-        f"whole step ({args.precision}, packing={args.packing}, {args.rounds} interleaved rounds): vidforge "
+        f"whole step ({args.precision}, packing={args.packing}, peer AdamW fused={args.peer_fused}, "
+        f"{args.threads} thread(s), {args.rounds} interleaved rounds): vidforge "
         f"{result['step_s']['vidforge']:.4f} s, peer {result['step_s']['peer']:.4f} s (fastest), ratio "
-        f"{result['ratio_fastest']:.3f} (median {result['ratio_median']:.3f})"
+        f"{result['ratio_fastest']:.3f} (median {result['ratio_median']:.3f}); CPU time (fastest) "
+        f"{result['cpu_s']['vidforge']:.4f} s vs {result['cpu_s']['peer']:.4f} s, ratio {result['ratio_cpu']:.3f}"
     )
-    print(f"{'part':<10} {'vidforge s':>11} {'peer s':>9} {'vidforge ops':>13} {'peer ops':>9}  (one profiled step)")
+    print(
+        f"{'part':<10} {'vidforge s':>11} {'peer s':>9} {'vidforge ops':>13} {'peer ops':>9}  (one profiled step)"
+    )
     for part, row in result["parts"].items():
         print(f"{part:<10} {row['s'][0]:>11.4f} {row['s'][1]:>9.4f} {row['ops'][0]:>13} {row['ops'][1]:>9}")
     print(f"{'all ops':<10} {'':>11} {'':>9} {result['ops_total'][0]:>13} {result['ops_total'][1]:>9}")
