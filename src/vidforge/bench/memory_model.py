@@ -17,7 +17,8 @@ Activations follow what autograd saves in vidforge's blocks (counted op by op wi
       3 x d     the query projection before and after RMSNorm (2 in float32 under bf16), its output
       2 x heads RMSNorm rstd, log-sum-exp (float32)
   MLP          2 x mlp_hidden (GELU: fc1 output and the GELU output) or 4 x mlp_hidden (SwiGLU)
-  packed rows  + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
+  several samples packed in a row
+               + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
                kept whole since the gates are views of it) and each sub-layer's 1 + scale
 
 in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. The wan family (`wan_block_norms`)
@@ -141,7 +142,7 @@ def block_activations(
     *,
     tp: int = 1,
     sequence_parallel: bool = True,
-    packed: bool = False,
+    per_token_modulation: bool = False,
     gathered_kv_tokens: int = 0,
     key_groups: int = 1,
 ) -> BlockActivations:
@@ -159,19 +160,19 @@ def block_activations(
     # is saved all-gathered (the whole sequence), and without it all four are whole.
     per_norm_local = 3 * d * compute + 2 * compute
     gathered_input = d * compute
-    # Packed rows: the block's modulation gathered per token (chunks x d, kept whole because the gates
+    # Several samples in a row: the modulation gathered per token (chunks x d, kept whole because the gates
     # are views of it) and each sub-layer's (1 + scale).
-    per_token_modulation = (chunks + sublayers) * d * compute if packed else 0
+    modulation = (chunks + sublayers) * d * compute if per_token_modulation else 0
     attn_scope = ((9 - low) * compute + low * f32) * d + 3 * h * f32
     cross_low = 2 if compute == 2 else 0
     cross = ((3 - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
     mlp = (4 if cfg.mlp_act == "swiglu" else 2) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
     if cfg.family == "wan":
-        local, per_token_modulation = wan_block_norms(cfg, compute, packed)
+        local, modulation = wan_block_norms(cfg, compute, per_token_modulation)
         norms = local * tokens / norm_tp + sublayers * gathered_input * tokens
     else:
-        norms = (sublayers * per_norm_local + per_token_modulation) * tokens / norm_tp
+        norms = (sublayers * per_norm_local + modulation) * tokens / norm_tp
         norms += sublayers * gathered_input * tokens
     parts = {
         "norms, modulation, gates": norms,
@@ -192,28 +193,30 @@ def block_activations(
     return BlockActivations(parts)
 
 
-def wan_block_norms(cfg: Model, compute: int, packed: bool) -> tuple[float, float]:
+def wan_block_norms(cfg: Model, compute: int, per_token_modulation: bool) -> tuple[float, float]:
     """Bytes per token a Wan block saves around its norms, besides each sub-layer's input that the
     projections read (counted as the DiT's `gathered_input`), and of those the per-token modulation.
 
     Self-attention and feed-forward: the float32 norm input (x.float()) and output, mean and rstd, and
     the output the gate multiplies (attention's in the compute dtype, the feed-forward's float32).
     Cross-attention: the float32 input of its LayerNorm, mean and rstd (nothing without the norm).
-    Packed rows: the six float32 modulation vectors gathered per token and two (1 + scale)."""
+    Several samples in a row: the six float32 modulation vectors gathered per token and two (1 + scale)."""
     d, f32 = cfg.hidden, 4
     norm = 2 * f32 * d + 2 * f32
     cross = f32 * d + 2 * f32 if cfg.cross_attn_norm else 0
-    modulation = (6 + 2) * d * f32 if packed else 0
+    modulation = (6 + 2) * d * f32 if per_token_modulation else 0
     return norm + compute * d + cross + norm + f32 * d + modulation, modulation
 
 
 def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
     """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
     d, p = cfg.hidden, cfg.patch_dim
-    if cfg.family == "wan":  # float32 norm input and output, the projection's input; packed: 1 + scale
-        final = ((2 * 4 + compute + (4 if workload.packed else 0)) * d + 8) * tokens
+    if cfg.family == "wan":  # float32 norm input and output, the projection's input; per-token 1 + scale
+        final = ((2 * 4 + compute + (4 if workload.per_token_modulation else 0)) * d + 8) * tokens
     else:
-        final = ((4 if workload.packed else 3) * d + 4) * compute * tokens  # packed: per-token 1 + scale
+        final = (
+            ((4 if workload.per_token_modulation else 3) * d + 4) * compute * tokens
+        )  # per-token 1 + scale
     io = p * (compute + 4) * tokens
     rope = 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
     captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute
@@ -303,7 +306,7 @@ def estimate_memory(
         prec.compute,
         tp=tp,
         sequence_parallel=par.sequence_parallel,
-        packed=workload.packed,
+        per_token_modulation=workload.per_token_modulation,
         gathered_kv_tokens=gathered,
         key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
     )

@@ -20,7 +20,13 @@ class Workload:
     latent: tuple[int, int, int, int]
     """Latent shape (C, T, H, W) of one clip."""
     packed: bool = False
-    """Samples packed into one row (per-token modulation) rather than a plain batch."""
+    """Samples packed into one row rather than a plain batch."""
+
+    @property
+    def per_token_modulation(self) -> bool:
+        """Whether the blocks gather each token's modulation (`Conditioning.per_token`): a row that packs
+        several samples; one sample's broadcasts, packed or not."""
+        return self.packed and self.samples > 1
 
     @property
     def tokens_per_sample(self) -> int:

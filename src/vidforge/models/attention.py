@@ -189,15 +189,29 @@ def _sdpa(q, k, v, mask, sdpa_backend):
         if isinstance(mask, KeyPadding):
             return _sdpa_bshd(q, k, v, mask.mask[:, None, None, :])
         # Packed: one batched call per run of equal-length segments, each unmasked; no FLOPs spent
-        # across samples.
-        heads, dim = q.shape[2], q.shape[3]
+        # across samples. The runs tile the row in order, so the row is split (its backward is one cat)
+        # rather than indexed (each index's backward writes a zero tensor of the whole row), and a row
+        # that is one run is not split at all.
+        runs = mask.runs()
+        heads, dim, v_dim = q.shape[2], q.shape[3], v.shape[3]
+        rows = [t.flatten(0, 1) for t in (q, k, v)]  # (S, heads, dim) views
+        if len(runs) == 1:
+            pieces = [(rows[0], rows[1], rows[2])]
+        else:
+            q_sizes = [count * q_len for _, _, count, q_len, _ in runs]
+            kv_sizes = [count * kv_len for _, _, count, _, kv_len in runs]
+            pieces = list(
+                zip(rows[0].split(q_sizes), rows[1].split(kv_sizes), rows[2].split(kv_sizes), strict=True)
+            )
         outs = []
-        for q_start, kv_start, count, q_len, kv_len in mask.runs():
-            qs = q[0, q_start : q_start + count * q_len].reshape(count, q_len, heads, dim)
-            ks = k[0, kv_start : kv_start + count * kv_len].reshape(count, kv_len, heads, dim)
-            vs = v[0, kv_start : kv_start + count * kv_len].reshape(count, kv_len, heads, v.shape[3])
-            outs.append(_sdpa_bshd(qs, ks, vs).reshape(count * q_len, heads, v.shape[3]))
-        return torch.cat(outs, dim=0).unsqueeze(0)
+        for (qs, ks, vs), (_, _, count, q_len, kv_len) in zip(pieces, runs, strict=True):
+            out = _sdpa_bshd(
+                qs.reshape(count, q_len, heads, dim),
+                ks.reshape(count, kv_len, heads, dim),
+                vs.reshape(count, kv_len, heads, v_dim),
+            )
+            outs.append(out.reshape(count * q_len, heads, v_dim))
+        return (outs[0] if len(outs) == 1 else torch.cat(outs)).unsqueeze(0)
 
 
 # --- dense ------------------------------------------------------------------------------------------

@@ -46,10 +46,15 @@ class Conditioning:
     positions: torch.Tensor | None = None
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-sample rows (N, F) broadcast against tokens: (B, 1, F), or (1, S, F) when packed (S the
-        length of `token_sample`, which is a rank's slice of the row under sequence parallel)."""
+        """Per-sample rows (N, F) broadcast against tokens: (B, 1, F); when packed, (1, S, F) (S the
+        length of `token_sample`, which is a rank's slice of the row under sequence parallel), or (1, 1, F)
+        when the row holds one sample. That case is a broadcast, not a gather: a gathered (S, 6 x hidden)
+        float32 table per block is written in the forward, saved by every product with it, and
+        accumulated back onto one row in the backward (at 32K tokens and hidden 1536, 1.2 GB a block)."""
         if self.token_sample is None:
             return values.unsqueeze(1)
+        if values.shape[0] == 1:
+            return values.unsqueeze(0)
         return values[self.token_sample].unsqueeze(0)
 
     def token_slice(self, start: int, end: int) -> Conditioning:

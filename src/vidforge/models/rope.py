@@ -36,8 +36,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         cos, sin = cos[None], sin[None]
     cos = cos[:, :, None, :].to(compute)
     sin = sin[:, :, None, :].to(compute)
-    pairs = x.to(compute).unflatten(-1, (-1, 2))
-    x1, x2 = pairs[..., 0], pairs[..., 1]
+    # unbind, not two selects: its backward is one stack, where each select's allocates and fills a
+    # zero tensor of the whole input
+    x1, x2 = x.to(compute).unflatten(-1, (-1, 2)).unbind(-1)
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.flatten(-2).to(x.dtype)
 

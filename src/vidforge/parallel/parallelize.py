@@ -54,8 +54,7 @@ def parallelize(
         model.blocks, cfg.activation_offload, cfg.activation_checkpointing, cfg.checkpoint_ratio
     )
     if cfg.compile:
-        for key, block in model.blocks.items():
-            model.blocks[key] = torch.compile(block)
+        compile_blocks(model.blocks)
     if uses_fsdp(dims):
         param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
         # Under pipeline parallel a stage runs every micro-batch's forward before its backwards (GPipe) or
@@ -71,6 +70,21 @@ def parallelize(
         )
     done.autocast_dtype = autocast_dtype(dims, profile)
     return done
+
+
+def compile_blocks(blocks: nn.ModuleDict) -> None:
+    """torch.compile every block, in place. A checkpointed block is compiled with its checkpoint (dynamo
+    traces the recompute as one higher-order op, and the compiled backward recomputes fused); an offloaded
+    block is compiled inside its wrapper, whose saved-tensor hooks dynamo cannot trace (they would break
+    the graph and run the whole block eagerly) but which see the compiled graph's saved tensors all the
+    same. Blocks share one compiled graph: their parameters are graph inputs, not guarded constants."""
+    from vidforge.parallel.activation_offload import OffloadedBlock
+
+    for key, block in blocks.items():
+        if isinstance(block, OffloadedBlock):
+            block._checkpoint_wrapped_module = torch.compile(block._checkpoint_wrapped_module)
+        else:
+            blocks[key] = torch.compile(block)
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims, profile: RunProfile) -> None:

@@ -44,6 +44,7 @@ class Segments:
             )
         if min(self.q_lens) < 1 or min(self.kv_lens) < 1:
             raise ValueError("Segments: every segment needs at least one query and one key token")
+        self._runs = _equal_runs(self.q_lens, self.kv_lens)
 
     @classmethod
     def self_attention(cls, lens: Sequence[int]) -> Segments:
@@ -90,16 +91,26 @@ class Segments:
     def runs(self) -> list[tuple[int, int, int, int, int]]:
         """Consecutive segments of equal (q_len, kv_len) grouped: (q_start, kv_start, count, q_len, kv_len).
         Packed samples have one run each for self-attention, and one per sample for ST-DiT's frames and
-        positions, so SDPA runs a handful of batched calls rather than one per segment."""
-        if "runs" not in self._cache:
-            runs: list[list[int]] = []
-            q_start = kv_start = 0
-            for ql, kl in zip(self.q_lens, self.kv_lens, strict=True):
-                if runs and runs[-1][3] == ql and runs[-1][4] == kl:
-                    runs[-1][2] += 1
-                else:
-                    runs.append([q_start, kv_start, 1, ql, kl])
-                q_start += ql
-                kv_start += kl
-            self._cache["runs"] = [tuple(r) for r in runs]
-        return self._cache["runs"]
+        positions, so SDPA runs a handful of batched calls rather than one per segment. Computed when the
+        mask is made: a compiled block only reads it (a cache filled inside a checkpointed block is a side
+        effect torch.compile refuses, and it broke the graph of every recomputed block)."""
+        return self._runs
+
+    def prepare(self, device: torch.device) -> None:
+        """Fill the device tensors the flash and flex backends read (`cu_seqlens`, `document_ids`) before
+        the blocks run, for the same reason `runs` is computed up front."""
+        self.cu_seqlens(device)
+        self.document_ids(device)
+
+
+def _equal_runs(q_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> list[tuple[int, int, int, int, int]]:
+    runs: list[list[int]] = []
+    q_start = kv_start = 0
+    for ql, kl in zip(q_lens, kv_lens, strict=True):
+        if runs and runs[-1][3] == ql and runs[-1][4] == kl:
+            runs[-1][2] += 1
+        else:
+            runs.append([q_start, kv_start, 1, ql, kl])
+        q_start += ql
+        kv_start += kl
+    return [tuple(r) for r in runs]

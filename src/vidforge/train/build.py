@@ -10,6 +10,7 @@ the model is then frozen and given its adapters (`vidforge.train.lora`), before 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +22,7 @@ from vidforge.parallel.parallelize import autocast_dtype, parallelize
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
-from vidforge.train.ema import EMA
+from vidforge.train.ema import EMA, tensor_kind
 from vidforge.train.init_weights import WeightsInit, init_from
 from vidforge.train.lora import apply_lora
 
@@ -75,15 +76,26 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
     ema = EMA(modules, cfg.ema_decay) if cfg.ema_decay > 0 else None
     optimizers = [
         torch.optim.AdamW(
-            [p for p in module.parameters() if p.requires_grad],  # LoRA: the adapters alone
+            same_kind_groups(p for p in module.parameters() if p.requires_grad),  # LoRA: the adapters alone
             lr=cfg.lr,
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
-            fused=device.type == "cuda" or None,
+            # fused where torch has the kernel: on the CPU too, where it is 3.5x the default per-tensor
+            # loop (3.3M parameters, one thread: 5.8 vs 20.5 ms a step)
+            fused=device.type in ("cuda", "cpu") or None,
         )
         for module in modules
     ]
     return TrainParts(modules, optimizers, ema, compute_dtype, pipeline, notes)
+
+
+def same_kind_groups(params: Iterable[nn.Parameter]) -> list[dict]:
+    """Parameter groups of one `tensor_kind` each: the fused AdamW step runs per group and refuses a mix
+    of plain tensors and DTensors, or DTensors of several meshes (tensor parallel, with or without FSDP2)."""
+    groups: dict[tuple, list[nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault(tensor_kind(p), []).append(p)
+    return [{"params": group} for group in groups.values()]
 
 
 def use_tf32(allowed: bool) -> None:

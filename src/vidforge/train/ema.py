@@ -23,6 +23,14 @@ def as_module_list(modules: Modules) -> list[nn.Module]:
     return [modules] if isinstance(modules, nn.Module) else list(modules)
 
 
+def tensor_kind(t: torch.Tensor) -> tuple:
+    """What a fused or foreach op over a list of tensors needs them to share: a plain tensor, or a DTensor
+    of one mesh and placement (tensor parallel leaves some parameters replicated plain tensors, and with
+    FSDP2 they sit on other meshes than the sharded ones)."""
+    mesh = getattr(t, "device_mesh", None)
+    return type(t), id(mesh) if mesh is not None else None, tuple(getattr(t, "placements", ()))
+
+
 class _Shadow:
     """The average of one module's trainable parameters."""
 
@@ -60,12 +68,7 @@ class EMA:
             # (tensor-parallel blocks) with the plain tensors tensor parallel leaves replicated.
             groups: dict[object, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
             for value, now in zip(shadow.values, current, strict=True):
-                mesh = getattr(value, "device_mesh", None)
-                key = (
-                    type(value),
-                    id(mesh) if mesh is not None else None,
-                    tuple(getattr(value, "placements", ())),
-                )
+                key = tensor_kind(value)
                 groups.setdefault(key, ([], []))
                 groups[key][0].append(value)
                 groups[key][1].append(now)

@@ -8,6 +8,9 @@ micro-batches through the schedule, which are its gradient accumulation).
     batches = step.next_batches(batcher)        # None when the data ran out
     result = step(batches)                      # forward, backward, clip; loss and norm over all ranks
     step.apply() if result.finite else step.zero_grad()
+
+Each part runs in a profiler range named `step.<part>` (draw, model, loss, backward, clip, optimizer, ema,
+zero_grad): a profile of a step, on any device, says where its time goes (bench/step_vs_peer.py reads them).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion import build_objective
@@ -118,7 +122,8 @@ class TrainStep(ABC):
     def __call__(self, batches: list[Batch]) -> StepResult:
         done = self.forward_backward(batches)
         self.by_level.add(done.level, done.per_sample)
-        grad_norm = self.clip_grad_norm_(self.profile.train.grad_clip or math.inf)
+        with record_function("step.clip"):
+            grad_norm = self.clip_grad_norm_(self.profile.train.grad_clip or math.inf)
         loss, tokens, flops, hardware = _all_reduce_sum(
             [done.loss, done.tokens, done.flops, done.hardware_flops], self.device
         )
@@ -142,16 +147,19 @@ class TrainStep(ABC):
     def apply(self, zero_grad: bool = True) -> None:
         """The optimizer step and the EMA update; then the gradients cleared (unless told not to, to
         measure them)."""
-        for optimizer in self.parts.optimizers:
-            optimizer.step()
+        with record_function("step.optimizer"):
+            for optimizer in self.parts.optimizers:
+                optimizer.step()
         if self.parts.ema is not None:
-            self.parts.ema.update(self.parts.modules)
+            with record_function("step.ema"):
+                self.parts.ema.update(self.parts.modules)
         if zero_grad:
             self.zero_grad()
 
     def zero_grad(self) -> None:
-        for optimizer in self.parts.optimizers:
-            optimizer.zero_grad(set_to_none=True)
+        with record_function("step.zero_grad"):
+            for optimizer in self.parts.optimizers:
+                optimizer.zero_grad(set_to_none=True)
 
     def flops(self, batch: Batch) -> tuple[float, float]:
         """Model and hardware FLOPs of one batch's forward and backward (hardware: with the forward of
@@ -185,16 +193,22 @@ class LocalTrainStep(TrainStep):
         return batches
 
     def forward(self, batch: Batch) -> MicroLoss:
-        inputs = self.loss.draw(batch, self.device, self.shard_of)
+        with record_function("step.draw"):
+            inputs = self.loss.draw(batch, self.device, self.shard_of)
         dtype = self.parts.compute_dtype
-        with torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext():
+        with (
+            record_function("step.model"),
+            torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext(),
+        ):
             output = self.model(inputs.x, **inputs.model_kwargs)
-        return self.loss.reduce(output, inputs, self.cp_group)
+        with record_function("step.loss"):
+            return self.loss.reduce(output, inputs, self.cp_group)
 
     def backward(self, micro: MicroLoss) -> None:
         # Under context parallel each rank's loss is its share of the mean and FSDP averages the
         # gradients over dp_shard x cp: scale by cp so the cp shares add up instead.
-        (micro.loss * self.cp / self.profile.train.grad_accum).backward()
+        with record_function("step.backward"):
+            (micro.loss * self.cp / self.profile.train.grad_accum).backward()
 
     def forward_backward(self, batches: list[Batch]) -> StepLosses:
         loss = tokens = 0.0
