@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from vidforge.models import build_model
+from vidforge.parallel.fp8_base import apply_fp8_base
 from vidforge.parallel.parallelize import autocast_dtype, parallelize
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
@@ -48,6 +49,8 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
         notes.append(init_from(model, init.src, init.allow_partial, init.raw).describe())
     if cfg.lora is not None:  # the frozen base and its adapters are what every layout below is handed
         notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
+        if cfg.lora.fp8_base:
+            notes.append(apply_fp8_base(model, cfg.lora.fp8_scaling))
     compute_dtype = autocast_dtype(dims, profile)
     pipeline = None
     modules: list[nn.Module] = [model]
