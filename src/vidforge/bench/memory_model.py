@@ -18,7 +18,8 @@ Activations follow what autograd saves in vidforge's blocks (counted op by op wi
       2 x heads RMSNorm rstd, log-sum-exp (float32)
   MLP          2 x mlp_hidden (GELU: fc1 output and the GELU output) or 4 x mlp_hidden (SwiGLU)
   packed rows  + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
-               kept whole since the gates are views of it) and each sub-layer's 1 + scale
+  of several   kept whole since the gates are views of it) and each sub-layer's 1 + scale; a row of
+  samples      one sample broadcasts its modulation (nothing per token)
 
 in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. The wan family (`wan_block_norms`)
 differs around the norms: Wan computes them, the modulation and the residual adds in float32 whatever
@@ -159,8 +160,10 @@ def block_activations(
     # is saved all-gathered (the whole sequence), and without it all four are whole.
     per_norm_local = 3 * d * compute + 2 * compute
     gathered_input = d * compute
-    # Packed rows: the block's modulation gathered per token (chunks x d, kept whole because the gates
-    # are views of it) and each sub-layer's (1 + scale).
+    # Packed rows of several samples: the block's modulation gathered per token (chunks x d, kept whole
+    # because the gates are views of it) and each sub-layer's (1 + scale). A row of one sample broadcasts
+    # its one modulation row instead (`Conditioning.per_token`): nothing per token.
+    packed = packed and samples > 1
     per_token_modulation = (chunks + sublayers) * d * compute if packed else 0
     attn_scope = ((9 - low) * compute + low * f32) * d + 3 * h * f32
     cross_low = 2 if compute == 2 else 0
@@ -199,7 +202,8 @@ def wan_block_norms(cfg: Model, compute: int, packed: bool) -> tuple[float, floa
     Self-attention and feed-forward: the float32 norm input (x.float()) and output, mean and rstd, and
     the output the gate multiplies (attention's in the compute dtype, the feed-forward's float32).
     Cross-attention: the float32 input of its LayerNorm, mean and rstd (nothing without the norm).
-    Packed rows: the six float32 modulation vectors gathered per token and two (1 + scale)."""
+    Packed rows of several samples: the six float32 modulation vectors gathered per token and two
+    (1 + scale) (a row of one sample broadcasts them: `block_activations` passes packed=False)."""
     d, f32 = cfg.hidden, 4
     norm = 2 * f32 * d + 2 * f32
     cross = f32 * d + 2 * f32 if cfg.cross_attn_norm else 0
@@ -210,10 +214,11 @@ def wan_block_norms(cfg: Model, compute: int, packed: bool) -> tuple[float, floa
 def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
     """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
     d, p = cfg.hidden, cfg.patch_dim
+    per_token = workload.packed and workload.samples > 1  # one sample a row broadcasts its modulation
     if cfg.family == "wan":  # float32 norm input and output, the projection's input; packed: 1 + scale
-        final = ((2 * 4 + compute + (4 if workload.packed else 0)) * d + 8) * tokens
+        final = ((2 * 4 + compute + (4 if per_token else 0)) * d + 8) * tokens
     else:
-        final = ((4 if workload.packed else 3) * d + 4) * compute * tokens  # packed: per-token 1 + scale
+        final = ((4 if per_token else 3) * d + 4) * compute * tokens  # packed: per-token 1 + scale
     io = p * (compute + 4) * tokens
     rope = 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
     captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute
@@ -263,16 +268,10 @@ def estimate_memory(
     if train.lora is not None:
         block_adapters, outside_adapters = lora_parameters(cfg, train.lora)
         adapters = (blocks * block_adapters + outside_adapters) / shards
-        base = 2 if train.precision == "bf16" else 4
-        size = 0.0 if offload else local_params * base
-        terms.append(
-            Term(
-                "parameters",
-                size,
-                f"frozen base (train.lora) in the compute dtype: {where} = {local_params:,.0f} params x "
-                f"{base} B = {_gib(size)}",
-            )
-        )
+        size, formula, host = lora_base(profile, counts, blocks, shards, where, local_params)
+        terms.append(Term("parameters", 0.0 if offload else size, formula))
+        if host:
+            notes.append(host)
     trained = adapters if train.lora is not None else local_params
     state = [
         ("parameters", 4, "float32 master weights"),
@@ -351,18 +350,42 @@ def estimate_memory(
         )
 
     # --- weight copies held for the backward, communication buffers ------------------------------------
-    if prec.autocast:
-        # Every Linear weight of this rank, cast to bf16 and kept for the backward: TP's local shards.
-        # (less the blocks of other pipeline stages, and what other TP ranks hold)
-        split = (blocks * counts.block_tp + counts.outside_tp) * (1 - 1 / tp)
-        weights = counts.linear_weights - (cfg.layers - blocks) * counts.block - split
-        if train.lora is not None:  # a bf16 base is read as it is: only the fp32 adapters are cast
-            weights = adapters
+    if prec.autocast and train.lora is None:
+        # The Linear weights of this rank that autocast casts to bf16 and keeps for the backward: TP's
+        # local shards of the layers outside the blocks and of each block that keeps its activations; a
+        # checkpointed block's casts live only while it recomputes (one block at a time).
+        linear_outside = counts.linear_weights - cfg.layers * counts.block_linear_weights
+        block_share = block_params / counts.block
+        outside_share = outside_params / counts.outside if counts.outside else 1.0
+        held = blocks - recomputed + (1 if recomputed else 0)
+        weights = linear_outside * outside_share + held * counts.block_linear_weights * block_share
         terms.append(
             Term(
                 "weight copies",
                 weights * 2,
-                f"bf16 autocast casts every Linear weight this rank holds ({weights:,.0f}) x 2 B",
+                f"bf16 autocast casts the Linear weights this rank holds and keeps them for the backward: "
+                f"{linear_outside * outside_share:,.0f} outside the blocks + {held} block(s) x "
+                f"{counts.block_linear_weights * block_share:,.0f}"
+                f"{' (checkpointed blocks: only the one recomputing)' if recomputed else ''} = "
+                f"{weights:,.0f} x 2 B",
+            )
+        )
+    elif prec.autocast:  # a bf16 (or float8) base is read as it is: only the fp32 adapters are cast
+        terms.append(
+            Term(
+                "weight copies",
+                adapters * 2,
+                f"bf16 autocast casts the fp32 LoRA adapters: {adapters:,.0f} x 2 B",
+            )
+        )
+    if train.lora is not None and train.lora.fp8_base:
+        largest = counts.block_largest_linear
+        terms.append(
+            Term(
+                "weight copies",
+                largest * (4 + prec.compute),
+                f"fp8 base: one linear at a time dequantized (float32, then the compute dtype): the largest "
+                f"{largest:,.0f} weights x {4 + prec.compute} B",
             )
         )
     comm = 0.0
@@ -398,8 +421,57 @@ def estimate_memory(
         notes.append(
             "FSDP mixed precision: weights all-gathered and computed in bf16, gradients reduced in float32"
         )
-    notes.append(
-        "gradients and activations are added although the backward frees activations as gradients fill: "
-        "an upper bound by at most the activations of one block"
-    )
+    blocks_saved = in_flight * stored
+    if layout.pp == 1 and train.grad_accum == 1:
+        # The peak of the step is in the backward: at its start every block's saved tensors and no
+        # gradient, at its end every gradient and no block's saved tensors; the backward frees one block's
+        # as it fills the block's gradients. So the two never add up: the peak holds the larger.
+        grads = sum(t.bytes for t in terms if t.name == "gradients")
+        overlap = min(blocks_saved, grads)
+        if overlap:
+            terms.append(
+                Term(
+                    "backward overlap",
+                    -overlap,
+                    f"the backward frees the blocks' saved tensors ({_gib(blocks_saved)}) as it fills the "
+                    f"gradients ({_gib(grads)}): the peak holds the larger of the two, not both",
+                )
+            )
+    else:
+        notes.append(
+            "gradients and activations are added: with several micro-batches a step (or pipeline stages) "
+            "the gradients of the earlier ones are held while later ones keep their activations"
+        )
     return MemoryEstimate(terms, notes)
+
+
+def lora_base(
+    profile: RunProfile, counts: ParameterCounts, blocks: int, shards: int, where: str, local_params: float
+) -> tuple[float, str, str]:
+    """Device bytes of LoRA's frozen base on one rank, the arithmetic, and a note on what waits in host
+    memory (block swap), or "". The base is in the compute dtype; with `fp8_base` the blocks' linear
+    weights are one byte and a float32 scale per row (or per layer); with `blocks_to_swap` N blocks'
+    frozen weights live on the host and at most two of them are on the device at once."""
+    lora, base = profile.train.lora, 2 if profile.train.precision == "bf16" else 4
+    assert lora is not None
+    block = counts.block * base
+    what = f"frozen base (train.lora) in the compute dtype: {where} = {local_params:,.0f} params x {base} B"
+    if lora.fp8_base:
+        scales = counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears
+        block = (counts.block - counts.block_linear_weights) * base + counts.block_linear_weights + 4 * scales
+        what = (
+            f"frozen base (train.lora), its blocks' linear weights in float8 (fp8_base, one float32 scale per "
+            f"{lora.fp8_scaling}): {blocks} blocks x {block / 2**20:,.1f} MiB + "
+            f"{counts.outside:,.0f} outside the blocks x {base} B, / {shards} FSDP shard(s)"
+        )
+    swapped = min(lora.blocks_to_swap, blocks)
+    on_device = blocks - swapped + min(swapped, 2)
+    size = (on_device * block + counts.outside * base) / shards
+    host = ""
+    if swapped:
+        what += (
+            f"; block swap: {swapped} blocks' weights in host memory, at most {min(swapped, 2)} of them on the "
+            f"device at once ({on_device} blocks' worth)"
+        )
+        host = f"train.lora.blocks_to_swap: {_gib(swapped * block / shards)} of frozen weights in pinned host memory"
+    return size, f"{what} = {_gib(size)}", host
