@@ -69,6 +69,8 @@ class MemoryEstimate:
 
     terms: list[Term]
     notes: list[str] = field(default_factory=list)
+    offloaded_bytes: float = 0.0
+    """What train.activation_offload sends to host memory and back a micro-batch (the planner's copy time)."""
 
     def get(self, name: str) -> float:
         return sum(t.bytes for t in self.terms if t.name == name)
@@ -391,14 +393,17 @@ def estimate_memory(
     comm = 0.0
     comm_parts = []
     if prec.fsdp:
-        unsharded = block_params * prec.compute
+        # LoRA: the frozen base is gathered as it is stored (bf16, or float8 with fp8_base)
+        unsharded = (
+            lora_block_bytes(profile, counts) if train.lora is not None else block_params * prec.compute
+        )
         if layout.pp > 1:  # stages keep their weights gathered through the step (reshard_after_forward off)
             held = blocks * unsharded
             why = f"FSDP under pipeline parallel keeps the stage's {blocks} blocks unsharded through the step"
         else:  # the last block stays unsharded between forward and backward
             held = unsharded
             why = "FSDP keeps the last block unsharded from forward to backward"
-        terms.append(Term("weight copies", held, f"{why}: {block_params:,.0f} x {prec.compute} B a block"))
+        terms.append(Term("weight copies", held, f"{why}: {_gib(unsharded)} a block"))
         gather = 2 * unsharded
         # gradients exist for what trains: LoRA's adapters alone
         reduce = (block_adapters if train.lora is not None else block_params) * (prec.compute + 4)
@@ -442,7 +447,18 @@ def estimate_memory(
             "gradients and activations are added: with several micro-batches a step (or pipeline stages) "
             "the gradients of the earlier ones are held while later ones keep their activations"
         )
-    return MemoryEstimate(terms, notes)
+    return MemoryEstimate(terms, notes, offloaded_bytes=in_flight * len(offloaded) * one.total)
+
+
+def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
+    """Bytes of one block's frozen LoRA base: the compute dtype, or with `fp8_base` its linear weights in
+    one byte and a float32 scale per row (or per layer)."""
+    lora, base = profile.train.lora, 2 if profile.train.precision == "bf16" else 4
+    assert lora is not None
+    if not lora.fp8_base:
+        return counts.block * base
+    scales = counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears
+    return (counts.block - counts.block_linear_weights) * base + counts.block_linear_weights + 4 * scales
 
 
 def lora_base(
@@ -454,11 +470,9 @@ def lora_base(
     frozen weights live on the host and at most two of them are on the device at once."""
     lora, base = profile.train.lora, 2 if profile.train.precision == "bf16" else 4
     assert lora is not None
-    block = counts.block * base
+    block = lora_block_bytes(profile, counts)
     what = f"frozen base (train.lora) in the compute dtype: {where} = {local_params:,.0f} params x {base} B"
     if lora.fp8_base:
-        scales = counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears
-        block = (counts.block - counts.block_linear_weights) * base + counts.block_linear_weights + 4 * scales
         what = (
             f"frozen base (train.lora), its blocks' linear weights in float8 (fp8_base, one float32 scale per "
             f"{lora.fp8_scaling}): {blocks} blocks x {block / 2**20:,.1f} MiB + "

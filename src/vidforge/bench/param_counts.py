@@ -114,10 +114,15 @@ def tp_local_parameters(counts: ParameterCounts, blocks: int, tp: int) -> float:
     return outside + blocks * (counts.block - counts.block_tp + counts.block_tp / tp)
 
 
-@functools.lru_cache(maxsize=64)
 def lora_parameters(cfg: Model, lora: Lora) -> tuple[int, int]:
     """(adapter parameters of one block, of the rest of the model) that `train.lora` adds: counted on a
-    meta-device model given its adapters by peft, as training does."""
+    meta-device model given its adapters by peft, as training does (once per rank and targets)."""
+    return _lora_parameters(cfg, lora.rank, lora.target_modules)
+
+
+@functools.lru_cache(maxsize=64)
+def _lora_parameters(cfg: Model, rank: int, targets: tuple[str, ...] | None) -> tuple[int, int]:
+    lora = Lora(rank=rank, target_modules=targets)
     from vidforge.models import build_model
     from vidforge.train.lora import apply_lora, is_adapter
 

@@ -57,7 +57,7 @@ class BlockSwapper:
         params = [p for p in block.parameters() if not p.requires_grad]
         host = []
         for p in params:
-            h = p.data.to("cpu")
+            h = p.data if p.device.type == "meta" else p.data.to("cpu")  # meta: `train --dry-run`
             if device.type == "cuda":
                 h = h.pin_memory()
             p.data = h

@@ -71,6 +71,9 @@ class Cluster(Section):
     """Per-device unidirectional bandwidth inside a node in GB/s (NVLink 4 on H100: 450)."""
     inter_node_bandwidth_gbs: float = Field(50.0, gt=0)
     """Per-device unidirectional bandwidth between nodes in GB/s (one 400 Gb/s NIC per GPU: 50)."""
+    host_bandwidth_gbs: float = Field(25.0, gt=0)
+    """Host-to-device copy bandwidth per device in GB/s (PCIe 4.0 x16 moves about 25 GB/s from pinned
+    memory); what block swap's copies take (`vidforge bench plan --fit`)."""
     launcher: Literal["local", "torchrun", "slurm"] = "local"
     """How this profile's ranks are started: `local` (`--nproc N` starts them on this machine), `torchrun`
     (one torchrun per node) or `slurm` (srun, one task per device: commands/train-slurm.sbatch). A rank
