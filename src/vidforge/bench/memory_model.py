@@ -147,11 +147,17 @@ def block_activations(
     packed: bool = False,
     gathered_kv_tokens: int = 0,
     key_groups: int = 1,
+    frozen: bool = False,
+    frozen_mlp: bool = False,
 ) -> BlockActivations:
     """What one block saves for `tokens` tokens of this rank (after the context-parallel split) of
     `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
     all-gather CP keeps per full-attention layer. `key_groups`: attention groups of one clip over all
-    scopes (frames + positions + 1); the multimodal block appends the caption's keys to each."""
+    scopes (frames + positions + 1); the multimodal block appends the caption's keys to each.
+    `frozen`: a LoRA base, whose modulation, gates and norm weights need no gradient, so the products with
+    them keep neither the norm's output, nor the gated output, nor the normalised q and k; `frozen_mlp`:
+    the MLP has no adapters either, so its second projection keeps no input (counted on the CPU with
+    saved-tensor hooks, as the rest)."""
     d, m, h = cfg.hidden, cfg.mlp_hidden, cfg.heads
     sublayers, scopes, full_scopes, chunks = _scopes(cfg)
     f32 = 4
@@ -160,20 +166,24 @@ def block_activations(
     # LayerNorm input and output, the modulated input the projections read, the gated output; under
     # sequence parallel the first two and the gated output are this rank's tokens, the modulated input
     # is saved all-gathered (the whole sequence), and without it all four are whole.
-    per_norm_local = 3 * d * compute + 2 * compute
+    per_norm_local = (1 if frozen else 3) * d * compute + 2 * compute
     gathered_input = d * compute
     # Packed rows of several samples: the block's modulation gathered per token (chunks x d, kept whole
     # because the gates are views of it) and each sub-layer's (1 + scale). A row of one sample broadcasts
     # its one modulation row instead (`Conditioning.per_token`): nothing per token.
     packed = packed and samples > 1
     per_token_modulation = (chunks + sublayers) * d * compute if packed else 0
-    attn_scope = ((9 - low) * compute + low * f32) * d + 3 * h * f32
-    cross_low = 2 if compute == 2 else 0
-    cross = ((3 - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
-    mlp = (4 if cfg.mlp_act == "swiglu" else 2) * m * compute
+    # a frozen base: the RMSNorms' weight products keep no normalised q or k (2 of the float32 tensors of
+    # a self-attention scope, 1 of cross-attention's)
+    kept, low = (7, max(low - 2, 0)) if frozen else (9, low)
+    attn_scope = ((kept - low) * compute + low * f32) * d + 3 * h * f32
+    cross_low = (1 if frozen else 2) if compute == 2 else 0
+    cross_kept = 2 if frozen else 3
+    cross = ((cross_kept - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
+    mlp = ((4 if cfg.mlp_act == "swiglu" else 2) - (1 if frozen_mlp else 0)) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
     if cfg.family == "wan":
-        local, per_token_modulation = wan_block_norms(cfg, compute, packed)
+        local, per_token_modulation = wan_block_norms(cfg, compute, packed, frozen)
         norms = local * tokens / norm_tp + sublayers * gathered_input * tokens
     else:
         norms = (sublayers * per_norm_local + per_token_modulation) * tokens / norm_tp
@@ -197,7 +207,7 @@ def block_activations(
     return BlockActivations(parts)
 
 
-def wan_block_norms(cfg: Model, compute: int, packed: bool) -> tuple[float, float]:
+def wan_block_norms(cfg: Model, compute: int, packed: bool, frozen: bool = False) -> tuple[float, float]:
     """Bytes per token a Wan block saves around its norms, besides each sub-layer's input that the
     projections read (counted as the DiT's `gathered_input`), and of those the per-token modulation.
 
@@ -205,12 +215,14 @@ def wan_block_norms(cfg: Model, compute: int, packed: bool) -> tuple[float, floa
     the output the gate multiplies (attention's in the compute dtype, the feed-forward's float32).
     Cross-attention: the float32 input of its LayerNorm, mean and rstd (nothing without the norm).
     Packed rows of several samples: the six float32 modulation vectors gathered per token and two
-    (1 + scale) (a row of one sample broadcasts them: `block_activations` passes packed=False)."""
+    (1 + scale) (a row of one sample broadcasts them: `block_activations` passes packed=False).
+    A frozen (LoRA) base: neither the norm outputs nor the gated outputs (no modulation gradient)."""
     d, f32 = cfg.hidden, 4
-    norm = 2 * f32 * d + 2 * f32
+    norm = (1 if frozen else 2) * f32 * d + 2 * f32
     cross = f32 * d + 2 * f32 if cfg.cross_attn_norm else 0
     modulation = (6 + 2) * d * f32 if packed else 0
-    return norm + compute * d + cross + norm + f32 * d + modulation, modulation
+    gated = 0 if frozen else compute * d + f32 * d
+    return norm + cross + norm + gated + modulation, modulation
 
 
 def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
@@ -307,6 +319,8 @@ def estimate_memory(
         packed=workload.packed,
         gathered_kv_tokens=gathered,
         key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
+        frozen=train.lora is not None,
+        frozen_mlp=train.lora is not None and train.lora.target_modules is None,  # adapters on attention only
     )
     mode = train.activation_checkpointing
     checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
@@ -384,7 +398,7 @@ def estimate_memory(
         largest = counts.block_largest_linear
         terms.append(
             Term(
-                "weight copies",
+                "dequantized weight",
                 largest * (4 + prec.compute),
                 f"fp8 base: one linear at a time dequantized (float32, then the compute dtype): the largest "
                 f"{largest:,.0f} weights x {4 + prec.compute} B",
