@@ -8,7 +8,8 @@ lines, validated as `vidforge train` validates it (the layout rulebook included)
 memory and time model (`vidforge.bench.plan.evaluate`). Block swap and activation offload add the copies
 their prefetch cannot hide: each swapped block's frozen weights, and each offloaded block's saved
 tensors, cross the host link (cluster.host_bandwidth_gbs) once in the forward and once in the backward,
-beside one block's compute; what exceeds that block's compute is exposed. Of the recipes that differ only in how many blocks swap (or how much is offloaded),
+beside one block's compute; what exceeds that block's compute is exposed. What they pin in host memory,
+for every GPU of the machine, stays within bench.memory_headroom of cluster.host_memory_gib. Of the recipes that differ only in how many blocks swap (or how much is offloaded),
 only the least that fits is listed: more is never faster.
 
 When nothing fits the clip, shorter clips (49, 33, 17 frames), then smaller frames (480x832, 320x576)
@@ -45,6 +46,12 @@ class Recipe:
         return self.plan.step_s + self.swap_s
 
     @property
+    def host_gib(self) -> float:
+        """Pinned host memory the recipe fills: offloaded activations and swapped weights, per GPU."""
+        memory = self.plan.memory
+        return (memory.offloaded_bytes + memory.host_bytes) / GIB if memory else 0.0
+
+    @property
     def memory_gib(self) -> float:
         return self.plan.memory.total / GIB if self.plan.memory else math.inf
 
@@ -60,6 +67,7 @@ class Recipe:
             "sets": dict(self.sets),
             "clip": self.clip,
             "memory_gib": self.memory_gib,
+            "host_memory_gib": self.host_gib,
             "capacity_gib": self.plan.capacity_bytes / GIB,
             "step_s": self.step_s,
             "host_copies_exposed_s": self.swap_s,
@@ -139,7 +147,16 @@ def _evaluate(profile: RunProfile, sets: dict[str, str], clip: str) -> Recipe | 
     plan = evaluate(candidate)
     if plan.memory is None:
         return None
-    return Recipe(dict(sets), plan, host_copies_exposed_s(candidate, plan), clip)
+    recipe = Recipe(dict(sets), plan, host_copies_exposed_s(candidate, plan), clip)
+    cluster = candidate.cluster
+    host = recipe.host_gib * cluster.devices_per_node
+    limit = cluster.host_memory_gib * candidate.bench.memory_headroom
+    if host > limit:
+        plan.problems.append(
+            f"pins {host:.0f} GiB of host memory, more than {candidate.bench.memory_headroom:.0%} of "
+            f"cluster.host_memory_gib={cluster.host_memory_gib:g}"
+        )
+    return recipe
 
 
 def _least_that_fits(profile: RunProfile, sets: dict[str, str], key: str, values: list, clip: str):
@@ -188,16 +205,18 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                     if recipe is not None:
                         found.append(recipe)
                         continue
-                if lora and world == 1:
-                    recipe = _least_that_fits(
-                        profile,
-                        {**sets, "train.activation_offload": "0"},
-                        "train.lora.blocks_to_swap",
-                        list(range(1, layers + 1)),
-                        clip,
-                    )
-                    if recipe is not None:
-                        found.append(recipe)
+                if lora and world == 1:  # the fewest swapped blocks that fit, at each offload (least first)
+                    for offload in [0.0, *offloads]:
+                        recipe = _least_that_fits(
+                            profile,
+                            {**sets, "train.activation_offload": str(offload)},
+                            "train.lora.blocks_to_swap",
+                            list(range(1, layers + 1)),
+                            clip,
+                        )
+                        if recipe is not None:
+                            found.append(recipe)
+                            break
     found.sort(key=lambda r: (r.step_s, r.memory_gib))
     return found, EVALUATED[0] - start
 
@@ -281,7 +300,9 @@ def format_fit(report: FitReport, top: int = 8) -> str:
     ]
     lines += [f"  note: {n}" for n in report.notes]
     if report.recipes:
-        lines.append(f"  {'#':>2}  {'GiB':>6}  {'step s':>7}  {'tok/s/GPU':>9}  {'batch':>5}  recipe")
+        lines.append(
+            f"  {'#':>2}  {'GiB':>6}  {'host GiB':>8}  {'step s':>7}  {'tok/s/GPU':>9}  {'batch':>5}  recipe"
+        )
     for i, r in enumerate(report.recipes[:top], 1):
         knobs = ", ".join(
             f"{k.split('.')[-1]}={v}"
@@ -289,7 +310,7 @@ def format_fit(report: FitReport, top: int = 8) -> str:
             if not k.startswith(("bench.", "parallel.tp", "parallel.pp", "parallel.dp_replicate"))
         )
         lines.append(
-            f"  {i:>2}  {r.memory_gib:>6.1f}  {r.step_s:>7.3g}  {r.tokens_per_s_per_gpu:>9,.0f}  "
+            f"  {i:>2}  {r.memory_gib:>6.1f}  {r.host_gib:>8.1f}  {r.step_s:>7.3g}  {r.tokens_per_s_per_gpu:>9,.0f}  "
             f"{r.plan.clips_per_step:>5}  {knobs}"
             + (f" (host copies expose {r.swap_s:.3g} s)" if r.swap_s else "")
         )

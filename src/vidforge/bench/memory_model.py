@@ -71,6 +71,8 @@ class MemoryEstimate:
     notes: list[str] = field(default_factory=list)
     offloaded_bytes: float = 0.0
     """What train.activation_offload sends to host memory and back a micro-batch (the planner's copy time)."""
+    host_bytes: float = 0.0
+    """Frozen weights block swap keeps in host memory."""
 
     def get(self, name: str) -> float:
         return sum(t.bytes for t in self.terms if t.name == name)
@@ -278,7 +280,7 @@ def estimate_memory(
     offload = train.fsdp_cpu_offload and prec.fsdp
     # LoRA (train.lora; the rulebook keeps it to tp = pp = 1): the base is frozen in the compute dtype and
     # has no gradients, optimizer states or EMA; the fp32 adapters have all four.
-    block_adapters, adapters = 0, 0.0
+    block_adapters, adapters, host_bytes = 0, 0.0, 0.0
     if train.lora is not None:
         block_adapters, outside_adapters = lora_parameters(cfg, train.lora)
         adapters = (blocks * block_adapters + outside_adapters) / shards
@@ -286,6 +288,7 @@ def estimate_memory(
         terms.append(Term("parameters", 0.0 if offload else size, formula))
         if host:
             notes.append(host)
+            host_bytes = min(train.lora.blocks_to_swap, blocks) * lora_block_bytes(profile, counts) / shards
     trained = adapters if train.lora is not None else local_params
     state = [
         ("parameters", 4, "float32 master weights"),
@@ -461,7 +464,7 @@ def estimate_memory(
             "gradients and activations are added: with several micro-batches a step (or pipeline stages) "
             "the gradients of the earlier ones are held while later ones keep their activations"
         )
-    return MemoryEstimate(terms, notes, offloaded_bytes=in_flight * len(offloaded) * one.total)
+    return MemoryEstimate(terms, notes, in_flight * len(offloaded) * one.total, host_bytes)
 
 
 def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:

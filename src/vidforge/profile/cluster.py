@@ -74,6 +74,9 @@ class Cluster(Section):
     host_bandwidth_gbs: float = Field(25.0, gt=0)
     """Host-to-device copy bandwidth per device in GB/s (PCIe 4.0 x16 moves about 25 GB/s from pinned
     memory); what block swap's copies take (`vidforge bench plan --fit`)."""
+    host_memory_gib: float = Field(128.0, gt=0)
+    """Host memory of one machine in GiB: `bench plan --fit` keeps what its recipes pin there (offloaded
+    activations, swapped weights, for every GPU of the machine) within bench.memory_headroom of it."""
     launcher: Literal["local", "torchrun", "slurm"] = "local"
     """How this profile's ranks are started: `local` (`--nproc N` starts them on this machine), `torchrun`
     (one torchrun per node) or `slurm` (srun, one task per device: commands/train-slurm.sbatch). A rank
