@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from vidforge.bench.memory_model import GIB, lora_block_bytes
 from vidforge.bench.param_counts import parameter_counts
 from vidforge.bench.plan import LayoutPlan, divisors, evaluate
@@ -287,7 +289,7 @@ def smallest_change(profile: RunProfile, plan: LayoutPlan) -> Recipe | None:
         return node
 
     def changed(r: Recipe) -> dict[str, str]:
-        return {k: v for k, v in r.sets.items() if str(value(k)).lower() != v.lower()}
+        return {k: v for k, v in r.sets.items() if yaml.safe_load(v) != value(k)}  # as --set parses it
 
     best = min(report.recipes, key=lambda r: (len(changed(r)), r.step_s))
     return Recipe(changed(best), best.plan, best.swap_s, best.clip)
