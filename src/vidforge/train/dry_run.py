@@ -95,7 +95,12 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
             blocks += [int(k) for k in part.blocks.keys()]
             for block in part.blocks.values():
                 if isinstance(block, SwappedBlock):
-                    swapped.append(sum(_local_numel(w) * w.element_size() for w in block.swapper.weights[block.index].params))
+                    swapped.append(
+                        sum(
+                            _local_numel(w) * w.element_size()
+                            for w in block.swapper.weights[block.index].params
+                        )
+                    )
             for p in part.parameters():
                 if id(p) not in seen:  # a conditioning parameter is in every local stage module once
                     seen.add(id(p))
