@@ -55,7 +55,9 @@ def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]
             continue
         fig, ax = plt.subplots(figsize=(5, 3.2))
         for key, xs, ys in lines:
-            ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=key.removeprefix("loss_sigma_"))
+            # A key is data: "$" would start matplotlib's mathtext (a raw parse error on an odd "$...$").
+            label = key.removeprefix("loss_sigma_").replace("$", r"\$")
+            ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=label)
         if len(lines) > 1:
             ax.legend(fontsize=7, title="sigma", title_fontsize=7)
         if stem in ("loss", "loss_sigma", "grad_norm") and min(min(ys) for _, _, ys in lines) > 0:
