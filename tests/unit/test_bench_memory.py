@@ -75,6 +75,9 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
         [*WAN, "data.packing=false", "train.precision=bf16"],
         [*WAN, "train.precision=bf16"],
         [*WAN, "train.activation_checkpointing=full", "model.layers=4"],
+        [*WAN, "train.lora={rank: 4}", "train.precision=bf16"],
+        [*WAN, "train.lora={rank: 4, fp8_base: true}", "train.precision=bf16"],
+        [*WAN, "train.lora={rank: 4, fp8_base: true, fp8_scaling: tensor}", "data.packing=false"],
     ],
     ids=[
         "packed-fp32",
@@ -94,6 +97,9 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
         "wan-plain-bf16",
         "wan-packed-bf16-autocast",
         "wan-full-checkpointing",
+        "wan-lora-bf16",
+        "wan-lora-fp8-base",
+        "wan-lora-fp8-tensor-fp32",
     ],
 )
 def test_memory_model_matches_measured_single_process(sets: list[str]) -> None:

@@ -83,10 +83,12 @@ def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 def state_bytes(
     model: nn.Module, optimizer: torch.optim.Optimizer | None = None, ema: object | None = None
 ) -> dict[str, int]:
-    """Bytes of this rank's parameters, gradients, optimizer states and EMA shadow (local shards)."""
+    """Bytes of this rank's parameters (with the float8 base's scales, which are part of its weights
+    though buffers), gradients, optimizer states and EMA shadow (local shards)."""
     params = list(model.parameters())
+    scales = [b for name, b in model.named_buffers() if name.endswith(".weight_scale")]
     out = {
-        "parameters": _tensor_bytes(params),
+        "parameters": _tensor_bytes([*params, *scales]),
         "gradients": _tensor_bytes(p.grad for p in params if p.grad is not None),
     }
     if optimizer is not None:

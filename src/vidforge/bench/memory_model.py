@@ -19,7 +19,8 @@ Activations follow what autograd saves in vidforge's blocks (counted op by op wi
   MLP          2 x mlp_hidden (GELU: fc1 output and the GELU output) or 4 x mlp_hidden (SwiGLU)
   several samples packed in a row
                + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
-               kept whole since the gates are views of it) and each sub-layer's 1 + scale
+               kept whole since the gates are views of it) and each sub-layer's 1 + scale; a row of
+               one sample broadcasts its modulation (nothing per token)
 
 in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. The wan family (`wan_block_norms`)
 differs around the norms: Wan computes them, the modulation and the residual adds in float32 whatever
@@ -69,6 +70,10 @@ class MemoryEstimate:
 
     terms: list[Term]
     notes: list[str] = field(default_factory=list)
+    offloaded_bytes: float = 0.0
+    """What train.activation_offload sends to host memory and back a micro-batch (the planner's copy time)."""
+    host_bytes: float = 0.0
+    """Frozen weights block swap keeps in host memory."""
 
     def get(self, name: str) -> float:
         return sum(t.bytes for t in self.terms if t.name == name)
@@ -145,11 +150,17 @@ def block_activations(
     per_token_modulation: bool = False,
     gathered_kv_tokens: int = 0,
     key_groups: int = 1,
+    frozen: bool = False,
+    frozen_mlp: bool = False,
 ) -> BlockActivations:
     """What one block saves for `tokens` tokens of this rank (after the context-parallel split) of
     `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
     all-gather CP keeps per full-attention layer. `key_groups`: attention groups of one clip over all
-    scopes (frames + positions + 1); the multimodal block appends the caption's keys to each."""
+    scopes (frames + positions + 1); the multimodal block appends the caption's keys to each.
+    `frozen`: a LoRA base, whose modulation, gates and norm weights need no gradient, so the products with
+    them keep neither the norm's output, nor the gated output, nor the normalised q and k; `frozen_mlp`:
+    the MLP has no adapters either, so its second projection keeps no input (counted on the CPU with
+    saved-tensor hooks, as the rest)."""
     d, m, h = cfg.hidden, cfg.mlp_hidden, cfg.heads
     sublayers, scopes, full_scopes, chunks = _scopes(cfg)
     f32 = 4
@@ -158,18 +169,23 @@ def block_activations(
     # LayerNorm input and output, the modulated input the projections read, the gated output; under
     # sequence parallel the first two and the gated output are this rank's tokens, the modulated input
     # is saved all-gathered (the whole sequence), and without it all four are whole.
-    per_norm_local = 3 * d * compute + 2 * compute
+    per_norm_local = (1 if frozen else 3) * d * compute + 2 * compute
     gathered_input = d * compute
     # Several samples in a row: the modulation gathered per token (chunks x d, kept whole because the gates
-    # are views of it) and each sub-layer's (1 + scale).
+    # are views of it) and each sub-layer's (1 + scale). A row of one sample broadcasts its one modulation
+    # row instead (`Conditioning.per_token`): nothing per token.
     modulation = (chunks + sublayers) * d * compute if per_token_modulation else 0
-    attn_scope = ((9 - low) * compute + low * f32) * d + 3 * h * f32
-    cross_low = 2 if compute == 2 else 0
-    cross = ((3 - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
-    mlp = (4 if cfg.mlp_act == "swiglu" else 2) * m * compute
+    # a frozen base: the RMSNorms' weight products keep no normalised q or k (2 of the float32 tensors of
+    # a self-attention scope, 1 of cross-attention's)
+    kept, low = (7, max(low - 2, 0)) if frozen else (9, low)
+    attn_scope = ((kept - low) * compute + low * f32) * d + 3 * h * f32
+    cross_low = (1 if frozen else 2) if compute == 2 else 0
+    cross_kept = 2 if frozen else 3
+    cross = ((cross_kept - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
+    mlp = ((4 if cfg.mlp_act == "swiglu" else 2) - (1 if frozen_mlp else 0)) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
     if cfg.family == "wan":
-        local, modulation = wan_block_norms(cfg, compute, per_token_modulation)
+        local, modulation = wan_block_norms(cfg, compute, per_token_modulation, frozen)
         norms = local * tokens / norm_tp + sublayers * gathered_input * tokens
     else:
         norms = (sublayers * per_norm_local + modulation) * tokens / norm_tp
@@ -193,30 +209,33 @@ def block_activations(
     return BlockActivations(parts)
 
 
-def wan_block_norms(cfg: Model, compute: int, per_token_modulation: bool) -> tuple[float, float]:
+def wan_block_norms(
+    cfg: Model, compute: int, per_token_modulation: bool, frozen: bool = False
+) -> tuple[float, float]:
     """Bytes per token a Wan block saves around its norms, besides each sub-layer's input that the
     projections read (counted as the DiT's `gathered_input`), and of those the per-token modulation.
 
     Self-attention and feed-forward: the float32 norm input (x.float()) and output, mean and rstd, and
     the output the gate multiplies (attention's in the compute dtype, the feed-forward's float32).
     Cross-attention: the float32 input of its LayerNorm, mean and rstd (nothing without the norm).
-    Several samples in a row: the six float32 modulation vectors gathered per token and two (1 + scale)."""
+    Several samples in a row: the six float32 modulation vectors gathered per token and two (1 + scale).
+    A frozen (LoRA) base: neither the norm outputs nor the gated outputs (no modulation gradient)."""
     d, f32 = cfg.hidden, 4
-    norm = 2 * f32 * d + 2 * f32
+    norm = (1 if frozen else 2) * f32 * d + 2 * f32
     cross = f32 * d + 2 * f32 if cfg.cross_attn_norm else 0
     modulation = (6 + 2) * d * f32 if per_token_modulation else 0
-    return norm + compute * d + cross + norm + f32 * d + modulation, modulation
+    gated = 0 if frozen else compute * d + f32 * d
+    return norm + cross + norm + gated + modulation, modulation
 
 
 def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
     """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
     d, p = cfg.hidden, cfg.patch_dim
+    per_token = workload.per_token_modulation
     if cfg.family == "wan":  # float32 norm input and output, the projection's input; per-token 1 + scale
-        final = ((2 * 4 + compute + (4 if workload.per_token_modulation else 0)) * d + 8) * tokens
+        final = ((2 * 4 + compute + (4 if per_token else 0)) * d + 8) * tokens
     else:
-        final = (
-            ((4 if workload.per_token_modulation else 3) * d + 4) * compute * tokens
-        )  # per-token 1 + scale
+        final = ((4 if per_token else 3) * d + 4) * compute * tokens  # per-token 1 + scale
     io = p * (compute + 4) * tokens
     rope = 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
     captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute
@@ -262,20 +281,15 @@ def estimate_memory(
     offload = train.fsdp_cpu_offload and prec.fsdp
     # LoRA (train.lora; the rulebook keeps it to tp = pp = 1): the base is frozen in the compute dtype and
     # has no gradients, optimizer states or EMA; the fp32 adapters have all four.
-    block_adapters, adapters = 0, 0.0
+    block_adapters, adapters, host_bytes = 0, 0.0, 0.0
     if train.lora is not None:
         block_adapters, outside_adapters = lora_parameters(cfg, train.lora)
         adapters = (blocks * block_adapters + outside_adapters) / shards
-        base = 2 if train.precision == "bf16" else 4
-        size = 0.0 if offload else local_params * base
-        terms.append(
-            Term(
-                "parameters",
-                size,
-                f"frozen base (train.lora) in the compute dtype: {where} = {local_params:,.0f} params x "
-                f"{base} B = {_gib(size)}",
-            )
-        )
+        size, formula, host = lora_base(profile, counts, blocks, shards, where, local_params)
+        terms.append(Term("parameters", 0.0 if offload else size, formula))
+        if host:
+            notes.append(host)
+            host_bytes = min(train.lora.blocks_to_swap, blocks) * lora_block_bytes(profile, counts) / shards
     trained = adapters if train.lora is not None else local_params
     state = [
         ("parameters", 4, "float32 master weights"),
@@ -309,6 +323,8 @@ def estimate_memory(
         per_token_modulation=workload.per_token_modulation,
         gathered_kv_tokens=gathered,
         key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
+        frozen=train.lora is not None,
+        frozen_mlp=train.lora is not None and train.lora.target_modules is None,  # adapters on attention only
     )
     mode = train.activation_checkpointing
     checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
@@ -354,31 +370,58 @@ def estimate_memory(
         )
 
     # --- weight copies held for the backward, communication buffers ------------------------------------
-    if prec.autocast:
-        # Every Linear weight of this rank, cast to bf16 and kept for the backward: TP's local shards.
-        # (less the blocks of other pipeline stages, and what other TP ranks hold)
-        split = (blocks * counts.block_tp + counts.outside_tp) * (1 - 1 / tp)
-        weights = counts.linear_weights - (cfg.layers - blocks) * counts.block - split
-        if train.lora is not None:  # a bf16 base is read as it is: only the fp32 adapters are cast
-            weights = adapters
+    if prec.autocast and train.lora is None:
+        # The Linear weights of this rank that autocast casts to bf16 and keeps for the backward: TP's
+        # local shards of the layers outside the blocks and of each block that keeps its activations; a
+        # checkpointed block's casts live only while it recomputes (one block at a time).
+        linear_outside = counts.linear_weights - cfg.layers * counts.block_linear_weights
+        block_share = block_params / counts.block
+        outside_share = outside_params / counts.outside if counts.outside else 1.0
+        held = blocks - recomputed + (1 if recomputed else 0)
+        weights = linear_outside * outside_share + held * counts.block_linear_weights * block_share
         terms.append(
             Term(
                 "weight copies",
                 weights * 2,
-                f"bf16 autocast casts every Linear weight this rank holds ({weights:,.0f}) x 2 B",
+                f"bf16 autocast casts the Linear weights this rank holds and keeps them for the backward: "
+                f"{linear_outside * outside_share:,.0f} outside the blocks + {held} block(s) x "
+                f"{counts.block_linear_weights * block_share:,.0f}"
+                f"{' (checkpointed blocks: only the one recomputing)' if recomputed else ''} = "
+                f"{weights:,.0f} x 2 B",
+            )
+        )
+    elif prec.autocast:  # a bf16 (or float8) base is read as it is: only the fp32 adapters are cast
+        terms.append(
+            Term(
+                "weight copies",
+                adapters * 2,
+                f"bf16 autocast casts the fp32 LoRA adapters: {adapters:,.0f} x 2 B",
+            )
+        )
+    if train.lora is not None and train.lora.fp8_base:
+        largest = counts.block_largest_linear
+        terms.append(
+            Term(
+                "dequantized weight",
+                largest * (4 + prec.compute),
+                f"fp8 base: one linear at a time dequantized (float32, then the compute dtype): the largest "
+                f"{largest:,.0f} weights x {4 + prec.compute} B",
             )
         )
     comm = 0.0
     comm_parts = []
     if prec.fsdp:
-        unsharded = block_params * prec.compute
+        # LoRA: the frozen base is gathered as it is stored (bf16, or float8 with fp8_base)
+        unsharded = (
+            lora_block_bytes(profile, counts) if train.lora is not None else block_params * prec.compute
+        )
         if layout.pp > 1:  # stages keep their weights gathered through the step (reshard_after_forward off)
             held = blocks * unsharded
             why = f"FSDP under pipeline parallel keeps the stage's {blocks} blocks unsharded through the step"
         else:  # the last block stays unsharded between forward and backward
             held = unsharded
             why = "FSDP keeps the last block unsharded from forward to backward"
-        terms.append(Term("weight copies", held, f"{why}: {block_params:,.0f} x {prec.compute} B a block"))
+        terms.append(Term("weight copies", held, f"{why}: {_gib(unsharded)} a block"))
         gather = 2 * unsharded
         # gradients exist for what trains: LoRA's adapters alone
         reduce = (block_adapters if train.lora is not None else block_params) * (prec.compute + 4)
@@ -401,8 +444,66 @@ def estimate_memory(
         notes.append(
             "FSDP mixed precision: weights all-gathered and computed in bf16, gradients reduced in float32"
         )
-    notes.append(
-        "gradients and activations are added although the backward frees activations as gradients fill: "
-        "an upper bound by at most the activations of one block"
-    )
-    return MemoryEstimate(terms, notes)
+    blocks_saved = in_flight * stored
+    if layout.pp == 1 and train.grad_accum == 1:
+        # The peak of the step is in the backward: at its start every block's saved tensors and no
+        # gradient, at its end every gradient and no block's saved tensors; the backward frees one block's
+        # as it fills the block's gradients. So the two never add up: the peak holds the larger.
+        grads = sum(t.bytes for t in terms if t.name == "gradients")
+        overlap = min(blocks_saved, grads)
+        if overlap:
+            terms.append(
+                Term(
+                    "backward overlap",
+                    -overlap,
+                    f"the backward frees the blocks' saved tensors ({_gib(blocks_saved)}) as it fills the "
+                    f"gradients ({_gib(grads)}): the peak holds the larger of the two, not both",
+                )
+            )
+    else:
+        notes.append(
+            "gradients and activations are added: with several micro-batches a step (or pipeline stages) "
+            "the gradients of the earlier ones are held while later ones keep their activations"
+        )
+    return MemoryEstimate(terms, notes, in_flight * len(offloaded) * one.total, host_bytes)
+
+
+def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
+    """Bytes of one block's frozen LoRA base: the compute dtype, or with `fp8_base` its linear weights in
+    one byte and a float32 scale per row (or per layer)."""
+    lora, base = profile.train.lora, 2 if profile.train.precision == "bf16" else 4
+    assert lora is not None
+    if not lora.fp8_base:
+        return counts.block * base
+    scales = counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears
+    return (counts.block - counts.block_linear_weights) * base + counts.block_linear_weights + 4 * scales
+
+
+def lora_base(
+    profile: RunProfile, counts: ParameterCounts, blocks: int, shards: int, where: str, local_params: float
+) -> tuple[float, str, str]:
+    """Device bytes of LoRA's frozen base on one rank, the arithmetic, and a note on what waits in host
+    memory (block swap), or "". The base is in the compute dtype; with `fp8_base` the blocks' linear
+    weights are one byte and a float32 scale per row (or per layer); with `blocks_to_swap` N blocks'
+    frozen weights live on the host and at most two of them are on the device at once."""
+    lora, base = profile.train.lora, 2 if profile.train.precision == "bf16" else 4
+    assert lora is not None
+    block = lora_block_bytes(profile, counts)
+    what = f"frozen base (train.lora) in the compute dtype: {where} = {local_params:,.0f} params x {base} B"
+    if lora.fp8_base:
+        what = (
+            f"frozen base (train.lora), its blocks' linear weights in float8 (fp8_base, one float32 scale per "
+            f"{lora.fp8_scaling}): {blocks} blocks x {block / 2**20:,.1f} MiB + "
+            f"{counts.outside:,.0f} outside the blocks x {base} B, / {shards} FSDP shard(s)"
+        )
+    swapped = min(lora.blocks_to_swap, blocks)
+    on_device = blocks - swapped + min(swapped, 2)
+    size = (on_device * block + counts.outside * base) / shards
+    host = ""
+    if swapped:
+        what += (
+            f"; block swap: {swapped} blocks' weights in host memory, at most {min(swapped, 2)} of them on the "
+            f"device at once ({on_device} blocks' worth)"
+        )
+        host = f"train.lora.blocks_to_swap: {_gib(swapped * block / shards)} of frozen weights in pinned host memory"
+    return size, f"{what} = {_gib(size)}", host

@@ -64,6 +64,14 @@ class ParameterCounts:
     linear_weights: int
     """Weights of every nn.Linear: what bf16 autocast casts and keeps for the backward."""
     layers: int
+    block_linear_weights: int = 0
+    """Weights of one block's nn.Linear layers (what `train.lora.fp8_base` stores in float8)."""
+    block_linear_rows: int = 0
+    """Output rows of one block's nn.Linear layers (one float32 scale each under per-row fp8)."""
+    block_linears: int = 0
+    """nn.Linear layers in one block."""
+    block_largest_linear: int = 0
+    """Weights of one block's largest nn.Linear (the fp8 base dequantizes one layer at a time)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -83,6 +91,7 @@ def parameter_counts(cfg: Model) -> ParameterCounts:
     )
     total = sum(p.numel() for p in model.parameters())
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    block_linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
     return ParameterCounts(
         total=total,
         block=block_total,
@@ -91,6 +100,10 @@ def parameter_counts(cfg: Model) -> ParameterCounts:
         outside_tp=outside_tp,
         linear_weights=linear,
         layers=cfg.layers,
+        block_linear_weights=sum(m.weight.numel() for m in block_linears),
+        block_linear_rows=sum(m.out_features for m in block_linears),
+        block_linears=len(block_linears),
+        block_largest_linear=max((m.weight.numel() for m in block_linears), default=0),
     )
 
 
@@ -101,10 +114,15 @@ def tp_local_parameters(counts: ParameterCounts, blocks: int, tp: int) -> float:
     return outside + blocks * (counts.block - counts.block_tp + counts.block_tp / tp)
 
 
-@functools.lru_cache(maxsize=64)
 def lora_parameters(cfg: Model, lora: Lora) -> tuple[int, int]:
     """(adapter parameters of one block, of the rest of the model) that `train.lora` adds: counted on a
-    meta-device model given its adapters by peft, as training does."""
+    meta-device model given its adapters by peft, as training does (once per rank and targets)."""
+    return _lora_parameters(cfg, lora.rank, lora.target_modules)
+
+
+@functools.lru_cache(maxsize=64)
+def _lora_parameters(cfg: Model, rank: int, targets: tuple[str, ...] | None) -> tuple[int, int]:
+    lora = Lora(rank=rank, target_modules=targets)
     from vidforge.models import build_model
     from vidforge.train.lora import apply_lora, is_adapter
 

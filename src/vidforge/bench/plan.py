@@ -53,6 +53,8 @@ class LayoutPlan:
     bubble_s: float = 0.0
     step_s: float = math.inf
     tokens_per_step: int = 0
+    clips_per_step: int = 0
+    """The global batch: train.micro_batch clips x micro-batches x data-parallel ranks."""
     capacity_bytes: float = 0.0
     problems: list[str] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
@@ -87,6 +89,7 @@ class LayoutPlan:
             "bubble_s": self.bubble_s,
             "step_s": self.step_s,
             "tokens_per_step": self.tokens_per_step,
+            "global_batch": self.clips_per_step,
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
         }
 
@@ -147,6 +150,7 @@ def evaluate(
     hidden = sum(c.seconds for c in plan.comm if c.overlapped)
     plan.step_s = plan.compute_s + plan.bubble_s + exposed + max(0.0, hidden - plan.compute_s)
     plan.tokens_per_step = workload.tokens * microbatches * layout.dp
+    plan.clips_per_step = workload.samples * microbatches * layout.dp
     total = plan.memory.total
     if total > plan.capacity_bytes:
         plan.problems.append(
@@ -355,13 +359,19 @@ def format_ranking(report: PlanReport, top: int = 10) -> str:
         f"{len(report.ranked)} valid layouts of {report.world_size} ranks for {report.profile} "
         f"({report.workload}); {len(report.rejected)} rejected. Fastest first:",
         f"{'#':>3}  {'pp':>3} {'dp_rep':>6} {'dp_shard':>8} {'cp':>3} {'tp':>3}  {'ckpt':<9} {'GiB':>6} "
-        f"{'step s':>7} {'tok/s/GPU':>10}",
+        f"{'step s':>7} {'tok/s/GPU':>10} {'batch':>6}",
     ]
-    for i, p in enumerate(report.ranked[:top], 1):
+    for i, (p, alike) in enumerate(distinct(report.ranked)[:top], 1):
         lay = p.layout
         lines.append(
             f"{i:>3}  {lay.pp:>3} {lay.dp_replicate:>6} {lay.dp_shard:>8} {lay.cp:>3} {lay.tp:>3}  "
-            f"{p.checkpointing:<9} {p.memory.total / GIB:>6.1f} {p.step_s:>7.3g} {p.tokens_per_s_per_gpu:>10,.0f}"  # type: ignore[union-attr]
+            f"{p.checkpointing:<9} {p.memory.total / GIB:>6.1f} {p.step_s:>7.3g} {p.tokens_per_s_per_gpu:>10,.0f} "  # type: ignore[union-attr]
+            f"{p.clips_per_step:>6}"
+            + (
+                f"  (also dp_replicate {', '.join(str(a.layout.dp_replicate) for a in alike)}: more memory)"
+                if alike
+                else ""
+            )
         )
     if report.ranked:
         lines.append("")
@@ -375,14 +385,39 @@ def format_ranking(report: PlanReport, top: int = 10) -> str:
         first = p.problems[0] if p.problems else "?"
         if first.startswith("needs "):
             key = "does not fit in memory (with full activation checkpointing)"
-        else:
-            key = re.sub(r"\d[\d,]*", "N", first.split(" (")[0].split(":")[0])
+        else:  # the first clause of the rule's sentence, its numbers as N
+            key = re.sub(r"\d[\d,.]*", "N", first.split("; ")[0])
         reasons[key] = reasons.get(key, 0) + 1
     if reasons:
         lines.append("")
         lines.append("rejected:")
         lines.extend(f"  {n:>4} x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
     return "\n".join(lines)
+
+
+def distinct(ranked: list[LayoutPlan]) -> list[tuple[LayoutPlan, list[LayoutPlan]]]:
+    """The ranking without rows that predict the same: layouts that differ only in how the data-parallel
+    ranks split between replicas and shards (same pp, cp, tp, checkpointing, step time, batch) are one
+    row, the one with the least memory, listing the others."""
+    groups: dict[tuple, list[LayoutPlan]] = {}
+    for p in ranked:
+        lay = p.layout
+        key = (
+            lay.pp,
+            lay.cp,
+            lay.tp,
+            lay.dp,
+            p.checkpointing,
+            p.cp_impl,
+            round(p.step_s, 6),
+            p.clips_per_step,
+        )
+        groups.setdefault(key, []).append(p)
+    out = []
+    for group in groups.values():
+        group.sort(key=lambda p: p.memory.total if p.memory else math.inf)
+        out.append((group[0], group[1:]))
+    return out
 
 
 def cp_choices(cp: int) -> list[tuple[str, int]]:

@@ -10,6 +10,7 @@ import typer
 
 from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import current_output
+from vidforge.errors import UserInputError
 
 app = typer.Typer(
     help="Measure training, sampling, attention and curation throughput, sweep profile fields, and plan "
@@ -303,6 +304,27 @@ def plan(
     world_size: Annotated[
         int | None, typer.Option("--world-size", min=1, help="With --rank, plan for this many ranks instead.")
     ] = None,
+    fit: Annotated[
+        bool,
+        typer.Option(
+            "--fit",
+            help="List the recipes (layout, recompute, offload; LoRA: fp8 base, block swap) that fit the "
+            "model and clip on the machine, fastest first, each as --set lines.",
+        ),
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="A model preset (wan2.1-14b) or a diffusers Wan transformer folder."),
+    ] = None,
+    clip: Annotated[
+        str | None,
+        typer.Option("--clip", help="The training clip in pixels, FRAMESxHEIGHTxWIDTH (81x480x832)."),
+    ] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs of the one machine.")] = None,
+    accelerator: Annotated[
+        str | None,
+        typer.Option("--accelerator", help="The GPU (rtx4090, rtx5090, l40s, a100-40gb, h100, ...)."),
+    ] = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -311,15 +333,36 @@ def plan(
     communication volume of each parallel dimension over the cluster's links, and the predicted step
     time; with context parallel, the layout under each CP implementation (all-gather, ring, ulysses, 2D
     usp at each Ulysses degree), fastest first. With --rank: every valid layout of the cluster, fastest
-    first, with the reasons and what was rejected. Nothing runs; no GPU needed.
+    first, with the reasons and what was rejected. With --fit: the recipes that fit the model (--model) and
+    clip (--clip) on --gpus GPUs of --accelerator, fastest first, each as the --set lines to paste. A plan
+    that does not fit exits 2, naming the smallest change that does. Nothing runs; no GPU needed.
 
     Example: vidforge bench plan --profile dit7b_74k_tp2_cp4_64xh100
     Example: vidforge bench plan --profile dit1b_1xh200 --rank --world-size 8
+    Example: vidforge bench plan --fit --model wan2.1-14b --clip 81x480x832 --gpus 1 --accelerator rtx4090 --set "train.lora={rank: 16}"
     """
     from vidforge.bench.plan import evaluate, format_plan, format_ranking, rank_layouts
 
-    resolved = profile_from(profile, set_)
+    given = [*_machine_sets(model, clip, gpus, accelerator), *(set_ or [])]
+    resolved = profile_from(profile, given)
     output = current_output()
+    if fit:
+        from vidforge.bench.fit import fit as fit_recipes
+        from vidforge.bench.fit import format_fit
+
+        report = fit_recipes(resolved)
+        text = format_fit(report)
+        if report.recipes:
+            merged = dict(item.split("=", 1) for item in given) | report.recipes[0].sets  # the recipe's win
+            command = ["vidforge train", f"--profile {resolved.name}"]
+            command += [f"--set {_quoted(f'{k}={v}')}" for k, v in merged.items()]
+            text += "\n\ncommand:\n  " + " \\\n    ".join(command)
+        output.result(report.as_dict(8), text=text)
+        if not report.recipes:
+            raise UserInputError(
+                f"bench plan --fit: {report.notes[-1]}; use more or larger GPUs (--gpus, --accelerator)"
+            )
+        return
     if rank:
         report = rank_layouts(resolved, world_size)
         output.result(report.as_dict(top), text=format_ranking(report, top))
@@ -333,4 +376,61 @@ def plan(
         choices = rank_cp_impls(resolved)
         result["cp_choices"] = [{"cp_impl": name, **choice.as_dict()} for name, choice in choices]
         text += "\n\n" + format_cp_choices(choices)
+    if layout_plan.memory is not None and not layout_plan.valid:
+        from vidforge.bench.fit import smallest_change
+
+        change = smallest_change(resolved, layout_plan)
+        result["smallest_change"] = change.as_dict() if change else None
+        output.result(result, text=text)
+        fix = (
+            f"the smallest change that fits: {' '.join(change.set_lines())} ({change.memory_gib:.1f} GiB, step "
+            f"{change.step_s:.3g} s)"
+            if change
+            else "nothing fits these GPUs at this clip or smaller; use more or larger GPUs"
+        )
+        raise UserInputError(f"bench plan: {layout_plan.problems[-1]}; {fix}")
     output.result(result, text=text)
+
+
+def _quoted(item: str) -> str:
+    return f'"{item}"' if any(c in item for c in " {}[]") else item
+
+
+def _machine_sets(
+    model: str | None, clip: str | None, gpus: int | None, accelerator: str | None
+) -> list[str]:
+    """--model, --clip, --gpus and --accelerator as the --set lines they stand for."""
+    sets: list[str] = []
+    if model is not None:
+        if Path(model).is_dir():
+            import json
+
+            from vidforge.models.wan_weights import model_from_diffusers, transformer_folder
+
+            config = transformer_folder(model) / "config.json"
+            fields = model_from_diffusers(json.loads(config.read_text()), config).model_dump(mode="json")
+            sets += ["model.preset=null", "diffusion.objective=flow"]
+            sets += [
+                f"model.{k}={json.dumps(v)}"
+                for k, v in fields.items()
+                if k not in ("attention", "sdpa_backend")
+            ]
+        else:
+            sets += [f"model.preset={model}"]
+            if model.startswith("wan"):  # Wan's objective, and its blocks have no absolute positions
+                sets += ["diffusion.objective=flow", "model.abs_position=none"]
+    if clip is not None:
+        parts = clip.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise UserInputError(f"--clip {clip}: give FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832")
+        frames, height, width = map(int, parts)
+        sets += [
+            f"bench.latent_frames={(frames - 1) // 4 + 1}",
+            f"bench.latent_height={height // 8}",
+            f"bench.latent_width={width // 8}",
+        ]
+    if gpus is not None:
+        sets += ["cluster.nodes=1", f"cluster.gpus_per_node={gpus}"]
+    if accelerator is not None:
+        sets += [f"cluster.accelerator={accelerator}"]
+    return sets

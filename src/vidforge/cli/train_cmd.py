@@ -141,8 +141,12 @@ def _dry_run(profile) -> None:
             f"{s.parameters:,} parameters per rank",
             f"    parameters {s.parameter_bytes / gib:8.2f} GiB   gradients {s.gradient_bytes / gib:8.2f} GiB   "
             f"AdamW {s.optimizer_bytes / gib:8.2f} GiB   EMA {s.ema_bytes / gib:8.2f} GiB",
-            f"    activations {s.activation_bytes / gib:7.2f} GiB (model)   total {s.total_bytes / gib:8.2f} GiB   "
-            f"(the memory model's parameters: {s.model_parameter_bytes / gib:.2f} GiB)",
+            "    model: "
+            + "   ".join(f"{name} {v / gib:.2f} GiB" for name, v in s.model_terms.items())
+            + f"   total {s.total_bytes / gib:.2f} GiB   (the memory model's parameters: "
+            f"{s.model_parameter_bytes / gib:.2f} GiB)",
         ]
+        if s.host_bytes:
+            lines.append(f"    host memory (block swap): {s.host_bytes / gib:.2f} GiB of frozen weights")
     lines += [f"  {note}" for note in result.notes]
     current_output().result(result.as_dict(), text="\n".join(lines))

@@ -1,7 +1,7 @@
 """Everything parallel applied to a built model, in one fixed order (torchtitan's `parallelize`):
 
     float8 linears -> tensor/sequence parallel -> context parallel -> activation checkpointing
-    -> activation offload -> compile -> FSDP2 (over dp_shard x cp, HSDP with dp_replicate)
+    -> activation offload -> compile -> block swap -> FSDP2 (over dp_shard x cp, HSDP with dp_replicate)
 
 Why this order: float8 swaps Linear classes that TP then shards; TP must see plain Linears (not
 checkpoint wrappers or compiled modules); context parallel only swaps parameter-free attention modules;
@@ -19,6 +19,7 @@ from torch import nn
 
 from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from vidforge.parallel.activation_offload import apply_activation_offload
+from vidforge.parallel.block_swap import apply_block_swap
 from vidforge.parallel.dims import ParallelDims
 from vidforge.parallel.fsdp import apply_fsdp
 from vidforge.profile import RunProfile
@@ -55,6 +56,10 @@ def parallelize(
     )
     if cfg.compile:
         compile_blocks(model.blocks)
+    # block swap (train.lora.blocks_to_swap): around every other wrapper, before FSDP
+    if cfg.lora is not None and cfg.lora.blocks_to_swap:
+        n = len(apply_block_swap(model.blocks, cfg.lora.blocks_to_swap, device).order)  # type: ignore[union-attr]
+        done.notes.append(f"block swap: the frozen weights of the last {n} blocks wait in host memory")
     if uses_fsdp(dims):
         param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
         # Under pipeline parallel a stage runs every micro-batch's forward before its backwards (GPipe) or

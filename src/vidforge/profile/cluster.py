@@ -8,12 +8,22 @@ from pydantic import Field, model_validator
 
 from vidforge.profile.base import Section
 
-# Dense bf16 peak (no sparsity) and memory of the accelerators we plan for. The GPU figures are the
-# vendors' SXM datasheet numbers; MFU is measured against these.
+# Dense bf16 peak (no sparsity; tensor cores with float32 accumulation) and memory of the accelerators we
+# plan for, from the vendors' datasheets (the data-centre GPUs in their SXM form); MFU is measured against
+# these. Memory is the card's nominal size in GiB: the plan keeps bench.memory_headroom of it free for
+# the CUDA context, the allocator's fragmentation and the kernels' workspaces.
 KNOWN_ACCELERATORS: dict[str, dict[str, float | str]] = {
+    # consumer and workstation cards (Ada and Blackwell GeForce: bf16 with float32 accumulation runs at
+    # half the float16-accumulate rate the box quotes)
+    "rtx4090": {"kind": "cuda", "peak_bf16_flops": 165.2e12, "memory_gib": 24.0},
+    "rtx5090": {"kind": "cuda", "peak_bf16_flops": 209.5e12, "memory_gib": 32.0},
+    "l40s": {"kind": "cuda", "peak_bf16_flops": 362e12, "memory_gib": 48.0},
+    # data centre
+    "a100-40gb": {"kind": "cuda", "peak_bf16_flops": 312e12, "memory_gib": 40.0},
+    "a100": {"kind": "cuda", "peak_bf16_flops": 312e12, "memory_gib": 80.0},
+    "a100-80gb": {"kind": "cuda", "peak_bf16_flops": 312e12, "memory_gib": 80.0},
     "h100": {"kind": "cuda", "peak_bf16_flops": 989e12, "memory_gib": 80.0},
     "h200": {"kind": "cuda", "peak_bf16_flops": 989e12, "memory_gib": 141.0},
-    "a100": {"kind": "cuda", "peak_bf16_flops": 312e12, "memory_gib": 80.0},
     "b200": {"kind": "cuda", "peak_bf16_flops": 2250e12, "memory_gib": 180.0},
     # A nominal figure for a laptop-class CPU; only used so that MFU prints something on CPU runs.
     "cpu": {"kind": "cpu", "peak_bf16_flops": 1e12, "memory_gib": 24.0},
@@ -21,8 +31,8 @@ KNOWN_ACCELERATORS: dict[str, dict[str, float | str]] = {
 
 
 class Accelerator(Section):
-    """One device of the cluster. In YAML either a known name (`h100`, `h200`, `a100`, `b200`, `cpu`) or
-    a mapping with every field."""
+    """One device of the cluster. In YAML either a known name (`rtx4090`, `rtx5090`, `l40s`, `a100-40gb`,
+    `a100` = `a100-80gb`, `h100`, `h200`, `b200`, `cpu`) or a mapping with every field."""
 
     name: str = "cpu"
     """Label used in reports and to pick defaults."""
@@ -61,6 +71,12 @@ class Cluster(Section):
     """Per-device unidirectional bandwidth inside a node in GB/s (NVLink 4 on H100: 450)."""
     inter_node_bandwidth_gbs: float = Field(50.0, gt=0)
     """Per-device unidirectional bandwidth between nodes in GB/s (one 400 Gb/s NIC per GPU: 50)."""
+    host_bandwidth_gbs: float = Field(25.0, gt=0)
+    """Host-to-device copy bandwidth per device in GB/s (PCIe 4.0 x16 moves about 25 GB/s from pinned
+    memory); what block swap's copies take (`vidforge bench plan --fit`)."""
+    host_memory_gib: float = Field(128.0, gt=0)
+    """Host memory of one machine in GiB: `bench plan --fit` keeps what its recipes pin there (offloaded
+    activations, swapped weights, for every GPU of the machine) within bench.memory_headroom of it."""
     launcher: Literal["local", "torchrun", "slurm"] = "local"
     """How this profile's ranks are started: `local` (`--nproc N` starts them on this machine), `torchrun`
     (one torchrun per node) or `slurm` (srun, one task per device: commands/train-slurm.sbatch). A rank

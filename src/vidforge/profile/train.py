@@ -23,6 +23,15 @@ class Lora(Section):
     """Module names (peft's suffix match, e.g. `to_q`) that get adapters; None: the family's attention
     projections (`vidforge.train.lora.DEFAULT_TARGETS`: wan `to_q`, `to_k`, `to_v`, `to_out.0`; the
     vidforge DiT `q`, `k`, `v`, `out`)."""
+    fp8_base: bool = False
+    """Store the blocks' frozen linear weights in float8 e4m3 with a float32 scale (`fp8_scaling`), half of
+    bf16's bytes; each layer computes in the compute dtype from its weight dequantized on the fly
+    (`vidforge.parallel.fp8_base`). The adapters, norms, embeddings and the final layer keep their dtype."""
+    fp8_scaling: Literal["row", "tensor"] = "row"
+    """With fp8_base: one scale per output row (the smaller error) or one per weight."""
+    blocks_to_swap: int = Field(0, ge=0)
+    """Transformer blocks whose frozen weights wait in pinned host memory and come to the device one block
+    ahead of their use, on a side stream (`vidforge.parallel.block_swap`); the last blocks of the model."""
 
 
 class Train(Section):

@@ -18,6 +18,7 @@ from torch import nn
 
 from vidforge.models import build_model
 from vidforge.models.cpu_draws import cpu_draws
+from vidforge.parallel.fp8_base import apply_fp8_base
 from vidforge.parallel.parallelize import autocast_dtype, parallelize
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
@@ -54,6 +55,8 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
         # the adapters' initialisation, as the model's
         with cpu_draws(device, lambda: sum(p.numel() for p in model.parameters())):
             notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
+        if cfg.lora.fp8_base:
+            notes.append(apply_fp8_base(model, cfg.lora.fp8_scaling))
     compute_dtype = autocast_dtype(dims, profile)
     pipeline = None
     modules: list[nn.Module] = [model]

@@ -7,10 +7,12 @@ run is built by `vidforge train`'s own code (`vidforge.train.build`: the pipelin
 parallel, context parallel, FSDP2, EMA and optimizers; then its training step), so a layout that cannot be
 built fails here, before a job waits in a queue; which layouts the trainer runs at all is the layout
 rulebook's to say, when the profile loads (`vidforge.profile.layout_rules`). Parameter, gradient and optimizer bytes per rank are
-counted from the sharded tensors the layout actually produced; activations, which need a forward, come
-from the analytic memory model of `vidforge bench plan` (vidforge.bench.memory_model), which also gives
-its own parameter figure, so the two can be compared. Ranks differ only by pipeline stage, so one rank
-per stage is built.
+counted from the sharded tensors the layout actually produced; everything else a step holds, which needs a
+forward, comes from the analytic memory model of `vidforge bench plan` (vidforge.bench.memory_model):
+activations, the recomputed block, weight copies, communication buffers and the backward's overlap of
+activations and gradients. So the dry run's total is the plan's with the states counted rather than
+computed: the two differ by FSDP's padding of uneven shards only. Ranks differ only by pipeline stage, so
+one rank per stage is built.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class StageMemory:
     activation_bytes: float  # the memory model's activations (checkpointing and offload included)
     model_parameter_bytes: float  # the memory model's parameter figure, to compare with the counted one
     total_bytes: float
+    model_terms: dict[str, float]  # the memory model's other terms in the total (recompute, copies, ...)
+    host_bytes: float = 0.0  # frozen weights block swap keeps in host memory
 
 
 @dataclass
@@ -67,10 +71,11 @@ def _local_numel(t: torch.Tensor) -> int:
     return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
 
-def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, list[int]]:
+def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float, list[int]]:
     """Build rank `rank`'s part of the run on a fake process group, exactly as `vidforge train` builds it
     (`vidforge.train.build.build` and its training step), with the weights on the meta device; returns
-    (local parameters, block indices it holds)."""
+    (local parameters, trainable ones, device bytes of the parameters, bytes block swap keeps on the
+    host, block indices it holds)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from vidforge.parallel.runtime import Runtime
@@ -83,17 +88,30 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, list[i
         runtime = Runtime(rank, dims.world_size, 0, torch.device("meta"), dims)
         parts = build(profile, runtime)
         make_train_step(profile, runtime, parts)
+        from vidforge.parallel.block_swap import SwappedBlock
+
         params, trainable, param_bytes, blocks = 0, 0, 0.0, []
         seen: set[int] = set()
+        swapped: list[float] = []  # each swapped block's frozen bytes: on the host between its uses
         for part in parts.modules:
             blocks += [int(k) for k in part.blocks.keys()]
+            for block in part.blocks.values():
+                if isinstance(block, SwappedBlock):
+                    swapped.append(
+                        sum(
+                            _local_numel(w) * w.element_size()
+                            for w in block.swapper.weights[block.index].params
+                        )
+                    )
             for p in part.parameters():
                 if id(p) not in seen:  # a conditioning parameter is in every local stage module once
                     seen.add(id(p))
                     params += _local_numel(p)
                     param_bytes += _local_numel(p) * p.element_size()
                     trainable += _local_numel(p) if p.requires_grad else 0  # LoRA: the adapters alone
-        return params, trainable, param_bytes, sorted(blocks)
+        # at most two swapped blocks are on the device at once (`BlockSwapper.arrive`)
+        host = sum(swapped) - sum(sorted(swapped)[-2:])
+        return params, trainable, param_bytes - host, host, sorted(blocks)
     finally:
         dist.destroy_process_group()
 
@@ -121,10 +139,14 @@ def dry_run(profile: RunProfile) -> DryRun:
     per_stage = dims.world_size // layout.pp
     for stage in range(layout.pp):
         rank = stage * per_stage
-        params, trainable, weights, blocks = _build_rank(profile, rank)
+        params, trainable, weights, host, blocks = _build_rank(profile, rank)
         grads = 4.0 * trainable  # float32 gradients, AdamW states and EMA of what trains
         activations = estimate.get("activations")
-        total = weights + grads * (1 + ADAM_STATES + (1 if ema else 0)) + activations
+        others: dict[str, float] = {}
+        for term in estimate.terms:
+            if term.name not in ("parameters", "gradients", "optimizer", "ema"):
+                others[term.name] = others.get(term.name, 0.0) + term.bytes
+        total = weights + grads * (1 + ADAM_STATES + (1 if ema else 0)) + sum(others.values())
         stages.append(
             StageMemory(
                 stage=stage,
@@ -138,10 +160,14 @@ def dry_run(profile: RunProfile) -> DryRun:
                 activation_bytes=activations,
                 model_parameter_bytes=estimate.get("parameters"),
                 total_bytes=total,
+                model_terms=others,
+                host_bytes=host,
             )
         )
     notes = [
-        "parameters, gradients, optimizer and EMA: counted from the local shards the layout produced",
+        "parameters, gradients, optimizer and EMA: counted from the local shards the layout produced; the "
+        f"rest from the memory model, whose total is {estimate.total / 2**30:.2f} GiB (the two differ by "
+        "FSDP's padding of uneven shards)",
         f"activations: vidforge bench plan's memory model for {Workload.from_profile(profile).describe()} "
         "per data-parallel rank (the profile's bench section)",
     ]

@@ -1,0 +1,323 @@
+"""`vidforge bench plan --fit`: the recipes that fit a model and a clip on a machine, fastest first, each as
+the `--set` lines that run it; and, for a plan that does not fit, the smallest change that does.
+
+A recipe is a choice of the memory knobs: the layout over the machine's GPUs (FSDP degree, the rest as
+context parallel), activation recompute (none, selective, full), activation offload, and for LoRA
+(`train.lora`) the float8 base and the number of swapped blocks. Each is the profile with those `--set`
+lines, validated as `vidforge train` validates it (the layout rulebook included) and evaluated by the one
+memory and time model (`vidforge.bench.plan.evaluate`). Block swap and activation offload add the copies
+their prefetch cannot hide: each swapped block's frozen weights, and each offloaded block's saved
+tensors, cross the host link (cluster.host_bandwidth_gbs) once in the forward and once in the backward,
+beside one block's compute; what exceeds that block's compute is exposed. What they pin in host memory,
+for every GPU of the machine, stays within bench.memory_headroom of cluster.host_memory_gib. Of the recipes that differ only in how many blocks swap (or how much is offloaded),
+only the least that fits is listed: more is never faster.
+
+When nothing fits the clip, shorter clips (49, 33, 17 frames), then smaller frames (480x832, 320x576)
+are tried, and the recipes of the largest clip that fits are listed with it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from vidforge.bench.memory_model import GIB, lora_block_bytes
+from vidforge.bench.param_counts import parameter_counts
+from vidforge.bench.plan import LayoutPlan, divisors, evaluate
+from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
+from vidforge.profile.loading import ProfileError, apply_override, validate_profile
+
+FALLBACK_FRAMES = (81, 49, 33, 17)
+FALLBACK_SIZES = ((720, 1280), (480, 832), (320, 576))
+
+
+@dataclass
+class Recipe:
+    sets: dict[str, str]
+    """The `--set` lines of the recipe (field: value as typed)."""
+    plan: LayoutPlan
+    swap_s: float = 0.0
+    """The exposed time of the host copies (block swap, activation offload) a step."""
+    clip: str = ""
+
+    @property
+    def step_s(self) -> float:
+        return self.plan.step_s + self.swap_s
+
+    @property
+    def host_gib(self) -> float:
+        """Pinned host memory the recipe fills: offloaded activations and swapped weights, per GPU."""
+        memory = self.plan.memory
+        return (memory.offloaded_bytes + memory.host_bytes) / GIB if memory else 0.0
+
+    @property
+    def memory_gib(self) -> float:
+        return self.plan.memory.total / GIB if self.plan.memory else math.inf
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.plan.tokens_per_step / self.step_s / self.plan.layout.world_size
+
+    def set_lines(self) -> list[str]:
+        return [f"--set {k}={v}" for k, v in self.sets.items()]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sets": dict(self.sets),
+            "clip": self.clip,
+            "memory_gib": self.memory_gib,
+            "host_memory_gib": self.host_gib,
+            "capacity_gib": self.plan.capacity_bytes / GIB,
+            "step_s": self.step_s,
+            "host_copies_exposed_s": self.swap_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "global_batch": self.plan.clips_per_step,
+        }
+
+
+@dataclass
+class FitReport:
+    model: str
+    machine: str
+    clip: str
+    requested_clip: str
+    recipes: list[Recipe]
+    tried: int
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self, top: int | None = None) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "machine": self.machine,
+            "clip": self.clip,
+            "requested_clip": self.requested_clip,
+            "tried": self.tried,
+            "recipes": [r.as_dict() for r in self.recipes[:top]],
+            "notes": list(self.notes),
+        }
+
+
+def variant(profile: RunProfile, sets: dict[str, str]) -> RunProfile:
+    """`profile` with `sets` applied and validated as `--set` lines are (ProfileError when refused)."""
+    data = profile.model_dump(mode="json")
+    for key, value in sets.items():
+        apply_override(data, f"{key}={value}")
+    return validate_profile(data, "bench plan --fit", [f"{k}={v}" for k, v in sets.items()])
+
+
+def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
+    """The host copies of block swap and activation offload that the compute does not hide, a step: each
+    swapped block's weights and each offloaded block's saved tensors cross the host link in the forward
+    and again in the backward, beside one block's compute (see the module docstring)."""
+    if plan.memory is None:
+        return 0.0
+    link = profile.cluster.host_bandwidth_gbs * 1e9
+    layers = profile.model.layers
+    recompute = {"none": 0.0, "selective": profile.train.checkpoint_ratio, "full": 1.0}[plan.checkpointing]
+    forward = plan.compute_s / plan.microbatches / (3 + recompute) / layers  # one block's forward
+    backward = forward * (2 + recompute)  # and its backward (with its recompute)
+    exposed = 0.0
+    offloaded = round(profile.train.activation_offload * layers)
+    if offloaded:
+        copy = plan.memory.offloaded_bytes / offloaded / link
+        exposed += offloaded * (max(0.0, copy - forward) + max(0.0, copy - backward))
+    lora = profile.train.lora
+    if lora is not None and lora.blocks_to_swap:
+        copy = _swapped_block_bytes(profile) / link
+        swapped = min(lora.blocks_to_swap, layers)
+        exposed += swapped * (max(0.0, copy - forward) + max(0.0, copy - backward))
+    return exposed * plan.microbatches
+
+
+def _swapped_block_bytes(profile: RunProfile) -> float:
+    return lora_block_bytes(profile, parameter_counts(profile.model))
+
+
+EVALUATED = [0]
+"""Recipes evaluated so far in this process (what `fit` reports as tried)."""
+
+
+def _evaluate(profile: RunProfile, sets: dict[str, str], clip: str) -> Recipe | None:
+    EVALUATED[0] += 1
+    try:
+        candidate = variant(profile, sets)
+    except (ProfileError, UserInputError):
+        return None
+    plan = evaluate(candidate)
+    if plan.memory is None:
+        return None
+    recipe = Recipe(dict(sets), plan, host_copies_exposed_s(candidate, plan), clip)
+    cluster = candidate.cluster
+    host = recipe.host_gib * cluster.devices_per_node
+    limit = cluster.host_memory_gib * candidate.bench.memory_headroom
+    if host > limit:
+        plan.problems.append(
+            f"pins {host:.0f} GiB of host memory, more than {candidate.bench.memory_headroom:.0%} of "
+            f"cluster.host_memory_gib={cluster.host_memory_gib:g}"
+        )
+    return recipe
+
+
+def _least_that_fits(profile: RunProfile, sets: dict[str, str], key: str, values: list, clip: str):
+    """The recipe with the smallest of `values` for `key` that fits (memory falls as it grows): a bisection."""
+    lo, hi, best = 0, len(values) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        recipe = _evaluate(profile, {**sets, key: str(values[mid])}, clip)
+        if recipe is not None and recipe.plan.valid:
+            best, hi = recipe, mid - 1
+        else:
+            lo = mid + 1
+    return best
+
+
+def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[Recipe], int]:
+    """Every recipe that fits `profile`'s clip on `world` GPUs of its accelerator; how many were tried."""
+    lora = profile.train.lora is not None
+    layers = profile.model.layers
+    found: list[Recipe] = []
+    start = EVALUATED[0]
+    for shard in divisors(world):
+        layout = {
+            "parallel.dp_shard": str(shard),
+            "parallel.cp": str(world // shard),
+            "parallel.dp_replicate": "1",
+            "parallel.tp": "1",
+            "parallel.pp": "1",
+        }
+        for mode in ("none", "selective", "full"):
+            for fp8 in (False, True) if lora else (False,):
+                sets = {**layout, "train.activation_checkpointing": mode}
+                if lora:
+                    sets["train.lora.fp8_base"] = str(fp8).lower()
+                plain = _evaluate(profile, {**sets, "train.activation_offload": "0"}, clip)
+                if plain is None:
+                    continue
+                if plain.plan.valid:
+                    found.append(plain)
+                    continue
+                # the least offload, then (LoRA, one process) the fewest swapped blocks that fit
+                free = {"none": 1.0, "selective": 1 - profile.train.checkpoint_ratio, "full": 0.0}[mode]
+                offloads = [f for f in (0.25, 0.5, 0.75, 1.0) if f <= free + 1e-9]
+                if offloads:
+                    recipe = _least_that_fits(profile, sets, "train.activation_offload", offloads, clip)
+                    if recipe is not None:
+                        found.append(recipe)
+                        continue
+                if lora and world == 1:  # the fewest swapped blocks that fit, at each offload (least first)
+                    for offload in [0.0, *offloads]:
+                        recipe = _least_that_fits(
+                            profile,
+                            {**sets, "train.activation_offload": str(offload)},
+                            "train.lora.blocks_to_swap",
+                            list(range(1, layers + 1)),
+                            clip,
+                        )
+                        if recipe is not None:
+                            found.append(recipe)
+                            break
+    found.sort(key=lambda r: (r.step_s, r.memory_gib))
+    return found, EVALUATED[0] - start
+
+
+def _clips(profile: RunProfile) -> list[tuple[int, int, int]]:
+    """The profile's clip in pixels (frames, height, width), then the smaller fallbacks, most tokens first."""
+    b, tok = profile.bench, profile.tokenizer
+    ct, cs = tok.temporal_compression, tok.spatial_compression
+    own = ((b.latent_frames - 1) * ct + 1, b.latent_height * cs, b.latent_width * cs)
+    clips = {own}
+    for frames in FALLBACK_FRAMES:
+        for h, w in FALLBACK_SIZES:
+            if frames <= own[0] and h * w <= own[1] * own[2]:
+                clips.add((min(frames, own[0]), h, w))
+    return sorted(clips, key=lambda c: (-(c[0] * c[1] * c[2]), c != own))
+
+
+def clip_sets(profile: RunProfile, clip: tuple[int, int, int]) -> dict[str, str]:
+    ct, cs = profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+    frames, h, w = clip
+    return {
+        "bench.latent_frames": str((frames - 1) // ct + 1),
+        "bench.latent_height": str(h // cs),
+        "bench.latent_width": str(w // cs),
+    }
+
+
+def fit(profile: RunProfile, world: int | None = None) -> FitReport:
+    """The recipes that fit `profile`'s model and clip (bench.latent_*) on `world` GPUs (default: the
+    cluster's) of its accelerator, fastest first; a shorter or smaller clip's when none fits."""
+    world = world or profile.cluster.world_size
+    acc = profile.cluster.accelerator
+    machine = f"{world} x {acc.name} ({acc.memory_gib:g} GiB)"
+    model = profile.model.preset or "custom"
+    clips = _clips(profile)
+    requested = "x".join(map(str, clips[0]))
+    tried = 0
+    for clip in clips:
+        label = "x".join(map(str, clip))
+        sized = variant(profile, clip_sets(profile, clip)) if clip != clips[0] else profile
+        recipes, n = recipes_for_clip(sized, world, label)
+        tried += n
+        if recipes:
+            for r in recipes:
+                if clip != clips[0]:
+                    r.sets = {**clip_sets(profile, clip), **r.sets}
+            notes = (
+                []
+                if clip == clips[0]
+                else [f"nothing fits {requested}; the largest clip that fits is {label}"]
+            )
+            return FitReport(model, machine, label, requested, recipes, tried, notes)
+    return FitReport(model, machine, "", requested, [], tried, [f"nothing fits, down to {label}"])
+
+
+def smallest_change(profile: RunProfile, plan: LayoutPlan) -> Recipe | None:
+    """For a plan that does not fit its memory: the recipe on the same GPUs that changes the fewest of
+    the profile's settings (the fastest of those), or None."""
+    report = fit(profile, plan.layout.world_size)
+    if not report.recipes:
+        return None
+    current = profile.model_dump(mode="json")
+
+    def value(key: str) -> Any:
+        node: Any = current
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def changed(r: Recipe) -> dict[str, str]:
+        return {k: v for k, v in r.sets.items() if yaml.safe_load(v) != value(k)}  # as --set parses it
+
+    best = min(report.recipes, key=lambda r: (len(changed(r)), r.step_s))
+    return Recipe(changed(best), best.plan, best.swap_s, best.clip)
+
+
+def format_fit(report: FitReport, top: int = 8) -> str:
+    lines = [
+        f"bench plan --fit: {report.model} on {report.machine}, clip {report.requested_clip} (frames x height "
+        f"x width); {len(report.recipes)} recipe(s) fit of {report.tried} tried, fastest first:"
+    ]
+    lines += [f"  note: {n}" for n in report.notes]
+    if report.recipes:
+        lines.append(
+            f"  {'#':>2}  {'GiB':>6}  {'host GiB':>8}  {'step s':>7}  {'tok/s/GPU':>9}  {'batch':>5}  recipe"
+        )
+    for i, r in enumerate(report.recipes[:top], 1):
+        knobs = ", ".join(
+            f"{k.split('.')[-1]}={v}"
+            for k, v in r.sets.items()
+            if not k.startswith(("bench.", "parallel.tp", "parallel.pp", "parallel.dp_replicate"))
+        )
+        lines.append(
+            f"  {i:>2}  {r.memory_gib:>6.1f}  {r.host_gib:>8.1f}  {r.step_s:>7.3g}  {r.tokens_per_s_per_gpu:>9,.0f}  "
+            f"{r.plan.clips_per_step:>5}  {knobs}"
+            + (f" (host copies expose {r.swap_s:.3g} s)" if r.swap_s else "")
+        )
+    if report.recipes:
+        lines.append("")
+        lines.append("the fastest, to paste:")
+        lines.append("  " + " ".join(report.recipes[0].set_lines()))
+    return "\n".join(lines)

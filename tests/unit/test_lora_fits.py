@@ -1,0 +1,116 @@
+"""What makes a LoRA run fit a small GPU: the frozen base in float8 (`train.lora.fp8_base`,
+`vidforge.parallel.fp8_base`) and block swap (`train.lora.blocks_to_swap`, `vidforge.parallel.block_swap`),
+each through `vidforge train`'s own build and step (`BenchStep`) on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from vidforge.bench.train_bench import BenchStep
+from vidforge.parallel.block_swap import SwappedBlock
+from vidforge.parallel.fp8_base import E4M3, Float8BaseLinear, dequantize, max_abs_error, quantize
+from vidforge.profile import load_profile
+
+TINY_WAN = [
+    "model.preset=wan2.1-1.3b",
+    "model.layers=4",
+    "model.abs_position=none",
+    "model.hidden=64",
+    "model.heads=4",
+    "model.mlp_hidden=128",
+    "model.text_dim=32",
+    "bench.latent_frames=2",
+    "bench.latent_height=8",
+    "bench.latent_width=8",
+    "bench.text_tokens=8",
+    "train.warmup_steps=0",
+    "train.steps=10",
+    "train.lr=1e-2",
+    "train.lora={rank: 4, alpha: 8}",
+]
+# The stated error of the float8 base on the tiny Wan: its first loss within this of the bf16 base's.
+OUTPUT_ERROR = 0.05
+
+
+def _losses(sets: list[str], steps: int = 3) -> tuple[list[float], BenchStep]:
+    torch.manual_seed(0)
+    bench = BenchStep(load_profile(None, [*TINY_WAN, *sets]))
+    out = []
+    for _ in range(steps):
+        out.append(bench.step(bench.batches).loss)
+        bench.step.apply()
+    return out, bench
+
+
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_quantized_weights_stay_within_the_e4m3_bound(scaling: str) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(96, 64) * torch.logspace(-3, 0, 64)  # columns over three decades: subnormals too
+    values, scale = quantize(weight, scaling)
+    assert values.dtype == E4M3 and scale.shape == ((96, 1) if scaling == "row" else (1, 1))
+    error = (dequantize(values, scale, torch.float32) - weight).abs()
+    assert (error <= max_abs_error(weight, scale)).all()
+    # independent check of the bound's size: e4m3 keeps 3 mantissa bits, a relative 1/16 at most
+    big = weight.abs() > scale * 2.0**-6
+    assert (error[big] / weight.abs()[big]).max() <= 2.0**-4
+
+
+def test_fp8_linear_gives_the_gradient_of_its_dequantized_weight() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16).requires_grad_(False)
+    fp8 = Float8BaseLinear(linear, "row")
+    reference = nn.Linear(32, 16).requires_grad_(False)
+    reference.weight.copy_(dequantize(fp8.weight, fp8.weight_scale, torch.float32))
+    reference.bias.copy_(linear.bias)
+    x = torch.randn(8, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    torch.testing.assert_close(fp8(x), reference(x2), rtol=0, atol=0)
+    fp8(x).square().sum().backward()
+    reference(x2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_fp8_base_halves_the_blocks_and_stays_near_the_bf16_base() -> None:
+    bf16, _ = _losses(["train.precision=bf16"], steps=1)
+    fp8, conv = _losses(["train.precision=bf16", "train.lora.fp8_base=true"], steps=1)
+    model = conv.parts.modules[0]
+    converted = [m for m in model.modules() if isinstance(m, Float8BaseLinear)]
+    assert converted and all(m.weight.dtype == torch.uint8 for m in converted)
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    assert adapters and all(p.dtype == torch.float32 for p in adapters)
+    # the same batch, noise and adapters: the loss and the adapters' gradient move by a few percent
+    assert fp8[0] == pytest.approx(bf16[0], rel=OUTPUT_ERROR)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["train.activation_checkpointing=full"],
+        ["train.lora.fp8_base=true", "train.activation_offload=0.5"],
+    ],
+    ids=["plain", "full-recompute", "fp8-offload"],
+)
+def test_block_swap_keeps_the_losses_bit_for_bit(sets: list[str]) -> None:
+    reference, _ = _losses(sets)
+    swapped, bench = _losses([*sets, "train.lora.blocks_to_swap=2"])
+    assert swapped == reference
+    model = bench.parts.modules[0]
+    assert [k for k, b in model.blocks.items() if isinstance(b, SwappedBlock)] == ["2", "3"]
+    # the schedule of one step: forward 2 then 3 (3 fetched while 2 computes), backward 3 then 2 (2
+    # fetched while 3 computes), each block sent back once the next one is in
+    swapper = next(b for b in model.blocks.values() if isinstance(b, SwappedBlock)).swapper
+    swapper.log.clear()
+    bench.step(bench.batches)
+    assert swapper.log == [
+        ("in", 2),  # still on the device from the previous backward
+        ("fetch", 3),
+        ("in", 3),
+        ("out", 2),
+        ("in", 3),  # backward: 3 first
+        ("fetch", 2),
+        ("in", 2),
+        ("out", 3),
+    ]
