@@ -191,6 +191,17 @@ def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
+def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
+    """Sliding-tile attention (model.attention_window) has no context-parallel plan yet: a rank's shard of
+    the row is not whole tiles, and the ring's K/V blocks would need the tile windows' block mask."""
+    if profile.model.attention_window is None or layout.cp == 1:
+        return []
+    return [
+        f"parallel.cp: sliding-tile attention (model.attention_window) has no context-parallel plan yet "
+        f"(cp={layout.cp}); set parallel.cp=1 or drop model.attention_window"
+    ]
+
+
 def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     """LoRA (peft's adapter layers) runs under FSDP2 (HSDP and context parallel take the same path).
     Tensor parallel's plans name the plain Linear layers that peft wraps (their adapters would stay whole
@@ -235,6 +246,7 @@ RULES: tuple[Rule, ...] = (
     _stages,
     _pipeline,
     _mm_block,
+    _sliding_tiles,
     _lora,
     _fp8,
 )
@@ -267,7 +279,7 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
 # x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
 # LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
 # own settings gave the degrees.
-SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block)
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block, _sliding_tiles)
 
 
 def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:
