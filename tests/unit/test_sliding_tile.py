@@ -164,8 +164,18 @@ def test_model_with_a_window_per_layer_runs_plain_and_packed_and_a_whole_window_
         (["model.attention_window=[1,1,1]", "model.attention=flash"], "not flash"),
         (["model.attention_window=[1,1,1]", "model.architecture=stdit"], "no full video self-attention"),
         (
-            ["model.attention_window=[1,1,1]", "cluster.cpu_processes=2", "parallel.cp=2"],
+            [
+                "model.attention_window=[1,1,1]",
+                "model.attention_tile=[1,4,4]",
+                "cluster.cpu_processes=2",
+                "parallel.cp=2",
+            ],
             "sliding-tile attention (model.attention_window) has no context-parallel plan yet",
+        ),
+        # local_cpu samples 9 frames of 32x48: a token grid (3, 8, 12)
+        (
+            ["model.attention_window=[1,1,1]", "model.attention_tile=[1,8,16]"],
+            "do not fit the token grid [3, 8, 12]",
         ),
     ],
 )
@@ -173,3 +183,10 @@ def test_a_window_that_cannot_run_is_refused_at_load_in_one_line(sets, words):
     with pytest.raises(ProfileError) as refused:
         load_profile("local_cpu", sets)
     assert words in str(refused.value)
+
+
+def test_the_demo_profile_loads_with_a_window_of_half_its_tiles():
+    profile = load_profile("local_cpu", ["model.attention_window=[3,1,3]", "model.attention_tile=[1,4,4]"])
+    assert profile.model.layer_window(0) == (3, 1, 3)
+    count = forward_flops(profile.model, [(3, 8, 12)], 5)
+    assert count.skipped_attention == 4 * profile.model.hidden * profile.model.layers * 288 * 144

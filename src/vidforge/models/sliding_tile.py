@@ -62,9 +62,13 @@ class TileMask:
         return ok
 
     def dense(self, start: int, end: int) -> torch.Tensor:
-        """The (n, n) boolean mask of tokens [start, end) of the row."""
-        idx = torch.arange(start, end, device=self.sample.device)
-        return self.allowed(idx[:, None], idx[None, :])
+        """The (n, n) boolean mask of tokens [start, end) of the row (built once: the layers of a forward
+        share the mask object)."""
+        key = ("dense", start, end)
+        if key not in self._cache:
+            idx = torch.arange(start, end, device=self.sample.device)
+            self._cache[key] = self.allowed(idx[:, None], idx[None, :])
+        return self._cache[key]
 
     def block_mask(self, device: torch.device):
         """FlexAttention's BlockMask of the row (built once per device)."""
