@@ -138,22 +138,35 @@ def test_skipped_flops_equal_the_masked_pairs_per_windowed_layer():
     assert sta.forward == full.forward - sta.skipped_attention
 
 
-def test_model_with_a_window_per_layer_runs_plain_and_packed_and_a_whole_window_changes_nothing():
+WAN_TINY = {"layers": 2, "hidden": 48, "heads": 4, "mlp_hidden": 96, "text_dim": 32, "in_channels": 4}
+
+
+@pytest.mark.parametrize(
+    ("preset", "shape"),
+    [("tiny", {}), ("tiny", {"architecture": "stdit", "stdit_block": "parallel"}), ("wan2.1-1.3b", WAN_TINY)],
+    ids=["dit", "stdit-parallel", "wan"],
+)
+def test_each_family_with_a_window_per_layer_runs_plain_and_packed_and_a_whole_window_changes_nothing(
+    preset, shape
+):
     torch.manual_seed(0)
-    base = build_model(model_config("tiny")).double()
+    base = build_model(model_config(preset, **shape)).double()
     for p in base.parameters():  # adaLN-Zero starts every block as the identity: give attention a say
         torch.nn.init.normal_(p, std=0.2)
-    whole = build_model(model_config("tiny", attention_window=(9, 9, 9), attention_tile=(1, 2, 2))).double()
-    local = build_model(model_config("tiny", attention_window=[[1, 1, 1], None], attention_tile=(1, 2, 2)))
+    tile = {"attention_tile": (1, 2, 2)}
+    whole = build_model(model_config(preset, **shape, **tile, attention_window=(9, 9, 9))).double()
+    local = build_model(model_config(preset, **shape, **tile, attention_window=[[1, 1, 1], None])).double()
     whole.load_state_dict(base.state_dict())
-    local = local.double()
     local.load_state_dict(base.state_dict())
     x, n, t = torch.randn(2, 4, 3, 8, 8).double(), torch.rand(2).double(), torch.randn(2, 5, 32).double()
     reference = base(x, n, t)
     torch.testing.assert_close(whole(x, n, t), reference)
     assert (local(x, n, t) - reference).abs().max() > 1e-6
     tokens, layout = pack_latents([x[0], x[1, :, :2]], (1, 2, 2))
-    assert local(tokens, n, t, layout=layout).shape == (1, layout.total, 16)
+    packed = local(tokens, n, t, layout=layout)
+    # each packed sample as its own plain batch: the same numbers (its own grid, its own windows)
+    alone = local(x[1:, :, :2], n[1:], t[1:])
+    torch.testing.assert_close(packed[:, 48:], pack_latents([alone[0]], (1, 2, 2))[0])
 
 
 @pytest.mark.parametrize(
