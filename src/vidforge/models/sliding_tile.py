@@ -86,7 +86,9 @@ class TileMask:
         return self._cache[key]
 
     def to(self, device: torch.device | str) -> TileMask:
-        move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+        def move(axes):
+            return tuple(t.to(device) for t in axes)
+
         return TileMask(
             move(self.tiles), move(self.start), move(self.stop), self.sample.to(device), self.lens
         )
@@ -128,9 +130,12 @@ def tile_mask(grids: Sequence[Grid], tile: Triple, window: Triple, order: torch.
             tiles[a].append(axis)
             start[a].append(first)
             stop[a].append(first + min(window[a], count))
-    cat = lambda parts: tuple(torch.cat(p)[order] for p in parts)  # noqa: E731
+
+    def row(parts):
+        return tuple(torch.cat(p)[order] for p in parts)
+
     lens = tuple(g[0] * g[1] * g[2] for g in grids)
-    return TileMask(cat(tiles), cat(start), cat(stop), torch.cat(sample)[order], lens)
+    return TileMask(row(tiles), row(start), row(stop), torch.cat(sample)[order], lens)
 
 
 def attended_pairs(grid: Grid, tile: Triple, window: Triple | None) -> int:

@@ -208,7 +208,8 @@ class Model(Section):
     untouched. null (the default): full attention everywhere."""
     attention_tile: tuple[int, int, int] = (6, 8, 8)
     """Sliding-tile attention's tile, in tokens per axis (t, h, w) (the paper's HunyuanVideo tile, 384
-    tokens: three of FlexAttention's 128-token blocks). Must fit every token grid the run sees."""
+    tokens: three of FlexAttention's 128-token blocks). Must fit the token grid of infer's videos (checked at
+    load); along an axis where a training bucket's grid is smaller, that grid is one partial tile."""
 
     @model_validator(mode="before")
     @classmethod
