@@ -117,6 +117,17 @@ def test_flex_block_mask_builds_on_cpu_and_its_forward_equals_the_reference():
     torch.testing.assert_close(out, _sta(q, k, v, full, TILE, WINDOW, "dense"), rtol=1e-10, atol=1e-12)
 
 
+def test_tiles_of_128_tokens_are_whole_flex_blocks_and_the_windows_skip_the_rest():
+    # Tile-major order puts a 128-token tile on one FlexAttention block: every block the windows touch is
+    # full (no per-token mask work), and the skipped share equals the skipped pairs.
+    grid, tile, window = (3, 16, 16), (1, 16, 8), (3, 1, 1)  # 3 x 1 x 2 tiles; each sees 3 of the 6
+    scope = tile_scope(batch_scopes(1, grid)["full"], tile, window, torch.device("cpu"))
+    block = scope.mask.block_mask(torch.device("cpu"))
+    total = 3 * 16 * 16
+    assert int(block.kv_num_blocks.sum()) == 0 and int(block.full_kv_num_blocks.sum()) == 6 * 3
+    assert block.sparsity() == pytest.approx(100 * (1 - attended_pairs(grid, tile, window) / total**2))
+
+
 @pytest.mark.parametrize(
     ("grid", "tile", "window"),
     [((3, 5, 7), (2, 2, 3), (1, 3, 1)), ((4, 6, 6), (2, 2, 2), (1, 1, 3)), ((5, 4, 4), (1, 4, 4), (3, 1, 1))],
