@@ -29,7 +29,7 @@ from vidforge.bench.timing import slowest_rank, time_calls
 from vidforge.bench.workload import Workload
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.errors import UserInputError
-from vidforge.models import pack_latents
+from vidforge.models import forward_flops, pack_latents
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
 from vidforge.train.build import build
@@ -170,6 +170,9 @@ class TrainBenchResult:
     hfu: float
     """Hardware FLOPs (with the recomputed forwards of activation checkpointing) per second over the peak."""
     flops_per_step: float
+    skipped_attention_flops_per_step: float
+    """Attention FLOPs sliding-tile attention (model.attention_window) skipped this step, forward and
+    backward (not in flops_per_step); 0 without it."""
     peak_memory_gib: float
     peak_memory_method: str
     predicted_memory_gib: float
@@ -203,6 +206,9 @@ def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchRes
     step_time = slowest_rank(timing.median, device)
     tokens = step.workload.tokens * len(step.batches) * step.dims.layout.dp
     flops, hardware_flops = (f * step.dims.layout.dp for f in step.flops())
+    work = step.workload
+    skipped = 3 * forward_flops(profile.model, [work.grid] * work.samples, work.text_tokens).skipped_attention
+    skipped *= len(step.batches) * step.dims.layout.dp
     peak = profile.cluster.accelerator.peak_bf16_flops
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -243,6 +249,7 @@ def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchRes
         mfu=flops / (step_time * world * peak),
         hfu=hardware_flops / (step_time * world * peak),
         flops_per_step=float(flops),
+        skipped_attention_flops_per_step=float(skipped),
         peak_memory_gib=peak_bytes / GIB,
         peak_memory_method=method,
         predicted_memory_gib=predicted.total / GIB,

@@ -76,6 +76,15 @@ def train(
             f"  tokens/s        {result.tokens_per_s:,.0f}",
             f"  MFU             {result.mfu:.2%} of {resolved.cluster.accelerator.peak_bf16_flops / 1e12:g} TFLOP/s "
             f"x {result.world_size} (model FLOPs; HFU {result.hfu:.2%} with activation recompute)",
+        ]
+        + (
+            [
+                f"  skipped         {result.skipped_attention_flops_per_step:.4g} attention FLOPs a step (sliding tiles)"
+            ]
+            if result.skipped_attention_flops_per_step
+            else []
+        )
+        + [
             f"  peak memory     {result.peak_memory_gib:.4g} GiB ({result.peak_memory_method})",
             f"  predicted       {result.predicted_memory_gib:.4g} GiB (vidforge bench plan's model); "
             f"{result.predicted_measured_terms_gib:.4g} GiB of it in the terms measured",

@@ -9,6 +9,8 @@ by one of:
 - `Segments(q_lens, kv_lens)`: packed sequences in one row (B = 1): query segment i sees only key
   segment i. Self-attention over packed samples, per-frame (spatial) and per-position (temporal)
   attention of ST-DiT, and cross-attention of packed samples to their own captions are all this.
+- `TileMask`: sliding-tile attention (`vidforge.models.sliding_tile`): FlexAttention's block mask under
+  `flex`, the exact masked reference under `sdpa` and `dense`.
 
 Backends (`model.attention`): `sdpa` (torch SDPA; packed segments run as batched SDPA calls over runs
 of equal-length segments, so no work is spent on masked blocks; which SDPA kernel each call may use is
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.errors import UserInputError
+from vidforge.models.sliding_tile import TileMask, check_backend
 from vidforge.tokens.masks import KeyPadding, Segments
 from vidforge.tokens.shard import ContextShard
 
@@ -38,7 +41,7 @@ BACKENDS = ("sdpa", "dense", "flex", "flash")
 SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
 
 
-AttentionMask = KeyPadding | Segments | ContextShard | None
+AttentionMask = KeyPadding | Segments | TileMask | ContextShard | None
 
 
 def attention(
@@ -66,6 +69,9 @@ def attention(
                 f"packed Segments need one row holding {mask.total_q} queries and {mask.total_kv} keys, "
                 f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
+    if isinstance(mask, TileMask):  # sliding-tile attention: the block mask, or the masked reference
+        check_backend(backend)
+        return _flex(q, k, v, mask) if backend == "flex" else mask.reference(q, k, v)
     if backend == "sdpa":
         return _sdpa(q, k, v, mask, sdpa_backend)
     if backend == "dense":
@@ -250,6 +256,8 @@ def _flex_block_mask(mask, batch, q_len, kv_len, device):
 
     if mask is None:
         return None
+    if isinstance(mask, TileMask):
+        return mask.block_mask(device)
     key = ("flex", str(device), batch, q_len, kv_len)
     if key in mask._cache:
         return mask._cache[key]

@@ -23,6 +23,7 @@ class DiTBlock(nn.Module):
     """x += g1 * SelfAttn(mod(norm x)); x += g2 * CrossAttn(mod(norm x), text); x += g3 * MLP(mod(norm x))."""
 
     chunks = 9  # (shift, scale, gate) for each of the three sub-layers
+    full_attention = "self_attn"  # the layer sliding-tile attention windows (`set_windows`)
 
     def __init__(self, cfg: Model) -> None:
         super().__init__()

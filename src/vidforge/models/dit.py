@@ -35,6 +35,7 @@ from vidforge.models.blocks import DiTBlock
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
 from vidforge.models.mmblock import MMParallelBlock
 from vidforge.models.rope import rope_tables, sincos_position_embedding
+from vidforge.models.sliding_tile import set_windows
 from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
 from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
@@ -80,6 +81,7 @@ class DiT(VideoTransformer):
         # AdaLN-LoRA: the full-rank part of every block's modulation, shared by all blocks.
         self.shared_modulation = nn.Linear(hidden, block.chunks * hidden) if config.adaln_lora_rank else None
         self.blocks = nn.ModuleDict({str(i): block(config) for i in range(config.layers)})
+        set_windows(self.blocks, config)
         self.final = FinalLayer(hidden, config.patch_dim)
         self.init_weights()
 

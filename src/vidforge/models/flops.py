@@ -4,7 +4,9 @@ Counts matrix multiplies only (2*m*n*k each), as MFU conventionally does and as
 `torch.utils.flop_counter.FlopCounterMode` does: every Linear, and attention's two products (QK^T and
 PV). Attention counts the useful work only: per sample S_i^2 for full attention, per frame and per
 position for spatial and temporal attention, S_i x L_i for cross-attention; a dense block-diagonal mask
-over a packed row costs more than this.
+over a packed row costs more than this. Under sliding-tile attention (`model.attention_window`) a layer's
+full attention counts the (query, key) pairs its windows attend (`sliding_tile.attended_pairs`), and
+`FlopCount.skipped_attention` the forward FLOPs full attention would have spent beyond them.
 
 Backward costs twice the forward for each matmul (the input gradient and the weight gradient), except
 where the input needs no gradient (the patch embedding of data, the first layers of the timestep and
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vidforge.models.sliding_tile import attended_pairs
 from vidforge.profile.model import Model
 from vidforge.tokens import Grid, SequenceLayout
 
@@ -33,6 +36,9 @@ class FlopCount:
     """Forward FLOPs of matmuls whose input needs no gradient: their backward costs 1x, not 2x."""
     blocks: int = 0
     """Forward FLOPs inside the transformer blocks (what full activation recompute runs again)."""
+    skipped_attention: int = 0
+    """Forward FLOPs of QK^T and PV that sliding-tile attention skips (not in `parts`): full attention's
+    minus the windows'. 0 without `model.attention_window`."""
 
     @property
     def forward(self) -> int:
@@ -89,10 +95,10 @@ def forward_flops(
     else:
         scopes, chunks = ("spatial", "temporal"), 12
 
-    def core(scope: str) -> int:
+    def core(scope: str, window: tuple[int, int, int] | None = None) -> int:
         """QK^T and PV of one self-attention: 2 products x 2*d FLOPs per (query, key) pair."""
         if scope == "full":
-            pairs = sum(x * x for x in seqlens)
+            pairs = sum(attended_pairs(g, cfg.attention_tile, window) for g in grids)
         elif scope == "spatial":
             pairs = sum(t * (h * w) ** 2 for t, h, w in grids)
         else:
@@ -121,7 +127,9 @@ def forward_flops(
     else:
         cross_proj = 2 * (2 * s * d * d) + 2 * (2 * text * d * d)
         text_pairs = sum(si * li for si, li in zip(seqlens, lens, strict=True))
-    attn = sum(core(sc) for sc in scopes) + 4 * d * text_pairs
+    windows = [cfg.layer_window(i) for i in range(cfg.layers)]
+    attn = [sum(core(sc, w if sc == "full" else None) for sc in scopes) + 4 * d * text_pairs for w in windows]
+    skipped = sum(core("full") - core("full", w) for w in windows if w is not None and "full" in scopes)
     mlp = (3 if cfg.mlp_act == "swiglu" else 2) * 2 * s * d * m
     final = (0 if wan else 2 * n * d * 2 * d) + 2 * s * d * p
 
@@ -130,12 +138,14 @@ def forward_flops(
         "embed": embed,
         "modulation": layers * modulation,
         "projections": layers * (self_proj + cross_proj),
-        "attention": layers * attn,
+        "attention": sum(attn),
         "mlp": layers * mlp,
         "final": final,
     }
     blocks = parts["modulation"] + parts["projections"] + parts["attention"] + parts["mlp"]
-    return FlopCount(parts=parts, no_grad_input=patch + time_fc1 + text_fc1, blocks=blocks)
+    return FlopCount(
+        parts=parts, no_grad_input=patch + time_fc1 + text_fc1, blocks=blocks, skipped_attention=skipped
+    )
 
 
 def train_step_flops(

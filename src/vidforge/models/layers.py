@@ -18,7 +18,7 @@ from torch import nn
 from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.rope import apply_rope
-from vidforge.models.scopes import Scope
+from vidforge.models.scopes import Scope, tile_scope
 
 
 @dataclass(eq=False)
@@ -163,6 +163,7 @@ class SelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
         self.attend = attend or Attend()
+        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (tile, window): STA
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """q, k, v as (B, S, heads, head_dim) (this rank's heads under tensor parallel), normalised and rotated; what `attend` receives before the
@@ -175,6 +176,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], scope: Scope) -> torch.Tensor:
         q, k, v = self.project(x, rope)
+        if self.tiles is not None:
+            scope = tile_scope(scope, *self.tiles, x.device)
         out = self.attend(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask)
         return self.out(scope.scatter(out).flatten(-2))
 

@@ -15,10 +15,13 @@ q, k, v are (B, S, heads, head_dim) throughout.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 import torch
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import AttentionMask
+from vidforge.models.sliding_tile import Triple, tile_mask, tile_order
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 SCOPES = ("full", "spatial", "temporal")
@@ -35,6 +38,7 @@ class Scope:
     grid: Grid | None = None
     order: torch.Tensor | None = None  # packed temporal: permutation into (h, w, t) order
     inverse: torch.Tensor | None = None
+    grids: tuple[Grid, ...] | None = None  # packed full: each sample's grid (for `tile_scope`)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         if self.order is not None:
@@ -72,7 +76,7 @@ def packed_scopes(layout: SequenceLayout, device: torch.device | str = "cpu") ->
     """Scopes for one packed row."""
     order = layout.temporal_order(device)
     return {
-        "full": Scope("full", layout.segments()),
+        "full": Scope("full", layout.segments(), grids=layout.grids),
         "spatial": Scope("spatial", layout.frame_segments()),
         "temporal": Scope("temporal", layout.position_segments(), order=order, inverse=torch.argsort(order)),
     }
@@ -84,3 +88,29 @@ def sharded_scopes(shard: TokenShard) -> dict[str, Scope]:
     context-parallel attention that `apply_cp` (full) or ST-DiT sequence parallel (spatial, temporal:
     `apply_st_hybrid`, `apply_st_spatial`) installs."""
     return {name: Scope(name, ContextShard(name, shard)) for name in SCOPES}
+
+
+# Per full scope (one per forward), so the layers of a forward that share a window share its scope.
+_TILED: WeakKeyDictionary[Scope, dict[tuple[Triple, Triple], Scope]] = WeakKeyDictionary()
+
+
+def tile_scope(full: Scope, tile: Triple, window: Triple, device: torch.device) -> Scope:
+    """Sliding-tile attention over the tokens of the `full` scope (`vidforge.models.sliding_tile`): the
+    row permuted into tile-major order, sample by sample, and a `TileMask` for the dispatcher."""
+    built = _TILED.setdefault(full, {})
+    if (tile, window) in built:
+        return built[(tile, window)]
+    if isinstance(full.mask, ContextShard):
+        raise UserInputError(
+            "model.attention_window: sliding-tile attention has no context-parallel plan yet; set parallel.cp=1"
+        )
+    grids = full.grids or (full.grid,)
+    order, start = [], 0
+    for grid in grids:
+        order.append(start + tile_order(grid, tile))
+        start += grid[0] * grid[1] * grid[2]
+    order = torch.cat(order)
+    mask = tile_mask(grids, tile, window, order).to(device)
+    scope = Scope("tiles", mask, full.batch, None, order.to(device), torch.argsort(order).to(device))
+    built[(tile, window)] = scope
+    return scope

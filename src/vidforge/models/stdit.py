@@ -47,6 +47,7 @@ class ParallelSTDiTBlock(nn.Module):
     parallel gathers the input once and reduces the summed outputs once)."""
 
     chunks = 9  # summed attention branches, cross, mlp
+    full_attention = "full_attn"  # the layer sliding-tile attention windows (`set_windows`)
 
     def __init__(self, cfg: Model) -> None:
         super().__init__()

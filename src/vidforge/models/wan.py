@@ -43,7 +43,8 @@ from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
 from vidforge.models.rope import apply_rope, rope_tables
-from vidforge.models.scopes import Scope
+from vidforge.models.scopes import Scope, tile_scope
+from vidforge.models.sliding_tile import set_windows
 from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
 from vidforge.tokens import Segments
@@ -143,6 +144,7 @@ class WanAttention(nn.Module):
         self.norm_q = nn.RMSNorm(hidden, eps=EPS)
         self.norm_k = nn.RMSNorm(hidden, eps=EPS)
         self.attend = attend
+        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (tile, window): STA
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (-1, self.head_dim))
@@ -157,6 +159,8 @@ class WanAttention(nn.Module):
         q, k, v = self.project(x, x)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.tiles is not None:
+            scope = tile_scope(scope, *self.tiles, x.device)
         out = self.attend(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask)
         return self.to_out[0](scope.scatter(out).flatten(-2).type_as(q))
 
@@ -181,6 +185,8 @@ class FeedForward(nn.Module):
 class WanBlock(nn.Module):
     """diffusers' WanTransformerBlock: modulated self-attention, (normed) cross-attention without a
     gate, modulated feed-forward; the six modulation vectors are the block's table plus time_proj."""
+
+    full_attention = "attn1"  # the layer sliding-tile attention windows (`set_windows`)
 
     def __init__(self, cfg: Model) -> None:
         super().__init__()
@@ -221,6 +227,7 @@ class WanTransformer(VideoTransformer):
         self.patch_embedding = PatchEmbedding(config.in_channels, hidden, config.patch)
         self.condition_embedder = ConditionEmbedder(hidden, config.text_dim)
         self.blocks = nn.ModuleDict({str(i): WanBlock(config) for i in range(config.layers)})
+        set_windows(self.blocks, config)
         self.norm_out = FP32LayerNorm(hidden, EPS, elementwise_affine=False)
         self.proj_out = nn.Linear(hidden, config.patch_dim)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, hidden) / hidden**0.5)

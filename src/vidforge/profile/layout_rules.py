@@ -191,6 +191,35 @@ def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
+def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
+    """Sliding-tile attention (model.attention_window): its tile must fit the token grid of the videos
+    `vidforge infer` samples (training buckets may be smaller, images among them: a tile wider than a
+    grid is one partial tile there). It has no context-parallel plan yet: a rank's shard of the row is
+    not whole tiles, and the ring's K/V blocks would need the tile windows' block mask."""
+    model = profile.model
+    if model.attention_window is None:
+        return []
+    tok, inf, (pt, ph, pw) = profile.tokenizer, profile.infer, model.patch
+    spatial = tok.spatial_compression
+    grid = (
+        ((inf.frames - 1) // tok.temporal_compression + 1) // pt,
+        inf.height // spatial // ph,
+        inf.width // spatial // pw,
+    )
+    problems = []
+    if any(c > g for c, g in zip(model.attention_tile, grid, strict=True)):
+        problems.append(
+            f"model.attention_tile: {list(model.attention_tile)} tokens do not fit the token grid {list(grid)} "
+            "of infer.frames/height/width; use a tile of at most that per axis"
+        )
+    if layout.cp > 1:
+        problems.append(
+            f"parallel.cp: sliding-tile attention (model.attention_window) has no context-parallel plan yet "
+            f"(cp={layout.cp}); set parallel.cp=1 or drop model.attention_window"
+        )
+    return problems
+
+
 def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     """LoRA (peft's adapter layers) runs under FSDP2 (HSDP and context parallel take the same path).
     Tensor parallel's plans name the plain Linear layers that peft wraps (their adapters would stay whole
@@ -249,6 +278,7 @@ RULES: tuple[Rule, ...] = (
     _stages,
     _pipeline,
     _mm_block,
+    _sliding_tiles,
     _lora,
     _fp8,
 )
@@ -281,7 +311,7 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
 # x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
 # LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
 # own settings gave the degrees.
-SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block)
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block, _sliding_tiles)
 
 
 def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:

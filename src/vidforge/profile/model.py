@@ -197,6 +197,20 @@ class Model(Section):
     mask runs on a kernel that takes one (memory-efficient first), also when the forced kernel takes none
     (flash: said once). Ignored on CPU."""
 
+    attention_window: tuple[int, int, int] | list[tuple[int, int, int] | None] | None = Field(
+        None, union_mode="left_to_right"
+    )
+    """Sliding-tile attention (STA, arXiv 2502.04507; `vidforge.models.sliding_tile`) for the full
+    self-attention of video tokens: each query tile attends to the key tiles within this window, in tiles
+    per axis (t, h, w), odd (centred on the query's tile, slid inward at the grid's edges). One window for
+    every layer, or a list with one entry per layer (null: full attention in that layer). Runs on
+    attention=flex (GPU block mask) or sdpa/dense (exact masked reference); text cross-attention is
+    untouched. null (the default): full attention everywhere."""
+    attention_tile: tuple[int, int, int] = (6, 8, 8)
+    """Sliding-tile attention's tile, in tokens per axis (t, h, w) (the paper's HunyuanVideo tile, 384
+    tokens: three of FlexAttention's 128-token blocks). Must fit the token grid of infer's videos (checked at
+    load); along an axis where a training bucket's grid is smaller, that grid is one partial tile."""
+
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
@@ -230,7 +244,43 @@ class Model(Section):
                     )
         elif self.cross_attn_norm:
             raise ValueError("cross_attn_norm: only the wan family has it; set model.family=wan or drop it")
+        self._check_window()
         return self
+
+    def _check_window(self) -> None:
+        if self.attention_window is None:
+            return
+        if min(self.attention_tile) < 1:
+            raise ValueError(
+                f"attention_tile: tokens per axis (t, h, w), each >= 1, got {list(self.attention_tile)}"
+            )
+        windows = self.attention_window
+        if isinstance(windows, list) and len(windows) != self.layers:
+            raise ValueError(
+                f"attention_window: a list needs one entry per layer (model.layers={self.layers}), got "
+                f"{len(windows)}; or give one [t, h, w] for every layer"
+            )
+        for window in windows if isinstance(windows, list) else [windows]:
+            if window is not None and any(k < 1 or k % 2 == 0 for k in window):
+                raise ValueError(
+                    f"attention_window: tiles per axis (t, h, w), each odd (centred on the query's tile), got {list(window)}"
+                )
+        if self.attention == "flash":
+            raise ValueError(
+                "attention_window: sliding-tile attention runs on model.attention=flex (GPU) or sdpa/dense, not flash"
+            )
+        if self.architecture == "stdit" and self.stdit_block != "parallel":
+            raise ValueError(
+                f"attention_window: model.stdit_block={self.stdit_block} has no full video self-attention to "
+                "window (parallel has); drop attention_window or use stdit_block=parallel"
+            )
+
+    def layer_window(self, layer: int) -> tuple[int, int, int] | None:
+        """Sliding-tile window of block `layer` (tiles per axis), or None for full attention."""
+        windows = self.attention_window
+        if isinstance(windows, list):
+            return None if windows[layer] is None else tuple(windows[layer])
+        return None if windows is None else tuple(windows)
 
     @property
     def multimodal_block(self) -> bool:

@@ -1,0 +1,173 @@
+"""Sliding-tile attention (STA, Zhang et al. 2025, arXiv 2502.04507) for the full self-attention of video
+tokens: the (t, h, w) token grid of a sample is cut into 3D tiles of `tile` tokens per axis, and every
+query of a tile attends to the key tiles inside a window of `window` tiles per axis around its own tile.
+At the grid's edge the window slides inward rather than shrinking (the kernel's centre is clamped, as in
+NATTEN and FastVideo's reference mask), so every query tile sees the same number of key tiles; a window
+larger than the grid along an axis covers all of it. Partial tiles at the grid's far edge are tiles too.
+
+Tokens enter attention in tile-major order (tiles one after another, each tile's tokens contiguous), so
+a tile of a multiple of FlexAttention's 128-token blocks maps onto whole blocks and the block mask skips
+every block outside the windows (GPU, `model.attention=flex`). The `sdpa` and `dense` backends run the
+exact masked reference: SDPA with the dense boolean mask, one call per sample of a packed row.
+
+What this module owns: the window rule (`TileMask.allowed`, used by both the reference and the block
+mask), the tile-major order, and the attended-pair count `models/flops.py` charges. The scope that
+applies it to a forward's tokens is `vidforge.models.scopes.tile_scope`; which layers use it is the
+profile's (`model.attention_window`, `model.attention_tile`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from vidforge.errors import UserInputError
+from vidforge.tokens import Grid, grid_positions
+
+Triple = tuple[int, int, int]
+
+
+def window_starts(tiles: torch.Tensor, count: int, window: int) -> torch.Tensor:
+    """First key tile of each query tile's window along one axis of `count` tiles: centred on the
+    query tile, slid inward at the edges (a window of more than `count` tiles covers them all)."""
+    size = min(window, count)
+    return (tiles - size // 2).clamp(0, count - size)
+
+
+@dataclass(eq=False)
+class TileMask:
+    """Which keys each query of a row may see under sliding-tile attention, per token in the order the
+    dispatcher receives them (tile-major). `tiles[a]`: the tile index of every token along axis a
+    (t, h, w); `start[a]`/`stop[a]`: the key tiles [start, stop) its window covers as a query;
+    `sample`: the sample of every token (all 0 in a plain batch, whose rows share one grid); `lens`:
+    tokens per sample (host integers)."""
+
+    tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    start: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    stop: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    sample: torch.Tensor
+    lens: tuple[int, ...]
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def allowed(self, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        """Whether query `q_idx` may see key `kv_idx` (broadcasting index tensors; also FlexAttention's
+        mask_mod body)."""
+        ok = self.sample[q_idx] == self.sample[kv_idx]
+        for tiles, start, stop in zip(self.tiles, self.start, self.stop, strict=True):
+            key = tiles[kv_idx]
+            ok = ok & (start[q_idx] <= key) & (key < stop[q_idx])
+        return ok
+
+    def dense(self, start: int, end: int) -> torch.Tensor:
+        """The (n, n) boolean mask of tokens [start, end) of the row (built once: the layers of a forward
+        share the mask object)."""
+        key = ("dense", start, end)
+        if key not in self._cache:
+            idx = torch.arange(start, end, device=self.sample.device)
+            self._cache[key] = self.allowed(idx[:, None], idx[None, :])
+        return self._cache[key]
+
+    def block_mask(self, device: torch.device):
+        """FlexAttention's BlockMask of the row (built once per device)."""
+        key = ("flex", str(device))
+        if key not in self._cache:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            mask = self if self.sample.device == torch.device(device) else self.to(device)
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return mask.allowed(q_idx, kv_idx)
+
+            total = sum(self.lens)
+            self._cache[key] = create_block_mask(mask_mod, None, None, total, total, device=device)
+        return self._cache[key]
+
+    def to(self, device: torch.device | str) -> TileMask:
+        def move(axes):
+            return tuple(t.to(device) for t in axes)
+
+        return TileMask(
+            move(self.tiles), move(self.start), move(self.stop), self.sample.to(device), self.lens
+        )
+
+    def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The exact masked attention: SDPA with the dense boolean mask, one call per sample (a plain
+        batch is one call, its rows sharing the mask). q, k, v: (B, S, heads, head_dim)."""
+        outs, start = [], 0
+        for n in self.lens:
+            qs, ks, vs = (x[:, start : start + n].transpose(1, 2) for x in (q, k, v))
+            mask = self.dense(start, start + n).to(q.device)
+            outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(1, 2))
+            start += n
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def tile_order(grid: Grid, tile: Triple) -> torch.Tensor:
+    """Permutation of a sample's t-major tokens into tile-major order (tiles in t-major order of their
+    indices, tokens t-major within a tile)."""
+    pos = grid_positions(grid)
+    tiles = pos // torch.tensor(tile)
+    counts = [-(-g // c) for g, c in zip(grid, tile, strict=True)]
+    tile_id = (tiles[:, 0] * counts[1] + tiles[:, 1]) * counts[2] + tiles[:, 2]
+    # Stable sort: within a tile the t-major order of the tokens is kept.
+    return torch.sort(tile_id, stable=True).indices
+
+
+def tile_mask(grids: Sequence[Grid], tile: Triple, window: Triple, order: torch.Tensor) -> TileMask:
+    """The TileMask of a row holding samples of `grids` (one grid for a plain batch), their tokens
+    permuted by `order` (each sample's `tile_order`, offset to its place in the row)."""
+    tiles, start, stop, sample = [[], [], []], [[], [], []], [[], [], []], []
+    for i, grid in enumerate(grids):
+        pos = grid_positions(grid)
+        sample.append(torch.full((pos.shape[0],), i, dtype=torch.long))
+        for a in range(3):
+            count = -(-grid[a] // tile[a])
+            axis = pos[:, a] // tile[a]
+            first = window_starts(axis, count, window[a])
+            tiles[a].append(axis)
+            start[a].append(first)
+            stop[a].append(first + min(window[a], count))
+
+    def row(parts):
+        return tuple(torch.cat(p)[order] for p in parts)
+
+    lens = tuple(g[0] * g[1] * g[2] for g in grids)
+    return TileMask(row(tiles), row(start), row(stop), torch.cat(sample)[order], lens)
+
+
+def attended_pairs(grid: Grid, tile: Triple, window: Triple | None) -> int:
+    """(query, key) pairs sliding-tile attention computes for one sample (all t*h*w squared without a
+    window). The rule is a product over axes, so the count is: per axis, the sum over query positions of
+    the key positions in their window."""
+    total = 1
+    for size, c, k in zip(grid, tile if window else grid, window or grid, strict=True):
+        count = -(-size // c)
+        axis = 0
+        for q_tile in range(count):
+            first = max(0, min(q_tile - min(k, count) // 2, count - min(k, count)))
+            keys = min(size, (first + min(k, count)) * c) - first * c
+            axis += (min(size, (q_tile + 1) * c) - q_tile * c) * keys
+        total *= axis
+    return total
+
+
+def check_backend(backend: str) -> None:
+    """flash-attn takes no arbitrary mask: refused (the profile refuses it at load; this is the guard
+    for a model built by hand)."""
+    if backend == "flash":
+        raise UserInputError(
+            "model.attention_window: sliding-tile attention runs on attention=flex (GPU block mask) or "
+            "sdpa/dense (masked reference), not flash"
+        )
+
+
+def set_windows(blocks, cfg) -> None:
+    """Give each block's full self-attention layer (named by the block class's `full_attention`) its
+    (tile, window) from the profile (`Model.layer_window`); a layer left alone attends in full."""
+    for key, block in blocks.items():
+        window = cfg.layer_window(int(key))
+        if window is not None:
+            getattr(block, block.full_attention).tiles = (tuple(cfg.attention_tile), window)
