@@ -27,6 +27,14 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest complete checkpoint.")
     ] = False,
+    reschedule: Annotated[
+        bool,
+        typer.Option(
+            "--reschedule",
+            help="With --resume: fit the profile's learning-rate schedule (train.steps, lr, warm-up) from the "
+            "resumed step; without it a resumed run keeps the schedule it was trained with.",
+        ),
+    ] = False,
     init: Annotated[
         Path | None,
         typer.Option(
@@ -72,7 +80,9 @@ def train(
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks
 
-    resolved = profile_from(profile, set_, nproc)
+    resolved = profile_from(
+        profile, [*(set_ or []), *(["train.resume_schedule=refit"] if reschedule else [])], nproc
+    )
     if dry_run:
         _dry_run(resolved)
         return
@@ -109,7 +119,14 @@ def train(
     train = curriculum.run if resolved.stages else run
     with output.step_bar("train", total) as on_step:
         summary = train(
-            resolved, data or [], run_dir, resume=resume, progress=show, init=weights, on_step=on_step
+            resolved,
+            data or [],
+            run_dir,
+            resume=resume,
+            progress=show,
+            init=weights,
+            on_step=on_step,
+            notice=output.info,
         )
     import torch.distributed as dist
 

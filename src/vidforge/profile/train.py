@@ -42,6 +42,10 @@ class Train(Section):
     """Linear warm-up from 0 to lr."""
     schedule: Literal["cosine", "constant"] = "cosine"
     """After warm-up: cosine decay to min_lr_ratio x lr at the last step, or constant."""
+    resume_schedule: Literal["keep", "refit"] = "keep"
+    """On --resume with a changed lr, warmup_steps, schedule, min_lr_ratio or steps: keep the schedule the
+    checkpoint was trained with (more steps after a finished cosine go on at its floor), or refit the
+    profile's from the resumed step on (`train --reschedule`). Either way the run says so in one line."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)

@@ -23,11 +23,12 @@ from vidforge.data.prefetch import Prefetcher
 from vidforge.errors import UserInputError
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
+from vidforge.profile.train import Train
 from vidforge.train.build import TrainParts, build
 from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
-from vidforge.train.lr import lr_multiplier
+from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
 from vidforge.train.metrics import MetricsLog
 from vidforge.train.step import StepResult, TrainStep, make_train_step
 
@@ -75,9 +76,10 @@ def run(
     init: WeightsInit | None = None,
     on_step: Callable[[int], None] | None = None,
     labels: Mapping[str, Any] | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> TrainSummary:
-    """Train; `progress(record)` gets each logged metrics line and `on_step(step)` every finished step
-    (rank 0 only, for a progress bar). `labels` (a curriculum's `{"stage": name}`) go into every metrics
+    """Train; `progress(record)` gets each logged metrics line, `on_step(step)` every finished step
+    (rank 0 only, for a progress bar) and `notice(line)` what resuming found (also in the summary's notes). `labels` (a curriculum's `{"stage": name}`) go into every metrics
     line and every checkpoint's per-rank state."""
     labels = dict(labels or {})
     cfg = profile.train
@@ -102,7 +104,17 @@ def run(
     step_fn = make_train_step(profile, runtime, parts)
     batcher = rank_batcher(profile, runtime, data)
     notes = list(parts.notes)
-    step = _resume(checkpoints, latest, parts, batcher, notes) if resume else 0
+    schedule = cfg
+    if resume:
+        before = len(notes)
+        step, saved = _resume(checkpoints, latest, parts, batcher, notes)
+        schedule, changed = resumed_schedule(cfg, saved, step)
+        notes += [changed] if changed else []
+        if notice is not None and runtime.is_main:
+            for line in notes[before:]:
+                notice(line)
+    else:
+        step = 0
     start_step = step
     metrics = MetricsLog(run_dir, enabled=runtime.is_main, resume_step=step)
     window = _Window(profile, runtime)
@@ -113,7 +125,7 @@ def run(
 
     while step < cfg.steps:
         started = time.perf_counter()
-        step_fn.set_lr(cfg.lr * lr_multiplier(step, cfg))
+        step_fn.set_lr(learning_rate(step, schedule))
         batches = step_fn.next_batches(batcher)
         data_wait = time.perf_counter() - started
         if batches is None:
@@ -144,7 +156,7 @@ def run(
             if progress is not None and runtime.is_main:
                 progress(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
-            _save(checkpoints, step, parts, batcher, labels)
+            _save(checkpoints, step, parts, batcher, labels, schedule)
         if cfg.validate_every and step % cfg.validate_every == 0:
             from vidforge.train.validation import validate
 
@@ -157,7 +169,7 @@ def run(
             )
 
     if step > start_step and (step % cfg.save_every and step != cfg.steps):
-        _save(checkpoints, step, parts, batcher, labels)
+        _save(checkpoints, step, parts, batcher, labels, schedule)
     checkpoints.wait()
     export_dir = None
     if step > 0:
@@ -213,19 +225,25 @@ def rank_batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Pat
 
 
 def _save(
-    checkpoints: CheckpointManager, step: int, parts: TrainParts, batcher: Any, labels: dict[str, Any]
+    checkpoints: CheckpointManager,
+    step: int,
+    parts: TrainParts,
+    batcher: Any,
+    labels: dict[str, Any],
+    schedule: Train,
 ) -> None:
-    state = {"loader": batcher.state_dict(), **labels}
+    state = {"loader": batcher.state_dict(), "schedule": schedule_state(schedule), **labels}
     checkpoints.save(step, parts.modules, parts.optimizers, parts.ema, state)
 
 
 def _resume(
     checkpoints: CheckpointManager, latest: int | None, parts: TrainParts, batcher: Any, notes: list[str]
-) -> int:
-    """The step to continue from, with weights, optimizers, EMA and the data position restored."""
+) -> tuple[int, dict[str, Any] | None]:
+    """The step to continue from, with weights, optimizers, EMA and the data position restored, and the
+    schedule the checkpoint was trained with (None for a fresh start or a checkpoint that predates it)."""
     if latest is None:
         notes.append("no complete checkpoint to resume from: started fresh")
-        return 0
+        return 0, None
     extra = checkpoints.load(latest, parts.modules, parts.optimizers, parts.ema)
     step = extra["step"]
     notes.append(f"resumed from step {step}")
@@ -237,7 +255,7 @@ def _resume(
             f"data-parallel size changed from {changed.saved} to {changed.now}: the model resumed "
             f"at step {step}, the data starts over from its first sample"
         )
-    return step
+    return step, extra.get("schedule")
 
 
 class _Window:
