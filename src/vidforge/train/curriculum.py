@@ -95,6 +95,8 @@ def run(
                 on_step=_offset(on_step, before),
                 labels={"stage": stage.name},
                 notice=notice,
+                # a later stage starts from the one before: a fine-tune only if the first one was
+                fine_tune=init is not None or profile.train.lora is not None,
             )
             summaries.append({**entry, **asdict(summary), "skipped": False})
             if main:

@@ -29,8 +29,9 @@ from vidforge.train.checkpoint import CheckpointManager
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
 from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
-from vidforge.train.metrics import MetricsLog
+from vidforge.train.metrics import MetricsLog, require_trackers
 from vidforge.train.step import StepResult, TrainStep, make_train_step
+from vidforge.train.validation import Validator, plan_validation
 
 Progress = Callable[[dict[str, Any]], None]
 FINAL_LOSS_WINDOW = 10  # logged losses averaged into the summary's final_loss_mean
@@ -77,9 +78,11 @@ def run(
     on_step: Callable[[int], None] | None = None,
     labels: Mapping[str, Any] | None = None,
     notice: Callable[[str], None] | None = None,
+    fine_tune: bool | None = None,
 ) -> TrainSummary:
     """Train; `progress(record)` gets each logged metrics line, `on_step(step)` every finished step
-    (rank 0 only, for a progress bar) and `notice(line)` what resuming found (also in the summary's notes). `labels` (a curriculum's `{"stage": name}`) go into every metrics
+    (rank 0 only, for a progress bar) and `notice(line)` what resuming found (also in the summary's notes). `fine_tune` (default: started from `init` or training LoRA) turns
+    validation on when the profile leaves train.validate_every unset. `labels` (a curriculum's `{"stage": name}`) go into every metrics
     line and every checkpoint's per-rank state."""
     labels = dict(labels or {})
     cfg = profile.train
@@ -97,6 +100,7 @@ def run(
             "--resume: a LoRA run's checkpoints hold its adapters alone (train.lora); pass the --init it "
             "started from again"
         )
+    require_trackers(cfg.trackers)
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
@@ -116,7 +120,16 @@ def run(
     else:
         step = 0
     start_step = step
-    metrics = MetricsLog(run_dir, enabled=runtime.is_main, resume_step=step)
+    if fine_tune is None:
+        fine_tune = init is not None or cfg.lora is not None
+    validation = plan_validation(profile, data, fine_tune)
+    if validation.note:
+        notes.append(validation.note)
+        if notice is not None and runtime.is_main:
+            notice(validation.note)
+    validator = Validator(profile, validation.prompts)
+    config = profile.model_dump(mode="json")
+    metrics = MetricsLog(run_dir, runtime.is_main, step, cfg.trackers, config)
     window = _Window(profile, runtime)
     skipped_in_row = skipped = 0
     logged_losses: deque[float] = deque(maxlen=FINAL_LOSS_WINDOW)
@@ -157,16 +170,12 @@ def run(
                 progress(record)
         if step % cfg.save_every == 0 or step == cfg.steps:
             _save(checkpoints, step, parts, batcher, labels, schedule)
-        if cfg.validate_every and step % cfg.validate_every == 0:
-            from vidforge.train.validation import validate
-
-            validate(
-                profile,
-                parts.modules[0],
-                parts.ema,
-                run_dir / "validation" / f"step_{step:08d}",
-                runtime.rank,
-            )
+        if validation.due(step, cfg.steps):
+            out = run_dir / "validation" / f"step_{step:08d}"
+            samples = validator(parts.modules[0], parts.ema, out, runtime.rank)
+            metrics.videos(step, samples, profile.infer.fps)
+            if notice is not None and runtime.is_main:
+                notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
 
     if step > start_step and (step % cfg.save_every and step != cfg.steps):
         _save(checkpoints, step, parts, batcher, labels, schedule)
