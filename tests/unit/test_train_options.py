@@ -125,6 +125,18 @@ def test_a_missing_tracker_is_refused_before_the_build(latents, tmp_path) -> Non
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_wandb_gets_the_validation_videos(latents, tmp_path, monkeypatch) -> None:
+    """Offline (nothing leaves the machine); skipped without wandb, which is not a dependency."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sets = ("train.steps=2", "train.validate_every=2", 'train.validation_prompts=["a blue circle"]')
+    loop.run(train_profile(*sets, 'train.trackers=["tensorboard","wandb"]'), [latents], tmp_path)
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert len(list(run.glob("run-*.wandb"))) == 1
+    assert len(list((run / "files" / "media" / "videos" / "validation").glob("0_2_*.mp4"))) == 1
+
+
 # --- activation checkpointing and offloading ----------------------------------------------------------------------------
 
 

@@ -173,7 +173,7 @@ def run(
         if validation.due(step, cfg.steps):
             out = run_dir / "validation" / f"step_{step:08d}"
             samples = validator(parts.modules[0], parts.ema, out, runtime.rank)
-            metrics.videos(step, samples, profile.infer.fps)
+            metrics.videos(step, samples)
             if notice is not None and runtime.is_main:
                 notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
 

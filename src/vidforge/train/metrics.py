@@ -127,12 +127,12 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.log(scalars, step=record["step"])
 
-    def videos(self, step: int, samples: Sequence[tuple[str, np.ndarray]], fps: int) -> None:
-        """Validation samples ((prompt, frames (T, H, W, 3) uint8)): TensorBoard gets each as a row of
-        frames under `validation/<n>` (its videos need moviepy; images need nothing), W&B as a video."""
+    def videos(self, step: int, samples: Sequence[tuple[str, np.ndarray, Path]]) -> None:
+        """Validation samples ((prompt, frames (T, H, W, 3) uint8, its MP4)): TensorBoard gets each as
+        frames under `validation/<n>` (its videos need moviepy; images need nothing), W&B the MP4."""
         if not self.enabled:
             return
-        for n, (prompt, frames) in enumerate(samples):
+        for n, (prompt, frames, video) in enumerate(samples):
             if self._tb is not None:
                 picked = frames[
                     np.linspace(0, len(frames) - 1, min(TRACKER_FRAMES, len(frames))).round().astype(int)
@@ -142,8 +142,7 @@ class MetricsLog:
             if self._wandb is not None:
                 import wandb
 
-                video = wandb.Video(frames.transpose(0, 3, 1, 2), fps=fps, caption=prompt, format="mp4")
-                self._wandb.log({f"validation/{n}": video}, step=step)
+                self._wandb.log({f"validation/{n}": wandb.Video(str(video), caption=prompt)}, step=step)
         if self._tb is not None:
             self._tb.flush()
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -95,6 +95,12 @@ def data_captions(data: Sequence[str | Path], limit: int) -> tuple[str, ...]:
     return tuple(found)
 
 
+class Sample(NamedTuple):
+    prompt: str
+    frames: np.ndarray  # (T, H, W, 3) uint8
+    video: Path  # its MP4
+
+
 class Validator:
     """A run's validation: its tokenizer (to decode) and its prompts' text embeddings made at the first
     validation and kept for the later ones (a fine-tune's text encoder is large: loaded once, then let go)."""
@@ -106,11 +112,9 @@ class Validator:
         self._text: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @torch.no_grad()
-    def __call__(
-        self, model: nn.Module, ema: EMA | None, out: Path, rank: int
-    ) -> list[tuple[str, np.ndarray]]:
+    def __call__(self, model: nn.Module, ema: EMA | None, out: Path, rank: int) -> list[Sample]:
         """Sample the prompts with the EMA weights into `out`: one MP4 a prompt, a contact sheet and
-        prompts.json (file -> prompt). Returns rank 0's (prompt, frames (T, H, W, 3) uint8); [] elsewhere."""
+        prompts.json (file -> prompt). Returns rank 0's samples; [] elsewhere."""
         profile, prompts = self.profile, self.prompts
         if self._tokenizer is None:
             self._tokenizer = build_tokenizer(profile, device=str(next(model.parameters()).device))
@@ -139,7 +143,7 @@ class Validator:
         contact_sheet(out / "contact_sheet.png", videos, prompts)
         names = {f"{slug(p)}.mp4": p for p in prompts}
         (out / "prompts.json").write_text(json.dumps(names, ensure_ascii=False, indent=1))
-        return list(zip(prompts, videos, strict=True))
+        return [Sample(p, frames, out / f"{slug(p)}.mp4") for p, frames in zip(prompts, videos, strict=True)]
 
 
 def validate(
@@ -149,7 +153,7 @@ def validate(
     out: Path,
     rank: int,
     prompts: Sequence[str] | None = None,
-) -> list[tuple[str, np.ndarray]]:
+) -> list[Sample]:
     """One validation of `prompts` (default train.validation_prompts): see `Validator`."""
     chosen = prompts if prompts is not None else profile.train.validation_prompts
     return Validator(profile, chosen)(model, ema, out, rank)
