@@ -73,6 +73,7 @@ def train(
 
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
     Example: vidforge train --data runs/latents --run-dir runs/finetune --init runs/train/export
+    Example: vidforge train --data runs/wan_latents --run-dir runs/wan_lora --init /models/Wan2.1-T2V-1.3B-Diffusers --profile dit1b_1xh200 --set model.preset=wan2.1-1.3b --set diffusion.objective=flow --set train.lora.rank=32 --set train.lora.alpha=32 (LoRA: README's Fine-tune Wan2.1 has the text encoder and VAE settings; --resume needs the same --init)
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
     Example: vidforge train --run-dir runs/curriculum --profile wan14b_curriculum_128xh200 --init WAN_DIR
