@@ -71,7 +71,9 @@ def single_process_ok() -> Iterator[None]:
     """DCP warns on every save and load without a process group ("torch.distributed is disabled ...
     assuming the intent is to save in a single process"): that is what one process means here."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
         yield
 
 
@@ -83,7 +85,10 @@ def load(state_dict: dict[str, Any], path: str | Path) -> None:
     try:
         with single_process_ok():
             dcp.load(
-                state_dict, checkpoint_id=str(path), storage_reader=SafeReader(path), planner=SafeLoadPlanner()
+                state_dict,
+                checkpoint_id=str(path),
+                storage_reader=SafeReader(path),
+                planner=SafeLoadPlanner(),
             )
     except CheckpointException as err:
         for exc, _ in err.failures.values():
