@@ -30,7 +30,8 @@ lint: install
 	$(BIN)/ruff format --check src tests examples
 
 # The GPU suite (bench/gpu/, README "The GPU suite"), no install step: on the GPU machine it runs under
-# the image's python3. Here: GPU_SUITE=gather (the device's wheels) or GPU_SUITE=--cpu-smoke.
+# the image's python3. Here: GPU_SUITE=gather (the device's locked wheels) or GPU_SUITE=--cpu-smoke;
+# there: GPU_SUITE="--part headline", then GPU_SUITE="--part rest" (one device command each).
 GPU_SUITE ?=
 gpu-suite:
 	PYTHON=$$(test -x $(BIN)/python && echo $(BIN)/python || echo python3) bash bench/gpu/run.sh $(GPU_SUITE)

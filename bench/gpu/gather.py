@@ -2,10 +2,15 @@
 runtime dependency of vidforge that the device image lacks, plus vidforge's own wheel, into an ignored
 folder that travels with the working tree (`carry`); and check that folder for completeness.
 
-    python bench/gpu/gather.py                 # resolve, download into .gpu-wheels/, verify
-    python bench/gpu/gather.py --check         # resolve from package metadata only (no wheel downloads)
-    python bench/gpu/gather.py --verify        # check an already gathered folder, offline
+    python bench/gpu/gather.py                 # download the locked wheels into .gpu-wheels/, verify
+    python bench/gpu/gather.py --check         # the lock still completes the tree (index metadata only)
+    python bench/gpu/gather.py --verify        # check an already gathered folder against the lock, offline
+    python bench/gpu/gather.py --lock          # resolve the newest set, download it, rewrite wheels.lock
     python bench/gpu/gather.py --installed     # on the device: check what is importable there
+
+The set is pinned in `wheels.lock` (pip's requirements format: name==version --hash=sha256:..., with the
+wheel's file name and size as a comment), so a gather fetches the same bytes every day whatever the
+index serves newest; `--lock` is the one place the set changes.
 
 Complete means: every requirement reachable from pyproject.toml's `dependencies` and `gpu` extra, with
 markers read for the target (CPython 3.12 on x86-64 Linux), is met by the image (image_packages.txt),
@@ -19,7 +24,9 @@ instead of downloading wheels), then each chosen wheel is downloaded once with `
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +45,9 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 DEST = ROOT / ".gpu-wheels"
+LOCK = HERE / "wheels.lock"
 CARRY_LIMIT = 64 * 2**20  # what travels with one device call, the working tree included
+WHEELS_BUDGET = 60 * 2**20  # the wheels' share of it: the checkout (src, tests, docs) takes ~3 MiB
 
 PYTHON = "3.12"
 # The device image is Ubuntu 24.04's Python 3.12.3 (glibc 2.39): every manylinux tag up to 2_39.
@@ -64,6 +73,10 @@ LEFT_OUT = {
     "64 MiB that travels with a device call",
     "flash-attn": "PyPI has no wheel of it (it builds against the local torch); the flash backend rows "
     "skip with that reason",
+    # The walk stops here, so s3fs's client (aiobotocore, botocore ~16 MB, aioitertools, jmespath) stays
+    # out too: with it the set was 71 MiB, over what a device call carries.
+    "s3fs": "only shards on object storage (`--data s3://...`) need it; the suite reads local folders, "
+    "and the object-storage tests skip without it",
 }
 # Requirements met by another distribution of the same module: scenedetect asks for opencv-python, and
 # the image's opencv-python-headless installs the same `cv2` (without the GUI, which nothing here uses).
@@ -90,6 +103,7 @@ class Plan:
     carried: dict[str, Dist] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    size_bytes: int | None = None  # the wheels' total, where the plan is of a folder or a lock
 
     def as_dict(self) -> dict:
         return {
@@ -98,6 +112,7 @@ class Plan:
             "carried": {n: d.version for n, d in sorted(self.carried.items())},
             "left_out": self.left_out,
             "problems": self.problems,
+            "size_mib": None if self.size_bytes is None else round(self.size_bytes / 2**20, 1),
             "complete": not self.problems,
         }
 
@@ -136,18 +151,22 @@ def _pip_target_args() -> list[str]:
     return args
 
 
-def index_source(wanted: dict[str, SpecifierSet]) -> dict[str, Dist]:
-    """Newest version meeting each specifier, from the index's metadata (no wheel downloads)."""
+def _pip_report(lines: list[str]) -> list[dict]:
+    """pip's resolution of requirement lines (a requirements file: `name==version --hash=...` lines
+    turn on pip's hash checking) for the target, from the index's metadata files: no wheel downloads."""
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        specs = [f"{name}{spec}" for name, spec in sorted(wanted.items())]
+        report, reqs = Path(tmp) / "report.json", Path(tmp) / "requirements.txt"
+        reqs.write_text("\n".join(lines) + "\n")
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q"]
-        cmd += ["--report", str(report), "--target", str(Path(tmp) / "t"), *_pip_target_args(), *specs]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        cmd += ["--report", str(report), "--target", str(Path(tmp) / "t"), *_pip_target_args()]
+        proc = subprocess.run([*cmd, "-r", str(reqs)], capture_output=True, text=True)
         if proc.returncode != 0:
             errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
-            raise RuntimeError(f"pip could not resolve {' '.join(specs)}: {' '.join(errors)[:500]}")
-        items = json.loads(report.read_text())["install"]
+            raise RuntimeError(f"pip could not resolve {' '.join(lines)}: {' '.join(errors)[:500]}")
+        return json.loads(report.read_text())["install"]
+
+
+def _dists(items: list[dict]) -> dict[str, Dist]:
     return {
         canonicalize_name(i["metadata"]["name"]): Dist(
             i["metadata"]["name"],
@@ -157,6 +176,73 @@ def index_source(wanted: dict[str, SpecifierSet]) -> dict[str, Dist]:
         )
         for i in items
     }
+
+
+def index_source(wanted: dict[str, SpecifierSet]) -> dict[str, Dist]:
+    """Newest version meeting each specifier, from the index's metadata (no wheel downloads)."""
+    return _dists(_pip_report([f"{name}{spec}" for name, spec in sorted(wanted.items())]))
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One line of wheels.lock: the exact wheel file a gather downloads for a name."""
+
+    name: str
+    version: str
+    sha256: str
+    filename: str
+    size: int
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
+
+
+def read_lock(path: Path = LOCK) -> dict[str, Pin]:
+    """{canonical name: Pin}; empty when there is no lock."""
+    pins: dict[str, Pin] = {}
+    if not path.exists():
+        return pins
+    for line in path.read_text().splitlines():
+        requirement, _, comment = line.partition("#")
+        if not requirement.strip():
+            continue
+        spec, _, digest = requirement.strip().partition(" --hash=sha256:")
+        name, _, version = spec.partition("==")
+        filename, size = comment.split()
+        pins[canonicalize_name(name)] = Pin(name, version, digest, filename, int(size))
+    return pins
+
+
+def write_lock(pins: dict[str, Pin], path: Path = LOCK) -> None:
+    total = sum(p.size for p in pins.values())
+    header = [
+        "# The device wheel set (bench/gpu/gather.py): every runtime dependency of vidforge that the device",
+        "# image lacks, for CPython 3.12 on x86-64 Linux, one wheel file each. `gather.py` downloads exactly",
+        "# these (pip checks each sha256); `gather.py --lock` resolves the newest set and rewrites this file.",
+        f"# {len(pins)} wheels, {total / 2**20:.1f} MiB, plus vidforge's own wheel (built from the checkout).",
+    ]
+    lines = [f"{p.requirement}  # {p.filename} {p.size}" for _, p in sorted(pins.items())]
+    path.write_text("\n".join(header + lines) + "\n")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def lock_source(pins: dict[str, Pin]):
+    """A walk source that offers each name at its locked version only: the index's metadata of exactly
+    the locked file (pip refuses a file whose sha256 differs)."""
+
+    def source(wanted: dict[str, SpecifierSet]) -> dict[str, Dist]:
+        lines = [pins[n].requirement for n in sorted(wanted) if n in pins]
+        return _dists(_pip_report(lines)) if lines else {}
+
+    return source
 
 
 def wheel_metadata(path: Path) -> Dist:
@@ -248,36 +334,70 @@ def project_wheel(dest: Path) -> Path:
     return next(dest.glob("vidforge-*.whl"))
 
 
-def gather(dest: Path) -> Plan:
+def _download(requirements: list[str], dest: Path) -> None:
+    """`pip download --no-deps` of requirement lines into `dest`, for the device's Python."""
+    with tempfile.TemporaryDirectory() as tmp:
+        reqs = Path(tmp) / "requirements.txt"
+        reqs.write_text("\n".join(requirements) + "\n")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest)]
+        subprocess.run([*cmd, *_pip_target_args(), "-r", str(reqs)], check=True)
+
+
+def gather(dest: Path, lock: Path = LOCK) -> Plan:
+    """Make `dest` hold exactly the locked wheels (downloading those it lacks; any other wheel goes, so
+    one version of each travels) and vidforge's own, then verify it."""
+    pins = read_lock(lock)
+    if not pins:
+        return Plan(problems=[f"{lock} is missing or empty: python bench/gpu/gather.py --lock writes it"])
+    dest.mkdir(parents=True, exist_ok=True)
+    by_file = {p.filename: p for p in pins.values()}
+    for wheel in dest.glob("*.whl"):
+        if wheel.name not in by_file or sha256_of(wheel) != by_file[wheel.name].sha256:
+            wheel.unlink()
+    missing = [p.requirement for p in pins.values() if not (dest / p.filename).exists()]
+    if missing:
+        _download(missing, dest)
+    project_wheel(dest)
+    return verify(dest, lock)
+
+
+def relock(dest: Path, lock: Path = LOCK) -> Plan:
+    """Resolve the newest complete set from the index, download it, write its pins to `lock`, and move
+    the wheels into `dest` (then gather, which finds them there)."""
     plan = walk(index_source, image_packages(), project_requirements())
     if plan.problems:
         return plan
-    dest.mkdir(parents=True, exist_ok=True)
-    keep = {canonicalize_name(n) for n in plan.carried}
-    for wheel in dest.glob("*.whl"):  # one version of each: two would stop the whole install there
-        name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
-        if name not in keep or parse_wheel_filename(wheel.name)[1] != Version(plan.carried[name].version):
-            wheel.unlink()
-    pins = [f"{d.name}=={d.version}" for d in plan.carried.values()]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "-q",
-        "--no-deps",
-        "-d",
-        str(dest),
-        *_pip_target_args(),
-        *pins,
-    ]
-    subprocess.run(cmd, check=True)
-    project_wheel(dest)
-    return verify(dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        _download([f"{d.name}=={d.version}" for d in plan.carried.values()], Path(tmp))
+        pins = {}
+        for wheel in Path(tmp).glob("*.whl"):
+            name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+            dist = plan.carried[name]
+            pins[name] = Pin(dist.name, dist.version, sha256_of(wheel), wheel.name, wheel.stat().st_size)
+        write_lock(pins, lock)
+        dest.mkdir(parents=True, exist_ok=True)
+        for wheel in Path(tmp).glob("*.whl"):
+            shutil.move(wheel, dest / wheel.name)
+    return gather(dest, lock)
 
 
-def verify(folder: Path) -> Plan:
-    """The completeness check of a gathered folder, offline: the same walk over its wheels' metadata."""
+def check(lock: Path = LOCK) -> Plan:
+    """The lock against vidforge's tree, from the index's metadata (no wheel downloads): the walk with
+    every carried name at its locked version, so a lock that misses a name, pins a version a specifier
+    refuses, or names a file the index no longer serves is a problem; so is a pin nothing needs."""
+    pins = read_lock(lock)
+    missing = f"not in {lock.name} (python bench/gpu/gather.py --lock)"
+    plan = walk(lock_source(pins), image_packages(), project_requirements(), missing)
+    for name in sorted(set(pins) - set(plan.carried)):
+        if not any(p.startswith(name) for p in plan.problems):
+            plan.problems.append(f"{name}: pinned in {lock.name}, but nothing in vidforge's tree needs it")
+    plan.size_bytes = sum(p.size for p in pins.values())
+    return plan
+
+
+def verify(folder: Path, lock: Path = LOCK) -> Plan:
+    """The completeness check of a gathered folder, offline: the same walk over its wheels' metadata;
+    every wheel the lock's file with the lock's sha256; the folder within the wheels' budget."""
     source, found = folder_source(folder)
     plan = walk(source, image_packages(), project_requirements(), f"not in {folder}")
     for name, wheels in found.items():
@@ -287,9 +407,25 @@ def verify(folder: Path) -> Plan:
             )
     if "vidforge" not in found:
         plan.problems.append("vidforge's own wheel is missing (python bench/gpu/gather.py builds it)")
-    size = sum(w.stat().st_size for ws in found.values() for w in ws)
-    if size > CARRY_LIMIT:
-        plan.problems.append(f"the folder holds {size / 2**20:.0f} MiB; a device call carries at most 64 MiB")
+    pins = read_lock(lock)
+    if not pins:
+        plan.problems.append(f"{lock} is missing or empty: python bench/gpu/gather.py --lock writes it")
+    by_file = {p.filename: p for p in pins.values()}
+    for wheel in (w for name, ws in found.items() if name != "vidforge" for w in ws):
+        pin = by_file.get(wheel.name)
+        if pin is None:
+            plan.problems.append(f"{wheel.name}: not the file {lock.name} pins; gather.py replaces it")
+        elif sha256_of(wheel) != pin.sha256:
+            plan.problems.append(f"{wheel.name}: its sha256 is not {lock.name}'s; gather.py replaces it")
+    for pin in pins.values():
+        if not (folder / pin.filename).exists():
+            plan.problems.append(f"{pin.filename} ({lock.name}) is not in {folder}")
+    plan.size_bytes = sum(w.stat().st_size for ws in found.values() for w in ws)
+    if plan.size_bytes > WHEELS_BUDGET:
+        plan.problems.append(
+            f"the folder holds {plan.size_bytes / 2**20:.1f} MiB; the wheels' budget is "
+            f"{WHEELS_BUDGET / 2**20:.0f} MiB of the {CARRY_LIMIT / 2**20:.0f} MiB a device call carries"
+        )
     return plan
 
 
@@ -314,14 +450,23 @@ def installed() -> Plan:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="resolve from metadata only; download nothing")
-    mode.add_argument("--verify", action="store_true", help="check the gathered folder, offline")
+    mode.add_argument(
+        "--check", action="store_true", help="check wheels.lock against the tree (index metadata only)"
+    )
+    mode.add_argument(
+        "--verify", action="store_true", help="check the gathered folder against the lock, offline"
+    )
+    mode.add_argument(
+        "--lock", action="store_true", help="resolve the newest set, rewrite wheels.lock, gather"
+    )
     mode.add_argument("--installed", action="store_true", help="check this Python's installed packages")
     ap.add_argument("--dest", type=Path, default=DEST, help="the wheels folder (default .gpu-wheels/)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
     if args.check:
-        plan = walk(index_source, image_packages(), project_requirements())
+        plan = check()
+    elif args.lock:
+        plan = relock(args.dest)
     elif args.verify:
         plan = verify(args.dest)
     elif args.installed:
@@ -336,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"from the image ({len(plan.image)}): {', '.join(sorted(plan.image))}")
         for name, why in plan.left_out.items():
             print(f"left out: {name}: {why}")
+        if plan.size_bytes is not None:
+            print(f"size: {plan.size_bytes / 2**20:.1f} MiB (budget {WHEELS_BUDGET / 2**20:.0f} MiB)")
     for problem in plan.problems:
         print(f"incomplete: {problem}", file=sys.stderr)
     return 1 if plan.problems else 0

@@ -1,14 +1,20 @@
-"""The suite's steps. Each takes the run's Context and a scratch folder and returns table rows; each
-measurement comes with its anchor from the same run. vidforge runs through its command line
-(`python -m vidforge.cli.app --json ...`), never through the training internals, so the suite measures
-what a user runs and survives rewrites of those internals."""
+"""The suite's steps. Each takes the run's Context and a scratch folder and yields table rows as it
+measures them (the suite writes its files after every row, so a device command stopped at its limit
+keeps what finished); each measurement comes with its anchor from the same run. vidforge runs through
+its command line (`python -m vidforge.cli.app --json ...`), never through the training internals, so the
+suite measures what a user runs and survives rewrites of those internals. Every subprocess gets at most
+the time left before the context's deadline."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from report import Context, Row
@@ -28,10 +34,13 @@ def _last_line(text: str) -> str:
 
 
 def _run(cmd: list[str], ctx: Context, timeout: float, cwd: Path = ROOT) -> str:
+    timeout = ctx.time_left(timeout)
+    if timeout <= 0:
+        raise StepError(f"{' '.join(cmd[1:6])}: not started, the part's time budget is spent")
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=ctx.env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
-        raise StepError(f"{' '.join(cmd[1:4])}: no result within {timeout:.0f} s") from err
+        raise StepError(f"{' '.join(cmd[1:6])}: no result within {timeout:.0f} s") from err
     if proc.returncode != 0:
         raise StepError(f"exit {proc.returncode}: {_last_line(proc.stderr or proc.stdout)}")
     return proc.stdout
@@ -91,8 +100,11 @@ def model_sets(ctx: Context) -> dict[str, object]:
     return sets
 
 
+PROFILE = "dit1b_1xh200"
+
+
 def bench_sets(ctx: Context, latent: tuple[int, int, int], recompute: str) -> list[str]:
-    """The profile of every vidforge bench run: dit1b_1xh200 on one device of the machine at hand."""
+    """The --set arguments of every vidforge bench run: PROFILE on one device of the machine at hand."""
     s = ctx.shapes
     pairs: dict[str, object] = {
         "cluster.accelerator": s.accelerator,
@@ -108,7 +120,14 @@ def bench_sets(ctx: Context, latent: tuple[int, int, int], recompute: str) -> li
     }
     if ctx.smoke:
         pairs["train.precision"] = "fp32"
-    return ["--profile", "dit1b_1xh200", *_sets(pairs)]
+    return _sets(pairs)
+
+
+def train_args(ctx: Context, latent: tuple[int, int, int], compiled: bool = False) -> list[str]:
+    """`vidforge bench train`'s arguments at `latent` with the shapes' recompute: one function for the
+    train and memory steps, so the memory step's point at the train shape is the train step's run."""
+    sets = bench_sets(ctx, latent, ctx.shapes.recompute) + _sets({"train.compile": compiled})
+    return ["bench", "train", "--profile", PROFILE, *sets]
 
 
 def peer(
@@ -138,36 +157,81 @@ def peer(
 # --- steps ------------------------------------------------------------------------------------------
 
 
-def correctness(ctx: Context, work: Path) -> list[Row]:
-    """`pytest -m gpu tests/gpu`: one row per test, passed / failed / skipped with the reason."""
-    junit = work / "junit.xml"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests/gpu",
-        "-m",
-        "gpu",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--junitxml={junit}",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ctx.env, capture_output=True, text=True, timeout=900)
-    if not junit.exists():
-        raise StepError(
-            f"pytest wrote no report (exit {proc.returncode}): {_last_line(proc.stdout + proc.stderr)}"
+def correctness(ctx: Context, work: Path) -> Iterator[Row]:
+    """`pytest -m gpu tests/gpu` in one pytest (over `shapes.test_workers` xdist workers, each test at
+    most `shapes.test_timeout_s`): a row per test as it finishes (bench/gpu/pytest_rows.py), passed /
+    failed / skipped with the reason and its seconds; tests that never finished (the part's deadline,
+    a crash) get a row saying so."""
+    s = ctx.shapes
+    records = work / "tests.jsonl"
+    log = (ctx.out or work) / "pytest.log"  # the failures' tracebacks: brought back beside the table
+    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider"]
+    cmd += ["-p", "pytest_rows", f"--timeout={s.test_timeout_s}"]
+    if s.test_workers > 1 and importlib.util.find_spec("xdist") is not None:  # else one process
+        cmd += ["-n", str(s.test_workers)]
+    env = {**ctx.env, "VIDFORGE_GPU_SUITE_ROWS": str(records)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    limit = ctx.time_left(1800)
+    with log.open("w") as out:
+        # its own process group (not session: the device kills a command's leftover processes by
+        # session), so that the deadline can stop pytest with its workers and the runs they started
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
+    collected: list[str] = []
+    finished: set[str] = set()
+    read = 0
+    started = time.perf_counter()
+    stopped = ""
+    while True:
+        done = proc.poll() is not None
+        if records.exists():
+            lines = records.read_text().split("\n")[:-1]  # whole lines only: the plugin may be mid-write
+            for line in lines[read:]:
+                record = json.loads(line)
+                if "collected" in record:
+                    collected = record["collected"]
+                    continue
+                finished.add(record["test"])
+                note = f"{record['seconds']:.1f} s" + (f"; {record['message']}" if record["message"] else "")
+                yield Row(
+                    "correctness", record["test"].removeprefix("tests/gpu/"), record["outcome"], note=note
+                )
+            read = len(lines)
+        if done:
+            break
+        if time.perf_counter() - started > limit:
+            os.killpg(proc.pid, signal.SIGKILL)  # pytest, its xdist workers and the trainings they run
+            proc.wait()
+            stopped = f"pytest stopped after {limit:.0f} s (the part's time budget)"
+        else:
+            time.sleep(1)
+    if not collected and not finished:
+        if stopped:
+            raise StepError(f"{stopped}, before any test finished")
+        tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise StepError(f"pytest ran no test (exit {proc.returncode}): {tail[0][:300]}")
+    why = stopped or f"pytest exited {proc.returncode} before it finished"
+    for test in collected:
+        if test not in finished:
+            yield Row("correctness", test.removeprefix("tests/gpu/"), "not run", note=why)
+
+
+def sdpa_kernels(ctx: Context, work: Path) -> Iterator[Row]:
+    """Which SDPA implementation and GPU kernel each attention call of the train step gets (forward and
+    backward; bench/gpu/sdpa_kernels.py profiles one `vidforge bench train` step at the train shape):
+    what `model.sdpa_backend=auto` hands to torch's dispatcher, read back from the profiler."""
+    sets = bench_sets(ctx, ctx.shapes.latent, ctx.shapes.recompute)
+    cmd = [sys.executable, str(HERE / "sdpa_kernels.py"), "--profile", PROFILE]
+    cmd += sets
+    report = json_of(_run(cmd, ctx, timeout=600))
+    if not report["calls"]:
+        yield Row(
+            "sdpa_kernels", "SDPA calls in one train step", 0, note=f"model.attention={report['attention']}"
         )
-    rows = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        outcome, note = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                outcome = {"failure": "failed", "error": "error"}.get(tag, "skipped")
-                note = (node.get("message") or "").splitlines()[0][:200] if node.get("message") else ""
-        rows.append(Row("correctness", case.get("name", "?"), outcome, note=note))
-    return rows
+    for call in report["calls"]:
+        shape = f"q {'x'.join(map(str, call['query']))}, k {'x'.join(map(str, call['key']))}"
+        kernels = "; ".join(k[:80] for k in call["kernels"]) or "no device kernel (CPU)"
+        note = f"{call['count']} calls, {call['op']}{', with a mask' if call['bias'] else ''}; {kernels}"
+        yield Row("sdpa_kernels", f"{call['phase']} {shape}", call["implementation"], note=note)
 
 
 def matmul_tflops(ctx: Context, size: int = 8192) -> float:
@@ -185,13 +249,12 @@ def matmul_tflops(ctx: Context, size: int = 8192) -> float:
     return 2 * size**3 / median / 1e12
 
 
-def attention(ctx: Context, work: Path) -> list[Row]:
+def attention(ctx: Context, work: Path) -> Iterator[Row]:
     """`vidforge bench attention` with the 1.3B model's heads, once per SDPA kernel on the GPU (cuDNN,
     flash); flex, dense and flash-attn come with the first run. Anchor: the bf16 matmul rate."""
     ceiling = matmul_tflops(ctx)
     anchor = "dense matmul (same device)"
     kernels = ["auto"] if ctx.smoke else ["cudnn", "flash"]
-    rows = []
     for i, kernel in enumerate(kernels):
         pairs = {
             "cluster.accelerator": ctx.shapes.accelerator,
@@ -202,139 +265,130 @@ def attention(ctx: Context, work: Path) -> list[Row]:
             "bench.warmup": max(ctx.shapes.warmup, 1),
             "bench.repeats": ctx.shapes.repeats,
         }
-        result = vidforge(["bench", "attention", "--profile", "dit1b_1xh200", *_sets(pairs)], ctx)
+        result = vidforge(["bench", "attention", "--profile", PROFILE, *_sets(pairs)], ctx)
         for r in result["rows"]:
             if i > 0 and r["backend"] != "sdpa":
                 continue  # the other backends do not depend on the SDPA kernel: measured once
             name = f"sdpa[{kernel}]" if r["backend"] == "sdpa" else r["backend"]
             for key, label in (("forward_tflops", "fwd"), ("forward_backward_tflops", "fwd+bwd")):
-                rows.append(
-                    Row(
-                        "attention",
-                        f"{name} {label} S={r['seq_len']}",
-                        r[key],
-                        "TFLOP/s",
-                        anchor,
-                        ceiling,
-                        r["skipped"] or "",
-                    )
-                )
-    return rows
+                what = f"{name} {label} S={r['seq_len']}"
+                yield Row("attention", what, r[key], "TFLOP/s", anchor, ceiling, r["skipped"] or "")
 
 
-def train(ctx: Context, work: Path) -> list[Row]:
-    """The 1.3B training step at the benchmark shape, eager and compiled, beside diffusers' Wan of the
-    same shape with the same recompute. The compiled pair is left out of the CPU smoke run (inductor's
-    C++ build takes minutes on CPU)."""
+def _train(ctx: Context, compiled: bool) -> Iterator[Row]:
+    """The 1.3B training step at the benchmark shape beside diffusers' Wan of the same shape with the
+    same recompute; vidforge's rows come as soon as its run ends, the peer's ratio with the peer's."""
     s = ctx.shapes
-    rows = []
-    for compiled in (False, True):
-        label = "compiled" if compiled else "eager"
-        if compiled and ctx.smoke:
-            rows.append(
-                Row(
-                    "train",
-                    f"step time ({label})",
-                    None,
-                    note="not in the CPU smoke run (inductor C++ build)",
-                )
-            )
-            continue
-        args = bench_sets(ctx, s.latent, s.recompute) + _sets({"train.compile": compiled})
-        ours = vidforge(["bench", "train", *args], ctx)
+    label = "compiled" if compiled else "eager"
+    ours = vidforge(train_args(ctx, s.latent, compiled), ctx)
+    try:
         theirs = peer("train", ctx, s.latent, s.recompute, compiled)
-        anchor = f"diffusers Wan ({label})"
-        tokens = ours["tokens_per_step"]
-        rows += [
-            Row(
-                "train",
-                f"step time ({label}, {tokens} tokens)",
-                ours["step_time_s"],
-                "s",
-                anchor,
-                theirs["step_time_s"],
-                ours["workload"],
-            ),
-            Row(
-                "train",
-                f"MFU ({label})",
-                ours["mfu"],
-                "",
-                anchor,
-                theirs["mfu"],
-                "each model's own FLOPs (vidforge.models.flops)",
-            ),
-            Row(
-                "train",
-                f"peak memory ({label})",
-                ours["peak_memory_gib"],
-                "GiB",
-                anchor,
-                theirs["peak_memory_gib"],
-                ours["peak_memory_method"],
-            ),
-        ]
-        if not compiled:
-            counts = (float(theirs["vidforge_parameters"]), float(theirs["parameters"]))
-            rows.append(Row("train", "parameters", counts[0], "", "diffusers Wan", counts[1]))
-    return rows
+        error = ""
+    except StepError as err:  # vidforge's rows stay, without an anchor, saying why
+        theirs, error = {}, f"diffusers Wan failed: {err}"
+    anchor = f"diffusers Wan ({label})"
+    tokens = ours["tokens_per_step"]
+    yield Row(
+        "train",
+        f"step time ({label}, {tokens} tokens)",
+        ours["step_time_s"],
+        "s",
+        anchor,
+        theirs.get("step_time_s"),
+        error or ours["workload"],
+    )
+    yield Row(
+        "train",
+        f"MFU ({label})",
+        ours["mfu"],
+        "",
+        anchor,
+        theirs.get("mfu"),
+        error or "each model's own FLOPs (vidforge.models.flops)",
+    )
+    yield Row(
+        "train",
+        f"peak memory ({label})",
+        ours["peak_memory_gib"],
+        "GiB",
+        anchor,
+        theirs.get("peak_memory_gib"),
+        error or ours["peak_memory_method"],
+    )
+    if not compiled and theirs:
+        counts = (float(theirs["vidforge_parameters"]), float(theirs["parameters"]))
+        yield Row("train", "parameters", counts[0], "", "diffusers Wan", counts[1])
 
 
-def infer(ctx: Context, work: Path) -> list[Row]:
+def train_eager(ctx: Context, work: Path) -> Iterator[Row]:
+    """The training step pair without compile."""
+    yield from _train(ctx, compiled=False)
+
+
+def train_compiled(ctx: Context, work: Path) -> Iterator[Row]:
+    """The training step pair with train.compile (each block compiled) beside the peer's compiled blocks.
+    Left out of the CPU smoke run (inductor's C++ build takes minutes on a CPU)."""
+    if ctx.smoke:
+        yield Row("train", "step time (compiled)", None, note="not in the CPU smoke run (inductor C++ build)")
+        return
+    yield from _train(ctx, compiled=True)
+
+
+def infer(ctx: Context, work: Path) -> Iterator[Row]:
     """The guided sampling step (one model call on the doubled batch of classifier-free guidance) of
-    `vidforge bench infer`, beside diffusers' Wan forward on the same doubled batch."""
+    `vidforge bench infer` with the profile's own sampler (the objective's: unipc under flow), beside
+    diffusers' Wan forward on the same doubled batch. One sampler, batched guidance: every sampler
+    calls the same model, so more would only repeat the per-call time."""
+    from vidforge.profile import load_profile
+
     s = ctx.shapes
-    args = bench_sets(ctx, s.latent, "none") + _sets(
+    sets = bench_sets(ctx, s.latent, "none") + _sets(
         {"infer.batch_size": 1, "diffusion.steps": s.infer_steps}
     )
-    ours = vidforge(["bench", "infer", *args], ctx)
+    sampler = load_profile(PROFILE, [a for a in sets if a != "--set"]).diffusion.sampler
+    args = ["bench", "infer", "--profile", PROFILE, *sets, "--sampler", sampler, "--guidance", "batched"]
+    ours = vidforge(args, ctx)
     theirs = peer("infer", ctx, s.latent)
-    rows = []
     for r in ours["rows"]:
         anchor = "diffusers Wan, batch 2" if r["rows_per_call"] == 2 else ""
-        rows.append(
-            Row(
-                "infer",
-                f"{r['sampler']} {r['guidance']}: per model call",
-                r["per_model_call_s"],
-                "s",
-                anchor,
-                theirs["step_time_s"] if anchor else None,
-                f"{r['model_calls']} calls of {r['rows_per_call']} row(s), {r['end_to_end_s']:.4g} s end to end",
-            )
+        yield Row(
+            "infer",
+            f"{r['sampler']} {r['guidance']}: per model call",
+            r["per_model_call_s"],
+            "s",
+            anchor,
+            theirs["step_time_s"] if anchor else None,
+            f"{ours['objective']} objective; {r['model_calls']} calls of {r['rows_per_call']} row(s), "
+            f"{r['end_to_end_s']:.4g} s end to end",
         )
-    return rows
 
 
-def memory(ctx: Context, work: Path) -> list[Row]:
+def memory(ctx: Context, work: Path) -> Iterator[Row]:
     """The memory model's prediction (what `vidforge bench plan` says) beside the measured peak of the
-    same training step, at each of the shapes' token counts."""
-    rows = []
-    for label, latent in ctx.shapes.memory_latents.items():
-        ours = vidforge(["bench", "train", *bench_sets(ctx, latent, ctx.shapes.recompute)], ctx)
-        rows.append(
-            Row(
-                "memory",
-                f"peak at {label} tokens ({ctx.shapes.recompute} recompute)",
-                ours["peak_memory_gib"],
-                "GiB",
-                "memory model",
-                ours["predicted_measured_terms_gib"],
-                ours["peak_memory_method"],
-            )
+    same training step, at each of the shapes' token counts (the train shape's is the train step's
+    eager run, not run again)."""
+    points = sorted(ctx.shapes.memory_latents.items(), key=lambda item: item[1] != ctx.shapes.latent)
+    for label, latent in points:
+        ours = vidforge(train_args(ctx, latent), ctx)
+        yield Row(
+            "memory",
+            f"peak at {label} tokens ({ctx.shapes.recompute} recompute)",
+            ours["peak_memory_gib"],
+            "GiB",
+            "memory model",
+            ours["predicted_measured_terms_gib"],
+            ours["peak_memory_method"],
         )
-    return rows
 
 
 def offload(ctx: Context, work: Path) -> list[Row]:
     """Activation offload (half the blocks, none recomputing) beside the same step keeping everything on
     the device, at the smaller memory shape (the larger would need ~90 GiB of pinned host memory): the
     step-time ratio says how much of the copying the side stream hides, the peak what it saves."""
-    latent = next(iter(ctx.shapes.memory_latents.values()))
-    plain = vidforge(["bench", "train", *bench_sets(ctx, latent, "none")], ctx)
-    ours = vidforge(
-        ["bench", "train", *bench_sets(ctx, latent, "none"), *_sets({"train.activation_offload": 0.5})], ctx
-    )
+    latent = min(ctx.shapes.memory_latents.values(), key=lambda t: t[0] * t[1] * t[2])
+    args = ["bench", "train", "--profile", PROFILE, *bench_sets(ctx, latent, "none")]
+    plain = vidforge(args, ctx)
+    ours = vidforge([*args, *_sets({"train.activation_offload": 0.5})], ctx)
     anchor = "no offload, no recompute"
     note = f"{plain['tokens_per_step']} tokens; half the blocks offloaded on a side stream with prefetch"
     return [

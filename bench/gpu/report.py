@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,13 +35,23 @@ class Row:
 
 @dataclass
 class Context:
-    """What every step gets: the shapes, a scratch folder, and the environment its subprocesses run in
-    (LOCAL_RANK=0 so that vidforge picks its device the way a launched rank does)."""
+    """What every step gets: the shapes, a scratch folder, the environment its subprocesses run in
+    (LOCAL_RANK=0 so that vidforge picks its device the way a launched rank does), the part's
+    deadline (a time.perf_counter() value; None: no limit), and the folder that comes back (`out`: a
+    step keeps a log there only where the table's one line a row cannot say enough)."""
 
     shapes: Shapes
     work: Path
     smoke: bool
     env: dict[str, str] = field(default_factory=dict)
+    deadline: float | None = None
+    out: Path | None = None
+
+    def time_left(self, cap: float) -> float:
+        """Seconds a subprocess may run: `cap`, or less where the deadline comes first."""
+        if self.deadline is None:
+            return cap
+        return min(cap, self.deadline - time.perf_counter())
 
 
 def _fmt(value: float | str | None) -> str:

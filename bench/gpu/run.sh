@@ -2,11 +2,14 @@
 # The GPU suite's entry point (README: "The GPU suite"). In the repository root:
 #   bash bench/gpu/run.sh gather [--check|--verify]   here: wheels the device image lacks -> .gpu-wheels/
 #   bash bench/gpu/run.sh --cpu-smoke [--out DIR]     here: the whole driver at tiny shapes on the CPU
-#   bash bench/gpu/run.sh [--only STEPS] [--out DIR]  on the GPU machine, .gpu-wheels/ carried: install
+#   bash bench/gpu/run.sh [--part headline|rest | --only STEPS] [--out DIR]
+#                                                     on the GPU machine, .gpu-wheels/ carried: install
 #                                                     them offline, check the install, run the suite
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
+# A part's time budget counts from here: the install below is part of the device command's minutes.
+export VIDFORGE_GPU_SUITE_T0=${VIDFORGE_GPU_SUITE_T0:-$(date +%s.%N)}
 
 if [[ "${1:-}" == "gather" ]]; then
     shift

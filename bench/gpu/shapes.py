@@ -73,6 +73,11 @@ class Shapes:
     tokenize_frames: int  # 4k + 1
     # diffusers AutoencoderKLWan arguments: {} is Wan2.1's VAE (random weights, the real architecture).
     vae: dict
+    # The correctness step: pytest-xdist workers sharing the one GPU (the tests' models are small, so
+    # their time is process start-up, compile and the CPU references: 192 s on one process on the H200),
+    # and each test's limit, so one hung test costs its own row.
+    test_workers: int = 1
+    test_timeout_s: int = 900
 
 
 GPU = Shapes(
@@ -93,6 +98,8 @@ GPU = Shapes(
     tokenize_size=(256, 448),
     tokenize_frames=33,
     vae={},
+    test_workers=4,
+    test_timeout_s=150,
 )
 
 SMOKE = Shapes(
@@ -120,4 +127,6 @@ SMOKE = Shapes(
         "latents_mean": [0.0] * 4,
         "latents_std": [1.0] * 4,
     },
+    test_workers=1,  # every test skips here: one process (test_gpu_suite.py runs the plugin under xdist)
+    test_timeout_s=120,
 )

@@ -1,14 +1,24 @@
 """The GPU suite: every GPU check and measurement of vidforge in one command, each measurement beside
 its anchor from the same run, written as one JSON file and one markdown table.
 
-    python bench/gpu/suite.py --out OUT [--only attention,train] [--cpu-smoke]
+    python bench/gpu/suite.py --out OUT [--part headline|rest | --only attention,train_eager]
+                              [--deadline-s S] [--cpu-smoke]
 
 On a GPU machine it runs the steps of `STEPS` at the issue's shapes (bench/gpu/shapes.py: GPU); with
 --cpu-smoke the same steps run at tiny shapes on the CPU, so CI runs the whole driver. Training,
 sampling and the benchmarks run through the `vidforge` command line in subprocesses (a step that runs
 out of memory or crashes costs its own rows, not the suite); the diffusers peer and the caption models
 run in their own processes too. A step that fails becomes a row saying why, and the suite goes on:
-the first device run should bring back everything it can.
+the first device run should bring back everything it can. The files are rewritten after every row
+(the train pair after each mode, the correctness step after each test), so a device command stopped at
+its limit keeps everything that finished.
+
+A device command runs at most 10 minutes and a session has 15 in all, so the suite comes in two PARTS,
+each one device command: `headline` (the train pair eager and compiled, the infer pair, memory against
+the memory model, the CUDA correctness tests) and `rest` (SDPA kernels, attention TFLOP/s, offload,
+tokenize, caption), each writing gpu_suite-PART.json and .md. Each part has a time budget counted from
+run.sh's start (VIDFORGE_GPU_SUITE_T0), so the offline install is inside it: a step that would start
+after it is a row saying so, and a step's subprocesses get only the time left.
 
 `bench/gpu/run.sh` is the device-side entry (offline install of the gathered wheels, then this).
 """
@@ -36,16 +46,27 @@ from shapes import GPU, SMOKE  # noqa: E402
 # name -> (function, what it covers), in run order: the cheap checks first, so a device run that runs
 # out of time still brings back the correctness rows.
 STEPS = {
-    "correctness": (m.correctness, "pytest -m gpu: CUDA paths against float32 or the CPU"),
-    "attention": (m.attention, "TFLOP/s of each attention backend"),
-    "train": (m.train, "1.3B training step, eager and compiled, beside diffusers' Wan"),
-    "infer": (m.infer, "guided sampling step beside diffusers' Wan"),
+    "train_eager": (m.train_eager, "1.3B training step beside diffusers' Wan, eager"),
+    "infer": (m.infer, "guided sampling step (the objective's sampler) beside diffusers' Wan"),
+    "train_compiled": (m.train_compiled, "the same pair with train.compile / compiled blocks"),
     "memory": (m.memory, "memory model against torch.cuda.max_memory_allocated"),
+    "correctness": (m.correctness, "pytest -m gpu: CUDA paths against float32 or the CPU, test by test"),
+    "sdpa_kernels": (m.sdpa_kernels, "the SDPA implementation and kernel of each attention call"),
+    "attention": (m.attention, "TFLOP/s of each attention backend"),
     "offload": (m.offload, "activation offload's step time and peak beside keeping activations"),
     "tokenize": (m.tokenize, "vidforge tokenize against the VAE's own encode"),
     "caption": (m.caption, "caption models' clips/s"),
 }
 STEP_NAMES = tuple(STEPS)
+
+# name -> (steps, the device command's time budget in seconds, run.sh's offline install included).
+# From the first H200 run (2026-11-26: train eager 87 s, infer 122 s with four sampler pairs where one
+# now runs, train compiled 101 s, pytest of tests/gpu 192 s in one process, now four), for device
+# commands of 8 and 6 minutes with 30 s to spare: README "The GPU suite" gives the command lines.
+PARTS: dict[str, tuple[tuple[str, ...], float]] = {
+    "headline": (("train_eager", "infer", "train_compiled", "memory", "correctness"), 450.0),
+    "rest": (("sdpa_kernels", "attention", "offload", "tokenize", "caption"), 330.0),
+}
 
 
 def device_name(smoke: bool) -> str:
@@ -61,11 +82,19 @@ def accelerator_for(name: str) -> str:
     return "h200" if "H200" in name else "h100"
 
 
-def run(out: Path, only: list[str], smoke: bool, log=print) -> dict:
-    """Run the steps `only` and write gpu_suite.json and gpu_suite.md to `out`, after every step: a
-    device command stopped at its time limit still leaves the rows of the steps it finished. Scratch
-    data goes to a temporary folder, so `out` holds the two files alone (what comes back from a device
-    call is a few files)."""
+def run(
+    out: Path,
+    only: list[str],
+    smoke: bool,
+    log=print,
+    deadline_s: float | None = None,
+    name: str = "gpu_suite",
+) -> dict:
+    """Run the steps `only` and write NAME.json and NAME.md to `out` after every row: a device command
+    stopped at its time limit still leaves the rows that finished. With `deadline_s`, a step that would
+    start later than that many seconds from now is a row saying so, and subprocesses get only the time
+    left. Scratch data goes to a temporary folder, so `out` holds the two files and the correctness
+    step's pytest.log alone (what comes back from a device call is a few files)."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -80,36 +109,61 @@ def run(out: Path, only: list[str], smoke: bool, log=print) -> dict:
         "python": platform.python_version(),
         "smoke": smoke,
         "steps": only,
+        "deadline_s": deadline_s,
         "step_seconds": {},
         "seconds": 0.0,
         "rows": [],
         "tracebacks": {},
     }
     started = time.perf_counter()
+
+    def write() -> None:
+        report["seconds"] = time.perf_counter() - started
+        report["rows"] = [{**asdict(r), "ratio": r.ratio} for r in rows]
+        (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (out / f"{name}.md").write_text(markdown(report))
+
+    deadline = None if deadline_s is None else started + deadline_s
     with tempfile.TemporaryDirectory(prefix="vidforge-gpu-suite-") as tmp:
-        ctx = Context(shapes=shapes, work=Path(tmp), smoke=smoke, env=env)
-        for name in only:
-            fn, _ = STEPS[name]
-            log(f"[gpu-suite] {name} ...")
+        ctx = Context(shapes=shapes, work=Path(tmp), smoke=smoke, env=env, deadline=deadline, out=out)
+        for step in only:
+            fn, _ = STEPS[step]
+            if ctx.time_left(1.0) <= 0:
+                rows.append(
+                    Row(step, "not run", None, note=f"the time budget ({deadline_s:.0f} s) was spent")
+                )
+                write()
+                continue
+            log(f"[gpu-suite] {step} ...")
             t0 = time.perf_counter()
-            step_dir = ctx.work / name
+            step_dir = ctx.work / step
             step_dir.mkdir(parents=True, exist_ok=True)
+            count = 0
             try:
-                got = fn(ctx, step_dir)
+                for row in fn(ctx, step_dir):
+                    rows.append(row)
+                    count += 1
+                    report["step_seconds"][step] = time.perf_counter() - t0
+                    write()
             except Exception as err:  # a failed step is a row: the run goes on and says what broke
-                report["tracebacks"][name] = traceback.format_exc()
-                got = [Row(name, "step failed", None, note=f"{type(err).__name__}: {str(err).strip()[:300]}")]
-            report["step_seconds"][name] = time.perf_counter() - t0
-            rows.extend(got)
-            log(f"[gpu-suite] {name}: {len(got)} row(s) in {report['step_seconds'][name]:.1f} s")
-            report["seconds"] = time.perf_counter() - started
-            report["rows"] = [{**asdict(r), "ratio": r.ratio} for r in rows]
-            (out / "gpu_suite.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-            (out / "gpu_suite.md").write_text(markdown(report))
+                report["tracebacks"][step] = traceback.format_exc()
+                rows.append(
+                    Row(step, "step failed", None, note=f"{type(err).__name__}: {str(err).strip()[:300]}")
+                )
+                count += 1
+            report["step_seconds"][step] = time.perf_counter() - t0
+            write()
+            log(f"[gpu-suite] {step}: {count} row(s) in {report['step_seconds'][step]:.1f} s")
     return report
 
 
-def parse_only(value: str | None) -> list[str]:
+def parse_only(value: str | None, part: str | None = None) -> list[str]:
+    if part:
+        if value:
+            raise ValueError("--part and --only: give one of them")
+        if part not in PARTS:
+            raise ValueError(f"--part: unknown part {part}; use one of {', '.join(PARTS)}")
+        return list(PARTS[part][0])
     if not value:
         return list(STEP_NAMES)
     names = [n.strip() for n in value.split(",") if n.strip()]
@@ -124,10 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu-suite"))
     steps = "; ".join(f"{name}: {what}" for name, (_, what) in STEPS.items())
     ap.add_argument("--only", help=f"comma-separated steps (default all, in this order) - {steps}")
+    parts = "; ".join(f"{name}: {', '.join(steps)} (budget {s:.0f} s)" for name, (steps, s) in PARTS.items())
+    ap.add_argument("--part", help=f"one device command's share of the steps - {parts}")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        help="the command's time budget, counted from run.sh's start (default: the part's on the GPU)",
+    )
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (what CI runs)")
     args = ap.parse_args(argv)
     try:
-        only = parse_only(args.only)
+        only = parse_only(args.only, args.part)
         if not args.cpu_smoke:
             import torch
 
@@ -136,9 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # what to change, on one line; exit 2 as vidforge's user errors
         print(f"error: {err}", file=sys.stderr)
         return 2
-    report = run(args.out, only, args.cpu_smoke)
+    deadline = args.deadline_s
+    if deadline is None and args.part and not args.cpu_smoke:
+        deadline = PARTS[args.part][1]
+    if deadline is not None:  # the budget is the device command's: run.sh's install came out of it
+        deadline -= time.time() - float(os.environ.get("VIDFORGE_GPU_SUITE_T0") or time.time())
+    name = f"gpu_suite-{args.part}" if args.part else "gpu_suite"
+    report = run(args.out, only, args.cpu_smoke, deadline_s=deadline, name=name)
     print(markdown(report))
-    print(f"wrote {args.out / 'gpu_suite.json'} and {args.out / 'gpu_suite.md'}")
+    print(f"wrote {args.out / (name + '.json')} and {args.out / (name + '.md')}")
     return 0
 
 

@@ -81,6 +81,22 @@ def test_bench_infer_every_sampler_with_and_without_guidance_batching() -> None:
     assert rows[("res", "batched")]["model_calls"] == 3
 
 
+def test_bench_infer_times_the_samplers_of_the_flow_objective() -> None:
+    flow = [*TINY, "diffusion.objective=flow", "diffusion.steps=3", "infer.batch_size=2", "bench.repeats=1"]
+    r = invoke("infer", "--guidance", "batched", sets=flow)
+    assert r["objective"] == "flow" and r["samplers"] == ["unipc", "flow-euler"]
+    assert [(row["sampler"], row["guidance"]) for row in r["rows"]] == [
+        ("unipc", "batched"),
+        ("flow-euler", "batched"),
+    ]
+    # one model call of the doubled batch per step: both are first-order in their calls
+    assert all(row["model_calls"] == 3 and row["rows_per_call"] == 4 for row in r["rows"])
+    argv = ["bench", "infer", "--sampler", "heun", *[a for s in flow for a in ("--set", s)]]
+    refused = runner.invoke(app, argv)
+    assert refused.exit_code == 2
+    assert "--sampler: heun do not sample the flow objective; use some of unipc, flow-euler" in refused.output
+
+
 def test_sequential_guidance_samples_what_batched_guidance_samples() -> None:
     import torch
 

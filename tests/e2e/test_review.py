@@ -286,3 +286,61 @@ def test_media_outside_the_run_dir_is_not_linked(caption_run, tmp_path) -> None:
     data = json.loads(text.split('<script id="data" type="application/json">')[1].split("</script>")[0])
     assert data["items"][0]["media"] is None and data["items"][0]["thumb"] is None
     assert any("outside" in note for note in data["notes"])
+
+
+HOSTILE_TEXT = [
+    "<!--<script>",  # the reported one: the parser's double-escaped state swallowed the page's script
+    "</script><script>document.title='owned'</script>",
+    "<!-- a comment that never ends",
+    "-->",
+    "<script>",
+    "a & b &amp; <b>bold</b> ]]> <![CDATA[",
+    "\u2028\u2029 line separators",
+]
+
+
+def test_captions_that_play_with_the_html_parser_leave_every_row_shown(tmp_path, browser) -> None:
+    """Issue 38, point 3: the page's data escaped "</" only, so a prompt holding "<!--<script>" blanked the
+    page (0 rows). Every parser state is held off: each row is shown with its text as written."""
+    run = tmp_path / "infer_out"
+    run.mkdir()
+    records = [{"video": f"s{i}.mp4", "prompt": text, "seed": i} for i, text in enumerate(HOSTILE_TEXT)]
+    records.append({"video": "<!--<script>.mp4", "prompt": "a clean one after them", "seed": 99})
+    write_jsonl(run / "samples.jsonl", records)
+    browser.open(_review(run).as_uri())
+    assert browser.js("document.title") != "owned"
+    assert browser.js(f"{ITEMS}.length") == len(records)
+    shown = browser.js(f"{ITEMS}.map(r => r.querySelector('.caption').textContent)")
+    assert shown == [r["prompt"] for r in records]
+    assert browser.js("document.querySelectorAll('script').length") == 2  # the data and the page's own
+
+
+def _page_data(page: Path) -> dict:
+    text = page.read_text()
+    return json.loads(text.split('<script id="data" type="application/json">')[1].split("</script>")[0])
+
+
+def test_odd_records_are_shown_as_they_can_be_not_a_raw_error(tmp_path) -> None:
+    """Issue 38, point 10: NaN in samples.jsonl, a record without `video`, a line that is not a record and
+    a metrics key with `$...$` (matplotlib's mathtext) each ended `review` with a raw error."""
+    infer = tmp_path / "infer_out"
+    infer.mkdir()
+    (infer / "samples.jsonl").write_text(
+        '{"video": "a.mp4", "prompt": "p", "guidance": NaN, "seed": 1}\n{"prompt": "no video"}\n[1, 2]\n'
+    )
+    data = _page_data(_review(infer))
+    assert [(i["id"], i["caption"], i["media"]) for i in data["items"]] == [
+        ("a", "p", None),
+        ("sample 2", "no video", None),
+    ]
+    assert data["items"][0]["meta"]["guidance"] is None
+    assert data["notes"][0] == "1 line(s) of samples.jsonl are not records: not shown"
+
+    train = tmp_path / "train_run"
+    train.mkdir()
+    write_jsonl(
+        train / "metrics.jsonl",
+        [{"step": s, "loss_sigma_0.1": 1.0 / s, "loss_sigma_$\\frac$": 2.0 / s} for s in (1, 2)],
+    )
+    data = _page_data(_review(train))
+    assert [p["title"] for p in data["plots"]] == ["loss per noise level (sigma)"]

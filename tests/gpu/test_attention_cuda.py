@@ -1,6 +1,6 @@
 """Every attention backend vidforge dispatches to, on the device in bf16, against the dense reference
 in float64 on the CPU: plain batches, padded captions (KeyPadding) and packed rows (Segments), forward
-and backward."""
+and backward; and which SDPA kernel `model.sdpa_backend=auto` runs for each (the profiler's op names)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from gpu_device import rel_error
 
-from vidforge.models.attention import attention, flash_attn_available
+from vidforge.models.attention import attention, flash_attn_available, sdpa_kernels
 from vidforge.tokens import KeyPadding, Segments
 
 pytestmark = pytest.mark.gpu
@@ -61,3 +61,33 @@ def test_backend_matches_the_float64_reference(device, backend, kernel, kind):
     out.backward(grad.to(device, dtype))
     for mine, theirs in zip(ours, leaves, strict=True):
         assert rel_error(mine.grad, theirs.grad) < 3e-2
+
+
+# the aten op each SDPA kernel runs as (what the profiler records)
+KERNEL_OPS = {
+    "cudnn": "aten::_scaled_dot_product_cudnn_attention",
+    "flash": "aten::_scaled_dot_product_flash_attention",
+    "efficient": "aten::_scaled_dot_product_efficient_attention",
+    "math": "aten::_scaled_dot_product_attention_math",
+}
+
+
+@pytest.mark.parametrize("kind", ["plain", "padding", "packed"])
+def test_auto_runs_the_kernel_the_dispatcher_chose(device, kind):
+    """On Hopper: cuDNN for unmasked calls (plain, and the packed row's per-run calls), the memory-efficient
+    kernel for a key-padding mask; elsewhere torch's own order (flash, then efficient for a mask)."""
+    if device.type != "cuda":
+        pytest.skip("SDPA kernels are CUDA's")
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v, grad, mask = _case(kind)
+    q, k, v = (t.to(device, torch.bfloat16).requires_grad_() for t in (q, k, v))
+    masked = kind == "padding"
+    chosen = sdpa_kernels("auto", torch.cuda.get_device_capability(device), masked)
+    expected = chosen[0] if chosen else ("efficient" if masked else "flash")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        attention(q, k, v, _on(mask, device), "sdpa", "auto").backward(grad.to(device, torch.bfloat16))
+        torch.cuda.synchronize(device)
+    names = {event.name for event in prof.events()}
+    ran = {kernel for kernel, op in KERNEL_OPS.items() if op in names}
+    assert ran == {expected}, sorted(n for n in names if "attention" in n)

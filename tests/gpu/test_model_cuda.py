@@ -72,3 +72,20 @@ def test_compiled_model_matches_eager(device):
         eager = model(*batch)
         compiled = torch.compile(model)(*batch)
     assert rel_error(compiled, eager) < 1e-3
+
+
+@pytest.mark.parametrize("family", ["vidforge", "wan"])
+def test_a_seed_builds_the_cpu_s_weights_on_the_device(device, family):
+    """The initialisation is drawn on the CPU whatever the device (a CUDA generator draws another stream),
+    and leaves the CPU generator, which the training noise comes from, where the CPU build leaves it."""
+    cfg = model_config("tiny", layers=2, family=family)
+    built = {}
+    for where in ("cpu", device):
+        torch.manual_seed(0)
+        weights = build_model(cfg, device=where).state_dict()
+        built[str(where)] = (weights, torch.get_rng_state())
+    (ref, ref_state), (ours, state) = built["cpu"], built[str(device)]
+    assert torch.equal(state, ref_state)
+    for name, value in ref.items():
+        assert ours[name].device.type == device.type
+        torch.testing.assert_close(ours[name].cpu(), value, rtol=0, atol=0, msg=name)

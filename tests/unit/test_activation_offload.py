@@ -95,3 +95,41 @@ def test_backward_prefetches_the_previous_block_and_gives_the_same_gradients() -
     assert len(weights) == 8
     assert {t.untyped_storage().data_ptr() for t in offloader.left_in_place} == weights
     assert offloader._waiting == []  # every stash left the queue when its backward ran
+
+
+class Attention(nn.Module):
+    """A block whose backward reads what SDPA saved (on a GPU: its dropout seed and offset on the host,
+    beside the activations on the device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 4)).unbind(-3)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).flatten(-2)
+
+
+def test_host_saved_tensors_come_back_as_their_host_copies_without_a_stream() -> None:
+    """The CPU side of the GPU crash (record_stream on a host-saved scalar): a tensor saved on the host
+    is handed back as the host copy itself, and no side stream is made for it. The GPU path, where a
+    stash mixes device and host tensors, is the GPU suite's (test_activation_checkpointing_and_offload)."""
+    torch.manual_seed(0)
+    plain = Attention()
+    offloaded = OffloadedBlock(Attention(), offloader := HostOffloader())
+    offloaded.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    fetched = []
+    real_fetch = HostOffloader._fetch
+
+    def fetch(self, stash):
+        real_fetch(self, stash)
+        fetched.append([a is b for a, b in zip(stash.fetched, stash.host, strict=True)])
+
+    offloader._fetch = fetch.__get__(offloader)
+    plain(x * 1).square().sum().backward()
+    offloaded(x * 1).square().sum().backward()
+    assert fetched and all(all(same) for same in fetched)
+    assert offloader._stream is None
+    for (name, p), q in zip(plain.named_parameters(), offloaded.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)

@@ -123,11 +123,11 @@ def _clip(level: int, n: int = 20) -> ClipItem:
 
 def test_endpoint_sends_frames_prompt_model_and_retries(server, monkeypatch, caplog):
     vlm, url = server
-    monkeypatch.setenv("TEST_VLM_KEY", SECRET)
+    monkeypatch.setenv("VIDFORGE_TEST_VLM_KEY", SECRET)
     settings = EndpointSettings(
         url=url,
         model="test-vlm",
-        api_key_env="TEST_VLM_KEY",
+        api_key_env="VIDFORGE_TEST_VLM_KEY",
         frames=5,
         concurrency=2,
         timeout_s=0.5,
@@ -165,7 +165,7 @@ def test_endpoint_sends_frames_prompt_model_and_retries(server, monkeypatch, cap
 def test_endpoint_without_key_sends_no_authorization(server):
     vlm, url = server
     settings = EndpointSettings(
-        url=url, model="test-vlm", api_key_env="UNSET_VARIABLE_X", frames=5, retries=0
+        url=url, model="test-vlm", api_key_env="VIDFORGE_UNSET_VARIABLE_X", frames=5, retries=0
     )
     captioner = EndpointCaptioner(settings)
     captioner.setup()

@@ -4,8 +4,11 @@ not a caption; an error body that echoes the request's headers must not put the 
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
+import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -13,6 +16,7 @@ import pytest
 
 from vidforge.curate.captioners import ClipItem
 from vidforge.curate.captioners.endpoint import EndpointCaptioner
+from vidforge.errors import UserInputError
 from vidforge.profile.caption import EndpointCaptioner as EndpointSettings
 
 SECRET = "sk-hostile-test-456"
@@ -59,9 +63,9 @@ def servers():
 
 
 def _caption(url: str, monkeypatch) -> list:
-    monkeypatch.setenv("HOSTILE_KEY", SECRET)
+    monkeypatch.setenv("VIDFORGE_HOSTILE_KEY", SECRET)
     settings = EndpointSettings(
-        url=url, model="m", api_key_env="HOSTILE_KEY", frames=2, retries=1, backoff_s=0
+        url=url, model="m", api_key_env="VIDFORGE_HOSTILE_KEY", frames=2, retries=1, backoff_s=0
     )
     captioner = EndpointCaptioner(settings, sleep=lambda s: None)
     captioner.setup()
@@ -117,3 +121,115 @@ def test_an_error_body_echoing_the_headers_has_the_key_cut_out(servers, monkeypa
     assert result.text is None and SECRET[:4] not in result.error
     if status == 400:  # 503 is retried, and the error says so rather than quoting the body
         assert "you sent Bearer [redac" in result.error
+
+
+def _trickle(handler, what: bytes, every_s: float):
+    """Writes `what` one byte every `every_s` seconds, stopping when the client hangs up."""
+    for byte in what:
+        try:
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+        except OSError:
+            return
+        time.sleep(every_s)
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_server_trickling_bytes_is_cut_off_at_the_request_deadline(servers, monkeypatch, where):
+    """Issue 38, point 1: a byte every 0.2 s never trips a 0.5 s read timeout, so the request ran as long as
+    the server liked (the report's ran past 100 s holding the folder's lock). The deadline bounds it."""
+    body = _chat("x" * 40)
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+
+    def slow(handler):
+        handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+        if where == "headers":
+            _trickle(handler, head + body, 0.2)
+        else:
+            handler.wfile.write(head)
+            _trickle(handler, body, 0.2)
+
+    class Handler(BaseHTTPRequestHandler):
+        do_POST = slow  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        monkeypatch.setenv("VIDFORGE_HOSTILE_KEY", SECRET)
+        settings = EndpointSettings(
+            url=f"http://127.0.0.1:{httpd.server_address[1]}/v1",
+            model="m",
+            api_key_env="VIDFORGE_HOSTILE_KEY",
+            frames=2,
+            retries=1,
+            backoff_s=0,
+            timeout_s=0.5,
+        )
+        captioner = EndpointCaptioner(settings, sleep=lambda s: None)
+        captioner.setup()
+        frames = {i: np.full((16, 16, 3), 90, np.uint8) for i in range(4)}
+        start = time.monotonic()
+        [result] = captioner.caption([ClipItem(clip_id="c", record={}, num_frames=4, frames=frames)])
+        took = time.monotonic() - start
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.text is None
+    assert result.error == "EndpointError: timed out after 0.5 s (2 attempts)"
+    assert took < 2.0  # two attempts of 0.5 s each; the whole answer takes the server 20 s or more
+
+
+@pytest.mark.parametrize("name", ["HOME", "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "VIDFORGE_API_KEY_ENVS"])
+def test_a_profile_may_name_only_vidforge_key_variables(monkeypatch, name):
+    """Issue 38, point 7: `api_key_env` could name any variable, so a shared profile could send HOME or a
+    cloud token to its own URL. Only VIDFORGE_* names, or ones the user lists in VIDFORGE_API_KEY_ENVS."""
+    monkeypatch.setenv(name, "a-secret-value")
+    monkeypatch.delenv("VIDFORGE_API_KEY_ENVS", raising=False)
+    settings = EndpointSettings(url="http://127.0.0.1:9/v1", model="m", api_key_env=name)
+    with pytest.raises(UserInputError) as err:
+        EndpointCaptioner(settings).setup()
+    assert str(err.value).startswith(
+        f"curation.caption.endpoint.api_key_env: {name} is not a VIDFORGE_* variable, and a profile sends "
+        "only keys named for vidforge; "
+    )
+    if name != "VIDFORGE_API_KEY_ENVS":
+        monkeypatch.setenv("VIDFORGE_API_KEY_ENVS", f"SOMETHING_ELSE, {name}")  # the user's own choice
+        EndpointCaptioner(settings).setup()
+
+
+SPECIAL = "sk-ho/st+ile=test 456"  # characters that percent-encoding and base64 both change
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda k: base64.b64encode(k.encode()).decode(),
+        lambda k: base64.b64encode(f"Bearer {k}".encode()).decode(),  # another alignment
+        lambda k: base64.b64encode(f"auth={k};".encode()).decode(),  # and the third
+        lambda k: base64.urlsafe_b64encode(f"x{k}".encode()).decode(),
+        lambda k: urllib.parse.quote(k, safe=""),
+        lambda k: urllib.parse.quote_plus(k),
+        lambda k: k.encode().hex(),
+    ],
+    ids=["base64", "base64-bearer", "base64-shifted", "urlsafe", "percent", "plus", "hex"],
+)
+def test_the_key_is_cut_out_of_error_bodies_in_its_encoded_forms_too(servers, monkeypatch, encode):
+    """Only the literal key was cut: an endpoint that returned it base64-encoded wrote it into errors.jsonl."""
+    _, api, _ = servers(lambda h: (400, {}, f"you sent {encode(SPECIAL)} !".encode()))
+    monkeypatch.setenv("VIDFORGE_HOSTILE_KEY", SPECIAL)
+    settings = EndpointSettings(url=f"{api}/v1", model="m", api_key_env="VIDFORGE_HOSTILE_KEY", retries=0)
+    captioner = EndpointCaptioner(settings, sleep=lambda s: None)
+    captioner.setup()
+    frames = {i: np.full((16, 16, 3), 90, np.uint8) for i in range(4)}
+    [result] = captioner.caption([ClipItem(clip_id="c", record={}, num_frames=4, frames=frames)])
+    assert result.error.startswith("EndpointError: HTTP 400: you sent ") and result.error.endswith(" !")
+    shown = result.error.removeprefix("EndpointError: HTTP 400: you sent ").removesuffix(" !")
+    assert "[redacted]" in shown
+    # What is left of the encoded text is the prefix's encoding and at most 3 characters (4 bytes' worth
+    # of bits at either end) that mix the key's bits with their neighbours'.
+    left, encoded = shown.replace("[redacted]", ""), encode(SPECIAL)
+    key_chars = len(encoded) - len(encode(""))
+    assert len(encoded) - len(left) >= key_chars - 3, shown

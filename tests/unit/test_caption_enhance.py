@@ -78,14 +78,14 @@ def text_server():
 def test_enhancement_rewrites_each_caption_and_keeps_the_original(
     tmp_path, sample_videos, sample_truth, text_server, monkeypatch
 ):
-    monkeypatch.setenv("ENHANCE_KEY", SECRET)
+    monkeypatch.setenv("VIDFORGE_ENHANCE_KEY", SECRET)
     clips = make_clips_dir(tmp_path / "clips", sample_videos, sample_truth)
     sets = [
         *CAPTION_BARE_SETS,
         "curation.caption.enhance.enabled=true",
         f"curation.caption.enhance.url={text_server}",
         "curation.caption.enhance.model=text-model",
-        "curation.caption.enhance.api_key_env=ENHANCE_KEY",
+        "curation.caption.enhance.api_key_env=VIDFORGE_ENHANCE_KEY",
         "curation.caption.enhance.words=12",
         "curation.caption.enhance.style=terse",
         "curation.caption.enhance.retries=0",

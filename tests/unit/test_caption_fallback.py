@@ -25,7 +25,7 @@ def _item(source: Path, start: float, end: float, level: int) -> ClipItem:
 
 def test_the_endpoint_captions_only_clips_without_a_caption_of_their_own(server, tmp_path, monkeypatch):  # noqa: F811
     vlm, url = server
-    monkeypatch.setenv("TEST_VLM_KEY", SECRET)
+    monkeypatch.setenv("VIDFORGE_TEST_VLM_KEY", SECRET)
     captioned, bare = tmp_path / "captioned.mp4", tmp_path / "bare.mp4"
     (tmp_path / "captioned.mp4.captions.json").write_text(
         json.dumps([{"start": 0.0, "end": 2.0, "text": "A red square moves right."}])
@@ -37,7 +37,7 @@ def test_the_endpoint_captions_only_clips_without_a_caption_of_their_own(server,
             "curation.caption.fallback=endpoint",
             f"curation.caption.endpoint.url={url}",
             "curation.caption.endpoint.model=test-vlm",
-            "curation.caption.endpoint.api_key_env=TEST_VLM_KEY",
+            "curation.caption.endpoint.api_key_env=VIDFORGE_TEST_VLM_KEY",
             "curation.caption.endpoint.frames=5",
         ],
     )

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from vidforge.errors import UserInputError
 from vidforge.train.checkpoint import CheckpointManager, merged_state
 from vidforge.train.safe_dcp import UnsafeCheckpoint, read_metadata
 
@@ -78,3 +79,30 @@ def test_planted_value_runs_nothing(tmp_path):
     assert not marker.exists()
     # The metadata of this checkpoint is DCP's own, and reads fine: only the value was refused.
     assert read_metadata(manager.path(1) / ".metadata").state_dict_metadata
+
+
+def test_metadata_naming_a_file_outside_the_checkpoint_is_refused_before_it_is_read(tmp_path):
+    """Issue 38, point 10: a `.metadata` whose storage entries name `../../x.distcp` had DCP read that file
+    outside the checkpoint folder."""
+    manager, _, _ = _saved(tmp_path)
+    outside = tmp_path / "x.distcp"
+    outside.write_bytes(b"\0" * 64)
+    meta = manager.path(1) / ".metadata"
+    with open(meta, "rb") as f:
+        real = pickle.load(f)  # noqa: S301 - our own file, just written
+    for info in real.storage_data.values():
+        info.relative_path = "../../x.distcp"
+    with open(meta, "wb") as f:
+        pickle.dump(real, f)
+    with pytest.raises(UnsafeCheckpoint, match=r"'\.\./\.\./x\.distcp' is not a plain file name; refusing"):
+        manager.load(1, *_fresh(), None)
+
+
+def test_a_damaged_tensor_file_is_one_user_error_not_dcps_exception(tmp_path):
+    manager, _, _ = _saved(tmp_path)
+    for data in manager.path(1).glob("*.distcp"):
+        data.write_bytes(data.read_bytes()[:20])
+    with pytest.raises(
+        UserInputError, match=r"cannot load this checkpoint \(.*\); resume from the one before"
+    ):
+        manager.load(1, *_fresh(), None)

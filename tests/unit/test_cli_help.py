@@ -1,29 +1,70 @@
-"""Every command's help: an example (README promises one for each) and paragraphs that the terminal wraps
-(typer keeps a docstring's line breaks: a long line broke in two at 80 columns)."""
+"""Every command's `--help` agrees with the registry of samplers and objectives (the profile's
+`diffusion.sampler` and `diffusion.objective`, which the validator and `diffusion.from_profile` read): a
+sampler it names exists, and prose that names some samplers (or objectives) names all of them, so a
+help text cannot say "the EDM loss" or "heun|res" once flow is there too. Every command has an example
+(README promises one for each), and help paragraphs wrap at the terminal's width (typer keeps a
+docstring's line breaks: a long line broke in two at 80 columns)."""
 
 from __future__ import annotations
 
-import click
+import re
+from typing import get_args
+
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from vidforge.cli._globals import reflow
 from vidforge.cli.app import app
+from vidforge.diffusion.from_profile import OBJECTIVES
+from vidforge.profile.diffusion import Diffusion
+
+SAMPLERS = get_args(Diffusion.model_fields["sampler"].annotation)
+OBJECTIVE_NAMES = get_args(Diffusion.model_fields["objective"].annotation)
+runner = CliRunner()
 
 
-def _commands(command: click.Command, path: str = "vidforge") -> list[tuple[str, click.Command]]:
-    found = [(path, command)]
+def _commands(command=None, path=()):
+    command = command or typer.main.get_command(app)
+    yield " ".join(path)
     for name, sub in getattr(command, "commands", {}).items():
-        found += _commands(sub, f"{path} {name}")
-    return found
+        yield from _commands(sub, (*path, name))
 
 
-def test_every_command_and_group_has_an_example() -> None:
-    missing = [
-        path
-        for path, command in _commands(typer.main.get_command(app))[1:]
-        if "Example:" not in (command.help or "")
-    ]
+COMMANDS = list(_commands())
+
+
+def _named(words, text: str) -> set[str]:
+    return {w for w in words if re.search(rf"(?<![\w.-]){re.escape(w)}(?![\w-])", text, re.IGNORECASE)}
+
+
+def test_the_objectives_of_the_profile_are_the_ones_built():
+    assert set(OBJECTIVE_NAMES) == set(OBJECTIVES)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p or "vidforge") for p in COMMANDS])
+def test_help_names_the_samplers_and_objectives_there_are(path):
+    result = runner.invoke(app, [*path.split(), "--help"], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    text = result.output
+    for value in re.findall(r"(?:diffusion\.sampler=|--sampler )([\w-]+)", text):
+        assert value in SAMPLERS, (path, value)
+    choices = re.findall(r"<([\w|-]+)>", text)
+    for listed in choices:  # an option's choices: the whole registry or none of it
+        names = set(listed.split("|"))
+        assert not names & set(SAMPLERS) or names == set(SAMPLERS), (path, listed)
+    prose = "\n".join(line for line in text.splitlines() if "Example:" not in line)
+    prose = re.sub(r"<[\w|-]+>", "", prose)
+    samplers = _named(SAMPLERS, prose)
+    assert not samplers or samplers == set(SAMPLERS), (path, sorted(samplers))
+    for sampler in SAMPLERS:  # `flow-euler` names a sampler, not the flow objective
+        prose = re.sub(re.escape(sampler), "", prose)
+    objectives = _named(OBJECTIVE_NAMES, prose)
+    assert not objectives or objectives == set(OBJECTIVE_NAMES), (path, sorted(objectives))
+
+
+def test_every_command_and_group_has_an_example():
+    missing = [p for p in COMMANDS[1:] if "Example:" not in runner.invoke(app, [*p.split(), "--help"]).output]
     assert missing == []
 
 

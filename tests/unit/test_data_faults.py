@@ -3,16 +3,19 @@ left mid-run, is a user error naming the folder (exit 2), never a loop that skip
 
 from __future__ import annotations
 
+import io
 import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
 from vidforge.data.loader import DataError, NoReadableData, ShardLoader
-from vidforge.data.shard_index import read_index
+from vidforge.data.shard_index import read_index, write_index
+from vidforge.data.shard_writer import ShardWriter, npy_bytes
 from vidforge.data.testing import make_latent_shards
 from vidforge.errors import UserInputError
 
@@ -101,3 +104,62 @@ def test_under_on_error_fail_a_bad_shard_is_a_user_error_naming_the_fix(tmp_path
     assert str(err.value).endswith(
         "(data.on_error=fail): regenerate the shard, or set data.on_error=skip to go on without it"
     )
+
+
+# --- one bad latent sample among good ones (issue 38, point 6) ------------------------------------------
+
+
+def _npy_claiming(shape: tuple[int, ...]) -> bytes:
+    """An .npy whose header claims `shape` of float32, followed by 4 bytes: what a damaged or hostile
+    shard holds (np.load allocates the claimed size before reading)."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + b"\0" * 4
+
+
+BAD_LATENTS = {
+    "huge": _npy_claiming((48, 3, 40000, 40000)),  # 858 GiB: a MemoryError
+    "flat": npy_bytes(np.zeros(12, np.float32)),  # 1-D: a raw ValueError in the batcher
+    "text": npy_bytes(np.full((4, 1, 4, 4), "a")),  # strings
+    "nan": npy_bytes(np.full((4, 1, 4, 4), np.nan, np.float32)),  # "TrainingDiverged ... lower train.lr"
+    "wide": npy_bytes(np.zeros((5, 1, 4, 4), np.float32)),  # advised model.in_channels=5
+}
+
+
+def _mixed_shards(root: Path, bad: dict[str, bytes]) -> Path:
+    """One latent shard of 4-channel samples, good ones and the `bad` latents between them, indexed as
+    `vidforge tokenize` indexes (its tokenizer's latent channels named)."""
+    emb = npy_bytes(np.ones((8, 16), np.float16))
+    mask = npy_bytes(np.ones(8, bool))
+    good = {f"good{i}": npy_bytes(np.full((4, 1, 4, 4), i, np.float32)) for i in range(3)}
+    with ShardWriter(root / "train-000000.tar") as writer:
+        for key, latent in [*good.items(), *bad.items()]:
+            writer.add(key, {"latent.npy": latent, "text_emb.npy": emb, "text_mask.npy": mask, "txt": b"x"})
+        entry = writer.close()
+    write_index(
+        root, "latent", [{**entry, "split": "train", "bucket": "all"}], tokenizer={"latent_channels": 4}
+    )
+    return root
+
+
+def test_each_bad_latent_sample_is_skipped_and_counted_the_good_ones_read(tmp_path):
+    root = _mixed_shards(tmp_path / "s", BAD_LATENTS)
+    loader = ShardLoader([root], epochs=1, shuffle_buffer=1)
+    assert sorted(s["__key__"] for s in loader) == ["good0", "good1", "good2"]
+    assert loader.stats["skipped_samples"] == len(BAD_LATENTS)
+
+
+@pytest.mark.parametrize(
+    "key, why",
+    [
+        ("huge", r"its header says \(48, 3, 40000, 40000\) float32 \(\d+ bytes\), the member holds 4 bytes"),
+        ("flat", r"shape \(12,\) is not \(C, T, H, W\)"),
+        ("text", r"<U1 values, not floats"),
+        ("nan", r"64 of 64 values are NaN or infinite \(the data, not the learning rate\)"),
+        ("wide", r"5 channels where its index's tokenizer gives 4"),
+    ],
+)
+def test_under_on_error_fail_a_bad_latent_is_one_line_naming_the_sample(tmp_path, key, why):
+    root = _mixed_shards(tmp_path / "s", {key: BAD_LATENTS[key]})
+    with pytest.raises(DataError, match=f"^train-000000.tar: {key}\\.latent\\.npy: .*{why}"):
+        list(ShardLoader([root], epochs=1, shuffle_buffer=1, on_error="fail"))

@@ -19,6 +19,7 @@ from vidforge.cli.app import app
 from vidforge.curate.stage import ItemError, Stage, run_batch
 from vidforge.data.folder_lock import LOCK, FolderBusy, FolderLock
 from vidforge.data.units import UnitLedger
+from vidforge.errors import UserInputError
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 HOLD = "import sys, time; from vidforge.data.folder_lock import FolderLock; lock = FolderLock(sys.argv[1]); print('held', flush=True); time.sleep(60)"
@@ -167,3 +168,128 @@ def test_two_concurrent_clip_runs_end_with_every_clip_of_one_run(tmp_path, sampl
     summary = next(json.loads(line) for line in again.stdout.splitlines() if '"result"' in line)
     assert summary["sources_skipped"] == 3
     assert [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()] == manifest
+
+
+def _stage_args(command: str, inputs: Path, out: Path) -> list[str]:
+    return (
+        [command, "--data", str(inputs), "--run-dir", str(out)]
+        if command == "train"
+        else [command, str(inputs), "-o", str(out)]
+    )
+
+
+_INPUTS = {
+    "clip": None,
+    "caption": "clips",
+    "shard": "captioned",
+    "tokenize": "shards",
+    "train": "latents",
+}
+
+
+def _inputs(command: str, tmp_path: Path, sample_videos: Path) -> Path:
+    if command == "clip":
+        return sample_videos / "red_square.mp4"
+    path = tmp_path / _INPUTS[command]
+    _prepare_input(command, path, sample_videos)
+    return path
+
+
+@pytest.mark.parametrize("command", ["clip", "caption", "shard", "tokenize", "train"])
+def test_a_lock_file_planted_as_a_symbolic_link_is_refused_and_its_target_untouched(
+    tmp_path, sample_videos, command
+):
+    """Issue 38, point 2: `ln -s SOMEFILE OUT/.lock` made every stage truncate SOMEFILE and write its pid
+    into it (the lock was opened `a+`, following the link)."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).symlink_to(victim)
+    result = CliRunner().invoke(app, _stage_args(command, _inputs(command, tmp_path, sample_videos), out))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: {out / LOCK} is a symbolic link (a stage keeps to its own folders); remove it and run again"
+    ]
+    assert victim.read_text() == "keep me\n"
+
+
+def test_a_lock_file_planted_as_a_hard_link_or_a_fifo_is_refused(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    for name, plant, what in [
+        ("hard", lambda p: os.link(victim, p), "a hard link to another file"),
+        ("fifo", os.mkfifo, "not a regular file"),
+    ]:
+        out = tmp_path / name
+        out.mkdir()
+        plant(out / LOCK)
+        with pytest.raises(UserInputError, match=f"^{out / LOCK} is {what} "):
+            FolderLock(out)
+    assert victim.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize(
+    "command, where, name",
+    [
+        ("clip", "out", "clips"),
+        ("caption", "out", "clips"),
+        ("caption", "in", "clips"),  # caption reads the clip stage's output by the clip stage's rule
+        ("train", "out", "checkpoints"),
+    ],
+)
+def test_a_planted_output_subfolder_link_is_refused_by_every_stage_alike(
+    tmp_path, sample_videos, command, where, name
+):
+    """`ln -s ELSEWHERE OUT/clips` made `clip` write its media outside OUT, which `caption` then refused as
+    "resolves outside": the stages disagreed. Now each refuses the link in one line before writing."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    inputs = _inputs(command, tmp_path, sample_videos)
+    out = tmp_path / "out"
+    folder = out if where == "out" else inputs
+    folder.mkdir(exist_ok=True)
+    (folder / name).symlink_to(elsewhere, target_is_directory=True)
+    args = _stage_args(command, inputs, out)
+    result = CliRunner().invoke(app, args + ["--set", "curation.embed=false"] * (command == "clip"))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: {folder / name} is a symbolic link (a stage keeps to its own folders); remove it and run again"
+    ]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_infer_refuses_an_output_folder_another_run_writes(tmp_path):
+    """Issue 38, point 10: two `infer` runs on one -o both finished, and samples.jsonl kept the last's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from train_fixtures import TRAIN_SETS, train_profile
+
+    from vidforge.models import build_model, save_model
+
+    export = save_model(build_model(train_profile().model), tmp_path / "export")
+    out = tmp_path / "out"
+    proc = _holder(out)
+    try:
+        args = [
+            "infer",
+            "-c",
+            str(export),
+            "--profile",
+            "local_cpu",
+            "--prompt",
+            "a red square",
+            "-o",
+            str(out),
+        ]
+        for s in TRAIN_SETS:
+            args += ["--set", s]
+        result = CliRunner().invoke(app, args)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {out}: vidforge pid {proc.pid} is writing this folder; wait for it to finish or pass "
+        "another output folder"
+    )
+    assert not (out / "samples.jsonl").exists()

@@ -10,6 +10,7 @@ import pytest
 
 from vidforge.bench.plots import sweep_figure
 from vidforge.curate.histograms import histogram_figure, titles
+from vidforge.profile.caption import Caption
 from vidforge.review.training import LEVELS, _keys, draw_curves
 
 
@@ -26,10 +27,10 @@ def _texts(ax) -> list[str]:
 def test_histograms_leave_out_scores_nothing_measured() -> None:
     rng = np.random.default_rng(0)
     records = [{"motion": float(v), "aesthetic": None, "keep": True} for v in rng.uniform(0.2, 3.0, 40)]
-    fig = histogram_figure(records, {"motion": [0.05, 12.0], "aesthetic": [4.5]}, titles(128))
+    fig = histogram_figure(records, {"motion": [0.05, 12.0], "aesthetic": [4.5]}, titles(Caption()))
     [ax] = fig.axes  # aesthetic, text area and CLIP score were not measured: no panels for them
     assert ax.get_title().startswith("motion (px/frame at 128 px) (n=40)")
-    assert histogram_figure([{"motion": None}], {}, titles()) is None
+    assert histogram_figure([{"motion": None}], {}, titles(Caption())) is None
 
 
 def test_histogram_axes_fit_the_data_and_thresholds_are_labelled() -> None:
@@ -37,7 +38,7 @@ def test_histogram_axes_fit_the_data_and_thresholds_are_labelled() -> None:
     fig = histogram_figure(
         [{"clip_score": v} for v in values] + [{"aesthetic": v} for v in (4.0, 5.0, 6.0)],
         {"clip_score": [-1.0, 0.33], "aesthetic": [4.5, 100.0]},
-        titles(),
+        titles(Caption()),
     )
     clip_ax, aesthetic_ax = sorted(fig.axes, key=lambda a: a.get_title())[::-1]
     lo, hi = clip_ax.get_xlim()

@@ -326,3 +326,57 @@ def test_the_dry_run_counts_the_shards_fsdp_made_of_a_bf16_base_and_fp32_adapter
     assert stage.parameter_bytes == 2 * base + 4 * adapters
     assert stage.gradient_bytes == stage.ema_bytes == 4 * adapters
     assert stage.optimizer_bytes == 8 * adapters
+
+
+def test_resuming_with_another_lora_rank_or_init_is_refused_naming_it(
+    latents, wan_base, lora_run, tmp_path
+) -> None:
+    """Issue 38, points 4 and 5: another rank was DCP's traceback; another --init continued silently,
+    training the adapters on another base (and the export named the new one)."""
+    import shutil
+
+    run = Path(shutil.copytree(lora_run, tmp_path / "run"))
+    ranked = train_profile(*WAN, *RUN, "train.steps=6", "train.lora={rank: 8, alpha: 8}")
+    with pytest.raises(UserInputError) as err:
+        loop.run(ranked, [latents], run, resume=True, init=WeightsInit(wan_base))
+    assert str(err.value).startswith(
+        "--resume: the run was trained with train.lora.rank=4, this command has train.lora.rank=8; "
+    )
+    other = Path(shutil.copytree(wan_base, tmp_path / "other_base"))
+    with pytest.raises(UserInputError) as err:
+        _run(latents, run, other, steps=6, resume=True)
+    assert str(err.value) == (
+        f"--resume: the run's LoRA adapters were trained on --init {wan_base.resolve()}, this command "
+        f"passes --init {other.resolve()}; pass the run's --init again, or a new --run-dir"
+    )
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002", "step_00000004"]
+
+
+def test_the_exported_adapter_file_is_the_same_bytes_every_time(lora_run, tmp_path) -> None:
+    """Issue 38, point 10: safetensors writes its metadata from a Rust HashMap, whose order changes from
+    run to run: two identical runs exported different bytes. The header is written with sorted keys."""
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    from vidforge.profile.train import Lora
+    from vidforge.train.lora import WEIGHTS, save_adapter
+
+    weights = {
+        k.replace("transformer.", "", 1)
+        .replace(".lora_A.", ".lora_A.default.")
+        .replace(".lora_B.", ".lora_B.default."): v
+        for k, v in load_file(lora_run / "export" / WEIGHTS).items()
+    }
+    profile = train_profile(*WAN, *RUN)
+    files = [
+        save_adapter(tmp_path / str(i), weights, profile.model, profile.train.lora or Lora(), 4, None)
+        / WEIGHTS
+        for i in range(8)
+    ]
+    first = files[0].read_bytes()
+    assert all(f.read_bytes() == first for f in files[1:])
+    n = int.from_bytes(first[:8], "little")
+    header = _json.loads(first[8 : 8 + n])
+    assert list(header) == sorted(header) and list(header["__metadata__"]) == sorted(header["__metadata__"])
+    assert load_file(files[0]).keys() == load_file(lora_run / "export" / WEIGHTS).keys()

@@ -130,3 +130,25 @@ def test_mfu_counts_model_flops_and_hfu_the_recompute() -> None:
     assert flops["none"][0] == flops["full"][0] == flops["selective"][0] == flops["none"][1]
     assert flops["full"][1] == flops["none"][0] + count.blocks
     assert flops["selective"][1] == flops["none"][0] + round(count.blocks * 0.5)  # checkpoint_ratio 0.5
+
+
+def test_the_draws_are_the_cpu_generator_s_whatever_the_device() -> None:
+    """A GPU run draws what the CPU run draws: `draw` for another device ("meta": it holds no values)
+    advances torch's CPU generator exactly as the CPU's draw does, so the draws came from it, and the
+    CPU's draws are the ones redone by hand (`_expected_target`), bit for bit."""
+    objective = RectifiedFlow("logit-normal", 0.0, 1.0, 3.0)
+    loss = DenoisingLoss(objective, caption_dropout=0.5, patch=PATCH, in_channels=4)
+    plain, _ = _batches()
+    states, drawn = [], []
+    for device in ("cpu", "meta"):
+        torch.manual_seed(7)
+        drawn.append(loss.draw(plain, torch.device(device)))
+        states.append(torch.get_rng_state())
+    assert torch.equal(states[0], states[1])
+    on_cpu, on_meta = drawn
+    assert on_meta.x.device.type == "meta" and on_meta.model_kwargs["drop_text"].device.type == "meta"
+    target, level, _ = _expected_target(objective, plain, seed=7)
+    assert torch.equal(on_cpu.level, level.float()) and torch.equal(on_cpu.target, target)
+    torch.manual_seed(7)
+    objective.sample_levels(2)
+    assert torch.equal(on_cpu.model_kwargs["drop_text"], torch.rand(2) < 0.5)

@@ -226,6 +226,51 @@ def test_fp8_layer_filter() -> None:
     assert not float8_eligible(nn.Linear(64, 192), "final.proj")
 
 
+def _fp8_forward_backward(model: nn.Module, text_tokens: int) -> None:
+    """A plain batch's forward and backward on the meta device, where torch checks `_scaled_mm` against
+    CUDA's shape rules (no GPU needed): the caption's tokens are what the weight gradient of the
+    cross-attention's key and value projections contracts over."""
+    from vidforge.tokens import patchify, token_grid
+
+    config = model.config
+    latents = torch.randn(1, config.in_channels, 3, 4, 6, device="meta")
+    text = torch.randn(1, text_tokens, config.text_dim, device="meta")
+    grid = token_grid(latents.shape[2:], tuple(config.patch))
+    x = patchify(latents, tuple(config.patch))
+    model(x, noise_level=torch.rand(1, device="meta"), text=text, grid=grid).sum().backward()
+
+
+def test_fp8_layers_take_token_counts_that_are_not_multiples_of_16() -> None:
+    """The GPU suite's fp8 crash (`_scaled_mm`: "Expected self.size(1) to be divisible by 16, but got 29",
+    a packed row's 29 caption tokens) reproduced on the meta device, and gone with the conversion
+    train.fp8 makes: here 72 video tokens, 29 caption tokens and one sample (the modulation's rows)."""
+    pytest.importorskip("torchao", reason="torchao (the `gpu` extra) is not installed")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from vidforge.parallel.float8 import convert_to_float8, float8_eligible
+
+    profile = train_profile()
+    unpadded = build_model(profile.model, device="meta")
+    convert_to_float8_training(unpadded, config=Float8LinearConfig(), module_filter_fn=float8_eligible)
+    with pytest.raises(RuntimeError, match="divisible by 16"):
+        _fp8_forward_backward(unpadded, text_tokens=29)
+    model = build_model(profile.model, device="meta")
+    assert "blocks.0.cross_attn.k" in convert_to_float8(model)
+    _fp8_forward_backward(model, text_tokens=29)
+    # the padding changes no number: torch's CPU float8 matmul takes 29 rows as they are
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(64, 64)) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    convert_to_float8_training(layers[0], config=Float8LinearConfig())
+    convert_to_float8(layers[1])
+    x = torch.randn(29, 64)
+    (plain_out, plain_grad), (padded_out, padded_grad) = [
+        (out := layer(x), torch.autograd.grad(out.square().sum(), layer[0].weight)[0]) for layer in layers
+    ]
+    torch.testing.assert_close(padded_out, plain_out)
+    torch.testing.assert_close(padded_grad, plain_grad)
+
+
 # --- launch: SLURM and --nproc -----------------------------------------------------------------------------
 
 

@@ -1,14 +1,16 @@
 """`vidforge bench infer`: sampling latency per sampler step and end to end, with classifier-free guidance
 batched (conditional and unconditional rows in one doubled batch, what `vidforge infer` does) and
-sequential (two model calls of the plain batch per evaluation), for each sampler (Heun, RES).
+sequential (two model calls of the plain batch per evaluation), for each sampler of the profile's
+objective (EDM: Heun, RES; flow: UniPC, Euler; `samplers_of`), or those asked for.
 
 The model is the profile's DiT with random weights (latency does not depend on the weights), run the way
 `vidforge.infer.sampling` runs it (its own denoiser): the objective's preconditioning, the learned null caption as the unconditional
-branch, the profile's Karras schedule. Latents of `bench.latent_*`, `infer.batch_size` prompts; the
+branch, the sampler's own schedule (Karras sigmas, or shifted flow times). Latents of `bench.latent_*`, `infer.batch_size` prompts; the
 tokenizer's decode is not included (a separate stage)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,12 +21,14 @@ from vidforge.bench.workload import Workload
 from vidforge.diffusion import classifier_free_guidance, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
 from vidforge.diffusion.samplers import Denoiser
+from vidforge.errors import UserInputError
 from vidforge.infer.sampling import batched_denoiser
 from vidforge.models import build_model
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
+from vidforge.profile.diffusion import samplers_of
 
-SAMPLERS = ("heun", "res")
+GUIDANCE_MODES = ("batched", "sequential")
 
 
 def sequential_guidance(batched: BatchedDenoiser, scale: float) -> Denoiser:
@@ -58,7 +62,26 @@ class InferRow:
         return asdict(self)
 
 
-def run(profile: RunProfile) -> dict[str, Any]:
+def chosen(asked: Sequence[str] | None, offered: Sequence[str], what: str, field: str) -> tuple[str, ...]:
+    """`asked` (every one of `offered` when None), refused in one line where one is not offered."""
+    if not asked:
+        return tuple(offered)
+    wrong = [a for a in asked if a not in offered]
+    if wrong:
+        raise UserInputError(f"{field}: {', '.join(wrong)} {what}; use some of {', '.join(offered)}")
+    return tuple(dict.fromkeys(asked))
+
+
+def run(
+    profile: RunProfile, samplers: Sequence[str] | None = None, guidance: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Time `samplers` (default: every sampler of the profile's objective) under `guidance` modes
+    (default: batched and sequential)."""
+    objective = profile.diffusion.objective
+    samplers = chosen(
+        samplers, samplers_of(objective), f"do not sample the {objective} objective", "--sampler"
+    )
+    guidance = chosen(guidance, GUIDANCE_MODES, "is not a guidance mode", "--guidance")
     device = init_runtime(profile).device
     dtype = torch.bfloat16 if profile.train.precision == "bf16" and device.type == "cuda" else torch.float32
     workload = Workload.from_profile(profile, samples=profile.infer.batch_size, packed=False)
@@ -78,11 +101,12 @@ def run(profile: RunProfile) -> dict[str, Any]:
     batched = batched_denoiser(network, profile, text, mask, dtype=dtype)  # `vidforge infer`'s own
 
     scale = profile.diffusion.guidance
-    modes = {"batched": classifier_free_guidance, "sequential": sequential_guidance} if scale != 1.0 else {}
+    makers = {"batched": classifier_free_guidance, "sequential": sequential_guidance}
+    modes = {name: makers[name] for name in guidance} if scale != 1.0 else {}
     if not modes:
         modes = {"none (guidance 1)": classifier_free_guidance}
     rows = []
-    for sampler in SAMPLERS:
+    for sampler in samplers:
         diffusion = profile.diffusion.model_copy(update={"sampler": sampler, "churn": 0.0})
         for name, make in modes.items():
             denoiser = make(batched, scale)
@@ -114,5 +138,7 @@ def run(profile: RunProfile) -> dict[str, Any]:
         "dtype": str(dtype).removeprefix("torch."),
         "workload": workload.describe(),
         "guidance_scale": scale,
+        "objective": objective,
+        "samplers": list(samplers),
         "rows": [r.as_dict() for r in rows],
     }

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vidforge.errors import UserInputError
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -57,7 +59,7 @@ def time_calls(
 ) -> Timing:
     """Call `fn` warmup times untimed, then `repeats` times timed."""
     if repeats < 1:
-        raise ValueError(f"bench.repeats: need at least 1 timed call, got {repeats}")
+        raise UserInputError(f"bench.repeats: need at least 1 timed call, got {repeats}")
     for _ in range(warmup):
         fn()
     if torch.device(device).type == "cuda":

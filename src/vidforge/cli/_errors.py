@@ -8,8 +8,8 @@ import traceback
 import typer
 from typer.core import TyperGroup
 
-from vidforge.cli._output import EXIT_FAILURE, EXIT_USER_ERROR, Output
-from vidforge.errors import UserInputError
+from vidforge.cli._output import EXIT_FAILURE, EXIT_TERMINATED, EXIT_USER_ERROR, Output
+from vidforge.errors import Terminated, UserInputError
 from vidforge.parallel.launch import RanksFailed, report_failure
 
 
@@ -28,6 +28,9 @@ class GuardedGroup(TyperGroup):
         except KeyboardInterrupt:
             _error(ctx, "interrupted; rerun the same command to resume", kind="interrupted")
             raise typer.Exit(130) from None
+        except Terminated as err:
+            _error(ctx, str(err), kind="terminated")
+            raise typer.Exit(EXIT_TERMINATED) from None
         except Exception as err:  # noqa: BLE001 - this is the boundary
             out = _output_of(ctx)
             if out.debug:

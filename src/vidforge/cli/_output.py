@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped on request, resumable
 
 
 @dataclass

@@ -93,16 +93,34 @@ def train(
 
 
 @app.command()
-def infer(nproc: NprocOpt = None, profile: ProfileOpt = None, set_: SetOpt = None) -> None:
-    """Sampling latency per step and end to end, for each sampler (heun, res), with classifier-free
-    guidance batched (one doubled batch) and sequential (two calls). infer.batch_size prompts of
-    bench.latent_* latents, diffusion.steps steps, random weights; tokenizer decode not included.
+def infer(
+    nproc: NprocOpt = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+    sampler: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sampler",
+            help="Time only this sampler (repeatable); default: every sampler of diffusion.objective "
+            "(edm: heun, res; flow: unipc, flow-euler).",
+        ),
+    ] = None,
+    guidance: Annotated[
+        list[str] | None,
+        typer.Option("--guidance", help="Time only this guidance mode (repeatable): batched, sequential."),
+    ] = None,
+) -> None:
+    """Sampling latency per step and end to end, for each sampler of the profile's objective (EDM: heun,
+    res; flow: unipc, flow-euler), with classifier-free guidance batched (one doubled batch) and
+    sequential (two calls). infer.batch_size prompts of bench.latent_* latents, diffusion.steps steps,
+    random weights; tokenizer decode not included.
 
     With --nproc N: N local ranks sample the way `vidforge infer --nproc N` does (infer.tp, CFG-parallel,
     context parallel with parallel.cp_impl), against one process measured first in the same run:
     latency per step, speed-up and efficiency, and the largest difference from the one process's latents.
 
     Example: vidforge bench infer --set diffusion.steps=8 --set infer.batch_size=1
+    Example: vidforge bench infer --set diffusion.objective=flow --sampler unipc --guidance batched
     Example: vidforge bench infer --nproc 2 --set diffusion.guidance=1 --set parallel.cp_impl=ring
     Example: vidforge bench infer --nproc 4 --set infer.tp=2   # TP2 x CFG-parallel
     """
@@ -112,17 +130,18 @@ def infer(nproc: NprocOpt = None, profile: ProfileOpt = None, set_: SetOpt = Non
         return
     from vidforge.bench.infer_bench import run
 
-    result = run(resolved)
+    result = run(resolved, sampler, guidance)
     lines = [
-        f"bench infer  {result['profile']} on {result['device']} ({result['dtype']}): {result['workload']}"
+        f"bench infer  {result['profile']} on {result['device']} ({result['dtype']}): {result['workload']}",
+        f"  samplers of the {result['objective']} objective: {', '.join(result['samplers'])}",
     ]
     lines.append(
-        f"  {'sampler':<8} {'guidance':<18} {'steps':>5} {'calls':>5} {'rows':>4} {'end to end s':>12} "
+        f"  {'sampler':<10} {'guidance':<18} {'steps':>5} {'calls':>5} {'rows':>4} {'end to end s':>12} "
         f"{'per step s':>10} {'per call s':>10}"
     )
     for r in result["rows"]:
         lines.append(
-            f"  {r['sampler']:<8} {r['guidance']:<18} {r['steps']:>5} {r['model_calls']:>5} {r['rows_per_call']:>4} "
+            f"  {r['sampler']:<10} {r['guidance']:<18} {r['steps']:>5} {r['model_calls']:>5} {r['rows_per_call']:>4} "
             f"{_fmt(r['end_to_end_s']):>12} {_fmt(r['per_step_s']):>10} {_fmt(r['per_model_call_s']):>10}"
         )
     current_output().result(result, text="\n".join(lines))

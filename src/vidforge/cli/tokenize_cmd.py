@@ -2,7 +2,7 @@
 `vidforge tokenize finetune CLIPS_OR_SHARDS --run-dir RUN`: fine-tune (or grow) the VAE it encodes with.
 
 `tokenize` is a group whose default command is `encode`: arguments that do not start with one of its
-command names run `encode`, so `vidforge tokenize SRC -o OUT` (the stage's command since the start) and
+command names run `encode`, so `vidforge tokenize SRC -o OUT` (the stage's short form) and
 `vidforge tokenize encode SRC -o OUT` are the same, and `finetune` is a sub-command beside it."""
 
 from __future__ import annotations

@@ -65,8 +65,9 @@ def train(
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Train with the EDM loss: AdamW, warm-up + cosine, bf16, EMA, FSDP2 across processes, sharded
-    checkpoints (resumable), metrics to the console, RUN/metrics.jsonl and TensorBoard.
+    """Train on the profile's objective (diffusion.objective: EDM or rectified flow): AdamW, warm-up +
+    cosine, bf16, EMA, FSDP2 across processes, sharded checkpoints (resumable), metrics to the console,
+    RUN/metrics.jsonl and TensorBoard.
 
     A profile with `stages:` (a curriculum) trains them in order, each in RUN/stages/NN-NAME and started
     from the previous stage's EMA weights; --resume continues inside the stage it stopped in.

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vidforge.errors import UserInputError
+from vidforge.weights_file import load_torch_weights
 
 
 class AestheticHead(nn.Module):
@@ -57,7 +58,7 @@ def load_head(
 
         state = load_file(str(file))
     else:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = load_torch_weights(file, "curation.caption.aesthetic.head")
         if isinstance(state, dict) and "state_dict" in state:
             state = state["state_dict"]
     first = state.get("layers.0.weight")

@@ -1,14 +1,12 @@
 """What `vidforge caption` does to each clip: caption it (coca | endpoint | sidecar), clean the caption,
-score aesthetics (LAION head on CLIP embeddings), on-screen text (EasyOCR + Vchitect's rule), motion
-(Farneback flow) and caption-video match (CLIP similarity), and decide keep/reject. `CaptionAnnotator`
-loads its models once, after `caption_checks.check_inputs` has refused, in about a second, whatever would
-fail on the user's input. Imports no torch at module level (the caption stages' decode workers import
-this module)."""
+then run every enabled curation filter (`curate.filters`: aesthetic, on-screen text, watermark, motion,
+caption-video match, each a scorer) and decide keep/reject. `CaptionAnnotator` loads its models once,
+after `caption_checks.check_inputs` has refused, in about a second, whatever it can see is wrong in the
+user's input. Imports no torch at module level (the caption stages' decode workers import this module)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections import Counter
@@ -18,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from vidforge.curate import filters
 from vidforge.curate.captioners import ClipItem, build_captioner
 from vidforge.curate.captioners.cleaning import clean_caption
 from vidforge.curate.decision import decide
+from vidforge.curate.filters import Clip, Resources
 from vidforge.data.paths import inside, plain_name
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import Caption
@@ -28,7 +28,13 @@ from vidforge.profile.caption import Caption
 log = logging.getLogger(__name__)
 
 STAGE = "caption"
-STEPS = ("decode", "caption", "enhance", "aesthetic", "ocr", "watermark", "motion", "clip_score")
+CAPTION_STEPS = ("decode", "caption", "enhance")
+CAPTION_FIELDS = ("caption", "caption_source", "caption_flags")
+
+
+def steps() -> tuple[str, ...]:
+    """Every step of a clip's annotation, in order: decoding, the caption, then each scorer."""
+    return CAPTION_STEPS + filters.names()
 
 
 def clip_id_of(record: dict[str, Any]) -> str:
@@ -49,28 +55,11 @@ def media_of(record: dict[str, Any], clips_dir: Path) -> Path:
     return inside(clips_dir, f"clips/{clip_id_of(record)}.mp4", "clip_id")
 
 
-ANNOTATIONS = (
-    "caption",
-    "caption_source",
-    "caption_flags",
-    "aesthetic",
-    "text_area",
-    "texty_frames",
-    "watermark",
-    "motion",
-    "clip_score",
-)
-
-
 def blank_row(record: dict[str, Any]) -> dict[str, Any]:
     """A clip's record with every annotation unset (what a failed step leaves)."""
     row = dict(record)
-    row.update({k: ([] if k == "caption_flags" else None) for k in ANNOTATIONS})
+    row.update({k: ([] if k == "caption_flags" else None) for k in CAPTION_FIELDS + filters.fields()})
     return row
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
 @dataclass
@@ -89,7 +78,7 @@ class Timings:
                 "clips": self.clips[s],
                 "clips_per_s": round(self.clips[s] / self.seconds[s], 3) if self.seconds[s] else None,
             }
-            for s in STEPS
+            for s in steps()
             if self.clips[s]
         }
 
@@ -131,54 +120,31 @@ class CaptionAnnotator:
         self._ready = True
 
     def _load_models(self, cfg: Caption) -> None:
+        import torch
+
         self.captioner = build_captioner(cfg, device=self.device, random_weights=cfg.random_weights)
         self.captioner.setup()
-        self.embedder = self.aesthetic = self.ocr = self.enhancer = None
+        self.embedder = self.enhancer = None
         if cfg.enhance.enabled:
             from vidforge.curate.captioners.enhance import CaptionEnhancer
 
             self.enhancer = CaptionEnhancer(cfg.enhance)
             self.enhancer.setup()
-        if cfg.aesthetic.enabled or cfg.clip_score.enabled:
+        self.scorers = filters.enabled(cfg)
+        if any(s.uses_clip for s in self.scorers):
             from vidforge.curate.clip_score import ClipEmbedder
 
             self.embedder = ClipEmbedder(cfg.clip, device=self.device, random_weights=cfg.random_weights)
             self.embedder.setup()
-        if cfg.aesthetic.enabled:
-            from vidforge.curate.aesthetic import AestheticScorer
-
-            self.aesthetic = AestheticScorer(
-                cfg.aesthetic.head, device=self.device, random_weights=cfg.random_weights
-            )
-            self.aesthetic.setup(embedding_width=self.embedder.width)
-        if cfg.ocr.enabled:
-            from vidforge.curate.ocr import EasyOcrDetector, TextRule
-
-            self.ocr = EasyOcrDetector(cfg.ocr.model_dir, cfg.ocr.languages, device=self.device)
-            self.ocr.setup()
-            self.text_rule = TextRule.from_settings(cfg.ocr)
-        self.flow = None
-        if cfg.motion.enabled and cfg.motion.method != "farneback":
-            from vidforge.curate.motion import RaftFlow
-
-            self.flow = RaftFlow(cfg.motion.method, cfg.motion.raft_weights, device=self.device)
-            self.flow.setup()
-        self.watermark = None
-        if cfg.watermark.enabled:
-            from vidforge.curate.watermark import WatermarkClassifier
-
-            self.watermark = WatermarkClassifier(
-                cfg.watermark, device=self.device, random_weights=cfg.random_weights
-            )
-            self.watermark.setup()
-        for label, part in (
-            ("caption", self.captioner),
-            ("clip", self.embedder),
-            ("aesthetic", self.aesthetic),
-            ("watermark", self.watermark),
-        ):
-            if part is not None and getattr(part, "random_weights", False):
-                self.random_weights.append(label)
+        resources = Resources(self.device, cfg.random_weights, self.embedder)
+        for scorer in self.scorers:
+            # Each scorer's random weights from its own seed: turning another filter on or off (or
+            # registering a new one) leaves them as they were.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                scorer.setup(resources)
+        parts = [("caption", self.captioner), ("clip", self.embedder)] + [(s.name, s) for s in self.scorers]
+        self.random_weights += [label for label, part in parts if getattr(part, "random_weights", False)]
 
     def teardown(self) -> None:
         for part in ("captioner", "enhancer"):
@@ -227,57 +193,31 @@ class CaptionAnnotator:
         if self.enhancer is not None:
             self._enhance(out, live, failed)
 
-        # CLIP image embeddings, shared by the aesthetic score and the caption match.
+        # CLIP image embeddings, shared by the scorers that use them (its cost split between them).
         embeddings: dict[int, np.ndarray] = {}
+        users = [s.name for s in self.scorers if s.uses_clip]
         if self.embedder is not None:
             t0 = time.perf_counter()
             for i in live:
                 try:
                     embeddings[i] = self.embedder.encode_images(items[i].sample(cfg.clip.frames))
                 except Exception as err:  # noqa: BLE001
-                    for step in ("aesthetic", "clip_score"):
+                    for step in users:
                         failed[i][step] = f"{type(err).__name__}: {err}"
             spent = time.perf_counter() - t0
-            share = [
-                s
-                for s, on in (("aesthetic", cfg.aesthetic.enabled), ("clip_score", cfg.clip_score.enabled))
-                if on
-            ]
-            for step in share:  # the embedding cost is split between the steps that use it
-                self.timings.add(step, spent / len(share), 0)
-        self._step(
-            "aesthetic",
-            live,
-            failed,
-            lambda i: self._aesthetic(out[i], embeddings.get(i)),
-            enabled=self.aesthetic is not None,
-        )
-        self._step("ocr", live, failed, lambda i: self._ocr(out[i], items[i]), enabled=self.ocr is not None)
-        self._step(
-            "watermark",
-            live,
-            failed,
-            lambda i: self._watermark(out[i], items[i]),
-            enabled=self.watermark is not None,
-        )
-        self._step(
-            "motion", live, failed, lambda i: self._motion(out[i], items[i]), enabled=cfg.motion.enabled
-        )
-        self._step(
-            "clip_score",
-            live,
-            failed,
-            lambda i: self._clip_score(out[i], embeddings.get(i)),
-            enabled=self.embedder is not None and cfg.clip_score.enabled,
-        )
+            for step in users:
+                self.timings.add(step, spent / len(users), 0)
+        for scorer in self.scorers:
+            self._score(scorer, items, out, live, failed, embeddings)
 
         done = []
+        order = steps()
         for row, fails in zip(out, failed, strict=True):
-            reasons = decide(row, cfg, failed=[s for s in STEPS if s in fails])
+            reasons = decide(row, cfg, failed=[s for s in order if s in fails])
             row.update(keep=not reasons, reasons=reasons, random_weights=bool(self.random_weights))
             errs = [
                 {"clip_id": clip_id_of(row), "stage": STAGE, "step": s, "reason": fails[s]}
-                for s in STEPS
+                for s in order
                 if s in fails
             ]
             done.append((row, errs))
@@ -311,43 +251,19 @@ class CaptionAnnotator:
             out[i]["caption_enhanced_by"] = res.source
         self.timings.add("enhance", time.perf_counter() - t0, len(todo))
 
-    def _step(self, step: str, live: list[int], failed: list[dict[str, str]], fn, *, enabled: bool) -> None:
-        if not enabled:
-            return
+    def _score(self, scorer, items, out, live, failed, embeddings) -> None:
+        """One scorer over the batch's clips that decoded and have not failed it yet; a clip it raises on
+        (or the whole call raising) is an error of that clip."""
         t0 = time.perf_counter()
-        for i in live:
-            if step in failed[i]:
-                continue
-            try:
-                fn(i)
-            except Exception as err:  # noqa: BLE001 - recorded for this clip
-                failed[i][step] = f"{type(err).__name__}: {err}"
-        self.timings.add(step, time.perf_counter() - t0, len(live))
-
-    def _aesthetic(self, row: dict[str, Any], emb: np.ndarray | None) -> None:
-        if emb is not None:
-            row["aesthetic"] = _finite(self.aesthetic.score_clip(emb))
-
-    def _ocr(self, row: dict[str, Any], item: ClipItem) -> None:
-        from vidforge.curate.ocr import judge_text
-
-        frames = item.sample(self.cfg.ocr.frames)
-        verdict = judge_text(self.ocr.detect_many(frames), [f.shape[:2] for f in frames], self.text_rule)
-        row["text_area"], row["texty_frames"] = round(verdict.text_area, 6), verdict.texty_frames
-
-    def _watermark(self, row: dict[str, Any], item: ClipItem) -> None:
-        row["watermark"] = round(self.watermark.score_clip(item.sample(self.cfg.watermark.frames)), 6)
-
-    def _motion(self, row: dict[str, Any], item: ClipItem) -> None:
-        from vidforge.curate.motion import motion_score, pair_starts
-
-        pairs = [
-            (item.frames[t], item.frames[t + 1]) for t in pair_starts(item.num_frames, self.cfg.motion.pairs)
-        ]
-        row["motion"] = _finite(motion_score(pairs, self.cfg.motion.size, self.flow))
-
-    def _clip_score(self, row: dict[str, Any], emb: np.ndarray | None) -> None:
-        from vidforge.curate.clip_score import clip_similarity
-
-        if emb is not None and row.get("caption"):
-            row["clip_score"] = _finite(clip_similarity(emb, self.embedder.encode_texts([row["caption"]])[0]))
+        todo = [i for i in live if scorer.name not in failed[i]]
+        clips = [Clip(items[i], out[i], embeddings.get(i) if scorer.uses_clip else None) for i in todo]
+        try:
+            results = scorer.score(clips) if clips else []
+        except Exception as err:  # noqa: BLE001 - recorded for every clip of the call
+            results = [err] * len(clips)
+        for i, res in zip(todo, results, strict=True):
+            if isinstance(res, Exception):
+                failed[i][scorer.name] = f"{type(res).__name__}: {res}"
+            else:
+                out[i].update(res)
+        self.timings.add(scorer.name, time.perf_counter() - t0, len(live))

@@ -1,8 +1,8 @@
 """`vidforge caption`: caption every clip of a `vidforge clip` output and annotate its quality.
 
 Per clip: decode the frames every annotation asks for (once), caption (coca | endpoint | sidecar), clean
-the caption, then score aesthetics (LAION head on CLIP embeddings), on-screen text (EasyOCR + Vchitect's
-rule), motion (Farneback flow) and caption-video match (CLIP similarity), and decide keep/reject.
+the caption, then run every enabled filter (`curate.filters`: aesthetics, on-screen text, watermark,
+motion, caption-video match) and decide keep/reject.
 
 Output (OUT): `manifest.jsonl` (every input field plus the annotations, `keep`, `reasons`, `media`),
 `rejected.jsonl` (id, media, reasons), `errors.jsonl`, `summary.json`, `histograms.png`, and `clips/`
@@ -12,7 +12,7 @@ with each clip hard-linked (copied across filesystems) so OUT stands alone. Each
 `run` drives the clips through the curate executors (`local`: a decode process pool feeding one
 model-holding thread; `ray`: the same stages as actors), see `caption_stages`. `CaptionAnnotator` does the
 annotation of a batch (`annotator`); it loads its models once, after `caption_checks.check_inputs` has
-refused, in about a second, whatever would fail on the user's input. The output files do not depend on completion
+refused, in about a second, what it can see is wrong in the user's input. The output files do not depend on completion
 order: the ledger orders them by clip id. `retry_errors` redoes clips committed with errors."""
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidforge.curate import filters
 from vidforge.curate.annotator import STAGE, CaptionAnnotator, Timings, blank_row, clip_id_of, media_of
 from vidforge.curate.caption_checks import check_inputs
 from vidforge.curate.caption_stages import AnnotateStage, DecodeStage
-from vidforge.curate.decision import REASONS, decide
+from vidforge.curate.clip import CLIPS_DIR
+from vidforge.curate.decision import decide, reasons
+from vidforge.data.folder_lock import subfolder
 from vidforge.data.manifest import TMP_MARK, read_jsonl, write_json, write_jsonl
 from vidforge.data.paths import UnsafePath
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
@@ -48,10 +51,9 @@ def link_media(src: Path, out_dir: Path, clip_id: str) -> str:
     """Hard-link (else copy) a clip into OUT/clips/ atomically; returns its path relative to OUT. It keeps
     the clip stage's name (source name and index beside the id) when that name carries the id."""
     name = src.name if src.stem.endswith(clip_id) else f"{clip_id}{src.suffix or '.mp4'}"
-    rel = Path("clips") / name
-    target = out_dir / rel
+    rel = Path(CLIPS_DIR) / name
+    target = subfolder(out_dir, CLIPS_DIR) / name
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.stem}{TMP_MARK}{os.getpid()}{target.suffix}")
         tmp.unlink(missing_ok=True)
         try:
@@ -90,9 +92,16 @@ def read_clip_manifest(clips_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise UserInputError(f"{clips_dir}: no {MANIFEST}; give the output folder of `vidforge clip`")
     try:
-        return read_jsonl(path)
+        records = read_jsonl(path)
     except ValueError as err:
         raise UserInputError(str(err)) from None
+    for number, record in enumerate(records, 1):  # blank lines are skipped: a count, not a line number
+        if not isinstance(record, dict):
+            raise UserInputError(
+                f"{path}: record {number} is a JSON {type(record).__name__}, not an object; each line of a "
+                'clip manifest is one clip\'s record ({"clip_id": ..., "media": ...})'
+            )
+    return records
 
 
 def run(
@@ -126,8 +135,10 @@ def run(
     records = read_clip_manifest(clips_dir)
     if limit is not None:
         records = records[:limit]
+    subfolder(clips_dir, CLIPS_DIR, create=False)  # the clip stage's rule for its own output, here too
     ledger = UnitLedger(out_dir)
     ledger.recover()
+    subfolder(out_dir, CLIPS_DIR)
     errored = {e["unit"] for e in ledger.entries() if e["kind"] == "error"} if retry_errors else set()
     todo: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -201,7 +212,7 @@ def run(
     ]
     write_jsonl(out_dir / REJECTED, rejected)
     by_reason = Counter(reason for r in manifest for reason in r["reasons"])
-    ordered = {k: by_reason.get(k, 0) for k in REASONS}
+    ordered = {k: by_reason.get(k, 0) for k in reasons()}
     ordered.update({k: v for k, v in sorted(by_reason.items()) if k not in ordered})
     summary = CaptionSummary(
         clips=len(manifest),
@@ -212,21 +223,22 @@ def run(
         retried=len(errored & set(todo)),
         by_reason=ordered,
         timings=timings.table(),
-        random_weights=[k for k in ("caption", "clip", "aesthetic", "watermark") if k in random_weights],
+        random_weights=[k for k in ("caption", "clip", *filters.names()) if k in random_weights],
         out=str(out_dir),
         wall_seconds=round(time.perf_counter() - started, 3),
         executor=executor,
         stages=[s.summary() for s in (stats.stages if stats else [])],
     )
-    from vidforge.curate.histograms import thresholds, write_histograms
+    from vidforge.curate.histograms import thresholds, titles, write_histograms
 
-    # The thresholds the run decided by, so that `vidforge review` marks those on its histograms.
+    # The thresholds the run decided by and the panels' titles, so that `vidforge review` draws those.
     write_json(
         out_dir / SUMMARY,
         {
             **summary.as_dict(),
             "backend": cfg.backend if cfg.fallback is None else f"{cfg.backend}+{cfg.fallback}",
             "thresholds": thresholds(cfg),
+            "titles": titles(cfg),
             "motion_size": cfg.motion.size,
         },
     )

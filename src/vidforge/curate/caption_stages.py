@@ -1,10 +1,9 @@
 """The stages of `vidforge caption` on the curate executors: `decode` (a process pool: PyAV holds the GIL)
--> `annotate` (one model-holding worker that batches clips: captions, CLIP, aesthetic, OCR, motion).
+-> `annotate` (one model-holding worker that batches clips: captions, then every enabled filter).
 
 A unit is one clip (its id). Neither stage ever drops a clip: a clip that fails to decode goes on as a
-`Decoded` with `error` set, and `annotate` turns it into a rejected row and an error record, exactly as
-the single-process loop did. This module imports no torch: the decode workers (forked from a server
-that preloads it) start fast.
+`Decoded` with `error` set, and `annotate` turns it into a rejected row and an error record. This
+module imports no torch: the decode workers (forked from a server that preloads it) start fast.
 
 Models load in `AnnotateStage.setup` (a `slow_setup`: on a background thread of the driver, while the
 decode workers start on the first clips). With the local executor the stage runs on a thread of the
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from vidforge.curate import filters
 from vidforge.curate.annotator import CaptionAnnotator, Timings, media_of
 from vidforge.curate.captioners import evenly_spaced
 from vidforge.curate.stage import Stage
@@ -33,22 +33,16 @@ log = logging.getLogger(__name__)
 
 def wanted_frames(cfg: Caption, count: int) -> set[int]:
     """Indices of the frames some annotation reads, for a clip of `count` frames (`cfg`: curation.caption)."""
-    from vidforge.curate.motion import pair_starts
-
     frames = {"coca": cfg.coca.frames, "endpoint": cfg.endpoint.frames}
     caption_frames = max(frames.get(cfg.backend, 0), frames.get(cfg.fallback or "", 0))
     idx: set[int] = set()
     if caption_frames:
         idx.update(evenly_spaced(count, caption_frames))
-    if cfg.aesthetic.enabled or cfg.clip_score.enabled:
+    scorers = filters.enabled(cfg)
+    if any(s.uses_clip for s in scorers):
         idx.update(evenly_spaced(count, cfg.clip.frames))
-    if cfg.ocr.enabled:
-        idx.update(evenly_spaced(count, cfg.ocr.frames))
-    if cfg.watermark.enabled:
-        idx.update(evenly_spaced(count, cfg.watermark.frames))
-    if cfg.motion.enabled:
-        for t in pair_starts(count, cfg.motion.pairs):
-            idx.update((t, t + 1))
+    for scorer in scorers:
+        idx.update(scorer.frames(count))
     return idx
 
 

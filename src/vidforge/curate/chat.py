@@ -1,8 +1,10 @@
 """One HTTP client for OpenAI-compatible chat-completions servers (vLLM, SGLang and the like), shared by
 the endpoint captioner and caption enhancement.
 
-Each request has a timeout and retries with exponential backoff on timeouts, connection errors, 429 and
-5xx. The API key is read from an environment variable at setup and sent as a Bearer header to the
+Each request has a deadline (`timeout_s` bounds the whole attempt: connecting, sending, the answer's
+headers and body, not each socket read, so a server that trickles a byte a second cannot hold a clip, or the
+output folder's lock, for longer) and retries with exponential backoff on timeouts, connection errors, 429
+and 5xx. The API key is read from an environment variable at setup and sent as a Bearer header to the
 configured origin only: a redirect is not followed (urllib would resend the header to wherever it points)
 but is that request's error, as is an answer that is not a chat completion. The key is never logged,
 stored in results or put in error messages: a server that echoes request headers in an error body has the
@@ -10,16 +12,21 @@ key cut out of what is recorded."""
 
 from __future__ import annotations
 
+import base64
+import functools
+import http.client
 import json
 import logging
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+from urllib.parse import quote, quote_plus
 
 from vidforge.errors import UserInputError
 
@@ -42,6 +49,7 @@ class ChatClient:
         self.settings, self.field = settings, field
         self._sleep = sleep
         self._headers: dict[str, str] | None = None
+        self._secrets: list[str] = []
         self.url = settings.url.rstrip("/") + "/chat/completions"
 
     def setup(self) -> None:
@@ -51,10 +59,13 @@ class ChatClient:
             )
         headers = {"Content-Type": "application/json"}
         env = self.settings.api_key_env
+        if env:
+            check_key_variable(env, f"{self.field}.api_key_env")
         key = os.environ.get(env, "") if env else ""
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._headers = headers
+        self._secrets = encoded_forms(key) if key else []
         log.info(
             "%s: %s model %s (API key %s)",
             self.field,
@@ -71,22 +82,34 @@ class ChatClient:
         self._headers = None
 
     def _redact(self, text: str) -> str:
-        key = (self._headers or {}).get("Authorization", "")[len("Bearer ") :]
-        return text.replace(key, "[redacted]") if key else text
+        for form in self._secrets:
+            text = text.replace(form, "[redacted]")
+        return text
 
     def _post(self, data: bytes) -> tuple[int, bytes]:
         req = urllib.request.Request(self.url, data=data, headers=self._headers or {}, method="POST")
+        deadline = _Deadline(self.settings.timeout_s)
         try:
-            with _OPENER.open(req, timeout=self.settings.timeout_s) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as err:
-            if 300 <= err.code < 400:
-                where = err.headers.get("Location", "?")
-                raise EndpointError(
-                    f"HTTP {err.code}: redirected to {where}, not followed (the API key goes to "
-                    f"{self.field}.url only; set it to the final address)"
-                ) from None
-            return err.code, err.read()
+            try:
+                with _opener(deadline).open(req, timeout=self.settings.timeout_s) as response:
+                    status, payload = response.status, response.read()
+            except urllib.error.HTTPError as err:
+                if 300 <= err.code < 400:
+                    where = err.headers.get("Location", "?")
+                    raise EndpointError(
+                        f"HTTP {err.code}: redirected to {where}, not followed (the API key goes to "
+                        f"{self.field}.url only; set it to the final address)"
+                    ) from None
+                status, payload = err.code, err.read()
+        except (OSError, http.client.HTTPException):
+            if deadline.expired:
+                raise TimeoutError from None
+            raise
+        finally:
+            deadline.cancel()
+        if deadline.expired:  # cut while reading a body without a length: what was read is short
+            raise TimeoutError
+        return status, payload
 
     def answers(
         self, items: list[T], body: Callable[[T], dict[str, Any]]
@@ -127,7 +150,7 @@ class ChatClient:
             except TimeoutError:
                 last = f"timed out after {self.settings.timeout_s:g} s"
                 continue
-            except (urllib.error.URLError, ConnectionError, OSError) as err:
+            except (OSError, http.client.HTTPException) as err:
                 reason = getattr(err, "reason", err)
                 if isinstance(reason, (TimeoutError, socket.timeout)):
                     last = f"timed out after {self.settings.timeout_s:g} s"
@@ -147,12 +170,118 @@ class ChatClient:
         raise EndpointError(f"{last} ({attempts} attempt{'s' if attempts > 1 else ''})")
 
 
+# Besides these names, a profile may send only variables named for vidforge: a profile is shared, and one
+# naming HOME, AWS_SECRET_ACCESS_KEY or OPENAI_API_KEY beside its own URL would send that secret there.
+KEY_PREFIX = "VIDFORGE_"
+ALLOW_ENV = "VIDFORGE_API_KEY_ENVS"
+
+
+def check_key_variable(name: str, field: str) -> None:
+    """UserInputError unless the environment variable `name` may be sent as an API key: it starts with
+    VIDFORGE_, or the user listed it (comma-separated) in $VIDFORGE_API_KEY_ENVS, which no profile sets."""
+    allowed = {n.strip() for n in os.environ.get(ALLOW_ENV, "").split(",") if n.strip()}
+    if name in allowed or (name.startswith(KEY_PREFIX) and name != ALLOW_ENV):
+        return
+    raise UserInputError(
+        f"{field}: {name} is not a {KEY_PREFIX}* variable, and a profile sends only keys named for vidforge; "
+        f"put the key in one (VIDFORGE_CAPTION_API_KEY by default) and name that, or add {name} to "
+        f"${ALLOW_ENV} if it is meant for this endpoint"
+    )
+
+
+def encoded_forms(key: str) -> list[str]:
+    """`key` as an error body may carry it: as is, percent-encoded, hex, and base64 (standard and URL-safe,
+    at each of the three byte alignments it can have inside a longer encoded text: the characters that
+    depend on the key's bytes alone). Longest first, so a longer form is cut before a shorter one."""
+    raw = key.encode("utf-8")
+    forms = {key, quote(key, safe=""), quote_plus(key), raw.hex(), raw.hex().upper()}
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw + b"\0\0").decode("ascii")
+        first = -(-8 * offset // 6)  # the first character whose bits are all the key's
+        last = (8 * (offset + len(raw))) // 6  # one past the last
+        core = encoded[first:last]
+        forms |= {core, core.replace("+", "-").replace("/", "_")}
+    return sorted((f for f in forms if len(f) >= 8), key=len, reverse=True)
+
+
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
         return None  # urlopen raises the 3xx as an HTTPError: `_post` makes it the clip's error
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class _Deadline:
+    """Cuts a request's sockets `seconds` after it began. A socket timeout bounds each read only: a server
+    sending a byte a second never trips it. Shutting the socket down wakes the blocked read at once."""
+
+    def __init__(self, seconds: float):
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:  # connecting took the whole deadline
+                _cut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _cut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _cut(sock: socket.socket) -> None:
+    try:  # the plain socket's shutdown, also under TLS: no TLS close from the timer's thread
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+class _Watched(http.client.HTTPConnection):
+    def __init__(self, *args, deadline: _Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.watch(self.sock)
+
+
+class _WatchedHTTPS(_Watched, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_Watched, deadline=self.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req):
+        return self.do_open(
+            functools.partial(_WatchedHTTPS, deadline=self.deadline), req, context=self._context
+        )
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """urllib's opener (proxies from the environment included) with redirects refused and every
+    connection it opens under `deadline`."""
+    return urllib.request.build_opener(_NoRedirect, _HTTPHandler(deadline), _HTTPSHandler(deadline))
 
 
 def _message_text(message: dict[str, Any]) -> str:

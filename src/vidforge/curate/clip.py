@@ -33,6 +33,7 @@ from vidforge.curate.items import ClipPlan, ClipResult
 from vidforge.curate.plan import PlanStage
 from vidforge.curate.stage import Stage, StageStats
 from vidforge.curate.transcode import TranscodeStage
+from vidforge.data.folder_lock import subfolder
 from vidforge.data.manifest import atomic_path, write_json, write_jsonl
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
 
@@ -110,6 +111,7 @@ def run(
     sources = expand_inputs(list(inputs), cfg.extensions)
     ledger = UnitLedger(out)
     ledger.recover()
+    subfolder(out, CLIPS_DIR)
     todo = [s for s in sources if not ledger.is_done(s)]
     stages = build_stages(cfg, out, len(todo), executor)
     options = {"queue_depth": cfg.queue_depth}

@@ -60,12 +60,18 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         },
         "custom_text": True,
     },
+    # `curation.embed_model`'s default (curate/embedding.py): a 2-layer ViT on 64 px images, 2-layer text.
+    "vidforge-tiny": {
+        "embed_dim": 64,
+        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "head_width": 32, "patch_size": 16},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+    },
 }
 _registered = False
 
 
 def register_tiny_configs() -> None:
-    """Make `tiny-clip` and `tiny-coca` known to open-clip (through its public `add_model_config`)."""
+    """Make the tiny configs (`tiny-clip`, `tiny-coca`, `vidforge-tiny`) known to open-clip (through its public `add_model_config`)."""
     global _registered
     if _registered:
         return

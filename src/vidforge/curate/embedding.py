@@ -17,23 +17,9 @@ import numpy as np
 from vidforge.curate.stage import Stage
 from vidforge.errors import UserInputError
 
-TINY = "vidforge-tiny"
-# A small CLIP for CPU runs and tests: 2-layer ViT on 64 px images, 2-layer text transformer.
-TINY_CONFIG = {
-    "embed_dim": 64,
-    "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "head_width": 32, "patch_size": 16},
-    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
-}
+TINY = "vidforge-tiny"  # a small CLIP for CPU runs and tests (`clip_score.TINY_CONFIGS`)
 _CACHE: dict[tuple, ImageEmbedder] = {}
 _CACHE_LOCK = threading.Lock()
-
-
-def _register_tiny() -> None:
-    import open_clip
-    from open_clip import factory
-
-    if TINY not in open_clip.list_models():
-        factory._MODEL_CONFIGS[TINY] = TINY_CONFIG  # no public API registers a config from a dict
 
 
 def resolve_device(name: str) -> str:
@@ -88,7 +74,9 @@ class ImageEmbedder:
         import open_clip
         import torch
 
-        _register_tiny()
+        from vidforge.curate.clip_score import register_tiny_configs
+
+        register_tiny_configs()
         local_dir = model_name.startswith("local-dir:")
         if local_dir and not Path(model_name.removeprefix("local-dir:")).is_dir():
             raise UserInputError(
@@ -185,23 +173,6 @@ class ImageEmbedder:
 def normalise(v: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(v))
     return (v / norm).astype(np.float32) if norm > 0 else v.astype(np.float32)
-
-
-def save_local_dir(model, folder: str | Path, model_name: str = TINY) -> Path:
-    """Write a model as an open-clip `local-dir:` folder (config + weights), the format `load` reads."""
-    import json
-
-    import torch
-
-    _register_tiny()
-    import open_clip
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = open_clip.get_model_config(model_name)
-    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg, "preprocess_cfg": {}}))
-    torch.save(model.state_dict(), folder / "open_clip_pytorch_model.bin")
-    return folder
 
 
 class EmbedStage(Stage):

@@ -10,6 +10,8 @@ import math
 import os
 from typing import Any
 
+from vidforge.curate import filters
+from vidforge.curate.filters import Histogram
 from vidforge.data.manifest import atomic_path
 from vidforge.profile.caption import Caption
 from vidforge.profile.curation import Curation
@@ -25,15 +27,19 @@ def _values(records: list[dict[str, Any]], key: str) -> list[float]:
 
 
 def thresholds(cfg: Caption) -> dict[str, list[float]]:
-    """The keep/reject thresholds of each score under the `curation.caption` section `cfg`, by record key
-    (caption.py records them in summary.json, so that a review of the run draws the ones it used)."""
-    return {
-        "aesthetic": [cfg.aesthetic.min_score],
-        "text_area": [cfg.ocr.texty_area],
-        "watermark": [cfg.watermark.max_score],
-        "motion": [cfg.motion.min_score, cfg.motion.max_score],
-        "clip_score": [cfg.clip_score.min_score],
-    }
+    """The keep/reject thresholds of each score under the `curation.caption` section `cfg`, by record key,
+    from every scorer (caption.py records them in summary.json, so that a review of the run draws the ones
+    it used)."""
+    return {k: list(h.thresholds) for k, h in _panels(cfg).items()}
+
+
+def titles(cfg: Caption) -> dict[str, str]:
+    """Panel titles of a caption run's scores under `cfg`, by record key (recorded in summary.json too)."""
+    return {k: h.title for k, h in _panels(cfg).items()}
+
+
+def _panels(cfg: Caption) -> dict[str, Histogram]:
+    return {k: h for s in filters.scorers(cfg) for k, h in s.histograms().items()}
 
 
 def clip_thresholds(cfg: Curation) -> dict[str, list[float]]:
@@ -50,20 +56,9 @@ CLIP_TITLES = {
 }
 
 
-def titles(motion_size: int | None = None) -> dict[str, str]:
-    motion = f"motion (px/frame at {motion_size} px)" if motion_size else "motion (px/frame)"
-    return {
-        "aesthetic": "aesthetic score",
-        "text_area": "text area (largest frame fraction)",
-        "watermark": "watermark probability (highest frame)",
-        "motion": motion,
-        "clip_score": "caption-video CLIP similarity",
-    }
-
-
 def write_histograms(records: list[dict[str, Any]], cfg: Caption, path: str | os.PathLike) -> bool:
     """Histograms of the measured scores over `records` under the `curation.caption` section `cfg`."""
-    return draw_histograms(records, thresholds(cfg), titles(cfg.motion.size), path)
+    return draw_histograms(records, thresholds(cfg), titles(cfg), path)
 
 
 def draw_histograms(

@@ -83,13 +83,13 @@ class RaftFlow:
     def setup(self) -> None:
         if self.model is not None:
             return
-        import torch
         from torchvision.models import optical_flow
 
         from vidforge.errors import UserInputError
+        from vidforge.weights_file import load_torch_weights
 
         model = getattr(optical_flow, self.method)(weights=None)
-        state = torch.load(self.weights, map_location="cpu", weights_only=True)
+        state = load_torch_weights(self.weights, "curation.caption.motion.raft_weights")
         try:
             model.load_state_dict(state)
         except RuntimeError as err:

@@ -117,6 +117,8 @@ class EasyOcrDetector:
             raise UserInputError(
                 f"curation.caption.ocr.model_dir: {err}; put EasyOCR's model files there"
             ) from None
+        except ValueError as err:  # EasyOCR's refusal of a language (or a combination of them)
+            raise UserInputError(f"curation.caption.ocr.languages {self.languages}: {err}") from None
 
     def detect(self, frame: np.ndarray) -> list[Detection]:
         """Detections in one RGB uint8 frame."""

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.errors import UserInputError
+from vidforge.weights_file import load_torch_weights
 
 FIELD = "curation.caption.watermark"
 SIZE = 256
@@ -53,7 +54,7 @@ def load_model(settings, *, random_weights: bool, device: str) -> tuple[nn.Modul
     file = Path(settings.weights)
     if not file.is_file():
         raise UserInputError(f"{FIELD}.weights: no such file {file}")
-    state = torch.load(file, map_location="cpu", weights_only=True)
+    state = load_torch_weights(file, f"{FIELD}.weights")
     try:
         model.load_state_dict(state)
     except RuntimeError as err:

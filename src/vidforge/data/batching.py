@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vidforge.data.loader import ShardLoader
+from vidforge.memory import host_memory_bytes, require
 from vidforge.profile import RunProfile
 from vidforge.tokens import SequenceLayout, pack_latents, token_grid
 
@@ -227,5 +228,15 @@ def build_batcher(profile: RunProfile, loader: ShardLoader) -> Packer | Bucketer
     """The profile's micro-batcher: packed (`data.packing`) or bucketed."""
     cfg = profile.data
     if cfg.packing:
+        # The buffer holds decoded samples, refilled from a loader that may repeat epochs without end:
+        # data.pack_buffer=1000000000 filled 3 GB before the first step.
+        sample = getattr(loader, "mean_sample_bytes", 0.0)
+        require(
+            cfg.pack_buffer * sample,
+            host_memory_bytes(),
+            f"data.pack_buffer={cfg.pack_buffer} (samples of {sample:,.0f} bytes on average, by the data's "
+            "index)",
+            "lower data.pack_buffer (64 packs well)",
+        )
         return Packer(loader, profile.model.patch, cfg.token_budget, cfg.pack_buffer)
     return Bucketer(loader, cfg.batch_size)

@@ -5,12 +5,18 @@ re-entrant (a run retried in the same interpreter, tests), shared until its last
 
 Why it matters: a run's start-up removes what a killed run left half-written (`*.tmp-*`); without the
 lock it removed a concurrent run's files in progress, and that run failed its units. On a network
-filesystem without flock support the lock cannot be taken; the error says so."""
+filesystem without flock support the lock cannot be taken; the error says so.
+
+Nothing planted in the folder is followed: `.lock` is opened with O_NOFOLLOW (a symbolic link there made
+the lock truncate the file it pointed at and write a pid into it), and the folders a stage writes in
+(`subfolder`: `.units`, `clips`, `checkpoints`) are refused when they are symbolic links, so every stage
+writes inside its output folder or not at all."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 import weakref
 from pathlib import Path
@@ -46,7 +52,20 @@ class FolderLock:
 
 
 def _take(folder: Path) -> IO[str]:
-    f = open(folder / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held open as the lock
+    path = folder / LOCK
+    try:
+        # O_NONBLOCK: a FIFO planted as .lock would block the open; regular files ignore the flag
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError as err:
+        if path.is_symlink():
+            raise UserInputError(_planted(path, "a symbolic link")) from None
+        raise UserInputError(f"{folder}: cannot open {LOCK} ({err.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file"
+        raise UserInputError(_planted(path, what))
+    f = open(fd, "r+", encoding="utf-8")  # noqa: SIM115 - held open as the lock
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -72,6 +91,24 @@ def _take(folder: Path) -> IO[str]:
     f.write(f"vidforge pid {os.getpid()}\n")
     f.flush()
     return f
+
+
+def _planted(path: Path, what: str) -> str:
+    return f"{path} is {what} (a stage keeps to its own folders); remove it and run again"
+
+
+def subfolder(folder: str | os.PathLike, name: str, create: bool = True) -> Path:
+    """`folder/name`, a folder a stage writes in (created if missing, unless `create` is false: a stage
+    reading another's output checks it by the same rule); refused in one line when it is a symbolic link
+    (it would put the stage's files wherever it points) or not a folder."""
+    path = Path(folder) / name
+    if path.is_symlink():
+        raise UserInputError(_planted(path, "a symbolic link"))
+    if path.exists() and not path.is_dir():
+        raise UserInputError(f"{path} is not a folder; remove it and run again")
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _let_go(key: Path) -> None:

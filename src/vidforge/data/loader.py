@@ -27,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from vidforge.data.blending import Blender, Ref, SourceStream
 from vidforge.data.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, read_media
 from vidforge.data.paths import UnsafePath
@@ -89,6 +91,51 @@ class GroupComm:
         return box[0]
 
 
+def _latent_channels(index: ShardIndex) -> int | None:
+    tokenizer = index.meta.get("tokenizer")
+    channels = tokenizer.get("latent_channels") if isinstance(tokenizer, dict) else None
+    return channels if isinstance(channels, int) and not isinstance(channels, bool) else None
+
+
+def check_latent(sample: dict[str, Any], channels: int | None) -> None:
+    """SampleError unless a sample's `latent.npy` can be a latent: (C, T, H, W) floats, all finite, with the
+    `channels` of the rest of its source (when its index names them). One bad sample is then skipped like
+    a bad shard (`data.on_error`), rather than ending the run as a raw error, a MemoryError, a diverged
+    loss blamed on the learning rate, or advice to change model.in_channels to fit it."""
+    latent = sample.get("latent.npy")
+    if latent is None:
+        return
+    name = f"{sample['__key__']}.latent.npy"
+    if not isinstance(latent, np.ndarray) or latent.ndim != 4:
+        raise SampleError(f"{name}: shape {getattr(latent, 'shape', '?')} is not (C, T, H, W)")
+    if latent.dtype.kind != "f":
+        raise SampleError(f"{name}: {latent.dtype} values, not floats")
+    if channels is not None and latent.shape[0] != channels:
+        raise SampleError(f"{name}: {latent.shape[0]} channels where its index's tokenizer gives {channels}")
+    for ext in ("latent.npy", "text_emb.npy"):
+        values = sample.get(ext)
+        if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+            bad = values.size - int(np.count_nonzero(np.isfinite(values)))
+            if bad:
+                raise SampleError(
+                    f"{sample['__key__']}.{ext}: {bad} of {values.size} values are NaN or infinite (the data, "
+                    "not the learning rate)"
+                )
+
+
+def check_text_width(indexes: Sequence[ShardIndex], text_dim: int) -> None:
+    """The text embeddings the shards hold are as wide as the model's text input: a mismatch would fail
+    inside the first forward (under pp x cp, as hundreds of lines from the pipeline schedule), so say it
+    in one line at load, from the width each index.json records for its text encoder."""
+    for ix in indexes:
+        width = (ix.meta.get("text_encoder") or {}).get("width")
+        if width is not None and width != text_dim:
+            raise UserInputError(
+                f"model.text_dim: {ix.root} holds {width}-wide text embeddings (its index.json's text_encoder), "
+                f"the model takes {text_dim}; set --set model.text_dim={width} or re-tokenize with that encoder"
+            )
+
+
 class ShardLoader:
     """See the module docstring. `sources` are shard directories, or (directory, weight) pairs."""
 
@@ -132,6 +179,8 @@ class ShardLoader:
             )
         self.blender = Blender(streams, [w for _, w in pairs], seed=seed, dp_rank=dp_rank)
         self.on_error, self.verify, self.group, self.decode_media = on_error, verify, group, decode_media
+        # Each source's latent channels as its index says (the tokenizer that wrote it), when it says.
+        self._channels = [_latent_channels(ix) for ix in self.indexes]
         self.pending: list[tuple[Ref, dict | None]] = []  # fetched (group exchange) but not yet returned
         self._tables: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._checked: set[tuple[int, int]] = set()
@@ -141,6 +190,13 @@ class ShardLoader:
         # means nothing readable is left. Counted after the group exchange, so a group's ranks agree.
         self._misses = 0
         self._max_misses = max(1, sum(s.samples for shards in self.shards for s in shards))
+
+    @property
+    def mean_sample_bytes(self) -> float:
+        """A sample's size in its shards on average, by the indexes (what a decoded sample holds, roughly:
+        latents are stored as raw .npy)."""
+        shards = [s for source in self.shards for s in source]
+        return sum(s.bytes for s in shards) / max(1, sum(s.samples for s in shards))
 
     @classmethod
     def from_profile(
@@ -156,7 +212,7 @@ class ShardLoader:
     ) -> ShardLoader:
         cfg = profile.data
         sources: list[Any] = [(s.path, s.weight) for s in cfg.sources] or [(p, 1.0) for p in paths]
-        return cls(
+        loader = cls(
             sources,
             split=split,
             seed=cfg.seed,
@@ -170,6 +226,8 @@ class ShardLoader:
             decode_media=decode_media,
             store=StoreSettings.from_profile(cfg),
         )
+        check_text_width(loader.indexes, profile.model.text_dim)
+        return loader
 
     # --- fetching ---------------------------------------------------------------------------------------
 
@@ -231,6 +289,7 @@ class ShardLoader:
                         sample["frames"] = read_media(sample[media[0]], kind)
                     except MediaError as err:
                         raise SampleError(f"{sample['__key__']}.{media[0]}: {err}") from None
+            check_latent(sample, self._channels[source])
         except (SampleError, ShardError, OSError) as err:
             self._fail(f"{path.name}: {err}", "sample")
             return None

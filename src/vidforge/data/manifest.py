@@ -24,6 +24,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.stem}{TMP_MARK}{os.getpid()}{target.suffix}")
+    tmp.unlink(missing_ok=True)  # a link planted at the predictable name is removed, not written through
     try:
         yield tmp
         os.replace(tmp, target)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import tarfile
 from collections.abc import Iterator
@@ -125,13 +126,37 @@ def read_members(path: str | os.PathLike, sample: SampleMembers, f=None) -> dict
             f.close()
 
 
+_NPY_HEADERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def load_npy(data: bytes) -> np.ndarray:
+    """An `.npy` member, its header held to the member's size before anything is allocated: a header may
+    claim any shape (one claiming (48, 3, 40000, 40000) asked for 858 GiB), the bytes cannot. ValueError
+    when it is not a plain array of its own size."""
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    if version not in _NPY_HEADERS:
+        raise ValueError(f"npy format version {version[0]}.{version[1]} is not read")
+    shape, _, dtype = _NPY_HEADERS[version](f)
+    if dtype.hasobject:
+        raise ValueError("holds Python objects")
+    need, have = math.prod(shape) * dtype.itemsize, len(data) - f.tell()
+    if need != have:
+        raise ValueError(f"its header says {shape} {dtype} ({need} bytes), the member holds {have} bytes")
+    f.seek(0)
+    return np.load(f, allow_pickle=False)
+
+
 def decode_members(key: str, members: dict[str, bytes]) -> dict[str, Any]:
     """json -> dict, txt -> str, npy -> array; media and other members stay bytes. Raises SampleError."""
     out: dict[str, Any] = {"__key__": key}
     for ext, data in members.items():
         try:
             if ext.endswith("npy"):
-                out[ext] = np.load(io.BytesIO(data), allow_pickle=False)
+                out[ext] = load_npy(data)
             elif ext == "json":
                 out[ext] = json.loads(data.decode("utf-8"))
             elif ext == "txt":

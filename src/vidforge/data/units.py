@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vidforge.data.folder_lock import FolderLock
+from vidforge.data.folder_lock import FolderLock, subfolder
 from vidforge.data.manifest import read_jsonl, remove_stale_temporaries, stable_id, write_jsonl
 
 MANIFEST = "manifest.jsonl"
@@ -26,8 +26,7 @@ class UnitLedger:
 
     def __init__(self, out_dir: str | os.PathLike):
         self.out_dir = Path(out_dir)
-        self.units_dir = self.out_dir / UNITS_DIR
-        self.units_dir.mkdir(parents=True, exist_ok=True)
+        self.units_dir = subfolder(self.out_dir, UNITS_DIR)
         self.lock: FolderLock | None = None
 
     def recover(self) -> int:

@@ -12,6 +12,7 @@ from vidforge.diffusion.flow import RectifiedFlow, flow_sample
 from vidforge.diffusion.objective import Objective
 from vidforge.diffusion.samplers import Denoiser, heun_sampler, res_sampler
 from vidforge.diffusion.schedule import karras_sigmas
+from vidforge.errors import UserInputError
 from vidforge.profile.diffusion import Diffusion
 
 OBJECTIVES: dict[str, Callable[[Diffusion], Objective]] = {
@@ -41,7 +42,7 @@ def sample(
     if cfg.sampler == "heun":
         return heun_sampler(denoise, noise, sigmas, churn=cfg.churn, generator=generator)
     if cfg.churn > 0:
-        raise ValueError(
+        raise UserInputError(
             "diffusion.churn: the RES sampler is deterministic; set churn to 0 or use sampler=heun"
         )
     return res_sampler(denoise, noise, sigmas)

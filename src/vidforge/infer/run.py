@@ -21,6 +21,7 @@ Every rank ends with the same latents; rank 0 decodes and writes the videos."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -31,10 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from vidforge.data.folder_lock import FolderLock
 from vidforge.data.manifest import write_jsonl
 from vidforge.errors import UserInputError
 from vidforge.infer.sampling import sample_latents
 from vidforge.infer.writers import contact_sheet, write_mp4
+from vidforge.memory import device_memory_bytes, host_memory_bytes, require, require_model
 from vidforge.models import load_model
 from vidforge.models.checkpoint import CONFIG, WEIGHTS
 from vidforge.models.wan_weights import (
@@ -143,6 +146,30 @@ def check_shape(profile: RunProfile, tokenizer: VideoTokenizer) -> tuple[int, in
             f"tokenizer: gives {shape[0]} latent channels but the model takes model.in_channels={profile.model.in_channels}"
         )
     return shape
+
+
+def check_memory(
+    profile: RunProfile, latent_shape: Sequence[int], prompts: int, device: torch.device, world: int
+) -> None:
+    """Refuse, before anything loads, a size this machine cannot hold, by lower bounds: the model's
+    parameters at 2 bytes; per batch, the latents the sampler holds at once in fp32 (its state and the
+    model's prediction, and the unconditional one under guidance); on the host, the decoded video in
+    fp32 and every video kept for the contact sheet. (`--frames 65 --height 1024 --width 1024` on a CPU went
+    past 6 GB in 21 s before; at 16384x16384 it would ask for terabytes.)"""
+    cfg = profile.infer
+    size = f"infer.frames x height x width = {cfg.frames} x {cfg.height} x {cfg.width}"
+    fix = "lower infer.frames, infer.height or infer.width (or infer.batch_size)"
+    require_model(profile.model, 2, world, device, "sample with a smaller model, or on more ranks")
+    held = 3 if profile.diffusion.guidance != 1 else 2
+    batch = min(cfg.batch_size, prompts)
+    require(
+        batch * held * math.prod(latent_shape) * 4,
+        device_memory_bytes(device),
+        f"{size} (latents {' x '.join(map(str, latent_shape))}, {batch} a batch, {held} held at once)",
+        fix,
+    )
+    video = cfg.frames * cfg.height * cfg.width * 3
+    require(video * 4 + prompts * video, host_memory_bytes(), f"{size} ({prompts} video(s) decoded)", fix)
 
 
 def slug(text: str, limit: int = 40) -> str:
@@ -362,6 +389,9 @@ def run(
         )
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
+    check_memory(prof, latent_shape, len(prompts), runtime.device, world)
+    # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
+    lock = FolderLock(out) if rank == 0 else None
     encoder = build_text_encoder(prof)
     if export is not None:
         model = load_model(export, device=device).eval()
@@ -446,4 +476,6 @@ def run(
         note += f", step {settings['checkpoint_step']}"
     contact_sheet(sheet, videos, labels, note=note)
     write_jsonl(out / "samples.jsonl", records)
+    if lock is not None:
+        lock.release()
     return InferResult([str(out / r["video"]) for r in records], str(sheet), seconds, seconds / len(records))

@@ -11,7 +11,8 @@ by one of:
   attention of ST-DiT, and cross-attention of packed samples to their own captions are all this.
 
 Backends (`model.attention`): `sdpa` (torch SDPA; packed segments run as batched SDPA calls over runs
-of equal-length segments, so no work is spent on masked blocks), `dense` (explicit mask and softmax;
+of equal-length segments, so no work is spent on masked blocks; which SDPA kernel each call may use is
+`sdpa_kernels`' decision), `dense` (explicit mask and softmax;
 the slow reference that runs anywhere), `flex` (FlexAttention with a document mask; compiled on GPU,
 eager forward on CPU), `flash` (flash-attn, varlen for packed or padded inputs). Context parallelism
 wraps `Attend` modules from outside; the mask objects carry the host-side lengths it needs, and a
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.tokens.masks import KeyPadding, Segments
 from vidforge.tokens.shard import ContextShard
 
@@ -72,7 +74,7 @@ def attention(
         return _flex(q, k, v, mask)
     if backend == "flash":
         return _flash(q, k, v, mask)
-    raise ValueError(f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    raise UserInputError(f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
 
 class Attend(nn.Module):
@@ -82,11 +84,11 @@ class Attend(nn.Module):
     def __init__(self, backend: str = "sdpa", sdpa_backend: str = "auto") -> None:
         super().__init__()
         if backend not in BACKENDS:
-            raise ValueError(
+            raise UserInputError(
                 f"model.attention: unknown backend {backend!r}; use one of {', '.join(BACKENDS)}"
             )
         if sdpa_backend not in SDPA_BACKENDS:
-            raise ValueError(
+            raise UserInputError(
                 f"model.sdpa_backend: unknown {sdpa_backend!r}; use one of {', '.join(SDPA_BACKENDS)}"
             )
         self.backend = backend
@@ -106,18 +108,69 @@ class Attend(nn.Module):
 # --- sdpa -------------------------------------------------------------------------------------------
 
 
-def _sdpa_context(device: torch.device, sdpa_backend: str):
-    if sdpa_backend == "auto" or device.type != "cuda":
+HOPPER = 9
+"""Compute capability major of H100/H200, where `auto` puts cuDNN first."""
+UNMASKED_ON_HOPPER = ("cudnn", "flash", "efficient", "math")
+"""Fastest first, as measured on an H200 (torch 2.11, forward+backward at 32K tokens): cuDNN 535, flash
+322, efficient 138 TFLOP/s. A kernel that refuses a call (cuDNN and flash take no fp32) passes it on."""
+MASKED = ("efficient", "cudnn", "math")
+"""For a call with a key-padding mask: kernels that take one. Memory-efficient first: it takes a mask on
+every CUDA GPU and torch version vidforge supports (cuDNN's passed the GPU suite on torch 2.11)."""
+TAKES_MASK = frozenset(MASKED)
+
+_said: set[str] = set()
+
+
+def sdpa_kernels(
+    sdpa_backend: str, capability: tuple[int, int] | None, masked: bool
+) -> tuple[str, ...] | None:
+    """The SDPA kernels one call may use, in priority order, or None for torch's own choice: off CUDA
+    (`capability` None; a CPU has one kernel per case) and under `auto` off Hopper. `auto` on Hopper puts
+    the fastest measured kernel first for unmasked calls (`UNMASKED_ON_HOPPER`); a masked call gets
+    the kernels that take a mask (`MASKED`), under `auto` and when the forced kernel takes none (flash)."""
+    if capability is None:
+        return None
+    if masked and (sdpa_backend == "auto" or sdpa_backend not in TAKES_MASK):
+        return MASKED
+    if sdpa_backend == "auto":
+        return UNMASKED_ON_HOPPER if capability[0] == HOPPER else None
+    return (sdpa_backend,)
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)  # dynamo constant-folds this call
+    return props.major, props.minor
+
+
+def say_fallback(sdpa_backend: str, kernels: tuple[str, ...] | None) -> None:
+    """Say once per forced kernel that masked calls run elsewhere (`sdpa_kernels` gave `MASKED` for a
+    kernel that takes no mask). Called before the kernel context is made: torch.compile traces it whole
+    that way (saying it from the function that makes the context defeats dynamo's sdpa_kernel support)."""
+    if kernels == MASKED and sdpa_backend not in ("auto", *TAKES_MASK) and sdpa_backend not in _said:
+        _said.add(sdpa_backend)
+        warnings.warn(
+            f"model.sdpa_backend={sdpa_backend}: that kernel takes no attention mask; calls with one "
+            f"(captions padded to one length) run on {' / '.join(MASKED)} instead",
+            stacklevel=4,
+        )
+
+
+def sdpa_context(kernels: tuple[str, ...] | None):
+    """Torch's SDPA kernel selection for `sdpa_kernels`' answer: those kernels enabled, in that priority
+    (None: torch's own)."""
+    if kernels is None:
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    kernel = {
+    by_name = {
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "flash": SDPBackend.FLASH_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION,
         "math": SDPBackend.MATH,
-    }[sdpa_backend]
-    return sdpa_kernel([kernel])
+    }
+    return sdpa_kernel([by_name[k] for k in kernels], set_priority=True)
 
 
 def _sdpa_bshd(q, k, v, attn_mask=None):
@@ -128,12 +181,15 @@ def _sdpa_bshd(q, k, v, attn_mask=None):
 
 
 def _sdpa(q, k, v, mask, sdpa_backend):
-    with _sdpa_context(q.device, sdpa_backend):
+    kernels = sdpa_kernels(sdpa_backend, _capability(q.device), masked=isinstance(mask, KeyPadding))
+    say_fallback(sdpa_backend, kernels)
+    with sdpa_context(kernels):
         if mask is None:
             return _sdpa_bshd(q, k, v)
         if isinstance(mask, KeyPadding):
             return _sdpa_bshd(q, k, v, mask.mask[:, None, None, :])
-        # Packed: one batched call per run of equal-length segments; no FLOPs spent across samples.
+        # Packed: one batched call per run of equal-length segments, each unmasked; no FLOPs spent
+        # across samples.
         heads, dim = q.shape[2], q.shape[3]
         outs = []
         for q_start, kv_start, count, q_len, kv_len in mask.runs():
@@ -205,7 +261,7 @@ def _flex(q, k, v, mask):
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError as err:  # pragma: no cover - torch >= 2.5 has it
-        raise ValueError("model.attention=flex needs torch >= 2.5; use sdpa") from err
+        raise UserInputError("model.attention=flex needs torch >= 2.5; use sdpa") from err
     block_mask = _flex_block_mask(mask, q.shape[0], q.shape[1], k.shape[1], q.device)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if q.device.type == "cuda":
@@ -233,11 +289,11 @@ def _flash(q, k, v, mask):
     try:
         from flash_attn import flash_attn_func, flash_attn_varlen_func
     except ImportError as err:
-        raise ValueError(
+        raise UserInputError(
             "model.attention=flash needs the flash-attn package (pip install 'vidforge[gpu]'); use sdpa"
         ) from err
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(
+        raise UserInputError(
             f"model.attention=flash runs on CUDA in fp16/bf16, got {q.device.type} {q.dtype}; use autocast or sdpa"
         )
     if mask is None:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.rope import apply_rope
 from vidforge.models.scopes import Scope
@@ -202,7 +203,7 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, inner: int, activation: str = "gelu-tanh") -> None:
         super().__init__()
         if activation not in ("gelu-tanh", "swiglu"):
-            raise ValueError(f"model.mlp_act: unknown {activation!r}; use gelu-tanh or swiglu")
+            raise UserInputError(f"model.mlp_act: unknown {activation!r}; use gelu-tanh or swiglu")
         self.activation = activation
         self.fc1 = nn.Linear(hidden, inner)
         self.fc2 = nn.Linear(inner, hidden)

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import AttentionMask
 from vidforge.models.blocks import _attend, _norm
 from vidforge.models.layers import MLP, Conditioning, Modulation, SelfAttention, modulate
@@ -118,7 +119,7 @@ def _joint_keys(scope: Scope, side: TextSide, cond: Conditioning, device: torch.
     if isinstance(scope.mask, Segments):
         return _packed_keys(scope.mask, side.lens, cond.text_mask.q_lens, device)
     if scope.mask is not None:
-        raise ValueError(
+        raise UserInputError(
             f"model.stdit_block=parallel-mm: {scope.name} attention over a {type(scope.mask).__name__} has no "
             "joint text keys (context parallel); set parallel.cp=1 or use stdit_block=parallel"
         )

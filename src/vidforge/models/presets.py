@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vidforge.models.cpu_draws import cpu_draws
 from vidforge.models.dit import DiT
 from vidforge.models.wan import WanTransformer
 from vidforge.profile.model import PRESETS, Model
@@ -28,12 +29,15 @@ def build_model(
     config: Model, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ) -> DiT | WanTransformer:
     """The network the section describes (the DiT or ST-DiT, or Wan2.1's transformer), initialised. `device="meta"` builds without memory (for
-    parallel wrappers that materialise shards later and then call `init_weights`)."""
+    parallel wrappers that materialise shards later and then call `init_weights`). The initialisation is
+    drawn from torch's CPU generator on every device (`cpu_draws`): a seed gives a GPU the CPU's weights
+    (for models a CPU can train: up to `cpu_draws.MAX_PARAMETERS`)."""
     if not isinstance(config, Model):
         raise ValueError(
             f"build_model takes the profile's `model` section (vidforge.profile.Model), got {type(config).__name__}"
         )
-    with torch.device(device) if device is not None else nullcontext():
+    draws = cpu_draws(device, lambda: count_parameters(config))
+    with torch.device(device) if device is not None else nullcontext(), draws:
         model = FAMILIES[config.family](config)
     if dtype is not None:
         model = model.to(dtype)

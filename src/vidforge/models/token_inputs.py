@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vidforge.errors import UserInputError
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes, sharded_scopes
 from vidforge.tokens import Grid, SequenceLayout, TokenShard, grid_positions, patchify, token_grid
 
@@ -46,7 +47,7 @@ def model_tokens(
         if layout is not None:
             raise ValueError("a packed layout goes with packed tokens (1, S, features); see pack_latents")
         if x.shape[1] != in_channels:
-            raise ValueError(f"latents have {x.shape[1]} channels but model.in_channels={in_channels}")
+            raise UserInputError(f"latents have {x.shape[1]} channels but model.in_channels={in_channels}")
         return ModelTokens(patchify(x, patch), token_grid(x.shape[2:], patch), True)
     if x.ndim == 3:
         if layout is not None:

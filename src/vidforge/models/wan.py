@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
@@ -214,7 +215,7 @@ class WanTransformer(VideoTransformer):
     def __init__(self, config: Model) -> None:
         super().__init__()
         if config.family != "wan":
-            raise ValueError(f"WanTransformer builds model.family=wan, got {config.family!r}")
+            raise UserInputError(f"WanTransformer builds model.family=wan, got {config.family!r}")
         self.config = config
         hidden = config.hidden
         self.patch_embedding = PatchEmbedding(config.in_channels, hidden, config.patch)

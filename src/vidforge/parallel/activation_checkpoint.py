@@ -6,6 +6,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+from vidforge.errors import UserInputError
+
 
 def checkpointed_indices(num_blocks: int, mode: str, ratio: float) -> list[int]:
     """Which blocks recompute: all for `full`, none for `none`, round(ratio x n) spread evenly for
@@ -15,7 +17,9 @@ def checkpointed_indices(num_blocks: int, mode: str, ratio: float) -> list[int]:
     if mode == "full":
         return list(range(num_blocks))
     if mode != "selective":
-        raise ValueError(f"train.activation_checkpointing: expected none, full or selective, got {mode!r}")
+        raise UserInputError(
+            f"train.activation_checkpointing: expected none, full or selective, got {mode!r}"
+        )
     return spread(num_blocks, round(ratio * num_blocks))
 
 

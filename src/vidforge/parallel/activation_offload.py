@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
 
+from vidforge.errors import UserInputError
 from vidforge.parallel.activation_checkpoint import checkpointed_indices, spread
 
 
@@ -93,7 +94,7 @@ class HostOffloader:
             if stash.fetched is None:
                 self._fetch(stash)
             self._leave_and_prefetch_previous(stash)
-        if stash.ready is not None:
+        if stash.ready is not None and stash.devices[index].type == "cuda":
             torch.cuda.current_stream(stash.devices[index]).wait_event(stash.ready)
         t, stash.fetched[index] = stash.fetched[index], None  # autograd holds it from here
         return t if t is not None else stash.host[index].to(stash.devices[index])  # unpacked twice
@@ -108,7 +109,10 @@ class HostOffloader:
             self._fetch(order[at - 1])
 
     def _fetch(self, stash: _Stash) -> None:
-        """Start the host-to-device copies of a stash on the side stream (on a CPU: the host copies)."""
+        """Start the host-to-device copies of a stash's GPU tensors on the side stream. A tensor the block
+        saved on the host is handed back as its host copy, with no copy to make and no stream to tell:
+        every tensor of a CPU run, and on a GPU the CPU scalars beside the activations (SDPA's CUDA
+        kernels save their dropout seed and offset on the host)."""
         if not any(d.type == "cuda" for d in stash.devices):
             stash.fetched = list(stash.host)
             return
@@ -116,6 +120,9 @@ class HostOffloader:
         with torch.cuda.stream(side):
             fetched: list[torch.Tensor | None] = []
             for host, device in zip(stash.host, stash.devices, strict=True):
+                if device.type != "cuda":
+                    fetched.append(host)
+                    continue
                 t = host.to(device, non_blocking=True)
                 t.record_stream(compute)  # allocated on the side stream, read on the compute stream
                 fetched.append(t)
@@ -146,7 +153,7 @@ def apply_activation_offload(
     """Wrap the blocks `offloaded_indices` chooses (given the checkpointing `mode` and `ratio`) in place;
     returns their positions."""
     if not 0 <= offload <= 1:
-        raise ValueError(f"train.activation_offload: a fraction of the blocks in [0, 1], got {offload}")
+        raise UserInputError(f"train.activation_offload: a fraction of the blocks in [0, 1], got {offload}")
     keys = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else list(range(len(blocks)))
     chosen = offloaded_indices(len(keys), mode, ratio, offload)
     offloader = HostOffloader()

@@ -42,6 +42,8 @@ from typing import Protocol
 
 import torch
 
+from vidforge.errors import UserInputError
+
 aten = torch.ops.aten
 
 
@@ -274,7 +276,7 @@ def block_kernel(backend: str, sdpa_backend: str, q: torch.Tensor, query_chunk: 
         from vidforge.models.attention import flash_attn_available
 
         if not flash_attn_available() or not cuda or q.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(
+            raise UserInputError(
                 "model.attention=flash under ring attention needs the flash-attn package on CUDA in "
                 f"fp16/bf16 (got {q.device.type} {q.dtype}); use model.attention=sdpa"
             )

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
 from vidforge.parallel.usp_attention import UspGroups, usp_attention
@@ -77,7 +78,7 @@ class ContextParallelAttend(nn.Module):
         if not isinstance(mask, ContextShard):
             return self.inner(q, k, v, mask)
         if mask.scope != "full":
-            raise ValueError(
+            raise UserInputError(
                 f"parallel.cp_impl={self.impl} splits full attention only; ST-DiT's {mask.scope} attention "
                 "under context parallel needs parallel.cp_impl=st-hybrid or st-spatial"
             )
@@ -137,7 +138,7 @@ def apply_cp(
 
 def _check_impl(impl: str) -> None:
     if impl not in FULL_ATTENTION:
-        raise ValueError(
+        raise UserInputError(
             f"parallel.cp_impl: {impl!r} is not a full-attention implementation; use one of "
             f"{', '.join(FULL_ATTENTION)} (st-hybrid is applied by vidforge.parallel.stdit_parallel)"
         )
@@ -145,7 +146,7 @@ def _check_impl(impl: str) -> None:
 
 def _check_usp_groups(impl: str, usp_groups: UspGroups | None) -> None:
     if impl == "usp" and usp_groups is None:
-        raise ValueError(
+        raise UserInputError(
             "parallel.cp_impl=usp needs the cp group's Ulysses and ring sub-groups: pass "
             "usp_groups=UspGroups(*ParallelDims.cp_2d_groups(parallel.cp_ulysses))"
         )

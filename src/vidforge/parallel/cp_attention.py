@@ -31,6 +31,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import attention
 from vidforge.parallel.attention_blocks import (
     BlockKernel,
@@ -190,7 +191,7 @@ def ulysses_attention(
     size = shard.size
     heads = q.shape[2]
     if heads % size:
-        raise ValueError(
+        raise UserInputError(
             f"parallel.cp_impl=ulysses splits the {heads} attention heads (per tensor-parallel rank) over "
             f"cp={size} ranks; make model.heads / parallel.tp divisible by parallel.cp, or use all-gather or ring"
         )

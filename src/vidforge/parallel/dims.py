@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from vidforge.errors import UserInputError
 from vidforge.profile.parallel import Layout
 
 
@@ -134,7 +135,7 @@ def cp_2d_ranks(ranks: torch.Tensor, ulysses: int) -> tuple[list[list[int]], lis
     as global ranks, from the mesh's rank tensor (dimensions `Layout.MESH_DIMS`)."""
     cp = ranks.shape[Layout.MESH_DIMS.index("cp")]
     if cp % ulysses:
-        raise ValueError(f"parallel.cp_ulysses: {ulysses} must divide parallel.cp={cp}")
+        raise UserInputError(f"parallel.cp_ulysses: {ulysses} must divide parallel.cp={cp}")
     rows = ranks.movedim(Layout.MESH_DIMS.index("cp"), -1).reshape(-1, cp).tolist()  # cp groups, cp order
     inner = [row[start : start + ulysses] for row in rows for start in range(0, cp, ulysses)]
     ring = [row[offset::ulysses] for row in rows for offset in range(ulysses)]

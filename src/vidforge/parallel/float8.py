@@ -5,7 +5,15 @@ optimizer states stay in high precision.
 Applied from outside the model, in torchtitan's order: right after the model is built, before
 activation checkpointing, torch.compile and FSDP2 (the checkpoint wrapper and FSDP then wrap the
 Float8Linear modules as they would the nn.Linear ones). torchao gives speed only with torch.compile on
-H100/H200-class GPUs (compute capability >= 8.9) and on large matmuls; on the tiny model it gives nothing."""
+H100/H200-class GPUs (compute capability >= 8.9) and on large matmuls; on the tiny model it gives nothing.
+
+The float8 matmul (`torch._scaled_mm`) needs its contraction dimension to be a multiple of 16. A layer's
+features are checked once (`float8_eligible`), but the weight gradient contracts over the tokens, whose
+count changes from batch to batch: a packed row's caption tokens (29 real ones in the GPU suite's first
+step, the cross-attention's key and value projections), the per-sample modulation (one row a sample), a
+video whose latents are not a multiple of 16 tokens. torchao pads that dimension with zeros
+(`pad_inner_dim`): zero rows add nothing to the sums, and the tensorwise scales are taken before the pad,
+so the result is the unpadded one's, at the cost of a copy when the count is not a multiple of 16."""
 
 from __future__ import annotations
 
@@ -53,10 +61,17 @@ def apply_float8(model: nn.Module, device: torch.device) -> list[str]:
     """Swap the eligible nn.Linear layers of `model` for torchao's Float8Linear in place; returns their
     names. Call before activation checkpointing, torch.compile and FSDP."""
     check_float8_available(device)
+    return convert_to_float8(model)
+
+
+def convert_to_float8(model: nn.Module) -> list[str]:
+    """`apply_float8` without the device check: the conversion itself, with token counts padded to what
+    the float8 matmul takes (see the module docstring)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     names = [
         name for name, m in model.named_modules() if isinstance(m, nn.Linear) and float8_eligible(m, name)
     ]
-    convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=float8_eligible)
+    config = Float8LinearConfig(pad_inner_dim=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=float8_eligible)
     return names

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import uuid
@@ -97,6 +98,7 @@ def start_ranks(nproc: int | None) -> int | None:
 
 def launch_workers(nproc: int, argv: Sequence[str]) -> None:
     """Run `python -m vidforge ARGV` as `nproc` local ranks (c10d rendezvous on a free local port)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -118,6 +120,12 @@ def launch_workers(nproc: int, argv: Sequence[str]) -> None:
         try:
             elastic_launch(config, sys.executable)("-m", "vidforge", *argv)
         except ChildFailedError as err:
+            raise _first_failure(Path(reports), err) from None
+        except SignalException as err:
+            # The agent passed the signal on to the workers and waited for them (a training run saves
+            # a checkpoint first): say what they said, as a single process would.
+            if err.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from None
             raise _first_failure(Path(reports), err) from None
         finally:
             if previous is None:
@@ -154,12 +162,17 @@ def _first_failure(reports: Path, err: Exception) -> Exception:
     """The error to raise in the parent: a user error if any rank had one (they usually all do, the same),
     else the lowest rank's failure. A rank killed without a report (a crash, or stopped because another
     rank failed) is named by its exit code."""
-    from vidforge.errors import UserInputError
+    from vidforge.errors import Terminated, UserInputError
 
     found = sorted((json.loads(p.read_text()) for p in reports.glob("rank*.json")), key=lambda r: r["rank"])
     user = [r for r in found if r["kind"] == "user"]
     if user:
         return UserInputError(user[0]["message"])
+    terminated = [r for r in found if r["kind"] == "terminated"]
+    if terminated:
+        return Terminated(terminated[0]["message"])
+    if getattr(err, "sigval", None) is not None:  # signalled before any rank could stop cleanly
+        return Terminated(f"terminated by {signal.Signals(err.sigval).name} before a checkpoint was saved")
     if found:
         first = found[0]
         return RanksFailed(f"rank {first['rank']}: {first['message']}")

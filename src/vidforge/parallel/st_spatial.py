@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes
 from vidforge.parallel.context_parallel import ContextParallelAttend, CpGroup, cp_process_group
@@ -98,7 +99,7 @@ class STSpatialAttend(ContextParallelAttend):
         shard: TokenShard = mask.shard
         size = dist.get_world_size(self.group)
         if shard.slicing != "positions" or shard.size != size or shard.rank != dist.get_rank(self.group):
-            raise ValueError(
+            raise UserInputError(
                 f"parallel.cp_impl=st-spatial needs this rank's TokenShard by positions (rank "
                 f"{dist.get_rank(self.group)} of {size}), got rank {shard.rank} of {shard.size} by "
                 f"{shard.slicing}: make it with shard_of(row, cp_mesh, slicing='positions')"
@@ -108,7 +109,7 @@ class STSpatialAttend(ContextParallelAttend):
             return attend_in(plan.temporal, self.inner, q, k, v)
         batch, local, heads = q.shape[:3]
         if heads % size:
-            raise ValueError(
+            raise UserInputError(
                 f"parallel.cp_impl=st-spatial splits the {heads} attention heads (per tensor-parallel rank) "
                 f"over cp={size} ranks; make model.heads / parallel.tp divisible by parallel.cp, or use "
                 "parallel.cp_impl=st-hybrid"

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.layers import Conditioning, SelfAttention, modulate
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes
@@ -174,7 +175,7 @@ class _HybridPlan:
 def _check_divisible(grids: tuple[Grid, ...], size: int) -> None:
     for i, (t, h, w) in enumerate(grids):
         if t % size or (h * w) % size:
-            raise ValueError(
+            raise UserInputError(
                 f"parallel.cp_impl=st-hybrid splits every sample's frames and positions over cp={size} ranks, "
                 f"but sample {i} has a {t} x {h} x {w} token grid (T={t}, H*W={h * w}); use frame counts and sizes "
                 f"whose token counts divide by {size} (data buckets, infer.frames), or another parallel.cp_impl"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from vidforge.errors import UserInputError
 from vidforge.parallel.cp_attention import heads_to_tokens, ring_attention, tokens_to_heads, ulysses_attention
 from vidforge.tokens import TokenShard
 
@@ -110,15 +111,17 @@ def usp_attention(
     (B, local, H, D) of the row `shard` splits over `group` (the whole cp group); `groups` its Ulysses
     and ring sub-groups. Returns this rank's output (B, local, H, Dv)."""
     if groups is None:
-        raise ValueError("parallel.cp_impl=usp needs the Ulysses and ring groups (ParallelDims.cp_2d_groups)")
+        raise UserInputError(
+            "parallel.cp_impl=usp needs the Ulysses and ring groups (ParallelDims.cp_2d_groups)"
+        )
     inner = dist.get_world_size(groups.ulysses)
     if inner * dist.get_world_size(groups.ring) != shard.size:
-        raise ValueError(
+        raise UserInputError(
             f"parallel.cp_ulysses={inner} x the ring's {dist.get_world_size(groups.ring)} ranks must equal "
             f"the cp={shard.size} the TokenShard splits over; make the groups with ParallelDims.cp_2d_groups"
         )
     if q.shape[2] % inner:
-        raise ValueError(
+        raise UserInputError(
             f"parallel.cp_impl=usp splits the {q.shape[2]} attention heads (per tensor-parallel rank) over "
             f"cp_ulysses={inner} ranks; make model.heads / parallel.tp divisible by parallel.cp_ulysses"
         )

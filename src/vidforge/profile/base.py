@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class Section(BaseModel):
     """A part of the run-profile. Frozen so a profile cannot drift while a run uses it; unknown keys are
-    errors so a typo in YAML never silently falls back to a default. No number may be inf or nan: no
-    setting means either, and `gt=0` bounds let inf through (`--set train.lr=inf` trained on NaNs)."""
+        errors so a typo in YAML never silently falls back to a default. No number may be inf or nan: no
+        setting means either, and `gt=0` bounds let inf through (`--set train.lr=inf` trained on NaNs). A yes/no
+    is no number: pydantic reads `true` as 1, so `train.steps=true` trained one step without a word."""
 
     model_config = ConfigDict(
         frozen=True,
@@ -17,3 +22,27 @@ class Section(BaseModel):
         validate_default=True,
         allow_inf_nan=False,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_yes_no_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if (
+                    isinstance(value, bool)
+                    and field is not None
+                    and _takes_numbers_not_bools(field.annotation)
+                ):
+                    raise ValueError(f"{name}: {str(value).lower()} is a yes/no, and {name} takes a number")
+        return data
+
+
+def _takes_numbers_not_bools(annotation: Any) -> bool:
+    options = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
+    # Plain numbers only (`int`, `float | None`): a field that also takes words has its own validator.
+    return bool(set(options) & {int, float}) and set(options) <= {int, float, type(None)}

@@ -51,7 +51,8 @@ class ChatEndpoint(Section):
     """Model name sent in each request (the name the server serves)."""
     api_key_env: str | None = "VIDFORGE_CAPTION_API_KEY"
     """Environment variable holding the API key, sent as a Bearer token; unset or empty sends none.
-    The key itself never appears in profiles, logs or outputs."""
+    The key itself never appears in profiles, logs or outputs. It must be a VIDFORGE_* variable or one
+    listed in $VIDFORGE_API_KEY_ENVS (a shared profile cannot send HOME or a cloud token to its URL)."""
     max_tokens: int = Field(256, ge=1)
     """Longest answer the server may generate."""
     temperature: float = Field(0.0, ge=0.0)
@@ -59,7 +60,8 @@ class ChatEndpoint(Section):
     concurrency: int = Field(8, ge=1)
     """Requests in flight at once."""
     timeout_s: float = Field(60.0, gt=0)
-    """Per-request timeout in seconds; a timed-out request is retried."""
+    """Deadline of one request in seconds, from connecting to the last byte of the answer (not of each
+    read: a server trickling bytes is cut off too); a timed-out request is retried."""
     retries: int = Field(3, ge=0)
     """Retries after a timeout, a connection error, HTTP 429 or 5xx (other 4xx answers are not retried)."""
     backoff_s: float = Field(1.0, ge=0)

@@ -12,6 +12,11 @@ EDM_SAMPLERS = ("heun", "res")
 FLOW_SAMPLERS = ("unipc", "flow-euler")
 
 
+def samplers_of(objective: str) -> tuple[str, ...]:
+    """The samplers that invert `objective` (its default first): EDM's over sigma, flow's over time."""
+    return EDM_SAMPLERS if objective == "edm" else FLOW_SAMPLERS
+
+
 class Diffusion(Section):
     """The objective, its training noise distribution, and sampling. EDM defaults are the paper's."""
 
@@ -63,12 +68,12 @@ class Diffusion(Section):
     @classmethod
     def _sampler_of_the_objective(cls, data: object) -> object:
         if isinstance(data, dict) and "sampler" not in data and data.get("objective") == "flow":
-            return {**data, "sampler": FLOW_SAMPLERS[0]}
+            return {**data, "sampler": samplers_of("flow")[0]}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> Diffusion:
-        fits = EDM_SAMPLERS if self.objective == "edm" else FLOW_SAMPLERS
+        fits = samplers_of(self.objective)
         if self.sampler not in fits:
             raise ValueError(
                 f"sampler: {self.sampler} does not sample the {self.objective} objective; use one of {', '.join(fits)}"

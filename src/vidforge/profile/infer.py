@@ -17,8 +17,9 @@ class Infer(Section):
     """Height in pixels; a multiple of the tokenizer's spatial compression times the patch size."""
     width: int = Field(64, ge=8)
     """Width in pixels; same rule as height."""
-    seed: int = 0
-    """Seed of the initial noise: the same seed and prompt give the same video."""
+    seed: int = Field(0, ge=0, le=2**62)
+    """Seed of the initial noise: the same seed and prompt give the same video (each prompt adds its
+    index; torch's generators take 64 bits)."""
     negative_prompt: str = ""
     """Caption of the unconditional guidance branch; empty uses the learned null caption."""
     batch_size: int = Field(4, ge=1)

@@ -192,8 +192,10 @@ class Model(Section):
     `flex`: FlexAttention with a document mask (GPU; compiled). `flash`: flash-attn varlen (needs the
     `gpu` extra). `dense`: an explicit block-diagonal mask, slow but runs anywhere (CPU reference)."""
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
-    """With attention=sdpa on GPU: force one SDPA kernel (`cudnn` measured fastest on H200), or let
-    torch choose (`auto`). Ignored on CPU."""
+    """With attention=sdpa on GPU: force one SDPA kernel, or `auto`: on Hopper (H100/H200) cuDNN first for
+    unmasked calls (measured fastest on an H200), elsewhere torch's own choice; a call with a key-padding
+    mask runs on a kernel that takes one (memory-efficient first), also when the forced kernel takes none
+    (flash: said once). Ignored on CPU."""
 
     @model_validator(mode="before")
     @classmethod

@@ -53,7 +53,9 @@ class Train(Section):
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this; 0 disables clipping."""
     precision: Literal["bf16", "fp32"] = "bf16"
-    """Compute dtype. bf16 keeps fp32 master weights and optimizer states (FSDP mixed precision)."""
+    """Compute dtype. bf16 keeps fp32 master weights and optimizer states (FSDP mixed precision). fp32 is
+    full fp32 on CUDA too (no TF32 in matmuls or cuDNN convolutions), so a GPU run follows the CPU's;
+    bf16 lets the float32 matmuls left use TF32."""
     ema_decay: float = Field(0.999, ge=0, lt=1)
     """Exponential moving average of the weights kept for sampling; 0 disables it."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
@@ -69,7 +71,8 @@ class Train(Section):
     fp8: bool = False
     """FP8 matmuls in the linear layers (torchao float8, dynamic tensorwise scaling): CUDA GPUs with compute
     capability >= 8.9 and torchao (the `gpu` extra) only. Layers with a dim not a multiple of 16 and the
-    final layer stay in high precision. Pays off with train.compile=true on large models."""
+    final layer stay in high precision; token counts that are not are padded with zeros for the matmul
+    (exact). Pays off with train.compile=true on large models."""
     fsdp_cpu_offload: bool = False
     """Keep FSDP-sharded parameters and optimizer states in CPU memory."""
     seed: int = 0

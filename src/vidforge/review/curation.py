@@ -10,6 +10,7 @@ from typing import Any
 
 from vidforge.curate.histograms import CLIP_TITLES, draw_histograms, titles
 from vidforge.data.manifest import read_jsonl
+from vidforge.profile.caption import Caption
 from vidforge.review.page import Page
 
 # Numeric record fields that describe where a clip is, not how good it is: not offered as score columns.
@@ -99,12 +100,19 @@ def load(run_dir: Path, out: Path) -> Page:
     errors = run_dir / "errors.jsonl"
     if errors.is_file() and errors.stat().st_size:
         page.summary.append(("errors", f"{len(read_jsonl(errors))} (errors.jsonl)"))
-    # The thresholds the run used (recorded in summary.json since `vidforge review` exists).
+    # The thresholds the run decided by and its panels' titles, as its summary.json records them.
     limits = summary.get("thresholds") or {}
     if not limits:
         page.notes.append("summary.json records no thresholds (a run from before they were recorded)")
     plot = out / "plots" / "histograms.png"
-    names = titles(summary.get("motion_size")) if stage == "caption" else CLIP_TITLES
+    names = summary.get("titles") or (_caption_titles(summary) if stage == "caption" else CLIP_TITLES)
     if draw_histograms([{**i["scores"], "keep": i["keep"]} for i in items], limits, names, plot):
         page.plots.append({"src": "plots/histograms.png", "title": "score histograms"})
     return page
+
+
+def _caption_titles(summary: dict[str, Any]) -> dict[str, str]:
+    """Panel titles of a caption run whose summary.json records none (a run from before it did): the
+    filters' titles under the default profile, at the motion size it recorded."""
+    size = summary.get("motion_size")
+    return titles(Caption.model_validate({"motion": {"size": size}} if size else {}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -38,9 +39,30 @@ def _asset(name: str) -> str:
     return resources.files("vidforge.review").joinpath("assets", name).read_text(encoding="utf-8")
 
 
+def script_json(value: Any) -> str:
+    """`value` as JSON that the HTML parser passes through a <script> block untouched, whatever it holds.
+    Escaping "</" alone was not enough: "<!--<script>" in a caption moves the parser into the script's
+    double-escaped state, where "</script>" no longer ends the block, and the page's own script was read
+    as data (a blank page, 0 rows). With no "<", ">" or "&" left (each a JSON \\u escape inside a
+    string, the only place JSON can hold one), the parser never leaves the plain script-data state."""
+    text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities as null: records may hold them (Python's JSON reads NaN), JSON.parse
+    refuses them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_page(page: Page, out: Path) -> Path:
-    # "</" inside a <script> block would end it early (a caption with "</script>" in it): escape the slash.
-    data = json.dumps(asdict(page), ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+    data = script_json(asdict(page))
     values = {
         "title": html.escape(page.title),
         "style": _asset("review.css"),

@@ -15,17 +15,20 @@ SETTINGS = ("seed", "sampler", "steps", "guidance", "checkpoint_step", "negative
 
 def load_infer(run_dir: Path) -> Page:
     records = read_jsonl(run_dir / "samples.jsonl")
+    skipped = sum(not isinstance(r, dict) for r in records)
+    records = [r for r in records if isinstance(r, dict)]
     items = []
-    for r in records:
+    for number, r in enumerate(records, 1):
         meta: dict[str, Any] = {key: r.get(key) for key in SETTINGS if key in r}
         meta["size"] = f"{r.get('frames')} x {r.get('height')} x {r.get('width')}"
+        video = r.get("video")  # a record without one is shown without media, not the end of the page
         items.append(
             {
-                "id": Path(str(r["video"])).stem,
-                "caption": r.get("prompt", ""),
+                "id": Path(str(video)).stem if video else f"sample {number}",
+                "caption": str(r.get("prompt", "")),
                 "meta": meta,
                 "scores": {},
-                "_media": str(r["video"]),
+                "_media": str(video) if video else None,
             }
         )
     checkpoints = sorted({str(r.get("checkpoint")) for r in records if r.get("checkpoint")})
@@ -36,6 +39,8 @@ def load_infer(run_dir: Path) -> Page:
         + [("checkpoint", c) for c in checkpoints],
         items=items,
     )
+    if skipped:
+        page.notes.append(f"{skipped} line(s) of samples.jsonl are not records: not shown")
     if records and "sampler" not in records[0]:
         page.notes.append("samples.jsonl predates the sampler settings being recorded: only prompt and seed")
     return page

@@ -17,8 +17,8 @@ from vidforge.review.page import Page
 from vidforge.review.samples import validation_items
 
 # `loss_sigma_0.1-0.5`, `loss_t_0-0.2`: the objective's noise coordinate, then the bucket's bounds.
-_BOUND = r"([0-9.]+(?:e[+-]?[0-9]+)?|inf)"  # a bucket edge as `f"{edge:g}"` writes it
-LEVEL_KEY = re.compile(rf"loss_([a-z]+)_{_BOUND}-{_BOUND}")
+LEVEL_KEY = re.compile(r"loss_([a-z]+)_(.+)")
+LOWER_BOUND = re.compile(r"[0-9.]+(?:e[+-]?[0-9]+)?")  # a bucket's lower edge as `f"{edge:g}"` writes it
 # (file stem, title, y label, metrics keys): one panel each; a panel whose keys were never logged is left
 # out. LEVELS stands for the loss-per-level keys, whatever the objective calls its level.
 LEVELS = "loss_<level>_"
@@ -46,8 +46,14 @@ def _keys(records: list[dict[str, Any]], patterns: tuple[str, ...]) -> list[str]
     present = {k for r in records for k in r}
     if patterns == (LEVELS,):  # low noise to high, by each bucket's lower bound
         levels = [(m, k) for k in present if (m := LEVEL_KEY.fullmatch(k))]
-        return [k for m, k in sorted(levels, key=lambda mk: (mk[0].group(1), float(mk[0].group(2))))]
+        return [k for _, k in sorted(levels, key=lambda mk: (mk[0].group(1), *_lower(mk[0].group(2))))]
     return [k for k in sorted(present) if k in patterns]
+
+
+def _lower(bucket: str) -> tuple[float, str]:
+    """Sort key of a bucket name (`0.1-0.5`): its lower edge, then the name (a name without one last)."""
+    edge = LOWER_BOUND.match(bucket)
+    return (float(edge.group()) if edge else math.inf, bucket)
 
 
 def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]]:
@@ -69,7 +75,8 @@ def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]
         for key, xs, ys in lines:
             match = LEVEL_KEY.fullmatch(key)
             level = match.group(1) if match else None
-            label = f"{match.group(2)}-{match.group(3)}" if match else key
+            # A key is data: "$" would start matplotlib's mathtext (a raw parse error on an odd "$...$").
+            label = (match.group(2) if match else key).replace("$", r"\$")
             ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=label)
         if level is not None:
             title = f"{title} ({level})"

@@ -34,6 +34,7 @@ from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
 from vidforge.data.store import StoreSettings, is_url, staged, upload
 from vidforge.data.units import UnitLedger
 from vidforge.errors import UserInputError
+from vidforge.memory import host_memory_bytes, require
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile
 from vidforge.profile.data import Data
@@ -220,6 +221,22 @@ def _gather(obj: Any, world: int) -> list[Any]:
     return parts
 
 
+def check_bucket_memory(profile: RunProfile) -> None:
+    """Refuse buckets whose clip cannot fit this machine, before any is decoded: a clip is held at its
+    bucket's size as uint8 frames and again as the tokenizer's fp32 input, `tokenizer.prefetch` clips
+    ahead (`data.buckets=[[8192,8192]]` upscaled 96x128 sources past 5 GB)."""
+    cfg = profile.data
+    h, w = max(cfg.buckets, key=lambda b: b[0] * b[1])
+    frames = max(cfg.frame_buckets)
+    clip = frames * h * w * 3
+    require(
+        clip * 4 + clip * max(1, profile.tokenizer.prefetch),
+        host_memory_bytes(),
+        f"data.buckets: a clip of {frames} frames (data.frame_buckets) at {h}x{w}",
+        "lower data.buckets (or data.frame_buckets, tokenizer.prefetch)",
+    )
+
+
 def run(
     profile: RunProfile,
     shards_dir: str | os.PathLike,
@@ -237,6 +254,7 @@ def run(
         raise UserInputError(
             f"{shards_dir}: holds {index.kind} shards; pass the output directory of `vidforge shard`"
         )
+    check_bucket_memory(profile)
     out, remote = staged(out, profile.data)
     if not is_url(shards_dir) and out.resolve() == Path(shards_dir).resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")

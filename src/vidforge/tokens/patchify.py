@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from vidforge.errors import UserInputError
+
 Grid = tuple[int, int, int]
 
 
@@ -20,7 +22,7 @@ def token_grid(latent_thw: Sequence[int], patch: Sequence[int]) -> Grid:
         raise ValueError(f"latent size and patch must have 3 entries (t, h, w), got {latent_thw} and {patch}")
     for axis, size, p in zip("THW", latent_thw, patch, strict=True):
         if size < 1 or size % p:
-            raise ValueError(
+            raise UserInputError(
                 f"latent {axis}={size} is not a positive multiple of the patch size {p} (model.patch="
                 f"{list(patch)}); crop or pad the latent, or change model.patch"
             )

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from vidforge.models import build_model
+from vidforge.models.cpu_draws import cpu_draws
 from vidforge.parallel.parallelize import autocast_dtype, parallelize
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
@@ -41,13 +42,17 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
     """Build and parallelize the profile's model on this rank, with its EMA and AdamW optimizers; with
     `init`, its weights first loaded from there (`vidforge.train.init_weights`)."""
     cfg, dims, device = profile.train, runtime.dims, runtime.device
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    use_tf32(cfg.precision == "bf16")
+    # identical initial weights on every rank, and on every device (drawn on the CPU: build_model)
+    torch.manual_seed(cfg.seed)
     model = build_model(profile.model, device=device)
     notes: list[str] = []
     if init is not None:  # before any split or sharding: every layout starts from the same weights
         notes.append(init_from(model, init.src, init.allow_partial, init.raw).describe())
     if cfg.lora is not None:  # the frozen base and its adapters are what every layout below is handed
-        notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
+        # the adapters' initialisation, as the model's
+        with cpu_draws(device, lambda: sum(p.numel() for p in model.parameters())):
+            notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
     compute_dtype = autocast_dtype(dims, profile)
     pipeline = None
     modules: list[nn.Module] = [model]
@@ -79,6 +84,16 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
         for module in modules
     ]
     return TrainParts(modules, optimizers, ema, compute_dtype, pipeline, notes)
+
+
+def use_tf32(allowed: bool) -> None:
+    """Whether CUDA's float32 matmuls and cuDNN convolutions may round their inputs to TF32 (10 mantissa
+    bits), decided here for every training run: not under train.precision=fp32, the reference precision
+    that layouts, resumes and the GPU are held to the CPU in (TF32 errors of about 1e-3 would exceed
+    those tolerances; torch's defaults differ between the two: matmuls off, convolutions on); yes under
+    bf16, whose compute is coarser still and where the few float32 matmuls left gain TF32's speed."""
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    torch.backends.cudnn.allow_tf32 = allowed
 
 
 def base_dtype(profile: RunProfile) -> torch.dtype:

@@ -38,8 +38,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from vidforge.data.folder_lock import FolderLock
+from vidforge.data.folder_lock import FolderLock, subfolder
 from vidforge.data.manifest import atomic_path
+from vidforge.errors import UserInputError
 from vidforge.train import safe_dcp
 from vidforge.train.ema import EMA, Modules, as_module_list
 
@@ -112,6 +113,26 @@ def merged_state(
     return model_sd, optim_sd, keys
 
 
+# Model fields that choose how the same function is computed (a kernel, a preset's name): a run may resume
+# with another. Every other model field, and the whole of train.lora, defines what the weights are.
+RUNTIME_MODEL_FIELDS = ("preset", "attention", "sdpa_backend")
+
+
+def run_identity(model: Any, lora: Any, init: str | None) -> dict[str, Any]:
+    """What a run's checkpoints belong to, saved with each one and compared on `--resume`: the model's
+    settings (`profile.model`), its LoRA settings (`profile.train.lora`) and, for LoRA, the base it adapts
+    (`init`: the resolved --init, whose frozen weights the checkpoint does not hold)."""
+    fields = {
+        f"model.{k}": v for k, v in model.model_dump(mode="json").items() if k not in RUNTIME_MODEL_FIELDS
+    }
+    if lora is not None:
+        fields |= {f"train.lora.{k}": v for k, v in lora.model_dump(mode="json").items()}
+        fields["--init"] = init
+    else:
+        fields["train.lora"] = None
+    return fields
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
@@ -136,7 +157,8 @@ class CheckpointManager:
     def __init__(self, run_dir: str | Path, keep: int = 3, use_async: bool = False):
         # One training run writes a run directory at a time (rank 0 holds the lock for all its ranks).
         self._lock = FolderLock(run_dir) if _rank() == 0 else None
-        self.root = Path(run_dir) / "checkpoints"
+        # A planted `checkpoints` link is refused: the run would save (and resume) wherever it points.
+        self.root = subfolder(run_dir, "checkpoints", create=False)
         self.keep = keep
         self.use_async = use_async
         self._pending: Future | None = None
@@ -195,6 +217,47 @@ class CheckpointManager:
                 shutil.rmtree(self.path(old), ignore_errors=True)
         _barrier()
 
+    def rank_state(self, step: int, rank: int) -> dict[str, Any]:
+        """Checkpoint `step`'s JSON state of `rank` (rank 0's when it holds none: resumed on more ranks
+        than saved); a damaged file is one line naming it."""
+        path = self.path(step)
+        rank_file = path / f"rank{rank:05d}.json"
+        if not rank_file.is_file():
+            rank_file = path / "rank00000.json"
+        try:
+            state = json.loads(rank_file.read_text())
+            if not isinstance(state, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as err:
+            raise UserInputError(
+                f"{rank_file}: damaged ({err}); resume from the checkpoint before it (remove {path}) or "
+                "start a new --run-dir"
+            ) from None
+        return state
+
+    def check_resume(self, step: int, identity: dict[str, Any]) -> None:
+        """Refuse in one line, before anything loads, a `--resume` whose model or LoRA settings (or LoRA
+        base) differ from those checkpoint `step` was saved with: DCP would fail on a changed shape with a
+        long traceback, and a LoRA run would train its adapters on another base without a word."""
+        saved = self.rank_state(step, 0).get("run")
+        if not isinstance(saved, dict):
+            return  # saved before runs recorded this: `load` still compares every tensor's shape
+        changed = [k for k in sorted(saved.keys() | identity.keys()) if saved.get(k) != identity.get(k)]
+        if not changed:
+            return
+        name = changed[0]
+        more = f" (and {len(changed) - 1} more: {', '.join(changed[1:])})" if len(changed) > 1 else ""
+        if name == "--init":
+            raise UserInputError(
+                f"--resume: the run's LoRA adapters were trained on --init {saved.get(name)}, this command "
+                f"passes --init {identity.get(name)}; pass the run's --init again, or a new --run-dir"
+            )
+        raise UserInputError(
+            f"--resume: the run was trained with {name}={_shown(saved.get(name))}, this command has "
+            f"{name}={_shown(identity.get(name))}{more}; resume with the run's settings "
+            f"({self.root.parent / 'profile.yaml'} before this command) or pass a new --run-dir"
+        )
+
     def load(self, step: int, modules: Modules, optimizers: Optimizers, ema: EMA | None) -> dict[str, Any]:
         """Load checkpoint `step` into the (possibly differently split and sharded) modules and optimizers;
         returns this rank's extra state. Its RNG state is restored too."""
@@ -203,6 +266,7 @@ class CheckpointManager:
         tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if ema is not None:
             tensors["ema"] = ema.state_dict()
+        _check_shapes(path, model_sd, step)
         safe_dcp.load(tensors, path)  # a checkpoint is data: resuming must not run its pickles
         for (module, optimizer), (model_keys, optim_keys) in zip(
             _pairs(modules, optimizers), keys, strict=True
@@ -213,9 +277,29 @@ class CheckpointManager:
             )
         if ema is not None:
             ema.load_state_dict(tensors["ema"])
-        rank_file = path / f"rank{_rank():05d}.json"
-        if not rank_file.is_file():  # resumed on more ranks than saved: start from rank 0's position
-            rank_file = path / "rank00000.json"
-        extra = json.loads(rank_file.read_text())
+        extra = self.rank_state(step, _rank())
         set_rng_state(extra.pop("rng"))
         return extra
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
+
+
+def _check_shapes(path: Path, model_sd: dict[str, Any], step: int) -> None:
+    """Every trainable tensor of this build must be in checkpoint `path` with the shape it has here (the
+    recorded settings may predate `check_resume`, or a change may hide outside them)."""
+    saved = safe_dcp.read_metadata(path / ".metadata").state_dict_metadata
+    for name, value in model_sd.items():
+        entry = saved.get(f"model.{name}")
+        if entry is None or not hasattr(entry, "size"):
+            raise UserInputError(
+                f"--resume: checkpoint step {step} holds no {name}, which this model trains; resume with "
+                "the model and train.lora settings the run was trained with, or pass a new --run-dir"
+            )
+        if tuple(entry.size) != tuple(value.shape):
+            raise UserInputError(
+                f"--resume: {name} is {list(entry.size)} in checkpoint step {step}, {list(value.shape)} in "
+                "this model; resume with the model and train.lora settings the run was trained with, or "
+                "pass a new --run-dir"
+            )

@@ -21,10 +21,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from vidforge.memory import host_memory_bytes, require
 from vidforge.parallel.dims import ParallelDims
 from vidforge.profile import RunProfile
 
 ADAM_STATES = 2
+FAKE_RANK_BYTES = 1024
 
 
 @dataclass
@@ -105,6 +107,14 @@ def dry_run(profile: RunProfile) -> DryRun:
         raise RuntimeError("--dry-run builds its own fake process group: run it in a single process")
     layout = profile.layout
     dims = ParallelDims(layout, "cpu")
+    # torch's DeviceMesh lists every rank of every group it makes, fake ones too: cluster.nodes=100000000
+    # went past 3 GB in seconds. About 1 KB a rank, measured (80,000 ranks: +16 MB and 20 s).
+    require(
+        dims.world_size * FAKE_RANK_BYTES,
+        host_memory_bytes(),
+        f"a dry run of {dims.world_size:,} ranks (about {FAKE_RANK_BYTES} bytes of group bookkeeping each)",
+        "lower cluster.nodes or cluster.gpus_per_node",
+    )
     estimate = estimate_memory(profile, layout)
     ema = profile.train.ema_decay > 0
     stages = []

@@ -6,6 +6,8 @@ Every rank runs this function; under one process it runs without a process group
 from __future__ import annotations
 
 import resource
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -20,12 +22,12 @@ from vidforge.data.batching import build_batcher
 from vidforge.data.blending import DataParallelSizeChanged
 from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
-from vidforge.errors import UserInputError
+from vidforge.errors import Terminated, UserInputError
+from vidforge.memory import require_model
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
-from vidforge.profile.train import Train
 from vidforge.train.build import TrainParts, build
-from vidforge.train.checkpoint import CheckpointManager
+from vidforge.train.checkpoint import CheckpointManager, run_identity
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
 from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
@@ -39,6 +41,38 @@ FINAL_LOSS_WINDOW = 10  # logged losses averaged into the summary's final_loss_m
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients stopped being finite."""
+
+
+class StopOnSigterm:
+    """SIGTERM (what SLURM and Kubernetes send before they kill or preempt a job) noted while the loop runs,
+    and acted on at the next step boundary: the loop saves a checkpoint there and stops with `Terminated`
+    (exit 143 and a resume line) instead of dying with the steps since the last save. Every rank must stop
+    at the same step (saving is collective), so `agreed` asks all of them each step: one int all-reduced.
+    The default handler is back once the loop ends."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._previous: Any = None
+
+    def __enter__(self) -> StopOnSigterm:
+        if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
+            self._previous = signal.signal(signal.SIGTERM, self._note)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.signalled = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any rank was signalled (every rank gets the same answer)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return self.signalled
+        flag = torch.tensor([int(self.signalled)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 @dataclass
@@ -81,8 +115,9 @@ def run(
     fine_tune: bool | None = None,
 ) -> TrainSummary:
     """Train; `progress(record)` gets each logged metrics line, `on_step(step)` every finished step
-    (rank 0 only, for a progress bar) and `notice(line)` what resuming found (also in the summary's notes). `fine_tune` (default: started from `init` or training LoRA) turns
-    validation on when the profile leaves train.validate_every unset. `labels` (a curriculum's `{"stage": name}`) go into every metrics
+    (rank 0 only, for a progress bar) and `notice(line)` what resuming and validation found (also in the
+    summary's notes). `fine_tune` (default: started from `init` or training LoRA) turns validation on when
+    the profile leaves train.validate_every unset. `labels` (a curriculum's `{"stage": name}`) go into every metrics
     line and every checkpoint's per-rank state."""
     labels = dict(labels or {})
     cfg = profile.train
@@ -101,6 +136,21 @@ def run(
             "started from again"
         )
     require_trackers(cfg.trackers)
+    identity = run_identity(
+        profile.model, cfg.lora, str(Path(init.src).resolve()) if init is not None else None
+    )
+    if resume and latest is not None:
+        checkpoints.check_resume(latest, identity)  # before profile.yaml is rewritten and the model built
+    # A LoRA base is frozen in the compute dtype; a trained weight has fp32 master, gradient, 2 AdamW states
+    # (in host memory under train.fsdp_cpu_offload).
+    require_model(
+        profile.model,
+        2 if cfg.lora is not None else 16,
+        runtime.world,
+        torch.device("cpu") if cfg.fsdp_cpu_offload else runtime.device,
+        "lower model.hidden, model.layers or model.mlp_hidden (or pick a smaller model.preset), or train "
+        "on more ranks",
+    )
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
@@ -120,6 +170,7 @@ def run(
     else:
         step = 0
     start_step = step
+    extra = {**labels, "run": identity, "schedule": schedule_state(schedule)}  # each checkpoint's rank state
     if fine_tune is None:
         fine_tune = init is not None or cfg.lora is not None
     validation = plan_validation(profile, data, fine_tune)
@@ -136,49 +187,61 @@ def run(
     for module in parts.modules:
         module.train()
 
-    while step < cfg.steps:
-        started = time.perf_counter()
-        step_fn.set_lr(learning_rate(step, schedule))
-        batches = step_fn.next_batches(batcher)
-        data_wait = time.perf_counter() - started
-        if batches is None:
-            notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
-            break
-        result = step_fn(batches)
-        step += 1
-        if on_step is not None and runtime.is_main:
-            on_step(step)
-        if not result.finite:
-            step_fn.zero_grad()
-            skipped, skipped_in_row = skipped + 1, skipped_in_row + 1
-            what = f"step {step - 1}: loss {result.loss}, gradient norm {result.grad_norm}"
-            if cfg.nan_policy == "stop" or skipped_in_row > cfg.max_skipped_steps:
-                raise TrainingDiverged(
-                    f"{what}; lower train.lr, keep train.grad_clip on, or set train.nan_policy=skip "
-                    f"(skipped {skipped} step(s) so far)"
+    with StopOnSigterm() as stop:
+        while step < cfg.steps:
+            started = time.perf_counter()
+            step_fn.set_lr(learning_rate(step, schedule))
+            batches = step_fn.next_batches(batcher)
+            data_wait = time.perf_counter() - started
+            if batches is None:
+                notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
+                break
+            result = step_fn(batches)
+            step += 1
+            if on_step is not None and runtime.is_main:
+                on_step(step)
+            if not result.finite:
+                step_fn.zero_grad()
+                skipped, skipped_in_row = skipped + 1, skipped_in_row + 1
+                what = f"step {step - 1}: loss {result.loss}, gradient norm {result.grad_norm}"
+                if cfg.nan_policy == "stop" or skipped_in_row > cfg.max_skipped_steps:
+                    raise TrainingDiverged(
+                        f"{what}; lower train.lr, keep train.grad_clip on, or set train.nan_policy=skip "
+                        f"(skipped {skipped} step(s) so far)"
+                    )
+                notes.append(f"skipped {what}")
+                continue
+            skipped_in_row = 0
+            step_fn.apply()
+            window.add(result, started, data_wait)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                record = {**window.record(step, result, step_fn, batcher), **labels}
+                metrics.write(record)
+                logged_losses.append(record["loss"])
+                if progress is not None and runtime.is_main:
+                    progress(record)
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                _save(checkpoints, step, parts, batcher, extra)
+            if validation.due(step, cfg.steps):
+                out = run_dir / "validation" / f"step_{step:08d}"
+                samples = validator(parts.modules[0], parts.ema, out, runtime.rank)
+                metrics.videos(step, samples)
+                if notice is not None and runtime.is_main:
+                    notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
+            if step < cfg.steps and stop.agreed(runtime.device):
+                if step % cfg.save_every and step != cfg.steps:
+                    _save(checkpoints, step, parts, batcher, extra)
+                checkpoints.wait()
+                metrics.close()
+                if isinstance(batcher, Prefetcher):
+                    batcher.close()
+                raise Terminated(
+                    f"terminated (SIGTERM) after step {step}, saved as {checkpoints.path(step)}; rerun the "
+                    "same command with --resume to continue"
                 )
-            notes.append(f"skipped {what}")
-            continue
-        skipped_in_row = 0
-        step_fn.apply()
-        window.add(result, started, data_wait)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            record = {**window.record(step, result, step_fn, batcher), **labels}
-            metrics.write(record)
-            logged_losses.append(record["loss"])
-            if progress is not None and runtime.is_main:
-                progress(record)
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            _save(checkpoints, step, parts, batcher, labels, schedule)
-        if validation.due(step, cfg.steps):
-            out = run_dir / "validation" / f"step_{step:08d}"
-            samples = validator(parts.modules[0], parts.ema, out, runtime.rank)
-            metrics.videos(step, samples)
-            if notice is not None and runtime.is_main:
-                notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
 
     if step > start_step and (step % cfg.save_every and step != cfg.steps):
-        _save(checkpoints, step, parts, batcher, labels, schedule)
+        _save(checkpoints, step, parts, batcher, extra)
     checkpoints.wait()
     export_dir = None
     if step > 0:
@@ -234,14 +297,9 @@ def rank_batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Pat
 
 
 def _save(
-    checkpoints: CheckpointManager,
-    step: int,
-    parts: TrainParts,
-    batcher: Any,
-    labels: dict[str, Any],
-    schedule: Train,
+    checkpoints: CheckpointManager, step: int, parts: TrainParts, batcher: Any, extra: dict[str, Any]
 ) -> None:
-    state = {"loader": batcher.state_dict(), "schedule": schedule_state(schedule), **labels}
+    state = {"loader": batcher.state_dict(), **extra}
     checkpoints.save(step, parts.modules, parts.optimizers, parts.ema, state)
 
 

@@ -92,23 +92,34 @@ def adapter_tensors(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     }
 
 
+def sorted_header(data: bytes) -> bytes:
+    """A safetensors file with its JSON header's keys in sorted order. safetensors writes `__metadata__`
+    from a Rust HashMap, in an order that changes from run to run: two identical runs exported files that
+    differed in their first bytes. Offsets are relative to the data after the header, so only the header
+    changes (padded with spaces to 8 bytes, as safetensors pads it)."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8 : 8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + data[8 + n :]
+
+
 def save_adapter(
     out: Path, weights: dict[str, torch.Tensor], model: Model, cfg: Lora, step: int, base: str | None
 ) -> Path:
     """Write the adapters among `weights` (a LoRA model's clean-named tensors) as diffusers' LoRA file
     and vidforge's config.json into `out`; each file under a temporary name, then renamed."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out.mkdir(parents=True, exist_ok=True)
     config = lora_config(cfg, model.family).to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     metadata = {f"{PREFIX}.{k}": v for k, v in config.items() if _jsonable(v)}
     tmp = out / f".{WEIGHTS}.tmp"
-    save_file(
+    data = save(
         adapter_tensors(weights),
-        str(tmp),
         metadata={"format": "pt", "lora_adapter_metadata": json.dumps(metadata, sort_keys=True)},
     )
+    tmp.write_bytes(sorted_header(data))
     os.replace(tmp, out / WEIGHTS)
     record = {
         "format": FORMAT,

@@ -5,7 +5,9 @@ shards and the last stage of a pipeline.
 one order whatever the layout, so every rank of a model-parallel group (and one process given the same
 data) draws the same values: per sample the noise level, then the caption dropout, then the noise in the
 full batch's shape (latents (B, C, T, H, W) or the packed row's tokens), all from torch's global CPU
-generator, whose state the checkpoint saves (a resumed run draws what an uninterrupted one would have).
+generator, whose state the checkpoint saves (a resumed run draws what an uninterrupted one would have),
+and then moved to the device: a GPU run draws the CPU run's values (its initial weights are drawn on the
+CPU too, `vidforge.models.cpu_draws`, so the generator stands where the CPU run's does).
 The network always sees tokens: a plain batch is patchified ((B, S, F) with its `grid`), a packed row is
 (1, S, F) with its `layout`, a context-parallel rank holds its `TokenShard` of either.
 

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from vidforge.data.paths import UnsafePath, plain_name
 from vidforge.errors import UserInputError
 
 # What a checkpoint's `.metadata` pickle may name: DCP's metadata dataclasses and the plain values they hold.
@@ -91,10 +92,17 @@ def load(state_dict: dict[str, Any], path: str | Path) -> None:
                 planner=SafeLoadPlanner(),
             )
     except CheckpointException as err:
-        for exc, _ in err.failures.values():
+        # Not an Exception (a BaseException): left alone it passed the CLI's boundary as a traceback.
+        failures = [exc for exc, _ in err.failures.values()]
+        for exc in failures:
             if isinstance(exc, UnsafeCheckpoint):
                 raise exc from None
-        raise
+        first = str(failures[0]).strip().splitlines() if failures else []
+        why = f"{type(failures[0]).__name__}: {first[0] if first else ''}" if failures else str(err)
+        raise UserInputError(
+            f"{path}: cannot load this checkpoint ({why[:300]}); resume from the one before it (remove "
+            "this folder) or start a new --run-dir"
+        ) from None
 
 
 def read_metadata(path: str | Path) -> Metadata:
@@ -102,11 +110,23 @@ def read_metadata(path: str | Path) -> Metadata:
     path = Path(path)
     with open(path, "rb") as f:
         try:
-            return _MetadataUnpickler(f, path).load()
+            metadata = _MetadataUnpickler(f, path).load()
         except UnsafeCheckpoint:
             raise
         except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
             raise UnsafeCheckpoint(f"{path}: not checkpoint metadata ({err})") from None
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpoint(f"{path}: not checkpoint metadata (a {type(metadata).__name__})")
+    for info in (metadata.storage_data or {}).values():
+        # The files DCP reads are named here: each must be one file of the checkpoint's own folder.
+        name = getattr(info, "relative_path", None)
+        try:
+            plain_name(name if isinstance(name, str) else "", "checkpoint file")
+        except UnsafePath as err:
+            raise UnsafeCheckpoint(
+                f"{path}: {err}; refusing to read outside the checkpoint folder (a tampered checkpoint)"
+            ) from None
+    return metadata
 
 
 class SafeReader(FileSystemReader):

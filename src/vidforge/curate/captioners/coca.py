@@ -15,6 +15,7 @@ import torch
 
 from vidforge.curate.captioners import CaptionResult, ClipItem
 from vidforge.curate.clip_score import LoadedModel, load_open_clip, preprocess_frames
+from vidforge.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,10 @@ class CocaCaptioner:
                 field="curation.caption.coca",
             )
             if not hasattr(self.loaded.model, "text_decoder"):
-                raise ValueError(f"curation.caption.coca.model: {self.settings.model} is not a CoCa model")
+                raise UserInputError(
+                    f"curation.caption.coca.model: {self.settings.model} is not a CoCa model; use "
+                    "coca_ViT-L-14, coca_ViT-B-32 or a local-dir: CoCa folder"
+                )
 
     def caption_images(self, images: np.ndarray) -> list[str]:
         """One caption per (H, W, 3) uint8 image, `batch_size` at a time."""

@@ -1,0 +1,36 @@
+"""The caption-video match: cosine similarity of the caption's CLIP text embedding and the clip's frame
+embeddings, averaged over frames (`curate.clip_score`); clips below
+`curation.caption.clip_score.min_score` are rejected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidforge.curate.filters.base import Clip, Histogram, Resources, Scorer, below, finite
+from vidforge.profile.caption import ClipScore
+
+
+class ClipScoreFilter(Scorer):
+    name = "clip_score"
+    Settings = ClipScore
+    fields = ("clip_score",)
+    reasons = ("low_clip_score",)
+    uses_clip = True
+
+    def setup(self, resources: Resources) -> None:
+        self.embedder = resources.embedder
+
+    def score_clip(self, clip: Clip) -> dict[str, Any]:
+        from vidforge.curate.clip_score import clip_similarity
+
+        caption = clip.row.get("caption")
+        if clip.embeddings is None or not caption:
+            return {}
+        text = self.embedder.encode_texts([caption])[0]
+        return {"clip_score": finite(clip_similarity(clip.embeddings, text))}
+
+    def reject(self, record: dict[str, Any]) -> list[str]:
+        return ["low_clip_score"] if below(record.get("clip_score"), self.settings.min_score) else []
+
+    def histograms(self) -> dict[str, Histogram]:
+        return {"clip_score": Histogram("caption-video CLIP similarity", (self.settings.min_score,))}
