@@ -94,14 +94,16 @@ def test_a_fine_tune_validates_by_default_on_the_datas_captions(latents, baselin
     from vidforge.train.init_weights import WeightsInit
 
     lines: list[str] = []
-    profile = train_profile("train.steps=6", "train.save_every=6", "train.validate_every=null")
+    profile = train_profile(
+        "train.steps=5", "train.save_every=5", "train.validate_every=null", "diffusion.steps=2"
+    )
     loop.run(profile, [latents], tmp_path, init=WeightsInit(baseline), notice=lines.append)
     captions = {r["caption"] for r in read_jsonl(latents.parent / "annotated" / "manifest.jsonl")}
     steps = sorted(int(p.name.removeprefix("step_")) for p in (tmp_path / "validation").iterdir())
-    assert steps == [2, 4, 6]  # every ceil(6 / 4) = 2 steps, the last one included
-    prompts = json.loads((tmp_path / "validation" / "step_00000006" / "prompts.json").read_text())
+    assert steps == [2, 4, 5]  # every ceil(5 / 4) = 2 steps, and the last one
+    prompts = json.loads((tmp_path / "validation" / "step_00000005" / "prompts.json").read_text())
     assert 1 <= len(prompts) <= validation.DATA_PROMPTS and set(prompts.values()) <= captions
-    assert all((tmp_path / "validation" / "step_00000006" / name).stat().st_size > 0 for name in prompts)
+    assert all((tmp_path / "validation" / "step_00000005" / name).stat().st_size > 0 for name in prompts)
     assert [line for line in lines if "validation videos" in line] == [
         f"step {s}: validation videos of {len(prompts)} prompt(s) in {tmp_path / 'validation' / f'step_{s:08d}'}"
         for s in steps
