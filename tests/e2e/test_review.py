@@ -119,6 +119,58 @@ def test_curation_page_lists_filters_and_sorts_the_clips(caption_run, browser, t
     assert browser.js(f"{ITEMS}.map(r => r.dataset.id)") == ascending[::-1] + unmeasured
 
 
+# Score columns a fuller curation run records besides the three the caption run above measures.
+MORE_SCORES = (
+    "text_area",
+    "texty_frames",
+    "watermark",
+    "static_ratio",
+    "duration_s",
+    "sharpness",
+    "luma_mean",
+)
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_curation_page_reads_without_a_horizontal_scroll(caption_run, browser, tmp_path, width) -> None:
+    """Ten score columns and long captions: the page is no wider than the window (its screenshot is the
+    window's width), the decision column is in view, and the clip column holds whole words."""
+    run = tmp_path / "wide"
+    (run / "clips").mkdir(parents=True)
+    records = read_jsonl(caption_run / "manifest.jsonl")
+    for i, r in enumerate(records):
+        r.update({k: (i + 1) * (j + 1) / 7 for j, k in enumerate(MORE_SCORES)})
+        r["caption"] = (
+            f"{r.get('caption') or ''} while the camera pans across a wide street full of people at dusk"
+        )
+        if r.get("media"):
+            os.link(caption_run / r["media"], run / r["media"])
+    write_jsonl(run / "manifest.jsonl", records)
+    browser.call(
+        "Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False
+    )
+    try:
+        browser.open(_review(run).as_uri())
+        browser.wait_for("[...document.images].every(i => i.complete)")
+        shot = browser.screenshot(tmp_path / "page.png")
+        assert int.from_bytes(shot[16:20], "big") == width  # PNG's IHDR: the page's full width
+        cells = browser.js(
+            "[...document.querySelectorAll('#items .item')].map(r => { const c = r.querySelector('td.clip');"
+            " const em = parseFloat(getComputedStyle(c).fontSize);"
+            " return [r.querySelector('td.decision').getBoundingClientRect().right,"
+            " c.getBoundingClientRect().width / em]; })"
+        )
+        assert len(cells) == len(records)
+        assert all(right <= width for right, _ in cells), cells  # the decision, without scrolling
+        assert all(ems >= 9 for _, ems in cells), (
+            cells
+        )  # "motion_static.mp4" on one line, not a letter a line
+    finally:
+        browser.call(
+            "Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False
+        )
+
+
 @pytest.fixture(scope="module")
 def train_run(tmp_path_factory) -> Path:
     """4 steps with validation at steps 2 and 4 and checkpoints there, then `infer` from its export."""

@@ -51,6 +51,8 @@ def test_shard_tokenize_and_load(tmp_path):
 
     res = runner.invoke(app, ["--json", "shard", str(ann), "-o", str(tmp_path / "shards"), *_args()])
     assert _result(res.stdout)["skipped"] == 3 and _result(res.stdout)["written"] == 0
+    res = runner.invoke(app, ["shard", str(ann), "-o", str(tmp_path / "shards"), *_args()])  # as a human
+    assert "nothing to do: all 3 shard(s) were written by an earlier run" in res.stderr
 
     res = runner.invoke(
         app, ["--json", "tokenize", str(tmp_path / "shards"), "-o", str(tmp_path / "lat"), *_args()]

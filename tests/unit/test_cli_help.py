@@ -1,7 +1,9 @@
 """Every command's `--help` agrees with the registry of samplers and objectives (the profile's
 `diffusion.sampler` and `diffusion.objective`, which the validator and `diffusion.from_profile` read): a
 sampler it names exists, and prose that names some samplers (or objectives) names all of them, so a
-help text cannot say "the EDM loss" or "heun|res" once flow is there too."""
+help text cannot say "the EDM loss" or "heun|res" once flow is there too. Every command has an example
+(README promises one for each), and help paragraphs wrap at the terminal's width (typer keeps a
+docstring's line breaks: a long line broke in two at 80 columns)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from vidforge.cli._globals import reflow
 from vidforge.cli.app import app
 from vidforge.diffusion.from_profile import OBJECTIVES
 from vidforge.profile.diffusion import Diffusion
@@ -58,3 +61,25 @@ def test_help_names_the_samplers_and_objectives_there_are(path):
         prose = re.sub(re.escape(sampler), "", prose)
     objectives = _named(OBJECTIVE_NAMES, prose)
     assert not objectives or objectives == set(OBJECTIVE_NAMES), (path, sorted(objectives))
+
+
+def test_every_command_and_group_has_an_example():
+    missing = [p for p in COMMANDS[1:] if "Example:" not in runner.invoke(app, [*p.split(), "--help"]).output]
+    assert missing == []
+
+
+def test_reflow_joins_a_paragraphs_lines_and_keeps_examples_and_lists() -> None:
+    text = "First line\n    goes on.\n\n    Second paragraph\n    ends.\n    - a list item\n    Example: vidforge x\n    Example: vidforge y"
+    assert (
+        reflow(text)
+        == "First line goes on.\n\nSecond paragraph ends.\n- a list item\nExample: vidforge x\nExample: vidforge y"
+    )
+
+
+def test_help_at_80_columns_breaks_only_where_the_terminal_ends() -> None:
+    result = CliRunner().invoke(app, ["caption", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    # the sidecar paragraph: each of its lines but the last fills the width (no docstring break inside)
+    start = next(i for i, line in enumerate(lines) if line.startswith("Captions that came with the videos"))
+    end = lines.index("", start)
+    assert all(len(line) > 40 for line in lines[start : end - 1]), lines[start:end]  # was "row" alone

@@ -65,3 +65,14 @@ def test_every_stage_notes_random_weights_the_same_way(capsys) -> None:
     assert capsys.readouterr().err == (
         "note: random weights in text_encoder: outputs carry no meaning (set text_encoder.path)\n"
     )
+
+
+def test_a_results_notes_are_lines_under_its_table(capsys) -> None:
+    output = Output()  # a file: tables as wide as their content
+    notes = ["resumed from step 8", "train.steps 8 -> 12: the run keeps its schedule " + "x" * 150]
+    output.result({"run_dir": "runs/a", "last_step": 12, "notes": notes, "none": []}, title="vidforge train")
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if "│" in line or "┃" in line]
+    assert table and max(len(line) for line in table) < 40  # the notes are not a cell
+    assert out.splitlines()[-3:] == ["notes:", *(f"  - {n}" for n in notes)]
+    assert "none" not in out  # an empty list says nothing

@@ -11,7 +11,7 @@ import pytest
 from vidforge.bench.plots import sweep_figure
 from vidforge.curate.histograms import histogram_figure, titles
 from vidforge.profile.caption import Caption
-from vidforge.review.training import draw_curves
+from vidforge.review.training import LEVELS, _keys, draw_curves
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +77,32 @@ def test_training_curves_leave_out_metrics_never_logged(tmp_path) -> None:
         "step time",
     ]
     assert all((tmp_path / p["src"]).read_bytes()[:4] == b"\x89PNG" for p in plots)
+
+
+@pytest.mark.parametrize("objective", ["edm", "flow"])
+def test_training_curves_show_every_promised_panel_for_each_objective(objective, tmp_path) -> None:
+    """README's train review: loss, loss per noise level, learning rate, gradient norm, step time, MFU;
+    the per-level keys are the ones the objective's LossByLevel logs (sigma for EDM, t for flow)."""
+    from vidforge.diffusion.from_profile import build_objective
+    from vidforge.profile import load_profile
+    from vidforge.train.metrics import LossByLevel
+
+    profile = load_profile("local_cpu", [f"diffusion.objective={objective}"])
+    levels = LossByLevel(build_objective(profile.diffusion))
+    records = [
+        {"step": s, "loss": 1.0 / s, "lr": 1e-3, "grad_norm": 0.5, "step_time_s": 0.1, "mfu": 0.2}
+        | {name: (i + 1) / s for i, name in enumerate(levels.names)}
+        for s in range(1, 6)
+    ]
+    plt.close("all")
+    plots = draw_curves(records, tmp_path / "plots")
+    level = {"edm": "sigma", "flow": "t"}[objective]
+    assert [p["title"] for p in plots] == [
+        "loss",
+        f"loss per noise level ({level})",
+        "learning rate",
+        "gradient norm (before clipping)",
+        "step time",
+        "model FLOP utilisation",
+    ]
+    assert _keys(records, (LEVELS,)) == levels.names  # the legend low noise to high, as the objective buckets

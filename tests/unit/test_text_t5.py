@@ -144,3 +144,15 @@ def test_umt5_folder_equals_transformers_umt5_encoder(tmp_path):
 def test_missing_folder_is_a_user_error(tmp_path):
     with pytest.raises(UserInputError, match="config.json"):
         T5TextEncoder(str(tmp_path), device="cpu")
+
+
+def test_loading_prints_no_progress_bar(t5_dir, capfd):
+    """transformers' "Loading weights" bar landed inside train's and infer's output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    capfd.readouterr()
+    T5TextEncoder(t5_dir[0], max_length=8)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()  # left as it was for everyone else

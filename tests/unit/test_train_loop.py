@@ -102,6 +102,37 @@ def test_kill_and_resume_gives_the_same_losses_bitwise(latents, trained, tmp_pat
     assert losses(tmp_path) == losses(trained)  # bitwise: same floats, same order
 
 
+def _cosine(step: int, lr: float, warmup: int, steps: int, floor: float = 0.1) -> float:
+    """Warm-up then cosine to floor x lr at the last step, written out (0-based optimizer step)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min((step - warmup) / (steps - warmup - 1), 1.0)
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@pytest.mark.parametrize("reschedule", [False, True])
+def test_resume_with_more_steps_keeps_the_schedule_unless_rescheduled(
+    latents, trained, tmp_path, reschedule
+) -> None:
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    lines: list[str] = []
+    sets = ["train.steps=9", *(["train.resume_schedule=refit"] if reschedule else [])]
+    loop.run(train_profile(*sets), [latents], run_dir, resume=True, notice=lines.append)
+    logged = {r["step"]: r["lr"] for r in read_metrics(run_dir / "metrics.jsonl")}
+    # metrics line `step` s reports the lr of 0-based optimizer step s - 1; steps 1-6 ran before the resume
+    after = 9 if reschedule else 6
+    expected = [_cosine(s - 1, 1e-3, 1, 6 if s <= 6 else after) for s in range(1, 10)]
+    assert [logged[s] for s in range(1, 10)] == pytest.approx(expected, rel=1e-6)
+    if not reschedule:
+        assert [logged[s] for s in (7, 8, 9)] == pytest.approx([1e-4] * 3)  # the finished cosine's floor
+    said = [line for line in lines if "train.steps 6 -> 9" in line]
+    assert len(said) == 1
+    assert ("refitted" in said[0]) == reschedule and ("--reschedule" in said[0])
+
+
 def test_init_from_a_run_checkpoint_reproduces_the_runs_export_exactly(trained) -> None:
     """--init RUN takes its latest checkpoint's EMA weights through DCP: the export's forward, bit for bit;
     --init-raw takes the weights the optimizer left, which the checkpoint also holds."""

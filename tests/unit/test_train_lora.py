@@ -212,6 +212,19 @@ def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, 
     torch.testing.assert_close(theirs, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_model_export_of_a_lora_run_without_merged_says_what_export_already_is(lora_run, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from vidforge.cli.app import app
+
+    result = CliRunner().invoke(app, ["model", "export", str(lora_run), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "already is a diffusers LoRA" in line and "--merged" in line
+    assert line.count(str(lora_run)) == 2  # the run, then its export/ folder: each once
+    assert not (tmp_path / "out").exists()
+
+
 def _frames(path: str):
     import av
     import numpy as np

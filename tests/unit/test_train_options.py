@@ -49,6 +49,7 @@ def test_validation_writes_videos_and_leaves_training_alone(latents, baseline, t
         "a-blue-circle.mp4",
         "a-red-square-moving-right.mp4",
         "contact_sheet.png",
+        "prompts.json",
     ]
     assert all(p.stat().st_size > 0 for p in out.iterdir())
     assert not (tmp_path / "validation" / "step_00000004").exists()
@@ -73,12 +74,69 @@ def test_validate_samples_the_ema_weights_and_restores_the_training_ones(tmp_pat
         return real(m, *args, **kwargs)
 
     monkeypatch.setattr(validation, "sample_latents", spy)
-    validation.validate(profile, model, ema, tmp_path / "v", rank=0)
+    validation.validate(profile, model, ema, tmp_path / "v", rank=0, prompts=["a red square moving right"])
     for name, shadow in ema.state_dict().items():
         torch.testing.assert_close(seen[name], shadow, rtol=0, atol=0)
     for name, p in model.named_parameters():
         assert torch.equal(p, trained[name]), name
     assert model.training and (tmp_path / "v" / "contact_sheet.png").is_file()
+
+
+def test_a_fine_tune_validates_by_default_on_the_datas_captions(latents, baseline, tmp_path) -> None:
+    """--init with no validation settings: four validations over the run and one at its end, prompts from
+    the data's captions (the annotated manifest the shards came from), each step's samples in
+    RUN/validation/, a console line naming the folder, and frames in TensorBoard."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
+
+    from vidforge.data.manifest import read_jsonl
+    from vidforge.train.init_weights import WeightsInit
+
+    lines: list[str] = []
+    profile = train_profile(
+        "train.steps=5", "train.save_every=5", "train.validate_every=null", "diffusion.steps=2"
+    )
+    loop.run(profile, [latents], tmp_path, init=WeightsInit(baseline), notice=lines.append)
+    captions = {r["caption"] for r in read_jsonl(latents.parent / "annotated" / "manifest.jsonl")}
+    steps = sorted(int(p.name.removeprefix("step_")) for p in (tmp_path / "validation").iterdir())
+    assert steps == [2, 4, 5]  # every ceil(5 / 4) = 2 steps, and the last one
+    prompts = json.loads((tmp_path / "validation" / "step_00000005" / "prompts.json").read_text())
+    assert 1 <= len(prompts) <= validation.DATA_PROMPTS and set(prompts.values()) <= captions
+    assert all((tmp_path / "validation" / "step_00000005" / name).stat().st_size > 0 for name in prompts)
+    assert [line for line in lines if "validation videos" in line] == [
+        f"step {s}: validation videos of {len(prompts)} prompt(s) in {tmp_path / 'validation' / f'step_{s:08d}'}"
+        for s in steps
+    ]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={IMAGES: 0})
+    events.Reload()
+    assert [e.step for e in events.Images("validation/0")] == steps
+
+
+def test_a_run_from_scratch_does_not_validate_unless_asked(latents, baseline) -> None:
+    assert not (baseline / "validation").exists()
+
+
+def test_a_missing_tracker_is_refused_before_the_build(latents, tmp_path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed")
+    with pytest.raises(UserInputError, match="pip install wandb"):
+        loop.run(train_profile('train.trackers=["tensorboard","wandb"]'), [latents], tmp_path)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_wandb_gets_the_validation_videos(latents, tmp_path, monkeypatch) -> None:
+    """Offline (nothing leaves the machine); skipped without wandb, which is not a dependency."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sets = ("train.steps=2", "train.validate_every=2", 'train.validation_prompts=["a blue circle"]')
+    loop.run(train_profile(*sets, 'train.trackers=["tensorboard","wandb"]'), [latents], tmp_path)
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert len(list(run.glob("run-*.wandb"))) == 1
+    assert len(list((run / "files" / "media" / "videos" / "validation").glob("0_2_*.mp4"))) == 1
 
 
 # --- activation checkpointing and offloading ----------------------------------------------------------------------------

@@ -5,6 +5,9 @@ an option of the same name; `--` ends the options (what follows it is left alone
 
 from __future__ import annotations
 
+import inspect
+
+import click
 import typer
 from typer.core import TyperGroup
 
@@ -37,8 +40,38 @@ def command_path(group: TyperGroup, args: list[str]) -> str:
     return words[0]
 
 
+def reflow(text: str | None) -> str | None:
+    """A docstring's paragraphs as one line each, so the terminal wraps them at its width (typer keeps a
+    docstring's line breaks, and a 110-column line broke in two at 80 columns). A line that starts with
+    `Example:`, `-` or an indent stays a line of its own."""
+    if not text:
+        return text
+    paragraphs = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            own = not lines or line.startswith(("Example:", "-", " ", "\b"))
+            if own:
+                lines.append(line)
+            else:
+                lines[-1] += " " + line.strip()
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def _reflow_tree(command: click.Command) -> None:
+    command.help = reflow(command.help)
+    for sub in getattr(command, "commands", {}).values():
+        _reflow_tree(sub)
+
+
 class RootGroup(GuardedGroup):
-    """`vidforge`: the error boundary (GuardedGroup), with global options accepted after the subcommand."""
+    """`vidforge`: the error boundary (GuardedGroup), with global options accepted after the subcommand,
+    and every command's help reflowed (`reflow`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _reflow_tree(self)
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         args = hoist_global_flags(list(args))

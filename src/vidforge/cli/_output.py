@@ -119,8 +119,25 @@ class Output:
         elif not self.quiet:
             if text is not None:
                 self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            else:
-                self.table([(k, _fmt(v)) for k, v in data.items()], columns=("", ""), title=title)
+                return
+            # A list of sentences (a run's notes) goes under the table, a line each: in a cell it made
+            # the table as wide as its longest sentence in a log file.
+            lines = {
+                k: v
+                for k, v in data.items()
+                if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)
+            }
+            self.table(
+                [(k, _fmt(v)) for k, v in data.items() if k not in lines], columns=("", ""), title=title
+            )
+            for key, items in lines.items():
+                if items:
+                    self.console.print(
+                        "\n".join([f"{key}:", *(f"  - {item}" for item in items)]),
+                        markup=False,
+                        highlight=False,
+                        soft_wrap=True,
+                    )
 
     @contextmanager
     def shard_progress(self, label: str) -> Iterator[Callable[[dict[str, Any], int], None]]:

@@ -40,7 +40,14 @@ def caption(
     A rerun skips finished clips (add --retry-errors to redo failed ones). Exit codes: 0 all clips
     annotated, 3 some failed (see OUT/errors.jsonl), 2 fix your input (refused before any model loads).
 
+    Captions that came with the videos (--set curation.caption.backend=sidecar): a CSV with a header row
+    `path,caption` and optional `start,end` in seconds (a path relative to the CSV's folder, or a file
+    name), given as curation.caption.sidecar.path; or, without it, `<video>.captions.json` beside each
+    source video holding [{"start": 0.0, "end": 4.0, "text": "..."}]. A segment captions the clips it
+    covers for at least curation.caption.sidecar.min_overlap of their length.
+
     Example: vidforge caption runs/clips -o runs/captioned --executor ray --set curation.caption.backend=endpoint
+    Example: vidforge caption runs/clips -o runs/captioned --set curation.caption.backend=sidecar --set curation.caption.sidecar.path=captions.csv
     """
     from vidforge.curate.caption import run
 
@@ -98,6 +105,8 @@ def caption(
             text=f"{summary.kept} kept, {summary.rejected} rejected, {summary.errors} errors of "
             f"{summary.clips} clips ({summary.skipped} already done{retried}) -> {summary.out}",
         )
+        if summary.rejected:
+            output.info(f"rejected clips and their reasons: {out / 'rejected.jsonl'}")
     if summary.errors:
         output.info(f"[yellow]{summary.errors} error(s)[/]: see {out / 'errors.jsonl'}")
         raise typer.Exit(EXIT_PARTIAL)

@@ -83,6 +83,10 @@ def clip(
             columns=("stage", "items", "errors", "workers", "busy s"),
         )
     out_.result({k: v for k, v in summary.items() if k != "stages"} | {"out": str(out)}, title="clip")
+    if summary.get("rejected"):
+        out_.info(
+            f"{sum(summary['rejected'].values())} clip(s) rejected by a filter: see {out / 'rejected.jsonl'}"
+        )
     if result.partial:
         out_.info(f"[yellow]{summary['errors']} error(s)[/]: see {out / 'errors.jsonl'}")
         raise typer.Exit(EXIT_PARTIAL)

@@ -78,7 +78,7 @@ def infer(
         str | None,
         typer.Option(
             "--negative-prompt",
-            help="What the guidance steers away from (infer.negative_prompt).",
+            help="What the guidance steers away from. Profile field: infer.negative_prompt",
             show_default=False,
         ),
     ] = None,

@@ -87,6 +87,7 @@ def export(
     if to == "diffusers":
         _refuse_clean_prediction(export_dir)
     if not merged:
+        _refuse_adapter(export_dir)
         written = export_wan(export_dir, out, int(max_shard_mb * 2**20))
     elif to == "vidforge":
         written = export_merged(export_dir, out, base)
@@ -97,6 +98,22 @@ def export(
                 export_merged(export_dir, Path(tmp) / "merged", base), out, int(max_shard_mb * 2**20)
             )
     current_output().result({to: str(written)}, title="vidforge model export")
+
+
+def _refuse_adapter(export_dir: Path) -> None:
+    """A LoRA run's export is an adapter, already in diffusers' LoRA format: nothing to convert alone."""
+    from vidforge.errors import UserInputError
+    from vidforge.train import lora
+
+    try:
+        adapter = lora.read_adapter(export_dir)
+    except UserInputError:
+        return
+    raise UserInputError(
+        f"{export_dir}: a LoRA run; {adapter['folder']} already is a diffusers LoRA "
+        "(WanPipeline.load_lora_weights loads it as it is); add --merged to fold it into its base and "
+        "write full weights"
+    )
 
 
 def _refuse_clean_prediction(export_dir: Path) -> None:

@@ -76,7 +76,10 @@ def _summary(profile: RunProfile, source: str | None) -> dict:
 
 @app.command()
 def schema() -> None:
-    """Print the JSON Schema of the run-profile (every field with its description)."""
+    """Print the JSON Schema of the run-profile (every field with its description).
+
+    Example: vidforge profile schema > run_profile.schema.json
+    """
     current_output().result(
         RunProfile.model_json_schema(), text=json.dumps(RunProfile.model_json_schema(), indent=2)
     )
@@ -84,7 +87,11 @@ def schema() -> None:
 
 @app.command("list")
 def list_() -> None:
-    """List the shipped profiles (and any in ./profiles) with their layouts."""
+    """List the shipped profiles (and any in ./profiles) with their layouts.
+
+    Example: vidforge profile list
+    Example: vidforge --json profile list
+    """
     out = current_output()
     rows = []
     paths = shipped_profiles()

@@ -38,6 +38,10 @@ def shard(
         summary = run(resolved, annotated_dir, out, on_shard=on_shard)
     output.note_random_weights(summary.random_weights, "set text_encoder.path")
     output.result(summary.as_dict(), title="vidforge shard")
+    if summary.skipped and not summary.written:
+        output.info(
+            f"nothing to do: all {summary.skipped} shard(s) were written by an earlier run (delete {out} to redo them)"
+        )
     if summary.rejected:
         output.info(f"{summary.rejected} records rejected: see {out}/errors.jsonl")
         raise typer.Exit(EXIT_PARTIAL)

@@ -32,7 +32,10 @@ app = typer.Typer(
     cls=DefaultCommandGroup,
     no_args_is_help=True,
     help="Encode media shards to latent shards (`vidforge tokenize SRC -o OUT`, the same as `tokenize encode`), "
-    "or fine-tune the VAE that encodes them (`tokenize finetune`).",
+    "or fine-tune the VAE that encodes them (`tokenize finetune`).\n\n"
+    "Example: vidforge tokenize runs/shards -o runs/latents\n"
+    "Example: vidforge tokenize finetune runs/clips --run-dir runs/vae_ft --set tokenizer.kind=wan "
+    "--set tokenizer.path=models/wan-vae",
 )
 
 

@@ -27,6 +27,14 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest complete checkpoint.")
     ] = False,
+    reschedule: Annotated[
+        bool,
+        typer.Option(
+            "--reschedule",
+            help="With --resume: fit the profile's learning-rate schedule (train.steps, lr, warm-up) from the "
+            "resumed step; without it a resumed run keeps the schedule it was trained with.",
+        ),
+    ] = False,
     init: Annotated[
         Path | None,
         typer.Option(
@@ -66,6 +74,7 @@ def train(
 
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
     Example: vidforge train --data runs/latents --run-dir runs/finetune --init runs/train/export
+    Example: vidforge train --data runs/wan_latents --run-dir runs/wan_lora --init /models/Wan2.1-T2V-1.3B-Diffusers --profile dit1b_1xh200 --set model.preset=wan2.1-1.3b --set diffusion.objective=flow --set train.lora.rank=32 --set train.lora.alpha=32 (LoRA: README's Fine-tune Wan2.1 has the text encoder and VAE settings; --resume needs the same --init)
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
     Example: vidforge train --run-dir runs/curriculum --profile wan14b_curriculum_128xh200 --init WAN_DIR
@@ -73,7 +82,9 @@ def train(
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks
 
-    resolved = profile_from(profile, set_, nproc)
+    resolved = profile_from(
+        profile, [*(set_ or []), *(["train.resume_schedule=refit"] if reschedule else [])], nproc
+    )
     if dry_run:
         _dry_run(resolved)
         return
@@ -110,7 +121,14 @@ def train(
     train = curriculum.run if resolved.stages else run
     with output.step_bar("train", total) as on_step:
         summary = train(
-            resolved, data or [], run_dir, resume=resume, progress=show, init=weights, on_step=on_step
+            resolved,
+            data or [],
+            run_dir,
+            resume=resume,
+            progress=show,
+            init=weights,
+            on_step=on_step,
+            notice=output.info,
         )
     import torch.distributed as dist
 

@@ -336,7 +336,7 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     try:
         model = read_config(export)
     except (ValueError, ValidationError) as err:
-        raise UserInputError(f"{export / CONFIG}: {err}; point at a vidforge export folder") from None
+        raise UserInputError(f"{err}; point at a vidforge export folder") from None  # err names the file
     config = diffusers_config(model)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     names = _check_against(model, stored, export)

@@ -54,11 +54,16 @@ class Curation(Section):
     """Cut this much from each end of every clip (drops transition frames next to a cut)."""
 
     # -- 5. static filter -----------------------------------------------------------------------------
-    static_threshold: float = Field(0.9, ge=0)
-    """A frame is static when the mean absolute difference of its greyscale (0-255, at detection
-    resolution) to the previous frame is below this."""
+    static_threshold: float = Field(0.3, ge=0)
+    """A frame is static when the mean absolute difference of its greyscale (0-255, at PySceneDetect's
+    detection size: every source about 256 px wide) to the previous frame is below this: the
+    average pixel changed by less than this many grey levels. Real footage at that size moves by
+    0.5-1 levels a frame (a 16 fps film: median 0.7), still images under compression by 0-0.03
+    (docs/benchmarks.md, "static filter"); 0.9 called 64% of the film's frames static. Halve it for
+    60 fps sources (half the motion a frame)."""
     static_max_ratio: float = Field(0.3, ge=0, le=1)
-    """Clips whose fraction of static frames exceeds this are dropped (the ratio is recorded for all)."""
+    """Clips whose fraction of static frames exceeds this are dropped (the ratio is recorded for all as
+    `static_ratio`)."""
 
     # -- 6. transcode ---------------------------------------------------------------------------------
     crf: int = Field(23, ge=0, le=51)

@@ -166,7 +166,7 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
             "splits each batch evenly into its micro-batches; make data.batch_size a multiple of "
             "parallel.pp_microbatches"
         )
-    if profile.train.validate_every > 0:
+    if (profile.train.validate_every or 0) > 0:
         problems.append(
             f"train.validate_every: {profile.train.validate_every} with {pp}: validation samples with the "
             "whole model and a pipeline rank holds only its stages; set train.validate_every=0 and sample "

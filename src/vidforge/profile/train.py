@@ -51,6 +51,10 @@ class Train(Section):
     """Linear warm-up from 0 to lr."""
     schedule: Literal["cosine", "constant"] = "cosine"
     """After warm-up: cosine decay to min_lr_ratio x lr at the last step, or constant."""
+    resume_schedule: Literal["keep", "refit"] = "keep"
+    """On --resume with a changed lr, warmup_steps, schedule, min_lr_ratio or steps: keep the schedule the
+    checkpoint was trained with (more steps after a finished cosine go on at its floor), or refit the
+    profile's from the resumed step on (`train --reschedule`). Either way the run says so in one line."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -94,10 +98,15 @@ class Train(Section):
     """On a NaN/inf loss or gradient: stop the run with a message, or skip the step and go on."""
     max_skipped_steps: int = Field(10, ge=0)
     """With nan_policy=skip, stop anyway after this many skipped steps in a row."""
-    validate_every: int = Field(0, ge=0)
-    """Steps between validation samples from the EMA model; 0 disables."""
-    validation_prompts: tuple[str, ...] = ("a red square moving right",)
-    """Prompts the periodic validation samples."""
+    validate_every: int | None = Field(None, ge=0)
+    """Steps between validation samples from the EMA model; 0 disables. None: off for a run from scratch,
+    on for a fine-tune (--init or train.lora): four times over the run and at its last step."""
+    validation_prompts: tuple[str, ...] = ()
+    """Prompts the periodic validation samples; empty: the first few distinct captions of the training data."""
+    trackers: tuple[Literal["tensorboard", "wandb"], ...] = ("tensorboard",)
+    """Where metrics and validation samples go besides RUN/metrics.jsonl and RUN/validation/: TensorBoard
+    (RUN/tensorboard/) and Weights & Biases (`pip install wandb`; project $WANDB_PROJECT or `vidforge`,
+    the run named after its directory and continued by --resume; WANDB_MODE=offline keeps it on disk)."""
     lora: Lora | None = None
     """LoRA fine-tuning (adapters on a frozen base, usually with --init); None: every weight trains."""
 

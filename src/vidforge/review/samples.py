@@ -55,11 +55,12 @@ def validation_items(run_dir: Path, prompts: list[str]) -> list[dict[str, Any]]:
     items = []
     for folder in sorted((run_dir / "validation").glob("step_*"), reverse=True):
         step = int(folder.name.removeprefix("step_"))
+        named = _prompts_file(folder)  # what the step sampled (prompts taken from the data's captions too)
         for video in sorted(folder.glob("*.mp4")):
             items.append(
                 {
                     "id": f"{folder.name}/{video.stem}",
-                    "caption": by_slug.get(video.stem, video.stem),
+                    "caption": str(named.get(video.name) or by_slug.get(video.stem, video.stem)),
                     "group": f"step {step}",
                     "meta": {"step": step},
                     "scores": {},
@@ -67,3 +68,15 @@ def validation_items(run_dir: Path, prompts: list[str]) -> list[dict[str, Any]]:
                 }
             )
     return items
+
+
+def _prompts_file(folder: Path) -> dict[str, Any]:
+    """A validation step's prompts.json (video file -> prompt); {} for a step written before it existed
+    or a file that is not that mapping."""
+    import json
+
+    try:
+        named = json.loads((folder / "prompts.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return named if isinstance(named, dict) else {}

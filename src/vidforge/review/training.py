@@ -1,9 +1,12 @@
 """The review of a training run: curves from metrics.jsonl (loss with the loss per noise level, learning
-rate, gradient norm, step time, MFU) and the validation samples."""
+rate, gradient norm, step time, MFU) and the validation samples. The loss per noise level is whatever
+`loss_<level>_<lo>-<hi>` keys the objective logged (`vidforge.train.metrics.LossByLevel`: sigma for EDM,
+t for flow)."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +16,15 @@ from vidforge.data.manifest import read_jsonl
 from vidforge.review.page import Page
 from vidforge.review.samples import validation_items
 
-# (file stem, title, y label, metrics keys): one panel each; a panel whose keys were never logged is left out.
+# `loss_sigma_0.1-0.5`, `loss_t_0-0.2`: the objective's noise coordinate, then the bucket's bounds.
+LEVEL_KEY = re.compile(r"loss_([a-z]+)_(.+)")
+LOWER_BOUND = re.compile(r"[0-9.]+(?:e[+-]?[0-9]+)?")  # a bucket's lower edge as `f"{edge:g}"` writes it
+# (file stem, title, y label, metrics keys): one panel each; a panel whose keys were never logged is left
+# out. LEVELS stands for the loss-per-level keys, whatever the objective calls its level.
+LEVELS = "loss_<level>_"
 PANELS = (
     ("loss", "loss", "loss", ("loss",)),
-    ("loss_sigma", "loss per noise level (sigma)", "loss", ("loss_sigma_",)),
+    ("loss_level", "loss per noise level", "loss", (LEVELS,)),
     ("lr", "learning rate", "lr", ("lr",)),
     ("grad_norm", "gradient norm (before clipping)", "norm", ("grad_norm",)),
     ("step_time", "step time", "seconds", ("step_time_s",)),
@@ -35,8 +43,17 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[
 
 
 def _keys(records: list[dict[str, Any]], patterns: tuple[str, ...]) -> list[str]:
-    present = sorted({k for r in records for k in r}, key=lambda k: (k.split("-")[0], len(k), k))
-    return [k for k in present if any(k == p or (p.endswith("_") and k.startswith(p)) for p in patterns)]
+    present = {k for r in records for k in r}
+    if patterns == (LEVELS,):  # low noise to high, by each bucket's lower bound
+        levels = [(m, k) for k in present if (m := LEVEL_KEY.fullmatch(k))]
+        return [k for _, k in sorted(levels, key=lambda mk: (mk[0].group(1), *_lower(mk[0].group(2))))]
+    return [k for k in sorted(present) if k in patterns]
+
+
+def _lower(bucket: str) -> tuple[float, str]:
+    """Sort key of a bucket name (`0.1-0.5`): its lower edge, then the name (a name without one last)."""
+    edge = LOWER_BOUND.match(bucket)
+    return (float(edge.group()) if edge else math.inf, bucket)
 
 
 def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]]:
@@ -54,13 +71,18 @@ def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]
         if not lines or all(v == 0 for _, _, ys in lines for v in ys):  # never logged, or logged as 0
             continue
         fig, ax = plt.subplots(figsize=(5, 3.2))
+        level = None
         for key, xs, ys in lines:
+            match = LEVEL_KEY.fullmatch(key)
+            level = match.group(1) if match else None
             # A key is data: "$" would start matplotlib's mathtext (a raw parse error on an odd "$...$").
-            label = key.removeprefix("loss_sigma_").replace("$", r"\$")
+            label = (match.group(2) if match else key).replace("$", r"\$")
             ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=label)
+        if level is not None:
+            title = f"{title} ({level})"
         if len(lines) > 1:
-            ax.legend(fontsize=7, title="sigma", title_fontsize=7)
-        if stem in ("loss", "loss_sigma", "grad_norm") and min(min(ys) for _, _, ys in lines) > 0:
+            ax.legend(fontsize=7, title=level, title_fontsize=7)
+        if stem in ("loss", "loss_level", "grad_norm") and min(min(ys) for _, _, ys in lines) > 0:
             # Losses fall over orders of magnitude; a linear axis shows only the first steps.
             spread = max(max(ys) for _, _, ys in lines) / min(min(ys) for _, _, ys in lines)
             if spread > 20:

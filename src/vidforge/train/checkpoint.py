@@ -198,7 +198,8 @@ class CheckpointManager:
             self._pending = dcp.async_save(tensors, checkpoint_id=str(path))
             self._pending_step = step
         else:
-            dcp.save(tensors, checkpoint_id=str(path))
+            with safe_dcp.single_process_ok():
+                dcp.save(tensors, checkpoint_id=str(path))
             self._finish(step)
 
     def wait(self) -> None:

@@ -61,6 +61,7 @@ def run(
     progress: loop.Progress | None = None,
     init: WeightsInit | None = None,
     on_step: Callable[[int], None] | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> CurriculumSummary:
     """Run the profile's stages in order (see the module's docstring). `init` starts the first stage;
     `on_step` gets the step counted over the whole curriculum."""
@@ -93,6 +94,9 @@ def run(
                 init=start,
                 on_step=_offset(on_step, before),
                 labels={"stage": stage.name},
+                notice=notice,
+                # a later stage starts from the one before: a fine-tune only if the first one was
+                fine_tune=init is not None or profile.train.lora is not None,
             )
             summaries.append({**entry, **asdict(summary), "skipped": False})
             if main:

@@ -30,9 +30,10 @@ from vidforge.train.build import TrainParts, build
 from vidforge.train.checkpoint import CheckpointManager, run_identity
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
-from vidforge.train.lr import lr_multiplier
-from vidforge.train.metrics import MetricsLog
+from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
+from vidforge.train.metrics import MetricsLog, require_trackers
 from vidforge.train.step import StepResult, TrainStep, make_train_step
+from vidforge.train.validation import Validator, plan_validation
 
 Progress = Callable[[dict[str, Any]], None]
 FINAL_LOSS_WINDOW = 10  # logged losses averaged into the summary's final_loss_mean
@@ -110,9 +111,13 @@ def run(
     init: WeightsInit | None = None,
     on_step: Callable[[int], None] | None = None,
     labels: Mapping[str, Any] | None = None,
+    notice: Callable[[str], None] | None = None,
+    fine_tune: bool | None = None,
 ) -> TrainSummary:
-    """Train; `progress(record)` gets each logged metrics line and `on_step(step)` every finished step
-    (rank 0 only, for a progress bar). `labels` (a curriculum's `{"stage": name}`) go into every metrics
+    """Train; `progress(record)` gets each logged metrics line, `on_step(step)` every finished step
+    (rank 0 only, for a progress bar) and `notice(line)` what resuming and validation found (also in the
+    summary's notes). `fine_tune` (default: started from `init` or training LoRA) turns validation on when
+    the profile leaves train.validate_every unset. `labels` (a curriculum's `{"stage": name}`) go into every metrics
     line and every checkpoint's per-rank state."""
     labels = dict(labels or {})
     cfg = profile.train
@@ -130,6 +135,7 @@ def run(
             "--resume: a LoRA run's checkpoints hold its adapters alone (train.lora); pass the --init it "
             "started from again"
         )
+    require_trackers(cfg.trackers)
     identity = run_identity(
         profile.model, cfg.lora, str(Path(init.src).resolve()) if init is not None else None
     )
@@ -152,9 +158,29 @@ def run(
     step_fn = make_train_step(profile, runtime, parts)
     batcher = rank_batcher(profile, runtime, data)
     notes = list(parts.notes)
-    step = _resume(checkpoints, latest, parts, batcher, notes) if resume else 0
+    schedule = cfg
+    if resume:
+        before = len(notes)
+        step, saved = _resume(checkpoints, latest, parts, batcher, notes)
+        schedule, changed = resumed_schedule(cfg, saved, step)
+        notes += [changed] if changed else []
+        if notice is not None and runtime.is_main:
+            for line in notes[before:]:
+                notice(line)
+    else:
+        step = 0
     start_step = step
-    metrics = MetricsLog(run_dir, enabled=runtime.is_main, resume_step=step)
+    extra = {**labels, "run": identity, "schedule": schedule_state(schedule)}  # each checkpoint's rank state
+    if fine_tune is None:
+        fine_tune = init is not None or cfg.lora is not None
+    validation = plan_validation(profile, data, fine_tune)
+    if validation.note:
+        notes.append(validation.note)
+        if notice is not None and runtime.is_main:
+            notice(validation.note)
+    validator = Validator(profile, validation.prompts)
+    config = profile.model_dump(mode="json")
+    metrics = MetricsLog(run_dir, runtime.is_main, step, cfg.trackers, config)
     window = _Window(profile, runtime)
     skipped_in_row = skipped = 0
     logged_losses: deque[float] = deque(maxlen=FINAL_LOSS_WINDOW)
@@ -164,7 +190,7 @@ def run(
     with StopOnSigterm() as stop:
         while step < cfg.steps:
             started = time.perf_counter()
-            step_fn.set_lr(cfg.lr * lr_multiplier(step, cfg))
+            step_fn.set_lr(learning_rate(step, schedule))
             batches = step_fn.next_batches(batcher)
             data_wait = time.perf_counter() - started
             if batches is None:
@@ -195,20 +221,16 @@ def run(
                 if progress is not None and runtime.is_main:
                     progress(record)
             if step % cfg.save_every == 0 or step == cfg.steps:
-                _save(checkpoints, step, parts, batcher, {**labels, "run": identity})
-            if cfg.validate_every and step % cfg.validate_every == 0:
-                from vidforge.train.validation import validate
-
-                validate(
-                    profile,
-                    parts.modules[0],
-                    parts.ema,
-                    run_dir / "validation" / f"step_{step:08d}",
-                    runtime.rank,
-                )
+                _save(checkpoints, step, parts, batcher, extra)
+            if validation.due(step, cfg.steps):
+                out = run_dir / "validation" / f"step_{step:08d}"
+                samples = validator(parts.modules[0], parts.ema, out, runtime.rank)
+                metrics.videos(step, samples)
+                if notice is not None and runtime.is_main:
+                    notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
             if step < cfg.steps and stop.agreed(runtime.device):
                 if step % cfg.save_every and step != cfg.steps:
-                    _save(checkpoints, step, parts, batcher, {**labels, "run": identity})
+                    _save(checkpoints, step, parts, batcher, extra)
                 checkpoints.wait()
                 metrics.close()
                 if isinstance(batcher, Prefetcher):
@@ -219,7 +241,7 @@ def run(
                 )
 
     if step > start_step and (step % cfg.save_every and step != cfg.steps):
-        _save(checkpoints, step, parts, batcher, {**labels, "run": identity})
+        _save(checkpoints, step, parts, batcher, extra)
     checkpoints.wait()
     export_dir = None
     if step > 0:
@@ -283,11 +305,12 @@ def _save(
 
 def _resume(
     checkpoints: CheckpointManager, latest: int | None, parts: TrainParts, batcher: Any, notes: list[str]
-) -> int:
-    """The step to continue from, with weights, optimizers, EMA and the data position restored."""
+) -> tuple[int, dict[str, Any] | None]:
+    """The step to continue from, with weights, optimizers, EMA and the data position restored, and the
+    schedule the checkpoint was trained with (None for a fresh start or a checkpoint that predates it)."""
     if latest is None:
         notes.append("no complete checkpoint to resume from: started fresh")
-        return 0
+        return 0, None
     extra = checkpoints.load(latest, parts.modules, parts.optimizers, parts.ema)
     step = extra["step"]
     notes.append(f"resumed from step {step}")
@@ -299,7 +322,7 @@ def _resume(
             f"data-parallel size changed from {changed.saved} to {changed.now}: the model resumed "
             f"at step {step}, the data starts over from its first sample"
         )
-    return step
+    return step, extra.get("schedule")
 
 
 class _Window:

@@ -1,14 +1,19 @@
 """Training metrics: one JSON line per logged step in the run directory (metrics.jsonl), a console line,
-and TensorBoard scalars (RUN/tensorboard/: `tensorboard --logdir RUN`). Only rank 0 writes."""
+and the trackers `train.trackers` names: TensorBoard scalars and validation frames (RUN/tensorboard/:
+`tensorboard --logdir RUN`), Weights & Biases scalars and validation videos. Only rank 0 writes."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from vidforge.diffusion.objective import Objective
@@ -71,11 +76,30 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+TRACKER_FRAMES = 8  # frames of each validation video shown in TensorBoard (evenly spaced)
+
+
+def require_trackers(trackers: Sequence[str]) -> None:
+    """Refuse a tracker whose package is missing before anything is built."""
+    if "wandb" in trackers and importlib.util.find_spec("wandb") is None:
+        raise UserInputError(
+            "train.trackers: wandb is not installed; `pip install wandb` (then `wandb login`, or "
+            "WANDB_MODE=offline), or leave wandb out of train.trackers"
+        )
+
+
 class MetricsLog:
-    def __init__(self, run_dir: str | Path, enabled: bool, resume_step: int = 0):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        enabled: bool,
+        resume_step: int = 0,
+        trackers: Sequence[str] = ("tensorboard",),
+        config: dict[str, Any] | None = None,
+    ):
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._tb = None
+        self._tb = self._wandb = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,9 +107,12 @@ class MetricsLog:
             # A resumed run rewrites the steps after its checkpoint: drop what the killed run logged past it.
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
             self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-        from torch.utils.tensorboard import SummaryWriter  # tensorboard is a dependency
+        if "tensorboard" in trackers:
+            from torch.utils.tensorboard import SummaryWriter  # tensorboard is a dependency
 
-        self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        if "wandb" in trackers:
+            self._wandb = _wandb_run(Path(run_dir), config or {})
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -93,11 +120,50 @@ class MetricsLog:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(clean, sort_keys=True) + "\n")
+        scalars = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
         if self._tb is not None:
-            for key, value in record.items():
-                if isinstance(value, int | float) and key != "step":
-                    self._tb.add_scalar(key, value, record["step"])
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, record["step"])
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=record["step"])
+
+    def videos(self, step: int, samples: Sequence[tuple[str, np.ndarray, Path]]) -> None:
+        """Validation samples ((prompt, frames (T, H, W, 3) uint8, its MP4)): TensorBoard gets each as
+        frames under `validation/<n>` (its videos need moviepy; images need nothing), W&B the MP4."""
+        if not self.enabled:
+            return
+        for n, (prompt, frames, video) in enumerate(samples):
+            if self._tb is not None:
+                picked = frames[
+                    np.linspace(0, len(frames) - 1, min(TRACKER_FRAMES, len(frames))).round().astype(int)
+                ]
+                self._tb.add_images(f"validation/{n}", picked, step, dataformats="NHWC")
+                self._tb.add_text(f"validation/{n}/prompt", prompt, step)
+            if self._wandb is not None:
+                import wandb
+
+                self._wandb.log({f"validation/{n}": wandb.Video(str(video), caption=prompt)}, step=step)
+        if self._tb is not None:
+            self._tb.flush()
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _wandb_run(run_dir: Path, config: dict[str, Any]) -> Any:
+    """One W&B run per run directory (its id from the directory's path, so --resume continues it)."""
+    import wandb
+
+    from vidforge.data.manifest import stable_id
+
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "vidforge"),
+        name=run_dir.resolve().name,
+        id=stable_id("vidforge-run", str(run_dir.resolve())),
+        resume="allow",
+        dir=str(run_dir),
+        config=config,
+    )

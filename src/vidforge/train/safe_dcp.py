@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +67,30 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
 
 
+@contextmanager
+def single_process_ok() -> Iterator[None]:
+    """DCP warns on every save and load without a process group ("torch.distributed is disabled ...
+    assuming the intent is to save in a single process"): that is what one process means here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
 def load(state_dict: dict[str, Any], path: str | Path) -> None:
     """`dcp.load(state_dict)` from checkpoint folder `path`, its pickles restricted as above. Raises
     UnsafeCheckpoint (a user error) for a planted file; DCP's own wrapper of it is not an Exception."""
     path = Path(path)
     read_metadata(path / ".metadata")  # refused here, before DCP reads anything
     try:
-        dcp.load(
-            state_dict, checkpoint_id=str(path), storage_reader=SafeReader(path), planner=SafeLoadPlanner()
-        )
+        with single_process_ok():
+            dcp.load(
+                state_dict,
+                checkpoint_id=str(path),
+                storage_reader=SafeReader(path),
+                planner=SafeLoadPlanner(),
+            )
     except CheckpointException as err:
         # Not an Exception (a BaseException): left alone it passed the CLI's boundary as a traceback.
         failures = [exc for exc, _ in err.failures.values()]

@@ -171,18 +171,22 @@ function table(rows) {
     Object.assign(state, { desc: state.sort === key ? !state.desc : false, sort: key, page: 0 });
     render();
   };
+  // The decision comes before the scores, so it is in view however many scores a run measured; a
+  // score's name may break after an underscore so that its column is as narrow as its numbers.
   const head = el("tr", {}, el("th", {}, "frames"), el("th", {}, "clip"), el("th", {}, "caption"),
+    el("th", {}, "decision"),
     DATA.scores.map((k) => el("th", {
       class: "sortable" + (state.sort === k ? " sorted" + (state.desc ? " desc" : "") : ""),
-      dataset: { sort: k }, title: "click to sort", onclick: sortBy(k) }, k)),
-    el("th", {}, "decision"));
+      dataset: { sort: k }, title: "click to sort", onclick: sortBy(k) },
+      k.split(/(?<=_)/).map((part, i) => (i ? [el("wbr"), part] : part)))));
   const body = rows.map((item) => el("tr", { class: "item", dataset: { id: item.id, reasons: item.reasons.join(" "), keep: item.keep } },
     el("td", {}, mediaCell(item)),
     el("td", { class: "clip" }, clipRange(item)),
     el("td", { class: "caption" }, item.caption),
-    DATA.scores.map((k) => el("td", { class: "score", dataset: { key: k, value: item.scores[k] ?? "" } }, fmt(item.scores[k]))),
-    el("td", {}, status(item))));
-  return el("table", {}, el("thead", {}, head), el("tbody", {}, body));
+    el("td", { class: "decision" }, status(item)),
+    DATA.scores.map((k) => el("td", { class: "score", dataset: { key: k, value: item.scores[k] ?? "" } }, fmt(item.scores[k])))));
+  // Scores past the window's width scroll inside this box, not the page (which keeps the decision in view).
+  return el("div", { class: "table-scroll" }, el("table", {}, el("thead", {}, head), el("tbody", {}, body)));
 }
 
 function card(item) {
