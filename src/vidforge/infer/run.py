@@ -427,7 +427,7 @@ def run(
         cache = None  # the ranks' calls are not counted
     else:
         setting = prof.infer.cache
-        cache = StepCache(setting.threshold, rescale_name(setting.rescale, model))
+        cache = StepCache(setting.threshold, rescale_name(setting.rescale, model.config))
 
         def sampler(text, mask, seeds, shape, negative):
             return sample_latents(model, prof, text, mask, seeds, shape, negative, cache=cache)

@@ -32,6 +32,7 @@ import torch
 from vidforge.errors import UserInputError
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, modulate
+from vidforge.profile.model import Model
 
 # TeaCache's polynomials, highest degree first (numpy.poly1d's order), from TeaCache4Wan2.1/
 # teacache_generate.py in github.com/ali-vilab/TeaCache (the mode without "retention steps", whose
@@ -44,10 +45,10 @@ WAN21_COEFFICIENTS: dict[str, tuple[float, ...]] = {
 WAN21_SIZES = {(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"}
 
 
-def rescale_name(setting: str, model: VideoTransformer) -> str:
-    """The polynomial `infer.cache.rescale` names for this model: `auto` is TeaCache's fit for a Wan2.1
-    of a published size and `identity` otherwise; a Wan fit for another family is refused in one line."""
-    cfg = model.config
+def rescale_name(setting: str, cfg: Model) -> str:
+    """The polynomial `infer.cache.rescale` names for a model of config `cfg`: `auto` is TeaCache's fit
+    for a Wan2.1 of a published size and `identity` otherwise; a Wan fit for another family is refused
+    in one line."""
     if setting == "auto":
         if cfg.family == "wan":
             return WAN21_SIZES.get((cfg.hidden, cfg.layers), "identity")
