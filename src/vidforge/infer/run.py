@@ -497,6 +497,8 @@ def run(
     note = f"{settings['sampler']} {settings['steps']} steps, guidance {settings['guidance']:g}"
     if settings["checkpoint_step"] is not None:
         note += f", step {settings['checkpoint_step']}"
+    if skipped:
+        note += f", infer.cache {prof.infer.cache.threshold:g}: {skipped} of {calls} calls skipped"
     contact_sheet(sheet, videos, labels, note=note)
     write_jsonl(out / "samples.jsonl", records)
     if lock is not None:
