@@ -132,7 +132,7 @@ class StepCache:
 
 @contextmanager
 def installed(model: VideoTransformer, cache: StepCache | None) -> Iterator[None]:
-    """`model` samples through `cache` inside the block (a fresh start: `cache.reset()`); None: as it is."""
+    """`model` samples through `cache` inside the `with` (from a fresh start: `cache.reset()`); None: as it is."""
     if cache is None:
         yield
         return
