@@ -171,12 +171,22 @@ def infer(
         return  # one summary, from rank 0 (the CLI boundary leaves the process group on the way out)
     if output.json:
         output.result(
-            {"videos": result.videos, "contact_sheet": result.contact_sheet, "seconds": result.seconds}
+            {
+                "videos": result.videos,
+                "contact_sheet": result.contact_sheet,
+                "seconds": result.seconds,
+                "model_calls": result.model_calls,
+                "skipped_calls": result.skipped_calls,
+            }
         )
     else:
         output.table(
             [(Path(v).name,) for v in result.videos], columns=("video",), title=f"vidforge infer -> {out}"
         )
+        calls = ""
+        if result.skipped_calls:  # step caching (infer.cache) skipped some
+            calls = f", {result.skipped_calls} of {result.model_calls} model calls skipped by infer.cache"
         output.result(
-            {}, text=f"contact sheet: {result.contact_sheet}  ({result.seconds_per_video:.1f} s per video)"
+            {},
+            text=f"contact sheet: {result.contact_sheet}  ({result.seconds_per_video:.1f} s per video{calls})",
         )

@@ -36,6 +36,7 @@ from vidforge.data.folder_lock import FolderLock
 from vidforge.data.manifest import write_jsonl
 from vidforge.errors import UserInputError
 from vidforge.infer.sampling import sample_latents
+from vidforge.infer.step_cache import StepCache, rescale_name
 from vidforge.infer.writers import contact_sheet, write_mp4
 from vidforge.memory import device_memory_bytes, host_memory_bytes, require, require_model
 from vidforge.models import load_model
@@ -184,6 +185,10 @@ class InferResult:
     contact_sheet: str
     seconds: float
     seconds_per_video: float
+    model_calls: int = 0
+    """Network calls over all batches (a guided call runs both branches at once), skipped ones included."""
+    skipped_calls: int = 0
+    """Of those, the calls step caching (infer.cache) skipped."""
 
 
 @dataclass(frozen=True)
@@ -413,11 +418,19 @@ def run(
             log(f"{world} ranks: {plan.describe()}")
         check_plan(plan, prof, lora)
         check_sequence_split(plan, model.config, latent_shape)
+        if prof.infer.cache.threshold > 0:
+            raise UserInputError(
+                f"infer.cache.threshold: step caching runs in one process, not over --nproc {world}; "
+                "set infer.cache.threshold=0 or drop --nproc"
+            )
         sampler = parallel_sampler(model, prof, plan, device, slicing or profile_slicing(prof))
+        cache = None  # the ranks' calls are not counted
     else:
+        setting = prof.infer.cache
+        cache = StepCache(setting.threshold, rescale_name(setting.rescale, model.config))
 
         def sampler(text, mask, seeds, shape, negative):
-            return sample_latents(model, prof, text, mask, seeds, shape, negative)
+            return sample_latents(model, prof, text, mask, seeds, shape, negative, cache=cache)
 
     negative = None
     if prof.infer.negative_prompt:
@@ -430,12 +443,14 @@ def run(
         out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     records, videos, labels = [], [], []
+    calls = skipped = 0
     # What every sample came from, for `vidforge review` and whoever compares samples later.
     settings = {
         "sampler": prof.diffusion.sampler,
         "steps": prof.diffusion.steps,
         "guidance": prof.diffusion.guidance,
         "negative_prompt": prof.infer.negative_prompt or None,
+        "cache_threshold": prof.infer.cache.threshold,
         "checkpoint_step": exported_step(export) if export is not None else None,
         "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
         **({"lora": str(Path(lora).resolve()), "lora_scale": lora_scale} if lora is not None else {}),
@@ -445,9 +460,15 @@ def run(
         chunk = list(prompts[first : first + size])
         emb, mask = encoder.encode(chunk)
         seeds = [prof.infer.seed + first + i for i in range(len(chunk))]
+        before = (cache.calls, cache.skipped) if cache is not None else (0, 0)
         latents = sampler(
             torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask), seeds, latent_shape, negative
         )
+        # every video of a batch took its batch's calls (one decision a call, see infer.step_cache)
+        batch_calls = cache.calls - before[0] if cache is not None else None
+        batch_skipped = cache.skipped - before[1] if cache is not None else None
+        calls += batch_calls or 0
+        skipped += batch_skipped or 0
         if not writer:
             continue
         for i, (prompt, seed) in enumerate(zip(chunk, seeds, strict=True)):
@@ -465,6 +486,8 @@ def run(
                     "height": frames.shape[1],
                     "width": frames.shape[2],
                     **settings,
+                    "model_calls": batch_calls,
+                    "skipped_calls": batch_skipped,
                 }
             )
     seconds = time.perf_counter() - started
@@ -474,8 +497,17 @@ def run(
     note = f"{settings['sampler']} {settings['steps']} steps, guidance {settings['guidance']:g}"
     if settings["checkpoint_step"] is not None:
         note += f", step {settings['checkpoint_step']}"
+    if skipped:
+        note += f", infer.cache {prof.infer.cache.threshold:g}: {skipped} of {calls} calls skipped"
     contact_sheet(sheet, videos, labels, note=note)
     write_jsonl(out / "samples.jsonl", records)
     if lock is not None:
         lock.release()
-    return InferResult([str(out / r["video"]) for r in records], str(sheet), seconds, seconds / len(records))
+    return InferResult(
+        [str(out / r["video"]) for r in records],
+        str(sheet),
+        seconds,
+        seconds / len(records),
+        calls,
+        skipped,
+    )

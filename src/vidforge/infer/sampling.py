@@ -10,6 +10,7 @@ from torch import nn
 
 from vidforge.diffusion import build_objective, classifier_free_guidance, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
+from vidforge.infer.step_cache import StepCache, installed
 from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
 from vidforge.parallel.context_parallel import (
     ContextParallelAttend,
@@ -42,20 +43,23 @@ def sample_latents(
     *,
     cfg_group=None,
     forward: Callable[..., torch.Tensor] | None = None,
+    cache: StepCache | None = None,
 ) -> torch.Tensor:
     """Latents (B, C, T, H, W) for captions `text` (B, L, D) with `text_mask` (B, L). The unconditional
     guidance branch uses the learned null caption, or `negative` (1, L, D) embeddings and mask if given.
     Conditional and unconditional rows run in one batch, or, with `cfg_group` (a two-rank process
     group), on the two ranks of that group (CFG-parallel; both ranks return the same latents).
     `forward(x, noise_level, text, text_mask, drop_text=...)` replaces `model(...)` as the network, e.g.
-    a sequence-parallel forward over the same model (`vidforge.parallel.scalefusion`)."""
+    a sequence-parallel forward over the same model (`vidforge.parallel.scalefusion`). `cache`: step
+    caching over `model`'s block stack (one process; it counts the calls it saw and skipped)."""
     param = next(model.parameters())
     network = model if forward is None else forward
     text, text_mask = text.to(param.device), text_mask.to(param.device)
     denoiser = guided_denoiser(network, profile, text, text_mask, negative, cfg_group, param.dtype)
     noise = initial_noise(seeds, latent_shape).to(param.device)
     generator = torch.Generator(device=param.device).manual_seed(int(seeds[0]))  # churn noise, if any
-    return sample(denoiser, noise, profile.diffusion, generator=generator)
+    with installed(model, cache):
+        return sample(denoiser, noise, profile.diffusion, generator=generator)
 
 
 def guided_denoiser(

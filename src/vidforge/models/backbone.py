@@ -6,6 +6,7 @@ the trainer, the samplers and the parallel code see one signature."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ class VideoTransformer(nn.Module, ABC):
     output_layers: tuple[str, ...] = ()
     """Attributes only the last pipeline stage keeps: the output layer. Everything else outside `blocks`
     (the conditioning) is on every stage."""
+    step_cache: Any = None
+    """While sampling with infer.cache: `step_cache(model, h, cond, run_blocks)` stands in for the block
+    stack and may skip it (`vidforge.infer.step_cache`, which installs it). None: the blocks run."""
 
     @property
     def has_input_layer(self) -> bool:
@@ -78,6 +82,12 @@ class VideoTransformer(nn.Module, ABC):
         check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim)
         return self.conditioning(place, noise_level, text, text_mask, drop_text)
 
+    def run_blocks(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """The block stack: hidden states in, hidden states out."""
+        for block in self.blocks.values():
+            h = block(h, cond)
+        return h
+
     def forward(
         self,
         x: torch.Tensor,
@@ -103,8 +113,10 @@ class VideoTransformer(nn.Module, ABC):
             shard=shard,
         )
         h = self.embed(inputs.tokens, cond) if self.has_input_layer else inputs.tokens
-        for block in self.blocks.values():
-            h = block(h, cond)
+        if self.step_cache is None:
+            h = self.run_blocks(h, cond)
+        else:
+            h = self.step_cache(self, h, cond, self.run_blocks)
         if not self.has_output_layer:
             return h
         out = self.head(h, cond)

@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from vidforge.profile.base import Section
+
+
+class StepCache(Section):
+    """Step caching (TeaCache's rule, `vidforge.infer.step_cache`): skip the network at sampling steps
+    whose input barely moved since the last computed one, reusing that step's residual."""
+
+    threshold: float = Field(0.0, ge=0)
+    """Skip model calls while the accumulated relative L1 change of the first block's modulated input
+    (rescaled, see `rescale`) since the last computed call stays below this; 0 computes every call
+    (off, the outputs bitwise those without caching). docs/benchmarks.md (Step caching) measures the
+    demo's calls and prompt check at several values."""
+    rescale: Literal["auto", "identity", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"] = "auto"
+    """The polynomial that maps the input's change to the output's: TeaCache's published fit for a
+    Wan2.1 T2V model (measured on its timestep embedding, as TeaCache does), or the identity (the change
+    itself, on the first block's modulated input). auto: the Wan2.1 fit for a Wan of a published size
+    (1536 x 30 layers: 1.3B, 5120 x 40: 14B), the identity otherwise."""
 
 
 class Infer(Section):
@@ -38,6 +56,8 @@ class Infer(Section):
     first L_T leave in pieces during the temporal phase before); each costs a slice's receive buffer."""
     scalefusion_lookahead_s: int = Field(1, ge=1)
     """ScaleFusion: L_S, the same for the position slices (the first L_S leave during the spatial phase)."""
+    cache: StepCache = StepCache()
+    """Step caching: model calls skipped where the input barely changed (one process only)."""
     tp: int = Field(1, ge=1)
     """Tensor-parallel degree of `vidforge infer --nproc N` (and `bench infer --nproc N`), for a model that
     does not fit one GPU: the training's TP plan (parallel.sequence_parallel included) over groups of tp
