@@ -79,6 +79,22 @@ def make_latents(
     return root / "latents"
 
 
+def synthetic_latents(root: Path, shards: int = 1) -> Path:
+    """Latent shards of random `LATENT_SHAPE` samples (two a shard, 8 x 32 captions) under root/latents,
+    written directly (no shard or tokenize run): for tests that need data, not a data pipeline."""
+    from vidforge.data.testing import make_latent_shards
+
+    channels, *shape = LATENT_SHAPE
+    return make_latent_shards(
+        root / "latents",
+        shards=shards,
+        per_shard=2,
+        channels=channels,
+        shapes=(tuple(shape),),
+        text_shape=(8, 32),
+    )
+
+
 def losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -24,10 +24,9 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import LATENT_SHAPE, TRAIN_SETS, losses  # noqa: E402
+from train_fixtures import TRAIN_SETS, losses, synthetic_latents  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
-from vidforge.data.testing import make_latent_shards  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 # A constant learning rate: the signalled run (many steps planned) and the reference (fewer) then follow
@@ -37,15 +36,7 @@ SETS = [*TRAIN_SETS, "train.schedule=constant", "train.save_every=1000", "data.p
 
 @pytest.fixture(scope="module")
 def latents(tmp_path_factory) -> Path:
-    channels, *shape = LATENT_SHAPE
-    return make_latent_shards(
-        tmp_path_factory.mktemp("sigterm") / "latents",
-        shards=2,
-        per_shard=2,
-        channels=channels,
-        shapes=(tuple(shape),),
-        text_shape=(8, 32),
-    )
+    return synthetic_latents(tmp_path_factory.mktemp("sigterm"), shards=2)
 
 
 def _args(latents: Path, run_dir: Path, *sets: str) -> list[str]:

@@ -15,11 +15,10 @@ import torch
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import LATENT_SHAPE, TRAIN_SETS, train_profile  # noqa: E402
+from train_fixtures import LATENT_SHAPE, TRAIN_SETS, synthetic_latents, train_profile  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.data.shard_index import write_index  # noqa: E402
-from vidforge.data.testing import make_latent_shards  # noqa: E402
 from vidforge.errors import UserInputError  # noqa: E402
 from vidforge.infer.run import check_memory  # noqa: E402
 from vidforge.memory import host_memory_bytes  # noqa: E402
@@ -27,15 +26,7 @@ from vidforge.memory import host_memory_bytes  # noqa: E402
 
 @pytest.fixture(scope="module")
 def latents(tmp_path_factory) -> Path:
-    channels, *shape = LATENT_SHAPE
-    return make_latent_shards(
-        tmp_path_factory.mktemp("mem") / "latents",
-        shards=1,
-        per_shard=2,
-        channels=channels,
-        shapes=(tuple(shape),),
-        text_shape=(8, 32),
-    )
+    return synthetic_latents(tmp_path_factory.mktemp("mem"))
 
 
 def _refused(args: list[str], sets: list[str]) -> str:

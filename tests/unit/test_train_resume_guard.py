@@ -14,10 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_fixtures import LATENT_SHAPE, TRAIN_SETS  # noqa: E402
+from train_fixtures import TRAIN_SETS, synthetic_latents  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
-from vidforge.data.testing import make_latent_shards  # noqa: E402
 
 STEPS = ("train.steps=2", "train.save_every=2")
 
@@ -31,15 +30,7 @@ def _train(latents: Path, run_dir: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def latents(tmp_path_factory) -> Path:
-    channels, *shape = LATENT_SHAPE
-    return make_latent_shards(
-        tmp_path_factory.mktemp("guard") / "latents",
-        shards=1,
-        per_shard=2,
-        channels=channels,
-        shapes=(tuple(shape),),
-        text_shape=(8, 32),
-    )
+    return synthetic_latents(tmp_path_factory.mktemp("guard"))
 
 
 @pytest.fixture(scope="module")
