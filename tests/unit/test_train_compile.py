@@ -80,3 +80,24 @@ def test_every_training_path_compiles_whole_blocks_once(path, monkeypatch) -> No
     assert graphs[0] >= 1, "a compiled graph ran"
     assert graphs[1:] == graphs[:1], f"recompiled between steps of one shape: graphs after each step {graphs}"
     assert got == pytest.approx(eager, rel=0, abs=1e-5)
+
+
+def test_flash_and_flex_masks_are_made_before_the_blocks_run() -> None:
+    """The device tensors the flash and flex backends read are made by `condition`, outside the compiled
+    blocks: filling them inside a checkpointed block is the side effect that broke its graph."""
+    from vidforge.models import build_model, pack_latents
+    from vidforge.tokens import Segments
+
+    profile = load_profile(
+        None, ["model.attention=flex", "model.hidden=64", "model.in_channels=4", "model.patch=[1,2,2]"]
+    )
+    model = build_model(profile.model)
+    tokens, layout = pack_latents([torch.randn(4, 2, 8, 8), torch.randn(4, 2, 4, 8)], profile.model.patch)
+    cond = model.condition(torch.rand(2), torch.randn(2, 8, profile.model.text_dim), layout=layout)
+    masks = [scope.mask for scope in cond.scopes.values()] + [cond.text_mask]
+    assert masks and all(isinstance(m, Segments) for m in masks)
+    for mask in masks:
+        made = dict(mask._cache)  # before any backend asks
+        cu, doc = mask.cu_seqlens(tokens.device), mask.document_ids(tokens.device)
+        assert made.get(("cu", "cpu")) is cu and made.get(("doc", "cpu")) is doc
+        assert cu[0].tolist() == [0, *torch.tensor(mask.q_lens).cumsum(0).tolist()]

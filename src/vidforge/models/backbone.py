@@ -14,7 +14,7 @@ from torch import nn
 from vidforge.models.layers import Conditioning
 from vidforge.models.token_inputs import TokenPlacement, check_conditions, model_tokens, place_tokens
 from vidforge.profile.model import Model
-from vidforge.tokens import Grid, SequenceLayout, TokenShard, unpatchify
+from vidforge.tokens import Grid, Segments, SequenceLayout, TokenShard, unpatchify
 
 
 class VideoTransformer(nn.Module, ABC):
@@ -80,7 +80,13 @@ class VideoTransformer(nn.Module, ABC):
         context-parallel rank's part of either; it carries the grid or layout)."""
         place = place_tokens(batch, grid, layout, shard, text.device)
         check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim)
-        return self.conditioning(place, noise_level, text, text_mask, drop_text)
+        cond = self.conditioning(place, noise_level, text, text_mask, drop_text)
+        if self.config.attention in ("flash", "flex"):  # their device tensors made here, read in the blocks
+            masks = [scope.mask for scope in cond.scopes.values()] + [cond.text_mask]
+            for mask in masks:
+                if isinstance(mask, Segments):
+                    mask.prepare(text.device)
+        return cond
 
     def run_blocks(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """The block stack: hidden states in, hidden states out."""
