@@ -72,7 +72,8 @@ def top_k(
             raise UserInputError(f"{store.run_dir}: {store.dim}-d embeddings, the query is {len(query)}-d")
         row0 = 0
         for ids, vectors in store.shards():
-            scores = np.asarray(vectors, np.float32) @ query
+            vectors = np.asarray(vectors, np.float32)
+            scores = vectors @ query / np.maximum(np.linalg.norm(vectors, axis=1), 1e-12)
             if exclude is not None:
                 scores[ids == exclude] = -np.inf
             take = np.argsort(-scores, kind="stable")[:k]
