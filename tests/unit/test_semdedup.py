@@ -1,13 +1,15 @@
 """`vidforge dedup` (curate/semdedup.py) over embedding stores: the clustered search finds what all-pairs
 finds (>= 99% of the dropped clips, nothing it does not), gives the same files twice and after a run
-stopped between clusters, follows the keep rule, and `shard --dedup` leaves the dropped clips out."""
+stopped between clusters and on Ray (opt-in), and follows the keep rule."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
@@ -112,3 +114,16 @@ def test_store_reads_back_what_was_written(tmp_path) -> None:
     assert np.array_equal(store.column("duration_s"), np.arange(10, dtype=np.float32))
     _, first = next(store.shards())
     assert isinstance(first, np.memmap)
+
+
+@pytest.mark.skipif(
+    os.environ.get("VIDFORGE_TEST_RAY_DEDUP") != "1",
+    reason="opt-in (VIDFORGE_TEST_RAY_DEDUP=1): a Ray instance starts in 20-60 s on a 2-core machine",
+)
+def test_ray_executor_gives_the_same_output(tmp_path) -> None:
+    pytest.importorskip("ray")
+    runs, _ = two_runs(tmp_path, n=1500)
+    profile = load_profile(None, SETS)
+    semdedup.run(profile, runs, tmp_path / "local")
+    semdedup.run(profile, runs, tmp_path / "ray", executor="ray")
+    assert (tmp_path / "ray" / DROPPED).read_bytes() == (tmp_path / "local" / DROPPED).read_bytes()
