@@ -82,7 +82,7 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
     ids, run_of, scores = [], [], []
     row = 0
     for i, s in enumerate(stores):
-        vectors[row : row + s.rows] = s.vectors()
+        s.vectors(out=vectors[row : row + s.rows])
         row += s.rows
         ids.append(s.ids())
         run_of.append(np.full(s.rows, i, np.int32))

@@ -163,9 +163,9 @@ class EmbeddingStore:
         parts = [self._load(s["name"], "ids") for s in self.index["shards"]]
         return np.concatenate(parts) if parts else np.zeros(0, str)
 
-    def vectors(self) -> np.ndarray:
-        """All rows as one float32 (rows, D) array in memory."""
-        out = np.empty((self.rows, self.dim or 0), np.float32)
+    def vectors(self, out: np.ndarray | None = None) -> np.ndarray:
+        """All rows as one float32 (rows, D) array in memory (into `out` when given: no second copy)."""
+        out = np.empty((self.rows, self.dim or 0), np.float32) if out is None else out
         row = 0
         for _, vectors in self.shards():
             out[row : row + len(vectors)] = vectors
