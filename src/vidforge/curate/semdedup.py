@@ -8,7 +8,7 @@ way to find the pairs: `exact_duplicates` applies it to all N^2 pairs, and the c
 where it finds every pair above the threshold (measured: bench/dedup_scaling.py, docs/benchmarks.md).
 
 Finding the pairs in N x cluster_size work:
-1. Two-level spherical k-means (torch; fitted on a seeded sample, every clip then assigned): sqrt(K) coarse
+1. Two-level spherical k-means (torch, on CUDA when there is one; fitted on a seeded sample, every clip then assigned): sqrt(K) coarse
    cells, each split into its own fine clusters, K = N / cluster_size fine clusters in all. Assigning a
    clip costs sqrt(K) + a few cells' fine centroids, not K.
 2. Each clip belongs to its nearest fine centroid and is also compared in its next `probes - 1` nearest
@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from vidforge.curate.embedding import resolve_device
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
 from vidforge.data.embeddings import DROPPED, EmbeddingStore
@@ -145,7 +146,7 @@ def _nearest(x, centroids, top: int):
     import torch
 
     top = min(top, len(centroids))
-    out = torch.empty((len(x), top), dtype=torch.int64)
+    out = torch.empty((len(x), top), dtype=torch.int64, device=x.device)
     for s in range(0, len(x), _CHUNK):
         out[s : s + _CHUNK] = (x[s : s + _CHUNK] @ centroids.T).topk(top, dim=1).indices
     return out
@@ -169,8 +170,8 @@ def spherical_kmeans(x, k: int, iterations: int, gen):
     for _ in range(iterations):
         assign = _nearest(x, centroids, 1)[:, 0]
         # A one-hot matmul: CPU index_add_ measured ~1000x slower here, and this costs what assigning did.
-        onehot = torch.zeros(k, len(x))
-        onehot[assign, torch.arange(len(x))] = 1.0
+        onehot = torch.zeros(k, len(x), device=x.device)
+        onehot[assign, torch.arange(len(x), device=x.device)] = 1.0
         sums = onehot @ x
         empty = torch.bincount(assign, minlength=k) == 0
         sums[empty] = centroids[empty]
@@ -183,7 +184,7 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
     row with fewer candidate clusters than probes. `cfg` is `curation.semantic_dedup`."""
     import torch
 
-    x = torch.from_numpy(vectors)
+    x = torch.from_numpy(vectors).to(resolve_device(cfg.device))
     n = len(x)
     if n == 0:
         return np.zeros((0, cfg.probes), np.int64)
@@ -202,14 +203,16 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
         first_of.append(first_of[-1] + (len(fine[-1]) if kc else 0))
     centroids = torch.cat(fine)
     near_cells = _nearest(coarse, coarse, cfg.probes)  # a cell's own first
-    probes = torch.full((n, cfg.probes), -1, dtype=torch.int64)
+    probes = torch.full((n, cfg.probes), -1, dtype=torch.int64, device=x.device)
     for c, rows in enumerate(members):
         if not len(rows):
             continue
-        candidates = torch.cat([torch.arange(first_of[int(d)], first_of[int(d) + 1]) for d in near_cells[c]])
+        candidates = torch.cat(
+            [torch.arange(first_of[int(d)], first_of[int(d) + 1], device=x.device) for d in near_cells[c]]
+        )
         picked = _nearest(x[rows], centroids[candidates], cfg.probes)
         probes[rows, : picked.shape[1]] = candidates[picked]
-    return probes.numpy()
+    return probes.cpu().numpy()
 
 
 # -- the work per cluster --------------------------------------------------------------------------------
@@ -232,19 +235,21 @@ class ClusterWork:
         return f"cluster {self.cluster}"
 
 
-def cluster_pairs(work: ClusterWork, threshold: float, chunk: int = 4096) -> list[tuple[int, int, float]]:
+def cluster_pairs(
+    work: ClusterWork, threshold: float, chunk: int = 4096, device: str = "cpu"
+) -> list[tuple[int, int, float]]:
     """Candidates within one cluster: each row (member or prober) against the members ranked above it,
     and each member against the probers ranked above it (a prober is no column, so the pair is seen once)."""
     import torch
 
-    x = torch.from_numpy(work.vectors)
-    rank = torch.from_numpy(work.ranks)
+    x = torch.from_numpy(work.vectors).to(device)
+    rank = torch.from_numpy(work.ranks).to(device)
     m = work.members
     cols, col_rank = x[:m], rank[:m]
     found = []
-    minus_inf = torch.tensor(-math.inf)
-    col_best = torch.full((m,), -math.inf)
-    col_arg = torch.zeros(m, dtype=torch.int64)
+    minus_inf = torch.tensor(-math.inf, device=device)
+    col_best = torch.full((m,), -math.inf, device=device)
+    col_arg = torch.zeros(m, dtype=torch.int64, device=device)
     for s in range(0, len(x), chunk):
         sims = x[s : s + chunk] @ cols.T
         row_rank = rank[s : s + chunk]
@@ -275,11 +280,14 @@ class PairStage(Stage):
     workers = 1
     resources = {"num_cpus": 1}  # noqa: RUF012
 
-    def __init__(self, threshold: float):
-        self.threshold = threshold
+    def __init__(self, threshold: float, device: str = "auto"):
+        self.threshold, self.device = threshold, device
+
+    def setup(self) -> None:
+        self.device = resolve_device(self.device)
 
     def process(self, item: ClusterWork) -> ClusterWork:
-        item.found = cluster_pairs(item, self.threshold)
+        item.found = cluster_pairs(item, self.threshold, device=self.device)
         item.vectors = None  # the driver needs only the candidates back
         return item
 
@@ -387,7 +395,8 @@ def run(
         t = time.perf_counter()
         if todo:
             options: dict[str, Any] = {"address": ray_address} if executor == "ray" else {}
-            make_executor(executor, **options).run([PairStage(cfg.threshold)], units(), commit, monitor)
+            stage = PairStage(cfg.threshold, cfg.device)
+            make_executor(executor, **options).run([stage], units(), commit, monitor)
         seconds["pairs"] = time.perf_counter() - t
         if stop_after is not None:
             return {"clusters": len(groups), "committed": len(todo)}

@@ -30,6 +30,9 @@ class SemanticDedup(Section):
     """k-means fits on at most this many clips per centroid, sampled; every clip is then assigned."""
     seed: int = 0
     """Seed of the k-means sample and initial centroids: the same input and seed give the same result."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the k-means and the pairwise matmuls run; `auto` uses CUDA when it is available. The same
+    input and seed give the same result on one device (a GPU's float sums may differ from the CPU's)."""
 
 
 class Curation(Section):
