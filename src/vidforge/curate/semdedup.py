@@ -8,9 +8,9 @@ way to find the pairs: `exact_duplicates` applies it to all N^2 pairs, and the c
 where it finds every pair above the threshold (measured: bench/dedup_scaling.py, docs/benchmarks.md).
 
 Finding the pairs in N x cluster_size work:
-1. Two-level spherical k-means (torch, on CUDA when there is one; fitted on a seeded sample, every clip then assigned): sqrt(K) coarse
-   cells, each split into its own fine clusters, K = N / cluster_size fine clusters in all. Assigning a
-   clip costs sqrt(K) + a few cells' fine centroids, not K.
+1. Two-level spherical k-means (torch, on CUDA when there is one; fitted on a seeded sample, every clip
+   then assigned): sqrt(K) coarse cells, each split into its own fine clusters, K = N / cluster_size fine
+   clusters in all. Assigning a clip costs sqrt(K) + a few cells' fine centroids, not K.
 2. Each clip belongs to its nearest fine centroid and is also compared in its next `probes - 1` nearest
    (searched in its coarse cell and the cells nearest it): a duplicate pair that a cluster boundary splits
    lies near both centroids, so one of the two clips probes the other's cluster.
