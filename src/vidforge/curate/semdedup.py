@@ -94,7 +94,7 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                     f"curation.semantic_dedup.keep={keep}; use keep=first or longest"
                 )
             scores.append(s.column(KEEP_COLUMNS[keep]))
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))[:, None]  # no (N, D) temporary, as norm makes
     np.divide(vectors, norms, out=vectors, where=norms > 0)
     order = np.arange(n)
     if keep != "first":  # higher score first, then first seen
