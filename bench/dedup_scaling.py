@@ -166,7 +166,7 @@ def main() -> None:
     rec = recall(args.recall_n, args.dim, args.dup_fraction, sets, work) if args.recall_n else None
     if rec is not None:
         print(json.dumps({"recall": rec}), flush=True)
-    for n in [int(s) for s in args.sizes.split(",")]:
+    for n in [int(s) for s in args.sizes.split(",") if s]:
         run = work / f"n{n}"
         started = time.perf_counter()
         write_synthetic_store(run, n, args.dim, args.dup_fraction)

@@ -12,8 +12,9 @@ Finding the pairs in N x cluster_size work:
    then assigned): sqrt(K) coarse cells, each split into its own fine clusters, K = N / cluster_size fine
    clusters in all. Assigning a clip costs sqrt(K) + a few cells' fine centroids, not K.
 2. Each clip belongs to its nearest fine centroid and is also compared in its next `probes - 1` nearest
-   (searched in its coarse cell and the cells nearest it): a duplicate pair that a cluster boundary splits
-   lies near both centroids, so one of the two clips probes the other's cluster.
+   (searched among the fine centroids of the coarse cells nearest its cell's clips, `coarse_probes` each):
+   a duplicate pair that a cluster boundary splits lies near both centroids, so one of the two clips
+   probes the other's cluster.
 3. Per cluster, a unit of work: cosine of (members + probers) x members, the candidates kept. Units go
    through the curation executor (`--executor local|ray`) and commit to a unit ledger under OUT, so a
    killed run resumes by cluster; the partition is saved first (OUT/plan.npy) and reused.
@@ -192,7 +193,8 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
     k = max(1, math.ceil(n / cfg.cluster_size))
     k1 = max(1, round(math.sqrt(k)))
     coarse = spherical_kmeans(x[_sample(n, cfg.sample_per_cluster * k1, gen)], k1, cfg.iterations, gen)
-    cell = _nearest(x, coarse, 1)[:, 0]
+    near = _nearest(x, coarse, cfg.coarse_probes)
+    cell = near[:, 0]
     members = [torch.nonzero(cell == c).flatten() for c in range(len(coarse))]
     fine, first_of = [], [0]
     for rows in members:
@@ -202,14 +204,14 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
             fine.append(spherical_kmeans(x[sub], kc, cfg.iterations, gen))
         first_of.append(first_of[-1] + (len(fine[-1]) if kc else 0))
     centroids = torch.cat(fine)
-    near_cells = _nearest(coarse, coarse, cfg.probes)  # a cell's own first
     probes = torch.full((n, cfg.probes), -1, dtype=torch.int64, device=x.device)
-    for c, rows in enumerate(members):
+    for rows in members:
         if not len(rows):
             continue
-        candidates = torch.cat(
-            [torch.arange(first_of[int(d)], first_of[int(d) + 1], device=x.device) for d in near_cells[c]]
-        )
+        # The fine centroids of every coarse cell that any member has among its nearest `coarse_probes`:
+        # chosen by the cell's centroids alone, a clip near a far side of its cell missed its twin's cluster.
+        cells = torch.unique(near[rows]).tolist()
+        candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=x.device) for d in cells])
         picked = _nearest(x[rows], centroids[candidates], cfg.probes)
         probes[rows, : picked.shape[1]] = candidates[picked]
     return probes.cpu().numpy()

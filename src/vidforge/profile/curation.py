@@ -24,6 +24,9 @@ class SemanticDedup(Section):
     probes: int = Field(4, ge=1)
     """Clusters each clip is compared in: its own and the next nearest centroids (a duplicate pair split
     by a cluster boundary lies near both centroids)."""
+    coarse_probes: int = Field(4, ge=1)
+    """Coarse cells (of the two-level k-means' sqrt(N / cluster_size)) each clip searches for its nearest
+    fine centroids; a cell's clips are matched against the union of their cells' fine centroids."""
     iterations: int = Field(10, ge=1)
     """k-means iterations (each level of the two-level clustering)."""
     sample_per_cluster: int = Field(64, ge=1)
