@@ -26,6 +26,7 @@ from vidforge.curate import clip
 from vidforge.curate.decode import analyse
 from vidforge.curate.embedding import ImageEmbedder
 from vidforge.curate.stitch import boundary_similarity
+from vidforge.data.embeddings import EmbeddingStore
 from vidforge.profile import load_profile
 
 FAST = ["curation.decode_workers=0", "curation.transcode_workers=0"]  # inline: no process start-up in tests
@@ -212,6 +213,9 @@ def test_dedup_drops_near_duplicate_clips(tmp_path, sample_videos):
     run = clip.run(_profile("curation.stitch=false"), [str(src)], tmp_path / "out", dedup=0.999)
     assert run.summary["clips"] == 1 and run.summary["rejected"] == {"dedup": 1}
     assert len(np.load(tmp_path / "out" / "embeddings.npy")) == 1
+    # The store (what `vidforge dedup` and `search` read) holds the kept clip only.
+    store = EmbeddingStore.open(tmp_path / "out")
+    assert store.ids().tolist() == [r["clip_id"] for r in _records(tmp_path / "out")]
 
 
 # -- bad input -------------------------------------------------------------------------------------------

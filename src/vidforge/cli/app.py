@@ -11,10 +11,12 @@ from vidforge.cli import bench as bench_cli
 from vidforge.cli import (
     caption_cmd,
     clip_cmd,
+    dedup_cmd,
     infer_cmd,
     model_cmd,
     profile_cmd,
     review_cmd,
+    search_cmd,
     shard_cmd,
     tokenize_cmd,
     train_cmd,
@@ -62,11 +64,13 @@ def root(
 app.add_typer(profile_cmd.app, name="profile")
 app.command("clip")(clip_cmd.clip)
 app.command("caption")(caption_cmd.caption)
+app.command("dedup")(dedup_cmd.dedup)
 app.command("shard")(shard_cmd.shard)
 app.add_typer(tokenize_cmd.app, name="tokenize")
 app.command("train")(train_cmd.train)
 app.command("infer")(infer_cmd.infer)
 app.command("review")(review_cmd.review)
+app.command("search")(search_cmd.search)
 app.add_typer(bench_cli.app, name="bench")
 app.add_typer(model_cmd.app, name="model")
 

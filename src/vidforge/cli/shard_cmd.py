@@ -19,6 +19,10 @@ def shard(
         ),
     ],
     out: ShardsOutOpt,
+    dedup: Annotated[
+        Path | None,
+        typer.Option("--dedup", help="A `vidforge dedup` output: the clips it dropped are not sharded."),
+    ] = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -35,7 +39,7 @@ def shard(
     resolved = profile_from(profile, set_)
     output = current_output()
     with output.shard_progress("shard") as on_shard:
-        summary = run(resolved, annotated_dir, out, on_shard=on_shard)
+        summary = run(resolved, annotated_dir, out, on_shard=on_shard, dedup=dedup)
     output.note_random_weights(summary.random_weights, "set text_encoder.path")
     output.result(summary.as_dict(), title="vidforge shard")
     if summary.skipped and not summary.written:

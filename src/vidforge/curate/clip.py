@@ -4,6 +4,8 @@ Output directory:
     clips/<clip_id>.mp4   H.264 clips (ids: hash of source, start frame, end frame)
     manifest.jsonl        one record per clip, ordered by (source, start_frame)
     embeddings.npy        float32 (clips, D), row i = manifest line i (`embedding_row`); absent if embed off
+    embeddings/           the same vectors as column shards, one a source, written as sources finish, with
+                          clip ids and durations (`vidforge.data.embeddings`: what `dedup` and `search` read)
     errors.jsonl          sources or clips that failed: {source, stage, reason[, item]}
     rejected.jsonl        clips a filter dropped: {clip_id, source, start_frame, end_frame, stage, reason, ...}
     summary.json          counts, seconds in and out, throughput, per-stage times, the keep thresholds
@@ -33,6 +35,7 @@ from vidforge.curate.items import ClipPlan, ClipResult
 from vidforge.curate.plan import PlanStage
 from vidforge.curate.stage import Stage, StageStats
 from vidforge.curate.transcode import TranscodeStage
+from vidforge.data import embeddings as store
 from vidforge.data.folder_lock import subfolder
 from vidforge.data.manifest import atomic_path, write_json, write_jsonl
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
@@ -131,6 +134,7 @@ def run(
             )
         if items:
             seconds_in += _plan_of(items[0]).info.duration_s
+        _write_unit_embeddings(out, source, records)
         # A failure that is not the source's own fault (a worker died, a file vanished) is redone next run.
         retry = any(e.pop("retry", False) for e in errors)
         ledger.commit(source, records, [{"source": source, **e} for e in errors], retry=retry)
@@ -163,6 +167,23 @@ def run(
     )
     write_json(out / SUMMARY, summary)
     return ClipRun(summary, stats.stages if stats else [])
+
+
+def _write_unit_embeddings(out: Path, source: str, records: list[dict[str, Any]]) -> None:
+    """The source's clip embeddings as a store shard (before its ledger commit: a unit whose commit is
+    lost is redone and rewrites its shard); the ledger's records then carry no vectors."""
+    clips = [r for r in records if r["kind"] == "clip"]
+    if not clips or any(r["_embedding"] is None for r in clips):
+        return
+    store.write_shard(
+        out / store.EMBEDDINGS_DIR,
+        store.shard_name(source),
+        [r["clip_id"] for r in clips],
+        np.asarray([r["_embedding"] for r in clips], np.float32),
+        {"duration_s": [r["duration_s"] for r in clips]},
+    )
+    for r in clips:
+        r["_embedding"] = None
 
 
 def _plan_of(item) -> ClipPlan:
@@ -229,7 +250,8 @@ def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
         (e["data"] for e in entries if e["kind"] == "error"),
         key=lambda d: (d["source"], d["stage"], str(d.get("item", ""))),
     )
-    vectors = [d["_embedding"] for d in clips]
+    unit_of = {e["data"]["clip_id"]: e["unit"] for e in entries if e["kind"] == "record"}
+    vectors = _clip_vectors(out, clips, unit_of)
     have_embeddings = bool(clips) and all(v is not None for v in vectors)
     matrix = np.asarray(vectors, np.float32) if have_embeddings else np.zeros((0, 0), np.float32)
     if have_embeddings and cfg.dedup_threshold is not None:
@@ -265,8 +287,10 @@ def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
     if have_embeddings:
         with atomic_path(out / EMBEDDINGS) as tmp, open(tmp, "wb") as f:
             np.save(f, matrix)
+        _write_store_index(out, cfg, clips, matrix, unit_of)
     else:
         (out / EMBEDDINGS).unlink(missing_ok=True)
+        (out / store.EMBEDDINGS_DIR / store.INDEX).unlink(missing_ok=True)
     failed = {e["source"] for e in errors} - {d["source"] for d in clips}
     return {
         "sources": len(sources),
@@ -276,6 +300,43 @@ def finalize(out: Path, cfg, sources: Sequence[str]) -> dict[str, Any]:
         "errors": len(errors),
         "seconds_out": round(sum(d["duration_s"] for d in manifest), 3),
     }
+
+
+def _clip_vectors(out: Path, clips: list[dict[str, Any]], unit_of: dict[str, str]) -> list:
+    """Each clip's vector from its source's store shard (or, in a ledger written before the store
+    existed, from the record itself); None where there is none."""
+    found: dict[str, np.ndarray] = {}
+    folder = out / store.EMBEDDINGS_DIR
+    for unit in sorted({unit_of[d["clip_id"]] for d in clips}):
+        name = store.shard_name(unit)
+        if store.has_shard(folder, name):
+            ids = np.load(folder / f"{name}.ids.npy")
+            vectors = np.load(folder / f"{name}.vectors.npy")
+            found.update(zip(ids.tolist(), vectors, strict=True))
+    return [d["_embedding"] if d.get("_embedding") is not None else found.get(d["clip_id"]) for d in clips]
+
+
+def _write_store_index(
+    out: Path, cfg, clips: list[dict[str, Any]], matrix: np.ndarray, unit_of: dict[str, str]
+) -> None:
+    """The store's index in manifest order. A source's shard is rewritten when it does not hold exactly
+    the source's kept clips (`--dedup` dropped some, or an old ledger had no shards)."""
+    folder = out / store.EMBEDDINGS_DIR
+    rows_of: dict[str, list[int]] = {}
+    for row, d in enumerate(clips):
+        rows_of.setdefault(unit_of[d["clip_id"]], []).append(row)
+    names = []
+    for unit, rows in rows_of.items():
+        name = store.shard_name(unit)
+        ids = [clips[r]["clip_id"] for r in rows]
+        current = np.load(folder / f"{name}.ids.npy").tolist() if store.has_shard(folder, name) else None
+        if current != ids:
+            store.write_shard(
+                folder, name, ids, matrix[rows], {"duration_s": [clips[r]["duration_s"] for r in rows]}
+            )
+        names.append(name)
+    model = {"name": cfg.embed_model, "checkpoint": cfg.embed_checkpoint, "frames": cfg.embed_frames}
+    store.write_index(folder, names, model, ["duration_s"])
 
 
 def _embedder_note(cfg) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from vidforge.data.buckets import bucket_label, frame_bucket, resolution_bucket
+from vidforge.data.embeddings import dropped_ids
 from vidforge.data.energon import write_nv_meta
 from vidforge.data.manifest import read_jsonl, stable_id, write_jsonl
 from vidforge.data.media import MediaError, media_kind, probe
@@ -97,7 +98,7 @@ class ShardSummary:
         }
 
 
-def _kept_records(annotated_dir: Path) -> list[dict]:
+def _kept_records(annotated_dir: Path, dropped: set[str] = frozenset()) -> list[dict]:
     manifest = annotated_dir / MANIFEST
     if not manifest.is_file():
         raise UserInputError(
@@ -114,15 +115,17 @@ def _kept_records(annotated_dir: Path) -> list[dict]:
             f"{annotated_dir}: its records have no captions (`media` paths); "
             f"run `vidforge caption {annotated_dir} -o CAPTIONED` first and shard CAPTIONED"
         )
-    return [r for r in records if r.get("keep", True) is True]
+    return [r for r in records if r.get("keep", True) is True and r.get("clip_id") not in dropped]
 
 
 def plan_shards(
     annotated_dir: str | os.PathLike,
     profile: RunProfile,
     text_shape: tuple[int, int],
+    dropped: set[str] = frozenset(),
 ) -> tuple[list[PlannedShard], list[dict]]:
-    """Shards to write and records rejected (unreadable media, missing file, too short for any bucket)."""
+    """Shards to write and records rejected (unreadable media, missing file, too short for any bucket).
+    Clips in `dropped` (a `vidforge dedup` output's) are left out."""
     cfg = profile.data
     annotated_dir = Path(annotated_dir)
     emb_bytes = member_bytes(len(npy_bytes(np.zeros(text_shape, np.float16))))
@@ -130,7 +133,7 @@ def plan_shards(
     samples: dict[tuple[str, str], list[PlannedSample]] = {}
     errors: list[dict] = []
     seen: set[str] = set()
-    for record in _kept_records(annotated_dir):
+    for record in _kept_records(annotated_dir, dropped):
         media = record.get("media")
         raw_key = record.get("clip_id") or (stable_id(media) if media else None)
         if not media or raw_key is None:
@@ -238,10 +241,12 @@ def run(
     *,
     encoder: Any = None,
     on_shard: Callable[[dict[str, Any], int], None] | None = None,
+    dedup: str | os.PathLike | None = None,
 ) -> ShardSummary:
     """Shard the kept clips of `annotated_dir` into `out` (a folder or an fsspec URL: written in a local
     staging folder, then uploaded, the index last). `on_shard(entry, total)` is called per shard (written
-    or skipped). The text encoder is built from the profile unless one is passed."""
+    or skipped). The text encoder is built from the profile unless one is passed. `dedup`: a `vidforge
+    dedup` output folder whose dropped clips are left out."""
     target = out
     out, remote = staged(out, profile.data)
     annotated_dir = Path(annotated_dir)
@@ -251,6 +256,7 @@ def run(
         )
     if out.resolve() == annotated_dir.resolve():
         raise UserInputError(f"-o {out}: must differ from the input directory")
+    dropped = dropped_ids(dedup) if dedup is not None else frozenset()
     ledger = UnitLedger(out)
     ledger.recover()  # the folder's lock first: a busy folder is refused before the encoder loads
     if remote is not None:
@@ -260,7 +266,7 @@ def run(
 
         encoder = build_text_encoder(profile)
     started = time.perf_counter()
-    shards, errors = plan_shards(annotated_dir, profile, (encoder.max_length, encoder.width))
+    shards, errors = plan_shards(annotated_dir, profile, (encoder.max_length, encoder.width), dropped)
     done = {e["unit"]: e["data"] for e in ledger.entries() if e["kind"] == "record"}
     summary = ShardSummary(shards=len(shards), out=str(out), errors=errors, rejected=len(errors))
     summary.random_weights = ["text_encoder"] if encoder.random_weights else []

@@ -10,6 +10,34 @@ from vidforge.profile.base import Section
 from vidforge.profile.caption import Caption
 
 
+class SemanticDedup(Section):
+    """`vidforge dedup`: semantic deduplication across runs (SemDeDup: k-means over the clip embeddings,
+    then pairwise cosine inside each cluster and the clusters nearest each clip)."""
+
+    threshold: float = Field(0.95, ge=-1, le=1)
+    """A clip is dropped when a clip ranked above it by `keep` has cosine similarity at least this."""
+    keep: Literal["first", "aesthetic", "longest"] = "first"
+    """Which of two duplicates stays: `first` seen (runs in the order given, each in manifest order),
+    highest `aesthetic` score (the store's `aesthetic` column), or `longest` clip; ties go to the first."""
+    cluster_size: int = Field(1000, ge=2)
+    """Clips per k-means cluster aimed at: the pairwise work is N x cluster_size x probes, linear in N."""
+    probes: int = Field(4, ge=1)
+    """Clusters each clip is compared in: its own and the next nearest centroids (a duplicate pair split
+    by a cluster boundary lies near both centroids)."""
+    coarse_probes: int = Field(4, ge=1)
+    """Coarse cells (of the two-level k-means' sqrt(N / cluster_size)) each clip searches for its nearest
+    fine centroids; a cell's clips are matched against the union of their cells' fine centroids."""
+    iterations: int = Field(10, ge=1)
+    """k-means iterations (each level of the two-level clustering)."""
+    sample_per_cluster: int = Field(64, ge=1)
+    """k-means fits on at most this many clips per centroid, sampled; every clip is then assigned."""
+    seed: int = 0
+    """Seed of the k-means sample and initial centroids: the same input and seed give the same result."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the k-means and the pairwise matmuls run; `auto` uses CUDA when it is available. The same
+    input and seed give the same result on one device (a GPU's float sums may differ from the CPU's)."""
+
+
 class Curation(Section):
     """Settings of `vidforge clip` (shot detection, stitching, duration, static filter, transcode, embedding).
     Defaults follow Vchitect-2.0's curation (after Panda-70M) and PySceneDetect's own detector defaults."""
@@ -110,7 +138,10 @@ class Curation(Section):
     """Where the embedding model runs; `auto` uses CUDA when it is available."""
     dedup_threshold: float | None = Field(None, ge=-1, le=1)
     """Drop a clip whose embedding has cosine similarity at or above this with an earlier kept clip (in
-    manifest order); null keeps all. `vidforge clip --dedup` sets it."""
+    manifest order); null keeps all. `vidforge clip --dedup` sets it. Within one run, greedy; across runs
+    and at scale, `vidforge dedup` (`curation.semantic_dedup`)."""
+    semantic_dedup: SemanticDedup = SemanticDedup()
+    """`vidforge dedup`: semantic deduplication over the embedding stores of several runs."""
 
     # -- execution ------------------------------------------------------------------------------------
     decode_workers: int | Literal["auto"] = "auto"

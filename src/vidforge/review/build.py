@@ -80,13 +80,23 @@ def run(
         raise UserInputError(f"-o {out}: is a file; give a folder for index.html and its thumbnails")
     out.mkdir(parents=True, exist_ok=True)
     page = _load(kind, run_dir, out)
+    path, thumbs = finish(page, run_dir, out, progress)
+    return ReviewResult(str(path), kind, len(page.items), thumbs, time.perf_counter() - started)
+
+
+def finish(
+    page: Page, run_dir: Path, out: Path, progress: Callable[[int, int], None] | None = None
+) -> tuple[Path, int]:
+    """Thumbnails and media links for the page's items (each item's `_media` a name inside its `_run`,
+    default `run_dir`), then the page itself. Returns (index.html, thumbnails made)."""
     jobs, outside = [], 0
     for item in page.items:
         name, media = item.pop("_media", None), None
+        base = Path(item.pop("_run", run_dir))
         if name is not None:
             # A name from the run's records: one that leads out of the run dir is neither opened nor linked.
             try:
-                media = inside(run_dir, name, "media")
+                media = inside(base, name, "media")
             except UnsafePath:
                 outside += 1
         item["media"] = os.path.relpath(media, out) if media is not None and media.is_file() else None
@@ -99,5 +109,4 @@ def run(
     made = make_thumbs([(media, thumb) for _, media, thumb in jobs], progress)
     for (item, _, thumb), ok in zip(jobs, made, strict=True):
         item["thumb"] = f"thumbs/{thumb.name}" if ok else None
-    path = write_page(page, out)
-    return ReviewResult(str(path), kind, len(page.items), sum(made), time.perf_counter() - started)
+    return write_page(page, out), sum(made)

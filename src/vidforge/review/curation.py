@@ -104,6 +104,9 @@ def load(run_dir: Path, out: Path) -> Page:
     limits = summary.get("thresholds") or {}
     if not limits:
         page.notes.append("summary.json records no thresholds (a run from before they were recorded)")
+    page.search, note = similar_index(run_dir, [item["id"] for item in items])
+    if note:
+        page.notes.append(note)
     plot = out / "plots" / "histograms.png"
     names = summary.get("titles") or (_caption_titles(summary) if stage == "caption" else CLIP_TITLES)
     if draw_histograms([{**i["scores"], "keep": i["keep"]} for i in items], limits, names, plot):
@@ -116,3 +119,33 @@ def _caption_titles(summary: dict[str, Any]) -> dict[str, str]:
     filters' titles under the default profile, at the motion size it recorded."""
     size = summary.get("motion_size")
     return titles(Caption.model_validate({"motion": {"size": size}} if size else {}))
+
+
+MAX_VALUES = 8_000_000
+"""Largest clips x dimensions the page carries for its "similar to" box (8 MB of int8, 11 MB as base64)."""
+
+
+def similar_index(run_dir: Path, item_ids: list[str]) -> tuple[dict | None, str | None]:
+    """The "similar to" box's data for the clips of `run_dir`'s embedding store that the page lists:
+    their ids and their vectors quantised to int8 (a unit vector's components are within +-1; cosine
+    ranking survives the rounding), base64. Returns (data or None, a note on why there is none)."""
+    import base64
+
+    import numpy as np
+
+    from vidforge.data.embeddings import EMBEDDINGS_DIR, INDEX, EmbeddingStore
+
+    if not (run_dir / EMBEDDINGS_DIR / INDEX).is_file():
+        return None, None
+    store = EmbeddingStore.open(run_dir)
+    if store.rows * (store.dim or 0) > MAX_VALUES:
+        return None, f"{store.rows} clips: too many for the page's similarity box; use `vidforge search`"
+    ids, vectors = store.ids(), store.vectors()
+    shown = np.isin(ids, np.asarray(item_ids, dtype=ids.dtype)) if len(ids) else np.zeros(0, bool)
+    quantised = np.clip(np.rint(vectors[shown] * 127), -127, 127).astype(np.int8)
+    data = {
+        "ids": ids[shown].tolist(),
+        "dim": store.dim,
+        "int8": base64.b64encode(quantised.tobytes()).decode(),
+    }
+    return data, None

@@ -33,6 +33,8 @@ class Page:
     scores: list[str] = field(default_factory=list)
     plots: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    search: dict[str, Any] | None = None
+    """A curated run's embeddings for the "similar to" box (`curation.similar_index`), or None."""
 
 
 def _asset(name: str) -> str:
@@ -67,7 +69,7 @@ def write_page(page: Page, out: Path) -> Path:
         "title": html.escape(page.title),
         "style": _asset("review.css"),
         "data": data,
-        "script": _asset("review.js"),
+        "script": _asset("review.js") + "\n" + _asset("search.js"),
     }
     # One pass, so that a "{{...}}" inside the data (a caption) is never substituted itself.
     text = re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], _asset("review.html"))

@@ -1,0 +1,78 @@
+"""`vidforge dedup RUN... -o OUT`: semantic dedup across runs (calls vidforge.curate.semdedup.run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._output import EXIT_PARTIAL, StageBars, current_output
+
+
+def dedup(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="`vidforge clip` outputs (their embeddings/ stores); earlier runs win ties.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (dropped.jsonl, summary.json).")],
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            help="Cosine at or above which two clips are duplicates (the profile's by default).",
+        ),
+    ] = None,
+    keep: Annotated[
+        str | None, typer.Option("--keep", help="first, aesthetic or longest (the profile's by default).")
+    ] = None,
+    executor: Annotated[str, typer.Option("--executor", help="local or ray.")] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster to join; default: a local Ray instance.")
+    ] = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Drop near-duplicate clips across runs: k-means over the clip embeddings, pairwise cosine within
+    each cluster and its neighbours; each dropped clip is recorded with the clip it duplicates. Reruns
+    resume by cluster. `vidforge shard --dedup OUT` leaves the dropped clips out.
+
+    Example: vidforge dedup runs/clips-mon runs/clips-tue -o runs/dedup --threshold 0.95
+    """
+    from vidforge.curate.semdedup import run
+
+    overrides = list(set_ or [])
+    if threshold is not None:
+        overrides.append(f"curation.semantic_dedup.threshold={threshold}")
+    if keep is not None:
+        overrides.append(f"curation.semantic_dedup.keep={keep}")
+    resolved = profile_from(profile, overrides)
+    output = current_output()
+    progress = StageBars(output) if output.show_progress else None
+
+    def started(info: dict) -> None:
+        output.info(f"{info['clips']} clip(s) in {info['clusters']} cluster(s), {info['todo']} to compare")
+        if progress is not None:
+            progress.start({"pairs": info["todo"]})
+
+    try:
+        summary = run(
+            resolved,
+            runs,
+            out,
+            executor=executor,
+            ray_address=ray_address,
+            monitor=progress.update if progress else None,
+            on_start=started,
+        )
+    finally:
+        if progress is not None:
+            progress.stop()
+    output.result(summary | {"out": str(out)}, title="vidforge dedup")
+    if summary["errors"]:
+        output.info(f"[yellow]{summary['errors']} cluster(s) failed[/]: rerun to redo them")
+        raise typer.Exit(EXIT_PARTIAL)

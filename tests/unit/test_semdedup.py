@@ -1,0 +1,129 @@
+"""`vidforge dedup` (curate/semdedup.py) over embedding stores: the clustered search finds what all-pairs
+finds (>= 99% of the dropped clips, nothing it does not), gives the same files twice and after a run
+stopped between clusters and on Ray (opt-in), and follows the keep rule."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from vidforge.cli.app import app
+from vidforge.curate import semdedup
+from vidforge.data.embeddings import DROPPED, EmbeddingStore, write_store
+from vidforge.data.manifest import read_jsonl
+from vidforge.profile import load_profile
+
+MODEL = {"name": "synthetic", "checkpoint": None}
+# Small clusters, so a few thousand clips make dozens of clusters and many boundaries.
+SETS = ["curation.semantic_dedup.cluster_size=200", "curation.semantic_dedup.threshold=0.95"]
+
+
+def planted(n: int, d: int, copies: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors around a few topics (so k-means has structure to find) and `copies` noisy copies of
+    random earlier rows at cosine about 0.95-0.99 (some just under the threshold). Returns (vectors,
+    source row of each copy)."""
+    rng = np.random.default_rng(seed)
+    topics = rng.standard_normal((20, d))
+    x = topics[rng.integers(0, 20, n - copies)] * 0.4 + rng.standard_normal((n - copies, d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    src = rng.integers(0, n - copies, copies)
+    noise = rng.standard_normal((copies, d)) * rng.uniform(0.1, 0.35, (copies, 1)) / np.sqrt(d)
+    y = x[src] + noise
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    return np.concatenate([x, y]).astype(np.float32), src
+
+
+def two_runs(root: Path, n: int = 4000, d: int = 32) -> tuple[list[Path], np.ndarray]:
+    vectors, _ = planted(n, d, n // 10, seed=1)
+    order = np.random.default_rng(2).permutation(n)  # copies spread over both runs
+    vectors = vectors[order]
+    runs = []
+    for i, rows in enumerate(np.array_split(np.arange(n), 2)):
+        run = root / f"run{i}"
+        ids = [f"c{r:05d}" for r in rows]
+        write_store(run, ids, vectors[rows], MODEL, {"duration_s": np.ones(len(rows))}, shard_rows=700)
+        runs.append(run)
+    return runs, vectors
+
+
+def _dropped(out: Path) -> dict[str, tuple[str, float]]:
+    return {r["clip_id"]: (r["duplicate_of"], r["similarity"]) for r in read_jsonl(out / DROPPED)}
+
+
+def test_dedup_equals_exact_pairwise_on_synthetic_runs(tmp_path) -> None:
+    runs, vectors = two_runs(tmp_path)
+    result = CliRunner().invoke(
+        app, ["dedup", *map(str, runs), "-o", str(tmp_path / "out"), *sum((["--set", s] for s in SETS), [])]
+    )
+    assert result.exit_code == 0, result.output
+    got = _dropped(tmp_path / "out")
+    exact = semdedup.exact_duplicates(vectors, np.arange(len(vectors)), 0.95)  # runs in order: row = rank
+    want = {f"c{r:05d}": (f"c{d:05d}", s) for r, (d, s) in exact.items()}
+    assert len(want) > 300  # most planted copies are over the threshold, some not
+    assert set(got) <= set(want)  # nothing dropped that all-pairs keeps
+    assert len(set(got) & set(want)) / len(want) >= 0.99
+    same_partner = sum(got[c][0] == want[c][0] for c in got)
+    assert same_partner / len(got) >= 0.99
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["clusters"] >= 15 and summary["dropped"] == len(got)
+
+
+def test_same_output_twice_and_after_stopping_between_clusters(tmp_path) -> None:
+    runs, _ = two_runs(tmp_path, n=1500)
+    profile = load_profile(None, SETS)
+    semdedup.run(profile, runs, tmp_path / "a")
+    semdedup.run(profile, runs, tmp_path / "b")
+    partial = semdedup.run(profile, runs, tmp_path / "c", stop_after=4)  # a run killed after 4 clusters
+    assert partial["committed"] == 4 and not (tmp_path / "c" / DROPPED).exists()
+    resumed = semdedup.run(profile, runs, tmp_path / "c")
+    assert resumed["plan_reused"]
+    a = (tmp_path / "a" / DROPPED).read_bytes()
+    assert a == (tmp_path / "b" / DROPPED).read_bytes() == (tmp_path / "c" / DROPPED).read_bytes()
+    assert a  # something was dropped
+    # Other settings are another partition: the old units are not reused.
+    other = semdedup.run(load_profile(None, [*SETS, "curation.semantic_dedup.seed=5"]), runs, tmp_path / "c")
+    assert not other["plan_reused"]
+
+
+def test_keep_rule_longest_and_first(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 16)).astype(np.float32)
+    x[7] = x[3] + 0.01  # 7 duplicates 3; 7 is the longer clip
+    durations = np.ones(50)
+    durations[7] = 5.0
+    write_store(tmp_path / "run", [f"c{i}" for i in range(50)], x, MODEL, {"duration_s": durations})
+    for keep, dropped, kept in (("first", "c7", "c3"), ("longest", "c3", "c7")):
+        profile = load_profile(None, [f"curation.semantic_dedup.keep={keep}"])
+        semdedup.run(profile, [tmp_path / "run"], tmp_path / keep)
+        assert _dropped(tmp_path / keep).keys() == {dropped}
+        assert _dropped(tmp_path / keep)[dropped][0] == kept
+
+
+def test_store_reads_back_what_was_written(tmp_path) -> None:
+    x = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    write_store(tmp_path, [f"c{i}" for i in range(10)], x, MODEL, {"duration_s": np.arange(10)}, shard_rows=3)
+    store = EmbeddingStore.open(tmp_path)
+    assert store.rows == 10 and len(store.index["shards"]) == 4
+    assert store.ids().tolist() == [f"c{i}" for i in range(10)]
+    assert np.array_equal(store.vectors(), x)
+    assert np.array_equal(store.column("duration_s"), np.arange(10, dtype=np.float32))
+    _, first = next(store.shards())
+    assert isinstance(first, np.memmap)
+
+
+@pytest.mark.skipif(
+    os.environ.get("VIDFORGE_TEST_RAY_DEDUP") != "1",
+    reason="opt-in (VIDFORGE_TEST_RAY_DEDUP=1): a Ray instance starts in 20-60 s on a 2-core machine",
+)
+def test_ray_executor_gives_the_same_output(tmp_path) -> None:
+    pytest.importorskip("ray")
+    runs, _ = two_runs(tmp_path, n=1500)
+    profile = load_profile(None, SETS)
+    semdedup.run(profile, runs, tmp_path / "local")
+    semdedup.run(profile, runs, tmp_path / "ray", executor="ray")
+    assert (tmp_path / "ray" / DROPPED).read_bytes() == (tmp_path / "local" / DROPPED).read_bytes()
