@@ -62,8 +62,9 @@ class Shapes:
     warmup: int
     repeats: int
     infer_steps: int
-    # The 1.3B step at 32K tokens needs activation recompute to fit 80 GB (vidforge bench plan: 183 GiB
-    # without, 40 GiB with full): both vidforge and the peer run it with full recompute.
+    # The 1.3B step at 32K tokens needs activation recompute to fit 80 GB (vidforge bench plan of the wan
+    # preset: 153 GiB without, 31.4 GiB with full; the H200 measured 33.3 GiB before the one-sample row
+    # broadcast its modulation): both vidforge and the peer run it with full recompute.
     recompute: str
     caption_clips: int
     caption_size: tuple[int, int]
