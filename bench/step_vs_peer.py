@@ -64,20 +64,10 @@ class PeerStep:
     def __init__(self, ours: torch.nn.Module, cfg, precision: str, fused: bool) -> None:
         from diffusers import WanTransformer3DModel
 
-        self.model = WanTransformer3DModel(
-            patch_size=tuple(cfg.patch),
-            num_attention_heads=cfg.heads,
-            attention_head_dim=cfg.hidden // cfg.heads,
-            in_channels=cfg.in_channels,
-            out_channels=cfg.in_channels,
-            text_dim=cfg.text_dim,
-            freq_dim=256,
-            ffn_dim=cfg.mlp_hidden,
-            num_layers=cfg.layers,
-            cross_attn_norm=cfg.cross_attn_norm,
-            qk_norm="rms_norm_across_heads",
-            eps=1e-6,
-        )
+        from vidforge.models.wan_weights import diffusers_config
+
+        # the config vidforge's export writes for this model section
+        self.model = WanTransformer3DModel.from_config(diffusers_config(cfg))
         self.model.load_state_dict(ours.state_dict(), strict=True)  # the same names: the same weights
         self.model.train()
         # peer_wan.py's loop: fused AdamW on CUDA, torch's default elsewhere (unless told otherwise)
