@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import TRAIN_SETS, losses, make_latents  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # 25-90 s each on an H200: the suite starts them first
 
 ROOT = Path(__file__).resolve().parents[2]
 

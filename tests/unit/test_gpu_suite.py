@@ -85,8 +85,8 @@ def test_cpu_smoke_runs_the_steps_and_writes_the_table(tmp_path):
 
 def test_rows_plugin_writes_each_test_once_as_it_finishes_under_xdist(tmp_path):
     """bench/gpu/pytest_rows.py under pytest-xdist (the GPU run's correctness step): the collected ids
-    first, then one record per test with its outcome and the first error line, from the controller
-    only."""
+    first, `slow` tests at their head, then one record per test with its outcome and the first error
+    line, from the controller only."""
     (tmp_path / "test_sample.py").write_text(
         textwrap.dedent(
             """
@@ -108,6 +108,10 @@ def test_rows_plugin_writes_each_test_once_as_it_finishes_under_xdist(tmp_path):
 
             def test_setup_error(broken):
                 pass
+
+            @pytest.mark.slow
+            def test_slow_last_in_the_file():
+                pass
             """
         )
     )
@@ -118,9 +122,17 @@ def test_rows_plugin_writes_each_test_once_as_it_finishes_under_xdist(tmp_path):
     subprocess.run([*cmd, "test_sample.py"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
     lines = [json.loads(line) for line in records.read_text().splitlines()]
     ids = {
-        f"test_sample.py::{name}" for name in ("test_passes", "test_fails", "test_skips", "test_setup_error")
+        f"test_sample.py::{name}"
+        for name in (
+            "test_passes",
+            "test_fails",
+            "test_skips",
+            "test_setup_error",
+            "test_slow_last_in_the_file",
+        )
     }
     assert set(lines[0]["collected"]) == ids
+    assert lines[0]["collected"][0] == "test_sample.py::test_slow_last_in_the_file"
     outcomes = {r["test"]: (r["outcome"], r["message"]) for r in lines[1:]}
     assert len(lines) == 1 + len(ids) and set(outcomes) == ids
     assert outcomes["test_sample.py::test_passes"] == ("passed", "")
