@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from vidforge.diffusion.samplers import Denoiser
+from vidforge.diffusion.objective import Denoiser
 
 BatchedDenoiser = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """D(x, sigma, uncond) with uncond (B,) bool: True rows are denoised without their caption."""

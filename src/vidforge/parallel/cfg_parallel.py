@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from vidforge.diffusion.guidance import BatchedDenoiser
-from vidforge.diffusion.samplers import Denoiser
+from vidforge.diffusion.objective import Denoiser
 
 
 def parallel_classifier_free_guidance(batched: BatchedDenoiser, scale: float, group) -> Denoiser:
