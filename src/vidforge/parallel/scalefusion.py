@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.rope import sincos_position_embedding
 from vidforge.parallel.stdit_parallel import STShards, check_stdit, spatial_sublayer, temporal_sublayers
 from vidforge.tokens import patchify, token_grid, unpatchify
@@ -72,7 +73,7 @@ class ScaleFusionSlicing:
         for name in ("slices_t", "slices_s", "lookahead_t", "lookahead_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"infer.scalefusion_{name}: must be an integer >= 1, got {value!r}")
+                raise UserInputError(f"infer.scalefusion_{name}: must be an integer >= 1, got {value!r}")
 
 
 PLAIN = ScaleFusionSlicing(1, 1, 1, 1)
@@ -326,7 +327,7 @@ def scalefusion_forward(
     cfg = model.config
     check_stdit(cfg, "ScaleFusion inference")
     if cfg.stdit_block != "sequential":
-        raise ValueError(
+        raise UserInputError(
             "ScaleFusion inference overlaps the sequential ST-DiT block; model.stdit_block is 'parallel' "
             "(its full-attention branch needs every token): run it on one rank per sample"
         )
