@@ -9,7 +9,7 @@ imported only when it samples.
 
 A new sampler is a function `(denoise, noise, levels, **options) -> sample` beside its objective's
 others (`levels`: the objective's schedule, decreasing and ending at 0; `denoise(x, level)` the clean
-estimate) and one `Sampler` line here."""
+estimate) and one `Sampler` line here; its summary is what the profile's schema says of it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ class Objective:
     """`diffusion.objective`."""
     title: str
     """What the help calls it."""
+    summary: str
+    """What it is, for the profile's documentation of `diffusion.objective`."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Sampler:
     shifted flow times)."""
     function: str
     """`module:function`, imported when sampling: `(denoise, noise, levels, **options) -> sample`."""
+    summary: str
+    """What it is, for the profile's documentation of `diffusion.sampler`."""
     stochastic: bool = False
     """It takes `diffusion.churn` (options `churn` and `generator`); the others are deterministic and
     refuse churn > 0."""
@@ -46,16 +50,46 @@ class Sampler:
 
 
 OBJECTIVES: tuple[Objective, ...] = (
-    Objective("edm", "EDM"),
-    Objective("flow", "rectified flow"),
+    Objective(
+        "edm",
+        "EDM",
+        "Karras et al. (2022), a preconditioned denoiser trained at log-normal noise levels sigma",
+    ),
+    Objective(
+        "flow",
+        "rectified flow",
+        "rectified flow (Wan2.1, SD3): x_t = (1 - t) x0 + t noise, the network predicts the velocity "
+        "noise - x0, t drawn by `flow_time_sampling` and shifted by `flow_shift`",
+    ),
 )
 
 # An objective's first sampler is its default.
 SAMPLERS: tuple[Sampler, ...] = (
-    Sampler("heun", "edm", "vidforge.diffusion.samplers:heun_sampler", stochastic=True),
-    Sampler("res", "edm", "vidforge.diffusion.samplers:res_sampler"),
-    Sampler("unipc", "flow", "vidforge.diffusion.flow_samplers:unipc_sampler"),
-    Sampler("flow-euler", "flow", "vidforge.diffusion.flow_samplers:flow_euler_sampler"),
+    Sampler(
+        "heun",
+        "edm",
+        "vidforge.diffusion.samplers:heun_sampler",
+        "2nd-order Heun (EDM's Algorithm 2), about two model calls per step",
+        stochastic=True,
+    ),
+    Sampler(
+        "res",
+        "edm",
+        "vidforge.diffusion.samplers:res_sampler",
+        "RES 2nd-order multistep exponential integrator, one model call per step",
+    ),
+    Sampler(
+        "unipc",
+        "flow",
+        "vidforge.diffusion.flow_samplers:unipc_sampler",
+        "UniPC-bh2 at Wan's integer timesteps (Wan2.1's default)",
+    ),
+    Sampler(
+        "flow-euler",
+        "flow",
+        "vidforge.diffusion.flow_samplers:flow_euler_sampler",
+        "Euler on the flow ODE (diffusers' FlowMatchEulerDiscreteScheduler)",
+    ),
 )
 
 OBJECTIVE_NAMES: tuple[str, ...] = tuple(o.name for o in OBJECTIVES)
@@ -81,3 +115,15 @@ def samplers_by_objective() -> str:
 def objective_titles() -> str:
     """The objectives by the help's names: "EDM or rectified flow"."""
     return " or ".join(o.title for o in OBJECTIVES)
+
+
+def objectives_doc() -> str:
+    """`diffusion.objective`'s documentation in the profile's schema."""
+    return " ".join(f"`{o.name}`: {o.summary}." for o in OBJECTIVES)
+
+
+def samplers_doc() -> str:
+    """`diffusion.sampler`'s documentation in the profile's schema."""
+    listed = " ".join(f"`{s.name}` ({s.objective}): {s.summary}." for s in SAMPLERS)
+    defaults = ", ".join(f"{samplers_of(o.name)[0]} for {o.name}" for o in OBJECTIVES)
+    return f"{listed} Left out, it is the objective's first ({defaults})."

@@ -17,10 +17,7 @@ SamplerName = Literal[registry.SAMPLER_NAMES]  # type: ignore[valid-type]
 class Diffusion(Section):
     """The objective, its training noise distribution, and sampling. EDM defaults are the paper's."""
 
-    objective: ObjectiveName = "edm"
-    """`edm`: Karras et al. (2022), a preconditioned denoiser trained at log-normal noise levels sigma.
-    `flow`: rectified flow (Wan2.1, SD3): x_t = (1 - t) x0 + t noise, the network predicts the velocity
-    noise - x0, t drawn by `flow_time_sampling` and shifted by `flow_shift`."""
+    objective: ObjectiveName = Field("edm", description=registry.objectives_doc())
     sigma_data: float = Field(0.5, gt=0)
     """Standard deviation of the (normalised) latents; sets c_skip, c_out and c_in."""
     p_mean: float = -1.2
@@ -33,10 +30,7 @@ class Diffusion(Section):
     """Largest sigma of the sampling schedule (where sampling starts from pure noise)."""
     rho: float = Field(7.0, gt=0)
     """Karras schedule exponent: larger spends more steps at small sigma."""
-    sampler: SamplerName = "heun"
-    """EDM: `heun` (2nd-order Heun) or `res` (RES 2nd-order multistep exponential integrator). Flow:
-    `unipc` (UniPC-bh2 at Wan's integer timesteps, Wan2.1's default) or `flow-euler`. Left out, it is
-    the objective's first (heun for edm, unipc for flow)."""
+    sampler: SamplerName = Field(registry.samplers_of("edm")[0], description=registry.samplers_doc())
     steps: int = Field(32, ge=1)
     """Sampling steps (sigma levels); Heun evaluates the model about twice per step."""
     churn: float = Field(0.0, ge=0)
