@@ -88,3 +88,27 @@ def test_a_text_width_mismatch_between_data_and_model_is_one_line_at_load(tmp_pa
         ShardLoader.from_profile(load_profile(None, ["model.text_dim=32"]), [shards])
     sample = next(iter(ShardLoader.from_profile(load_profile(None, ["model.text_dim=16"]), [shards])))
     assert sample["text_emb.npy"].shape[-1] == 16
+
+
+def test_a_text_width_the_index_does_not_record_is_one_line_before_the_network_runs():
+    """Shards whose index.json names no text width (written by another tool) pass the load check; the
+    loss's draw, which every rank (every pipeline stage) runs before the schedule, refuses the first
+    batch in one line, as it does for model.in_channels."""
+    import pytest
+    import torch
+
+    from vidforge.data.batching import BucketBatch
+    from vidforge.diffusion.edm import EDM
+    from vidforge.errors import UserInputError
+    from vidforge.train.loss import DenoisingLoss
+
+    batch = BucketBatch(
+        torch.randn(1, 4, 1, 2, 2), torch.randn(1, 3, 16), torch.ones(1, 3, dtype=torch.bool), ["a"], [{}]
+    )
+    wrong = DenoisingLoss(EDM(), 0.0, (1, 2, 2), in_channels=4, text_dim=32)
+    with pytest.raises(
+        UserInputError, match=r"^model\.text_dim: .* 16 wide .* takes 32; set --set model\.text_dim=16$"
+    ):
+        wrong.draw(batch, torch.device("cpu"))
+    right = DenoisingLoss(EDM(), 0.0, (1, 2, 2), in_channels=4, text_dim=16)
+    assert right.draw(batch, torch.device("cpu")).model_kwargs["text"].shape == (1, 3, 16)
