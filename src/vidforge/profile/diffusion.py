@@ -58,8 +58,13 @@ class Diffusion(Section):
     @model_validator(mode="before")
     @classmethod
     def _sampler_of_the_objective(cls, data: object) -> object:
-        if isinstance(data, dict) and "sampler" not in data and data.get("objective") == "flow":
-            return {**data, "sampler": registry.samplers_of("flow")[0]}
+        """Left out, the sampler is the objective's default (its first in the registry)."""
+        if (
+            isinstance(data, dict)
+            and "sampler" not in data
+            and data.get("objective") in registry.OBJECTIVE_NAMES
+        ):
+            return {**data, "sampler": registry.samplers_of(data["objective"])[0]}
         return data
 
     @model_validator(mode="after")
