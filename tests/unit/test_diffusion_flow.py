@@ -201,3 +201,17 @@ def test_samplers_reach_the_exact_end_of_the_gaussian_flow(sampler, steps, toler
     noise = _noise()
     out = flow_sample(lambda x, t: x - t * gaussian_velocity(x, t, mean), noise, sampler, steps, shift=3.0)
     assert (out - (mean + STD * noise)).abs().max() < tolerance
+
+
+def test_unipc_refuses_a_schedule_that_reaches_timestep_0_before_calling_the_network():
+    """A shift below 1 over many steps puts the last times below Wan's first integer timestep: refused
+    before the first step, not after all but the last."""
+    calls = []
+
+    def denoise(x, t):
+        calls.append(float(t))
+        return x
+
+    with pytest.raises(ValueError, match="would evaluate the network at t = 0"):
+        flow_sample(denoise, _noise(), "unipc", 3000, shift=0.3)
+    assert calls == []

@@ -72,13 +72,20 @@ def _levels(sigmas: torch.Tensor) -> list[float]:
     return levels
 
 
-def _velocity(denoise: Denoiser, x: torch.Tensor, t: float) -> torch.Tensor:
-    """The network's velocity at x, evaluated at time t: v = (x - D(x, t)) / t."""
-    if t <= 0:
+def _evaluation_times(times: torch.Tensor | list[float]) -> list[float]:
+    """Where the network is evaluated, one time per step, all > 0 (the velocity divides by t): checked
+    before the first step rather than found at the last."""
+    evals = [float(t) for t in times]
+    if min(evals) <= 0:
         raise ValueError(
-            "flow sampling evaluates the network at t = 0 (Wan's timestep floor(1000 t) is 0 below "
+            "flow sampling would evaluate the network at t = 0 (Wan's timestep floor(1000 t) is 0 below "
             "t = 0.001); use fewer steps or a larger shift"
         )
+    return evals
+
+
+def _velocity(denoise: Denoiser, x: torch.Tensor, t: float) -> torch.Tensor:
+    """The network's velocity at x, evaluated at time t: v = (x - D(x, t)) / t."""
     return (x - denoise(x, torch.tensor(t, dtype=x.dtype, device=x.device))) / t
 
 
@@ -91,7 +98,7 @@ def flow_euler_sampler(
     """Euler on the flow ODE from `noise` (x at t = sigmas[0], pure noise for sigmas[0] = 1) to t = 0.
     `times`: where to evaluate the network at each step (default: the sigmas themselves)."""
     levels = _levels(sigmas)
-    evals = levels[:-1] if times is None else [float(t) for t in times]
+    evals = _evaluation_times(levels[:-1] if times is None else times)
     x = noise
     for i in range(len(levels) - 1):
         x = x + (levels[i + 1] - levels[i]) * _velocity(denoise, x, evals[i])
@@ -178,7 +185,7 @@ def unipc_sampler(
     if order < 1:
         raise ValueError(f"UniPC order must be >= 1, got {order}")
     levels = _below_one(_levels(sigmas))
-    evals = [float(t) for t in (wan_times(sigmas) if times is None else times)]
+    evals = _evaluation_times(wan_times(sigmas) if times is None else times)
     steps = len(levels) - 1
     x = noise
     estimates: list[torch.Tensor] = []
