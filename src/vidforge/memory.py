@@ -1,12 +1,12 @@
 """Refusing, before anything is allocated, settings that cannot fit this machine's memory.
 
 A setting that asks for more memory than the machine has (`model.hidden=1000000`, a shuffle or packing
-buffer of a billion samples, a 8192x8192 bucket, a 1024x1024 video of 65 frames on a CPU) used to be found
-out by the allocator, after minutes, with the machine swapping or the kernel killing the process. Each
-stage instead works out the bytes its settings need, by arithmetic on the profile and the data's index,
-and `require` refuses in one line naming the setting when they exceed what the machine has. The figures
-are lower bounds (what is certainly needed: parameters at 2 bytes, one latent per tensor the sampler
-holds), or a measured cost per item where there is no formula (the dry run's fake ranks)."""
+buffer of a billion samples, a 8192x8192 bucket, a 1024x1024 video of 65 frames on a CPU) would
+otherwise be found out by the allocator, after minutes, with the machine swapping or the kernel killing
+the process. Each stage instead works out the bytes its settings need, by arithmetic on the profile and
+the data's index, and `require` refuses in one line naming the setting when they exceed what the machine
+has. The figures are lower bounds (what is certainly needed: parameters at 2 bytes, one latent per
+tensor the sampler holds), or a measured cost per item where there is no formula (the dry run's fake ranks)."""
 
 from __future__ import annotations
 

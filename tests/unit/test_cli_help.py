@@ -1,14 +1,14 @@
-"""Every command's `--help` agrees with the registry of samplers and objectives (the profile's
-`diffusion.sampler` and `diffusion.objective`, which the validator and `diffusion.from_profile` read): a
-sampler it names exists, and prose that names some samplers (or objectives) names all of them, so a
-help text cannot say "the EDM loss" or "heun|res" once flow is there too. Every command has an example
+"""Every command's `--help` agrees with the registry of samplers and objectives
+(`vidforge.diffusion.registry`, which the profile's validator and `diffusion.from_profile` read): a
+sampler it names exists, prose that names some samplers (or objectives) names all of them, and a
+sampler named "under" an objective samples that objective, so a help text cannot say "the EDM loss" or
+"heun|res" once flow is there too. Every command has an example
 (README promises one for each), and help paragraphs wrap at the terminal's width (typer keeps a
 docstring's line breaks: a long line broke in two at 80 columns)."""
 
 from __future__ import annotations
 
 import re
-from typing import get_args
 
 import pytest
 import typer
@@ -16,11 +16,12 @@ from typer.testing import CliRunner
 
 from vidforge.cli._globals import reflow
 from vidforge.cli.app import app
+from vidforge.diffusion import registry
 from vidforge.diffusion.from_profile import OBJECTIVES
 from vidforge.profile.diffusion import Diffusion
 
-SAMPLERS = get_args(Diffusion.model_fields["sampler"].annotation)
-OBJECTIVE_NAMES = get_args(Diffusion.model_fields["objective"].annotation)
+SAMPLERS = registry.SAMPLER_NAMES
+OBJECTIVE_NAMES = registry.OBJECTIVE_NAMES
 runner = CliRunner()
 
 
@@ -38,15 +39,41 @@ def _named(words, text: str) -> set[str]:
     return {w for w in words if re.search(rf"(?<![\w.-]){re.escape(w)}(?![\w-])", text, re.IGNORECASE)}
 
 
-def test_the_objectives_of_the_profile_are_the_ones_built():
+def _help(path: str) -> str:
+    result = runner.invoke(app, [*path.split(), "--help"], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_profile_takes_the_registry_and_builds_every_objective_of_it():
     assert set(OBJECTIVE_NAMES) == set(OBJECTIVES)
+    for objective in OBJECTIVE_NAMES:
+        fits = registry.samplers_of(objective)
+        assert Diffusion(objective=objective).sampler == fits[0]
+        for name in fits:
+            assert callable(registry.sampler(name).load())
+            assert Diffusion(objective=objective, sampler=name).sampler == name
+        for other in set(SAMPLERS) - set(fits):
+            with pytest.raises(ValueError, match=f"{other} does not sample the {objective} objective"):
+                Diffusion(objective=objective, sampler=other)
+
+
+@pytest.mark.parametrize("path", ["infer", "bench infer", "train"])
+def test_help_that_lists_samplers_or_objectives_lists_the_registry(path):
+    """The commands that name samplers (or objectives) name every one, each under its own objective."""
+    text = " ".join(_help(path).split())
+    under = re.findall(r"((?:[\w-]+ or )*[\w-]+) under ([A-Za-z ]+?)(?=[,;)])", text)
+    titles = {o.title: o.name for o in registry.OBJECTIVES}
+    paired = {(s, titles[title]) for names, title in under if title in titles for s in names.split(" or ")}
+    if path == "train":
+        assert f"diffusion.objective: {' or '.join(titles)}" in text
+    else:
+        assert paired == {(s.name, s.objective) for s in registry.SAMPLERS}, under
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p or "vidforge") for p in COMMANDS])
 def test_help_names_the_samplers_and_objectives_there_are(path):
-    result = runner.invoke(app, [*path.split(), "--help"], terminal_width=300)
-    assert result.exit_code == 0, result.output
-    text = result.output
+    text = _help(path)
     for value in re.findall(r"(?:diffusion\.sampler=|--sampler )([\w-]+)", text):
         assert value in SAMPLERS, (path, value)
     choices = re.findall(r"<([\w|-]+)>", text)

@@ -9,16 +9,18 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-from vidforge.diffusion.flow import (
-    RectifiedFlow,
-    flow_euler_sampler,
-    flow_sample,
-    flow_sigmas,
-    shift_time,
-    unipc_sampler,
-    wan_times,
-)
+from vidforge.diffusion.flow import RectifiedFlow, shift_time
+from vidforge.diffusion.flow_samplers import flow_euler_sampler, flow_sigmas, unipc_sampler, wan_times
+from vidforge.diffusion.from_profile import sample
 from vidforge.diffusion.guidance import classifier_free_guidance
+from vidforge.profile.diffusion import Diffusion
+
+
+def flow_sample(denoise, noise, sampler: str, steps: int, shift: float) -> torch.Tensor:
+    """The profile's way in: the registry's sampler over flow_sigmas(steps, shift)."""
+    settings = Diffusion(objective="flow", sampler=sampler, steps=steps, flow_shift=shift)
+    return sample(denoise, noise, settings)
+
 
 STD = 0.5  # data ~ N(mean_c, STD^2 I), a mean per condition
 SHAPE = (2, 3, 2, 4, 4)
@@ -190,7 +192,7 @@ def test_unipc_equals_diffusers_unipc_step_by_step(order, shift, scale):
     torch.testing.assert_close(final, x, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("sampler,steps,tolerance", [("unipc", 30, 5e-3), ("euler", 200, 3e-2)])
+@pytest.mark.parametrize("sampler,steps,tolerance", [("unipc", 30, 5e-3), ("flow-euler", 200, 3e-2)])
 def test_samplers_reach_the_exact_end_of_the_gaussian_flow(sampler, steps, tolerance):
     """For Gaussian data the flow carries noise n at t = 1 to mean + STD n at t = 0. The schedule's
     last time is about 1/steps (shifted), where both samplers jump to the clean estimate, so neither
@@ -199,3 +201,17 @@ def test_samplers_reach_the_exact_end_of_the_gaussian_flow(sampler, steps, toler
     noise = _noise()
     out = flow_sample(lambda x, t: x - t * gaussian_velocity(x, t, mean), noise, sampler, steps, shift=3.0)
     assert (out - (mean + STD * noise)).abs().max() < tolerance
+
+
+def test_unipc_refuses_a_schedule_that_reaches_timestep_0_before_calling_the_network():
+    """A shift below 1 over many steps puts the last times below Wan's first integer timestep: refused
+    before the first step, not after all but the last."""
+    calls = []
+
+    def denoise(x, t):
+        calls.append(float(t))
+        return x
+
+    with pytest.raises(ValueError, match="would evaluate the network at t = 0"):
+        flow_sample(denoise, _noise(), "unipc", 3000, shift=0.3)
+    assert calls == []

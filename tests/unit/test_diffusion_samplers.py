@@ -105,5 +105,23 @@ def test_sample_dispatches_on_the_profile():
     torch.testing.assert_close(
         res, res_sampler(gaussian_denoiser, noise, karras_sigmas(16, 0.002, 80.0, 7.0))
     )
-    with pytest.raises(ValueError, match="churn"):
-        sample(gaussian_denoiser, noise, Diffusion(sampler="res", churn=1.0))
+    churned = sample(
+        gaussian_denoiser, noise, Diffusion(sampler="heun", steps=4, churn=10.0), torch.Generator()
+    )
+    expected = heun_sampler(
+        gaussian_denoiser, noise, karras_sigmas(4, 0.002, 80.0, 7.0), churn=10.0, generator=torch.Generator()
+    )
+    torch.testing.assert_close(churned, expected)
+
+
+@pytest.mark.parametrize("sets", [["diffusion.sampler=res"], ["diffusion.objective=flow"]])
+def test_churn_on_a_deterministic_sampler_is_refused_when_the_profile_loads(sets):
+    """Before any model is built: one line naming the field, exit 2 (UserInputError), not a failure
+    halfway into sampling."""
+    from vidforge.errors import UserInputError
+    from vidforge.profile import load_profile
+
+    with pytest.raises(
+        UserInputError, match=r"churn=1: the (res|unipc) sampler is deterministic; set diffusion.churn=0"
+    ):
+        load_profile("local_cpu", [*sets, "diffusion.churn=1"])

@@ -1,7 +1,7 @@
 """`vidforge bench infer`: sampling latency per sampler step and end to end, with classifier-free guidance
 batched (conditional and unconditional rows in one doubled batch, what `vidforge infer` does) and
 sequential (two model calls of the plain batch per evaluation), for each sampler of the profile's
-objective (EDM: Heun, RES; flow: UniPC, Euler; `samplers_of`), or those asked for.
+objective (`vidforge.diffusion.registry.samplers_of`), or those asked for.
 
 The model is the profile's DiT with random weights (latency does not depend on the weights), run the way
 `vidforge.infer.sampling` runs it (its own denoiser): the objective's preconditioning, the learned null caption as the unconditional
@@ -18,15 +18,14 @@ import torch
 
 from vidforge.bench.timing import time_calls
 from vidforge.bench.workload import Workload
-from vidforge.diffusion import classifier_free_guidance, sample
+from vidforge.diffusion import classifier_free_guidance, registry, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
-from vidforge.diffusion.samplers import Denoiser
+from vidforge.diffusion.objective import Denoiser
 from vidforge.errors import UserInputError
 from vidforge.infer.sampling import batched_denoiser
 from vidforge.models import build_model
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
-from vidforge.profile.diffusion import samplers_of
 
 GUIDANCE_MODES = ("batched", "sequential")
 
@@ -79,7 +78,7 @@ def run(
     (default: batched and sequential)."""
     objective = profile.diffusion.objective
     samplers = chosen(
-        samplers, samplers_of(objective), f"do not sample the {objective} objective", "--sampler"
+        samplers, registry.samplers_of(objective), f"do not sample the {objective} objective", "--sampler"
     )
     guidance = chosen(guidance, GUIDANCE_MODES, "is not a guidance mode", "--guidance")
     device = init_runtime(profile).device

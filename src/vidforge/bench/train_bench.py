@@ -77,7 +77,7 @@ class BenchStep:
         source = SyntheticSource(synthetic_batch(profile, self.workload, seed=profile.train.seed))
         batches = self.step.next_batches(source)
         if batches is None:
-            raise ValueError(
+            raise UserInputError(
                 f"bench.latent_*: a synthetic batch of {self.workload.samples} sample(s) does not split "
                 f"into {self.dims.layout.pp_microbatches} pipeline micro-batches; change train.micro_batch"
             )

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
+from vidforge.diffusion import registry
 from vidforge.profile import PROFILE_ENV, RunProfile, load_profile
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 ProfileOpt = Annotated[
     str | None,
@@ -58,3 +63,13 @@ def profile_from(profile: str | None, overrides: list[str] | None, nproc: int | 
     from vidforge.parallel.launch import nproc_overrides
 
     return load_profile(profile, [*(overrides or ()), *nproc_overrides(nproc)])
+
+
+def names_from_the_registry(command: Callable[P, R]) -> Callable[P, R]:
+    """A command whose docstring says `{samplers}` (every sampler under its objective) or `{objectives}`
+    gets them from `vidforge.diffusion.registry`, so its help names the samplers and objectives there
+    are, all of them, wherever they are added."""
+    doc = command.__doc__ or ""
+    doc = doc.replace("{samplers}", registry.samplers_by_objective())
+    command.__doc__ = doc.replace("{objectives}", registry.objective_titles())
+    return command

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, names_from_the_registry, profile_from
 from vidforge.cli._output import current_output
+from vidforge.diffusion import registry
 from vidforge.errors import UserInputError
 
 app = typer.Typer(
@@ -103,6 +104,7 @@ def train(
 
 
 @app.command()
+@names_from_the_registry
 def infer(
     nproc: NprocOpt = None,
     profile: ProfileOpt = None,
@@ -112,7 +114,7 @@ def infer(
         typer.Option(
             "--sampler",
             help="Time only this sampler (repeatable); default: every sampler of diffusion.objective "
-            "(edm: heun, res; flow: unipc, flow-euler).",
+            f"({registry.samplers_by_objective()}).",
         ),
     ] = None,
     guidance: Annotated[
@@ -120,8 +122,7 @@ def infer(
         typer.Option("--guidance", help="Time only this guidance mode (repeatable): batched, sequential."),
     ] = None,
 ) -> None:
-    """Sampling latency per step and end to end, for each sampler of the profile's objective (EDM: heun,
-    res; flow: unipc, flow-euler), with classifier-free guidance batched (one doubled batch) and
+    """Sampling latency per step and end to end, for each sampler of the profile's objective ({samplers}), with classifier-free guidance batched (one doubled batch) and
     sequential (two calls). infer.batch_size prompts of bench.latent_* latents, diffusion.steps steps,
     random weights; tokenizer decode not included.
 

@@ -6,21 +6,20 @@ import json
 from contextlib import nullcontext
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, get_args
+from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import SetOpt
+from vidforge.cli._options import SetOpt, names_from_the_registry
 from vidforge.cli._output import current_output
+from vidforge.diffusion import registry
 from vidforge.errors import UserInputError
-from vidforge.profile.diffusion import Diffusion
 
-# The choices --help lists are the profile's own (diffusion.sampler), not a second list.
-Sampler = Enum(
-    "Sampler", {name: name for name in get_args(Diffusion.model_fields["sampler"].annotation)}, type=str
-)
+# The choices --help lists are the registry's (diffusion.sampler's), not a second list.
+Sampler = Enum("Sampler", {name: name for name in registry.SAMPLER_NAMES}, type=str)
 
 
+@names_from_the_registry
 def infer(
     checkpoint: Annotated[
         Path, typer.Option("--checkpoint", "-c", help="A `vidforge train` run dir or its export/.")
@@ -103,8 +102,8 @@ def infer(
     ] = 1.0,
     set_: SetOpt = None,
 ) -> None:
-    """Sample videos: text encoder -> the objective's sampler (diffusion.sampler: heun or res under EDM,
-    unipc or flow-euler under rectified flow; steps, guidance) -> the model (DiT, ST-DiT or Wan) ->
+    """Sample videos: text encoder -> the objective's sampler (diffusion.sampler: {samplers};
+    steps, guidance) -> the model (DiT, ST-DiT or Wan) ->
     tokenizer decode -> H.264 MP4 and a PNG contact sheet. The same seed and prompt give the same video.
 
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o runs/samples

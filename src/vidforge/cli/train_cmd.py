@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, names_from_the_registry, profile_from
 from vidforge.cli._output import current_output
 
 
+@names_from_the_registry
 def train(
     data: Annotated[
         list[str] | None,
@@ -65,7 +66,7 @@ def train(
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Train on the profile's objective (diffusion.objective: EDM or rectified flow): AdamW, warm-up +
+    """Train on the profile's objective (diffusion.objective: {objectives}): AdamW, warm-up +
     cosine, bf16, EMA, FSDP2 across processes, sharded checkpoints (resumable), metrics to the console,
     RUN/metrics.jsonl and TensorBoard.
 

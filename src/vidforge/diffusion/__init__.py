@@ -1,21 +1,30 @@
-"""Diffusion as pure math: objectives (EDM) with their preconditioning and loss targets, the Karras
-schedule, Heun and RES samplers, classifier-free guidance. No weights live here."""
+"""Diffusion as pure math: objectives (EDM, rectified flow) with their preconditioning and loss targets,
+their schedules and samplers (`registry` names them all), classifier-free guidance. No weights live here.
 
-from vidforge.diffusion.edm import EDM
-from vidforge.diffusion.from_profile import build_objective, sample
-from vidforge.diffusion.guidance import classifier_free_guidance
-from vidforge.diffusion.objective import Objective
-from vidforge.diffusion.samplers import Denoiser, heun_sampler, res_sampler
-from vidforge.diffusion.schedule import karras_sigmas
+The names below load on first use: the profile reads `vidforge.diffusion.registry` while it loads, and
+importing this package for it must not import torch."""
 
-__all__ = [
-    "EDM",
-    "Denoiser",
-    "Objective",
-    "build_objective",
-    "classifier_free_guidance",
-    "heun_sampler",
-    "karras_sigmas",
-    "res_sampler",
-    "sample",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EDM": "vidforge.diffusion.edm",
+    "Denoiser": "vidforge.diffusion.objective",
+    "Objective": "vidforge.diffusion.objective",
+    "build_objective": "vidforge.diffusion.from_profile",
+    "sample": "vidforge.diffusion.from_profile",
+    "classifier_free_guidance": "vidforge.diffusion.guidance",
+    "heun_sampler": "vidforge.diffusion.samplers",
+    "res_sampler": "vidforge.diffusion.samplers",
+    "karras_sigmas": "vidforge.diffusion.schedule",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vidforge.diffusion' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

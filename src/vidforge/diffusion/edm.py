@@ -41,9 +41,7 @@ class EDM(Objective):
 
     def __post_init__(self) -> None:
         if self.sigma_data <= 0 or self.p_std <= 0:
-            raise ValueError(
-                f"diffusion.sigma_data and diffusion.p_std must be > 0, got {self.sigma_data}, {self.p_std}"
-            )
+            raise ValueError(f"EDM's sigma_data and p_std must be > 0, got {self.sigma_data}, {self.p_std}")
 
     # --- preconditioning ---------------------------------------------------------------------------
 

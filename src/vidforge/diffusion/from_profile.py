@@ -1,48 +1,59 @@
-"""The profile's `diffusion` section -> its objective and its sampler (the math modules themselves import
-no profile)."""
+"""The profile's `diffusion` section -> its objective, its schedule and its sampler (the math modules
+themselves import no profile). Which names exist, and which sampler goes with which objective, is
+`vidforge.diffusion.registry`'s; the profile's validator has checked the pair."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
+from vidforge.diffusion import registry
 from vidforge.diffusion.edm import EDM
-from vidforge.diffusion.flow import RectifiedFlow, flow_sample
-from vidforge.diffusion.objective import Objective
-from vidforge.diffusion.samplers import Denoiser, heun_sampler, res_sampler
+from vidforge.diffusion.flow import RectifiedFlow
+from vidforge.diffusion.flow_samplers import flow_sigmas
+from vidforge.diffusion.objective import Denoiser, Objective
 from vidforge.diffusion.schedule import karras_sigmas
-from vidforge.errors import UserInputError
 from vidforge.profile.diffusion import Diffusion
 
-OBJECTIVES: dict[str, Callable[[Diffusion], Objective]] = {
-    "edm": lambda c: EDM(sigma_data=c.sigma_data, p_mean=c.p_mean, p_std=c.p_std),
-    "flow": lambda c: RectifiedFlow(
-        c.flow_time_sampling, c.flow_logit_mean, c.flow_logit_std, c.flow_shift, c.flow_prediction
+
+class ObjectiveMath(NamedTuple):
+    build: Callable[[Diffusion], Objective]
+    """The objective with the profile's settings."""
+    levels: Callable[[Diffusion], torch.Tensor]
+    """Its sampling schedule: (steps + 1,) decreasing levels ending at 0, what its samplers step over."""
+
+
+OBJECTIVES: dict[str, ObjectiveMath] = {
+    "edm": ObjectiveMath(
+        lambda d: EDM(sigma_data=d.sigma_data, p_mean=d.p_mean, p_std=d.p_std),
+        lambda d: karras_sigmas(d.steps, d.sigma_min, d.sigma_max, d.rho),
+    ),
+    "flow": ObjectiveMath(
+        lambda d: RectifiedFlow(
+            d.flow_time_sampling, d.flow_logit_mean, d.flow_logit_std, d.flow_shift, d.flow_prediction
+        ),
+        lambda d: flow_sigmas(d.steps, d.flow_shift),
     ),
 }
 
 
-def build_objective(cfg: Diffusion) -> Objective:
+def build_objective(diffusion: Diffusion) -> Objective:
     """The objective that training optimises and sampling inverts (`diffusion.objective`)."""
-    return OBJECTIVES[cfg.objective](cfg)
+    return OBJECTIVES[diffusion.objective].build(diffusion)
 
 
 def sample(
-    denoise: Denoiser, noise: torch.Tensor, cfg: Diffusion, generator: torch.Generator | None = None
+    denoise: Denoiser,
+    noise: torch.Tensor,
+    diffusion: Diffusion,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Run the profile's sampler from standard normal `noise`: heun / res over the Karras schedule (EDM:
-    `denoise(x, sigma)`), or unipc / flow-euler over the shifted flow times (flow: `denoise(x, t)`); the
-    profile's validator has matched the sampler to the objective."""
-    if cfg.sampler in ("unipc", "flow-euler"):
-        return flow_sample(
-            denoise, noise, "unipc" if cfg.sampler == "unipc" else "euler", cfg.steps, cfg.flow_shift
-        )
-    sigmas = karras_sigmas(cfg.steps, cfg.sigma_min, cfg.sigma_max, cfg.rho)
-    if cfg.sampler == "heun":
-        return heun_sampler(denoise, noise, sigmas, churn=cfg.churn, generator=generator)
-    if cfg.churn > 0:
-        raise UserInputError(
-            "diffusion.churn: the RES sampler is deterministic; set churn to 0 or use sampler=heun"
-        )
-    return res_sampler(denoise, noise, sigmas)
+    """Run the profile's sampler (`diffusion.sampler`, the registry's entry) from standard normal `noise`
+    over its objective's schedule; `denoise(x, level)` is the clean estimate at the objective's level
+    (EDM: sigma, flow: t). `generator` draws a stochastic sampler's churn noise."""
+    entry = registry.sampler(diffusion.sampler)
+    levels = OBJECTIVES[entry.objective].levels(diffusion)
+    options = {"churn": diffusion.churn, "generator": generator} if entry.stochastic else {}
+    return entry.load()(denoise, noise, levels, **options)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from vidforge.diffusion.samplers import Denoiser
+from vidforge.diffusion.objective import Denoiser
 
 BatchedDenoiser = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """D(x, sigma, uncond) with uncond (B,) bool: True rows are denoised without their caption."""
@@ -19,7 +19,7 @@ def classifier_free_guidance(batched: BatchedDenoiser, scale: float) -> Denoiser
     """A plain denoiser D(x, sigma) from a batched one. scale 1 runs the conditional branch alone;
     otherwise x is doubled, [cond; uncond] run in one call, and mixed."""
     if scale < 0:
-        raise ValueError(f"diffusion.guidance must be >= 0, got {scale}")
+        raise ValueError(f"the guidance scale must be >= 0, got {scale}")
 
     def denoise(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]

@@ -27,6 +27,10 @@ RawNetwork = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """F(network input, network level) -> raw output, with the level per sample (N,) (closing over text and
 layout)."""
 
+Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""D(x, level) -> estimate of the clean sample, same shape as x; level a 0-d tensor: what every sampler
+takes (`Objective.denoise` for a batch at one level)."""
+
 
 class Objective(ABC):
     """A training objective and its parameterisation of the network (see the module docstring)."""

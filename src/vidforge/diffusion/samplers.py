@@ -1,4 +1,5 @@
-"""Samplers: deterministic or stochastic solvers of the EDM probability-flow ODE
+"""Samplers of the EDM objective, listed by name in `vidforge.diffusion.registry`: deterministic or
+stochastic solvers of its probability-flow ODE
 
     dx/dsigma = (x - D(x; sigma)) / sigma,
 
@@ -23,12 +24,10 @@ closed-form denoiser of Gaussian data.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
-Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""D(x, sigma) -> estimate of the clean sample, same shape as x; sigma is a 0-d tensor."""
+from vidforge.diffusion.objective import Denoiser
 
 
 def _as_sigma(value: float, like: torch.Tensor) -> torch.Tensor:

@@ -18,10 +18,10 @@ def karras_sigmas(
 ) -> torch.Tensor:
     """(steps + 1,) decreasing noise levels from sigma_max to sigma_min, then 0."""
     if steps < 1:
-        raise ValueError(f"diffusion.steps must be >= 1, got {steps}")
+        raise ValueError(f"the Karras schedule needs steps >= 1, got {steps}")
     if not 0 < sigma_min < sigma_max:
         raise ValueError(
-            f"need 0 < diffusion.sigma_min < diffusion.sigma_max, got {sigma_min} and {sigma_max}"
+            f"the Karras schedule needs 0 < sigma_min < sigma_max, got {sigma_min} and {sigma_max}"
         )
     if steps == 1:
         return torch.tensor([sigma_max, 0.0], dtype=dtype)

@@ -156,7 +156,7 @@ def check_memory(
     parameters at 2 bytes; per batch, the latents the sampler holds at once in fp32 (its state and the
     model's prediction, and the unconditional one under guidance); on the host, the decoded video in
     fp32 and every video kept for the contact sheet. (`--frames 65 --height 1024 --width 1024` on a CPU went
-    past 6 GB in 21 s before; at 16384x16384 it would ask for terabytes.)"""
+    past 6 GB in 21 s without this check; at 16384x16384 it would ask for terabytes.)"""
     cfg = profile.infer
     size = f"infer.frames x height x width = {cfg.frames} x {cfg.height} x {cfg.width}"
     fix = "lower infer.frames, infer.height or infer.width (or infer.batch_size)"

@@ -159,19 +159,19 @@ def sample_latents_cp(
             "sample_latents_cp needs a context-parallel model: call apply_cp(model, cp_mesh, impl)"
         )
     group = cp_process_group(cp_mesh)
-    cfg = model.config
+    config = model.config
     param = next(model.parameters())
     device = param.device
     # st-spatial's ranks hold (h, w) position columns; every other method contiguous chunks
-    shard = shard_of(token_grid(tuple(latent_shape)[1:], cfg.patch), group, profile.parallel.token_slicing)
+    shard = shard_of(token_grid(tuple(latent_shape)[1:], config.patch), group, profile.parallel.token_slicing)
 
     def forward(x, noise_level, texts, masks, drop_text):
         return model(x, noise_level, texts, masks, drop_text=drop_text, shard=shard)
 
     cfg_pg = cp_process_group(cfg_group) if cfg_group is not None else None
     denoiser = guided_denoiser(forward, profile, text.to(device), text_mask, negative, cfg_pg, param.dtype)
-    noise = shard.split(patchify(initial_noise(seeds, latent_shape), cfg.patch).to(device))
+    noise = shard.split(patchify(initial_noise(seeds, latent_shape), config.patch).to(device))
     generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
     local = sample(denoiser, noise, profile.diffusion, generator=generator)
     tokens = gather_row(local, shard, group)
-    return unpatchify(tokens, shard.grid, cfg.patch, cfg.in_channels)
+    return unpatchify(tokens, shard.grid, config.patch, config.in_channels)

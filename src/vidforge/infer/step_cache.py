@@ -45,18 +45,18 @@ WAN21_COEFFICIENTS: dict[str, tuple[float, ...]] = {
 WAN21_SIZES = {(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"}
 
 
-def rescale_name(setting: str, cfg: Model) -> str:
-    """The polynomial `infer.cache.rescale` names for a model of config `cfg`: `auto` is TeaCache's fit
+def rescale_name(setting: str, config: Model) -> str:
+    """The polynomial `infer.cache.rescale` names for a model of `config`: `auto` is TeaCache's fit
     for a Wan2.1 of a published size and `identity` otherwise; a Wan fit for another family is refused
     in one line."""
     if setting == "auto":
-        if cfg.family == "wan":
-            return WAN21_SIZES.get((cfg.hidden, cfg.layers), "identity")
+        if config.family == "wan":
+            return WAN21_SIZES.get((config.hidden, config.layers), "identity")
         return "identity"
-    if setting != "identity" and cfg.family != "wan":
+    if setting != "identity" and config.family != "wan":
         raise UserInputError(
             f"infer.cache.rescale: {setting} was fitted on Wan2.1's timestep embedding, but the model is "
-            f"model.family={cfg.family}; set infer.cache.rescale=identity (or auto)"
+            f"model.family={config.family}; set infer.cache.rescale=identity (or auto)"
         )
     return setting
 

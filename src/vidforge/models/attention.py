@@ -61,7 +61,7 @@ def attention(
     if isinstance(mask, ContextShard):
         raise ValueError(
             f"{mask.scope} attention over a context-parallel shard needs the keys of every cp rank: install "
-            "context-parallel attention with vidforge.parallel.context_parallel.apply_cp (parallel.cp_impl)"
+            "context-parallel attention with vidforge.parallel.context_parallel.apply_cp"
         )
     if isinstance(mask, Segments):
         if q.shape[0] != 1 or q.shape[1] != mask.total_q or k.shape[1] != mask.total_kv:

@@ -13,17 +13,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vidforge.models.dit import DiT
+from vidforge.models.backbone import VideoTransformer
 from vidforge.models.presets import build_model
 from vidforge.profile.model import Model
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-FORMAT = "vidforge-dit"
+FORMAT = "vidforge-dit"  # every family's exports (DiT, ST-DiT, Wan); the name is in files already written
 
 
-def save_model(model: DiT, directory: str | os.PathLike) -> Path:
-    """Write the model's weights and config into `directory` (created if needed). The files are written
+def save_model(model: VideoTransformer, directory: str | os.PathLike) -> Path:
+    """Write the model's weights and config (any family's) into `directory` (created if needed). The files are written
     under temporary names and renamed, so a killed save never leaves a half-written checkpoint."""
     if not isinstance(getattr(model, "config", None), Model):
         raise ValueError(
@@ -61,7 +61,7 @@ def read_config(directory: str | os.PathLike) -> Model:
 
 def load_model(
     directory: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
-) -> DiT:
+) -> VideoTransformer:
     """Rebuild the model from `config.json` and load `model.safetensors` into it (every tensor must
     match: no missing or unexpected names, no shape changes). Built on the meta device first, so the
     weights are allocated once."""

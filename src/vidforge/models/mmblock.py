@@ -256,7 +256,7 @@ def video_state_from_image(image: dict[str, torch.Tensor], video: nn.Module) -> 
     state = {name: value.clone() for name, value in video.state_dict().items()}
     for name, value in image.items():
         if name not in state:
-            raise ValueError(
+            raise UserInputError(
                 f"image weights: {name} has no place in the video model; check model.stdit_block"
             )
         target = state[name]

@@ -70,7 +70,7 @@ def check_conditions(
             f"noise_level must be (N,) = ({samples},), one per sample, got {tuple(noise_level.shape)}"
         )
     if text.ndim != 3 or text.shape[0] != samples or text.shape[2] != text_dim:
-        raise ValueError(
+        raise UserInputError(
             f"text must be (N, L, text_dim) = ({samples}, L, {text_dim}), got {tuple(text.shape)}; "
             "check model.text_dim against the text encoder"
         )

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from vidforge.diffusion.guidance import BatchedDenoiser
-from vidforge.diffusion.samplers import Denoiser
+from vidforge.diffusion.objective import Denoiser
+from vidforge.errors import UserInputError
 
 
 def parallel_classifier_free_guidance(batched: BatchedDenoiser, scale: float, group) -> Denoiser:
@@ -20,9 +21,9 @@ def parallel_classifier_free_guidance(batched: BatchedDenoiser, scale: float, gr
     sigma (a sampler seeded alike on both does). scale 1 needs no unconditional branch: use
     `classifier_free_guidance` then."""
     if scale < 0:
-        raise ValueError(f"diffusion.guidance must be >= 0, got {scale}")
+        raise ValueError(f"the guidance scale must be >= 0, got {scale}")
     if scale == 1.0:
-        raise ValueError(
+        raise UserInputError(
             "CFG-parallel needs an unconditional branch: diffusion.guidance is 1; run on one rank per sample"
         )
     size = dist.get_world_size(group)

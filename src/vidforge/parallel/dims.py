@@ -63,7 +63,8 @@ class ParallelDims:
     def mesh(self) -> DeviceMesh:
         if not dist.is_initialized():
             raise RuntimeError(
-                "torch.distributed is not initialised; call vidforge.parallel.dims.init_distributed()"
+                "torch.distributed is not initialised; start the ranks with --nproc or torchrun and call "
+                "vidforge.parallel.runtime.init_runtime"
             )
         if dist.get_world_size() != self.world_size:
             raise RuntimeError(

@@ -28,10 +28,9 @@ from vidforge.profile.parallel import Parallel
 
 @dataclass
 class Parallelized:
-    """What was applied, for the run's notes, and the compute dtype the caller autocasts to (None when
-    FSDP's mixed precision casts, or in fp32)."""
+    """What was applied, for the run's notes (the compute dtype the caller autocasts to is
+    `autocast_dtype`'s)."""
 
-    autocast_dtype: torch.dtype | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -73,7 +72,6 @@ def parallelize(
             cpu_offload=cfg.fsdp_cpu_offload,
             reshard_after_forward=not dims.pp_enabled,
         )
-    done.autocast_dtype = autocast_dtype(dims, profile)
     return done
 
 

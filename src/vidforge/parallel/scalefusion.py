@@ -7,9 +7,8 @@ holding whole (h, w) positions, and an all-to-all switches between the two layou
 all-to-all waits for the whole layer before it and the whole next layer waits for it. ScaleFusion cuts
 the work into slices that the all-to-alls run beside.
 
-The paper's text (its Algorithm 1) was not to be found (searched November 2026: only the abstract and a
-talk summary), so this is the reading implemented, from the abstract and the issue that asked for it
-(issue 26, item 3), with the paper's names:
+This is a reading of the paper's abstract and a talk summary (its Algorithm 1 was not available), with
+the paper's names:
 
 - N_T (`slices_t`): the spatial phase of a block runs in N_T slices along T (this rank's frames);
   N_S (`slices_s`): the temporal phase in N_S slices along S (this rank's positions). Slice k of a
@@ -29,9 +28,9 @@ talk summary), so this is the reading implemented, from the abstract and the iss
   last block's temporal phase none after it (the final layer runs in the positions layout).
 - Receive buffers: a slice's are released as soon as its compute is done, so at most min(L+1, N) of a
   phase's slices and the first min(L', N') slices of the next phase hold received data at once (the
-  plain schedule and this module before issue 26 held a whole phase's).
+  plain schedule holds a whole phase's).
 
-Defaults N_T = N_S = 4, L_T = L_S = 1: the paper's values were not to be found; lookahead 1 hides every
+Defaults N_T = N_S = 4, L_T = L_S = 1 (the paper's values were not available): lookahead 1 hides every
 all-to-all that takes at most one slice's compute, and a deeper one costs a slice's receive buffer per
 step of depth. Counts larger than what a rank holds are clamped (2 local frames cannot make 4 slices),
 lookaheads to the phase's slice count.
@@ -53,6 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.rope import sincos_position_embedding
 from vidforge.parallel.stdit_parallel import STShards, check_stdit, spatial_sublayer, temporal_sublayers
 from vidforge.tokens import patchify, token_grid, unpatchify
@@ -72,7 +72,7 @@ class ScaleFusionSlicing:
         for name in ("slices_t", "slices_s", "lookahead_t", "lookahead_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"infer.scalefusion_{name}: must be an integer >= 1, got {value!r}")
+                raise UserInputError(f"infer.scalefusion_{name}: must be an integer >= 1, got {value!r}")
 
 
 PLAIN = ScaleFusionSlicing(1, 1, 1, 1)
@@ -245,7 +245,7 @@ class ScaleFusionSchedule:
     def forward(self, tokens: torch.Tensor, cond) -> torch.Tensor:
         """Full token row (B, S, patch_dim) -> full output (B, S, patch_dim), on every rank."""
         model, shards = self.model, self.shards
-        cfg = model.config
+        config = model.config
         batch, device, dtype = tokens.shape[0], tokens.device, model.param_dtype
         cos, sin = cond.rope
         frame_ropes, frame_scopes = [], []
@@ -261,8 +261,8 @@ class ScaleFusionSchedule:
 
         lo, hi = shards.token_range
         h = model.patch_embed(tokens[:, lo:hi])
-        if cfg.abs_position == "sincos":
-            h = h + sincos_position_embedding(cond.positions[lo:hi], cfg.hidden, h.dtype)
+        if config.abs_position == "sincos":
+            h = h + sincos_position_embedding(cond.positions[lo:hi], config.hidden, h.dtype)
         h = h.view(batch, shards.frames, shards.hw, -1)
 
         def embedded(k: int) -> torch.Tensor:
@@ -271,8 +271,8 @@ class ScaleFusionSchedule:
 
         fed: tuple = (embedded, None)
         blocks = list(model.blocks.values())
-        frames_shape = (batch, shards.frames, shards.hw, cfg.hidden)
-        positions_shape = (batch, shards.grid[0], shards.positions, cfg.hidden)
+        frames_shape = (batch, shards.frames, shards.hw, config.hidden)
+        positions_shape = (batch, shards.grid[0], shards.positions, config.hidden)
         for b, block in enumerate(blocks):
             mods = block.modulation(cond)
 
@@ -291,7 +291,7 @@ class ScaleFusionSchedule:
             pending = self._run_phase(b, self.temporal, temporal, positions, (frames, pending), after)
             fed, frames = (positions, pending), None
         # The final layer is per token: run it in the positions layout, then gather the whole row.
-        out = model.final(positions.reshape(batch, -1, cfg.hidden), cond)
+        out = model.final(positions.reshape(batch, -1, config.hidden), cond)
         return gather_positions(out, shards, self.group)
 
 
@@ -323,21 +323,21 @@ def scalefusion_forward(
     sequential ST-DiT; the token grid's T and H*W must divide by the group's size. `trace`: a list that
     receives the schedule's events (`ScaleFusionSchedule`)."""
     group = group if group is not None else dist.group.WORLD
-    cfg = model.config
-    check_stdit(cfg, "ScaleFusion inference")
-    if cfg.stdit_block != "sequential":
-        raise ValueError(
+    config = model.config
+    check_stdit(config, "ScaleFusion inference")
+    if config.stdit_block != "sequential":
+        raise UserInputError(
             "ScaleFusion inference overlaps the sequential ST-DiT block; model.stdit_block is 'parallel' "
             "(its full-attention branch needs every token): run it on one rank per sample"
         )
     if x.ndim != 5:
         raise ValueError(f"ScaleFusion inference takes latents (B, C, T, H, W), got {tuple(x.shape)}")
-    grid = token_grid(x.shape[2:], cfg.patch)
+    grid = token_grid(x.shape[2:], config.patch)
     shards = STShards(grid, dist.get_rank(group), dist.get_world_size(group))
-    tokens = patchify(x, cfg.patch)
+    tokens = patchify(x, config.patch)
     cond = model.condition(noise_level, text, text_mask, drop_text, batch=x.shape[0], grid=grid)
     out = ScaleFusionSchedule(model, shards, group, slicing, trace).forward(tokens, cond)
-    return unpatchify(out, grid, cfg.patch, cfg.in_channels)
+    return unpatchify(out, grid, config.patch, config.in_channels)
 
 
 def scalefusion_network(

@@ -146,7 +146,7 @@ def temporal_sublayers(
 
 def check_stdit(config: Model, what: str) -> None:
     if config.architecture != "stdit":
-        raise ValueError(
+        raise UserInputError(
             f"{what} splits ST-DiT's spatial and temporal attention; model.architecture is "
             f"{config.architecture!r}: use parallel.cp_impl all-gather, ring or ulysses for a DiT"
         )

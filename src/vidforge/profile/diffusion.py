@@ -6,24 +6,18 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from vidforge.diffusion import registry
 from vidforge.profile.base import Section
 
-EDM_SAMPLERS = ("heun", "res")
-FLOW_SAMPLERS = ("unipc", "flow-euler")
-
-
-def samplers_of(objective: str) -> tuple[str, ...]:
-    """The samplers that invert `objective` (its default first): EDM's over sigma, flow's over time."""
-    return EDM_SAMPLERS if objective == "edm" else FLOW_SAMPLERS
+# The names are the registry's (one list, which `infer --help` and `bench infer` show too).
+ObjectiveName = Literal[registry.OBJECTIVE_NAMES]  # type: ignore[valid-type]
+SamplerName = Literal[registry.SAMPLER_NAMES]  # type: ignore[valid-type]
 
 
 class Diffusion(Section):
     """The objective, its training noise distribution, and sampling. EDM defaults are the paper's."""
 
-    objective: Literal["edm", "flow"] = "edm"
-    """`edm`: Karras et al. (2022), a preconditioned denoiser trained at log-normal noise levels sigma.
-    `flow`: rectified flow (Wan2.1, SD3): x_t = (1 - t) x0 + t noise, the network predicts the velocity
-    noise - x0, t drawn by `flow_time_sampling` and shifted by `flow_shift`."""
+    objective: ObjectiveName = Field("edm", description=registry.objectives_doc())
     sigma_data: float = Field(0.5, gt=0)
     """Standard deviation of the (normalised) latents; sets c_skip, c_out and c_in."""
     p_mean: float = -1.2
@@ -36,14 +30,11 @@ class Diffusion(Section):
     """Largest sigma of the sampling schedule (where sampling starts from pure noise)."""
     rho: float = Field(7.0, gt=0)
     """Karras schedule exponent: larger spends more steps at small sigma."""
-    sampler: Literal["heun", "res", "unipc", "flow-euler"] = "heun"
-    """EDM: `heun` (2nd-order Heun) or `res` (RES 2nd-order multistep exponential integrator). Flow:
-    `unipc` (UniPC-bh2 at Wan's integer timesteps, Wan2.1's default) or `flow-euler`. Left out, it is
-    the objective's first (heun for edm, unipc for flow)."""
+    sampler: SamplerName = Field(registry.samplers_of("edm")[0], description=registry.samplers_doc())
     steps: int = Field(32, ge=1)
     """Sampling steps (sigma levels); Heun evaluates the model about twice per step."""
     churn: float = Field(0.0, ge=0)
-    """EDM S_churn: stochasticity added per step (0 is deterministic)."""
+    """EDM S_churn: stochasticity added per step (0 is deterministic); only the heun sampler takes it."""
     guidance: float = Field(5.0, ge=0)
     """Classifier-free guidance scale; 1 disables the unconditional branch."""
     caption_dropout: float = Field(0.1, ge=0, le=1)
@@ -67,16 +58,27 @@ class Diffusion(Section):
     @model_validator(mode="before")
     @classmethod
     def _sampler_of_the_objective(cls, data: object) -> object:
-        if isinstance(data, dict) and "sampler" not in data and data.get("objective") == "flow":
-            return {**data, "sampler": samplers_of("flow")[0]}
+        """Left out, the sampler is the objective's default (its first in the registry)."""
+        if (
+            isinstance(data, dict)
+            and "sampler" not in data
+            and data.get("objective") in registry.OBJECTIVE_NAMES
+        ):
+            return {**data, "sampler": registry.samplers_of(data["objective"])[0]}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> Diffusion:
-        fits = samplers_of(self.objective)
+        fits = registry.samplers_of(self.objective)
         if self.sampler not in fits:
             raise ValueError(
                 f"sampler: {self.sampler} does not sample the {self.objective} objective; use one of {', '.join(fits)}"
+            )
+        if self.churn > 0 and not registry.sampler(self.sampler).stochastic:
+            takes = [s.name for s in registry.SAMPLERS if s.stochastic and s.objective == self.objective]
+            raise ValueError(
+                f"churn: the {self.sampler} sampler is deterministic; set diffusion.churn=0"
+                + (f" or diffusion.sampler={takes[0]}" if takes else "")
             )
         if self.objective != "flow" and self.flow_prediction != "velocity":
             raise ValueError(

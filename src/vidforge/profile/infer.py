@@ -68,7 +68,8 @@ class Infer(Section):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: object) -> object:
-        # L_T / L_S were "parts of the first slice's all-to-all" before issue 26: a new meaning, a new name.
+        # The first_parts fields meant parts of the first slice's all-to-all, not a lookahead: a profile
+        # that sets them is told the new name rather than read with the new meaning.
         for axis in ("t", "s") if isinstance(data, dict) else ():
             if f"scalefusion_first_parts_{axis}" in data:
                 raise ValueError(

@@ -4,7 +4,8 @@ Every check of a layout against the model, the data and the training settings li
 everything that decides about layouts asks it: the profile validator (a profile whose layout cannot
 train fails when it loads), `vidforge bench plan` (it never proposes a layout that fails here),
 `vidforge train --dry-run` and `vidforge bench train` (they only get loaded profiles) and the training
-loop itself. A capability that lands is removed from here, once (as pipeline x context parallel was).
+loop itself. So when the trainer learns to run a layout, its rule is deleted here and nothing else
+changes.
 
 Each rule returns `field: what is wrong; what to change`, one line, naming the profile field to change.
 Pure data: no torch.
@@ -259,8 +260,8 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
 
 def _fp8(profile: RunProfile, layout: Layout) -> list[str]:
     """torchao's Float8Linear needs float8 tensor-parallel styles (Float8ColwiseParallel, ...) that
-    vidforge's TP plans do not use; the build refused it (`check_tp_model`) after the profile had loaded,
-    the planner had proposed it and the dry run had passed, so the rule lives here now."""
+    vidforge's TP plans do not use. A rule here, not only in the build (`check_tp_model`), so that the
+    profile refuses it when it loads and the planner and the dry run never offer it."""
     if not profile.train.fp8 or layout.tp == 1:
         return []
     return [

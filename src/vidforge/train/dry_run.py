@@ -62,11 +62,6 @@ class DryRun:
         return asdict(self)
 
 
-def _pp_rank_of(dims: ParallelDims, rank: int) -> int:
-    """Pipeline coordinate of a global rank: pp is the outermost mesh dimension."""
-    return rank // (dims.world_size // dims.layout.pp)
-
-
 def _local_numel(t: torch.Tensor) -> int:
     return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 

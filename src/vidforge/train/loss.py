@@ -66,6 +66,8 @@ class DenoisingLoss:
     caption_dropout: float
     patch: tuple[int, int, int]
     in_channels: int
+    text_dim: int | None = None
+    """The model's text width (`model.text_dim`); None: unchecked."""
 
     def draw(
         self, batch: PackedBatch | BucketBatch, device: torch.device, shard_of: ShardOf | None = None
@@ -73,6 +75,7 @@ class DenoisingLoss:
         """Noise the batch: the network's input, the target and the conditioning. With `shard_of`
         (context parallel) only this rank's tokens, drawn from the same full-shape noise."""
         # non_blocking: a prefetched batch sits in pinned memory, so the copy overlaps the GPU's work
+        self._check_text_width(batch.text_emb.shape[-1])
         text = batch.text_emb.to(device, non_blocking=True)
         text_mask = batch.text_mask.to(device, non_blocking=True)
         n = text.shape[0]
@@ -167,4 +170,14 @@ class DenoisingLoss:
             raise UserInputError(
                 f"model.in_channels: the latents have {channels} channels (see the tokenizer in the data's "
                 f"index.json), the model takes {self.in_channels}; set --set model.in_channels={channels}"
+            )
+
+    def _check_text_width(self, width: int) -> None:
+        """The same for the caption embeddings, before any rank runs the network: under pipeline
+        parallel a mismatch would fail inside the first stage's forward, reported by every rank's
+        schedule (data whose index.json records its text encoder's width is refused at load already)."""
+        if self.text_dim is not None and width != self.text_dim:
+            raise UserInputError(
+                f"model.text_dim: the data's text embeddings are {width} wide (see the text encoder in its "
+                f"index.json), the model takes {self.text_dim}; set --set model.text_dim={width}"
             )

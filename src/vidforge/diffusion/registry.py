@@ -1,0 +1,129 @@
+"""The objectives and samplers there are, one entry each: what the profile's validator accepts
+(`diffusion.objective`, `diffusion.sampler`, which sampler goes with which objective, who takes
+`diffusion.churn`), what `diffusion.from_profile.sample` runs for `vidforge infer`, `bench infer` and
+training's validation samples, and what the CLI's help names.
+
+Plain data without torch: the profile reads it while it loads, so an impossible pair is refused in one
+line (exit 2) before any model code is imported. A sampler's function is named by its import path and
+imported only when it samples.
+
+A new sampler is a function `(denoise, noise, levels, **options) -> sample` beside its objective's
+others (`levels`: the objective's schedule, decreasing and ending at 0; `denoise(x, level)` the clean
+estimate) and one `Sampler` line here; its summary is what the profile's schema says of it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    """`diffusion.objective`."""
+    title: str
+    """What the help calls it."""
+    summary: str
+    """What it is, for the profile's documentation of `diffusion.objective`."""
+
+
+@dataclass(frozen=True)
+class Sampler:
+    name: str
+    """`diffusion.sampler`."""
+    objective: str
+    """The objective it inverts: it steps over that objective's schedule (EDM: Karras sigmas; flow:
+    shifted flow times)."""
+    function: str
+    """`module:function`, imported when sampling: `(denoise, noise, levels, **options) -> sample`."""
+    summary: str
+    """What it is, for the profile's documentation of `diffusion.sampler`."""
+    stochastic: bool = False
+    """It takes `diffusion.churn` (options `churn` and `generator`); the others are deterministic and
+    refuse churn > 0."""
+
+    def load(self) -> Callable[..., Any]:
+        module, function = self.function.split(":")
+        return getattr(importlib.import_module(module), function)
+
+
+OBJECTIVES: tuple[Objective, ...] = (
+    Objective(
+        "edm",
+        "EDM",
+        "Karras et al. (2022), a preconditioned denoiser trained at log-normal noise levels sigma",
+    ),
+    Objective(
+        "flow",
+        "rectified flow",
+        "rectified flow (Wan2.1, SD3): x_t = (1 - t) x0 + t noise, the network predicts the velocity "
+        "noise - x0, t drawn by `flow_time_sampling` and shifted by `flow_shift`",
+    ),
+)
+
+# An objective's first sampler is its default.
+SAMPLERS: tuple[Sampler, ...] = (
+    Sampler(
+        "heun",
+        "edm",
+        "vidforge.diffusion.samplers:heun_sampler",
+        "2nd-order Heun (EDM's Algorithm 2), about two model calls per step",
+        stochastic=True,
+    ),
+    Sampler(
+        "res",
+        "edm",
+        "vidforge.diffusion.samplers:res_sampler",
+        "RES 2nd-order multistep exponential integrator, one model call per step",
+    ),
+    Sampler(
+        "unipc",
+        "flow",
+        "vidforge.diffusion.flow_samplers:unipc_sampler",
+        "UniPC-bh2 at Wan's integer timesteps (Wan2.1's default)",
+    ),
+    Sampler(
+        "flow-euler",
+        "flow",
+        "vidforge.diffusion.flow_samplers:flow_euler_sampler",
+        "Euler on the flow ODE (diffusers' FlowMatchEulerDiscreteScheduler)",
+    ),
+)
+
+OBJECTIVE_NAMES: tuple[str, ...] = tuple(o.name for o in OBJECTIVES)
+SAMPLER_NAMES: tuple[str, ...] = tuple(s.name for s in SAMPLERS)
+
+
+def sampler(name: str) -> Sampler:
+    """The entry of sampler `name` (the profile has checked that it is one)."""
+    return next(s for s in SAMPLERS if s.name == name)
+
+
+def samplers_of(objective: str) -> tuple[str, ...]:
+    """The samplers that invert `objective`, its default first."""
+    return tuple(s.name for s in SAMPLERS if s.objective == objective)
+
+
+def samplers_by_objective() -> str:
+    """Every sampler under its objective, for help texts: "heun or res under EDM, unipc or flow-euler
+    under rectified flow"."""
+    return ", ".join(f"{' or '.join(samplers_of(o.name))} under {o.title}" for o in OBJECTIVES)
+
+
+def objective_titles() -> str:
+    """The objectives by the help's names: "EDM or rectified flow"."""
+    return " or ".join(o.title for o in OBJECTIVES)
+
+
+def objectives_doc() -> str:
+    """`diffusion.objective`'s documentation in the profile's schema."""
+    return " ".join(f"`{o.name}`: {o.summary}." for o in OBJECTIVES)
+
+
+def samplers_doc() -> str:
+    """`diffusion.sampler`'s documentation in the profile's schema."""
+    listed = " ".join(f"`{s.name}` ({s.objective}): {s.summary}." for s in SAMPLERS)
+    defaults = ", ".join(f"{samplers_of(o.name)[0]} for {o.name}" for o in OBJECTIVES)
+    return f"{listed} Left out, it is the objective's first ({defaults})."
