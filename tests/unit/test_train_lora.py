@@ -272,8 +272,8 @@ def test_the_memory_model_counts_no_gradients_or_optimizer_states_for_the_frozen
     A = sum over the targeted Linear layers of rank x (in + out). `bench plan` evaluates the same."""
     from torch import nn
 
-    from vidforge.bench.memory_model import estimate_memory
     from vidforge.bench.plan import evaluate
+    from vidforge.estimate.memory_model import estimate_memory
     from vidforge.profile import load_profile
     from vidforge.train.lora import DEFAULT_TARGETS
 

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from vidforge.bench.timing import time_calls
-from vidforge.bench.workload import Workload
 from vidforge.diffusion import classifier_free_guidance, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
 from vidforge.diffusion.samplers import Denoiser
 from vidforge.errors import UserInputError
+from vidforge.estimate.workload import Workload
 from vidforge.infer.sampling import batched_denoiser
 from vidforge.models import build_model
 from vidforge.parallel.runtime import init_runtime

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from vidforge.bench.timing import Stopwatch, Timing
-from vidforge.bench.workload import Workload
+from vidforge.estimate.workload import Workload
 from vidforge.infer.run import InferPlan, Sampler, check_plan, parallel_sampler, profile_slicing
 from vidforge.infer.sampling import sample_latents
 from vidforge.models import build_model
