@@ -36,9 +36,9 @@ from vidforge.errors import UserInputError
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.tokenizers import losses
-from vidforge.tokenizers.base import frames_to_tensor, tensor_to_frames
 from vidforge.tokenizers.discriminator import PatchDiscriminator3D
 from vidforge.tokenizers.grow import grown_config, init_partial
+from vidforge.tokenizers.interface import frames_to_tensor, tensor_to_frames
 from vidforge.tokenizers.vae import vae_class
 
 

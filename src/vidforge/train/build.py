@@ -5,7 +5,7 @@ Order of construction (torchtitan's): model -> pipeline split (pp > 1: this rank
 per module: float8 linears -> tensor parallel -> context parallel -> activation checkpointing -> compile
 -> FSDP2 (`vidforge.parallel.parallelize`) -> EMA and one AdamW per module over its (sharded) parameters.
 With `--init`, the weights are loaded into the whole model right after it is built; with `train.lora`,
-the model is then frozen and given its adapters (`vidforge.train.lora`), before any split or sharding.
+the model is then frozen and given its adapters (`vidforge.models.lora`), before any split or sharding.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import nn
 
 from vidforge.models import build_model
 from vidforge.models.cpu_draws import cpu_draws
+from vidforge.models.lora import apply_lora
 from vidforge.parallel.fp8_base import apply_fp8_base
 from vidforge.parallel.parallelize import autocast_dtype, parallelize
 from vidforge.parallel.pipeline import PipelineRunner
@@ -25,7 +26,6 @@ from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.train.ema import EMA, tensor_kind
 from vidforge.train.init_weights import WeightsInit, init_from
-from vidforge.train.lora import apply_lora
 
 
 @dataclass
