@@ -16,7 +16,7 @@ from vidforge.data.media import write_video
 from vidforge.data.testing import synthetic_frames
 from vidforge.profile import load_profile
 from vidforge.tokenizers import build_tokenizer, frames_to_tensor, losses
-from vidforge.tokenizers.finetune import build_vae, run
+from vidforge.train.tokenizer_finetune import build_vae, run
 from vidforge.train.metrics import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
