@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from vidforge.device import select_device
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
 from vidforge.tokenizers.interface import VideoTokenizer
@@ -11,9 +12,7 @@ from vidforge.tokenizers.interface import VideoTokenizer
 def build_tokenizer(profile: RunProfile, device: str | None = None) -> VideoTokenizer:
     """The profile's tokenizer (`profile.tokenizer`)."""
     cfg = profile.tokenizer
-    from vidforge.text.encoders import resolve_device
-
-    dev = resolve_device(device or cfg.device)
+    dev = select_device(device or cfg.device, "tokenizer.device")
     if cfg.kind == "pixel":
         from vidforge.tokenizers.pixel import PixelTokenizer
 
