@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: install
 	PYTHON=$(BIN)/python VIDFORGE=$(BIN)/vidforge bash commands/demo.sh runs/demo
 
+# A worker per core; a file's tests stay on one worker, so module fixtures are built once.
+TEST_WORKERS ?= auto
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"

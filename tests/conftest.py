@@ -12,6 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
+# Under pytest-xdist (`make test` runs a worker per core) each worker, and every vidforge process a test
+# starts, gets its share of the cores: torch's intra-op threads of two workers would otherwise fight over
+# the same cores. Set before any test module imports torch, which reads it once.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
 
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs

@@ -53,8 +53,8 @@ def require_model(
 ) -> None:
     """Refuse a model whose parameters alone, at `bytes_per_parameter` each and split over `ranks`, exceed
     `device`'s memory (`model.hidden=1000000` asked the allocator for 4 TB after a minute). Counted on a
-    model built on the meta device (vidforge.bench.param_counts): no memory."""
-    from vidforge.bench.param_counts import parameter_counts
+    model built on the meta device (vidforge.estimate.param_counts): no memory."""
+    from vidforge.estimate.param_counts import parameter_counts
 
     total = parameter_counts(model_cfg).total
     require(

@@ -254,7 +254,7 @@ def _regather_saving(group) -> tuple[int, float]:
     import torch.distributed as dist
 
     from vidforge.bench.measure import saved_activations
-    from vidforge.bench.memory_model import block_activations
+    from vidforge.estimate.memory_model import block_activations
     from vidforge.models import model_config
     from vidforge.parallel.context_parallel import cp_process_group
     from vidforge.parallel.cp_attention import all_gather_attention

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from ranks import run_ranks  # noqa: E402
 from test_tokenizer_finetune import finetune_profile, save_tiny_wan, write_clips  # noqa: E402
 
-from vidforge.tokenizers.finetune import run  # noqa: E402
 from vidforge.train.metrics import read_metrics  # noqa: E402
+from vidforge.train.tokenizer_finetune import run  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

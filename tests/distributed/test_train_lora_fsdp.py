@@ -64,7 +64,7 @@ def test_lora_under_fsdp2_matches_one_process(precision, tmp_path) -> None:
     from safetensors.torch import load_file
 
     from vidforge.models import build_model, save_model
-    from vidforge.train.lora import WEIGHTS
+    from vidforge.models.lora import WEIGHTS
 
     latents = make_latents(tmp_path / "data", identical=True, samples=4)
     torch.manual_seed(7)  # a base off the builder's zero-initialised gates (which would keep gradients 0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vidforge.bench.memory_model import estimate_memory
+from vidforge.estimate.memory_model import estimate_memory
 from vidforge.models import build_model
 from vidforge.profile import load_profile
 from vidforge.train.dry_run import dry_run

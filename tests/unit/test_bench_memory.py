@@ -1,4 +1,4 @@
-"""The analytic memory model (`vidforge.bench.memory_model`) against what a real training step holds on
+"""The analytic memory model (`vidforge.estimate.memory_model`) against what a real training step holds on
 CPU, measured from the tensors (`vidforge.bench.measure`): parameter, gradient, optimizer and EMA bytes
 from the actual tensors after a step, and activation bytes from the storages autograd saved during the
 forward. Target (issue #8): within 15%; the states are exact here (unsharded, no FSDP padding)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vidforge.bench.memory_model import block_activations, estimate_memory
 from vidforge.bench.train_bench import BenchStep
-from vidforge.bench.workload import Workload
+from vidforge.estimate.memory_model import block_activations, estimate_memory
+from vidforge.estimate.workload import Workload
 from vidforge.profile import load_profile
 
 TINY = [

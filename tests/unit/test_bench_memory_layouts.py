@@ -58,8 +58,8 @@ CASES = {
 
 
 def _measure(rank: int, world: int) -> dict[str, tuple[dict, dict]]:
-    from vidforge.bench.memory_model import estimate_memory
     from vidforge.bench.train_bench import BenchStep
+    from vidforge.estimate.memory_model import estimate_memory
     from vidforge.profile import load_profile
 
     out = {}

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from vidforge.bench.comm_model import communication, group_link
-from vidforge.bench.memory_model import GIB
-from vidforge.bench.param_counts import parameter_counts
 from vidforge.bench.plan import evaluate, format_plan, format_ranking, rank_layouts, structural_problems
-from vidforge.bench.workload import Workload
+from vidforge.estimate.comm_model import communication, group_link
+from vidforge.estimate.memory_model import GIB
+from vidforge.estimate.param_counts import parameter_counts
+from vidforge.estimate.workload import Workload
 from vidforge.profile import load_profile
 from vidforge.profile.parallel import Layout
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from vidforge.bench.comm_model import communication
 from vidforge.bench.plan import cp_choices, rank_cp_impls, structural_problems
-from vidforge.bench.workload import Workload
 from vidforge.cli.app import app
+from vidforge.estimate.comm_model import communication
+from vidforge.estimate.workload import Workload
 from vidforge.profile import load_profile
 from vidforge.profile.parallel import Layout
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 
-from vidforge.bench.param_counts import parameter_counts
+from vidforge.estimate.param_counts import parameter_counts
 from vidforge.models import build_model, model_config, pack_latents, unpack_tokens
 from vidforge.profile import Model
 from vidforge.tokens import patchify, token_grid

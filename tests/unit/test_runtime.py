@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vidforge.device import select_device
 from vidforge.errors import UserInputError
 from vidforge.parallel import runtime as rt
 from vidforge.parallel.dims import ParallelDims
@@ -45,15 +46,15 @@ def test_a_task_that_sees_one_gpu_takes_it(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("LOCAL_RANK", "5")
-    assert rt.select_device("cuda") == torch.device("cuda", 0)
+    assert select_device("cuda") == torch.device("cuda", 0)
 
 
 def test_device_choices_without_a_gpu(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert rt.select_device("auto") == torch.device("cpu")
-    assert rt.select_device("cpu") == torch.device("cpu")
+    assert select_device("auto") == torch.device("cpu")
+    assert select_device("cpu") == torch.device("cpu")
     with pytest.raises(UserInputError, match="cluster.accelerator: the profile asks for CUDA"):
-        rt.select_device("cuda")
+        select_device("cuda")
     assert rt.init_runtime(load_profile("local_cpu")).device == torch.device("cpu")
 
 

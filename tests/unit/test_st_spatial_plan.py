@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from vidforge.bench.comm_model import communication
 from vidforge.bench.plan import rank_cp_impls, rank_layouts
-from vidforge.bench.workload import Workload
+from vidforge.estimate.comm_model import communication
+from vidforge.estimate.workload import Workload
 from vidforge.profile import load_profile
 from vidforge.profile.layout_rules import layout_problems
 from vidforge.profile.parallel import Layout

@@ -16,8 +16,8 @@ from vidforge.data.media import write_video
 from vidforge.data.testing import synthetic_frames
 from vidforge.profile import load_profile
 from vidforge.tokenizers import build_tokenizer, frames_to_tensor, losses
-from vidforge.tokenizers.finetune import build_vae, run
 from vidforge.train.metrics import read_metrics
+from vidforge.train.tokenizer_finetune import build_vae, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_tokenizers_vae import TINY_WAN  # noqa: E402  (the tiny Wan VAE of the tokenizer's tests)

@@ -69,7 +69,7 @@ def test_stages_run_in_order_with_their_own_fields(uninterrupted) -> None:
 def test_stage_two_starts_from_stage_ones_ema(uninterrupted, latents, tmp_path) -> None:
     """Stage b's first weights are stage a's export (its EMA): b's step-1 loss, recomputed from a plain
     --init of a's export, is the same float."""
-    from vidforge.profile.stages import apply_stage
+    from vidforge.profile.checks import apply_stage
     from vidforge.train import loop
     from vidforge.train.init_weights import WeightsInit
 

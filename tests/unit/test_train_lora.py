@@ -127,7 +127,7 @@ def test_a_resumed_lora_run_gives_the_uninterrupted_runs_losses_and_adapter(
 ) -> None:
     from safetensors.torch import load_file
 
-    from vidforge.train.lora import WEIGHTS
+    from vidforge.models.lora import WEIGHTS
 
     _run(latents, tmp_path / "run", wan_base, steps=2)
     with pytest.raises(UserInputError, match="pass the --init it started from again"):
@@ -154,8 +154,8 @@ def test_the_exported_adapter_loaded_into_diffusers_gives_vidforges_forward(wan_
     changes the output (it is not a no-op)."""
     from diffusers import WanTransformer3DModel
 
+    from vidforge.models.lora import load_adapter
     from vidforge.models.wan_weights import load_diffusers_wan
-    from vidforge.train.lora import load_adapter
 
     profile = train_profile(*WAN)
     x, t, text = _wan_inputs(profile)
@@ -182,9 +182,9 @@ def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, 
 
     from vidforge.cli.app import app
     from vidforge.models import load_model
+    from vidforge.models.lora import load_adapter
     from vidforge.models.wan_weights import load_diffusers_wan
     from vidforge.profile import load_profile
-    from vidforge.train.lora import load_adapter
 
     merged = tmp_path / "merged"  # the base comes from the run's record of its --init
     result = CliRunner().invoke(
@@ -237,7 +237,7 @@ def test_infer_with_an_adapter_at_scale_0_is_the_base_and_at_scale_1_the_merged_
     wan_base, lora_run, tmp_path
 ) -> None:
     from vidforge.infer import run as infer_run
-    from vidforge.train.export import export_merged
+    from vidforge.train.merge_lora import export_merged
 
     sets = [
         "diffusion.steps=3",
@@ -272,10 +272,10 @@ def test_the_memory_model_counts_no_gradients_or_optimizer_states_for_the_frozen
     A = sum over the targeted Linear layers of rank x (in + out). `bench plan` evaluates the same."""
     from torch import nn
 
-    from vidforge.bench.memory_model import estimate_memory
     from vidforge.bench.plan import evaluate
+    from vidforge.estimate.memory_model import estimate_memory
+    from vidforge.models.lora import DEFAULT_TARGETS
     from vidforge.profile import load_profile
-    from vidforge.train.lora import DEFAULT_TARGETS
 
     sets = [f"model.preset={preset}", "cluster.gpus_per_node=8", "parallel.dp_shard=8", "train.ema_decay=0.9"]
     if family == "wan":
@@ -359,8 +359,8 @@ def test_the_exported_adapter_file_is_the_same_bytes_every_time(lora_run, tmp_pa
 
     from safetensors.torch import load_file
 
+    from vidforge.models.lora import WEIGHTS, save_adapter
     from vidforge.profile.train import Lora
-    from vidforge.train.lora import WEIGHTS, save_adapter
 
     weights = {
         k.replace("transformer.", "", 1)

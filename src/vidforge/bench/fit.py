@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from vidforge.bench.memory_model import GIB, lora_block_bytes
-from vidforge.bench.param_counts import parameter_counts
 from vidforge.bench.plan import LayoutPlan, divisors, evaluate
 from vidforge.errors import UserInputError
+from vidforge.estimate.memory_model import GIB, lora_block_bytes
+from vidforge.estimate.param_counts import parameter_counts
 from vidforge.profile import RunProfile
 from vidforge.profile.loading import ProfileError, apply_override, validate_profile
 

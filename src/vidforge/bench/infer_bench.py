@@ -17,13 +17,14 @@ from typing import Any
 import torch
 
 from vidforge.bench.timing import time_calls
-from vidforge.bench.workload import Workload
 from vidforge.diffusion import classifier_free_guidance, registry, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
 from vidforge.diffusion.objective import Denoiser
 from vidforge.errors import UserInputError
+from vidforge.estimate.workload import Workload
 from vidforge.infer.sampling import batched_denoiser
 from vidforge.models import build_model
+from vidforge.parallel.parallelize import compute_dtype
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
 
@@ -82,7 +83,7 @@ def run(
     )
     guidance = chosen(guidance, GUIDANCE_MODES, "is not a guidance mode", "--guidance")
     device = init_runtime(profile).device
-    dtype = torch.bfloat16 if profile.train.precision == "bf16" and device.type == "cuda" else torch.float32
+    dtype = compute_dtype(profile) if device.type == "cuda" else torch.float32
     workload = Workload.from_profile(profile, samples=profile.infer.batch_size, packed=False)
     torch.manual_seed(profile.train.seed)
     model = build_model(profile.model, device=device, dtype=dtype).eval()

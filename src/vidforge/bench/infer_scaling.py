@@ -22,10 +22,11 @@ import torch
 import torch.distributed as dist
 
 from vidforge.bench.timing import Stopwatch, Timing
-from vidforge.bench.workload import Workload
+from vidforge.estimate.workload import Workload
 from vidforge.infer.run import InferPlan, Sampler, check_plan, parallel_sampler, profile_slicing
 from vidforge.infer.sampling import sample_latents
 from vidforge.models import build_model
+from vidforge.parallel.parallelize import compute_dtype
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
 
@@ -50,7 +51,7 @@ def run(profile: RunProfile) -> dict[str, Any]:
 
         raise UserInputError("bench infer --nproc: give 2 or more ranks (--nproc 1 is `bench infer` itself)")
     prof = profile.model_copy(update={"diffusion": profile.diffusion.model_copy(update={"churn": 0.0})})
-    dtype = torch.bfloat16 if prof.train.precision == "bf16" and device.type == "cuda" else torch.float32
+    dtype = compute_dtype(prof) if device.type == "cuda" else torch.float32
     workload = Workload.from_profile(prof, samples=prof.infer.batch_size, packed=False)
     b = workload.samples
     g = torch.Generator().manual_seed(0)

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from vidforge.bench.comm_model import CommTerm, communication
-from vidforge.bench.memory_model import GIB, MemoryEstimate, estimate_memory
-from vidforge.bench.workload import Workload
+from vidforge.estimate.comm_model import CommTerm, communication
+from vidforge.estimate.memory_model import GIB, MemoryEstimate, estimate_memory
+from vidforge.estimate.workload import Workload
 from vidforge.models.flops import forward_flops
 from vidforge.profile import RunProfile
 from vidforge.profile.layout_rules import layout_problems

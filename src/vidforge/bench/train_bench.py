@@ -11,7 +11,7 @@ Memory: on CUDA the allocator's peak; on CPU (no allocator statistics) what the 
 from the tensors (`vidforge.bench.measure`): local parameter, gradient, optimizer and EMA shards after a
 step, and the bytes autograd saved during a forward (not under pipeline parallel, whose forwards and
 backwards interleave). Both are reported beside the analytic model's prediction
-(`vidforge.bench.memory_model`)."""
+(`vidforge.estimate.memory_model`)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from vidforge.bench.measure import saved_activations, state_bytes
-from vidforge.bench.memory_model import GIB, estimate_memory
 from vidforge.bench.timing import slowest_rank, time_calls
-from vidforge.bench.workload import Workload
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.errors import UserInputError
+from vidforge.estimate.memory_model import GIB, estimate_memory
+from vidforge.estimate.workload import Workload
 from vidforge.models import forward_flops, pack_latents
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile

@@ -80,7 +80,7 @@ def export(
 
     from vidforge.errors import UserInputError
     from vidforge.models.wan_weights import export_wan
-    from vidforge.train.export import export_merged
+    from vidforge.train.merge_lora import export_merged
 
     if to not in ("diffusers", "vidforge") or (to == "vidforge" and not merged):
         raise UserInputError(f"--to {to}: diffusers, or vidforge with --merged")
@@ -103,7 +103,7 @@ def export(
 def _refuse_adapter(export_dir: Path) -> None:
     """A LoRA run's export is an adapter, already in diffusers' LoRA format: nothing to convert alone."""
     from vidforge.errors import UserInputError
-    from vidforge.train import lora
+    from vidforge.models import lora
 
     try:
         adapter = lora.read_adapter(export_dir)

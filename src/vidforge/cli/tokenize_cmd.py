@@ -92,7 +92,7 @@ def finetune(
 
     Example: vidforge tokenize finetune runs/clips --run-dir runs/vae_ft --set tokenizer.kind=wan --set tokenizer.path=models/wan-vae
     """
-    from vidforge.tokenizers.finetune import run
+    from vidforge.train.tokenizer_finetune import run
 
     resolved = profile_from(profile, set_)
     output = current_output()

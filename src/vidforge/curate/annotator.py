@@ -109,9 +109,9 @@ class CaptionAnnotator:
         check_inputs(cfg, [])  # every check on the user's input, before any model loads
         import torch
 
-        from vidforge.curate.clip_score import resolve_device
+        from vidforge.device import select_device
 
-        self.device = resolve_device(cfg.device)
+        self.device = str(select_device(cfg.device, "curation.caption.device"))
         # Random weights (tests, demos) are the same in every worker and every run: seeded, without
         # touching the caller's random state.
         with torch.random.fork_rng(devices=[]):

@@ -84,14 +84,6 @@ def register_tiny_configs() -> None:
     _registered = True
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("curation.caption.device=cuda but no CUDA device is visible; use auto or cpu")
-    return device
-
-
 @dataclass
 class LoadedModel:
     model: torch.nn.Module

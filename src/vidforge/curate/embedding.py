@@ -15,21 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from vidforge.curate.stage import Stage
+from vidforge.device import select_device
 from vidforge.errors import UserInputError
 
 TINY = "vidforge-tiny"  # a small CLIP for CPU runs and tests (`clip_score.TINY_CONFIGS`)
 _CACHE: dict[tuple, ImageEmbedder] = {}
 _CACHE_LOCK = threading.Lock()
-
-
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("curation.embed_device=cuda but no CUDA device is available; use auto or cpu")
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 @dataclass
@@ -91,7 +82,7 @@ class ImageEmbedder:
             raise UserInputError(
                 f"curation.embed_checkpoint={checkpoint}: no such file; give a local weights file"
             )
-        dev = resolve_device(device)
+        dev = str(select_device(device, "curation.embed_device"))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # random weights must be the same in every worker and every run
             try:

@@ -107,7 +107,7 @@ class EasyOcrDetector:
         try:
             self.reader = easyocr.Reader(
                 self.languages,
-                gpu=self.device == "cuda",
+                gpu=self.device.startswith("cuda"),
                 model_storage_directory=str(folder),
                 user_network_directory=str(folder),
                 download_enabled=False,

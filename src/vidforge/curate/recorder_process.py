@@ -119,7 +119,7 @@ def _record(conn, source: str, recorder) -> str:
     """Decode the source and push its frames as the parent's messages allow; 'finish' or 'discard'."""
     import av
 
-    from vidforge.curate.decode import frame_rate, open_source, video_stream
+    from vidforge.curate.container import frame_rate, open_source, video_stream
 
     with open_source(source) as container:
         stream = video_stream(container)

@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from vidforge.curate.embedding import resolve_device
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
 from vidforge.data.embeddings import DROPPED, EmbeddingStore
 from vidforge.data.manifest import atomic_path, stable_id, write_json, write_jsonl
 from vidforge.data.units import UNITS_DIR, UnitLedger
+from vidforge.device import select_device
 from vidforge.errors import UserInputError
 
 PLAN = "plan.npy"
@@ -185,7 +185,7 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
     row with fewer candidate clusters than probes. `cfg` is `curation.semantic_dedup`."""
     import torch
 
-    x = torch.from_numpy(vectors).to(resolve_device(cfg.device))
+    x = torch.from_numpy(vectors).to(select_device(cfg.device, "curation.semantic_dedup.device"))
     n = len(x)
     if n == 0:
         return np.zeros((0, cfg.probes), np.int64)
@@ -286,7 +286,7 @@ class PairStage(Stage):
         self.threshold, self.device = threshold, device
 
     def setup(self) -> None:
-        self.device = resolve_device(self.device)
+        self.device = str(select_device(self.device, "curation.semantic_dedup.device"))
 
     def process(self, item: ClusterWork) -> ClusterWork:
         item.found = cluster_pairs(item, self.threshold, device=self.device)

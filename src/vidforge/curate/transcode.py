@@ -15,7 +15,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidforge.curate.decode import open_source, video_stream
+from vidforge.curate.container import open_source, video_stream
 from vidforge.curate.encoder import ClipEncoder, output_size, sample_indices
 from vidforge.curate.items import ClipPlan, ClipResult, RecordedShot
 from vidforge.curate.stage import ItemError, Stage

@@ -30,13 +30,14 @@ from typing import Any
 import numpy as np
 
 from vidforge.data.blending import Blender, Ref, SourceStream
-from vidforge.data.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, read_media
+from vidforge.data.media import IMAGE_EXTENSIONS, read_media
 from vidforge.data.paths import UnsafePath
 from vidforge.data.shard_index import ShardIndex, read_index
 from vidforge.data.shard_reader import SampleError, ShardError, check_shard, decode_members, read_members
 from vidforge.data.store import StoreSettings
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
+from vidforge.profile.data import VIDEO_EXTENSIONS
 
 log = logging.getLogger("vidforge.data")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
-VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "avi")
 
 
 class MediaError(ValueError):

@@ -18,24 +18,10 @@ from typing import Any
 
 from vidforge.data.manifest import write_json
 from vidforge.data.paths import inside, plain_name
+from vidforge.data.shard_entry import INDEX, ShardEntry
 from vidforge.errors import UserInputError
 
-INDEX = "index.json"
 FORMAT = "vidforge-shards"
-
-
-@dataclass(frozen=True)
-class ShardEntry:
-    name: str
-    split: str
-    samples: int
-    bytes: int
-    sha256: str
-    bucket: str = "all"
-    keys_digest: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vidforge.data.shard_index import ShardEntry
+from vidforge.data.shard_entry import ShardEntry
 from vidforge.data.shard_writer import SAFE_EXT, SAFE_KEY
 
 

@@ -26,7 +26,8 @@ from vidforge.data.energon import write_nv_meta
 from vidforge.data.manifest import read_jsonl, stable_id, write_jsonl
 from vidforge.data.media import MediaError, media_kind, probe
 from vidforge.data.paths import UnsafePath, inside
-from vidforge.data.shard_index import INDEX, read_index, write_index
+from vidforge.data.shard_entry import INDEX
+from vidforge.data.shard_index import read_index, write_index
 from vidforge.data.shard_writer import ShardWriter, json_bytes, member_bytes, npy_bytes, safe_key
 from vidforge.data.split import split_of
 from vidforge.data.store import staged, upload

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vidforge.data.shard_index import INDEX, ShardEntry
+from vidforge.data.shard_entry import INDEX, ShardEntry
 from vidforge.errors import UserInputError
 
 log = logging.getLogger("vidforge.data")

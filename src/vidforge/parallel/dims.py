@@ -31,6 +31,12 @@ class ParallelDims:
     _flat: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
     _groups: dict[str, dist.ProcessGroup] = field(default_factory=dict, repr=False)
 
+    @classmethod
+    def data_parallel(cls, world: int, device_type: str) -> ParallelDims:
+        """Every rank a data-parallel FSDP shard: what a run that ignores the profile's layout (the VAE
+        fine-tune) shards over."""
+        return cls(Layout(pp=1, dp_replicate=1, dp_shard=world, cp=1, tp=1), device_type)
+
     @property
     def world_size(self) -> int:
         return self.layout.world_size

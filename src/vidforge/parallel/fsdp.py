@@ -18,7 +18,8 @@ def apply_fsdp(
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
 ) -> nn.Module:
-    """Shard each block, then the root (embeddings, conditioning, final layer). Parameters stay fp32
+    """Shard each block, then the root (embeddings, conditioning, final layer; no blocks: the root alone,
+    as the VAE fine-tune shards its VAE and discriminator). Parameters stay fp32
     (master weights); compute runs in `param_dtype`; gradients are reduced in `reduce_dtype`."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = {"mesh": mesh, "mp_policy": policy}

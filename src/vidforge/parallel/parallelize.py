@@ -29,7 +29,7 @@ from vidforge.profile.parallel import Parallel
 @dataclass
 class Parallelized:
     """What was applied, for the run's notes (the compute dtype the caller autocasts to is
-    `autocast_dtype`'s)."""
+    `compute_dtype`'s)."""
 
     notes: list[str] = field(default_factory=list)
 
@@ -60,7 +60,6 @@ def parallelize(
         n = len(apply_block_swap(model.blocks, cfg.lora.blocks_to_swap, device).order)  # type: ignore[union-attr]
         done.notes.append(f"block swap: the frozen weights of the last {n} blocks wait in host memory")
     if uses_fsdp(dims):
-        param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
         # Under pipeline parallel a stage runs every micro-batch's forward before its backwards (GPipe) or
         # interleaved with them (1F1B): resharding after each forward would all-gather the stage's weights
         # again for every micro-batch. Kept gathered, they are gathered once a step (torchtitan does the same).
@@ -68,7 +67,7 @@ def parallelize(
             model,
             dims.fsdp_mesh(),
             model.blocks,
-            param_dtype=param_dtype,
+            param_dtype=compute_dtype(profile),
             cpu_offload=cfg.fsdp_cpu_offload,
             reshard_after_forward=not dims.pp_enabled,
         )
@@ -131,8 +130,20 @@ def uses_fsdp(dims: ParallelDims) -> bool:
     return dims.fsdp_enabled or dims.dp_enabled
 
 
+def compute_dtype(profile: RunProfile) -> torch.dtype:
+    """What a training step computes in (`train.precision`): bf16 or fp32. Decided here alone: FSDP's
+    parameter dtype, autocast's, the activations pipeline stages send, LoRA's frozen base."""
+    return torch.bfloat16 if profile.train.precision == "bf16" else torch.float32
+
+
+def reduced_dtype(profile: RunProfile) -> torch.dtype | None:
+    """The compute dtype where it is below the fp32 weights (bf16), None in fp32: nothing to cast."""
+    dtype = compute_dtype(profile)
+    return None if dtype == torch.float32 else dtype
+
+
 def autocast_dtype(dims: ParallelDims, profile: RunProfile) -> torch.dtype | None:
     """The dtype to autocast the forward to: bf16 without FSDP (fp32 weights, bf16 compute); None with
     FSDP, whose mixed precision casts itself, and in fp32. Known before the model exists, which the
     pipeline needs."""
-    return torch.bfloat16 if profile.train.precision == "bf16" and not uses_fsdp(dims) else None
+    return None if uses_fsdp(dims) else reduced_dtype(profile)

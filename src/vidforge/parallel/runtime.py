@@ -1,48 +1,25 @@
 """The process's place in a run: which device it computes on and which process group it is in.
 
-`init_runtime` is the only code that picks a device and starts torch.distributed (train, infer, bench
-and tokenize all call it). The device is chosen before the process group starts, from LOCAL_RANK: under
-torchrun, `--nproc 8` or SLURM each rank of a node drives its own GPU (`cuda:LOCAL_RANK`, modulo the
-visible devices, so a task that sees only its own GPU takes it), and `torch.cuda.set_device` makes it
-the current device for NCCL and for every later `torch.cuda` call.
+`init_runtime` is the only code that starts torch.distributed (train, infer, bench and tokenize all call
+it). The device is chosen (`vidforge.device.select_device`: `cuda:LOCAL_RANK` for a GPU) before the
+process group starts, and `torch.cuda.set_device` makes it the current device for NCCL and for every
+later `torch.cuda` call.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.distributed as dist
 
+from vidforge.device import local_rank, select_device
 from vidforge.errors import UserInputError
 from vidforge.parallel.dims import ParallelDims
 from vidforge.parallel.launch import start_advice
 from vidforge.profile import RunProfile
 from vidforge.profile.cluster import Cluster
-
-DeviceChoice = Literal["cuda", "cpu", "auto"]
-"""What a stage asks for: `cuda` (refused when no GPU is visible), `cpu`, or `auto` (a GPU if visible)."""
-
-
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def select_device(choice: str, rank_on_node: int | None = None) -> torch.device:
-    """This process's device for `choice` (see DeviceChoice): `cuda:LOCAL_RANK` (modulo the visible
-    GPUs) when it is a GPU. `choice` may also be a device string with an index (`cuda:1`), used as is."""
-    if choice not in ("cuda", "cpu", "auto"):
-        return torch.device(choice)
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise UserInputError(
-            "cluster.accelerator: the profile asks for CUDA but no GPU is visible; use --profile local_cpu"
-        )
-    index = local_rank() if rank_on_node is None else rank_on_node
-    return torch.device("cuda", index % torch.cuda.device_count())
 
 
 @dataclass

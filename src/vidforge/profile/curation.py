@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from vidforge.profile.base import Section
 from vidforge.profile.caption import Caption
+from vidforge.profile.data import VIDEO_EXTENSIONS
 
 
 class SemanticDedup(Section):
@@ -43,7 +44,7 @@ class Curation(Section):
     Defaults follow Vchitect-2.0's curation (after Panda-70M) and PySceneDetect's own detector defaults."""
 
     # -- inputs ---------------------------------------------------------------------------------------
-    extensions: tuple[str, ...] = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts")
+    extensions: tuple[str, ...] = tuple(f".{ext}" for ext in VIDEO_EXTENSIONS)
     """File suffixes taken as videos when an input is a directory (searched recursively)."""
 
     # -- 1. decode ------------------------------------------------------------------------------------

@@ -8,6 +8,10 @@ from pydantic import Field, model_validator
 
 from vidforge.profile.base import Section
 
+VIDEO_EXTENSIONS = ("mp4", "mov", "mkv", "webm", "avi", "m4v", "mpg", "mpeg", "ts")
+"""File types read as videos, everywhere: curation's inputs (`curation.extensions`' default, with a dot),
+shard members (the loader, the VAE fine-tune). Images are `data.image_extensions`."""
+
 
 class Source(Section):
     """One shard directory the loader reads, with its blending weight."""

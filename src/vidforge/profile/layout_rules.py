@@ -14,12 +14,9 @@ Pure data: no torch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from vidforge.profile.parallel import Layout
-
-if TYPE_CHECKING:
-    from vidforge.profile.run_profile import RunProfile
+from vidforge.profile.run_profile import RunProfile
 
 Rule = Callable[["RunProfile", Layout], list[str]]
 

@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from vidforge.errors import UserInputError
+from vidforge.profile.checks import profile_problems
 from vidforge.profile.run_profile import RunProfile
 
 PROFILE_ENV = "VIDFORGE_PROFILE"
@@ -77,11 +78,15 @@ def validate_profile(
     """The validated profile; ProfileError naming, for each problem, where it came from: the `--set`
     that gave the field its value, else the file (`where`)."""
     try:
-        return RunProfile.model_validate(data)
+        profile = RunProfile.model_validate(data)
     except ValidationError as err:
-        # One error may hold several `field: message` problems joined by "; " (the layout rulebook's).
+        # One error may hold several `field: message` problems joined by "; ".
         problems = [p for e in err.errors(include_url=False) for p in _PROBLEMS.split(_format_one(e))]
         raise ProfileError(_attribute(problems, where, overrides)) from None
+    problems = profile_problems(profile)  # the one rulebook of what the trainer can run, and each stage's
+    if problems:
+        raise ProfileError(_attribute(problems, where, overrides))
+    return profile
 
 
 def _attribute(problems: list[str], where: str, overrides: Sequence[str]) -> str:
@@ -138,12 +143,12 @@ def _format_one(error: dict[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         valid = _valid_fields(error["loc"][:-1])
         msg = "unknown field" + (f"; valid fields here: {', '.join(valid)}" if valid else "")
-    elif error["type"] not in {"value_error", "layout"}:
+    elif error["type"] != "value_error":
         given = error.get("input")
         if not isinstance(given, dict | list):
             msg = f"{msg}, got {given!r}"
     sub = _SUBPATH.match(msg)
-    if sub and error["type"] in {"value_error", "layout"}:
+    if sub and error["type"] == "value_error":
         path = f"{path}.{sub.group(1)}" if path else sub.group(1)
         msg = sub.group(2)
     return f"{path}: {msg}" if path else msg

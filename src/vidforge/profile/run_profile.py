@@ -1,9 +1,7 @@
-"""RunProfile: every section together, and the checks that span sections (layout vs. cluster vs. model)."""
+"""RunProfile: every section together. The checks that span sections (layout vs. cluster vs. model) are
+`checks.profile_problems`, run where a profile loads."""
 
 from __future__ import annotations
-
-from pydantic import model_validator
-from pydantic_core import PydanticCustomError
 
 from vidforge.profile.base import Section
 from vidforge.profile.bench import Bench
@@ -12,10 +10,9 @@ from vidforge.profile.curation import Curation
 from vidforge.profile.data import Data
 from vidforge.profile.diffusion import Diffusion
 from vidforge.profile.infer import Infer
-from vidforge.profile.layout_rules import layout_problems
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout, Parallel
-from vidforge.profile.stages import Stage, stage_problems
+from vidforge.profile.stages import Stage
 from vidforge.profile.text_encoder import TextEncoder
 from vidforge.profile.tokenizer import Tokenizer
 from vidforge.profile.train import Train
@@ -51,15 +48,6 @@ class RunProfile(Section):
     stages: list[Stage] = []
     """A curriculum: stages `vidforge train` runs in order, each overriding a few data and train fields and
     starting from the previous stage's EMA weights. Empty: one run with the profile as it is."""
-
-    @model_validator(mode="after")
-    def _check_layout(self) -> RunProfile:
-        problems = layout_problems(self)  # the one rulebook of what the trainer can run
-        problems += stage_problems(self)  # and it holds for each stage's profile too
-        if problems:
-            # A custom error keeps the messages verbatim (no "Value error," prefix), each with its path.
-            raise PydanticCustomError("layout", "; ".join(problems))
-        return self
 
     @property
     def layout(self) -> Layout:

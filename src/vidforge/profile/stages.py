@@ -1,19 +1,17 @@
 """`stages`: a curriculum, run in order by `vidforge train` (vidforge.train.curriculum), each stage
 starting from the previous one's EMA weights. A stage overrides a few fields of the profile (its data,
 buckets, lengths, steps, learning rate, batch); everything else (model, layout, objective) is the profile's.
-Each stage's resulting profile must pass the whole validation, layout rulebook included."""
+Each stage's resulting profile must pass the whole validation, layout rulebook included
+(`checks.stage_problems`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from vidforge.profile.base import Section
 from vidforge.profile.data import Source
-
-if TYPE_CHECKING:
-    from vidforge.profile.run_profile import RunProfile
 
 # Stage field -> (section, field) of the profile it overrides.
 OVERRIDES = {
@@ -65,38 +63,3 @@ class Stage(Section):
             if value is not None:
                 sections.setdefault(section, {})[field] = value
         return sections
-
-
-def apply_stage(profile: RunProfile, stage: Stage) -> RunProfile:
-    """The RunProfile one stage trains with: the profile with the stage's fields set and no stages.
-    Raises pydantic's ValidationError where a section refuses the stage's values."""
-    update: dict[str, Any] = {"stages": []}
-    for section, fields in stage.overrides().items():
-        current = getattr(profile, section)
-        update[section] = type(current).model_validate({**current.model_dump(), **fields})
-    return profile.model_copy(update=update)
-
-
-def stage_problems(profile: RunProfile) -> list[str]:
-    """What is wrong with each stage's resulting profile (section checks and the layout rulebook), as
-    `stages: in stage 'NAME', field: message`."""
-    from vidforge.profile.layout_rules import layout_problems
-
-    problems: list[str] = []
-    names = [stage.name for stage in profile.stages]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        problems.append(f"stages: each stage needs its own name; {', '.join(repeated)} repeats")
-    for stage in profile.stages:
-        try:
-            found = layout_problems(apply_stage(profile, stage))
-        except ValidationError as err:  # raised by the section the stage's values went into
-            found = [_describe(err.title.lower(), e) for e in err.errors(include_url=False)]
-        problems += [f"stages: in stage {stage.name!r}, {p}" for p in found]
-    return problems
-
-
-def _describe(section: str, error: dict[str, Any]) -> str:
-    message = str(error["msg"]).removeprefix("Value error, ")
-    where = ".".join(str(p) for p in error["loc"])
-    return f"{section}.{where}: {message}" if where else f"{section}.{message}"

@@ -19,14 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from vidforge.device import select_device
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class TextEncoderBase(ABC):
@@ -81,7 +76,7 @@ class OpenClipTextEncoder(TextEncoderBase):
         super().__init__(batch_size)
         import open_clip
 
-        self.device = resolve_device(device)
+        self.device = select_device(device, "text_encoder.device")
         self.arch, self.path = arch, path
         self.random_weights = path is None
         if path is not None:
@@ -158,7 +153,7 @@ class T5TextEncoder(TextEncoderBase):
             )
         from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
 
-        self.device = resolve_device(device)
+        self.device = select_device(device, "text_encoder.device")
         self.path = str(path)
         if dtype is None:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32

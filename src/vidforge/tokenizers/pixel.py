@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from vidforge.tokenizers.base import VideoTokenizer
+from vidforge.tokenizers.interface import VideoTokenizer
 
 
 class PixelTokenizer(VideoTokenizer):

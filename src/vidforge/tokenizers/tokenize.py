@@ -28,7 +28,8 @@ from vidforge.data.buckets import bucket_label, frame_bucket, resize_crop, resol
 from vidforge.data.energon import write_nv_meta
 from vidforge.data.media import MediaError, media_kind, read_media
 from vidforge.data.paths import UnsafePath, inside, plain_name
-from vidforge.data.shard_index import INDEX, ShardEntry, ShardIndex, read_index, write_index
+from vidforge.data.shard_entry import INDEX, ShardEntry
+from vidforge.data.shard_index import ShardIndex, read_index, write_index
 from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
 from vidforge.data.store import StoreSettings, is_url, staged, upload
@@ -38,7 +39,8 @@ from vidforge.memory import host_memory_bytes, require
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile
 from vidforge.profile.data import Data
-from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer, frames_to_tensor, tensor_to_frames
+from vidforge.tokenizers.base import build_tokenizer
+from vidforge.tokenizers.interface import VideoTokenizer, frames_to_tensor, tensor_to_frames
 
 CARRIED = ("text_emb.npy", "text_mask.npy", "txt")
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from vidforge.errors import UserInputError
-from vidforge.tokenizers.base import VideoTokenizer
+from vidforge.tokenizers.interface import VideoTokenizer
 
 CLASSES = {
     "wan": "AutoencoderKLWan",

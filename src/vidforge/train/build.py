@@ -5,7 +5,7 @@ Order of construction (torchtitan's): model -> pipeline split (pp > 1: this rank
 per module: float8 linears -> tensor parallel -> context parallel -> activation checkpointing -> compile
 -> FSDP2 (`vidforge.parallel.parallelize`) -> EMA and one AdamW per module over its (sharded) parameters.
 With `--init`, the weights are loaded into the whole model right after it is built; with `train.lora`,
-the model is then frozen and given its adapters (`vidforge.train.lora`), before any split or sharding.
+the model is then frozen and given its adapters (`vidforge.models.lora`), before any split or sharding.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from torch import nn
 
 from vidforge.models import build_model
 from vidforge.models.cpu_draws import cpu_draws
+from vidforge.models.lora import apply_lora
 from vidforge.parallel.fp8_base import apply_fp8_base
-from vidforge.parallel.parallelize import autocast_dtype, parallelize
+from vidforge.parallel.parallelize import autocast_dtype, compute_dtype, parallelize, reduced_dtype
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.train.ema import EMA, tensor_kind
 from vidforge.train.init_weights import WeightsInit, init_from
-from vidforge.train.lora import apply_lora
 
 
 @dataclass
@@ -54,10 +54,10 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
     if cfg.lora is not None:  # the frozen base and its adapters are what every layout below is handed
         # the adapters' initialisation, as the model's
         with cpu_draws(device, lambda: sum(p.numel() for p in model.parameters())):
-            notes.append(apply_lora(model, cfg.lora, base_dtype(profile)))
+            notes.append(apply_lora(model, cfg.lora, compute_dtype(profile)))
         if cfg.lora.fp8_base:
             notes.append(apply_fp8_base(model, cfg.lora.fp8_scaling))
-    compute_dtype = autocast_dtype(dims, profile)
+    autocast = autocast_dtype(dims, profile)
     pipeline = None
     modules: list[nn.Module] = [model]
     if dims.pp_enabled:  # split first; each stage module is then parallelized alone
@@ -67,9 +67,9 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
             dims.layout,
             profile.parallel.pp_schedule,
             device,
-            autocast_dtype=compute_dtype,
+            autocast_dtype=autocast,
             # the activations sent between stages: FSDP's param_dtype or autocast's
-            activation_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
+            activation_dtype=reduced_dtype(profile),
         )
         modules = list(pipeline.stage_modules)
         del model
@@ -89,7 +89,7 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
         )
         for module in modules
     ]
-    return TrainParts(modules, optimizers, ema, compute_dtype, pipeline, notes)
+    return TrainParts(modules, optimizers, ema, autocast, pipeline, notes)
 
 
 def same_kind_groups(params: Iterable[nn.Parameter]) -> list[dict]:
@@ -109,8 +109,3 @@ def use_tf32(allowed: bool) -> None:
     bf16, whose compute is coarser still and where the few float32 matmuls left gain TF32's speed."""
     torch.backends.cuda.matmul.allow_tf32 = allowed
     torch.backends.cudnn.allow_tf32 = allowed
-
-
-def base_dtype(profile: RunProfile) -> torch.dtype:
-    """What LoRA's frozen base is stored in: the compute dtype (bf16 under train.precision=bf16)."""
-    return torch.bfloat16 if profile.train.precision == "bf16" else torch.float32

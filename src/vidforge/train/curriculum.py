@@ -1,5 +1,5 @@
 """`vidforge train` with a curriculum (the profile's `stages`): one training run per stage, in order, each
-handed its own profile (the stage's fields set, `vidforge.profile.stages.apply_stage`) and started from
+handed its own profile (the stage's fields set, `vidforge.profile.checks.apply_stage`) and started from
 the previous stage's EMA weights through the `--init` path (its latest checkpoint, read with DCP). The
 loop (`vidforge.train.loop.run`) is the same one loop; the stage is what it is handed.
 
@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from vidforge.data.manifest import atomic_path
 from vidforge.profile import RunProfile, dump_profile
-from vidforge.profile.stages import Stage, apply_stage
+from vidforge.profile.checks import apply_stage
+from vidforge.profile.stages import Stage
 from vidforge.train import loop
 from vidforge.train.init_weights import WeightsInit
 

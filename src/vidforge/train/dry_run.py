@@ -8,7 +8,7 @@ parallel, context parallel, FSDP2, EMA and optimizers; then its training step), 
 built fails here, before a job waits in a queue; which layouts the trainer runs at all is the layout
 rulebook's to say, when the profile loads (`vidforge.profile.layout_rules`). Parameter, gradient and optimizer bytes per rank are
 counted from the sharded tensors the layout actually produced; everything else a step holds, which needs a
-forward, comes from the analytic memory model of `vidforge bench plan` (vidforge.bench.memory_model):
+forward, comes from the analytic memory model of `vidforge bench plan` (vidforge.estimate.memory_model):
 activations, the recomputed block, weight copies, communication buffers and the backward's overlap of
 activations and gradients. So the dry run's total is the plan's with the states counted rather than
 computed: the two differ by FSDP's padding of uneven shards only. Ranks differ only by pipeline stage, so
@@ -113,8 +113,8 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
 
 def dry_run(profile: RunProfile) -> DryRun:
     """Build one rank per pipeline stage of `profile`'s layout on a fake process group."""
-    from vidforge.bench.memory_model import estimate_memory
-    from vidforge.bench.workload import Workload
+    from vidforge.estimate.memory_model import estimate_memory
+    from vidforge.estimate.workload import Workload
 
     if dist.is_initialized():
         raise RuntimeError("--dry-run builds its own fake process group: run it in a single process")

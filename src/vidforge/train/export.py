@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from vidforge.models import build_model, save_model
 from vidforge.models.checkpoint import CONFIG
-from vidforge.profile import RunProfile, dump_profile, load_profile
+from vidforge.models.lora import save_adapter
+from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.ema import EMA, Modules, as_module_list
-from vidforge.train.lora import save_adapter
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -72,7 +72,7 @@ def export_weights(
     modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this.
     `step`, the training step the weights are from, goes into config.json (`step`) so that the samples
     drawn from the export say which step they came from. A LoRA run (train.lora) exports its adapters
-    alone (`vidforge.train.lora.save_adapter`), recording `base`, the --init it was trained on."""
+    alone (`vidforge.models.lora.save_adapter`), recording `base`, the --init it was trained on."""
     lora = profile.train.lora
     weights = local_weights(modules, ema, frozen=lora is None)
     if pp_group is not None:
@@ -106,28 +106,3 @@ def record_step(export: Path, step: int) -> None:
     tmp = export / f".{CONFIG}.tmp"
     tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(tmp, path)
-
-
-def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
-    """A LoRA run's adapter folded into its base (W + alpha / rank x B @ A per target) and written as a
-    vidforge export at `out`: model.safetensors, config.json (with the adapter's step), profile.yaml.
-    `base`: an export or a diffusers Wan folder, as `--init` takes; default the base the run recorded."""
-    from vidforge.errors import UserInputError
-    from vidforge.profile.model import Model
-    from vidforge.train.init_weights import init_from
-    from vidforge.train.lora import load_adapter, merge, read_adapter
-
-    record = read_adapter(adapter)
-    base = base if base is not None else record.get("base")
-    if base is None:
-        raise UserInputError(f"--base: {adapter} does not record the base it trained on; pass --base BASE")
-    model = build_model(Model.model_validate(record["model"]), device="cpu")
-    init_from(model, Path(base), allow_partial=False)
-    merge(load_adapter(model, record["folder"]))
-    out = Path(out)
-    save_model(model, out)
-    record_step(out, record["step"])
-    # the run's profile, less train.lora: these are full weights, to sample or fine-tune further
-    trained = load_profile(record["folder"] / "profile.yaml", ["train.lora=null"])
-    (out / "profile.yaml").write_text(dump_profile(trained))
-    return out

@@ -124,7 +124,7 @@ def lora_parameters(cfg: Model, lora: Lora) -> tuple[int, int]:
 def _lora_parameters(cfg: Model, rank: int, targets: tuple[str, ...] | None) -> tuple[int, int]:
     lora = Lora(rank=rank, target_modules=targets)
     from vidforge.models import build_model
-    from vidforge.train.lora import apply_lora, is_adapter
+    from vidforge.models.lora import apply_lora, is_adapter
 
     model = build_model(cfg, device="meta")
     apply_lora(model, lora, torch.float32)

@@ -41,13 +41,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vidforge.bench.param_counts import (
+from vidforge.estimate.param_counts import (
     ParameterCounts,
     lora_parameters,
     parameter_counts,
     tp_local_parameters,
 )
-from vidforge.bench.workload import Workload
+from vidforge.estimate.workload import Workload
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout

@@ -33,13 +33,18 @@ from torch import nn
 from vidforge.data.buckets import resize_crop
 from vidforge.data.media import MediaError, media_kind, read_media
 from vidforge.errors import UserInputError
+from vidforge.parallel.dims import ParallelDims
+from vidforge.parallel.fsdp import apply_fsdp
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
+from vidforge.profile.data import VIDEO_EXTENSIONS
 from vidforge.tokenizers import losses
-from vidforge.tokenizers.base import frames_to_tensor, tensor_to_frames
 from vidforge.tokenizers.discriminator import PatchDiscriminator3D
-from vidforge.tokenizers.grow import grown_config, init_partial
+from vidforge.tokenizers.interface import frames_to_tensor, tensor_to_frames
 from vidforge.tokenizers.vae import vae_class
+from vidforge.train.checkpoint import CheckpointManager
+from vidforge.train.metrics import MetricsLog
+from vidforge.train.tokenizer_grow import grown_config, init_partial
 
 
 class Autoencoder(nn.Module):
@@ -86,7 +91,7 @@ def load_clips(src: str | os.PathLike, n: int, size: list[int]) -> list[tuple[st
             path = index.path(entry)
             for sample in check_shard(path, entry, "sha256"):
                 members = read_members(path, sample)
-                media = [e for e in members if e in ("mp4", "webm", "mkv", "mov", "avi")]
+                media = [e for e in members if e in VIDEO_EXTENSIONS]
                 if media:
                     out.append(
                         (sample.key, _fit(read_media(members[media[0]], "video", n), n, size, sample.key))
@@ -179,15 +184,13 @@ def _check_shapes(vae: nn.Module, profile: RunProfile) -> None:
 
 
 def _shard(modules: list[nn.Module], runtime: Runtime) -> None:
-    """FSDP2 over every rank (pure data parallel), each module its own root."""
+    """FSDP2 over every rank (pure data parallel: the profile's layout is the DiT's), each module its own
+    root, parameters and gradients in fp32."""
     if runtime.world <= 1:
         return
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(runtime.device.type, (runtime.world,))
+    dims = ParallelDims.data_parallel(runtime.world, runtime.device.type)
     for module in modules:
-        fully_shard(module, mesh=mesh)
+        apply_fsdp(module, dims.fsdp_mesh(), nn.ModuleList(), param_dtype=torch.float32)
 
 
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
@@ -334,9 +337,6 @@ def _run(
     runtime: Runtime,
     on_step: Callable[[int, int], None] | None,
 ) -> dict[str, Any]:
-    from vidforge.train.checkpoint import CheckpointManager
-    from vidforge.train.metrics import MetricsLog
-
     ft = profile.tokenizer.finetune
     device = runtime.device
     vae, init = build_vae(profile)  # a wrong tokenizer.path is refused before any clip is decoded

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from vidforge.bench.param_counts import parameter_counts, tp_local_parameters
-from vidforge.bench.workload import Workload
+from vidforge.estimate.param_counts import parameter_counts, tp_local_parameters
+from vidforge.estimate.workload import Workload
 from vidforge.profile import RunProfile
 from vidforge.profile.parallel import Layout
 
