@@ -66,14 +66,19 @@ MODULES = {_module(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
 def _imported(path: Path) -> list[str]:
-    """Every name an import statement in `path` names (for `from a import b`: a, and a.b if a module)."""
+    """Every name an import statement in `path` names (for `from a import b`: a.b, and a unless every
+    name imported is a module of a)."""
     names = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.append(node.module)
-            names += [f"{node.module}.{alias.name}" for alias in node.names]
+            named = [f"{node.module}.{alias.name}" for alias in node.names]
+            # `from package import module` uses the module alone: the package's __init__ runs too, and the
+            # finer rules keep the ones that must stay light (diffusion's) from importing anything
+            if any(name not in MODULES for name in named):
+                names.append(node.module)
+            names += named
     return names
 
 
