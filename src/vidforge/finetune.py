@@ -1,0 +1,474 @@
+"""`vidforge finetune VIDEOS_DIR --base BASE -o RUN`: a folder of captioned videos and a base model to a
+fine-tuned model (LoRA by default), through the pipeline's own stages.
+
+The stages are the commands a user could run one by one, each called through the function its command
+calls, each writing its own folder under RUN:
+
+    RUN/profile.yaml   the resolved profile every stage reads (`--profile RUN/profile.yaml` reruns one)
+    RUN/captions.csv   `path,caption` of every video: what `clip` reads as its list and `caption` as its sidecar
+    RUN/clips          `vidforge clip`: the videos as they are (one clip each), or cut into shots (--cut)
+    RUN/captioned      `vidforge caption`: the captions from the sidecars, no quality filter
+    RUN/shards         `vidforge shard`: caption embeddings by the base model's text encoder
+    RUN/latents        `vidforge tokenize`: latents by the base model's VAE
+    RUN/train          `vidforge train --init BASE --resume`: checkpoints, metrics, validation videos, export/
+    RUN/diffusers      (a full fine-tune of a wan model) `vidforge model export --to diffusers`
+    RUN/train/review   `vidforge review RUN/train`
+
+A finished stage leaves RUN/.finetune/STAGE.json (its command and the digest of what it read); a rerun of
+the same command passes over it, and an unfinished stage resumes as its own command does (each stage
+skips the units it committed; training resumes from its latest checkpoint). Before any of it, the memory
+model (`vidforge bench plan`) checks the training step fits the profile's accelerator, and a recipe that
+does not is refused with the smallest change that does.
+
+Where the captions come from (as finetrainers, musubi-tuner and diffusion-pipe take them): a `.txt` beside
+each video with the same stem, or one table in the folder or given as --captions: a CSV with a header or
+a JSONL, naming the video in `path`, `file_name`, `video` or `video_path` (relative to the table's folder)
+and the caption in `caption`, `text` or `prompt`."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shlex
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
+
+STATE_DIR = ".finetune"
+CAPTIONS = "captions.csv"
+PROFILE = "profile.yaml"
+VIDEO_COLUMNS = ("path", "file_name", "video", "video_path")
+CAPTION_COLUMNS = ("caption", "text", "prompt")
+TABLE_SUFFIXES = (".csv", ".jsonl")
+
+# The clip stage with nothing cut and nothing filtered: one clip a video, as a user's fine-tuning set comes.
+AS_THEY_ARE = (
+    "curation.detector=content",
+    "curation.content_threshold=1000000",  # above any frame difference (at most 255): no shot is cut
+    "curation.stitch=false",
+    "curation.static_max_ratio=1",
+    "curation.min_seconds=0",
+    "curation.max_seconds=1000000",
+)
+# The caption stage as the captions' reader alone: a user's captions are the point, not a filter's say.
+SIDECAR_ONLY = (
+    "curation.embed=false",
+    "curation.caption.backend=sidecar",
+    "curation.caption.fallback=null",
+    "curation.caption.aesthetic.enabled=false",
+    "curation.caption.ocr.enabled=false",
+    "curation.caption.watermark.enabled=false",
+    "curation.caption.motion.enabled=false",
+    "curation.caption.clip_score.enabled=false",
+    "curation.caption.reject_flagged_captions=false",
+)
+# A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
+# diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
+# published fine-tuning lr (1e-5); a short warm-up either way.
+LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=10")
+FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=10")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `vidforge finetune` was asked."""
+
+    videos: Path
+    base: Path
+    out: Path
+    captions: Path | None = None
+    full: bool = False
+    cut: bool = False
+    steps: int | None = None
+    prompts: tuple[str, ...] = ()
+    validate_every: int | None = None
+    profile: str | None = None
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass
+class StageRun:
+    name: str
+    command: str
+    skipped: bool
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FinetuneSummary:
+    out: str
+    stages: list[StageRun]
+    model: str | None
+    """Where the fine-tuned weights are: the LoRA (diffusers' format) or the full model's folder."""
+    validation: str | None
+    review: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "out": self.out,
+            "model": self.model,
+            "validation": self.validation,
+            "review": self.review,
+            "stages": [
+                {"stage": s.name, "skipped": s.skipped, "command": s.command, **s.result} for s in self.stages
+            ],
+        }
+
+
+class Hooks:
+    """What the caller shows while the stages run (the CLI: progress bars, lines, --json events). Each
+    `*_progress` is a context in which the stage runs, yielding the keyword arguments of progress that
+    the stage's function takes."""
+
+    def stage(self, name: str, command: str, skipped: bool) -> None:
+        """A stage starts (or is passed over: done by an earlier run); `command` runs it alone."""
+
+    def progress(self, name: str) -> AbstractContextManager[dict[str, Any]]:
+        return nullcontext({})
+
+    def notice(self, line: str) -> None:
+        """A line worth the user's eye (training's resume and validation lines)."""
+
+
+# --- the data ------------------------------------------------------------------------------------------
+
+
+def _column(names: Sequence[str], wanted: Sequence[str], table: Path, what: str) -> str:
+    for name in wanted:
+        if name in names:
+            return name
+    raise UserInputError(
+        f"{table}: no {what} column; name it one of {', '.join(wanted)} (found {', '.join(names) or 'none'})"
+    )
+
+
+def read_table(table: Path) -> list[tuple[Path, str]]:
+    """(video, caption) rows of a CSV (with a header) or JSONL captions table; relative paths are relative
+    to the table's folder."""
+    if table.suffix.lower() == ".jsonl":
+        rows = []
+        for number, line in enumerate(table.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise UserInputError(f"{table}: line {number} is not JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise UserInputError(f"{table}: line {number} is not a JSON object")
+                rows.append(row)
+    else:
+        with open(table, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    if not rows:
+        raise UserInputError(f"{table}: no rows; one a video: its path and its caption")
+    names = list(rows[0])
+    video, caption = (
+        _column(names, VIDEO_COLUMNS, table, "video"),
+        _column(names, CAPTION_COLUMNS, table, "caption"),
+    )
+    out = []
+    for row in rows:
+        path = Path(str(row.get(video) or ""))
+        out.append(
+            ((path if path.is_absolute() else table.parent / path).resolve(), str(row.get(caption) or ""))
+        )
+    return out
+
+
+def gather_captions(
+    videos_dir: Path, extensions: Sequence[str], captions: Path | None = None
+) -> list[tuple[Path, str]]:
+    """Every video of `videos_dir` with its caption: from `captions` (a table), else from the one table in
+    the folder, else from the `.txt` beside each video. A video without a caption, or a row naming no
+    video, is refused (the line names the first), as is an empty folder."""
+    if not videos_dir.is_dir():
+        raise UserInputError(f"{videos_dir}: not a folder; pass the folder of videos to fine-tune on")
+    exts = {e.lower() for e in extensions}
+    videos = sorted(p.resolve() for p in videos_dir.rglob("*") if p.is_file() and p.suffix.lower() in exts)
+    if not videos:
+        raise UserInputError(
+            f"{videos_dir}: no videos ({', '.join(sorted(exts))}); put the videos to fine-tune on there"
+        )
+    if captions is None:
+        tables = sorted(p for p in videos_dir.iterdir() if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
+        if len(tables) > 1:
+            raise UserInputError(
+                f"{videos_dir}: several caption tables ({', '.join(p.name for p in tables)}); name one with --captions"
+            )
+        captions = tables[0] if tables else None
+    if captions is not None:
+        if not captions.is_file():
+            raise UserInputError(f"--captions {captions}: no such file; give a CSV or JSONL of path,caption")
+        table = dict(read_table(captions))
+        missing = [str(p) for p in table if not p.is_file()]
+        if missing:
+            raise UserInputError(f"{captions}: {len(missing)} row(s) name no file, e.g. {missing[0]}")
+        uncaptioned = [p for p in videos if p not in table]
+        if uncaptioned:
+            raise UserInputError(
+                f"{captions}: no caption for {len(uncaptioned)} video(s) of {videos_dir}, e.g. {uncaptioned[0]}; "
+                "add a row for each, or move them out"
+            )
+        pairs = [(p, table[p]) for p in videos]
+    else:
+        uncaptioned = [p for p in videos if not p.with_suffix(".txt").is_file()]
+        if uncaptioned:
+            raise UserInputError(
+                f"{uncaptioned[0]}: no caption beside it ({uncaptioned[0].with_suffix('.txt').name}); give each "
+                f"video a .txt of its caption, or one captions.csv / .jsonl of path,caption"
+                + (f" ({len(uncaptioned)} videos lack one)" if len(uncaptioned) > 1 else "")
+            )
+        pairs = [(p, p.with_suffix(".txt").read_text(encoding="utf-8").strip()) for p in videos]
+    empty = [p for p, text in pairs if not text.strip()]
+    if empty:
+        raise UserInputError(f"{empty[0]}: an empty caption ({len(empty)} video(s)); write what each shows")
+    return pairs
+
+
+def write_captions(pairs: Sequence[tuple[Path, str]], path: Path) -> None:
+    """The captions as the CSV `path,caption` that `clip` reads as its list and `caption` as its sidecar."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "caption"])
+        writer.writerows((str(p), " ".join(text.split())) for p, text in pairs)
+    os.replace(tmp, path)
+
+
+# --- the profile ---------------------------------------------------------------------------------------
+
+
+def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> RunProfile:
+    """The profile of a fine-tune of `base` as `vidforge infer -c BASE` and `train --init BASE` read it: a
+    diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
+    `overrides`."""
+    from vidforge.infer.run import checkpoint_profile, diffusers_profile, find_export
+
+    if not base.exists():
+        raise UserInputError(f"--base {base}: no such folder; a diffusers Wan folder or a vidforge run")
+    export = find_export(base)
+    if export is None:
+        return diffusers_profile(base, overrides, profile)
+    return checkpoint_profile(export, overrides, profile)
+
+
+def stage_overrides(request: Request, captions: Path) -> list[str]:
+    """What the finetune sets for its stages, before the user's --set (which wins)."""
+    sets = [*(() if request.cut else AS_THEY_ARE), *SIDECAR_ONLY, f"curation.caption.sidecar.path={captions}"]
+    sets += FULL_DEFAULTS if request.full else LORA_DEFAULTS
+    if request.steps is not None:
+        sets.append(f"train.steps={request.steps}")
+    if request.prompts:
+        sets.append(f"train.validation_prompts={json.dumps(list(request.prompts))}")
+    if request.validate_every is not None:
+        sets.append(f"train.validate_every={request.validate_every}")
+    return sets
+
+
+def training_clip(profile: RunProfile) -> tuple[int, int, int]:
+    """The largest clip the run trains on (frames, height, width): what the memory check sizes."""
+    height, width = max(profile.data.buckets, key=lambda hw: hw[0] * hw[1])
+    return max(profile.data.frame_buckets), height, width
+
+
+def check_fits(profile: RunProfile) -> None:
+    """The training step at the largest bucket fits the profile's accelerator by the memory model, or a
+    UserInputError naming the smallest change that fits (`vidforge bench plan`'s own refusal)."""
+    from vidforge.bench.fit import clip_sets, variant
+    from vidforge.bench.plan import evaluate
+    from vidforge.profile.loading import ProfileError
+
+    try:
+        sized = variant(profile, clip_sets(profile, training_clip(profile)))
+    except ProfileError as err:
+        raise UserInputError(str(err)) from None
+    plan = evaluate(sized)
+    if plan.memory is not None and not plan.valid:
+        from vidforge.bench.fit import refusal, smallest_change
+
+        raise UserInputError(refusal(plan, smallest_change(sized, plan), "finetune"))
+
+
+# --- the stages ----------------------------------------------------------------------------------------
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _videos_digest(pairs: Sequence[tuple[Path, str]]) -> str:
+    return _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns, text) for p, text in pairs])
+
+
+def _command(*argv: Any) -> str:
+    return shlex.join(["vidforge", *map(str, argv)])
+
+
+class _Ledger:
+    """RUN/.finetune/STAGE.json: a stage that finished on these inputs, with the command that ran it."""
+
+    def __init__(self, out: Path):
+        self.folder = out / STATE_DIR
+
+    def done(self, name: str, key: str) -> dict[str, Any] | None:
+        path = self.folder / f"{name}.json"
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text())
+        return record if record.get("key") == key else None
+
+    def mark(self, name: str, key: str, command: str, result: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{name}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"key": key, "command": command, "result": result}, indent=1))
+        os.replace(tmp, path)
+
+
+def _partial(name: str, result: Any, out: Path) -> None:
+    """A data stage that left errors (exit 3 from its own command): the fine-tune stops there."""
+    raise UserInputError(
+        f"{name}: {result} error(s) (see {out / 'errors.jsonl'}); fix or remove those videos and rerun"
+    )
+
+
+def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
+    """Run (or resume) the fine-tune `request` describes; see the module's docstring."""
+    hooks = hooks or Hooks()
+    out = request.out.resolve()
+    base = request.base.resolve()
+    pairs_profile = base_profile(base, request.profile, [])  # the extensions the clip stage takes
+    pairs = gather_captions(request.videos, pairs_profile.curation.extensions, request.captions)
+    out.mkdir(parents=True, exist_ok=True)
+    captions = out / CAPTIONS
+    profile = base_profile(base, request.profile, [*stage_overrides(request, captions), *request.overrides])
+    check_fits(profile)
+    from vidforge.profile.loading import dump_profile
+
+    profile_path = out / PROFILE
+    write_captions(pairs, captions)
+    profile_path.write_text(dump_profile(profile))
+    ledger, stages = _Ledger(out), []
+    dumped = profile.model_dump(mode="json")
+    data_key = _digest(
+        _videos_digest(pairs), {k: dumped[k] for k in ("curation", "data", "tokenizer", "text_encoder")}
+    )
+    prof = ("--profile", profile_path)
+    clips, captioned, shards, latents, train_dir = (
+        out / "clips", out / "captioned", out / "shards", out / "latents", out / "train"
+    )  # fmt: skip
+
+    def stage(name: str, key: str, command: str, work: Callable[[dict[str, Any]], dict[str, Any]]) -> dict:
+        record = ledger.done(name, key)
+        hooks.stage(name, command, record is not None)
+        if record is not None:
+            stages.append(StageRun(name, command, True, record.get("result", {})))
+            return record.get("result", {})
+        with hooks.progress(name) as progress:
+            result = work(progress)
+        ledger.mark(name, key, command, result)
+        stages.append(StageRun(name, command, False, result))
+        return result
+
+    def clip(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.clip import run as clip_run
+
+        result = clip_run(profile, [str(captions)], clips, **progress)
+        if result.partial:
+            _partial("clip", result.summary["errors"], clips)
+        return {"clips": result.summary.get("clips")}
+
+    def caption(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.caption import run as caption_run
+
+        summary = caption_run(profile, clips, captioned, **progress)
+        if summary.errors:
+            _partial("caption", summary.errors, captioned)
+        return {"captioned": summary.kept}
+
+    def shard(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.data.sharding import run as shard_run
+
+        summary = shard_run(profile, captioned, shards, **progress)
+        if summary.rejected:
+            _partial("shard", summary.rejected, shards)
+        return {"shards": summary.shards}
+
+    def tokenize(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.tokenizers.tokenize import run as tokenize_run
+
+        summary = tokenize_run(profile, shards, latents, **progress)
+        if summary.rejected:
+            _partial("tokenize", summary.rejected, latents)
+        return {"latent_shards": summary.as_dict().get("shards")}
+
+    stage("clip", data_key, _command("clip", captions, "-o", clips, *prof), clip)
+    stage("caption", data_key, _command("caption", clips, "-o", captioned, *prof), caption)
+    stage("shard", data_key, _command("shard", captioned, "-o", shards, *prof), shard)
+    stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
+
+    def train(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.train.init_weights import WeightsInit
+        from vidforge.train.loop import run as train_run
+
+        summary = train_run(
+            profile,
+            [str(latents)],
+            train_dir,
+            resume=True,
+            init=WeightsInit(base),
+            notice=hooks.notice,
+            **progress,
+        )
+        return {
+            "last_step": summary.last_step,
+            "final_loss_mean": summary.final_loss_mean,
+            "export": summary.export_dir,
+        }
+
+    train_key = _digest(data_key, dumped, str(base))
+    trained = stage(
+        "train",
+        train_key,
+        _command("train", "--data", latents, "--run-dir", train_dir, "--init", base, *prof, "--resume"),
+        train,
+    )
+    model = trained.get("export")
+    if profile.train.lora is None and profile.model.family == "wan":
+
+        def export(progress: dict[str, Any]) -> dict[str, Any]:
+            from vidforge.models.wan_weights import export_wan
+
+            return {"diffusers": str(export_wan(train_dir / "export", out / "diffusers" / "transformer"))}
+
+        exported = stage(
+            "export",
+            train_key,
+            _command(
+                "model",
+                "export",
+                train_dir / "export",
+                "--to",
+                "diffusers",
+                "-o",
+                out / "diffusers" / "transformer",
+            ),
+            export,
+        )
+        model = exported["diffusers"]
+
+    def review(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.review.build import run as review_run
+
+        return {"page": str(review_run(train_dir, None, **progress).page)}
+
+    page = stage("review", train_key, _command("review", train_dir), review)["page"]
+    validation = train_dir / "validation"
+    return FinetuneSummary(str(out), stages, model, str(validation) if validation.is_dir() else None, page)
