@@ -12,6 +12,15 @@ import torch
 WORDS = ["a", "red", "square", "moving", "right", "left", "blue", "circle", "the", "on"]
 VOCAB = {tok: i for i, tok in enumerate(["<pad>", "</s>", "<unk>", *WORDS])}
 TEXT_LEN = 8
+# What diffusers' WanPipeline.from_pretrained reads to build each component.
+MODEL_INDEX = {
+    "_class_name": "WanPipeline",
+    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+    "text_encoder": ["transformers", "UMT5EncoderModel"],
+    "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+    "transformer": ["diffusers", "WanTransformer3DModel"],
+    "vae": ["diffusers", "AutoencoderKLWan"],
+}
 
 
 def _tokenizer(folder: Path) -> None:
@@ -27,13 +36,16 @@ def _tokenizer(folder: Path) -> None:
 
 
 def write_tiny_wan_pipeline(root: Path) -> Path:
-    """The pipeline folder at `root`: a 2-layer transformer (hidden 16, patch 1x2x2, 4 latent channels), a
+    """The pipeline folder at `root`, whole (WanPipeline.from_pretrained loads it; a UniPC scheduler): a 2-layer transformer (hidden 16, patch 1x2x2, 4 latent channels), a
     Wan VAE of base width 8 (8x spatial, 4x temporal compression), a 2-layer umT5 of width 16."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     root.mkdir(parents=True, exist_ok=True)
-    (root / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    (root / "model_index.json").write_text(json.dumps(MODEL_INDEX))
+    UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
+    ).save_pretrained(root / "scheduler")
     torch.manual_seed(0)
     WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,

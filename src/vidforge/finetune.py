@@ -293,7 +293,28 @@ def check_fits(profile: RunProfile) -> None:
     if plan.memory is not None and not plan.valid:
         from vidforge.bench.fit import refusal, smallest_change
 
-        raise UserInputError(refusal(plan, smallest_change(sized, plan), "finetune"))
+        change = smallest_change(sized, plan)
+        if change is not None:
+            change.sets = _clip_as_data_sets(sized, change.sets)
+        raise UserInputError(refusal(plan, change, "finetune"))
+
+
+def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, str]:
+    """A recipe's smaller clip (bench.latent_*, what the planner sizes) as the data settings a fine-tune
+    trains it at (data.frame_buckets, data.buckets in pixels)."""
+    latent = {
+        k: int(sets.pop(f"bench.latent_{k}"))
+        for k in ("frames", "height", "width")
+        if f"bench.latent_{k}" in sets
+    }
+    if not latent:
+        return sets
+    frames, height, width = training_clip(profile)
+    ct, cs = profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+    if "frames" in latent:
+        frames = (latent["frames"] - 1) * ct + 1
+    height, width = latent.get("height", height // cs) * cs, latent.get("width", width // cs) * cs
+    return {"data.frame_buckets": f"[{frames}]", "data.buckets": f"[[{height},{width}]]", **sets}
 
 
 # --- the stages ----------------------------------------------------------------------------------------
