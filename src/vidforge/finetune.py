@@ -40,6 +40,7 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
+from vidforge.profile.loading import dump_profile
 
 STATE_DIR = ".finetune"
 CAPTIONS = "captions.csv"
@@ -130,7 +131,8 @@ class Hooks:
     def stage(self, name: str, command: str, skipped: bool) -> None:
         """A stage starts (or is passed over: done by an earlier run); `command` runs it alone."""
 
-    def progress(self, name: str) -> AbstractContextManager[dict[str, Any]]:
+    def progress(self, name: str, total: int | None = None) -> AbstractContextManager[dict[str, Any]]:
+        """`total`: the stage's count when known before it starts (training's steps)."""
         return nullcontext({})
 
     def notice(self, line: str) -> None:
@@ -365,16 +367,13 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     hooks = hooks or Hooks()
     out = request.out.resolve()
     base = request.base.resolve()
-    pairs_profile = base_profile(base, request.profile, [])  # the extensions the clip stage takes
-    pairs = gather_captions(request.videos, pairs_profile.curation.extensions, request.captions)
-    out.mkdir(parents=True, exist_ok=True)
     captions = out / CAPTIONS
     profile = base_profile(base, request.profile, [*stage_overrides(request, captions), *request.overrides])
+    pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
     check_fits(profile)
-    from vidforge.profile.loading import dump_profile
-
-    profile_path = out / PROFILE
+    out.mkdir(parents=True, exist_ok=True)
     write_captions(pairs, captions)
+    profile_path = out / PROFILE
     profile_path.write_text(dump_profile(profile))
     ledger, stages = _Ledger(out), []
     dumped = profile.model_dump(mode="json")
@@ -386,13 +385,19 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         out / "clips", out / "captioned", out / "shards", out / "latents", out / "train"
     )  # fmt: skip
 
-    def stage(name: str, key: str, command: str, work: Callable[[dict[str, Any]], dict[str, Any]]) -> dict:
+    def stage(
+        name: str,
+        key: str,
+        command: str,
+        work: Callable[[dict[str, Any]], dict[str, Any]],
+        total: int | None = None,
+    ) -> dict:
         record = ledger.done(name, key)
         hooks.stage(name, command, record is not None)
         if record is not None:
             stages.append(StageRun(name, command, True, record.get("result", {})))
             return record.get("result", {})
-        with hooks.progress(name) as progress:
+        with hooks.progress(name, total) as progress:
             result = work(progress)
         ledger.mark(name, key, command, result)
         stages.append(StageRun(name, command, False, result))
@@ -460,6 +465,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         train_key,
         _command("train", "--data", latents, "--run-dir", train_dir, "--init", base, *prof, "--resume"),
         train,
+        profile.train.steps,
     )
     model = trained.get("export")
     if profile.train.lora is None and profile.model.family == "wan":

@@ -20,9 +20,11 @@ class _Shown(Hooks):
 
     def __init__(self, output: Output):
         self.output = output
+        self.started = 0
 
     def stage(self, name: str, command: str, skipped: bool) -> None:
-        self.output.event("progress", unit="stage", stage=name, command=command, skipped=skipped)
+        self.started += 1
+        self.output.progress("stage", self.started, None, stage=name, command=command, skipped=skipped)
         state = "done before, passed over" if skipped else "running"
         self.output.info(f"[bold]{name}[/] ({state}): {command}")
 
@@ -30,7 +32,7 @@ class _Shown(Hooks):
         self.output.info(line)
 
     @contextmanager
-    def progress(self, name: str) -> Iterator[dict[str, Any]]:
+    def progress(self, name: str, total: int | None = None) -> Iterator[dict[str, Any]]:
         out = self.output
         if name in ("clip", "caption"):
             bars = StageBars(out) if out.show_progress else None
@@ -52,13 +54,13 @@ class _Shown(Hooks):
         elif name == "train":
 
             def show(record: dict[str, Any]) -> None:
-                out.progress("step", record["step"], None, **record)
+                out.progress("step", record["step"], total, **record)
                 out.info(
-                    f"step {record['step']:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                    f"step {record['step']:>6}/{total}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
                     f"{record['step_time_s'] * 1000:.0f} ms/step"
                 )
 
-            with out.step_bar("train", 0) as on_step:
+            with out.step_bar("train", total or 0) as on_step:
                 yield {"progress": show, "on_step": on_step}
         elif name == "review" and out.show_progress:
             with out.shard_progress("thumbnails") as advance:
