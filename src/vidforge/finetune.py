@@ -252,13 +252,36 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
     diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
     `overrides`."""
     from vidforge.infer.run import checkpoint_profile, diffusers_profile, find_export
+    from vidforge.train.lora import is_adapter_folder
 
     if not base.exists():
         raise UserInputError(f"--base {base}: no such folder; a diffusers Wan folder or a vidforge run")
+    if is_adapter_folder(base) or is_adapter_folder(base / "export"):
+        raise UserInputError(
+            f"--base {base}: a LoRA run, not a model; fine-tune its merged weights (vidforge model export "
+            f"{base} --merged --to vidforge -o MERGED, then --base MERGED) or its own base"
+        )
     export = find_export(base)
     if export is None:
-        return diffusers_profile(base, overrides, profile)
-    return checkpoint_profile(export, overrides, profile)
+        resolved = diffusers_profile(base, overrides, profile)
+        if resolved.tokenizer.kind == "pixel" or resolved.text_encoder.kind != "t5":
+            raise UserInputError(
+                f"--base {base}: a transformer folder alone; pass the whole pipeline folder (beside its vae/ "
+                "and text_encoder/), or name them with --set tokenizer.path=... --set text_encoder.path=..."
+            )
+        return resolved
+    resolved = checkpoint_profile(export, overrides, profile)
+    if resolved.tokenizer.kind == "pixel":  # weightless: its latent width is known before any stage runs
+        from vidforge.tokenizers.base import build_tokenizer
+
+        channels = build_tokenizer(resolved).latent_channels
+        if channels != resolved.model.in_channels:
+            raise UserInputError(
+                f"--base {base}: its model takes {resolved.model.in_channels} latent channels, its profile's "
+                f"pixel tokenizer gives {channels}; name the VAE it was trained with (--set tokenizer.kind=wan "
+                "--set tokenizer.path=VAE_FOLDER) and its text encoder (text_encoder.kind, text_encoder.path)"
+            )
+    return resolved
 
 
 def stage_overrides(request: Request, captions: Path) -> list[str]:
@@ -367,6 +390,11 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     hooks = hooks or Hooks()
     out = request.out.resolve()
     base = request.base.resolve()
+    if out.is_relative_to(request.videos.resolve()):
+        raise UserInputError(
+            f"-o {request.out}: inside the videos' folder {request.videos}, whose clips a rerun would take "
+            "for videos; put the run elsewhere"
+        )
     captions = out / CAPTIONS
     profile = base_profile(base, request.profile, [*stage_overrides(request, captions), *request.overrides])
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)

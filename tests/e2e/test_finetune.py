@@ -190,3 +190,16 @@ def test_captions_come_from_sidecars_or_one_table(tmp_path) -> None:
     table.write_text("video,caption\nvideos/clip0.mp4,only one\n")
     with pytest.raises(UserInputError, match="no caption for 2 video"):
         gather_captions(videos, [".mp4"], table)
+
+
+def test_a_base_without_its_vae_or_a_lora_run_as_base_is_refused(finetuned, pipeline, tmp_path) -> None:
+    out, _, _ = finetuned
+    videos = _videos(tmp_path / "videos")
+    alone = CliRunner().invoke(app, _args(videos, pipeline / "transformer", tmp_path / "a"))
+    assert (
+        alone.exit_code == 2 and "a transformer folder alone; pass the whole pipeline folder" in alone.output
+    )
+    lora = CliRunner().invoke(app, _args(videos, out / "train", tmp_path / "b"))
+    assert lora.exit_code == 2 and "a LoRA run, not a model" in lora.output
+    inside = CliRunner().invoke(app, _args(videos, pipeline, videos / "run"))
+    assert inside.exit_code == 2 and "inside the videos' folder" in inside.output

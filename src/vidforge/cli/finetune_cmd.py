@@ -24,7 +24,7 @@ class _Shown(Hooks):
 
     def stage(self, name: str, command: str, skipped: bool) -> None:
         self.started += 1
-        self.output.progress("stage", self.started, None, stage=name, command=command, skipped=skipped)
+        self.output.progress("stage", self.started, None, stage=name, command_line=command, skipped=skipped)
         state = "done before, passed over" if skipped else "running"
         self.output.info(f"[bold]{name}[/] ({state}): {command}")
 
