@@ -110,6 +110,8 @@ class FinetuneSummary:
     """Where the fine-tuned weights are: the LoRA (diffusers' format) or the full model's folder."""
     validation: str | None
     review: str | None
+    next: list[str] = field(default_factory=list)
+    """What to run with the result: sampling it, loading it in diffusers, merging a LoRA."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -117,6 +119,7 @@ class FinetuneSummary:
             "model": self.model,
             "validation": self.validation,
             "review": self.review,
+            "next": list(self.next),
             "stages": [
                 {"stage": s.name, "skipped": s.skipped, "command": s.command, **s.result} for s in self.stages
             ],
@@ -387,6 +390,8 @@ def _partial(name: str, result: Any, out: Path) -> None:
 
 def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     """Run (or resume) the fine-tune `request` describes; see the module's docstring."""
+    from vidforge.infer.run import find_export
+
     hooks = hooks or Hooks()
     out = request.out.resolve()
     base = request.base.resolve()
@@ -526,4 +531,18 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
     page = stage("review", train_key, _command("review", train_dir), review)["page"]
     validation = train_dir / "validation"
-    return FinetuneSummary(str(out), stages, model, str(validation) if validation.is_dir() else None, page)
+    prompt = (profile.train.validation_prompts or [pairs[0][1]])[0]
+    if profile.train.lora is not None:
+        after = [
+            _command("infer", "-c", base, "--lora", train_dir, "--prompt", prompt, "-o", out / "samples"),
+            _command("model", "export", train_dir, "--merged", "-o", out / "merged" / "transformer"),
+        ]
+        if find_export(base) is None:
+            after.append(
+                f"diffusers: WanPipeline.from_pretrained({str(base)!r}).load_lora_weights({model!r})"
+            )
+    else:
+        after = [_command("infer", "-c", train_dir, "--prompt", prompt, "-o", out / "samples")]
+    return FinetuneSummary(
+        str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
+    )

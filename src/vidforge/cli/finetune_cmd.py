@@ -158,4 +158,5 @@ def finetune(
     lines += [f"  model: {summary.model}"] if summary.model else []
     lines += [f"  validation videos: {summary.validation}"] if summary.validation else []
     lines += [f"  review page: {summary.review}"] if summary.review else []
+    lines += ["  next:", *(f"    {line}" for line in summary.next)] if summary.next else []
     output.result(data, text="\n".join(lines))
