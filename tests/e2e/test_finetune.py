@@ -203,3 +203,18 @@ def test_a_base_without_its_vae_or_a_lora_run_as_base_is_refused(finetuned, pipe
     assert lora.exit_code == 2 and "a LoRA run, not a model" in lora.output
     inside = CliRunner().invoke(app, _args(videos, pipeline, videos / "run"))
     assert inside.exit_code == 2 and "inside the videos' folder" in inside.output
+
+
+def test_a_refusals_shorter_clip_is_named_in_the_datas_terms() -> None:
+    """bench plan's recipes size a clip in latents (bench.latent_*); a fine-tune trains the data's buckets in
+    pixels: 13 latent frames of a 4x temporal VAE are (13 - 1) * 4 + 1 = 49 frames."""
+    from vidforge.finetune import _clip_as_data_sets
+    from vidforge.profile import load_profile
+
+    profile = load_profile(None, ["tokenizer.spatial_compression=8", "data.buckets=[[480,832]]"])
+    sets = {"bench.latent_frames": "13", "bench.latent_height": "40", "parallel.dp_shard": "1"}
+    assert _clip_as_data_sets(profile, sets) == {
+        "data.frame_buckets": "[49]",
+        "data.buckets": "[[320,832]]",
+        "parallel.dp_shard": "1",
+    }
