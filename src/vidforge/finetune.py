@@ -16,7 +16,9 @@ calls, each writing its own folder under RUN:
 
 A finished stage leaves RUN/.finetune/STAGE.json (its command and the digest of what it read); a rerun of
 the same command passes over it, and an unfinished stage resumes as its own command does (each stage
-skips the units it committed; training resumes from its latest checkpoint). Before any of it, the memory
+skips the units it committed; training resumes from its latest checkpoint). A data stage that finished on
+other videos, captions or settings is refused, naming the folders to remove: its own ledger would keep what
+it made from the old ones. Before any of it, the memory
 model (`vidforge bench plan`) checks the training step fits the profile's accelerator, and a recipe that
 does not is refused with the smallest change that does.
 
@@ -48,6 +50,7 @@ PROFILE = "profile.yaml"
 VIDEO_COLUMNS = ("path", "file_name", "video", "video_path")
 CAPTION_COLUMNS = ("caption", "text", "prompt")
 TABLE_SUFFIXES = (".csv", ".jsonl")
+DATA_FOLDERS = {"clip": "clips", "caption": "captioned", "shard": "shards", "tokenize": "latents"}
 
 # The clip stage with nothing cut and nothing filtered: one clip a video, as a user's fine-tuning set comes.
 AS_THEY_ARE = (
@@ -352,10 +355,6 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _videos_digest(pairs: Sequence[tuple[Path, str]]) -> str:
-    return _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns, text) for p, text in pairs])
-
-
 def _command(*argv: Any) -> str:
     return shlex.join(["vidforge", *map(str, argv)])
 
@@ -366,12 +365,22 @@ class _Ledger:
     def __init__(self, out: Path):
         self.folder = out / STATE_DIR
 
-    def done(self, name: str, key: str) -> dict[str, Any] | None:
+    def record(self, name: str) -> dict[str, Any] | None:
         path = self.folder / f"{name}.json"
-        if not path.is_file():
-            return None
-        record = json.loads(path.read_text())
-        return record if record.get("key") == key else None
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def refuse_stale(self, keys: dict[str, str], out: Path, train_dir: Path) -> None:
+        """A data stage that finished on other inputs than `keys` says: its own ledger would keep what it
+        made from them (the old captions, say), so it is refused rather than mixed, naming what to remove."""
+        for name, key in keys.items():
+            record = self.record(name)
+            if record is not None and record.get("key") != key:
+                stale = list(DATA_FOLDERS.values())[list(DATA_FOLDERS).index(name) :]
+                raise UserInputError(
+                    f"{name}: {out / DATA_FOLDERS[name]} was made from other videos, captions or settings; to "
+                    f"redo it: rm -r {' '.join(str(out / f) for f in stale)} (and {train_dir} to train "
+                    "afresh), or pass a new -o"
+                )
 
     def mark(self, name: str, key: str, command: str, result: dict[str, Any]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -404,19 +413,24 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     profile = base_profile(base, request.profile, [*stage_overrides(request, captions), *request.overrides])
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
     check_fits(profile)
+    dumped = profile.model_dump(mode="json")
+    curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
+    # What each stage reads, each key holding the one before it.
+    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
+    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
+    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
+    data_key = _digest(shard_key, dumped["tokenizer"])
+    ledger, stages = _Ledger(out), []
+    train_dir = out / "train"
+    ledger.refuse_stale(
+        {"clip": clip_key, "caption": caption_key, "shard": shard_key, "tokenize": data_key}, out, train_dir
+    )
     out.mkdir(parents=True, exist_ok=True)
     write_captions(pairs, captions)
     profile_path = out / PROFILE
     profile_path.write_text(dump_profile(profile))
-    ledger, stages = _Ledger(out), []
-    dumped = profile.model_dump(mode="json")
-    data_key = _digest(
-        _videos_digest(pairs), {k: dumped[k] for k in ("curation", "data", "tokenizer", "text_encoder")}
-    )
     prof = ("--profile", profile_path)
-    clips, captioned, shards, latents, train_dir = (
-        out / "clips", out / "captioned", out / "shards", out / "latents", out / "train"
-    )  # fmt: skip
+    clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
 
     def stage(
         name: str,
@@ -425,7 +439,9 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         work: Callable[[dict[str, Any]], dict[str, Any]],
         total: int | None = None,
     ) -> dict:
-        record = ledger.done(name, key)
+        record = ledger.record(name)
+        if record is not None and record.get("key") != key:
+            record = None  # training on a changed profile resumes (train keeps its schedule)
         hooks.stage(name, command, record is not None)
         if record is not None:
             stages.append(StageRun(name, command, True, record.get("result", {})))
@@ -468,9 +484,9 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             _partial("tokenize", summary.rejected, latents)
         return {"latent_shards": summary.as_dict().get("shards")}
 
-    stage("clip", data_key, _command("clip", captions, "-o", clips, *prof), clip)
-    stage("caption", data_key, _command("caption", clips, "-o", captioned, *prof), caption)
-    stage("shard", data_key, _command("shard", captioned, "-o", shards, *prof), shard)
+    stage("clip", clip_key, _command("clip", captions, "-o", clips, *prof), clip)
+    stage("caption", caption_key, _command("caption", clips, "-o", captioned, *prof), caption)
+    stage("shard", shard_key, _command("shard", captioned, "-o", shards, *prof), shard)
     stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
 
     def train(progress: dict[str, Any]) -> dict[str, Any]:

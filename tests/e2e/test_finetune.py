@@ -218,3 +218,19 @@ def test_a_refusals_shorter_clip_is_named_in_the_datas_terms() -> None:
         "data.buckets": "[[320,832]]",
         "parallel.dp_shard": "1",
     }
+
+
+def test_a_rerun_on_changed_captions_is_refused_naming_what_to_remove(finetuned, pipeline) -> None:
+    """The caption stage's own ledger would keep the old captions: refused before anything is written."""
+    out, _, _ = finetuned
+    sidecar = out.parent / "videos" / "clip1.txt"
+    before, written = sidecar.read_text(), (out / "captions.csv").read_text()
+    sidecar.write_text("a green square moving up\n")
+    try:
+        result = CliRunner().invoke(app, _args(out.parent / "videos", pipeline, out))
+    finally:
+        sidecar.write_text(before)
+    assert result.exit_code == 2
+    assert f"caption: {out / 'captioned'} was made from other videos, captions or settings" in result.output
+    assert f"rm -r {out / 'captioned'} {out / 'shards'} {out / 'latents'}" in result.output
+    assert (out / "captions.csv").read_text() == written
