@@ -76,6 +76,10 @@ SIDECAR_ONLY = (
 # A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
 # diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
 # published fine-tuning lr (1e-5); a short warm-up either way.
+# A family's own settings for its data and samples: Wan2.1 was trained on and samples 16 fps video (its
+# pipeline's export_to_video; musubi-tuner asks for 16 fps clips), so clips are re-timed to 16 fps and the
+# validation videos play at it. (They belong with the model family's registry once there is one.)
+FAMILY_DEFAULTS = {"wan": ("curation.fps=16", "infer.fps=16")}
 LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=10")
 FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=10")
 
@@ -410,7 +414,11 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             "for videos; put the run elsewhere"
         )
     captions = out / CAPTIONS
-    profile = base_profile(base, request.profile, [*stage_overrides(request, captions), *request.overrides])
+    sets = stage_overrides(request, captions)
+    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    if profile.model.family in FAMILY_DEFAULTS:
+        sets += FAMILY_DEFAULTS[profile.model.family]
+        profile = base_profile(base, request.profile, [*sets, *request.overrides])
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
     check_fits(profile)
     dumped = profile.model_dump(mode="json")

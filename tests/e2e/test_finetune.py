@@ -122,6 +122,9 @@ def test_a_stopped_finetune_resumes_where_it_stopped(finetuned) -> None:
     assert f"--profile {out / 'profile.yaml'} --resume" in output
     record = json.loads((out / ".finetune" / "train.json").read_text())
     assert record["result"]["last_step"] == STEPS
+    # each video whole, one clip each, re-timed to the wan family's 16 fps (the videos are 8 fps)
+    clips = [json.loads(line) for line in (out / "clips" / "manifest.jsonl").read_text().splitlines()]
+    assert [(Path(c["source"]).name, c["fps"]) for c in clips] == [(f"clip{i}.mp4", 16) for i in range(3)]
 
 
 def test_the_lora_loads_and_samples_in_diffusers_wan_pipeline(finetuned, pipeline) -> None:
