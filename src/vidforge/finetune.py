@@ -99,6 +99,9 @@ class Request:
     validate_every: int | None = None
     profile: str | None = None
     overrides: tuple[str, ...] = ()
+    nproc: int | None = None
+    """Train as this many local ranks (`vidforge train --nproc N`, started by this command); the data
+    stages run in this process."""
 
 
 @dataclass
@@ -420,7 +423,14 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         sets += FAMILY_DEFAULTS[profile.model.family]
         profile = base_profile(base, request.profile, [*sets, *request.overrides])
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
-    check_fits(profile)
+    # Training's world (--nproc N) is what the memory is checked against; the data stages run here, alone.
+    if request.nproc:
+        from vidforge.parallel.launch import nproc_overrides
+
+        overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
+        check_fits(base_profile(base, request.profile, overrides))
+    else:
+        check_fits(profile)
     dumped = profile.model_dump(mode="json")
     curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
     # What each stage reads, each key holding the one before it.
@@ -497,10 +507,19 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     stage("shard", shard_key, _command("shard", captioned, "-o", shards, *prof), shard)
     stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
 
+    train_argv = ["train", "--data", latents, "--run-dir", train_dir, "--init", base, *prof, "--resume"]
+    train_argv += ["--nproc", request.nproc] if request.nproc else []
+
     def train(progress: dict[str, Any]) -> dict[str, Any]:
         from vidforge.train.init_weights import WeightsInit
         from vidforge.train.loop import run as train_run
 
+        if request.nproc:  # the printed command itself, as its ranks
+            from vidforge.infer.run import exported_step
+            from vidforge.parallel.launch import launch_workers
+
+            launch_workers(request.nproc, [str(a) for a in train_argv])
+            return {"last_step": exported_step(train_dir / "export"), "export": str(train_dir / "export")}
         summary = train_run(
             profile,
             [str(latents)],
@@ -520,7 +539,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     trained = stage(
         "train",
         train_key,
-        _command("train", "--data", latents, "--run-dir", train_dir, "--init", base, *prof, "--resume"),
+        _command(*train_argv),
         train,
         profile.train.steps,
     )

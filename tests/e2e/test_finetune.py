@@ -237,3 +237,21 @@ def test_a_rerun_on_changed_captions_is_refused_naming_what_to_remove(finetuned,
     assert f"caption: {out / 'captioned'} was made from other videos, captions or settings" in result.output
     assert f"rm -r {out / 'captioned'} {out / 'shards'} {out / 'latents'}" in result.output
     assert (out / "captions.csv").read_text() == written
+
+
+@pytest.mark.skipif(
+    os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") != "1",
+    reason="opt-in: VIDFORGE_TEST_ALL_LAYOUTS=1 (about 2 min)",
+)
+def test_finetune_trains_on_two_ranks_validating_under_fsdp(pipeline, tmp_path) -> None:
+    """--nproc 2 runs the printed train command as two ranks (FSDP2 over the LoRA run, EMA on): validation
+    puts the training weights back after sampling the EMA ones (FSDP2 leaves the root's gathered)."""
+    videos, out = _videos(tmp_path / "videos"), tmp_path / "run"
+    result = CliRunner().invoke(app, [*_args(videos, pipeline, out), "--nproc", "2"])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert "--resume --nproc 2" in result.output
+    steps = sorted(int(p.name.removeprefix("step_")) for p in (out / "train" / "validation").iterdir())
+    assert steps == [2, 4]
+    losses = [json.loads(line)["loss"] for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == STEPS and all(np.isfinite(losses))
+    assert json.loads((out / "train" / "export" / "config.json").read_text())["step"] == STEPS

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt
+from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt
 from vidforge.cli._output import Output, StageBars, current_output
 from vidforge.finetune import Hooks
 
@@ -120,6 +120,7 @@ def finetune(
             help="Sample the prompts every N steps (default: four times over the run and at its end; 0: never).",
         ),
     ] = None,
+    nproc: NprocOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -151,6 +152,7 @@ def finetune(
         validate_every=validate_every,
         profile=profile,
         overrides=tuple(set_ or ()),
+        nproc=nproc,
     )
     summary = run(request, _Shown(output))
     data = summary.as_dict()
