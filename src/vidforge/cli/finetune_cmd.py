@@ -136,6 +136,7 @@ def finetune(
 
     Example: vidforge finetune clips/ --base /models/Wan2.1-T2V-1.3B-Diffusers -o runs/my_lora --profile dit1b_1xh200 --set data.buckets=[[480,832]] --set data.frame_buckets=[49] --steps 2000
     Example: vidforge finetune clips/ --base runs/wan_lora_merged_vf -o runs/round2 --full --prompt "a cat on the grass"
+    Example: vidforge finetune clips/ --base /models/Wan2.1-T2V-1.3B-Diffusers -o runs/my_lora --profile dit1b_1xh200 --nproc 8
     """
     from vidforge.finetune import Request, run
 
