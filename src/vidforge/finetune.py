@@ -18,9 +18,9 @@ A finished stage leaves RUN/.finetune/STAGE.json (its command and the digest of 
 the same command passes over it, and an unfinished stage resumes as its own command does (each stage
 skips the units it committed; training resumes from its latest checkpoint). A data stage that finished on
 other videos, captions or settings is refused, naming the folders to remove: its own ledger would keep what
-it made from the old ones. Before any of it, the memory
-model (`vidforge bench plan`) checks the training step fits the profile's accelerator, and a recipe that
-does not is refused with the smallest change that does.
+it made from the old ones. Before any of it, the memory model (`vidforge bench plan`) checks the training
+step fits the profile's accelerator, and a recipe that does not is refused with the smallest change that
+does.
 
 Where the captions come from (as finetrainers, musubi-tuner and diffusion-pipe take them): a `.txt` beside
 each video with the same stem, or one table in the folder or given as --captions: a CSV with a header or
@@ -60,10 +60,10 @@ AS_THEY_ARE = (
     "curation.static_max_ratio=1",
     "curation.min_seconds=0",
     "curation.max_seconds=1000000",
+    "curation.embed=false",  # embeddings serve stitching and dedup, neither of which runs here
 )
 # The caption stage as the captions' reader alone: a user's captions are the point, not a filter's say.
 SIDECAR_ONLY = (
-    "curation.embed=false",
     "curation.caption.backend=sidecar",
     "curation.caption.fallback=null",
     "curation.caption.aesthetic.enabled=false",
@@ -73,13 +73,13 @@ SIDECAR_ONLY = (
     "curation.caption.clip_score.enabled=false",
     "curation.caption.reject_flagged_captions=false",
 )
-# A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
-# diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
-# published fine-tuning lr (1e-5); a short warm-up either way.
 # A family's own settings for its data and samples: Wan2.1 was trained on and samples 16 fps video (its
 # pipeline's export_to_video; musubi-tuner asks for 16 fps clips), so clips are re-timed to 16 fps and the
 # validation videos play at it. (They belong with the model family's registry once there is one.)
 FAMILY_DEFAULTS = {"wan": ("curation.fps=16", "infer.fps=16")}
+# A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
+# diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
+# published fine-tuning lr (1e-5); a short warm-up either way.
 LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=10")
 FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=10")
 
@@ -137,9 +137,9 @@ class FinetuneSummary:
 
 
 class Hooks:
-    """What the caller shows while the stages run (the CLI: progress bars, lines, --json events). Each
-    `*_progress` is a context in which the stage runs, yielding the keyword arguments of progress that
-    the stage's function takes."""
+    """What the caller shows while the stages run (the CLI: progress bars, lines, --json events):
+    `progress(name)` is the context a stage runs in, yielding the progress keyword arguments of that
+    stage's function."""
 
     def stage(self, name: str, command: str, skipped: bool) -> None:
         """A stage starts (or is passed over: done by an earlier run); `command` runs it alone."""
@@ -179,7 +179,7 @@ def read_table(table: Path) -> list[tuple[Path, str]]:
                     raise UserInputError(f"{table}: line {number} is not a JSON object")
                 rows.append(row)
     else:
-        with open(table, newline="", encoding="utf-8") as f:
+        with open(table, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
             rows = list(csv.DictReader(f))
     if not rows:
         raise UserInputError(f"{table}: no rows; one a video: its path and its caption")
@@ -192,9 +192,14 @@ def read_table(table: Path) -> list[tuple[Path, str]]:
     for row in rows:
         path = Path(str(row.get(video) or ""))
         out.append(
-            ((path if path.is_absolute() else table.parent / path).resolve(), str(row.get(caption) or ""))
+            (_absolute(path if path.is_absolute() else table.parent / path), str(row.get(caption) or ""))
         )
     return out
+
+
+def _absolute(path: Path) -> Path:
+    """An absolute path with links kept: a linked video's caption file is the one beside the link."""
+    return Path(os.path.abspath(path))
 
 
 def gather_captions(
@@ -206,7 +211,7 @@ def gather_captions(
     if not videos_dir.is_dir():
         raise UserInputError(f"{videos_dir}: not a folder; pass the folder of videos to fine-tune on")
     exts = {e.lower() for e in extensions}
-    videos = sorted(p.resolve() for p in videos_dir.rglob("*") if p.is_file() and p.suffix.lower() in exts)
+    videos = sorted(_absolute(p) for p in videos_dir.rglob("*") if p.is_file() and p.suffix.lower() in exts)
     if not videos:
         raise UserInputError(
             f"{videos_dir}: no videos ({', '.join(sorted(exts))}); put the videos to fine-tune on there"

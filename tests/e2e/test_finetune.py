@@ -255,3 +255,17 @@ def test_finetune_trains_on_two_ranks_validating_under_fsdp(pipeline, tmp_path) 
     losses = [json.loads(line)["loss"] for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == STEPS and all(np.isfinite(losses))
     assert json.loads((out / "train" / "export" / "config.json").read_text())["step"] == STEPS
+
+
+def test_a_linked_videos_caption_is_the_one_beside_the_link_and_a_spreadsheets_csv_reads(tmp_path) -> None:
+    from vidforge.finetune import gather_captions
+
+    stored = _videos(tmp_path / "store")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "mine.mp4").symlink_to(stored / "clip0.mp4")
+    (linked / "mine.txt").write_text("my own caption")
+    assert gather_captions(linked, [".mp4"]) == [(linked / "mine.mp4", "my own caption")]
+    (linked / "mine.txt").unlink()
+    (linked / "captions.csv").write_bytes("\ufeffpath,caption\nmine.mp4,from excel\n".encode())
+    assert gather_captions(linked, [".mp4"]) == [(linked / "mine.mp4", "from excel")]
