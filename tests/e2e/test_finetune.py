@@ -5,8 +5,9 @@ over the finished stages and resumes training; validation videos on disk, in Ten
 on the review page.
 
 By default the command runs in this process and a thread sends the process its SIGTERM once training has
-logged two steps (the signal reaches the train loop as it reaches a real one). With
-VIDFORGE_TEST_KILL_RESUME=1, a real `vidforge finetune` process is signalled instead."""
+logged two steps (the signal reaches the train loop as it reaches a real one): the two runs take 35-55 s
+on a loaded 2-core machine, so the tests on them are marked slow. With VIDFORGE_TEST_KILL_RESUME=1, a real
+`vidforge finetune` process is signalled instead (about 105 s)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ def finetuned(pipeline, tmp_path_factory) -> tuple[Path, int, str]:
     return out, code, again.output
 
 
+@pytest.mark.slow
 def test_a_stopped_finetune_resumes_where_it_stopped(finetuned) -> None:
     out, code, output = finetuned
     assert code == 143  # terminated, its checkpoint saved
@@ -127,6 +129,7 @@ def test_a_stopped_finetune_resumes_where_it_stopped(finetuned) -> None:
     assert [(Path(c["source"]).name, c["fps"]) for c in clips] == [(f"clip{i}.mp4", 16) for i in range(3)]
 
 
+@pytest.mark.slow
 def test_the_lora_loads_and_samples_in_diffusers_wan_pipeline(finetuned, pipeline) -> None:
     import torch
     from diffusers import WanPipeline
@@ -148,6 +151,7 @@ def test_the_lora_loads_and_samples_in_diffusers_wan_pipeline(finetuned, pipelin
     assert frames.shape == (1, 5, 32, 32, 3) and np.isfinite(frames).all()
 
 
+@pytest.mark.slow
 def test_validation_videos_are_on_disk_in_tensorboard_and_on_the_review_page(finetuned) -> None:
     from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
 
@@ -195,6 +199,7 @@ def test_captions_come_from_sidecars_or_one_table(tmp_path) -> None:
         gather_captions(videos, [".mp4"], table)
 
 
+@pytest.mark.slow
 def test_a_base_without_its_vae_or_a_lora_run_as_base_is_refused(finetuned, pipeline, tmp_path) -> None:
     out, _, _ = finetuned
     videos = _videos(tmp_path / "videos")
@@ -223,6 +228,7 @@ def test_a_refusals_shorter_clip_is_named_in_the_datas_terms() -> None:
     }
 
 
+@pytest.mark.slow
 def test_a_rerun_on_changed_captions_is_refused_naming_what_to_remove(finetuned, pipeline) -> None:
     """The caption stage's own ledger would keep the old captions: refused before anything is written."""
     out, _, _ = finetuned
@@ -243,6 +249,7 @@ def test_a_rerun_on_changed_captions_is_refused_naming_what_to_remove(finetuned,
     os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") != "1",
     reason="opt-in: VIDFORGE_TEST_ALL_LAYOUTS=1 (about 2 min)",
 )
+@pytest.mark.slow
 def test_finetune_trains_on_two_ranks_validating_under_fsdp(pipeline, tmp_path) -> None:
     """--nproc 2 runs the printed train command as two ranks (FSDP2 over the LoRA run, EMA on): validation
     puts the training weights back after sampling the EMA ones (FSDP2 leaves the root's gathered)."""
