@@ -12,52 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 from typer.testing import CliRunner
+from wan_fixtures import TEXT_LEN, write_tiny_wan_pipeline
 
 from vidforge.cli.app import app
 from vidforge.data.testing import make_annotated_dir
 
 transformers = pytest.importorskip("transformers")
 
-WORDS = ["a", "red", "square", "moving", "right", "left", "blue", "circle", "the", "on"]
-VOCAB = {tok: i for i, tok in enumerate(["<pad>", "</s>", "<unk>", *WORDS])}
-TEXT_LEN = 8
-
-
-def _tokenizer(folder: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(vocab=VOCAB, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
-    ).save_pretrained(folder)
-
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory) -> Path:
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    root = tmp_path_factory.mktemp("Wan2.1-T2V-tiny-Diffusers")
-    (root / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
-    torch.manual_seed(0)
-    WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
-        text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
-    ).save_pretrained(root / "transformer")  # fmt: skip
-    AutoencoderKLWan(
-        base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
-        latents_mean=[0.1, 0.2, -0.1, 0.0], latents_std=[1.5, 2.0, 0.5, 1.0],
-    ).save_pretrained(root / "vae")  # fmt: skip
-    config = UMT5Config(
-        vocab_size=len(VOCAB), d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
-        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-    )  # fmt: skip
-    UMT5EncoderModel(config).eval().save_pretrained(root / "text_encoder")
-    _tokenizer(root / "tokenizer")
-    return root
+    return write_tiny_wan_pipeline(tmp_path_factory.mktemp("Wan2.1-T2V-tiny-Diffusers"))
 
 
 def _sets(pipe: Path) -> list[str]:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("curate", "estimate", "tokenizers"),
     ("train", "infer"),  # what both need (sampling, adapters) sits below them
     ("bench", "review"),
+    ("finetune",),  # composes the stages: above them all
     ("cli",),
     ("__main__",),
 )

@@ -295,6 +295,18 @@ def smallest_change(profile: RunProfile, plan: LayoutPlan) -> Recipe | None:
     return Recipe(changed(best), best.plan, best.swap_s, best.clip)
 
 
+def refusal(plan: LayoutPlan, change: Recipe | None, command: str = "bench plan") -> str:
+    """The one line that refuses a plan that does not fit its memory: what it needs, and the smallest change
+    that fits (`smallest_change`'s; None: nothing on these GPUs fits)."""
+    fix = (
+        f"the smallest change that fits: {' '.join(change.set_lines())} ({change.memory_gib:.1f} GiB, step "
+        f"{change.step_s:.3g} s)"
+        if change
+        else "nothing fits these GPUs at this clip or smaller; use more or larger GPUs"
+    )
+    return f"{command}: {plan.problems[-1]}; {fix}"
+
+
 def format_fit(report: FitReport, top: int = 8) -> str:
     lines = [
         f"bench plan --fit: {report.model} on {report.machine}, clip {report.requested_clip} (frames x height "

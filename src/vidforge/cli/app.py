@@ -12,6 +12,7 @@ from vidforge.cli import (
     caption_cmd,
     clip_cmd,
     dedup_cmd,
+    finetune_cmd,
     infer_cmd,
     model_cmd,
     profile_cmd,
@@ -68,6 +69,7 @@ app.command("dedup")(dedup_cmd.dedup)
 app.command("shard")(shard_cmd.shard)
 app.add_typer(tokenize_cmd.app, name="tokenize")
 app.command("train")(train_cmd.train)
+app.command("finetune")(finetune_cmd.finetune)
 app.command("infer")(infer_cmd.infer)
 app.command("review")(review_cmd.review)
 app.command("search")(search_cmd.search)

@@ -387,18 +387,12 @@ def plan(
         result["cp_choices"] = [{"cp_impl": name, **choice.as_dict()} for name, choice in choices]
         text += "\n\n" + format_cp_choices(choices)
     if layout_plan.memory is not None and not layout_plan.valid:
-        from vidforge.bench.fit import smallest_change
+        from vidforge.bench.fit import refusal, smallest_change
 
         change = smallest_change(resolved, layout_plan)
         result["smallest_change"] = change.as_dict() if change else None
         output.result(result, text=text)
-        fix = (
-            f"the smallest change that fits: {' '.join(change.set_lines())} ({change.memory_gib:.1f} GiB, step "
-            f"{change.step_s:.3g} s)"
-            if change
-            else "nothing fits these GPUs at this clip or smaller; use more or larger GPUs"
-        )
-        raise UserInputError(f"bench plan: {layout_plan.problems[-1]}; {fix}")
+        raise UserInputError(refusal(layout_plan, change))
     output.result(result, text=text)
 
 

@@ -131,6 +131,7 @@ class Validator:
             latents = sample_latents(model, profile, *self._text, seeds, shape)
         finally:
             model.train()
+            _reshard(model)
             if backup is not None:
                 for p, saved in zip(model.parameters(), backup, strict=True):
                     p.copy_(saved)
@@ -144,6 +145,16 @@ class Validator:
         names = {f"{slug(p)}.mp4": p for p in prompts}
         (out / "prompts.json").write_text(json.dumps(names, ensure_ascii=False, indent=1))
         return [Sample(p, frames, out / f"{slug(p)}.mp4") for p, frames in zip(prompts, videos, strict=True)]
+
+
+def _reshard(model: nn.Module) -> None:
+    """FSDP2 leaves the root module's parameters gathered after a forward (the backward would need them at
+    once): sharded again here, as the backup of the training weights and the optimizer hold them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def validate(

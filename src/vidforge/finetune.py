@@ -1,0 +1,596 @@
+"""`vidforge finetune VIDEOS_DIR --base BASE -o RUN`: a folder of captioned videos and a base model to a
+fine-tuned model (LoRA by default), through the pipeline's own stages.
+
+The stages are the commands a user could run one by one, each called through the function its command
+calls, each writing its own folder under RUN:
+
+    RUN/profile.yaml   the resolved profile every stage reads (`--profile RUN/profile.yaml` reruns one)
+    RUN/captions.csv   `path,caption` of every video: what `clip` reads as its list and `caption` as its sidecar
+    RUN/clips          `vidforge clip`: the videos as they are (one clip each), or cut into shots (--cut)
+    RUN/captioned      `vidforge caption`: the captions from the sidecars, no quality filter
+    RUN/shards         `vidforge shard`: caption embeddings by the base model's text encoder
+    RUN/latents        `vidforge tokenize`: latents by the base model's VAE
+    RUN/train          `vidforge train --init BASE --resume`: checkpoints, metrics, validation videos, export/
+    RUN/diffusers      (a full fine-tune of a wan model) `vidforge model export --to diffusers`
+    RUN/train/review   `vidforge review RUN/train`
+
+A finished stage leaves RUN/.finetune/STAGE.json (its command and the digest of what it read); a rerun of
+the same command passes over it, and an unfinished stage resumes as its own command does (each stage
+skips the units it committed; training resumes from its latest checkpoint). A data stage that finished on
+other videos, captions or settings is refused, naming the folders to remove: its own ledger would keep what
+it made from the old ones. Before any of it, the memory model (`vidforge bench plan`) checks the training
+step fits the profile's accelerator, and a recipe that does not is refused with the smallest change that
+does.
+
+Where the captions come from (as finetrainers, musubi-tuner and diffusion-pipe take them): a `.txt` beside
+each video with the same stem, or one table in the folder or given as --captions: a CSV with a header or
+a JSONL, naming the video in `path`, `file_name`, `video` or `video_path` (relative to the table's folder)
+and the caption in `caption`, `text` or `prompt`."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shlex
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vidforge.errors import UserInputError
+from vidforge.profile import RunProfile
+from vidforge.profile.loading import dump_profile
+
+STATE_DIR = ".finetune"
+CAPTIONS = "captions.csv"
+PROFILE = "profile.yaml"
+VIDEO_COLUMNS = ("path", "file_name", "video", "video_path")
+CAPTION_COLUMNS = ("caption", "text", "prompt")
+TABLE_SUFFIXES = (".csv", ".jsonl")
+DATA_FOLDERS = {"clip": "clips", "caption": "captioned", "shard": "shards", "tokenize": "latents"}
+
+# The clip stage with nothing cut and nothing filtered: one clip a video, as a user's fine-tuning set comes.
+AS_THEY_ARE = (
+    "curation.detector=content",
+    "curation.content_threshold=1000000",  # above any frame difference (at most 255): no shot is cut
+    "curation.stitch=false",
+    "curation.static_max_ratio=1",
+    "curation.min_seconds=0",
+    "curation.max_seconds=1000000",
+    "curation.embed=false",  # embeddings serve stitching and dedup, neither of which runs here
+)
+# The caption stage as the captions' reader alone: a user's captions are the point, not a filter's say.
+SIDECAR_ONLY = (
+    "curation.caption.backend=sidecar",
+    "curation.caption.fallback=null",
+    "curation.caption.aesthetic.enabled=false",
+    "curation.caption.ocr.enabled=false",
+    "curation.caption.watermark.enabled=false",
+    "curation.caption.motion.enabled=false",
+    "curation.caption.clip_score.enabled=false",
+    "curation.caption.reject_flagged_captions=false",
+)
+# A family's own settings for its data and samples: Wan2.1 was trained on and samples 16 fps video (its
+# pipeline's export_to_video; musubi-tuner asks for 16 fps clips), so clips are re-timed to 16 fps and the
+# validation videos play at it. (They belong with the model family's registry once there is one.)
+FAMILY_DEFAULTS = {"wan": ("curation.fps=16", "infer.fps=16")}
+# A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
+# diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
+# published fine-tuning lr (1e-5); a short warm-up either way.
+LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=10")
+FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=10")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `vidforge finetune` was asked."""
+
+    videos: Path
+    base: Path
+    out: Path
+    captions: Path | None = None
+    full: bool = False
+    cut: bool = False
+    steps: int | None = None
+    prompts: tuple[str, ...] = ()
+    validate_every: int | None = None
+    profile: str | None = None
+    overrides: tuple[str, ...] = ()
+    nproc: int | None = None
+    """Train as this many local ranks (`vidforge train --nproc N`, started by this command); the data
+    stages run in this process."""
+
+
+@dataclass
+class StageRun:
+    name: str
+    command: str
+    skipped: bool
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FinetuneSummary:
+    out: str
+    stages: list[StageRun]
+    model: str | None
+    """Where the fine-tuned weights are: the LoRA (diffusers' format) or the full model's folder."""
+    validation: str | None
+    review: str | None
+    next: list[str] = field(default_factory=list)
+    """What to run with the result: sampling it, loading it in diffusers, merging a LoRA."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "out": self.out,
+            "model": self.model,
+            "validation": self.validation,
+            "review": self.review,
+            "next": list(self.next),
+            "stages": [
+                {"stage": s.name, "skipped": s.skipped, "command": s.command, **s.result} for s in self.stages
+            ],
+        }
+
+
+class Hooks:
+    """What the caller shows while the stages run (the CLI: progress bars, lines, --json events):
+    `progress(name)` is the context a stage runs in, yielding the progress keyword arguments of that
+    stage's function."""
+
+    def stage(self, name: str, command: str, skipped: bool) -> None:
+        """A stage starts (or is passed over: done by an earlier run); `command` runs it alone."""
+
+    def progress(self, name: str, total: int | None = None) -> AbstractContextManager[dict[str, Any]]:
+        """`total`: the stage's count when known before it starts (training's steps)."""
+        return nullcontext({})
+
+    def notice(self, line: str) -> None:
+        """A line worth the user's eye (training's resume and validation lines)."""
+
+
+# --- the data ------------------------------------------------------------------------------------------
+
+
+def _column(names: Sequence[str], wanted: Sequence[str], table: Path, what: str) -> str:
+    for name in wanted:
+        if name in names:
+            return name
+    raise UserInputError(
+        f"{table}: no {what} column; name it one of {', '.join(wanted)} (found {', '.join(names) or 'none'})"
+    )
+
+
+def read_table(table: Path) -> list[tuple[Path, str]]:
+    """(video, caption) rows of a CSV (with a header) or JSONL captions table; relative paths are relative
+    to the table's folder."""
+    if table.suffix.lower() == ".jsonl":
+        rows = []
+        for number, line in enumerate(table.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise UserInputError(f"{table}: line {number} is not JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise UserInputError(f"{table}: line {number} is not a JSON object")
+                rows.append(row)
+    else:
+        with open(table, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+            rows = list(csv.DictReader(f))
+    if not rows:
+        raise UserInputError(f"{table}: no rows; one a video: its path and its caption")
+    names = list(rows[0])
+    video, caption = (
+        _column(names, VIDEO_COLUMNS, table, "video"),
+        _column(names, CAPTION_COLUMNS, table, "caption"),
+    )
+    out = []
+    for row in rows:
+        path = Path(str(row.get(video) or ""))
+        out.append(
+            (_absolute(path if path.is_absolute() else table.parent / path), str(row.get(caption) or ""))
+        )
+    return out
+
+
+def _absolute(path: Path) -> Path:
+    """An absolute path with links kept: a linked video's caption file is the one beside the link."""
+    return Path(os.path.abspath(path))
+
+
+def gather_captions(
+    videos_dir: Path, extensions: Sequence[str], captions: Path | None = None
+) -> list[tuple[Path, str]]:
+    """Every video of `videos_dir` with its caption: from `captions` (a table), else from the one table in
+    the folder, else from the `.txt` beside each video. A video without a caption, or a row naming no
+    video, is refused (the line names the first), as is an empty folder."""
+    if not videos_dir.is_dir():
+        raise UserInputError(f"{videos_dir}: not a folder; pass the folder of videos to fine-tune on")
+    exts = {e.lower() for e in extensions}
+    videos = sorted(_absolute(p) for p in videos_dir.rglob("*") if p.is_file() and p.suffix.lower() in exts)
+    if not videos:
+        raise UserInputError(
+            f"{videos_dir}: no videos ({', '.join(sorted(exts))}); put the videos to fine-tune on there"
+        )
+    if captions is None:
+        tables = sorted(p for p in videos_dir.iterdir() if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
+        if len(tables) > 1:
+            raise UserInputError(
+                f"{videos_dir}: several caption tables ({', '.join(p.name for p in tables)}); name one with --captions"
+            )
+        captions = tables[0] if tables else None
+    if captions is not None:
+        if not captions.is_file():
+            raise UserInputError(f"--captions {captions}: no such file; give a CSV or JSONL of path,caption")
+        table = dict(read_table(captions))
+        missing = [str(p) for p in table if not p.is_file()]
+        if missing:
+            raise UserInputError(f"{captions}: {len(missing)} row(s) name no file, e.g. {missing[0]}")
+        uncaptioned = [p for p in videos if p not in table]
+        if uncaptioned:
+            raise UserInputError(
+                f"{captions}: no caption for {len(uncaptioned)} video(s) of {videos_dir}, e.g. {uncaptioned[0]}; "
+                "add a row for each, or move them out"
+            )
+        pairs = [(p, table[p]) for p in videos]
+    else:
+        uncaptioned = [p for p in videos if not p.with_suffix(".txt").is_file()]
+        if uncaptioned:
+            raise UserInputError(
+                f"{uncaptioned[0]}: no caption beside it ({uncaptioned[0].with_suffix('.txt').name}); give each "
+                f"video a .txt of its caption, or one captions.csv / .jsonl of path,caption"
+                + (f" ({len(uncaptioned)} videos lack one)" if len(uncaptioned) > 1 else "")
+            )
+        pairs = [(p, p.with_suffix(".txt").read_text(encoding="utf-8").strip()) for p in videos]
+    empty = [p for p, text in pairs if not text.strip()]
+    if empty:
+        raise UserInputError(f"{empty[0]}: an empty caption ({len(empty)} video(s)); write what each shows")
+    return pairs
+
+
+def write_captions(pairs: Sequence[tuple[Path, str]], path: Path) -> None:
+    """The captions as the CSV `path,caption` that `clip` reads as its list and `caption` as its sidecar."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "caption"])
+        writer.writerows((str(p), " ".join(text.split())) for p, text in pairs)
+    os.replace(tmp, path)
+
+
+# --- the profile ---------------------------------------------------------------------------------------
+
+
+def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> RunProfile:
+    """The profile of a fine-tune of `base` as `vidforge infer -c BASE` and `train --init BASE` read it: a
+    diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
+    `overrides`."""
+    from vidforge.infer.run import checkpoint_profile, diffusers_profile, find_export
+    from vidforge.train.lora import is_adapter_folder
+
+    if not base.exists():
+        raise UserInputError(f"--base {base}: no such folder; a diffusers Wan folder or a vidforge run")
+    if is_adapter_folder(base) or is_adapter_folder(base / "export"):
+        raise UserInputError(
+            f"--base {base}: a LoRA run, not a model; fine-tune its merged weights (vidforge model export "
+            f"{base} --merged --to vidforge -o MERGED, then --base MERGED) or its own base"
+        )
+    export = find_export(base)
+    if export is None:
+        resolved = diffusers_profile(base, overrides, profile)
+        if resolved.tokenizer.kind == "pixel" or resolved.text_encoder.kind != "t5":
+            raise UserInputError(
+                f"--base {base}: a transformer folder alone; pass the whole pipeline folder (beside its vae/ "
+                "and text_encoder/), or name them with --set tokenizer.path=... --set text_encoder.path=..."
+            )
+        return resolved
+    resolved = checkpoint_profile(export, overrides, profile)
+    if resolved.tokenizer.kind == "pixel":  # weightless: its latent width is known before any stage runs
+        from vidforge.tokenizers.base import build_tokenizer
+
+        channels = build_tokenizer(resolved).latent_channels
+        if channels != resolved.model.in_channels:
+            raise UserInputError(
+                f"--base {base}: its model takes {resolved.model.in_channels} latent channels, its profile's "
+                f"pixel tokenizer gives {channels}; name the VAE it was trained with (--set tokenizer.kind=wan "
+                "--set tokenizer.path=VAE_FOLDER) and its text encoder (text_encoder.kind, text_encoder.path)"
+            )
+    return resolved
+
+
+def stage_overrides(request: Request, captions: Path) -> list[str]:
+    """What the finetune sets for its stages, before the user's --set (which wins)."""
+    sets = [*(() if request.cut else AS_THEY_ARE), *SIDECAR_ONLY, f"curation.caption.sidecar.path={captions}"]
+    sets += FULL_DEFAULTS if request.full else LORA_DEFAULTS
+    if request.steps is not None:
+        sets.append(f"train.steps={request.steps}")
+    if request.prompts:
+        sets.append(f"train.validation_prompts={json.dumps(list(request.prompts))}")
+    if request.validate_every is not None:
+        sets.append(f"train.validate_every={request.validate_every}")
+    return sets
+
+
+def training_clip(profile: RunProfile) -> tuple[int, int, int]:
+    """The largest clip the run trains on (frames, height, width): what the memory check sizes."""
+    height, width = max(profile.data.buckets, key=lambda hw: hw[0] * hw[1])
+    return max(profile.data.frame_buckets), height, width
+
+
+def check_fits(profile: RunProfile) -> None:
+    """The training step at the largest bucket fits the profile's accelerator by the memory model, or a
+    UserInputError naming the smallest change that fits (`vidforge bench plan`'s own refusal)."""
+    from vidforge.bench.fit import clip_sets, variant
+    from vidforge.bench.plan import evaluate
+    from vidforge.profile.loading import ProfileError
+
+    try:
+        sized = variant(profile, clip_sets(profile, training_clip(profile)))
+    except ProfileError as err:
+        raise UserInputError(str(err)) from None
+    plan = evaluate(sized)
+    if plan.memory is not None and not plan.valid:
+        from vidforge.bench.fit import refusal, smallest_change
+
+        change = smallest_change(sized, plan)
+        if change is not None:
+            change.sets = _clip_as_data_sets(sized, change.sets)
+        raise UserInputError(refusal(plan, change, "finetune"))
+
+
+def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, str]:
+    """A recipe's smaller clip (bench.latent_*, what the planner sizes) as the data settings a fine-tune
+    trains it at (data.frame_buckets, data.buckets in pixels)."""
+    latent = {
+        k: int(sets.pop(f"bench.latent_{k}"))
+        for k in ("frames", "height", "width")
+        if f"bench.latent_{k}" in sets
+    }
+    if not latent:
+        return sets
+    frames, height, width = training_clip(profile)
+    ct, cs = profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+    if "frames" in latent:
+        frames = (latent["frames"] - 1) * ct + 1
+    height, width = latent.get("height", height // cs) * cs, latent.get("width", width // cs) * cs
+    return {"data.frame_buckets": f"[{frames}]", "data.buckets": f"[[{height},{width}]]", **sets}
+
+
+# --- the stages ----------------------------------------------------------------------------------------
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _command(*argv: Any) -> str:
+    return shlex.join(["vidforge", *map(str, argv)])
+
+
+class _Ledger:
+    """RUN/.finetune/STAGE.json: a stage that finished on these inputs, with the command that ran it."""
+
+    def __init__(self, out: Path):
+        self.folder = out / STATE_DIR
+
+    def record(self, name: str) -> dict[str, Any] | None:
+        path = self.folder / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def refuse_stale(self, keys: dict[str, str], out: Path, train_dir: Path) -> None:
+        """A data stage that finished on other inputs than `keys` says: its own ledger would keep what it
+        made from them (the old captions, say), so it is refused rather than mixed, naming what to remove."""
+        for name, key in keys.items():
+            record = self.record(name)
+            if record is not None and record.get("key") != key:
+                stale = list(DATA_FOLDERS.values())[list(DATA_FOLDERS).index(name) :]
+                raise UserInputError(
+                    f"{name}: {out / DATA_FOLDERS[name]} was made from other videos, captions or settings; to "
+                    f"redo it: rm -r {' '.join(str(out / f) for f in stale)} (and {train_dir} to train "
+                    "afresh), or pass a new -o"
+                )
+
+    def mark(self, name: str, key: str, command: str, result: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{name}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"key": key, "command": command, "result": result}, indent=1))
+        os.replace(tmp, path)
+
+
+def _partial(name: str, result: Any, out: Path) -> None:
+    """A data stage that left errors (exit 3 from its own command): the fine-tune stops there."""
+    raise UserInputError(
+        f"{name}: {result} error(s) (see {out / 'errors.jsonl'}); fix or remove those videos and rerun"
+    )
+
+
+def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
+    """Run (or resume) the fine-tune `request` describes; see the module's docstring."""
+    from vidforge.infer.run import find_export
+
+    hooks = hooks or Hooks()
+    out = request.out.resolve()
+    base = request.base.resolve()
+    if out.is_relative_to(request.videos.resolve()):
+        raise UserInputError(
+            f"-o {request.out}: inside the videos' folder {request.videos}, whose clips a rerun would take "
+            "for videos; put the run elsewhere"
+        )
+    captions = out / CAPTIONS
+    sets = stage_overrides(request, captions)
+    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    if profile.model.family in FAMILY_DEFAULTS:
+        sets += FAMILY_DEFAULTS[profile.model.family]
+        profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
+    # Training's world (--nproc N) is what the memory is checked against; the data stages run here, alone.
+    if request.nproc:
+        from vidforge.parallel.launch import nproc_overrides
+
+        overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
+        check_fits(base_profile(base, request.profile, overrides))
+    else:
+        check_fits(profile)
+    dumped = profile.model_dump(mode="json")
+    curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
+    # What each stage reads, each key holding the one before it.
+    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
+    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
+    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
+    data_key = _digest(shard_key, dumped["tokenizer"])
+    ledger, stages = _Ledger(out), []
+    train_dir = out / "train"
+    ledger.refuse_stale(
+        {"clip": clip_key, "caption": caption_key, "shard": shard_key, "tokenize": data_key}, out, train_dir
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_captions(pairs, captions)
+    profile_path = out / PROFILE
+    profile_path.write_text(dump_profile(profile))
+    prof = ("--profile", profile_path)
+    clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
+
+    def stage(
+        name: str,
+        key: str,
+        command: str,
+        work: Callable[[dict[str, Any]], dict[str, Any]],
+        total: int | None = None,
+    ) -> dict:
+        record = ledger.record(name)
+        if record is not None and record.get("key") != key:
+            record = None  # training on a changed profile resumes (train keeps its schedule)
+        hooks.stage(name, command, record is not None)
+        if record is not None:
+            stages.append(StageRun(name, command, True, record.get("result", {})))
+            return record.get("result", {})
+        with hooks.progress(name, total) as progress:
+            result = work(progress)
+        ledger.mark(name, key, command, result)
+        stages.append(StageRun(name, command, False, result))
+        return result
+
+    def clip(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.clip import run as clip_run
+
+        result = clip_run(profile, [str(captions)], clips, **progress)
+        if result.partial:
+            _partial("clip", result.summary["errors"], clips)
+        return {"clips": result.summary.get("clips")}
+
+    def caption(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.caption import run as caption_run
+
+        summary = caption_run(profile, clips, captioned, **progress)
+        if summary.errors:
+            _partial("caption", summary.errors, captioned)
+        return {"captioned": summary.kept}
+
+    def shard(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.data.sharding import run as shard_run
+
+        summary = shard_run(profile, captioned, shards, **progress)
+        if summary.rejected:
+            _partial("shard", summary.rejected, shards)
+        return {"shards": summary.shards}
+
+    def tokenize(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.tokenizers.tokenize import run as tokenize_run
+
+        summary = tokenize_run(profile, shards, latents, **progress)
+        if summary.rejected:
+            _partial("tokenize", summary.rejected, latents)
+        return {"latent_shards": summary.as_dict().get("shards")}
+
+    stage("clip", clip_key, _command("clip", captions, "-o", clips, *prof), clip)
+    stage("caption", caption_key, _command("caption", clips, "-o", captioned, *prof), caption)
+    stage("shard", shard_key, _command("shard", captioned, "-o", shards, *prof), shard)
+    stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
+
+    train_argv = ["train", "--data", latents, "--run-dir", train_dir, "--init", base, *prof, "--resume"]
+    train_argv += ["--nproc", request.nproc] if request.nproc else []
+
+    def train(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.train.init_weights import WeightsInit
+        from vidforge.train.loop import run as train_run
+
+        if request.nproc:  # the printed command itself, as its ranks
+            from vidforge.infer.run import exported_step
+            from vidforge.parallel.launch import launch_workers
+
+            launch_workers(request.nproc, [str(a) for a in train_argv])
+            return {"last_step": exported_step(train_dir / "export"), "export": str(train_dir / "export")}
+        summary = train_run(
+            profile,
+            [str(latents)],
+            train_dir,
+            resume=True,
+            init=WeightsInit(base),
+            notice=hooks.notice,
+            **progress,
+        )
+        return {
+            "last_step": summary.last_step,
+            "final_loss_mean": summary.final_loss_mean,
+            "export": summary.export_dir,
+        }
+
+    train_key = _digest(data_key, dumped, str(base))
+    trained = stage(
+        "train",
+        train_key,
+        _command(*train_argv),
+        train,
+        profile.train.steps,
+    )
+    model = trained.get("export")
+    if profile.train.lora is None and profile.model.family == "wan":
+
+        def export(progress: dict[str, Any]) -> dict[str, Any]:
+            from vidforge.models.wan_weights import export_wan
+
+            return {"diffusers": str(export_wan(train_dir / "export", out / "diffusers" / "transformer"))}
+
+        exported = stage(
+            "export",
+            train_key,
+            _command(
+                "model",
+                "export",
+                train_dir / "export",
+                "--to",
+                "diffusers",
+                "-o",
+                out / "diffusers" / "transformer",
+            ),
+            export,
+        )
+        model = exported["diffusers"]
+
+    def review(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.review.build import run as review_run
+
+        return {"page": str(review_run(train_dir, None, **progress).page)}
+
+    page = stage("review", train_key, _command("review", train_dir), review)["page"]
+    validation = train_dir / "validation"
+    prompt = (profile.train.validation_prompts or [pairs[0][1]])[0]
+    if profile.train.lora is not None:
+        after = [
+            _command("infer", "-c", base, "--lora", train_dir, "--prompt", prompt, "-o", out / "samples"),
+            _command("model", "export", train_dir, "--merged", "-o", out / "merged" / "transformer"),
+        ]
+        if find_export(base) is None:
+            after.append(
+                f"diffusers: WanPipeline.from_pretrained({str(base)!r}).load_lora_weights({model!r})"
+            )
+    else:
+        after = [_command("infer", "-c", train_dir, "--prompt", prompt, "-o", out / "samples")]
+    return FinetuneSummary(
+        str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
+    )
