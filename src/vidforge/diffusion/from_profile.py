@@ -7,13 +7,14 @@ from collections.abc import Callable
 
 import torch
 
+from vidforge.diffusion.dmd import few_step_sampler
 from vidforge.diffusion.edm import EDM
-from vidforge.diffusion.flow import RectifiedFlow, flow_sample
+from vidforge.diffusion.flow import RectifiedFlow, flow_sample, flow_sigmas
 from vidforge.diffusion.objective import Objective
 from vidforge.diffusion.samplers import Denoiser, heun_sampler, res_sampler
 from vidforge.diffusion.schedule import karras_sigmas
 from vidforge.errors import UserInputError
-from vidforge.profile.diffusion import Diffusion
+from vidforge.profile.diffusion import FEW_STEP, Diffusion
 
 OBJECTIVES: dict[str, Callable[[Diffusion], Objective]] = {
     "edm": lambda c: EDM(sigma_data=c.sigma_data, p_mean=c.p_mean, p_std=c.p_std),
@@ -33,7 +34,14 @@ def sample(
 ) -> torch.Tensor:
     """Run the profile's sampler from standard normal `noise`: heun / res over the Karras schedule (EDM:
     `denoise(x, sigma)`), or unipc / flow-euler over the shifted flow times (flow: `denoise(x, t)`); the
-    profile's validator has matched the sampler to the objective."""
+    profile's validator has matched the sampler to the objective. `few-step`: a distilled student over
+    `diffusion.few_step_levels`, its re-noising drawn from `generator`."""
+    if cfg.sampler == FEW_STEP:
+
+        def draw(like: torch.Tensor) -> torch.Tensor:
+            return torch.randn(like.shape, generator=generator, dtype=like.dtype, device=like.device)
+
+        return few_step_sampler(denoise, noise, cfg.few_step_levels, build_objective(cfg), draw)
     if cfg.sampler in ("unipc", "flow-euler"):
         return flow_sample(
             denoise, noise, "unipc" if cfg.sampler == "unipc" else "euler", cfg.steps, cfg.flow_shift
@@ -46,3 +54,14 @@ def sample(
             "diffusion.churn: the RES sampler is deterministic; set churn to 0 or use sampler=heun"
         )
     return res_sampler(denoise, noise, sigmas)
+
+
+def student_levels(cfg: Diffusion, steps: int) -> tuple[float, ...]:
+    """A few-step student's default noise levels: the objective's own sampling schedule at `steps` steps,
+    its final 0 dropped (flow: times from 1 down, shifted by diffusion.flow_shift; EDM: the Karras
+    sigmas from sigma_max to sigma_min)."""
+    if cfg.objective == "flow":
+        levels = flow_sigmas(steps, cfg.flow_shift)
+    else:
+        levels = karras_sigmas(steps, cfg.sigma_min, cfg.sigma_max, cfg.rho)
+    return tuple(float(v) for v in levels[:-1])

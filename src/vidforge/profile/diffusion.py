@@ -10,6 +10,7 @@ from vidforge.profile.base import Section
 
 EDM_SAMPLERS = ("heun", "res")
 FLOW_SAMPLERS = ("unipc", "flow-euler")
+FEW_STEP = "few-step"  # a distilled student's sampler (`train.distill`), for either objective
 
 
 def samplers_of(objective: str) -> tuple[str, ...]:
@@ -36,10 +37,15 @@ class Diffusion(Section):
     """Largest sigma of the sampling schedule (where sampling starts from pure noise)."""
     rho: float = Field(7.0, gt=0)
     """Karras schedule exponent: larger spends more steps at small sigma."""
-    sampler: Literal["heun", "res", "unipc", "flow-euler"] = "heun"
+    sampler: Literal["heun", "res", "unipc", "flow-euler", "few-step"] = "heun"
     """EDM: `heun` (2nd-order Heun) or `res` (RES 2nd-order multistep exponential integrator). Flow:
     `unipc` (UniPC-bh2 at Wan's integer timesteps, Wan2.1's default) or `flow-euler`. Left out, it is
-    the objective's first (heun for edm, unipc for flow)."""
+    the objective's first (heun for edm, unipc for flow). Either objective: `few-step`, a distilled
+    student's sampler (one call per level of `few_step_levels`, the clean estimate re-noised to the next
+    level), which a `train.distill` run writes into its profile."""
+    few_step_levels: tuple[float, ...] = ()
+    """With sampler=few-step: the student's noise levels (sigma, or flow time), decreasing, the first where
+    sampling starts from pure noise; `diffusion.steps` is their count."""
     steps: int = Field(32, ge=1)
     """Sampling steps (sigma levels); Heun evaluates the model about twice per step."""
     churn: float = Field(0.0, ge=0)
@@ -74,7 +80,9 @@ class Diffusion(Section):
     @model_validator(mode="after")
     def _check(self) -> Diffusion:
         fits = samplers_of(self.objective)
-        if self.sampler not in fits:
+        if self.sampler == FEW_STEP:
+            self._check_few_step()
+        elif self.sampler not in fits:
             raise ValueError(
                 f"sampler: {self.sampler} does not sample the {self.objective} objective; use one of {', '.join(fits)}"
             )
@@ -88,3 +96,21 @@ class Diffusion(Section):
                 f"sigma_min: must be below diffusion.sigma_max={self.sigma_max}, got {self.sigma_min}"
             )
         return self
+
+    def _check_few_step(self) -> None:
+        levels = self.few_step_levels
+        if (
+            not levels
+            or any(v <= 0 for v in levels)
+            or any(a <= b for a, b in zip(levels, levels[1:], strict=False))
+        ):
+            raise ValueError(
+                "few_step_levels: sampler=few-step needs the student's noise levels, positive and "
+                f"decreasing (a train.distill run writes them), got {list(levels)}"
+            )
+        if self.objective == "flow" and levels[0] > 1:
+            raise ValueError(f"few_step_levels: flow times are at most 1, got {levels[0]}")
+        if self.steps != len(levels):
+            raise ValueError(
+                f"steps: sampler=few-step takes one step per few_step_levels entry; set steps={len(levels)}"
+            )
