@@ -78,11 +78,16 @@ def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory) -> Path:
-    """A teacher export: the small DiT at its seed's initial weights (the mechanics need no trained one)."""
+    """A teacher export: the small DiT at random weights (the mechanics need no trained one), perturbed
+    off its zero-initialised output layers so that its output depends on its input and caption."""
     folder = tmp_path_factory.mktemp("teacher") / "export"
     profile = train_profile(*SMALL)
     torch.manual_seed(0)
-    save_model(build_model(profile.model), folder)
+    model = build_model(profile.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    save_model(model, folder)
     (folder / "profile.yaml").write_text(dump_profile(profile))
     return folder
 
@@ -166,3 +171,39 @@ def test_a_distillation_without_a_teacher_says_where_to_give_it(data, tmp_path) 
 
     with pytest.raises(UserInputError, match="train.distill.teacher"):
         run(train_profile(*SMALL, *DISTILL), [data], tmp_path / "r")
+
+
+def test_a_lora_student_and_fake_score_train_their_adapters_alone(teacher, data) -> None:
+    """train.lora under train.distill: one step moves the student's and the fake score's adapters, their
+    base weights stay the teacher's, and the teacher carries no adapters at all."""
+    from vidforge.parallel.runtime import init_runtime
+    from vidforge.train.build import build
+    from vidforge.train.distill import student_profile
+    from vidforge.train.init_weights import WeightsInit
+    from vidforge.train.loop import rank_batcher
+
+    profile = student_profile(
+        train_profile(*distill_sets(teacher, "train.distill.fake_updates=1", "train.lora.rank=4"))
+    )
+    runtime = init_runtime(profile)
+    parts = build(profile, runtime, WeightsInit(teacher), WeightsInit(teacher))
+    step = make_train_step(profile, runtime, parts)
+    student, fake = parts.modules[0], parts.fake_score
+
+    def snapshot(module):
+        return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+    before = {"student": snapshot(student), "fake": snapshot(fake), "teacher": snapshot(parts.teacher)}
+    batcher = rank_batcher(profile, runtime, [data])
+    try:
+        result = step(step.next_batches(batcher))
+    finally:
+        getattr(batcher, "close", lambda: None)()
+    assert result.finite and result.loss > 0
+    step.apply()
+    assert not any("lora_" in name for name in before["teacher"])
+    assert all(torch.equal(p, before["teacher"][n]) for n, p in parts.teacher.named_parameters())
+    for name, module in (("student", student), ("fake", fake)):
+        moved = {n for n, p in module.named_parameters() if not torch.equal(p, before[name][n])}
+        trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+        assert moved and moved <= trainable and all("lora_" in n for n in trainable), name
