@@ -112,7 +112,7 @@ def infer(
         typer.Option(
             "--sampler",
             help="Time only this sampler (repeatable); default: every sampler of diffusion.objective "
-            "(edm: heun, res; flow: unipc, flow-euler).",
+            "(edm: heun, res; flow: unipc, flow-euler; a distilled student's few-step is not timed).",
         ),
     ] = None,
     guidance: Annotated[
@@ -121,7 +121,7 @@ def infer(
     ] = None,
 ) -> None:
     """Sampling latency per step and end to end, for each sampler of the profile's objective (EDM: heun,
-    res; flow: unipc, flow-euler), with classifier-free guidance batched (one doubled batch) and
+    res; flow: unipc, flow-euler; not a distilled student's few-step), with classifier-free guidance batched (one doubled batch) and
     sequential (two calls). infer.batch_size prompts of bench.latent_* latents, diffusion.steps steps,
     random weights; tokenizer decode not included.
 

@@ -104,7 +104,7 @@ def infer(
     set_: SetOpt = None,
 ) -> None:
     """Sample videos: text encoder -> the objective's sampler (diffusion.sampler: heun or res under EDM,
-    unipc or flow-euler under rectified flow; steps, guidance) -> the model (DiT, ST-DiT or Wan) ->
+    unipc or flow-euler under rectified flow, few-step for a distilled student; steps, guidance) -> the model (DiT, ST-DiT or Wan) ->
     tokenizer decode -> H.264 MP4 and a PNG contact sheet. The same seed and prompt give the same video.
 
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o runs/samples

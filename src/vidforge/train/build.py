@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models import build_model
 from vidforge.models.cpu_draws import cpu_draws
 from vidforge.parallel.fp8_base import apply_fp8_base
@@ -86,8 +87,11 @@ def build(
     optimizers = [_adamw(module, cfg.lr, profile, device) for module in modules]
     parts = TrainParts(modules, optimizers, ema, compute_dtype, pipeline, notes)
     if cfg.distill is not None:
-        if teacher is None:
-            raise ValueError("train.distill: build needs the teacher's weights")
+        if teacher is None:  # `vidforge train` passes them; `bench train` and `--dry-run` do not yet
+            raise UserInputError(
+                "train.distill: this command builds no teacher; run `vidforge train` with the profile, or "
+                "drop train.distill (--set train.distill=null) to measure the model alone"
+            )
         parts.teacher = _model(profile, runtime, teacher, None, notes, "teacher: ")
         parts.teacher.requires_grad_(False).eval()
         if cfg.distill.fp8_teacher:
