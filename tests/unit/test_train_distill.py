@@ -201,9 +201,10 @@ def test_a_distillation_without_a_teacher_says_where_to_give_it(data, tmp_path) 
         run(train_profile(*SMALL, *DISTILL), [data], tmp_path / "r")
 
 
-def test_a_lora_student_and_fake_score_train_their_adapters_alone(teacher, data) -> None:
+def test_a_lora_student_and_fake_score_train_their_adapters_alone(teacher, data, tmp_path) -> None:
     """train.lora under train.distill: one step moves the student's and the fake score's adapters, their
-    base weights stay the teacher's, and the teacher carries no adapters at all."""
+    base weights stay the teacher's, and the teacher carries no adapters at all. `infer -c TEACHER --lora`
+    samples the exported student adapter in the student's two steps."""
     from vidforge.parallel.runtime import init_runtime
     from vidforge.train.build import build
     from vidforge.train.distill import student_profile
@@ -235,3 +236,8 @@ def test_a_lora_student_and_fake_score_train_their_adapters_alone(teacher, data)
         moved = {n for n, p in module.named_parameters() if not torch.equal(p, before[name][n])}
         trainable = {n for n, p in module.named_parameters() if p.requires_grad}
         assert moved and moved <= trainable and all("lora_" in n for n in trainable), name
+    from vidforge.train.export import export_weights
+
+    adapter = export_weights(profile, parts.modules, None, tmp_path / "adapter", 1, base=str(teacher))
+    out = infer_run.run(teacher, ["a red ball"], tmp_path / "videos", lora=adapter)
+    assert out.model_calls == 2
