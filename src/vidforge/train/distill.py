@@ -119,10 +119,9 @@ class DistillTrainStep(LocalTrainStep):
         """`module`'s clean estimate at tokens x, levels (N,) per sample, with or without the captions."""
         n = level.shape[0]
         drop = torch.full((n,), uncond, dtype=torch.bool, device=x.device)
-        dtype = self.parts.compute_dtype
 
         def network(inputs: torch.Tensor, noise_level: torch.Tensor) -> torch.Tensor:
-            with torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext():
+            with self._autocast():
                 return module(
                     inputs, noise_level=noise_level, text=rows.text, text_mask=rows.text_mask,
                     drop_text=drop, **rows.where,
@@ -130,13 +129,18 @@ class DistillTrainStep(LocalTrainStep):
 
         return self.objective.denoise(network, x, level, rows.per_sample(level))
 
+    def _autocast(self):
+        dtype = self.parts.compute_dtype
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext()
+
     def _draw(self, like: torch.Tensor) -> torch.Tensor:
+        """Standard normal noise shaped like `like`, from torch's global CPU generator (see the module
+        docstring), on its device."""
         return torch.randn(like.shape, dtype=like.dtype).to(like.device)
 
-    def generate(self, rows: TokenBatch) -> tuple[torch.Tensor, int]:
+    def generate(self, rows: TokenBatch) -> torch.Tensor:
         """The student's clean estimate at one level of its schedule (drawn), from the input sampling
-        would give it there (`simulate`) or from the batch noised; with gradient where autograd is on.
-        Also the number of student calls made without gradient."""
+        would give it there (`simulate`) or from the batch noised; with gradient where autograd is on."""
         n = rows.text.shape[0]
         index = int(torch.randint(len(self.levels), ()))
         noise = self._draw(rows.clean)
@@ -148,17 +152,16 @@ class DistillTrainStep(LocalTrainStep):
         if self.distill.simulate:
             with torch.no_grad():
                 x = few_step_noisy(student, noise, self.levels, self.objective, index, self._draw)
-            rollout = index
         else:
-            x, rollout = self.objective.corrupt(rows.clean, noise, rows.per_sample(level)), 0
-        return student(x, level[0]), rollout
+            x = self.objective.corrupt(rows.clean, noise, rows.per_sample(level))
+        return student(x, level[0])
 
     # --- the two updates ----------------------------------------------------------------------------------
 
     def fake_score_loss(self, batch: Batch, rows: TokenBatch) -> torch.Tensor:
         """The fake score's denoising loss on a fresh sample of the student (the run's objective)."""
         with torch.no_grad():
-            generated, _ = self.generate(rows)
+            generated = self.generate(rows)
         if isinstance(batch, PackedBatch):
             on_samples: Batch = dataclasses.replace(batch, tokens=generated)
         else:
@@ -167,18 +170,14 @@ class DistillTrainStep(LocalTrainStep):
             latents = unpatchify(generated, rows.row, model.patch, model.in_channels)
             on_samples = dataclasses.replace(batch, latents=latents)
         inputs = self.fake_loss.draw(on_samples, self.device)
-        with (
-            torch.autocast(self.device.type, dtype=self.parts.compute_dtype)
-            if self.parts.compute_dtype
-            else nullcontext()
-        ):
+        with self._autocast():
             output = self.fake_score(inputs.x, **inputs.model_kwargs)
         return self.fake_loss.reduce(output, inputs).loss
 
     def dmd(self, rows: TokenBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The student's DMD loss on one micro-batch, with the levels its samples were noised to and each
         sample's loss."""
-        generated, _ = self.generate(rows)
+        generated = self.generate(rows)
         n = rows.text.shape[0]
         level = self.objective.sample_levels(n).to(self.device)
         noise = self._draw(generated)
