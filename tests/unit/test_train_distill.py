@@ -104,6 +104,19 @@ def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(
     assert seen == pytest.approx(levels)
 
 
+@pytest.mark.parametrize("objective", ["edm", "flow"])
+def test_the_students_default_levels_start_from_pure_noise_and_stop_short_of_clean(objective) -> None:
+    from vidforge.diffusion.from_profile import student_levels
+
+    diffusion = train_profile(f"diffusion.objective={objective}", "diffusion.flow_shift=3").diffusion
+    for steps in (1, 2, 4):
+        levels = student_levels(diffusion, steps)
+        start = diffusion.sigma_max if objective == "edm" else 1.0
+        assert len(levels) == steps and levels[0] == pytest.approx(start)
+        assert all(a > b for a, b in zip(levels, levels[1:], strict=False))
+        assert levels[-1] > (10 * diffusion.sigma_min if objective == "edm" else 0.1)
+
+
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory) -> Path:
     """A teacher export: the small DiT at random weights (the mechanics need no trained one), perturbed

@@ -57,11 +57,12 @@ def sample(
 
 
 def student_levels(cfg: Diffusion, steps: int) -> tuple[float, ...]:
-    """A few-step student's default noise levels: the objective's own sampling schedule at `steps` steps,
-    its final 0 dropped (flow: times from 1 down, shifted by diffusion.flow_shift; EDM: the Karras
-    sigmas from sigma_max to sigma_min)."""
+    """A few-step student's default noise levels: the objective's own sampling schedule, `steps` levels
+    from where sampling starts. Flow: the times of `steps` sampling steps from 1 (shifted by
+    diffusion.flow_shift), the final 0 dropped. EDM: the Karras sigmas of `steps + 1` steps from sigma_max,
+    their last two (sigma_min and 0) dropped: a student call at sigma_min would return its input."""
     if cfg.objective == "flow":
-        levels = flow_sigmas(steps, cfg.flow_shift)
+        levels = flow_sigmas(steps, cfg.flow_shift)[:-1]
     else:
-        levels = karras_sigmas(steps, cfg.sigma_min, cfg.sigma_max, cfg.rho)
-    return tuple(float(v) for v in levels[:-1])
+        levels = karras_sigmas(steps + 1, cfg.sigma_min, cfg.sigma_max, cfg.rho)[:-2]
+    return tuple(float(v) for v in levels)

@@ -50,8 +50,8 @@ class Distill(Section):
     """The student's sampling steps (one model call each, no guidance)."""
     levels: tuple[float, ...] | None = None
     """The student's noise levels (sigma, or flow time), decreasing from where sampling starts; None: the
-    objective's sampling schedule at `steps` steps (flow: 1 down, shifted by diffusion.flow_shift; EDM:
-    Karras from sigma_max)."""
+    objective's sampling schedule (`vidforge.diffusion.from_profile.student_levels`: flow times from 1,
+    shifted by diffusion.flow_shift; EDM's Karras sigmas from sigma_max, short of sigma_min)."""
     guidance: float = Field(5.0, ge=0)
     """Classifier-free guidance of the teacher (the real score); the student learns the guided
     distribution and samples without guidance."""
@@ -71,6 +71,11 @@ class Distill(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Distill:
+        levels = self.levels or ()
+        if any(v <= 0 for v in levels) or any(a <= b for a, b in zip(levels, levels[1:], strict=False)):
+            raise ValueError(
+                f"levels: the student's noise levels must be positive and decreasing, got {list(levels)}"
+            )
         if self.levels is not None and len(self.levels) != self.steps:
             raise ValueError(
                 f"levels: {len(self.levels)} given for steps={self.steps}; set steps={len(self.levels)}"
