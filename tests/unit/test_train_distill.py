@@ -4,13 +4,13 @@ rule, exact resume, and `vidforge infer` sampling the student in its own steps."
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.train_fixtures import TRAIN_SETS, losses, synthetic_latents, train_profile
 from vidforge.cli.app import app
 from vidforge.diffusion.dmd import dmd_gradient, dmd_loss, few_step_sampler
 from vidforge.diffusion.edm import EDM
@@ -22,6 +22,9 @@ from vidforge.profile.loading import dump_profile
 from vidforge.tokens import SequenceLayout
 from vidforge.train.loss import TokenBatch
 from vidforge.train.step import make_train_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_fixtures import TRAIN_SETS, losses, synthetic_latents, train_profile  # noqa: E402
 
 # A one-block DiT: the mechanics, not the quality, are under test; EMA off so the export is the student.
 SMALL = ("model.layers=1", "train.ema_decay=0", "train.schedule=constant")
