@@ -12,8 +12,8 @@ with s the scores of the two diffused distributions. A denoiser's clean estimate
 s(x_t) = -(x_t - alpha_t x0_hat(x_t)) / sigma_t^2, so s_real - s_fake = alpha_t (real_x0 - fake_x0) /
 sigma_t^2: the gradient with respect to the sample points along fake_x0 - real_x0, where real_x0 is the
 frozen teacher's (guided) estimate and fake_x0 that of a denoiser trained on the generator's own samples.
-DMD's weight replaces alpha_t / sigma_t^2 by 1 / mean|x - real_x0| per sample (the paper's eq. 7
-normalisation), which keeps the step size the same at every t:
+DMD's weight replaces alpha_t / sigma_t^2 by 1 / mean|x - real_x0| per sample, which keeps the step
+size alike at every t:
 
     g = (fake_x0 - real_x0) / mean_sample |x - real_x0|.
 
