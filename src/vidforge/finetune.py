@@ -270,7 +270,7 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
     diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
     `overrides`."""
     from vidforge.infer.run import checkpoint_profile, diffusers_profile, find_export
-    from vidforge.train.lora import is_adapter_folder
+    from vidforge.models.lora import is_adapter_folder
 
     if not base.exists():
         raise UserInputError(f"--base {base}: no such folder; a diffusers Wan folder or a vidforge run")

@@ -86,6 +86,23 @@ def test_a_wan_pipeline_folder_tokenizes_trains_samples_and_exports(pipeline, tm
     x, text = torch.randn(1, 4, 2, 4, 4), torch.randn(1, 3, 16)
     with torch.no_grad():
         torch.testing.assert_close(ours(x, torch.tensor([0.3]), text), theirs(x, torch.tensor([0.3]), text))
+    # README's few-step distillation with the download as the teacher: one DMD2 step, infer samples the
+    # student in its two steps (no guidance branch) without flags, and it goes back to diffusers
+    student = tmp_path / "student"
+    _invoke(
+        "train", "--data", str(tmp_path / "latents"), "--run-dir", str(student), *sets,
+        "--set", f"train.distill.teacher={pipeline}", "--set", "train.distill.steps=2",
+        "--set", "train.distill.fake_updates=1", "--set", "train.steps=1", "--set", "train.validate_every=0",
+    )  # fmt: skip
+    _invoke("infer", "-c", str(student), "--prompt", "a red square", "-o", str(tmp_path / "student_out"))
+    record = json.loads((tmp_path / "student_out" / "samples.jsonl").read_text())
+    assert (record["sampler"], record["model_calls"]) == ("few-step", 2)
+    _invoke(
+        "model", "export", str(student / "export"), "--to", "diffusers", "-o", str(tmp_path / "student_hf")
+    )
+    ours, theirs = load_model(student / "export"), load_diffusers_wan(tmp_path / "student_hf")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, torch.tensor([0.3]), text), theirs(x, torch.tensor([0.3]), text))
     # an x-prediction model would sample noise in diffusers' pipelines, which read a velocity: refused
     import shutil
 

@@ -118,6 +118,17 @@ def test_activations_grow_with_tokens_and_shrink_with_checkpointing() -> None:
     assert c < b / 4
 
 
+def test_a_distillation_adds_the_fake_scores_weights_and_adam_states_and_the_teachers_weights() -> None:
+    """train.distill on one process: the fake score's fp32 weights and two AdamW states (12 B a parameter)
+    and the frozen teacher in the compute dtype (fp32 here: 4 B) over the same step."""
+    from vidforge.models.presets import count_parameters
+
+    plain = load_profile(None, [*TINY, "train.precision=fp32"])
+    distill = load_profile(None, [*TINY, "train.precision=fp32", "train.distill.steps=2"])
+    added = estimate_memory(distill).total - estimate_memory(plain).total
+    assert added == pytest.approx(count_parameters(plain.model) * (4 + 8 + 4))
+
+
 def test_tensor_parallel_divides_block_activations() -> None:
     cfg = load_profile(None, TINY).model
     one = block_activations(cfg, 1024, 1, 8, 2, tp=1)

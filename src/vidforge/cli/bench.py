@@ -114,7 +114,7 @@ def infer(
         typer.Option(
             "--sampler",
             help="Time only this sampler (repeatable); default: every sampler of diffusion.objective "
-            f"({registry.samplers_by_objective()}).",
+            f"({registry.samplers_by_objective()}; a distilled student's few-step is not timed).",
         ),
     ] = None,
     guidance: Annotated[

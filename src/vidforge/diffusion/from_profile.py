@@ -52,8 +52,28 @@ def sample(
 ) -> torch.Tensor:
     """Run the profile's sampler (`diffusion.sampler`, the registry's entry) from standard normal `noise`
     over its objective's schedule; `denoise(x, level)` is the clean estimate at the objective's level
-    (EDM: sigma, flow: t). `generator` draws a stochastic sampler's churn noise."""
+    (EDM: sigma, flow: t). `generator` draws a stochastic sampler's churn noise, and a distilled
+    student's re-noising (its sampler steps over `diffusion.few_step_levels` instead)."""
     entry = registry.sampler(diffusion.sampler)
-    levels = OBJECTIVES[entry.objective].levels(diffusion)
+    if entry.student:
+
+        def draw(like: torch.Tensor) -> torch.Tensor:
+            return torch.randn(like.shape, generator=generator, dtype=like.dtype, device=like.device)
+
+        objective = build_objective(diffusion)
+        return entry.load()(denoise, noise, diffusion.few_step_levels, objective, draw)
+    levels = OBJECTIVES[diffusion.objective].levels(diffusion)
     options = {"churn": diffusion.churn, "generator": generator} if entry.stochastic else {}
     return entry.load()(denoise, noise, levels, **options)
+
+
+def student_levels(diffusion: Diffusion, steps: int) -> tuple[float, ...]:
+    """A few-step student's default noise levels: the objective's own sampling schedule, `steps` levels
+    from where sampling starts. Flow: the times of `steps` sampling steps from 1 (shifted by
+    diffusion.flow_shift), the final 0 dropped. EDM: the Karras sigmas of `steps + 1` steps from sigma_max,
+    their last two (sigma_min and 0) dropped: a student call at sigma_min would return its input."""
+    if diffusion.objective == "flow":
+        levels = flow_sigmas(steps, diffusion.flow_shift)[:-1]
+    else:
+        levels = karras_sigmas(steps + 1, diffusion.sigma_min, diffusion.sigma_max, diffusion.rho)[:-2]
+    return tuple(float(v) for v in levels)

@@ -27,7 +27,11 @@ def classifier_free_guidance(batched: BatchedDenoiser, scale: float) -> Denoiser
             return batched(x, sigma, torch.zeros(b, dtype=torch.bool, device=x.device))
         uncond = torch.arange(2 * b, device=x.device) >= b
         both = batched(torch.cat([x, x]), sigma, uncond)
-        cond_out, uncond_out = both[:b], both[b:]
-        return uncond_out + scale * (cond_out - uncond_out)
+        return guided(both[:b], both[b:], scale)
 
     return denoise
+
+
+def guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """The guided estimate from the two branches' (sampling's, and DMD's real score's)."""
+    return uncond + scale * (cond - uncond)

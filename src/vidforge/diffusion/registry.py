@@ -33,9 +33,9 @@ class Objective:
 class Sampler:
     name: str
     """`diffusion.sampler`."""
-    objective: str
+    objective: str | None
     """The objective it inverts: it steps over that objective's schedule (EDM: Karras sigmas; flow:
-    shifted flow times)."""
+    shifted flow times). None: either (a distilled student's sampler, over its own levels)."""
     function: str
     """`module:function`, imported when sampling: `(denoise, noise, levels, **options) -> sample`."""
     summary: str
@@ -43,6 +43,10 @@ class Sampler:
     stochastic: bool = False
     """It takes `diffusion.churn` (options `churn` and `generator`); the others are deterministic and
     refuse churn > 0."""
+    student: bool = False
+    """A distilled student's (`train.distill` writes it into the run's profile): it steps over
+    `diffusion.few_step_levels`, not the objective's schedule, and is called `(denoise, noise, levels,
+    objective, draw)`: the built objective re-noises each clean estimate with `draw(like)`'s noise."""
 
     def load(self) -> Callable[..., Any]:
         module, function = self.function.split(":")
@@ -62,6 +66,8 @@ OBJECTIVES: tuple[Objective, ...] = (
         "noise - x0, t drawn by `flow_time_sampling` and shifted by `flow_shift`",
     ),
 )
+
+FEW_STEP = "few-step"
 
 # An objective's first sampler is its default.
 SAMPLERS: tuple[Sampler, ...] = (
@@ -90,6 +96,14 @@ SAMPLERS: tuple[Sampler, ...] = (
         "vidforge.diffusion.flow_samplers:flow_euler_sampler",
         "Euler on the flow ODE (diffusers' FlowMatchEulerDiscreteScheduler)",
     ),
+    Sampler(
+        FEW_STEP,
+        None,
+        "vidforge.diffusion.dmd:few_step_sampler",
+        "a distilled student's sampler (one model call per level of `few_step_levels`, the clean estimate "
+        "re-noised to the next level), which a `train.distill` run writes into its profile",
+        student=True,
+    ),
 )
 
 OBJECTIVE_NAMES: tuple[str, ...] = tuple(o.name for o in OBJECTIVES)
@@ -102,14 +116,16 @@ def sampler(name: str) -> Sampler:
 
 
 def samplers_of(objective: str) -> tuple[str, ...]:
-    """The samplers that invert `objective`, its default first."""
+    """The samplers that invert `objective`, its default first (a student's, for either, not among them)."""
     return tuple(s.name for s in SAMPLERS if s.objective == objective)
 
 
 def samplers_by_objective() -> str:
     """Every sampler under its objective, for help texts: "heun or res under EDM, unipc or flow-euler
-    under rectified flow"."""
-    return ", ".join(f"{' or '.join(samplers_of(o.name))} under {o.title}" for o in OBJECTIVES)
+    under rectified flow, few-step (a distilled student's) under either"."""
+    named = [f"{' or '.join(samplers_of(o.name))} under {o.title}" for o in OBJECTIVES]
+    students = [s.name for s in SAMPLERS if s.student]
+    return ", ".join([*named, f"{' or '.join(students)} (a distilled student's) under either"])
 
 
 def objective_titles() -> str:
@@ -124,6 +140,6 @@ def objectives_doc() -> str:
 
 def samplers_doc() -> str:
     """`diffusion.sampler`'s documentation in the profile's schema."""
-    listed = " ".join(f"`{s.name}` ({s.objective}): {s.summary}." for s in SAMPLERS)
+    listed = " ".join(f"`{s.name}` ({s.objective or 'either'}): {s.summary}." for s in SAMPLERS)
     defaults = ", ".join(f"{samplers_of(o.name)[0]} for {o.name}" for o in OBJECTIVES)
     return f"{listed} Left out, it is the objective's first ({defaults})."

@@ -302,6 +302,28 @@ def estimate_memory(
         size = 0.0 if offload else trained * per
         of = f"LoRA adapters / {shards} FSDP shard(s)" if train.lora is not None else where
         terms.append(Term(name, size, f"{what}: {of} = {trained:,.0f} params x {per} B = {_gib(size)}"))
+    if train.distill is not None:
+        # The fake score holds the model's weights and AdamW states again, no EMA, and no gradients at the
+        # step's peak (they are freed after each of its updates, before the student's backward); the frozen
+        # teacher holds its weights in the compute dtype.
+        fake = sum(t.bytes for t in terms if t.name in ("parameters", "optimizer"))
+        terms.append(
+            Term(
+                "fake score",
+                fake,
+                f"train.distill's fake score: the parameters and AdamW states again = {_gib(fake)}",
+            )
+        )
+        teacher = local_params * prec.compute
+        bound = " (an upper bound under fp8_teacher)" if train.distill.fp8_teacher else ""
+        terms.append(
+            Term(
+                "teacher",
+                teacher,
+                f"train.distill's frozen teacher in the compute dtype: {where} = {local_params:,.0f} params x "
+                f"{prec.compute} B = {_gib(teacher)}{bound}",
+            )
+        )
     if offload:
         notes.append(
             f"train.fsdp_cpu_offload: parameters, gradients and optimizer states ({_gib(local_params * 20)}) "

@@ -49,6 +49,7 @@ from vidforge.models.wan_weights import (
 )
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile, load_profile
+from vidforge.profile.diffusion import FEW_STEP
 from vidforge.profile.layout_rules import sampling_layout_problems
 from vidforge.profile.parallel import Layout, Parallel
 from vidforge.text.encoders import build_text_encoder
@@ -124,6 +125,25 @@ def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | No
     if profile is None and not Path(base).is_file():
         raise UserInputError(f"{export}: no profile.yaml beside the weights; pass --profile")
     return load_profile(base, overrides)
+
+
+def adapter_sampling(lora: str | Path) -> list[str]:
+    """The sampling settings of a LoRA adapter's run when it distilled a few-step student (train.distill
+    wrote diffusion.sampler=few-step into its profile), as overrides of the base's profile; else none."""
+    from vidforge.train.lora import read_adapter
+
+    path = read_adapter(lora)["folder"] / "profile.yaml"
+    if not path.is_file():
+        return []
+    diffusion = load_profile(path).diffusion
+    if diffusion.sampler != FEW_STEP:
+        return []
+    return [
+        f"diffusion.sampler={FEW_STEP}",
+        f"diffusion.few_step_levels={json.dumps(list(diffusion.few_step_levels))}",
+        f"diffusion.steps={diffusion.steps}",
+        f"diffusion.guidance={diffusion.guidance:g}",
+    ]
 
 
 def check_shape(profile: RunProfile, tokenizer: VideoTokenizer) -> tuple[int, int, int, int]:
@@ -379,6 +399,8 @@ def run(
         raise UserInputError(
             "--prompt: give at least one non-empty prompt (or --prompts-file with one per line)"
         )
+    if lora is not None:  # a distilled LoRA student samples in its own steps; --set still wins
+        overrides = [*adapter_sampling(lora), *overrides]
     export = find_export(checkpoint)
     if export is not None:
         prof = checkpoint_profile(export, overrides, profile)

@@ -12,6 +12,7 @@ from vidforge.profile.base import Section
 # The names are the registry's (one list, which `infer --help` and `bench infer` show too).
 ObjectiveName = Literal[registry.OBJECTIVE_NAMES]  # type: ignore[valid-type]
 SamplerName = Literal[registry.SAMPLER_NAMES]  # type: ignore[valid-type]
+FEW_STEP = registry.FEW_STEP
 
 
 class Diffusion(Section):
@@ -31,6 +32,9 @@ class Diffusion(Section):
     rho: float = Field(7.0, gt=0)
     """Karras schedule exponent: larger spends more steps at small sigma."""
     sampler: SamplerName = Field(registry.samplers_of("edm")[0], description=registry.samplers_doc())
+    few_step_levels: tuple[float, ...] = ()
+    """With sampler=few-step: the student's noise levels (sigma, or flow time), decreasing, the first where
+    sampling starts from pure noise; `diffusion.steps` is their count."""
     steps: int = Field(32, ge=1)
     """Sampling steps (sigma levels); Heun evaluates the model about twice per step."""
     churn: float = Field(0.0, ge=0)
@@ -70,7 +74,9 @@ class Diffusion(Section):
     @model_validator(mode="after")
     def _check(self) -> Diffusion:
         fits = registry.samplers_of(self.objective)
-        if self.sampler not in fits:
+        if self.sampler == FEW_STEP:
+            self._check_few_step()
+        elif self.sampler not in fits:
             raise ValueError(
                 f"sampler: {self.sampler} does not sample the {self.objective} objective; use one of {', '.join(fits)}"
             )
@@ -90,3 +96,21 @@ class Diffusion(Section):
                 f"sigma_min: must be below diffusion.sigma_max={self.sigma_max}, got {self.sigma_min}"
             )
         return self
+
+    def _check_few_step(self) -> None:
+        levels = self.few_step_levels
+        if (
+            not levels
+            or any(v <= 0 for v in levels)
+            or any(a <= b for a, b in zip(levels, levels[1:], strict=False))
+        ):
+            raise ValueError(
+                "few_step_levels: sampler=few-step needs the student's noise levels, positive and "
+                f"decreasing (a train.distill run writes them), got {list(levels)}"
+            )
+        if self.objective == "flow" and levels[0] > 1:
+            raise ValueError(f"few_step_levels: flow times are at most 1, got {levels[0]}")
+        if self.steps != len(levels):
+            raise ValueError(
+                f"steps: sampler=few-step takes one step per few_step_levels entry; set steps={len(levels)}"
+            )

@@ -34,6 +34,55 @@ class Lora(Section):
     ahead of their use, on a side stream (`vidforge.parallel.block_swap`); the last blocks of the model."""
 
 
+class Distill(Section):
+    """Few-step distillation with DMD2 (Yin et al. 2024; FastVideo's recipe for Wan): the trained model is
+    a student initialised from a frozen teacher; a fake score network, also initialised from the teacher,
+    learns the denoiser of the student's own samples; the student follows DMD's gradient, the difference
+    of the fake score's and the guided teacher's clean estimates on its noised samples
+    (`vidforge.diffusion.dmd`, `vidforge.train.distill`). The run's profile and export sample with the
+    student's levels (diffusion.sampler=few-step), so `vidforge infer` needs no flags."""
+
+    teacher: str | None = None
+    """The teacher's weights: a vidforge export or run, or a diffusers Wan folder (what --init takes); None:
+    the run's --init. The student and the fake score start from them (the student from --init when both
+    are given)."""
+    steps: int = Field(4, ge=1)
+    """The student's sampling steps (one model call each, no guidance)."""
+    levels: tuple[float, ...] | None = None
+    """The student's noise levels (sigma, or flow time), decreasing from where sampling starts; None: the
+    objective's sampling schedule (`vidforge.diffusion.from_profile.student_levels`: flow times from 1,
+    shifted by diffusion.flow_shift; EDM's Karras sigmas from sigma_max, short of sigma_min)."""
+    guidance: float = Field(5.0, ge=0)
+    """Classifier-free guidance of the teacher (the real score); the student learns the guided
+    distribution and samples without guidance."""
+    fake_updates: int = Field(5, ge=1)
+    """Fake-score updates per student update (DMD2's two time-scale rule: the fake score keeps up with the
+    student's moving distribution); each training step is this many fake-score updates, then one of the
+    student."""
+    fake_lr: float | None = Field(None, gt=0)
+    """The fake score's peak learning rate (it follows train.lr's schedule); None: train.lr."""
+    simulate: bool = True
+    """The student's input at a step of its schedule: its own rollout from noise through the earlier
+    steps (DMD2's backward simulation: training sees what sampling gives it, and needs no clean data), or
+    the batch's latents noised to that level (false)."""
+    fp8_teacher: bool = False
+    """Store the frozen teacher's block linear weights in float8 e4m3 (row scales), half of bf16's bytes
+    (`vidforge.parallel.fp8_base`)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Distill:
+        levels = self.levels or ()
+        if any(v <= 0 for v in levels) or any(a <= b for a, b in zip(levels, levels[1:], strict=False)):
+            raise ValueError(
+                f"levels: the student's noise levels must be positive and decreasing, got {list(levels)}"
+            )
+        if self.levels is not None and len(self.levels) != self.steps:
+            raise ValueError(
+                f"levels: {len(self.levels)} given for steps={self.steps}; set steps={len(self.levels)}"
+            )
+        return self
+
+
 class Train(Section):
     """What one training run does. Global batch = micro_batch x grad_accum x data-parallel ranks."""
 
@@ -109,6 +158,9 @@ class Train(Section):
     the run named after its directory and continued by --resume; WANDB_MODE=offline keeps it on disk)."""
     lora: Lora | None = None
     """LoRA fine-tuning (adapters on a frozen base, usually with --init); None: every weight trains."""
+    distill: Distill | None = None
+    """Few-step distillation of a teacher (DMD2); None: a denoising run. With train.lora, the student and
+    the fake score each train their own adapters on the teacher's weights."""
 
     @model_validator(mode="after")
     def _check(self) -> Train:

@@ -6,6 +6,8 @@ per module: float8 linears -> tensor parallel -> context parallel -> activation 
 -> FSDP2 (`vidforge.parallel.parallelize`) -> EMA and one AdamW per module over its (sharded) parameters.
 With `--init`, the weights are loaded into the whole model right after it is built; with `train.lora`,
 the model is then frozen and given its adapters (`vidforge.models.lora`), before any split or sharding.
+Under `train.distill` two more networks are built the same way from the teacher's weights: the frozen
+teacher and the fake score (its own adapters under LoRA, its own AdamW), each parallelized alone.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models import build_model
 from vidforge.models.cpu_draws import cpu_draws
 from vidforge.models.lora import apply_lora
@@ -24,6 +27,7 @@ from vidforge.parallel.parallelize import autocast_dtype, compute_dtype, paralle
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
+from vidforge.profile.train import Lora
 from vidforge.train.ema import EMA, tensor_kind
 from vidforge.train.init_weights import WeightsInit, init_from
 
@@ -38,25 +42,28 @@ class TrainParts:
     compute_dtype: torch.dtype | None  # what the forward autocasts to (None: FSDP casts, or fp32)
     pipeline: PipelineRunner | None = None
     notes: list[str] = field(default_factory=list)
+    # train.distill: the frozen teacher, and the fake score with its own optimizer
+    teacher: nn.Module | None = None
+    fake_score: nn.Module | None = None
+    fake_optimizer: torch.optim.Optimizer | None = None
+
+    def companions(self) -> dict[str, tuple[nn.Module, torch.optim.Optimizer]]:
+        """Trained networks besides the model, by the name their checkpoint state is saved under."""
+        if self.fake_score is None or self.fake_optimizer is None:
+            return {}
+        return {"fake_score": (self.fake_score, self.fake_optimizer)}
 
 
-def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None) -> TrainParts:
+def build(
+    profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None, teacher: WeightsInit | None = None
+) -> TrainParts:
     """Build and parallelize the profile's model on this rank, with its EMA and AdamW optimizers; with
-    `init`, its weights first loaded from there (`vidforge.train.init_weights`)."""
+    `init`, its weights first loaded from there (`vidforge.train.init_weights`). Under train.distill also
+    the fake score (from the teacher's weights, trained like the model) and the frozen `teacher`."""
     cfg, dims, device = profile.train, runtime.dims, runtime.device
     use_tf32(cfg.precision == "bf16")
-    # identical initial weights on every rank, and on every device (drawn on the CPU: build_model)
-    torch.manual_seed(cfg.seed)
-    model = build_model(profile.model, device=device)
     notes: list[str] = []
-    if init is not None:  # before any split or sharding: every layout starts from the same weights
-        notes.append(init_from(model, init.src, init.allow_partial, init.raw).describe())
-    if cfg.lora is not None:  # the frozen base and its adapters are what every layout below is handed
-        # the adapters' initialisation, as the model's
-        with cpu_draws(device, lambda: sum(p.numel() for p in model.parameters())):
-            notes.append(apply_lora(model, cfg.lora, compute_dtype(profile)))
-        if cfg.lora.fp8_base:
-            notes.append(apply_fp8_base(model, cfg.lora.fp8_scaling))
+    model = _model(profile, runtime, init, cfg.lora, notes)
     autocast = autocast_dtype(dims, profile)
     pipeline = None
     modules: list[nn.Module] = [model]
@@ -77,19 +84,61 @@ def build(profile: RunProfile, runtime: Runtime, init: WeightsInit | None = None
         applied = parallelize(module, dims, profile, device)
         notes += [note for note in applied.notes if note not in notes]
     ema = EMA(modules, cfg.ema_decay) if cfg.ema_decay > 0 else None
-    optimizers = [
-        torch.optim.AdamW(
-            same_kind_groups(p for p in module.parameters() if p.requires_grad),  # LoRA: the adapters alone
-            lr=cfg.lr,
-            betas=cfg.betas,
-            weight_decay=cfg.weight_decay,
-            # fused where torch has the kernel: on the CPU too, where it is 3.5x the default per-tensor
-            # loop (3.3M parameters, one thread: 5.8 vs 20.5 ms a step)
-            fused=device.type in ("cuda", "cpu") or None,
-        )
-        for module in modules
-    ]
-    return TrainParts(modules, optimizers, ema, autocast, pipeline, notes)
+    optimizers = [_adamw(module, cfg.lr, profile, device) for module in modules]
+    parts = TrainParts(modules, optimizers, ema, autocast, pipeline, notes)
+    if cfg.distill is not None:
+        if teacher is None:  # `vidforge train` passes them; `bench train` and `--dry-run` do not yet
+            raise UserInputError(
+                "train.distill: this command builds no teacher; run `vidforge train` with the profile, or "
+                "drop train.distill (--set train.distill=null) to measure the model alone"
+            )
+        parts.teacher = _model(profile, runtime, teacher, None, notes, "teacher: ")
+        parts.teacher.requires_grad_(False).eval()
+        if cfg.distill.fp8_teacher:
+            notes.append("teacher: " + apply_fp8_base(parts.teacher))
+        parallelize(parts.teacher, dims, profile, device)
+        parts.fake_score = _model(profile, runtime, teacher, cfg.lora, notes, "fake score: ")
+        parallelize(parts.fake_score, dims, profile, device)
+        parts.fake_optimizer = _adamw(parts.fake_score, cfg.distill.fake_lr or cfg.lr, profile, device)
+    return parts
+
+
+def _model(
+    profile: RunProfile,
+    runtime: Runtime,
+    init: WeightsInit | None,
+    lora: Lora | None,
+    notes: list[str],
+    name: str = "",
+) -> nn.Module:
+    """One network of the run, before any parallelism: built from train.seed, loaded from `init`, given
+    `lora`'s adapters (and its float8 base)."""
+    device = runtime.device
+    # identical initial weights on every rank, and on every device (drawn on the CPU: build_model)
+    torch.manual_seed(profile.train.seed)
+    model = build_model(profile.model, device=device)
+    if init is not None:  # before any split or sharding: every layout starts from the same weights
+        notes.append(name + init_from(model, init.src, init.allow_partial, init.raw).describe())
+    if lora is not None:  # the frozen base and its adapters are what every layout below is handed
+        # the adapters' initialisation, as the model's
+        with cpu_draws(device, lambda: sum(p.numel() for p in model.parameters())):
+            notes.append(name + apply_lora(model, lora, compute_dtype(profile)))
+        if lora.fp8_base:
+            notes.append(name + apply_fp8_base(model, lora.fp8_scaling))
+    return model
+
+
+def _adamw(module: nn.Module, lr: float, profile: RunProfile, device: torch.device) -> torch.optim.Optimizer:
+    cfg = profile.train
+    return torch.optim.AdamW(
+        same_kind_groups(p for p in module.parameters() if p.requires_grad),  # LoRA: the adapters alone
+        lr=lr,
+        betas=cfg.betas,
+        weight_decay=cfg.weight_decay,
+        # fused where torch has the kernel: on the CPU too, where it is 3.5x the default per-tensor
+        # loop (3.3M parameters, one thread: 5.8 vs 20.5 ms a step)
+        fused=device.type in ("cuda", "cpu") or None,
+    )
 
 
 def same_kind_groups(params: Iterable[nn.Parameter]) -> list[dict]:

@@ -2,7 +2,8 @@
 async writes, complete only once marked.
 
 Layout of a run directory:
-    checkpoints/step_00000100/   DCP files: model, optimizer, EMA (sharded tensors, any layout can load)
+    checkpoints/step_00000100/   DCP files: model, optimizer, EMA (sharded tensors, any layout can load),
+                                 and a distillation's fake score with its optimizer (`fake_score.*`)
     checkpoints/step_00000100/rank00000.json        per-rank state: step, loader, scheduler, RNG
     checkpoints/step_00000100/COMPLETE              written last, after every rank finished
 `latest()` only ever returns a marked checkpoint, so a run killed while saving resumes from the one before.
@@ -52,6 +53,7 @@ TRAINABLE = StateDictOptions(ignore_frozen_params=True)
 LOAD_TRAINABLE = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
+Companions = dict[str, tuple[nn.Module, torch.optim.Optimizer]]
 
 
 def _rank() -> int:
@@ -118,10 +120,11 @@ def merged_state(
 RUNTIME_MODEL_FIELDS = ("preset", "attention", "sdpa_backend")
 
 
-def run_identity(model: Any, lora: Any, init: str | None) -> dict[str, Any]:
+def run_identity(model: Any, lora: Any, init: str | None, teacher: str | None = None) -> dict[str, Any]:
     """What a run's checkpoints belong to, saved with each one and compared on `--resume`: the model's
     settings (`profile.model`), its LoRA settings (`profile.train.lora`) and, for LoRA, the base it adapts
-    (`init`: the resolved --init, whose frozen weights the checkpoint does not hold)."""
+    (`init`: the resolved --init, whose frozen weights the checkpoint does not hold); for a distillation
+    the teacher (`train.distill.teacher`, resolved: its frozen weights are not in the checkpoint either)."""
     fields = {
         f"model.{k}": v for k, v in model.model_dump(mode="json").items() if k not in RUNTIME_MODEL_FIELDS
     }
@@ -130,6 +133,8 @@ def run_identity(model: Any, lora: Any, init: str | None) -> dict[str, Any]:
         fields["--init"] = init
     else:
         fields["train.lora"] = None
+    if teacher is not None:
+        fields["train.distill.teacher"] = teacher
     return fields
 
 
@@ -180,9 +185,12 @@ class CheckpointManager:
         optimizers: Optimizers,
         ema: EMA | None,
         extra: dict[str, Any],
+        companions: Companions | None = None,
     ) -> None:
         """Write checkpoint `step` of `modules` (one model, or this rank's pipeline stage modules) and their
-        optimizers (one per module). `extra` is this rank's JSON-able state (loader position, scheduler)."""
+        optimizers (one per module). `extra` is this rank's JSON-able state (loader position, scheduler).
+        `companions`: other trained networks with their optimizers (a distillation's fake score), each
+        saved under its name."""
         self.wait()
         path = self.path(step)
         if _rank() == 0 and path.exists():  # a half-written attempt at the same step
@@ -192,6 +200,9 @@ class CheckpointManager:
         tensors = {"model": model_sd, "optim": optim_sd}
         if ema is not None:
             tensors["ema"] = ema.state_dict()
+        for name, (module, optimizer) in (companions or {}).items():
+            msd, osd, _ = merged_state([module], [optimizer])
+            tensors[name] = {"model": msd, "optim": osd}
         with atomic_path(path / f"rank{_rank():05d}.json") as tmp:
             tmp.write_text(json.dumps({"step": step, "rng": rng_state(), **extra}))
         if self.use_async and dist.is_initialized():
@@ -258,23 +269,38 @@ class CheckpointManager:
             f"({self.root.parent / 'profile.yaml'} before this command) or pass a new --run-dir"
         )
 
-    def load(self, step: int, modules: Modules, optimizers: Optimizers, ema: EMA | None) -> dict[str, Any]:
-        """Load checkpoint `step` into the (possibly differently split and sharded) modules and optimizers;
-        returns this rank's extra state. Its RNG state is restored too."""
+    def load(
+        self,
+        step: int,
+        modules: Modules,
+        optimizers: Optimizers,
+        ema: EMA | None,
+        companions: Companions | None = None,
+    ) -> dict[str, Any]:
+        """Load checkpoint `step` into the (possibly differently split and sharded) modules and optimizers
+        (and `companions`, as `save` took them); returns this rank's extra state. Its RNG state is restored
+        too."""
         path = self.path(step)
         model_sd, optim_sd, keys = merged_state(modules, optimizers)
         tensors: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if ema is not None:
             tensors["ema"] = ema.state_dict()
         _check_shapes(path, model_sd, step)
+        groups = [(tensors, _pairs(modules, optimizers), keys)]
+        for name, (module, optimizer) in (companions or {}).items():
+            msd, osd, own = merged_state([module], [optimizer])
+            _check_shapes(path, msd, step, f"{name}.model")
+            tensors[name] = {"model": msd, "optim": osd}
+            groups.append((tensors[name], [(module, optimizer)], own))
         safe_dcp.load(tensors, path)  # a checkpoint is data: resuming must not run its pickles
-        for (module, optimizer), (model_keys, optim_keys) in zip(
-            _pairs(modules, optimizers), keys, strict=True
-        ):
-            set_model_state_dict(module, {k: tensors["model"][k] for k in model_keys}, options=LOAD_TRAINABLE)
-            set_optimizer_state_dict(
-                module, optimizer, {k: tensors["optim"][k] for k in optim_keys}, options=FLAT
-            )
+        for saved, pairs, group_keys in groups:
+            for (module, optimizer), (model_keys, optim_keys) in zip(pairs, group_keys, strict=True):
+                set_model_state_dict(
+                    module, {k: saved["model"][k] for k in model_keys}, options=LOAD_TRAINABLE
+                )
+                set_optimizer_state_dict(
+                    module, optimizer, {k: saved["optim"][k] for k in optim_keys}, options=FLAT
+                )
         if ema is not None:
             ema.load_state_dict(tensors["ema"])
         extra = self.rank_state(step, _rank())
@@ -286,12 +312,12 @@ def _shown(value: Any) -> str:
     return "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
 
 
-def _check_shapes(path: Path, model_sd: dict[str, Any], step: int) -> None:
+def _check_shapes(path: Path, model_sd: dict[str, Any], step: int, key: str = "model") -> None:
     """Every trainable tensor of this build must be in checkpoint `path` with the shape it has here (the
     recorded settings may predate `check_resume`, or a change may hide outside them)."""
     saved = safe_dcp.read_metadata(path / ".metadata").state_dict_metadata
     for name, value in model_sd.items():
-        entry = saved.get(f"model.{name}")
+        entry = saved.get(f"{key}.{name}")
         if entry is None or not hasattr(entry, "size"):
             raise UserInputError(
                 f"--resume: checkpoint step {step} holds no {name}, which this model trains; resume with "

@@ -28,6 +28,7 @@ from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.build import TrainParts, build
 from vidforge.train.checkpoint import CheckpointManager, run_identity
+from vidforge.train.distill import check_layout, student_profile
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
 from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
@@ -120,6 +121,12 @@ def run(
     the profile leaves train.validate_every unset. `labels` (a curriculum's `{"stage": name}`) go into every metrics
     line and every checkpoint's per-rank state."""
     labels = dict(labels or {})
+    teacher = None
+    if profile.train.distill is not None:
+        check_layout(profile)
+        profile = student_profile(profile)  # what validation, profile.yaml and the export sample with
+        teacher = _teacher(profile.train.distill.teacher, init)
+        init = init if init is not None else teacher  # the student starts from the teacher
     cfg = profile.train
     runtime = init_runtime(profile)
     runtime.require_layout(profile.cluster)
@@ -137,15 +144,20 @@ def run(
         )
     require_trackers(cfg.trackers)
     identity = run_identity(
-        profile.model, cfg.lora, str(Path(init.src).resolve()) if init is not None else None
+        profile.model,
+        cfg.lora,
+        str(Path(init.src).resolve()) if init is not None else None,
+        str(Path(teacher.src).resolve()) if teacher is not None else None,
     )
     if resume and latest is not None:
         checkpoints.check_resume(latest, identity)  # before profile.yaml is rewritten and the model built
     # A LoRA base is frozen in the compute dtype; a trained weight has fp32 master, gradient, 2 AdamW states
-    # (in host memory under train.fsdp_cpu_offload).
+    # (in host memory under train.fsdp_cpu_offload). A distillation trains a fake score as well, and holds
+    # the frozen teacher.
+    per_weight = 2 if cfg.lora is not None else 16
     require_model(
         profile.model,
-        2 if cfg.lora is not None else 16,
+        per_weight if cfg.distill is None else 2 * per_weight + 2,
         runtime.world,
         torch.device("cpu") if cfg.fsdp_cpu_offload else runtime.device,
         "lower model.hidden, model.layers or model.mlp_hidden (or pick a smaller model.preset), or train "
@@ -154,7 +166,7 @@ def run(
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "profile.yaml").write_text(dump_profile(profile))
-    parts = build(profile, runtime, init)
+    parts = build(profile, runtime, init, teacher)
     step_fn = make_train_step(profile, runtime, parts)
     batcher = rank_batcher(profile, runtime, data)
     notes = list(parts.notes)
@@ -277,6 +289,23 @@ def run(
     )
 
 
+def _teacher(src: str | None, init: WeightsInit | None) -> WeightsInit:
+    """train.distill's teacher weights: train.distill.teacher, else the run's --init."""
+    if src is not None:
+        if not Path(src).exists():
+            raise UserInputError(
+                f"train.distill.teacher: {src} does not exist; point it at the teacher's export, run "
+                "directory or diffusers folder"
+            )
+        return WeightsInit(Path(src))
+    if init is None:
+        raise UserInputError(
+            "train.distill: no teacher; set train.distill.teacher to its weights (an export, a run, a "
+            "diffusers folder) or pass them as --init"
+        )
+    return init
+
+
 def rank_batcher(profile: RunProfile, runtime: Runtime, data: Sequence[str | Path]) -> Any:
     """This rank's batches, `data.prefetch` ahead in a background thread. Ranks of one model-parallel group
     (tp x cp x pp) share a dp rank, so they get the same samples; the group reads each shard once and
@@ -300,7 +329,7 @@ def _save(
     checkpoints: CheckpointManager, step: int, parts: TrainParts, batcher: Any, extra: dict[str, Any]
 ) -> None:
     state = {"loader": batcher.state_dict(), **extra}
-    checkpoints.save(step, parts.modules, parts.optimizers, parts.ema, state)
+    checkpoints.save(step, parts.modules, parts.optimizers, parts.ema, state, parts.companions())
 
 
 def _resume(
@@ -311,7 +340,7 @@ def _resume(
     if latest is None:
         notes.append("no complete checkpoint to resume from: started fresh")
         return 0, None
-    extra = checkpoints.load(latest, parts.modules, parts.optimizers, parts.ema)
+    extra = checkpoints.load(latest, parts.modules, parts.optimizers, parts.ema, parts.companions())
     step = extra["step"]
     notes.append(f"resumed from step {step}")
     try:
@@ -367,6 +396,7 @@ class _Window:
             "hfu": self.hfu,
             "peak_memory_gib": _peak_memory_gib(self.device),
             **step_fn.by_level.means(),
+            **result.extra,
         }
         if getattr(batcher, "efficiency", None) is not None:
             record["packing_efficiency"] = batcher.efficiency

@@ -58,6 +58,46 @@ class MicroLoss:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class TokenBatch:
+    """A batch as the network sees it, before any noise: tokens (B, S, F) of a plain batch with its
+    `grid`, or a packed row (1, S, F) with its `layout`."""
+
+    clean: torch.Tensor
+    text: torch.Tensor
+    text_mask: torch.Tensor
+    row: SequenceLayout | Grid
+    tokens: int  # model tokens
+
+    @property
+    def layout(self) -> SequenceLayout | None:
+        return self.row if isinstance(self.row, SequenceLayout) else None
+
+    @property
+    def where(self) -> dict[str, Any]:
+        """The model's keyword for the geometry."""
+        return {"layout": self.row} if self.layout is not None else {"grid": self.row}
+
+    def per_sample(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-sample values (N,) broadcast against the tokens, in their precision (at least float32)."""
+        out = self.layout.per_token(values)[..., None] if self.layout is not None else values[:, None, None]
+        return out.to(torch.promote_types(self.clean.dtype, torch.float32))
+
+    def sample_means(self, x: torch.Tensor) -> torch.Tensor:
+        """Each sample's mean of x (shaped like the tokens): (N,)."""
+        layout = self.layout
+        if layout is None:
+            return x.mean(dim=(1, 2))
+        per_token = x.mean(dim=-1)[0]
+        sums = per_token.new_zeros(layout.num_samples).index_add_(0, layout.sample_index(x.device), per_token)
+        return sums / torch.tensor(layout.seqlens, device=x.device, dtype=sums.dtype)
+
+    def sample_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Each sample's mean of x, broadcast back against x (`vidforge.diffusion.dmd.SampleMean`)."""
+        means = self.sample_means(x)
+        return self.layout.per_token(means)[..., None] if self.layout is not None else means[:, None, None]
+
+
 @dataclass(frozen=True)
 class DenoisingLoss:
     """The objective's loss on vidforge's batches (see the module docstring)."""
@@ -74,39 +114,26 @@ class DenoisingLoss:
     ) -> MicroInputs:
         """Noise the batch: the network's input, the target and the conditioning. With `shard_of`
         (context parallel) only this rank's tokens, drawn from the same full-shape noise."""
-        # non_blocking: a prefetched batch sits in pinned memory, so the copy overlaps the GPU's work
         self._check_text_width(batch.text_emb.shape[-1])
-        text = batch.text_emb.to(device, non_blocking=True)
-        text_mask = batch.text_mask.to(device, non_blocking=True)
-        n = text.shape[0]
+        n = batch.text_emb.shape[0]
         level = self.objective.sample_levels(n).to(device)
         drop_text = (torch.rand(n) < self.caption_dropout).to(device)
-        if isinstance(batch, PackedBatch):
-            clean = batch.tokens
-            self._check_channels(clean.shape[-1] // (self.patch[0] * self.patch[1] * self.patch[2]))
-            noise = torch.randn(clean.shape, dtype=clean.dtype)
-            row: SequenceLayout | Grid = batch.layout
-            rows = 1
-        else:
-            latents = batch.latents
-            self._check_channels(latents.shape[1])
-            noise = patchify(torch.randn(latents.shape, dtype=latents.dtype), self.patch)
-            clean = patchify(latents, self.patch)
-            row = token_grid(latents.shape[2:], self.patch)
-            rows = latents.shape[0]
-        clean, noise = clean.to(device, non_blocking=True), noise.to(device, non_blocking=True)
-        layout = row if isinstance(row, SequenceLayout) else None
-        tokens = layout.total if layout is not None else rows * row[0] * row[1] * row[2]
-        shard = shard_of(row) if shard_of is not None else None
+        self._check_channels(_channels(batch, self.patch))
+        clean = _clean_of(batch)
+        noise = torch.randn(clean.shape, dtype=clean.dtype)  # in the batch's shape: latents or a row
+        if isinstance(batch, BucketBatch):
+            noise = patchify(noise, self.patch)
+        rows = self.token_batch(batch, device)
+        clean, noise = rows.clean, noise.to(device, non_blocking=True)
+        text, text_mask, layout, tokens = rows.text, rows.text_mask, rows.layout, rows.tokens
+        shard = shard_of(rows.row) if shard_of is not None else None
         if shard is not None:
             from vidforge.parallel.context_parallel import per_token
 
             clean, noise = shard.split(clean), shard.split(noise)
             level_b, where = per_token(level, shard), {"shard": shard}
-        elif layout is not None:
-            level_b, where = layout.per_token(level)[..., None], {"layout": layout}
         else:
-            level_b, where = level[:, None, None], {"grid": row}
+            level_b, where = rows.per_sample(level), rows.where
         # the coefficients in the latents' precision, at least float32
         level_b = level_b.to(torch.promote_types(clean.dtype, torch.float32))
         noisy = self.objective.corrupt(clean, noise, level_b)
@@ -125,6 +152,24 @@ class DenoisingLoss:
             layout=layout,
             shard=shard,
             error_scale=self.objective.error_scale(level_b),
+        )
+
+    def token_batch(self, batch: PackedBatch | BucketBatch, device: torch.device) -> TokenBatch:
+        """The batch's clean tokens on `device` with its conditioning and geometry (no random draws)."""
+        self._check_channels(_channels(batch, self.patch))
+        # non_blocking: a prefetched batch sits in pinned memory, so the copy overlaps the GPU's work
+        if isinstance(batch, PackedBatch):
+            clean, row, rows = batch.tokens, batch.layout, 1
+        else:
+            clean = patchify(batch.latents, self.patch)
+            row, rows = token_grid(batch.latents.shape[2:], self.patch), batch.latents.shape[0]
+        layout = row if isinstance(row, SequenceLayout) else None
+        return TokenBatch(
+            clean=clean.to(device, non_blocking=True),
+            text=batch.text_emb.to(device, non_blocking=True),
+            text_mask=batch.text_mask.to(device, non_blocking=True),
+            row=row,
+            tokens=layout.total if layout is not None else rows * row[0] * row[1] * row[2],
         )
 
     def reduce(
@@ -181,3 +226,12 @@ class DenoisingLoss:
                 f"model.text_dim: the data's text embeddings are {width} wide (see the text encoder in its "
                 f"index.json), the model takes {self.text_dim}; set --set model.text_dim={width}"
             )
+
+def _clean_of(batch: PackedBatch | BucketBatch) -> torch.Tensor:
+    return batch.tokens if isinstance(batch, PackedBatch) else batch.latents
+
+
+def _channels(batch: PackedBatch | BucketBatch, patch: tuple[int, int, int]) -> int:
+    if isinstance(batch, PackedBatch):
+        return batch.tokens.shape[-1] // (patch[0] * patch[1] * patch[2])
+    return batch.latents.shape[1]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -28,6 +28,7 @@ from torch.profiler import record_function
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion import build_objective
 from vidforge.models import forward_flops
+from vidforge.models.flops import FlopCount
 from vidforge.parallel.activation_checkpoint import recompute_fraction
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
@@ -57,6 +58,7 @@ class StepLosses:
     hardware_flops: float  # with the recomputed forwards
     level: torch.Tensor
     per_sample: torch.Tensor
+    extra: dict[str, float] = field(default_factory=dict)  # more metrics, averaged over ranks like the loss
 
 
 @dataclass
@@ -70,6 +72,7 @@ class StepResult:
     tokens: float
     flops: float
     hardware_flops: float
+    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def finite(self) -> bool:
@@ -124,19 +127,23 @@ class TrainStep(ABC):
         self.by_level.add(done.level, done.per_sample)
         with record_function("step.clip"):
             grad_norm = self.clip_grad_norm_(self.profile.train.grad_clip or math.inf)
-        loss, tokens, flops, hardware = _all_reduce_sum(
-            [done.loss, done.tokens, done.flops, done.hardware_flops], self.device
+        names = sorted(done.extra)
+        loss, tokens, flops, hardware, *extra = _all_reduce_sum(
+            [done.loss, done.tokens, done.flops, done.hardware_flops, *(done.extra[k] for k in names)],
+            self.device,
         )
         # Summed over every rank: the cp shares add up to each micro-batch's loss, tp ranks hold copies
         # of it, and so do pp ranks (the last stage's loss is sent to the whole pipeline); tokens and
         # FLOPs are counted once per model-parallel group member.
         layout, dims = self.runtime.dims.layout, self.runtime.dims
+        copies = layout.dp * layout.tp * layout.pp
         return StepResult(
-            loss / (layout.dp * layout.tp * layout.pp),
+            loss / copies,
             grad_norm,
             tokens / dims.model_parallel,
             flops / dims.model_parallel,
             hardware / dims.model_parallel,
+            {name: value / copies for name, value in zip(names, extra, strict=True)},
         )
 
     def set_lr(self, lr: float) -> None:
@@ -164,6 +171,11 @@ class TrainStep(ABC):
     def flops(self, batch: Batch) -> tuple[float, float]:
         """Model and hardware FLOPs of one batch's forward and backward (hardware: with the forward of
         the activation-checkpointed blocks run again). MFU counts the model's only."""
+        count = self.flop_count(batch)
+        return float(count.train_step()), float(count.train_step(self.recompute))
+
+    def flop_count(self, batch: Batch) -> FlopCount:
+        """The model's forward FLOPs on one batch, by part."""
         text_lens = batch.text_mask.sum(dim=1).tolist()
         if isinstance(batch, PackedBatch):
             grids = batch.layout.grids
@@ -171,8 +183,7 @@ class TrainStep(ABC):
             pt, ph, pw = self.profile.model.patch
             b, _, t, h, w = batch.latents.shape
             grids = [(t // pt, h // ph, w // pw)] * b
-        count = forward_flops(self.profile.model, grids, text_lens)
-        return float(count.train_step()), float(count.train_step(self.recompute))
+        return forward_flops(self.profile.model, grids, text_lens)
 
 
 class LocalTrainStep(TrainStep):
@@ -224,14 +235,19 @@ class LocalTrainStep(TrainStep):
         return StepLosses(loss, tokens, flops, hardware, torch.cat(levels), torch.cat(per_sample))
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        params = self.model.parameters()
-        if self.runtime.dims.tp_enabled:  # parameters on several meshes; partial gradients reduced first
-            from vidforge.parallel.tensor_parallel import clip_grad_norm_
+        return clip_module(self.model, max_norm, self.runtime.dims.tp_enabled)
 
-            norm = clip_grad_norm_(params, max_norm)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+def clip_module(module: torch.nn.Module, max_norm: float, tp_enabled: bool) -> float:
+    """One module's whole gradient norm (over its shards), then clipping to `max_norm`."""
+    params = module.parameters()
+    if tp_enabled:  # parameters on several meshes; partial gradients reduced first
+        from vidforge.parallel.tensor_parallel import clip_grad_norm_
+
+        norm = clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 class PipelineTrainStep(TrainStep):
@@ -349,6 +365,10 @@ class PipelineTrainStep(TrainStep):
 
 
 def make_train_step(profile: RunProfile, runtime: Runtime, parts: TrainParts) -> TrainStep:
+    if profile.train.distill is not None:
+        from vidforge.train.distill import DistillTrainStep
+
+        return DistillTrainStep(profile, runtime, parts)
     return (PipelineTrainStep if parts.pipeline is not None else LocalTrainStep)(profile, runtime, parts)
 
 
