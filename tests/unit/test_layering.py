@@ -39,8 +39,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("vidforge.train.validation", "vidforge.infer.run"): "issue 35 item 3",
     ("vidforge.train.validation", "vidforge.infer.sampling"): "issue 35 item 3",
     ("vidforge.train.validation", "vidforge.infer.writers"): "issue 35 item 3",
-    # infer/run.py (being split) imports the adapters from vidforge.models.lora; train/lora.py then goes
-    ("vidforge.infer.run", "vidforge.train.lora"): "issue 35 item 5",
     # require_model moves to estimate/ once infer/run.py imports it from there
     ("vidforge.memory", "vidforge.estimate.param_counts"): "issue 35 item 5",
 }

@@ -21,7 +21,7 @@ from vidforge.models import build_model, save_model
 from vidforge.profile.loading import dump_profile
 from vidforge.tokens import SequenceLayout
 from vidforge.train.loss import TokenBatch
-from vidforge.train.step import make_train_step
+from vidforge.train.make_step import make_train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import TRAIN_SETS, losses, synthetic_latents, train_profile  # noqa: E402

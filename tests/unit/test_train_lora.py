@@ -18,7 +18,7 @@ from vidforge.parallel.runtime import init_runtime  # noqa: E402
 from vidforge.train import loop  # noqa: E402
 from vidforge.train.build import build  # noqa: E402
 from vidforge.train.init_weights import WeightsInit  # noqa: E402
-from vidforge.train.step import make_train_step  # noqa: E402
+from vidforge.train.make_step import make_train_step  # noqa: E402
 
 LORA = ("train.lora={rank: 4, alpha: 8}", "train.lr=1e-2", "train.precision=bf16")
 

@@ -33,7 +33,8 @@ from vidforge.models import forward_flops, pack_latents
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
 from vidforge.train.build import build
-from vidforge.train.step import LocalTrainStep, TrainStep, make_train_step
+from vidforge.train.make_step import make_train_step
+from vidforge.train.step import LocalTrainStep, TrainStep
 
 
 def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> BucketBatch | PackedBatch:

@@ -66,7 +66,7 @@ def find_export(checkpoint: str | Path) -> Path | None:
             return candidate
     if path.is_dir() and (transformer_folder(path) / CONFIG).is_file():
         return None
-    from vidforge.train.lora import is_adapter_folder
+    from vidforge.models.lora import is_adapter_folder
 
     if is_adapter_folder(path) or is_adapter_folder(path / "export"):
         raise UserInputError(
@@ -130,7 +130,7 @@ def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | No
 def adapter_sampling(lora: str | Path) -> list[str]:
     """The sampling settings of a LoRA adapter's run when it distilled a few-step student (train.distill
     wrote diffusion.sampler=few-step into its profile), as overrides of the base's profile; else none."""
-    from vidforge.train.lora import read_adapter
+    from vidforge.models.lora import read_adapter
 
     path = read_adapter(lora)["folder"] / "profile.yaml"
     if not path.is_file():
@@ -425,7 +425,7 @@ def run(
     else:
         model = load_diffusers_wan(checkpoint, device=device).eval()
     if lora is not None:
-        from vidforge.train.lora import load_adapter
+        from vidforge.models.lora import load_adapter
 
         model = load_adapter(model, lora, lora_scale).eval()
     if model.config.text_dim != encoder.width:

@@ -75,7 +75,7 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
 
     from vidforge.parallel.runtime import Runtime
     from vidforge.train.build import build
-    from vidforge.train.step import make_train_step
+    from vidforge.train.make_step import make_train_step
 
     dims = ParallelDims(profile.layout, "cpu")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)

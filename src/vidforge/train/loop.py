@@ -32,8 +32,9 @@ from vidforge.train.distill import check_layout, student_profile
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
 from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
+from vidforge.train.make_step import make_train_step
 from vidforge.train.metrics import MetricsLog, require_trackers
-from vidforge.train.step import StepResult, TrainStep, make_train_step
+from vidforge.train.step import StepResult, TrainStep
 from vidforge.train.validation import Validator, plan_validation
 
 Progress = Callable[[dict[str, Any]], None]

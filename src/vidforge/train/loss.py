@@ -227,6 +227,7 @@ class DenoisingLoss:
                 f"index.json), the model takes {self.text_dim}; set --set model.text_dim={width}"
             )
 
+
 def _clean_of(batch: PackedBatch | BucketBatch) -> torch.Tensor:
     return batch.tokens if isinstance(batch, PackedBatch) else batch.latents
 

@@ -4,7 +4,7 @@ logs, and the update. Two implementations: `LocalTrainStep` (one module: train.g
 any layout but pipeline) and `PipelineTrainStep` (this rank's pipeline stages: parallel.pp_microbatches
 micro-batches through the schedule, which are its gradient accumulation).
 
-    step = make_train_step(profile, runtime, parts)
+    step = make_train_step(profile, runtime, parts)  # train.make_step
     batches = step.next_batches(batcher)        # None when the data ran out
     result = step(batches)                      # forward, backward, clip; loss and norm over all ranks
     step.apply() if result.finite else step.zero_grad()
@@ -362,14 +362,6 @@ class PipelineTrainStep(TrainStep):
     def clip_grad_norm_(self, max_norm: float) -> float:
         # the whole model's norm over the pp group, replicated parameters once
         return float(self.runner.clip_grad_norm_(max_norm))
-
-
-def make_train_step(profile: RunProfile, runtime: Runtime, parts: TrainParts) -> TrainStep:
-    if profile.train.distill is not None:
-        from vidforge.train.distill import DistillTrainStep
-
-        return DistillTrainStep(profile, runtime, parts)
-    return (PipelineTrainStep if parts.pipeline is not None else LocalTrainStep)(profile, runtime, parts)
 
 
 def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
