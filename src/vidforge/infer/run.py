@@ -2,8 +2,9 @@
 
 The checkpoint is a training run directory (its `export/`) or an export folder itself; its `profile.yaml`
 is the base profile, so the tokenizer and text encoder are the ones the model was trained with. Or a
-diffusers Wan2.1 transformer or pipeline folder as downloaded: sampled as published (`diffusers_profile`:
-its transformer, rectified flow with UniPC, the pipeline's VAE and umT5).
+published folder as downloaded (e.g. diffusers' Wan2.1 transformer or pipeline): sampled as published
+(`vidforge.models.weights_folder.published_profile`: for Wan its transformer, rectified flow with UniPC
+and the scheduler's shift, the pipeline's VAE and umT5).
 
 Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts (`InferPlan`):
 - with infer.tp > 1, groups of tp ranks hold the model tensor-parallel (the training's TP plan, applied
@@ -39,16 +40,11 @@ from vidforge.infer.sampling import sample_latents
 from vidforge.infer.step_cache import StepCache, rescale_name
 from vidforge.infer.writers import contact_sheet, write_mp4
 from vidforge.memory import device_memory_bytes, host_memory_bytes, require, require_model
-from vidforge.models import load_model
-from vidforge.models.checkpoint import CONFIG, WEIGHTS
-from vidforge.models.wan_weights import (
-    load_diffusers_wan,
-    model_from_diffusers,
-    pipeline_parts,
-    transformer_folder,
-)
+from vidforge.models import load_model, weights_folder
+from vidforge.models.checkpoint import CONFIG
+from vidforge.models.weights_folder import WeightsFolder
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
-from vidforge.profile import RunProfile, load_profile
+from vidforge.profile import RunProfile
 from vidforge.profile.layout_rules import sampling_layout_problems
 from vidforge.profile.parallel import Layout, Parallel
 from vidforge.text.encoders import build_text_encoder
@@ -56,60 +52,27 @@ from vidforge.tokenizers.base import VideoTokenizer, build_tokenizer
 from vidforge.tokenizers.tokenize import decode
 
 
-def find_export(checkpoint: str | Path) -> Path | None:
-    """The folder holding model.safetensors + config.json: CHECKPOINT/export or CHECKPOINT itself; None
-    for a diffusers transformer or pipeline folder; otherwise a UserInputError."""
-    path = Path(checkpoint)
-    for candidate in (path / "export", path):
-        if (candidate / WEIGHTS).is_file():
-            return candidate
-    if path.is_dir() and (transformer_folder(path) / CONFIG).is_file():
-        return None
+def find_weights(checkpoint: str | Path) -> WeightsFolder:
+    """The checkpoint as an export (a run directory's export/ or an export folder) or a published
+    folder (`vidforge.models.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
+    found = weights_folder.find_weights(checkpoint)
+    if found is not None:
+        return found
     from vidforge.train.lora import is_adapter_folder
 
+    path = Path(checkpoint)
     if is_adapter_folder(path) or is_adapter_folder(path / "export"):
         raise UserInputError(
             f"--checkpoint {checkpoint}: a LoRA adapter, not a model; pass its base as --checkpoint and this "
             "folder as --lora"
         )
-    raise UserInputError(
-        f"--checkpoint {checkpoint}: no {WEIGHTS} in it or in its export/; point at a `vidforge train` run "
-        "directory that finished, an export folder, or a diffusers Wan transformer or pipeline folder"
-    )
+    return weights_folder.resolve_weights(checkpoint, "--checkpoint")
 
 
-def diffusers_profile(src: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
-    """The profile that samples a diffusers Wan folder: the given profile (default local_cpu) with the
-    folder's transformer as its model, Wan's objective (rectified flow; UniPC), and, for a whole pipeline,
-    its VAE and umT5 text encoder with Wan's 512-token captions; then `overrides`, which win."""
-    config = json.loads((transformer_folder(src) / CONFIG).read_text())
-    model = model_from_diffusers(config, transformer_folder(src) / CONFIG).model_dump(mode="json")
-    defaults = ["model.preset=null", "diffusion.objective=flow"]
-    defaults += [
-        f"model.{k}={json.dumps(v)}" for k, v in model.items() if k not in ("attention", "sdpa_backend")
-    ]
-    parts = pipeline_parts(src)
-    if "vae" in parts:
-        defaults += [
-            "tokenizer.kind=wan",
-            f"tokenizer.path={parts['vae']}",
-            "tokenizer.spatial_compression=8",
-        ]
-    if "text_encoder" in parts:
-        defaults += [
-            "text_encoder.kind=t5",
-            f"text_encoder.path={parts['text_encoder']}",
-            "text_encoder.max_length=512",
-        ]
-        if "tokenizer" in parts:
-            defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
-    prof = load_profile(profile, [*defaults, *overrides])
-    if prof.diffusion.flow_prediction != "velocity":
-        raise UserInputError(
-            f"diffusion.flow_prediction: {src}'s published weights predict the velocity; "
-            "leave flow_prediction at velocity to sample them"
-        )
-    return prof
+def find_export(checkpoint: str | Path) -> Path | None:
+    """The folder holding model.safetensors + config.json: CHECKPOINT/export or CHECKPOINT itself; None
+    for a published folder; otherwise a UserInputError."""
+    return find_weights(checkpoint).export
 
 
 def exported_step(export: Path) -> int | None:
@@ -120,10 +83,7 @@ def exported_step(export: Path) -> int | None:
 
 def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
     """The profile the model trained with (or `profile` if given), with `overrides` applied."""
-    base = profile if profile is not None else export / "profile.yaml"
-    if profile is None and not Path(base).is_file():
-        raise UserInputError(f"{export}: no profile.yaml beside the weights; pass --profile")
-    return load_profile(base, overrides)
+    return weights_folder.export_profile(export, overrides, profile)
 
 
 def check_shape(profile: RunProfile, tokenizer: VideoTokenizer) -> tuple[int, int, int, int]:
@@ -379,11 +339,12 @@ def run(
         raise UserInputError(
             "--prompt: give at least one non-empty prompt (or --prompts-file with one per line)"
         )
-    export = find_export(checkpoint)
+    weights = find_weights(checkpoint)
+    export = weights.export
     if export is not None:
         prof = checkpoint_profile(export, overrides, profile)
-    else:  # a diffusers Wan folder, sampled as published
-        prof = diffusers_profile(Path(checkpoint), overrides, profile)
+    else:  # a published folder, sampled as published
+        prof = weights_folder.published_profile(weights.published, overrides, profile)
     # a checkpoint trained on GPUs still samples on a machine without one
     runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
     rank, world, device = runtime.rank, runtime.world, str(runtime.device)
@@ -401,7 +362,7 @@ def run(
     if export is not None:
         model = load_model(export, device=device).eval()
     else:
-        model = load_diffusers_wan(checkpoint, device=device).eval()
+        model = weights_folder.load_published(weights.published, device=device).eval()
     if lora is not None:
         from vidforge.train.lora import load_adapter
 
