@@ -34,9 +34,9 @@ def import_(
 ) -> None:
     """Read a diffusers Wan2.1 transformer (config.json, safetensors or shards with their index, float32
     or bfloat16) tensor by tensor and write a vidforge export: model.safetensors, config.json, and
-    profile.yaml (the profile that trains and samples it as published: the imported model section,
-    rectified flow with the scheduler's shift, the pipeline's VAE and umT5 with 512-token captions) for
-    `vidforge infer` and `vidforge train --profile OUT/profile.yaml`.
+    profile.yaml (the profile that trains and samples it as published: the imported model section, the
+    objective the weights were trained with and the scheduler's shift, the pipeline's VAE and umT5 with
+    512-token captions) for `vidforge infer` and `vidforge train --profile OUT/profile.yaml`.
 
     Example: vidforge model import Wan2.1-T2V-1.3B-Diffusers -o models/wan13b --profile local_cpu
     """

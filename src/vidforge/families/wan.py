@@ -115,9 +115,10 @@ def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
 
 
 def _vae_compression(vae: Path) -> int:
-    """AutoencoderKLWan's spatial compression: one 2x downsampling between each of its levels."""
+    """AutoencoderKLWan's spatial compression: its config's scale_factor_spatial (diffusers >= 0.35), or
+    one 2x downsampling between each of its levels."""
     config = read_json(vae / CONFIG) if (vae / CONFIG).is_file() else {}
-    return 2 ** (len(config.get("dim_mult", [1, 2, 4, 4])) - 1)
+    return int(config.get("scale_factor_spatial", 2 ** (len(config.get("dim_mult", [1, 2, 4, 4])) - 1)))
 
 
 def read_published(src: Path) -> Published | None:
