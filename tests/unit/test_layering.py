@@ -33,6 +33,11 @@ FORBIDDEN = {
         "torch.distributed",
     ),
     "profile": ("torch", "vidforge.models", "vidforge.parallel", "vidforge.train"),
+    # the family registry sits below the profile: names and data, its code loaded by import path
+    "families": ("torch", "vidforge.profile", "vidforge.models", "vidforge.parallel", "vidforge.train"),
+    # sampling shared by training's validation and inference sits below both
+    "sampling": ("vidforge.train", "vidforge.infer", "vidforge.bench", "vidforge.cli"),
+    "train": ("vidforge.infer", "vidforge.cli"),
 }
 
 

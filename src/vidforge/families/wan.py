@@ -182,7 +182,7 @@ SPEC = FamilySpec(
     import_weights="vidforge.models.wan_weights:import_wan",
     export_weights="vidforge.models.wan_weights:export_wan",
     load_published="vidforge.models.wan_weights:load_diffusers_wan",
-    # TeaCache's fits of Wan2.1's published sizes (`vidforge.infer.step_cache`)
+    # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
     step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
     profile_defaults=("diffusion.objective=flow",),
 )
