@@ -88,3 +88,25 @@ def test_train_init_takes_the_model_from_the_folders_config(pipeline) -> None:
     profile = _init_profile(pipeline, None, [], None, allow_partial=False)
     assert (profile.model.family, profile.model.hidden, profile.model.heads) == ("wan", 16, 2)
     assert profile.diffusion.objective == "flow" and profile.tokenizer.kind == "wan"
+
+
+def test_bench_plan_reads_the_folder_through_the_same_resolver(pipeline) -> None:
+    argv = ["--json", "bench", "plan", "--profile", "dit1b_1xh200", "--model", str(pipeline), "--gpus", "1"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert '"tokens_per_step"' in result.output
+
+
+def test_one_reader_of_weight_folders() -> None:
+    """Only the resolver and the families' own modules look inside a published folder."""
+    src = Path(__file__).resolve().parents[2] / "src" / "vidforge"
+    own = {"models/weights_folder.py", "models/wan_weights.py"}
+    calls = ("transformer_folder(", "pipeline_parts(", "read_published(", "model_from_diffusers(")
+    found = [
+        f"{path.relative_to(src)}: {call}"
+        for path in sorted(src.rglob("*.py"))
+        if "families" not in path.relative_to(src).parts and str(path.relative_to(src)) not in own
+        for call in calls
+        if call in path.read_text()
+    ]
+    assert found == []

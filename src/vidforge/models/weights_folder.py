@@ -107,16 +107,19 @@ def check_published(profile: RunProfile, published: Published, shapes: bool = Tr
             "leave flow_prediction at velocity to train or sample them"
         )
     if shapes:
-        check_shapes(profile.model, published_model(published), str(where))
+        check_shapes(
+            profile.model, published_model(published), str(where), "(or pass --allow-partial to --init)"
+        )
 
 
-def check_shapes(model: Model, weights: Model, where: str) -> None:
-    """The model section's family, latent channels and text width against the weights' own."""
+def check_shapes(model: Model, weights: Model, where: str, partial: str = "") -> None:
+    """The model section's family, latent channels and text width against the weights' own; `partial`
+    says how to start from weights of another shape, where that is possible."""
     for name in ("family", "in_channels", "text_dim"):
         if getattr(model, name) != getattr(weights, name):
             raise UserInputError(
                 f"model.{name}: {where}'s weights have {getattr(weights, name)}, the profile says "
-                f"{getattr(model, name)}; drop that setting (or pass --allow-partial to --init)"
+                f"{getattr(model, name)}; drop that setting {partial}".rstrip()
             )
 
 
