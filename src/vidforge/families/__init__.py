@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidforge.errors import UserInputError
+
 REGISTRY: dict[str, str] = {
     "vidforge": "vidforge.families.vidforge",
     "wan": "vidforge.families.wan",
@@ -97,9 +99,9 @@ def names() -> list[str]:
 
 
 def family(name: str) -> FamilySpec:
-    """The spec of family `name`; a ValueError naming the registered ones if there is none."""
+    """The spec of family `name`; a UserInputError naming the registered ones if there is none."""
     if name not in REGISTRY:
-        raise ValueError(f"family: unknown {name!r}; use one of {', '.join(REGISTRY)}")
+        raise UserInputError(f"model.family: unknown {name!r}; use one of {', '.join(REGISTRY)}")
     spec = importlib.import_module(REGISTRY[name]).SPEC
     if spec.name != name:
         raise ValueError(f"{REGISTRY[name]}: registers {spec.name!r} under {name!r}")
