@@ -269,8 +269,8 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
     """The profile of a fine-tune of `base` as `vidforge infer -c BASE` and `train --init BASE` read it: a
     diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
     `overrides`."""
-    from vidforge.infer.run import checkpoint_profile, diffusers_profile, find_export
     from vidforge.models.lora import is_adapter_folder
+    from vidforge.models.weights_folder import export_profile, published_profile, resolve_weights
 
     if not base.exists():
         raise UserInputError(f"--base {base}: no such folder; a diffusers Wan folder or a vidforge run")
@@ -279,16 +279,16 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
             f"--base {base}: a LoRA run, not a model; fine-tune its merged weights (vidforge model export "
             f"{base} --merged --to vidforge -o MERGED, then --base MERGED) or its own base"
         )
-    export = find_export(base)
-    if export is None:
-        resolved = diffusers_profile(base, overrides, profile)
+    weights = resolve_weights(base, "--base")
+    if weights.export is None:
+        resolved = published_profile(weights.published, overrides, profile)
         if resolved.tokenizer.kind == "pixel" or resolved.text_encoder.kind != "t5":
             raise UserInputError(
                 f"--base {base}: a transformer folder alone; pass the whole pipeline folder (beside its vae/ "
                 "and text_encoder/), or name them with --set tokenizer.path=... --set text_encoder.path=..."
             )
         return resolved
-    resolved = checkpoint_profile(export, overrides, profile)
+    resolved = export_profile(weights.export, overrides, profile)
     if resolved.tokenizer.kind == "pixel":  # weightless: its latent width is known before any stage runs
         from vidforge.tokenizers.base import build_tokenizer
 
@@ -411,7 +411,7 @@ def _partial(name: str, result: Any, out: Path) -> None:
 
 def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     """Run (or resume) the fine-tune `request` describes; see the module's docstring."""
-    from vidforge.infer.run import find_export
+    from vidforge.infer.weights import find_export
 
     hooks = hooks or Hooks()
     out = request.out.resolve()
@@ -520,7 +520,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         from vidforge.train.loop import run as train_run
 
         if request.nproc:  # the printed command itself, as its ranks
-            from vidforge.infer.run import exported_step
+            from vidforge.infer.weights import exported_step
             from vidforge.parallel.launch import launch_workers
 
             launch_workers(request.nproc, [str(a) for a in train_argv])

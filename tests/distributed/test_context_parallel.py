@@ -151,9 +151,9 @@ def _case(model, impl: str, row_kind: str, group, regather: bool = False) -> dic
 def _sampling(model, impl: str, group, cfg_group=None) -> dict[str, float]:
     """Largest difference between context-parallel and single-process sampled latents, with the null
     caption and with a negative prompt as the unconditional branch."""
-    from vidforge.infer.sampling import sample_latents, sample_latents_cp
     from vidforge.parallel.context_parallel import apply_cp
     from vidforge.profile import load_profile
+    from vidforge.sampling.latents import sample_latents, sample_latents_cp
 
     profile = load_profile(None, ["diffusion.steps=3", "diffusion.guidance=2.0", "diffusion.sampler=heun"])
     g = torch.Generator().manual_seed(3)

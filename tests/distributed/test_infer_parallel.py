@@ -9,7 +9,7 @@
 - `vidforge infer` (`infer.run.run`) on 2 ranks, each way it splits the work (CFG-parallel, ScaleFusion,
   context-parallel DiT, st-hybrid parallel ST-DiT): rank 0 writes the single process's videos, frame for
   frame.
-- Sampling that follows the layout (`infer.run.parallel_sampler`): TP2 (infer.tp), the profile's
+- Sampling that follows the layout (`infer.plan.parallel_sampler`): TP2 (infer.tp), the profile's
   parallel.cp_impl, TP2 x CFG-parallel, equal to single-process sampling; the plan and its one-line
   refusals; `vidforge bench infer --nproc 2`.
 """
@@ -108,8 +108,8 @@ def _cfg_worker(rank: int, world: int) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     from vidforge.diffusion import EDM
-    from vidforge.infer.sampling import sample_latents
     from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
+    from vidforge.sampling.latents import sample_latents
 
     model = _tiny_model()
     text, mask, negative = _captions()
@@ -164,7 +164,7 @@ def test_cfg_parallel_denoiser_equals_one_batch_guidance(cfg_results) -> None:
 
 @pytest.mark.parametrize("unconditional", ["null", "negative"])
 def test_cfg_parallel_sample_equals_single_process_sample(cfg_results, unconditional: str) -> None:
-    from vidforge.infer.sampling import sample_latents
+    from vidforge.sampling.latents import sample_latents
 
     text, mask, negative = _captions()
     reference = sample_latents(
@@ -407,7 +407,7 @@ def _case_sets(case: str) -> list[str]:
 def test_infer_plan_splits_guidance_branches_then_the_sequence(
     world, guidance, architecture, expected
 ) -> None:
-    from vidforge.infer.run import InferPlan
+    from vidforge.infer.plan import InferPlan
     from vidforge.models import model_config
 
     plan = InferPlan.choose(world, guidance, model_config("tiny", architecture=architecture))
@@ -416,7 +416,7 @@ def test_infer_plan_splits_guidance_branches_then_the_sequence(
 
 def test_infer_refuses_a_token_grid_its_ranks_cannot_split() -> None:
     from vidforge.errors import UserInputError
-    from vidforge.infer.run import InferPlan, check_sequence_split
+    from vidforge.infer.plan import InferPlan, check_sequence_split
     from vidforge.models import model_config
 
     config = model_config("tiny", architecture="stdit", patch=(1, 1, 1))
@@ -572,7 +572,7 @@ def _layout_setup(case: tuple):
 
 
 def _layout_worker(rank: int, world: int, cases: dict) -> dict:
-    from vidforge.infer.run import InferPlan, check_plan, parallel_sampler, profile_slicing
+    from vidforge.infer.plan import InferPlan, check_plan, parallel_sampler, profile_slicing
 
     text, mask, negative = _captions()
     latents, plans = {}, {}
@@ -606,7 +606,7 @@ def _installed(model) -> tuple[bool, list[str]]:
 
 
 def _assert_single_process_sampling(cases: dict, ranks: list[dict]) -> None:
-    from vidforge.infer.sampling import sample_latents
+    from vidforge.sampling.latents import sample_latents
 
     assert {name: ranks[0]["plans"][name] for name in cases} == {
         name: (case[2], case[3]) for name, case in cases.items()
@@ -625,7 +625,7 @@ def _assert_single_process_sampling(cases: dict, ranks: list[dict]) -> None:
 
 
 def test_sampling_with_tp2_and_with_ring_cp2_equals_single_process_sampling() -> None:
-    from vidforge.infer.sampling import sample_latents
+    from vidforge.sampling.latents import sample_latents
 
     ranks = run_ranks(_layout_worker, 2, LAYOUT_CASES)
     _assert_single_process_sampling(LAYOUT_CASES, ranks)
@@ -660,7 +660,7 @@ def test_sampling_with_each_cp_impl_and_tp2_x_cfg2_equals_single_process_samplin
 def test_infer_plan_holds_the_model_on_tp_ranks_then_splits_branches_and_sequence(
     world, guidance, architecture, tp, cp_impl, expected
 ) -> None:
-    from vidforge.infer.run import InferPlan
+    from vidforge.infer.plan import InferPlan
     from vidforge.models import model_config
 
     arch = {"architecture": "stdit", "stdit_block": "parallel"} if architecture == "stdit-parallel" else {}
@@ -700,7 +700,7 @@ def test_infer_plan_holds_the_model_on_tp_ranks_then_splits_branches_and_sequenc
 )
 def test_infer_refuses_a_layout_it_cannot_sample_in_one_line(world, sets, lora, message) -> None:
     from vidforge.errors import UserInputError
-    from vidforge.infer.run import InferPlan, check_plan
+    from vidforge.infer.plan import InferPlan, check_plan
 
     prof = _profile("model.preset=tiny", *sets)
     with pytest.raises(UserInputError) as err:

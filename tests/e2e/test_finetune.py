@@ -26,7 +26,9 @@ from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from wan_fixtures import TEXT_LEN, write_tiny_wan_pipeline  # noqa: E402
+from wan_fixtures import save_tiny_wan_pipeline  # noqa: E402
+
+TEXT_LEN = 8  # captions' tokens: the tiny umT5's vocabulary is ten words
 
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.data.media import write_video  # noqa: E402
@@ -48,7 +50,7 @@ SETS = (
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory) -> Path:
-    return write_tiny_wan_pipeline(tmp_path_factory.mktemp("Wan2.1-T2V-tiny-Diffusers"))
+    return save_tiny_wan_pipeline(tmp_path_factory.mktemp("Wan2.1-T2V-tiny-Diffusers"))
 
 
 def _videos(folder: Path) -> Path:

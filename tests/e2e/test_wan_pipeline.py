@@ -1,5 +1,5 @@
 """Wan2.1 end to end on the CPU, from a diffusers pipeline folder as the download lays it out (a tiny random
-one saved with save_pretrained: transformer/, vae/, text_encoder/ (umT5), tokenizer/): `vidforge shard`
+one saved by WanPipeline.save_pretrained: transformer/, vae/, text_encoder/ (umT5), tokenizer/, scheduler/): `vidforge shard`
 with its umT5, `vidforge tokenize` with its VAE, `vidforge train --init` it with rectified flow,
 `vidforge infer` an MP4 (from the run, and from the download itself), and the export back to a folder
 diffusers loads that computes vidforge's forward."""
@@ -12,35 +12,39 @@ from pathlib import Path
 import pytest
 import torch
 from typer.testing import CliRunner
-from wan_fixtures import TEXT_LEN, write_tiny_wan_pipeline
 
 from vidforge.cli.app import app
 from vidforge.data.testing import make_annotated_dir
+from vidforge.profile import load_profile
 
 transformers = pytest.importorskip("transformers")
+from wan_fixtures import save_tiny_wan_pipeline  # noqa: E402
+
+TEXT_LEN = 8
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory) -> Path:
-    return write_tiny_wan_pipeline(tmp_path_factory.mktemp("Wan2.1-T2V-tiny-Diffusers"))
+    return save_tiny_wan_pipeline(tmp_path_factory.mktemp("Wan2.1-T2V-tiny-Diffusers"))
 
 
 def _sets(pipe: Path) -> list[str]:
-    """What a user sets to fine-tune the pipeline at `pipe` (README: Fine-tune Wan2.1), tiny sizes."""
+    """What shard and tokenize need to read the pipeline at `pipe` (its umT5 and VAE), tiny sizes; `train
+    --init` and `infer -c` take the model, objective, VAE and text encoder from the folder itself."""
     sets = [
-        "model.preset=null", "model.family=wan", "model.architecture=dit", "model.mlp_act=gelu-tanh",
-        "model.adaln_lora_rank=0", "model.abs_position=none", "model.cross_attn_norm=true", "model.layers=2",
-        "model.hidden=16", "model.heads=2", "model.mlp_hidden=32", "model.patch=[1,2,2]", "model.in_channels=4",
-        "model.text_dim=16", "diffusion.objective=flow", "diffusion.steps=3", "diffusion.guidance=2",
         "text_encoder.kind=t5", f"text_encoder.path={pipe / 'text_encoder'}",
         f"text_encoder.tokenizer_path={pipe / 'tokenizer'}", f"text_encoder.max_length={TEXT_LEN}",
         "tokenizer.kind=wan", f"tokenizer.path={pipe / 'vae'}", "tokenizer.spatial_compression=8",
-        "data.buckets=[[32,32]]",
-        "data.frame_buckets=[5]", "data.val_fraction=0", "data.token_budget=64", "train.steps=2",
-        "train.warmup_steps=1", "train.log_every=1", "train.precision=fp32", "train.save_every=2", "infer.frames=5",
-        "infer.height=32", "infer.width=32",
+        *SIZES,
     ]  # fmt: skip
     return [arg for s in sets for arg in ("--set", s)]
+
+
+SIZES = [
+    "data.buckets=[[32,32]]", "data.frame_buckets=[5]", "data.val_fraction=0", "data.token_budget=64",
+    "train.steps=2", "train.warmup_steps=1", "train.log_every=1", "train.precision=fp32", "train.save_every=2",
+    "infer.frames=5", "infer.height=32", "infer.width=32", "diffusion.steps=3", "diffusion.guidance=2",
+]  # fmt: skip
 
 
 def _invoke(*args: str) -> None:
@@ -56,10 +60,13 @@ def test_a_wan_pipeline_folder_tokenizes_trains_samples_and_exports(pipeline, tm
     _invoke("shard", str(annotated), "-o", str(tmp_path / "shards"), *sets)
     _invoke("tokenize", str(tmp_path / "shards"), "-o", str(tmp_path / "latents"), *sets)
     run = tmp_path / "run"
+    # no model.* or objective --set: the folder's transformer/config.json and its family give them
+    sizes = [arg for s in [*SIZES, f"text_encoder.max_length={TEXT_LEN}"] for arg in ("--set", s)]
     _invoke(
-        "train", "--data", str(tmp_path / "latents"), "--run-dir", str(run), "--init", str(pipeline), *sets,
+        "train", "--data", str(tmp_path / "latents"), "--run-dir", str(run), "--init", str(pipeline), *sizes,
         "--set", "train.validate_every=0",  # a fine-tune's default validation: 10 s of Wan VAE decodes on CPU
     )  # fmt: skip
+    assert load_profile(run / "export" / "profile.yaml").diffusion.objective == "flow"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2 and any(k.startswith("loss_t_") for k in metrics[-1])
     _invoke("infer", "-c", str(run), "--prompt", "a red square moving right", "-o", str(tmp_path / "out"))
@@ -71,6 +78,11 @@ def test_a_wan_pipeline_folder_tokenizes_trains_samples_and_exports(pipeline, tm
             *small, "--set", "infer.width=32", "--set", "diffusion.steps=2")  # fmt: skip
     record = json.loads((tmp_path / "as_published" / "samples.jsonl").read_text())
     assert record["sampler"] == "unipc" and record["frames"] == 5
+    # and so does its import, by the profile.yaml `model import` wrote
+    _invoke("model", "import", str(pipeline), "-o", str(tmp_path / "imported"))
+    _invoke("infer", "-c", str(tmp_path / "imported"), "--prompt", "a blue circle", "-o", str(tmp_path / "imp"),
+            *small, "--set", "infer.width=32", "--set", "diffusion.steps=2")  # fmt: skip
+    assert json.loads((tmp_path / "imp" / "samples.jsonl").read_text())["sampler"] == "unipc"
     # published weights predict the velocity: sampling them as x-prediction is refused in one line
     refused = CliRunner().invoke(
         app, ["infer", "-c", str(pipeline), "--prompt", "a", "-o", str(tmp_path / "no"),
@@ -86,13 +98,14 @@ def test_a_wan_pipeline_folder_tokenizes_trains_samples_and_exports(pipeline, tm
     x, text = torch.randn(1, 4, 2, 4, 4), torch.randn(1, 3, 16)
     with torch.no_grad():
         torch.testing.assert_close(ours(x, torch.tensor([0.3]), text), theirs(x, torch.tensor([0.3]), text))
-    # README's few-step distillation with the download as the teacher: one DMD2 step, infer samples the
-    # student in its two steps (no guidance branch) without flags, and it goes back to diffusers
+    # README's few-step distillation with the download as the teacher (--init: the student's shape and
+    # weights, and the teacher by default): one DMD2 step, infer samples the student in its two steps (no
+    # guidance branch) without flags, and it goes back to diffusers
     student = tmp_path / "student"
     _invoke(
-        "train", "--data", str(tmp_path / "latents"), "--run-dir", str(student), *sets,
-        "--set", f"train.distill.teacher={pipeline}", "--set", "train.distill.steps=2",
-        "--set", "train.distill.fake_updates=1", "--set", "train.steps=1", "--set", "train.validate_every=0",
+        "train", "--data", str(tmp_path / "latents"), "--run-dir", str(student), "--init", str(pipeline),
+        *sizes, "--set", "train.distill.steps=2", "--set", "train.distill.fake_updates=1",
+        "--set", "train.steps=1", "--set", "train.validate_every=0",
     )  # fmt: skip
     _invoke("infer", "-c", str(student), "--prompt", "a red square", "-o", str(tmp_path / "student_out"))
     record = json.loads((tmp_path / "student_out" / "samples.jsonl").read_text())

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from vidforge.diffusion import EDM, classifier_free_guidance
-from vidforge.infer.sampling import guided_denoiser
 from vidforge.models import build_model, model_config
 from vidforge.profile import load_profile
+from vidforge.sampling.latents import guided_denoiser
 
 
 def _batched_with_log(log):

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from vidforge.errors import UserInputError
-from vidforge.infer.sampling import sample_latents
-from vidforge.infer.step_cache import WAN21_COEFFICIENTS, StepCache, installed, rescale_name
 from vidforge.models import build_model, model_config, save_model
 from vidforge.profile import load_profile
+from vidforge.sampling.latents import sample_latents
+from vidforge.sampling.step_cache import WAN21_COEFFICIENTS, StepCache, installed, rescale_name
 
 SHAPE = (4, 3, 4, 4)  # the tiny preset's latents: 48 tokens
 

@@ -21,11 +21,13 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the registry of objectives and samplers: names and module paths, which the profile validates against
     ("errors", "__init__", "diffusion.registry"),
+    ("families",),  # each family's facts, its code named by import path (the profile reads them)
     ("profile", "memory", "weights_file", "device"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
     ("diffusion", "models", "data"),  # diffusion is weightless math; data knows no model
     ("parallel",),  # applied to an unmodified model from outside
     ("curate", "estimate", "tokenizers"),
+    ("sampling",),  # the sampling loop, its latents and writers: training's validation and infer share it
     ("train", "infer"),  # what both need (sampling, adapters) sits below them
     ("bench", "review"),
     ("finetune",),  # composes the stages: above them all
@@ -35,10 +37,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 # (importing module, imported module) -> the issue that removes the import.
 KNOWN: dict[tuple[str, str], str] = {
-    # the sampling loop that validation shares with infer moves below both
-    ("vidforge.train.validation", "vidforge.infer.run"): "issue 35 item 3",
-    ("vidforge.train.validation", "vidforge.infer.sampling"): "issue 35 item 3",
-    ("vidforge.train.validation", "vidforge.infer.writers"): "issue 35 item 3",
     # require_model moves to estimate/ once infer/run.py imports it from there
     ("vidforge.memory", "vidforge.estimate.param_counts"): "issue 35 item 5",
 }
@@ -53,6 +51,8 @@ FORBIDDEN = {
     "diffusion/edm.py": ("vidforge.profile",),
     "diffusion/objective.py": ("vidforge.profile",),
     "tokens": ("torch.distributed",),
+    # the family registry sits below the profile: names and data, its code loaded by import path
+    "families": ("torch",),
 }
 
 

@@ -257,8 +257,8 @@ def test_train_cli_refuses_layouts_it_cannot_run(latents, tmp_path) -> None:
 
 
 def test_sampling_with_guidance_uses_both_branches(trained) -> None:
-    from vidforge.infer.sampling import sample_latents
     from vidforge.models import load_model
+    from vidforge.sampling.latents import sample_latents
 
     model = load_model(trained / "export")
     text = torch.randn(1, 5, model.config.text_dim)

@@ -274,7 +274,7 @@ def test_the_memory_model_counts_no_gradients_or_optimizer_states_for_the_frozen
 
     from vidforge.bench.plan import evaluate
     from vidforge.estimate.memory_model import estimate_memory
-    from vidforge.models.lora import DEFAULT_TARGETS
+    from vidforge.models.lora import default_targets
     from vidforge.profile import load_profile
 
     sets = [f"model.preset={preset}", "cluster.gpus_per_node=8", "parallel.dp_shard=8", "train.ema_decay=0.9"]
@@ -284,7 +284,7 @@ def test_the_memory_model_counts_no_gradients_or_optimizer_states_for_the_frozen
     lora = load_profile("dit1b_1xh200", [*sets, "train.lora={rank: 16}"])
     model = build_model(full.model, device="meta")
     params = sum(p.numel() for p in model.parameters())
-    targets = DEFAULT_TARGETS[family]
+    targets = default_targets(family)
     adapters = sum(
         16 * (m.in_features + m.out_features)
         for name, m in model.named_modules()

@@ -4,7 +4,7 @@ sequential (two model calls of the plain batch per evaluation), for each sampler
 objective (`vidforge.diffusion.registry.samplers_of`), or those asked for.
 
 The model is the profile's DiT with random weights (latency does not depend on the weights), run the way
-`vidforge.infer.sampling` runs it (its own denoiser): the objective's preconditioning, the learned null caption as the unconditional
+`vidforge.sampling.latents` runs it (its own denoiser): the objective's preconditioning, the learned null caption as the unconditional
 branch, the sampler's own schedule (Karras sigmas, or shifted flow times). Latents of `bench.latent_*`, `infer.batch_size` prompts; the
 tokenizer's decode is not included (a separate stage)."""
 
@@ -22,11 +22,11 @@ from vidforge.diffusion.guidance import BatchedDenoiser
 from vidforge.diffusion.objective import Denoiser
 from vidforge.errors import UserInputError
 from vidforge.estimate.workload import Workload
-from vidforge.infer.sampling import batched_denoiser
 from vidforge.models import build_model
 from vidforge.parallel.parallelize import compute_dtype
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
+from vidforge.sampling.latents import batched_denoiser
 
 GUIDANCE_MODES = ("batched", "sequential")
 

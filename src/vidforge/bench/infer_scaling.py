@@ -23,12 +23,12 @@ import torch.distributed as dist
 
 from vidforge.bench.timing import Stopwatch, Timing
 from vidforge.estimate.workload import Workload
-from vidforge.infer.run import InferPlan, Sampler, check_plan, parallel_sampler, profile_slicing
-from vidforge.infer.sampling import sample_latents
+from vidforge.infer.plan import InferPlan, Sampler, check_plan, parallel_sampler, profile_slicing
 from vidforge.models import build_model
 from vidforge.parallel.parallelize import compute_dtype
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile
+from vidforge.sampling.latents import sample_latents
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -407,22 +408,25 @@ def _machine_sets(
     sets: list[str] = []
     if model is not None:
         if Path(model).is_dir():
-            import json
+            from vidforge.models.weights_folder import published_sets, resolve_weights
 
-            from vidforge.models.wan_weights import model_from_diffusers, transformer_folder
-
-            config = transformer_folder(model) / "config.json"
-            fields = model_from_diffusers(json.loads(config.read_text()), config).model_dump(mode="json")
-            sets += ["model.preset=null", "diffusion.objective=flow"]
-            sets += [
-                f"model.{k}={json.dumps(v)}"
-                for k, v in fields.items()
-                if k not in ("attention", "sdpa_backend")
-            ]
+            found = resolve_weights(model, "--model")
+            if found.published is None:
+                raise UserInputError(
+                    f"--model {model}: a vidforge export; plan its profile with --profile EXPORT/profile.yaml"
+                )
+            sets += published_sets(found.published)
         else:
+            from vidforge.families import family
+            from vidforge.profile import PRESETS
+
             sets += [f"model.preset={model}"]
-            if model.startswith("wan"):  # Wan's objective, and its blocks have no absolute positions
-                sets += ["diffusion.objective=flow", "model.abs_position=none"]
+            if model in PRESETS:  # the family's objective, and the fields it fixes
+                spec = family(PRESETS[model]["family"])
+                sets += [
+                    *spec.profile_defaults,
+                    *(f"model.{k}={json.dumps(v)}" for k, v in spec.fixed.items()),
+                ]
     if clip is not None:
         parts = clip.lower().split("x")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):

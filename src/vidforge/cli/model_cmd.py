@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import ProfileOpt, SetOpt
 from vidforge.cli._output import current_output
 
 OutDir = Annotated[Path, typer.Option("--out", "-o", help="Folder to write (created).")]
@@ -34,13 +34,22 @@ def import_(
 ) -> None:
     """Read a diffusers Wan2.1 transformer (config.json, safetensors or shards with their index, float32
     or bfloat16) tensor by tensor and write a vidforge export: model.safetensors, config.json, and
-    profile.yaml (the profile with the imported model section) for `vidforge infer` and fine-tuning.
+    profile.yaml (the profile that trains and samples it as published: the imported model section, the
+    objective the weights were trained with and the scheduler's shift, the pipeline's VAE and umT5 with
+    512-token captions) for `vidforge infer` and `vidforge train --profile OUT/profile.yaml`.
 
     Example: vidforge model import Wan2.1-T2V-1.3B-Diffusers -o models/wan13b --profile local_cpu
     """
-    from vidforge.models.wan_weights import import_wan
+    from vidforge.errors import UserInputError
+    from vidforge.models import weights_folder
 
-    written = import_wan(src, out, profile_from(profile, set_), dtype)
+    found = weights_folder.resolve_weights(src, "model import")
+    if found.published is None:
+        raise UserInputError(
+            f"model import {src}: already a vidforge export ({found.export}); train or sample it as it is"
+        )
+    resolved = weights_folder.published_profile(found.published, set_ or [], profile)
+    written = weights_folder.import_published(found.published, out, resolved, dtype)
     current_output().result({"export": str(written)}, title="vidforge model import")
 
 
@@ -79,7 +88,7 @@ def export(
     import tempfile
 
     from vidforge.errors import UserInputError
-    from vidforge.models.wan_weights import export_wan
+    from vidforge.models.weights_folder import export_published
     from vidforge.train.merge_lora import export_merged
 
     if to not in ("diffusers", "vidforge") or (to == "vidforge" and not merged):
@@ -88,13 +97,13 @@ def export(
         _refuse_clean_prediction(export_dir)
     if not merged:
         _refuse_adapter(export_dir)
-        written = export_wan(export_dir, out, int(max_shard_mb * 2**20))
+        written = export_published(export_dir, out, int(max_shard_mb * 2**20))
     elif to == "vidforge":
         written = export_merged(export_dir, out, base)
     else:  # merged full weights in vidforge's format first, then as diffusers' folder
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            written = export_wan(
+            written = export_published(
                 export_merged(export_dir, Path(tmp) / "merged", base), out, int(max_shard_mb * 2**20)
             )
     current_output().result({to: str(written)}, title="vidforge model export")
@@ -120,15 +129,12 @@ def _refuse_clean_prediction(export_dir: Path) -> None:
     """Diffusers' Wan pipelines read the transformer's output as a velocity: a model trained to output
     clean latents (diffusion.flow_prediction=clean) would sample noise there."""
     from vidforge.errors import UserInputError
-    from vidforge.infer.run import checkpoint_profile, find_export
+    from vidforge.models.weights_folder import export_profile, find_weights
 
-    try:
-        export = find_export(export_dir)
-    except UserInputError:
-        return  # not an export: export_wan says what is wrong with it
-    if export is None or not (export / "profile.yaml").is_file():
-        return
-    if checkpoint_profile(export, []).diffusion.flow_prediction == "clean":
+    found = find_weights(export_dir)
+    if found is None or found.export is None or not (found.export / "profile.yaml").is_file():
+        return  # not an export: export_published says what is wrong with it
+    if export_profile(found.export, []).diffusion.flow_prediction == "clean":
         raise UserInputError(
             f"{export_dir}: trained with diffusion.flow_prediction=clean, but diffusers' Wan pipelines "
             "read the output as a velocity; sample it with `vidforge infer` instead"

@@ -75,7 +75,7 @@ def train(
 
     Example: vidforge train --data runs/latents --run-dir runs/train --set train.steps=500
     Example: vidforge train --data runs/latents --run-dir runs/finetune --init runs/train/export
-    Example: vidforge train --data runs/wan_latents --run-dir runs/wan_lora --init /models/Wan2.1-T2V-1.3B-Diffusers --profile dit1b_1xh200 --set model.preset=wan2.1-1.3b --set diffusion.objective=flow --set train.lora.rank=32 --set train.lora.alpha=32 (LoRA: README's Fine-tune Wan2.1 has the text encoder and VAE settings; --resume needs the same --init)
+    Example: vidforge train --data runs/wan_latents --run-dir runs/wan_lora --init /models/Wan2.1-T2V-1.3B-Diffusers --profile dit1b_1xh200 --set train.lora.rank=32 --set train.lora.alpha=32 (a published folder gives the model, flow objective, VAE and umT5; --resume needs the same --init)
     Example: vidforge train --data runs/latents --run-dir runs/train --nproc 2
     Example: vidforge train --dry-run --profile dit28b_74k_tp4_cp8_256xh100
     Example: vidforge train --run-dir runs/curriculum --profile wan14b_curriculum_128xh200 --init WAN_DIR
@@ -83,9 +83,10 @@ def train(
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks
 
-    resolved = profile_from(
-        profile, [*(set_ or []), *(["train.resume_schedule=refit"] if reschedule else [])], nproc
-    )
+    sets = [*(set_ or []), *(["train.resume_schedule=refit"] if reschedule else [])]
+    resolved = _init_profile(init, profile, sets, nproc, allow_partial) if init is not None else None
+    if resolved is None:
+        resolved = profile_from(profile, sets, nproc)
     if dry_run:
         _dry_run(resolved)
         return
@@ -145,6 +146,19 @@ def train(
         loss = s["final_loss_mean"]
         rows[f"stage {s['stage']}"] = done + (f", final loss {loss:.4f}" if loss is not None else "")
     output.result(rows, title="vidforge train")
+
+
+def _init_profile(init: Path, profile, sets: list[str], nproc, allow_partial: bool):
+    """The profile of a published --init folder (its model section, objective, VAE and text encoder
+    under the user's profile and --set); None for an export or a checkpoint, whose model the profile
+    gives."""
+    from vidforge.models.weights_folder import find_weights, published_profile
+    from vidforge.parallel.launch import nproc_overrides
+
+    found = find_weights(init) if not (init / "checkpoints").is_dir() else None
+    if found is None or found.published is None:
+        return None
+    return published_profile(found.published, [*sets, *nproc_overrides(nproc)], profile, not allow_partial)
 
 
 def _dry_run(profile) -> None:

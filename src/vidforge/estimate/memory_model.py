@@ -48,6 +48,7 @@ from vidforge.estimate.param_counts import (
     tp_local_parameters,
 )
 from vidforge.estimate.workload import Workload
+from vidforge.families import family
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout
@@ -184,7 +185,7 @@ def block_activations(
     cross = ((cross_kept - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
     mlp = ((4 if cfg.mlp_act == "swiglu" else 2) - (1 if frozen_mlp else 0)) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
-    if cfg.family == "wan":
+    if family(cfg.family).table_modulation:
         local, modulation = wan_block_norms(cfg, compute, per_token_modulation, frozen)
         norms = local * tokens / norm_tp + sublayers * gathered_input * tokens
     else:
@@ -232,7 +233,9 @@ def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: in
     """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
     d, p = cfg.hidden, cfg.patch_dim
     per_token = workload.per_token_modulation
-    if cfg.family == "wan":  # float32 norm input and output, the projection's input; per-token 1 + scale
+    if family(
+        cfg.family
+    ).table_modulation:  # Wan's float32 norm input and output, the projection's input; per-token 1 + scale
         final = ((2 * 4 + compute + (4 if per_token else 0)) * d + 8) * tokens
     else:
         final = ((4 if per_token else 3) * d + 4) * compute * tokens  # per-token 1 + scale

@@ -24,21 +24,11 @@ class TensorParallelRules:
     split_outside: tuple[str, ...]
 
 
-TP_RULES: dict[str, TensorParallelRules] = {
-    # What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3
-    # and the modulation column-wise, out/fc2 row-wise) except the row-wise layers' biases, the per-head
-    # QK norms and AdaLN-LoRA's rank-r down projection, which stay replicated; outside the blocks the
-    # shared modulation and the final layer's modulation (column-wise); the embeddings and the final
-    # projection stay replicated.
-    "vidforge": TensorParallelRules(
-        ("q_norm", "k_norm", "modulation.down"), ("out", "fc2"), ("shared_modulation.", "final.modulation.")
-    ),
-    # Wan (`vidforge.parallel.wan_tensor_parallel`), the same Megatron split: to_q/to_k/to_v and
-    # ffn.net.0.proj column-wise, to_out.0 and ffn.net.2 row-wise; norm_q/norm_k (across all heads) split
-    # with the heads they normalise (their statistics reduced over tp); the per-block table and the
-    # cross-attention LayerNorm replicated; everything outside the blocks replicated.
-    "wan": TensorParallelRules(("scale_shift_table", "norm2."), ("to_out.0", "ffn.net.2"), ()),
-}
+def tp_rules(family_name: str) -> TensorParallelRules:
+    """What the family's tensor-parallel plan splits (`FamilySpec.tp_rules`)."""
+    from vidforge.families import family
+
+    return TensorParallelRules(*family(family_name).tp_rules)
 
 
 def _tp_split(name: str, rules: TensorParallelRules) -> bool:
@@ -82,7 +72,7 @@ def parameter_counts(cfg: Model) -> ParameterCounts:
     model = build_model(cfg, device="meta")
     block = next(iter(model.blocks.values()))
     block_total = sum(p.numel() for p in block.parameters())
-    rules = TP_RULES[cfg.family]
+    rules = tp_rules(cfg.family)
     block_tp = sum(p.numel() for name, p in block.named_parameters() if _tp_split(name, rules))
     outside_tp = sum(
         p.numel()

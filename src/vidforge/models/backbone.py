@@ -32,7 +32,7 @@ class VideoTransformer(nn.Module, ABC):
     (the conditioning) is on every stage."""
     step_cache: Any = None
     """While sampling with infer.cache: `step_cache(model, h, cond, run_blocks)` stands in for the block
-    stack and may skip it (`vidforge.infer.step_cache`, which installs it). None: the blocks run."""
+    stack and may skip it (`vidforge.sampling.step_cache`, which installs it). None: the blocks run."""
 
     @property
     def has_input_layer(self) -> bool:

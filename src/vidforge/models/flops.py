@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vidforge.families import family
 from vidforge.models.sliding_tile import attended_pairs
 from vidforge.profile.model import Model
 from vidforge.tokens import Grid, SequenceLayout
@@ -80,20 +81,12 @@ def forward_flops(
     seqlens = [t * h * w for t, h, w in grids]
     s, text = sum(seqlens), sum(lens)
 
-    # Which attention scopes each block runs, and its modulation chunks. Wan projects the timestep into
-    # its six modulation vectors once (time_proj) and adds a learned table per block: no per-block or
-    # final-layer modulation matmul.
-    wan = cfg.family == "wan"
-    if wan:
-        scopes, chunks = ("full",), 6
-    elif cfg.architecture == "dit":
-        scopes, chunks = ("full",), 9
-    elif cfg.stdit_block == "parallel":
-        scopes, chunks = ("spatial", "temporal", "full"), 9
-    elif cfg.stdit_block == "parallel-mm":
-        scopes, chunks = ("spatial", "temporal", "full"), 10
-    else:
-        scopes, chunks = ("spatial", "temporal"), 12
+    # Which attention scopes each block runs, and its modulation chunks (the family's block says). A
+    # table-modulated block (Wan) projects the timestep into its modulation vectors once (time_proj) and
+    # adds a learned table per block: no per-block or final-layer modulation matmul.
+    spec = family(cfg.family)
+    scopes, chunks = spec.block_scopes(cfg)
+    table = spec.table_modulation
 
     def core(scope: str, window: tuple[int, int, int] | None = None) -> int:
         """QK^T and PV of one self-attention: 2 products x 2*d FLOPs per (query, key) pair."""
@@ -108,10 +101,10 @@ def forward_flops(
     patch = 2 * s * p * d
     time_fc1, time_fc2 = 2 * n * TIMESTEP_FREQUENCIES * d, 2 * n * d * d
     text_fc1, text_fc2 = 2 * text * cfg.text_dim * d, 2 * text * d * d
-    shared = 2 * n * d * chunks * d if r or wan else 0
+    shared = 2 * n * d * chunks * d if r or table else 0
     embed = patch + time_fc1 + time_fc2 + text_fc1 + text_fc2 + shared
 
-    if wan:
+    if table:
         modulation = 0
     elif r:
         modulation = 2 * n * d * r + 2 * n * r * chunks * d
@@ -131,7 +124,7 @@ def forward_flops(
     attn = [sum(core(sc, w if sc == "full" else None) for sc in scopes) + 4 * d * text_pairs for w in windows]
     skipped = sum(core("full") - core("full", w) for w in windows if w is not None and "full" in scopes)
     mlp = (3 if cfg.mlp_act == "swiglu" else 2) * 2 * s * d * m
-    final = (0 if wan else 2 * n * d * 2 * d) + 2 * s * d * p
+    final = (0 if table else 2 * n * d * 2 * d) + 2 * s * d * p
 
     layers = cfg.layers
     parts = {

@@ -34,17 +34,18 @@ FORMAT = "vidforge-lora"
 PREFIX = "transformer"  # the pipeline component the adapter belongs to, as diffusers prefixes its keys
 ADAPTER = "default"  # peft's adapter name inside vidforge's modules
 
-# The attention projections of each family (the LoRA paper's and diffusers' Wan trainers' choice).
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    "wan": ("to_q", "to_k", "to_v", "to_out.0"),
-    "vidforge": ("q", "k", "v", "out"),
-}
+
+def default_targets(family: str) -> tuple[str, ...]:
+    """The family's LoRA targets when train.lora.target_modules is empty (`FamilySpec.lora_targets`)."""
+    from vidforge.families import family as spec
+
+    return spec(family).lora_targets
 
 
 def lora_config(cfg: Lora, family: str):
     from peft import LoraConfig
 
-    targets = cfg.target_modules or DEFAULT_TARGETS[family]
+    targets = cfg.target_modules or default_targets(family)
     return LoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(targets)
     )

@@ -8,13 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vidforge.families import family, load
 from vidforge.models.cpu_draws import cpu_draws
-from vidforge.models.dit import DiT
-from vidforge.models.wan import WanTransformer
 from vidforge.profile.model import PRESETS, Model
-
-FAMILIES: dict[str, type[nn.Module]] = {"vidforge": DiT, "wan": WanTransformer}
-"""The network class of each `model.family`; every one takes the DiT's forward arguments."""
 
 
 def model_config(preset: str = "tiny", **overrides: Any) -> Model:
@@ -27,8 +23,9 @@ def model_config(preset: str = "tiny", **overrides: Any) -> Model:
 
 def build_model(
     config: Model, device: torch.device | str | None = None, dtype: torch.dtype | None = None
-) -> DiT | WanTransformer:
-    """The network the section describes (the DiT or ST-DiT, or Wan2.1's transformer), initialised. `device="meta"` builds without memory (for
+) -> nn.Module:
+    """The network the section's family registers (`vidforge.families`: the DiT or ST-DiT, Wan2.1's
+    transformer, ...), initialised. `device="meta"` builds without memory (for
     parallel wrappers that materialise shards later and then call `init_weights`). The initialisation is
     drawn from torch's CPU generator on every device (`cpu_draws`): a seed gives a GPU the CPU's weights
     (for models a CPU can train: up to `cpu_draws.MAX_PARAMETERS`)."""
@@ -38,7 +35,7 @@ def build_model(
         )
     draws = cpu_draws(device, lambda: count_parameters(config))
     with torch.device(device) if device is not None else nullcontext(), draws:
-        model = FAMILIES[config.family](config)
+        model = load(family(config.family).network)(config)
     if dtype is not None:
         model = model.to(dtype)
     return model

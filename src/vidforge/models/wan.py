@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.errors import UserInputError
+from vidforge.families.wan import EPS, FREQ_DIM
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
@@ -50,8 +51,6 @@ from vidforge.profile.model import Model
 from vidforge.tokens import Segments
 
 TIMESTEP_SCALE = 1000.0  # Wan's timestep is 1000 t
-FREQ_DIM = 256  # sinusoidal features of the timestep (diffusers' freq_dim)
-EPS = 1e-6  # every norm of Wan2.1 (diffusers' eps)
 MODULATION = 6  # (shift, scale, gate) for self-attention and for the feed-forward
 
 

@@ -28,46 +28,29 @@ from pydantic import ValidationError
 from safetensors import safe_open
 
 from vidforge.errors import UserInputError
+from vidforge.families import wan
 from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
 from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
-from vidforge.models.wan import EPS, FREQ_DIM
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import Model
 
-CLASS_NAME = "WanTransformer3DModel"
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 # Keys diffusers itself ignores when loading a Wan transformer (`_keys_to_ignore_on_load_unexpected`).
 IGNORED = ("norm_added_q",)
-# Config entries vidforge's wan family has no counterpart for: the value it must have.
-FIXED_CONFIG: dict[str, Any] = {
-    "freq_dim": FREQ_DIM,
-    "eps": EPS,
-    "image_dim": None,
-    "added_kv_proj_dim": None,
-    "pos_embed_seq_len": None,
-}
 ROPE_MAX_SEQ_LEN = 1024  # diffusers' table length; vidforge computes RoPE per position (no limit)
-PIPELINE_INDEX = "model_index.json"
-PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
 
 
 # --- configs ----------------------------------------------------------------------------------------
 
 
 def pipeline_parts(src: str | os.PathLike) -> dict[str, Path]:
-    """The component folders of a whole diffusers Wan pipeline folder (the layout of the
-    Wan2.1-T2V-*-Diffusers downloads: model_index.json beside transformer/, vae/, text_encoder/,
-    tokenizer/, scheduler/), by name; empty for anything else. What a profile points at: the transformer
-    (`load_diffusers_wan`), tokenizer.path = vae/, text_encoder.path = text_encoder/ with
-    text_encoder.tokenizer_path = tokenizer/."""
-    path = Path(src)
-    if not (path / PIPELINE_INDEX).is_file():
-        return {}
-    return {name: path / name for name in PIPELINE_PARTS if (path / name).is_dir()}
+    """The component folders of a whole diffusers Wan pipeline folder (model_index.json beside
+    transformer/, vae/, text_encoder/, tokenizer/, scheduler/), by name; empty for anything else."""
+    return wan.pipeline_parts(Path(src))
 
 
 def transformer_folder(src: str | os.PathLike) -> Path:
@@ -75,43 +58,12 @@ def transformer_folder(src: str | os.PathLike) -> Path:
     path = Path(src)
     if not path.is_dir():
         raise UserInputError(f"{path}: not a folder; point at a diffusers Wan transformer folder")
-    if not (path / CONFIG).is_file() and (path / "transformer" / CONFIG).is_file():
-        return path / "transformer"
-    return path
+    return wan.transformer_folder(path)
 
 
 def model_from_diffusers(config: dict[str, Any], where: Path) -> Model:
     """The wan family's `model` section for a diffusers WanTransformer3DModel config."""
-    if config.get("_class_name") != CLASS_NAME:
-        raise UserInputError(
-            f"{where}: _class_name is {config.get('_class_name')!r}, not {CLASS_NAME}; point at the "
-            "transformer/ folder of a Wan2.1 diffusers download"
-        )
-    for key, value in FIXED_CONFIG.items():
-        if config.get(key, value) != value:
-            raise UserInputError(
-                f"{where}: {key}={config[key]!r} cannot be represented (vidforge's wan family is Wan2.1 "
-                f"text-to-video with {key}={value!r}); use a Wan2.1 T2V transformer"
-            )
-    channels = config.get("in_channels", 16)
-    if config.get("out_channels") not in (None, channels):
-        raise UserInputError(
-            f"{where}: out_channels={config['out_channels']} differs from in_channels={channels} "
-            "(image-to-video); vidforge's wan family is text-to-video"
-        )
-    heads, head_dim = config.get("num_attention_heads", 40), config.get("attention_head_dim", 128)
-    fields = {
-        "preset": None,
-        "family": "wan",
-        "layers": config.get("num_layers", 40),
-        "hidden": heads * head_dim,
-        "heads": heads,
-        "mlp_hidden": config.get("ffn_dim", 13824),
-        "patch": config.get("patch_size", [1, 2, 2]),
-        "in_channels": channels,
-        "text_dim": config.get("text_dim", 4096),
-        "cross_attn_norm": config.get("cross_attn_norm", True),
-    }
+    fields = wan.model_fields(config, where)
     # Validated as a profile's model section, so a shape vidforge cannot build is refused in its words.
     return validate_profile({"model": fields}, f"{where} cannot be represented").model
 
@@ -132,7 +84,7 @@ def diffusers_config(model: Model) -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         version = "0.33.0"
     return {
-        "_class_name": CLASS_NAME,
+        "_class_name": wan.CLASS_NAME,
         "_diffusers_version": version,
         "patch_size": list(model.patch),
         "num_attention_heads": model.heads,
@@ -145,7 +97,7 @@ def diffusers_config(model: Model) -> dict[str, Any]:
         "cross_attn_norm": model.cross_attn_norm,
         "qk_norm": "rms_norm_across_heads",
         "rope_max_seq_len": ROPE_MAX_SEQ_LEN,
-        **FIXED_CONFIG,
+        **wan.FIXED_CONFIG,
     }
 
 
@@ -163,21 +115,11 @@ class StoredTensor:
         return DTYPES[self.dtype].itemsize * math.prod(self.shape)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object; download it again")
-    return data
-
-
 def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTensor]:
     """Every tensor of the folder's safetensors (`single`, or the shards `index` names), by name, from
     the headers alone."""
     if (folder / index).is_file():
-        weight_map = _read_json(folder / index).get("weight_map")
+        weight_map = wan.read_json(folder / index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise UserInputError(f"{folder / index}: no weight_map; download the index again")
         files = sorted(set(weight_map.values()))
@@ -264,7 +206,7 @@ def _diffusers_source(src: str | os.PathLike) -> tuple[Path, Model, dict[str, St
     folder = transformer_folder(src)
     if not (folder / CONFIG).is_file():
         raise UserInputError(f"{folder}: no config.json; point at a diffusers Wan transformer folder")
-    model = model_from_diffusers(_read_json(folder / CONFIG), folder / CONFIG)
+    model = model_from_diffusers(wan.read_json(folder / CONFIG), folder / CONFIG)
     stored = stored_tensors(folder, SINGLE, INDEX)
     return folder, model, stored, _check_against(model, stored, folder)
 

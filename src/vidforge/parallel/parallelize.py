@@ -90,17 +90,12 @@ def compile_blocks(blocks: nn.ModuleDict) -> None:
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims, profile: RunProfile) -> None:
-    """The model family's tensor-parallel plan over `dims.mesh["tp"]` (with the profile's sequence
+    """The model family's tensor-parallel plan (`FamilySpec.tensor_parallel`) over `dims.mesh["tp"]` (with the profile's sequence
     parallel), in place. Training (`parallelize`) and `vidforge infer` (infer.tp) both apply it here."""
-    sequence_parallel = profile.parallel.sequence_parallel
-    if profile.model.family == "wan":
-        from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
+    from vidforge.families import family, load
 
-        apply_wan_tp(model, dims.mesh["tp"], sequence_parallel=sequence_parallel)
-    else:
-        from vidforge.parallel.tensor_parallel import apply_tp
-
-        apply_tp(model, dims.mesh["tp"], sequence_parallel=sequence_parallel)
+    plan = load(family(profile.model.family).tensor_parallel)
+    plan(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
 
 
 def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Parallel) -> None:

@@ -10,7 +10,7 @@ from vidforge.profile.base import Section
 
 
 class StepCache(Section):
-    """Step caching (TeaCache's rule, `vidforge.infer.step_cache`): skip the network at sampling steps
+    """Step caching (TeaCache's rule, `vidforge.sampling.step_cache`): skip the network at sampling steps
     whose input barely moved since the last computed one, reusing that step's residual."""
 
     threshold: float = Field(0.0, ge=0)

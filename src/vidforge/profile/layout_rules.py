@@ -52,6 +52,20 @@ def _cp_2d(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
+def frame_split_fits(count: int, cp: int) -> bool:
+    """Whether slicing by frames (st-hybrid, ScaleFusion) splits a token grid's `count` frames, or its
+    H x W positions, over cp ranks: each rank holds whole frames for spatial attention and whole
+    positions for temporal attention, so both must divide by cp. Training's buckets and infer's video
+    size are both held to it."""
+    return count % cp == 0
+
+
+def position_split_fits(positions: int, cp: int) -> bool:
+    """Whether st-spatial's slicing by (h, w) positions of every frame gives each of cp ranks at least
+    one position of a frame with `positions` (fewer leaves some rank only pads)."""
+    return positions >= cp
+
+
 def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
     """st-hybrid splits each clip by frames for spatial attention and by (h, w) positions for temporal
     attention: every data bucket's token grid needs T and H x W divisible by cp."""
@@ -65,14 +79,14 @@ def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
     problems = []
     for frames in profile.data.frame_buckets:
         t = ((frames - 1) // tok.temporal_compression + 1) // pt
-        if t % cp:
+        if not frame_split_fits(t, cp):
             problems.append(
                 f"data.frame_buckets: {frames} frames give {t} latent token frames, not divisible by "
                 f"parallel.cp={cp} (st-hybrid splits clips by frames); change the bucket or cp"
             )
     for h, w in profile.data.buckets:
         positions = (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw)
-        if positions % cp:
+        if not frame_split_fits(positions, cp):
             problems.append(
                 f"data.buckets: ({h}, {w}) gives {positions} token positions a frame, not divisible by "
                 f"parallel.cp={cp} (st-hybrid splits temporal attention by position); change the bucket or cp"
@@ -100,7 +114,7 @@ def _st_spatial(profile: RunProfile, layout: Layout) -> list[str]:
         )
     for h, w in profile.data.buckets:
         positions = (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw)
-        if positions < cp:
+        if not position_split_fits(positions, cp):
             problems.append(
                 f"data.buckets: ({h}, {w}) gives {positions} token positions a frame, fewer than "
                 f"parallel.cp={cp} (st-spatial splits every frame's positions); use a larger bucket or a smaller cp"

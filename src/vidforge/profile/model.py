@@ -7,126 +7,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from vidforge.families import REGISTRY, family, presets
 from vidforge.profile.base import Section
 
-# Shapes of the published models each preset follows. hidden/heads/layers/mlp are the papers' numbers.
-# Every preset names its architecture so that `{preset: stdit-7b}` alone builds an ST-DiT. The large
-# presets use AdaLN-LoRA (rank 256, as NeMo does): a full modulation projection per block would add
-# 9 x hidden^2 per layer (4.2e9 parameters at dit-7b's width). Parameter counts of vidforge's blocks
-# (`vidforge.models.count_parameters`): dit-1b 1.5e9, dit-7b 8.0e9, dit-14b 14.9e9, dit-28b 30.3e9,
-# stdit-7b 7.3e9, stdit-12b 12.9e9. The wan presets are Wan2.1's published transformers (family wan,
-# diffusers' WanTransformer3DModel): wan2.1-1.3b 1.42e9, wan2.1-14b 14.3e9 parameters.
-
-# What Wan2.1 T2V's two sizes share: umT5 text (4096), 16 latent channels, patch 1x2x2 (the default),
-# heads of 128, a LayerNorm before cross-attention.
-WAN2_1: dict[str, Any] = {
-    "family": "wan",
-    "architecture": "dit",
-    "in_channels": 16,
-    "text_dim": 4096,
-    "cross_attn_norm": True,
-}
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "architecture": "dit",
-        "layers": 2,
-        "hidden": 64,
-        "heads": 4,
-        "mlp_hidden": 256,
-        "text_dim": 32,
-        "in_channels": 4,
-    },
-    "small": {
-        "architecture": "dit",
-        "layers": 6,
-        "hidden": 256,
-        "heads": 8,
-        "mlp_hidden": 1024,
-        "text_dim": 256,
-        "in_channels": 4,
-    },
-    # Wan2.1-1.3B: 30 x 1536, 12 heads of 128, MLP 8960, umT5 text (4096), 16 latent channels.
-    "dit-1b": {
-        "architecture": "dit",
-        "layers": 30,
-        "hidden": 1536,
-        "heads": 12,
-        "mlp_hidden": 8960,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "adaln_lora_rank": 256,
-    },
-    # NeMo video foundation model paper, DiT-7B / 28B; dit-14b is the 14B infrastructure article's DiT
-    # ("Training 14B Video Models: Infrastructure Deep Dive": 40 layers, 5120 wide, 40 heads, FFN 13,824),
-    # which is Wan2.1-14B's shape.
-    "dit-7b": {
-        "architecture": "dit",
-        "layers": 28,
-        "hidden": 4096,
-        "heads": 32,
-        "mlp_hidden": 16384,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "adaln_lora_rank": 256,
-    },
-    "dit-14b": {
-        "architecture": "dit",
-        "layers": 40,
-        "hidden": 5120,
-        "heads": 40,
-        "mlp_hidden": 13824,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "adaln_lora_rank": 256,
-    },
-    "dit-28b": {
-        "architecture": "dit",
-        "layers": 48,
-        "hidden": 6144,
-        "heads": 48,
-        "mlp_hidden": 24576,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "adaln_lora_rank": 256,
-    },
-    # The NeMo paper's ST-DiT 7B and 12B sizes. An ST-DiT block holds two self-attentions (spatial,
-    # temporal), so at equal width it has ~1.3x the parameters of a DiT block. The paper gives the
-    # sizes, not every dimension: these widths and depths are ours, chosen to land on those sizes.
-    "stdit-7b": {
-        "architecture": "stdit",
-        "layers": 36,
-        "hidden": 3072,
-        "heads": 24,
-        "mlp_hidden": 12288,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "adaln_lora_rank": 256,
-    },
-    "stdit-12b": {
-        "architecture": "stdit",
-        "layers": 36,
-        "hidden": 4096,
-        "heads": 32,
-        "mlp_hidden": 16384,
-        "in_channels": 16,
-        "text_dim": 4096,
-        "adaln_lora_rank": 256,
-    },
-    # Wan2.1 T2V, the Wan2.1-T2V-{1.3B,14B}-Diffusers transformer configs.
-    "wan2.1-1.3b": {**WAN2_1, "layers": 30, "hidden": 1536, "heads": 12, "mlp_hidden": 8960},
-    "wan2.1-14b": {**WAN2_1, "layers": 40, "hidden": 5120, "heads": 40, "mlp_hidden": 13824},
-}
-
-# What the wan family fixes: Wan2.1's block has exactly this shape, so a field set otherwise has no
-# meaning there (the field names the first one that differs).
-WAN_FIXED: dict[str, Any] = {
-    "architecture": "dit",
-    "mlp_act": "gelu-tanh",
-    "adaln_lora_rank": 0,
-    "abs_position": "none",
-    "qk_norm": True,
-    "text_pool": False,
-}
+PRESETS: dict[str, dict[str, Any]] = presets()
+"""Every family's named shapes (`vidforge.families`: each family's module lists its own)."""
 
 
 class Model(Section):
@@ -135,8 +20,8 @@ class Model(Section):
     preset: str | None = "tiny"
     """Named shape to start from: tiny, small, dit-1b, dit-7b, dit-14b, dit-28b, stdit-7b, stdit-12b,
     wan2.1-1.3b, wan2.1-14b (see `vidforge.models`). null means every field is given explicitly."""
-    family: Literal["vidforge", "wan"] = "vidforge"
-    """Which network: `vidforge` (this project's DiT / ST-DiT, `architecture` picks) or `wan` (Wan2.1's
+    family: str = "vidforge"
+    """Which network (a family registered in `vidforge.families`): `vidforge` (this project's DiT / ST-DiT, `architecture` picks) or `wan` (Wan2.1's
     transformer, diffusers' WanTransformer3DModel module for module, so its published weights load by
     name; `vidforge model import` brings them in). The wan family fixes architecture=dit,
     mlp_act=gelu-tanh, adaln_lora_rank=0, abs_position=none and qk_norm=true (RMSNorm across all heads)."""
@@ -219,11 +104,12 @@ class Model(Section):
         name = data.get("preset", cls.model_fields["preset"].default)
         if name is None:
             return data
-        if name not in PRESETS:
+        table = presets()  # read at each validation: a family registered since import counts
+        if name not in table:
             raise ValueError(
-                f"preset: unknown {name!r}; use one of {sorted(PRESETS)} or null with explicit fields"
+                f"preset: unknown {name!r}; use one of {sorted(table)} or null with explicit fields"
             )
-        return {**PRESETS[name], **data}
+        return {**table[name], **data}
 
     @model_validator(mode="after")
     def _check(self) -> Model:
@@ -236,14 +122,20 @@ class Model(Section):
             )
         if any(p < 1 for p in self.patch):
             raise ValueError(f"patch: every patch size must be >= 1, got {list(self.patch)}")
-        if self.family == "wan":
-            for name, value in WAN_FIXED.items():
-                if getattr(self, name) != value:
+        if self.family not in REGISTRY:
+            raise ValueError(f"family: unknown {self.family!r}; use one of {', '.join(REGISTRY)}")
+        spec = family(self.family)
+        for name, value in spec.fixed.items():
+            if getattr(self, name) != value:
+                raise ValueError(
+                    f"{name}: the {self.family} family has {value!r} (its block's), got {getattr(self, name)!r}"
+                )
+        for other in REGISTRY:
+            for name in family(other).own_fields:
+                if other != self.family and name not in spec.own_fields and getattr(self, name):
                     raise ValueError(
-                        f"{name}: the wan family has {value!r} (Wan2.1's block), got {getattr(self, name)!r}"
+                        f"{name}: only the {other} family has it; set model.family={other} or drop it"
                     )
-        elif self.cross_attn_norm:
-            raise ValueError("cross_attn_norm: only the wan family has it; set model.family=wan or drop it")
         self._check_window()
         return self
 

@@ -21,7 +21,7 @@ class Lora(Section):
     """Dropout on the adapter's input while training."""
     target_modules: tuple[str, ...] | None = None
     """Module names (peft's suffix match, e.g. `to_q`) that get adapters; None: the family's attention
-    projections (`vidforge.models.lora.DEFAULT_TARGETS`: wan `to_q`, `to_k`, `to_v`, `to_out.0`; the
+    projections (each family's `FamilySpec.lora_targets`: wan `to_q`, `to_k`, `to_v`, `to_out.0`; the
     vidforge DiT `q`, `k`, `v`, `out`)."""
     fp8_base: bool = False
     """Store the blocks' frozen linear weights in float8 e4m3 with a float32 scale (`fp8_scaling`), half of

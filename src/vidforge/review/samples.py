@@ -49,7 +49,7 @@ def load_infer(run_dir: Path) -> Page:
 def validation_items(run_dir: Path, prompts: list[str]) -> list[dict[str, Any]]:
     """The validation samples of a training run, newest step first; a video's prompt is the one its file
     name is the slug of (`vidforge.train.validation` names them so)."""
-    from vidforge.infer.run import slug
+    from vidforge.sampling.shape import slug
 
     by_slug = {slug(p): p for p in prompts}
     items = []

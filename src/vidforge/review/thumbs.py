@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from vidforge.data.manifest import atomic_path
-from vidforge.infer.writers import frame_picks, frame_strip
+from vidforge.sampling.writers import frame_picks, frame_strip
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 

@@ -1,8 +1,8 @@
 """`vidforge train --init SRC`: start training from published or earlier weights (a new optimizer, step 0).
 
-SRC is a vidforge export (`RUN/export`: model.safetensors), a diffusers transformer folder (Wan2.1's
-`WanTransformer3DModel`: its tensor names are the wan family's own), a whole diffusers pipeline folder
-(its transformer/), or a training checkpoint (`RUN/checkpoints/step_N`, or RUN itself: its latest complete
+SRC is a vidforge export (`RUN/export`: model.safetensors), a published folder of a registered family
+(`vidforge.models.weights_folder`: e.g. Wan2.1's diffusers transformer or whole pipeline download, whose
+tensor names are the wan family's own; `vidforge train` then takes its profile from the folder), or a training checkpoint (`RUN/checkpoints/step_N`, or RUN itself: its latest complete
 one). A checkpoint hands on its EMA weights where it has an EMA (what the run's export holds and infer
 samples from, so `--init RUN` starts where `--init RUN/export` would), its raw weights with `raw`; it is
 read with torch.distributed.checkpoint, so whatever layout wrote it (FSDP shards, TP, pipeline stages)
@@ -26,8 +26,9 @@ from safetensors import safe_open
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models.checkpoint import CONFIG, WEIGHTS
-from vidforge.models.wan_weights import INDEX, SINGLE, stored_tensors, transformer_folder
+from vidforge.models.checkpoint import WEIGHTS
+from vidforge.models.wan_weights import stored_tensors
+from vidforge.models.weights_folder import WeightsFolder, find_weights
 from vidforge.train import safe_dcp
 from vidforge.train.checkpoint import MARKER, latest_checkpoint
 from vidforge.train.export import clean_name
@@ -76,13 +77,15 @@ def _some(names: list[str], count: int = 3) -> str:
 
 
 class _Safetensors:
-    """An export or a diffusers folder: tensors read one at a time from their safetensors files."""
+    """An export or a published folder: tensors read one at a time from their safetensors files."""
 
-    def __init__(self, path: Path):
-        if (path / WEIGHTS).is_file():  # a vidforge export
-            self.stored = stored_tensors(path, WEIGHTS, WEIGHTS + ".index.json")
+    def __init__(self, found: WeightsFolder):
+        if found.export is not None:
+            self.stored = stored_tensors(found.export, WEIGHTS, WEIGHTS + ".index.json")
         else:
-            self.stored = stored_tensors(transformer_folder(path), SINGLE, INDEX)
+            self.stored = stored_tensors(
+                found.published.weights, found.published.single, found.published.index
+            )
         self.shapes = {name: t.shape for name, t in self.stored.items()}
 
     def read(self, into: Mapping[str, torch.Tensor]) -> None:
@@ -142,13 +145,14 @@ def open_source(src: str | os.PathLike, raw: bool = False) -> _Safetensors | _Ch
     checkpoint = _checkpoint_dir(path)
     if checkpoint is not None:
         return _Checkpoint(checkpoint, raw)
-    if not (path / WEIGHTS).is_file() and not (transformer_folder(path) / CONFIG).is_file():
+    found = find_weights(path)
+    if found is None:
         raise UserInputError(
             f"--init {src}: neither a vidforge export ({WEIGHTS}), a training checkpoint or run directory, "
-            "nor a diffusers transformer or pipeline folder; point at RUN/export, RUN or the downloaded "
-            "model folder"
+            "nor a published model folder (a diffusers transformer or pipeline download); point at "
+            "RUN/export, RUN or the downloaded model folder"
         )
-    return _Safetensors(path)
+    return _Safetensors(found)
 
 
 @torch.no_grad()

@@ -22,10 +22,10 @@ from torch import nn
 from vidforge.data.shard_index import read_index
 from vidforge.data.shard_reader import SampleError, ShardError, iter_shard
 from vidforge.data.store import is_url
-from vidforge.infer.run import check_shape, slug
-from vidforge.infer.sampling import sample_latents
-from vidforge.infer.writers import contact_sheet, write_mp4
 from vidforge.profile import RunProfile
+from vidforge.sampling.latents import sample_latents
+from vidforge.sampling.shape import check_shape, slug
+from vidforge.sampling.writers import contact_sheet, write_mp4
 from vidforge.text.encoders import build_text_encoder
 from vidforge.tokenizers.base import build_tokenizer
 from vidforge.tokenizers.tokenize import decode

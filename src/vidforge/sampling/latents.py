@@ -10,7 +10,6 @@ from torch import nn
 
 from vidforge.diffusion import build_objective, classifier_free_guidance, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
-from vidforge.infer.step_cache import StepCache, installed
 from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
 from vidforge.parallel.context_parallel import (
     ContextParallelAttend,
@@ -20,6 +19,7 @@ from vidforge.parallel.context_parallel import (
     shard_of,
 )
 from vidforge.profile import RunProfile
+from vidforge.sampling.step_cache import StepCache, installed
 from vidforge.tokens import patchify, token_grid, unpatchify
 
 

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 import torch
 
 from vidforge.errors import UserInputError
+from vidforge.families import family
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, modulate
 from vidforge.profile.model import Model
@@ -41,19 +42,16 @@ WAN21_COEFFICIENTS: dict[str, tuple[float, ...]] = {
     "wan2.1-t2v-1.3b": (2.39676752e03, -1.31110545e03, 2.01331979e02, -8.29855975e00, 1.37887774e-01),
     "wan2.1-t2v-14b": (-5784.54975374, 5449.50911966, -1811.16591783, 256.27178429, -13.02252404),
 }
-# Wan2.1's published sizes (hidden, layers), by which `auto` picks a fit.
-WAN21_SIZES = {(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"}
 
 
-def rescale_name(setting: str, config: Model) -> str:
-    """The polynomial `infer.cache.rescale` names for a model of `config`: `auto` is TeaCache's fit
-    for a Wan2.1 of a published size and `identity` otherwise; a Wan fit for another family is refused
-    in one line."""
+def rescale_name(setting: str, cfg: Model) -> str:
+    """The polynomial `infer.cache.rescale` names for a model of config `cfg`: `auto` is the fit the
+    model's family lists for its size (`FamilySpec.step_cache_fits`: Wan2.1's published sizes) and
+    `identity` otherwise; a fit of another family is refused in one line."""
+    fits = family(cfg.family).step_cache_fits
     if setting == "auto":
-        if config.family == "wan":
-            return WAN21_SIZES.get((config.hidden, config.layers), "identity")
-        return "identity"
-    if setting != "identity" and config.family != "wan":
+        return fits.get((cfg.hidden, cfg.layers), "identity")
+    if setting != "identity" and setting not in fits.values():
         raise UserInputError(
             f"infer.cache.rescale: {setting} was fitted on Wan2.1's timestep embedding, but the model is "
             f"model.family={config.family}; set infer.cache.rescale=identity (or auto)"

@@ -1,0 +1,135 @@
+"""Model families: one module each (`vidforge.families.wan`, `vidforge.families.vidforge`) holding a
+`FamilySpec`, and `REGISTRY`, the one place that lists them. Everything that asks "which family" asks
+`family(name)`: building the network, its presets and the fields it fixes, how a published folder of its
+weights maps to a profile, weight import and export, the tensor-parallel plan, LoRA targets, and the FLOP
+and memory terms that differ between block designs.
+
+torchtitan's `TrainSpec` and finetrainers' `ModelSpecification` are the examples; unlike theirs a spec
+names its code by import path ("package.module:attribute") instead of holding it, so this package imports
+no torch and sits below the profile: the profile's validator reads presets and fixed fields from here, and
+the network, its weights and its parallel plan load only when asked for (`load`).
+
+Adding a family: a module here with `SPEC = FamilySpec(...)` and one line in `REGISTRY`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vidforge.errors import UserInputError
+
+REGISTRY: dict[str, str] = {
+    "vidforge": "vidforge.families.vidforge",
+    "wan": "vidforge.families.wan",
+}
+"""Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published folder of a family's weights (e.g. a diffusers download), as a profile reads it."""
+
+    family: str
+    root: Path
+    """The folder the user named."""
+    weights: Path
+    """The folder holding the network's config and weights (root, or root/transformer)."""
+    model: dict[str, Any]
+    """The profile's `model` fields for the network as published (preset null)."""
+    defaults: list[str]
+    """`section.field=value` settings that train and sample it as published: the objective and its
+    shift, the tokenizer and text encoder of the folder (when it has them), the caption length, the
+    guidance default. A user's --set wins over every one."""
+    objective: str
+    """The objective the weights were trained with (a profile that says another is refused)."""
+    single: str = "diffusion_pytorch_model.safetensors"
+    """The weights file in `weights` (diffusers' name) ..."""
+    index: str = "diffusion_pytorch_model.safetensors.index.json"
+    """... or the index of its shards."""
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What vidforge knows of one model family. Attributes holding "module:attribute" strings are code,
+    loaded by `load`."""
+
+    name: str
+    network: str
+    """The nn.Module class built from the profile's `model` section (it takes the DiT's forward arguments)."""
+    presets: Mapping[str, Mapping[str, Any]]
+    """Named shapes (`model.preset`), each a dict of model fields."""
+    tensor_parallel: str
+    """fn(model, tp_mesh, sequence_parallel=bool): the family's tensor-parallel plan, applied in place."""
+    tp_rules: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+    """What that plan splits, for the parameter counts (`TensorParallelRules`' fields: names replicated in
+    a block, the row-wise layers (whose biases stay whole), the column-split modules outside the blocks)."""
+    lora_targets: tuple[str, ...]
+    """LoRA's default target modules (train.lora.target_modules left empty)."""
+    block_scopes: Callable[[Any], tuple[tuple[str, ...], int]]
+    """model section -> (the attention scopes a block runs, the modulation chunks it projects) for FLOPs."""
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    """Model fields the family fixes (a profile setting another value is refused at load)."""
+    own_fields: tuple[str, ...] = ()
+    """Model fields only this family has: any other family must leave them false."""
+    table_modulation: bool = False
+    """The block adds a learned per-block table to one shared projection of the timestep (Wan) instead of
+    projecting it per block, and keeps its norms in float32: FLOP and memory terms differ."""
+    read_published: Callable[[Path], Published | None] | None = None
+    """folder -> its `Published` description, or None when it is not this family's published layout."""
+    published_class: str | None = None
+    """The `_class_name` of the published network's config.json (named when a folder matches no family)."""
+    import_weights: str | None = None
+    """fn(published: Published, out, profile, dtype) -> Path: write a vidforge export of a published folder."""
+    export_weights: str | None = None
+    """fn(export, out, max_shard_bytes) -> Path: write an export in the published layout."""
+    load_published: str | None = None
+    """fn(published: Published, device, dtype) -> nn.Module: the network of a published folder, unimported."""
+    step_cache_fits: Mapping[tuple[int, int], str] = field(default_factory=dict)
+    """(hidden, layers) of a published size -> the name of its step-cache rescale polynomial."""
+    profile_defaults: tuple[str, ...] = ()
+    """Settings a profile of this family's presets needs besides the model section (its objective)."""
+
+
+def names() -> list[str]:
+    """Every registered family name."""
+    return list(REGISTRY)
+
+
+def family(name: str) -> FamilySpec:
+    """The spec of family `name`; a UserInputError naming the registered ones if there is none."""
+    if name not in REGISTRY:
+        raise UserInputError(f"model.family: unknown {name!r}; use one of {', '.join(REGISTRY)}")
+    spec = importlib.import_module(REGISTRY[name]).SPEC
+    if spec.name != name:
+        raise ValueError(f"{REGISTRY[name]}: registers {spec.name!r} under {name!r}")
+    return spec
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    """Every family's presets by name, each with its `family` field filled in."""
+    table: dict[str, dict[str, Any]] = {}
+    for name in REGISTRY:
+        for preset, fields in family(name).presets.items():
+            if preset in table:
+                raise ValueError(f"preset {preset!r}: named by two families")
+            table[preset] = {"family": name, **fields}
+    return table
+
+
+def load(path: str) -> Any:
+    """The object a "package.module:attribute" string names."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def read_published(folder: Path) -> Published | None:
+    """The published folder's description by the first family that recognises it; None for none."""
+    for name in REGISTRY:
+        reader = family(name).read_published
+        found = reader(folder) if reader is not None else None
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,188 @@
+"""The wan family: Wan2.1's text-to-video transformer (`vidforge.models.wan`, diffusers'
+`WanTransformer3DModel` module for module, so published weights load by name), and how a diffusers
+download of it (a transformer folder, or a whole pipeline: model_index.json beside transformer/, vae/,
+text_encoder/ (umT5), tokenizer/, scheduler/) maps to a profile: rectified flow predicting the velocity,
+the scheduler's shift, the pipeline's VAE and umT5 with its 512-token captions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vidforge.errors import UserInputError
+from vidforge.families import FamilySpec, Published
+
+CLASS_NAME = "WanTransformer3DModel"
+CONFIG = "config.json"
+PIPELINE_INDEX = "model_index.json"
+PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+FREQ_DIM = 256  # sinusoidal features of the timestep (diffusers' freq_dim)
+EPS = 1e-6  # every norm of Wan2.1 (diffusers' eps)
+CAPTION_TOKENS = 512  # WanPipeline's max_sequence_length: umT5 states padded with zeros to 512
+GUIDANCE = 5.0  # WanPipeline's guidance_scale
+
+# Config entries vidforge's wan family has no counterpart for: the value it must have.
+FIXED_CONFIG: dict[str, Any] = {
+    "freq_dim": FREQ_DIM,
+    "eps": EPS,
+    "image_dim": None,
+    "added_kv_proj_dim": None,
+    "pos_embed_seq_len": None,
+}
+
+# What Wan2.1 T2V's two sizes share: umT5 text (4096), 16 latent channels, patch 1x2x2 (the default),
+# heads of 128, a LayerNorm before cross-attention. Parameter counts: wan2.1-1.3b 1.42e9, wan2.1-14b 14.3e9.
+WAN2_1: dict[str, Any] = {
+    "architecture": "dit",
+    "in_channels": 16,
+    "text_dim": 4096,
+    "cross_attn_norm": True,
+}
+PRESETS: dict[str, dict[str, Any]] = {
+    # Wan2.1 T2V, the Wan2.1-T2V-{1.3B,14B}-Diffusers transformer configs.
+    "wan2.1-1.3b": {**WAN2_1, "layers": 30, "hidden": 1536, "heads": 12, "mlp_hidden": 8960},
+    "wan2.1-14b": {**WAN2_1, "layers": 40, "hidden": 5120, "heads": 40, "mlp_hidden": 13824},
+}
+
+# Wan2.1's block has exactly this shape, so a field set otherwise has no meaning here.
+FIXED: dict[str, Any] = {
+    "architecture": "dit",
+    "mlp_act": "gelu-tanh",
+    "adaln_lora_rank": 0,
+    "abs_position": "none",
+    "qk_norm": True,
+    "text_pool": False,
+}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path}: expected a JSON object; download it again")
+    return data
+
+
+def transformer_folder(src: Path) -> Path:
+    """src itself, or src/transformer for a whole diffusers pipeline."""
+    if not (src / CONFIG).is_file() and (src / "transformer" / CONFIG).is_file():
+        return src / "transformer"
+    return src
+
+
+def pipeline_parts(src: Path) -> dict[str, Path]:
+    """The component folders of a whole diffusers pipeline folder by name; empty for anything else."""
+    if not (src / PIPELINE_INDEX).is_file():
+        return {}
+    return {name: src / name for name in PIPELINE_PARTS if (src / name).is_dir()}
+
+
+def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The profile's `model` fields of a diffusers WanTransformer3DModel config (not yet validated)."""
+    if config.get("_class_name") != CLASS_NAME:
+        raise UserInputError(
+            f"{where}: _class_name is {config.get('_class_name')!r}, not {CLASS_NAME}; point at the "
+            "transformer/ folder of a Wan2.1 diffusers download"
+        )
+    for key, value in FIXED_CONFIG.items():
+        if config.get(key, value) != value:
+            raise UserInputError(
+                f"{where}: {key}={config[key]!r} cannot be represented (vidforge's wan family is Wan2.1 "
+                f"text-to-video with {key}={value!r}); use a Wan2.1 T2V transformer"
+            )
+    channels = config.get("in_channels", 16)
+    if config.get("out_channels") not in (None, channels):
+        raise UserInputError(
+            f"{where}: out_channels={config['out_channels']} differs from in_channels={channels} "
+            "(image-to-video); vidforge's wan family is text-to-video"
+        )
+    heads, head_dim = config.get("num_attention_heads", 40), config.get("attention_head_dim", 128)
+    return {
+        "preset": None,
+        "family": "wan",
+        "layers": config.get("num_layers", 40),
+        "hidden": heads * head_dim,
+        "heads": heads,
+        "mlp_hidden": config.get("ffn_dim", 13824),
+        "patch": config.get("patch_size", [1, 2, 2]),
+        "in_channels": channels,
+        "text_dim": config.get("text_dim", 4096),
+        "cross_attn_norm": config.get("cross_attn_norm", True),
+    }
+
+
+def _vae_compression(vae: Path) -> int:
+    """AutoencoderKLWan's spatial compression: its config's scale_factor_spatial (diffusers >= 0.35), or
+    one 2x downsampling between each of its levels."""
+    config = read_json(vae / CONFIG) if (vae / CONFIG).is_file() else {}
+    return int(config.get("scale_factor_spatial", 2 ** (len(config.get("dim_mult", [1, 2, 4, 4])) - 1)))
+
+
+def read_published(src: Path) -> Published | None:
+    """A diffusers Wan transformer or pipeline folder as a profile reads it; None when `src` holds no
+    WanTransformer3DModel config."""
+    folder = transformer_folder(src)
+    if not (folder / CONFIG).is_file() or read_json(folder / CONFIG).get("_class_name") != CLASS_NAME:
+        return None
+    model = model_fields(read_json(folder / CONFIG), folder / CONFIG)
+    defaults = [
+        "diffusion.objective=flow",
+        "diffusion.flow_prediction=velocity",
+        f"diffusion.guidance={GUIDANCE}",
+    ]
+    parts = {name: path.resolve() for name, path in pipeline_parts(src).items()}
+    scheduler = parts.get("scheduler")
+    if scheduler is not None and (scheduler / "scheduler_config.json").is_file():
+        shift = read_json(scheduler / "scheduler_config.json").get("flow_shift")
+        if shift is not None:
+            defaults.append(f"diffusion.flow_shift={float(shift)}")
+    if "vae" in parts:
+        defaults += [
+            "tokenizer.kind=wan",
+            f"tokenizer.path={parts['vae']}",
+            f"tokenizer.spatial_compression={_vae_compression(parts['vae'])}",
+        ]
+    if "text_encoder" in parts:
+        defaults += [
+            "text_encoder.kind=t5",
+            f"text_encoder.path={parts['text_encoder']}",
+            f"text_encoder.max_length={CAPTION_TOKENS}",
+        ]
+        if "tokenizer" in parts:
+            defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
+    return Published("wan", src, folder, model, defaults, "flow")
+
+
+def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
+    """Full attention; six modulation vectors (shift, scale, gate for attention and feed-forward)."""
+    return ("full",), 6
+
+
+SPEC = FamilySpec(
+    name="wan",
+    network="vidforge.models.wan:WanTransformer",
+    presets=PRESETS,
+    # `vidforge.parallel.wan_tensor_parallel`, the Megatron split: to_q/to_k/to_v and ffn.net.0.proj
+    # column-wise, to_out.0 and ffn.net.2 row-wise; norm_q/norm_k (across all heads) split with the heads
+    # they normalise (their statistics reduced over tp); the per-block table and the cross-attention
+    # LayerNorm replicated; everything outside the blocks replicated.
+    tensor_parallel="vidforge.parallel.wan_tensor_parallel:apply_wan_tp",
+    tp_rules=(("scale_shift_table", "norm2."), ("to_out.0", "ffn.net.2"), ()),
+    # diffusers' Wan trainers' choice: the attention projections.
+    lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
+    block_scopes=block_scopes,
+    fixed=FIXED,
+    own_fields=("cross_attn_norm",),
+    table_modulation=True,
+    read_published=read_published,
+    published_class=CLASS_NAME,
+    import_weights="vidforge.models.wan_weights:import_wan",
+    export_weights="vidforge.models.wan_weights:export_wan",
+    load_published="vidforge.models.wan_weights:load_diffusers_wan",
+    # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
+    step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
+    profile_defaults=("diffusion.objective=flow",),
+)

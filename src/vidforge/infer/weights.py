@@ -1,0 +1,95 @@
+"""What `vidforge infer -c` samples: a training run's export or a published folder (through
+`vidforge.models.weights_folder`, the one reader of weight folders), its profile, and the network loaded
+with its LoRA adapter if given."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from torch import nn
+
+from vidforge.errors import UserInputError
+from vidforge.models import load_model, weights_folder
+from vidforge.models.checkpoint import CONFIG
+from vidforge.models.weights_folder import WeightsFolder
+from vidforge.profile import RunProfile, load_profile
+from vidforge.profile.diffusion import FEW_STEP
+
+
+def find_weights(checkpoint: str | Path) -> WeightsFolder:
+    """The checkpoint as an export (a run directory's export/ or an export folder) or a published
+    folder (`vidforge.models.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
+    found = weights_folder.find_weights(checkpoint)
+    if found is not None:
+        return found
+    from vidforge.train.lora import is_adapter_folder
+
+    path = Path(checkpoint)
+    if is_adapter_folder(path) or is_adapter_folder(path / "export"):
+        raise UserInputError(
+            f"--checkpoint {checkpoint}: a LoRA adapter, not a model; pass its base as --checkpoint and this "
+            "folder as --lora"
+        )
+    return weights_folder.resolve_weights(checkpoint, "--checkpoint")
+
+
+def find_export(checkpoint: str | Path) -> Path | None:
+    """The folder holding model.safetensors + config.json: CHECKPOINT/export or CHECKPOINT itself; None
+    for a published folder; otherwise a UserInputError."""
+    return find_weights(checkpoint).export
+
+
+def exported_step(export: Path) -> int | None:
+    """The training step an export's weights are from (`vidforge.train.export.record_step` writes it);
+    None for an export written before steps were recorded."""
+    return json.loads((export / CONFIG).read_text()).get("step")
+
+
+def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
+    """The profile the model trained with (or `profile` if given), with `overrides` applied."""
+    return weights_folder.export_profile(export, overrides, profile)
+
+
+def sampling_profile(
+    weights: WeightsFolder, overrides: Sequence[str], profile: str | None = None
+) -> RunProfile:
+    """An export's profile (the one it trained with), or a published folder's as published."""
+    if weights.export is not None:
+        return checkpoint_profile(weights.export, overrides, profile)
+    return weights_folder.published_profile(weights.published, overrides, profile)
+
+
+def adapter_sampling(lora: str | Path) -> list[str]:
+    """The sampling settings of a LoRA adapter's run when it distilled a few-step student (train.distill
+    wrote diffusion.sampler=few-step into its profile), as overrides of the base's profile; else none."""
+    from vidforge.models.lora import read_adapter
+
+    path = read_adapter(lora)["folder"] / "profile.yaml"
+    if not path.is_file():
+        return []
+    diffusion = load_profile(path).diffusion
+    if diffusion.sampler != FEW_STEP:
+        return []
+    return [
+        f"diffusion.sampler={FEW_STEP}",
+        f"diffusion.few_step_levels={json.dumps(list(diffusion.few_step_levels))}",
+        f"diffusion.steps={diffusion.steps}",
+        f"diffusion.guidance={diffusion.guidance:g}",
+    ]
+
+
+def load_network(
+    weights: WeightsFolder, device: str, lora: str | Path | None = None, lora_scale: float = 1.0
+) -> nn.Module:
+    """The network of `weights` on `device` in eval mode, with the LoRA adapter at `lora` if given."""
+    if weights.export is not None:
+        model = load_model(weights.export, device=device)
+    else:
+        model = weights_folder.load_published(weights.published, device=device)
+    if lora is not None:
+        from vidforge.models.lora import load_adapter
+
+        model = load_adapter(model, lora, lora_scale)
+    return model.eval()
