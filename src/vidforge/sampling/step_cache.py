@@ -44,13 +44,13 @@ WAN21_COEFFICIENTS: dict[str, tuple[float, ...]] = {
 }
 
 
-def rescale_name(setting: str, cfg: Model) -> str:
-    """The polynomial `infer.cache.rescale` names for a model of config `cfg`: `auto` is the fit the
+def rescale_name(setting: str, config: Model) -> str:
+    """The polynomial `infer.cache.rescale` names for a model of `config`: `auto` is the fit the
     model's family lists for its size (`FamilySpec.step_cache_fits`: Wan2.1's published sizes) and
     `identity` otherwise; a fit of another family is refused in one line."""
-    fits = family(cfg.family).step_cache_fits
+    fits = family(config.family).step_cache_fits
     if setting == "auto":
-        return fits.get((cfg.hidden, cfg.layers), "identity")
+        return fits.get((config.hidden, config.layers), "identity")
     if setting != "identity" and setting not in fits.values():
         raise UserInputError(
             f"infer.cache.rescale: {setting} was fitted on Wan2.1's timestep embedding, but the model is "
