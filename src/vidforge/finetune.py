@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
+from vidforge.families import family
 from vidforge.profile import RunProfile
 from vidforge.profile.loading import dump_profile
 
@@ -73,10 +74,6 @@ SIDECAR_ONLY = (
     "curation.caption.clip_score.enabled=false",
     "curation.caption.reject_flagged_captions=false",
 )
-# A family's own settings for its data and samples: Wan2.1 was trained on and samples 16 fps video (its
-# pipeline's export_to_video; musubi-tuner asks for 16 fps clips), so clips are re-timed to 16 fps and the
-# validation videos play at it. (They belong with the model family's registry once there is one.)
-FAMILY_DEFAULTS = {"wan": ("curation.fps=16", "infer.fps=16")}
 # A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
 # diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
 # published fine-tuning lr (1e-5); a short warm-up either way.
@@ -424,8 +421,9 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     captions = out / CAPTIONS
     sets = stage_overrides(request, captions)
     profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    if profile.model.family in FAMILY_DEFAULTS:
-        sets += FAMILY_DEFAULTS[profile.model.family]
+    media = family(profile.model.family).media_defaults  # the frame rate the family trained at
+    if media:
+        sets += media
         profile = base_profile(base, request.profile, [*sets, *request.overrides])
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
     # Training's world (--nproc N) is what the memory is checked against; the data stages run here, alone.
@@ -549,12 +547,13 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         profile.train.steps,
     )
     model = trained.get("export")
-    if profile.train.lora is None and profile.model.family == "wan":
+    if profile.train.lora is None and family(profile.model.family).export_weights is not None:
 
-        def export(progress: dict[str, Any]) -> dict[str, Any]:
-            from vidforge.models.wan_weights import export_wan
+        def export(progress: dict[str, Any]) -> dict[str, Any]:  # a full fine-tune, in the published layout
+            from vidforge.models.weights_folder import export_published
 
-            return {"diffusers": str(export_wan(train_dir / "export", out / "diffusers" / "transformer"))}
+            written = export_published(train_dir / "export", out / "diffusers" / "transformer", 5 * 2**30)
+            return {"diffusers": str(written)}
 
         exported = stage(
             "export",

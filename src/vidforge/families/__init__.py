@@ -91,6 +91,9 @@ class FamilySpec:
     """(hidden, layers) of a published size -> the name of its step-cache rescale polynomial."""
     profile_defaults: tuple[str, ...] = ()
     """Settings a profile of this family's presets needs besides the model section (its objective)."""
+    media_defaults: tuple[str, ...] = ()
+    """The frame rate the family was trained on and samples at, as settings (`curation.fps`, `infer.fps`):
+    `vidforge finetune` re-times its clips to it and plays its validation videos at it."""
 
 
 def names() -> list[str]:

@@ -185,4 +185,7 @@ SPEC = FamilySpec(
     # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
     step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
     profile_defaults=("diffusion.objective=flow",),
+    # Wan2.1 was trained on and samples 16 fps video (its pipeline's export_to_video; musubi-tuner asks
+    # for 16 fps clips)
+    media_defaults=("curation.fps=16", "infer.fps=16"),
 )

@@ -24,7 +24,7 @@ def find_weights(checkpoint: str | Path) -> WeightsFolder:
     found = weights_folder.find_weights(checkpoint)
     if found is not None:
         return found
-    from vidforge.train.lora import is_adapter_folder
+    from vidforge.models.lora import is_adapter_folder
 
     path = Path(checkpoint)
     if is_adapter_folder(path) or is_adapter_folder(path / "export"):
