@@ -41,6 +41,9 @@ class Clip:
     embeddings: np.ndarray | None = None
     """Unit-length CLIP image embeddings of `curation.caption.clip.frames` frames, for scorers with
     `uses_clip` (None for the others, or when embedding this clip failed)."""
+    text_embedding: np.ndarray | None = None
+    """The caption's unit-length CLIP text embedding (same model), for scorers with `uses_clip` (None
+    without a caption)."""
 
 
 @dataclass
@@ -79,6 +82,9 @@ class Scorer:
     """Reject reasons it can give, in the order the summary lists them."""
     uses_clip: ClassVar[bool] = False
     """Reads the shared CLIP image embeddings (`Clip.embeddings`)."""
+    reads_text: ClassVar[bool] = False
+    """Reads the caption's CLIP text embedding (`Clip.text_embedding`): a clip whose caption fails to
+    embed is its error."""
 
     def __init__(self, settings: Any):
         self.settings = settings
