@@ -41,7 +41,7 @@ from vidforge.curate.annotator import (
 )
 from vidforge.curate.caption_checks import check_inputs
 from vidforge.curate.caption_stages import AnnotateStage, DecodeStage
-from vidforge.curate.caption_store import PendingText, write_caption_store
+from vidforge.curate.caption_store import TextLog, write_caption_store
 from vidforge.curate.clip import CLIPS_DIR
 from vidforge.curate.decision import decide, reasons
 from vidforge.data.folder_lock import subfolder
@@ -182,6 +182,7 @@ def run(
         progress(done, total)
 
     def commit(cid: str, items: list[Any], errors: list[dict[str, Any]]) -> None:
+        nonlocal done
         if items:
             [item] = items
             row, errs = item.row, item.errors
@@ -197,19 +198,14 @@ def run(
         src = media_of(row, clips_dir)
         if src.is_file():
             row["media"] = link_media(src, out_dir, cid)
-        text_vector = row.pop(TEXT_EMBEDDING, None)
-
-        def finish() -> None:
-            nonlocal done
-            ledger.commit(cid, [row], errs)
-            done += 1
-            if progress:
-                progress(done, total)
-
-        pending.add(cid, text_vector, finish)
+        text_log.append(cid, row.pop(TEXT_EMBEDDING, None))  # before the commit: a committed clip has it
+        ledger.commit(cid, [row], errs)
+        done += 1
+        if progress:
+            progress(done, total)
 
     stats = None
-    pending = PendingText(out_dir)
+    text_log = TextLog(out_dir)
     if todo:
         options: dict[str, Any] = {"queue_depth": profile.curation.queue_depth}
         if executor == "ray":
@@ -221,7 +217,7 @@ def run(
         try:
             stats = make_executor(executor, **options).run(stages, iter(todo.items()), commit, monitor)
         finally:
-            pending.flush()  # the clips done so far, committed (a stop keeps them)
+            text_log.close()
     manifest, errors = ledger.finalize()
     wanted = {clip_id_of(r) for r in records}
     manifest = [r for r in manifest if clip_id_of(r) in wanted]

@@ -6,16 +6,16 @@ Its rows are the kept clips, in manifest order. Their clip vectors are carried f
 their aesthetic scores and durations are columns, and their captions' CLIP text embeddings
 (`curation.caption.clip`'s text tower, the model the index names) are the store's text vectors.
 
-While the run goes, the text vectors are written to OUT/embeddings/pending/ every `PENDING_ROWS`
-committed clips; a clip's ledger commit waits for the file holding its vector (`PendingText`), so a
-killed run redoes the clips no file holds. The store itself is rewritten whole when the run finalizes
-(as manifest.jsonl is), a shard at a time."""
+Each clip's text vector is appended to a log under OUT/embeddings/pending/ (`TextLog`: its float32
+row, then its id's line) before the clip's ledger commit, so every committed clip's vector is there, and
+a killed run leaves at most a row without an id, which is not read. The store itself is rewritten whole
+when the run finalizes (as manifest.jsonl is), a shard at a time."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,54 +23,68 @@ import numpy as np
 
 from vidforge.curate.annotator import clip_id_of
 from vidforge.data import embeddings as store
+from vidforge.errors import UserInputError
 from vidforge.profile.caption import Caption
 
 PENDING = "pending"
-PENDING_ROWS = 512
-"""Clips whose ledger commits wait for one pending file: what a killed run redoes at most."""
 
 
-class PendingText:
-    """Committed clips' text vectors, written in batches before their ledger commits (`finish`)."""
+class TextLog:
+    """This process's append-only log of caption text vectors: `<time>-<pid>-d<D>.f32` (rows of D float32)
+    and `.ids` (one JSON string a line, the rows' clip ids, each written after its row)."""
 
-    def __init__(self, out_dir: Path, rows: int = PENDING_ROWS):
+    def __init__(self, out_dir: Path):
         self.folder = out_dir / store.EMBEDDINGS_DIR / PENDING
-        self.rows = rows
-        self.waiting: list[tuple[str, np.ndarray | None, Callable[[], None]]] = []
+        self.files: tuple[Any, Any] | None = None
+        self.dim = 0
 
-    def add(self, clip_id: str, vector: np.ndarray | None, finish: Callable[[], None]) -> None:
-        """Queue a clip's vector (None: it has none) and its commit; nothing to wait for commits now."""
-        if vector is None and not self.waiting:
-            finish()
+    def append(self, clip_id: str, vector: np.ndarray | None) -> None:
+        if vector is None:
             return
-        self.waiting.append((clip_id, vector, finish))
-        if len(self.waiting) >= self.rows:
-            self.flush()
-
-    def flush(self) -> None:
-        with_vectors = [(cid, v) for cid, v, _ in self.waiting if v is not None]
-        if with_vectors:
+        vector = np.asarray(vector, np.float32)
+        if self.files is None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            # Named by time: where a redone clip is in two files, the later name holds its vector.
-            store.write_shard(
-                self.folder,
-                f"{time.time_ns():020d}-{os.getpid()}",
-                [cid for cid, _ in with_vectors],
-                np.stack([v for _, v in with_vectors]),
-            )
-        waiting, self.waiting = self.waiting, []
-        for _, _, finish in waiting:
-            finish()
+            self.dim = len(vector)
+            # Named by time: where a redone clip is in two logs, the later name holds its vector.
+            stem = self.folder / f"{time.time_ns():020d}-{os.getpid()}-d{self.dim}"
+            self.files = (open(f"{stem}.f32", "ab"), open(f"{stem}.ids", "a", encoding="utf-8"))
+        rows, ids = self.files
+        if len(vector) != self.dim:
+            raise ValueError(f"{clip_id}: a {len(vector)}-d caption vector in a log of {self.dim}-d ones")
+        try:
+            rows.write(vector.tobytes())
+            rows.flush()
+            ids.write(json.dumps(clip_id) + "\n")
+            ids.flush()
+        except BaseException:
+            self.close()  # a row without its id ends this log: the next append starts a new one
+            raise
+
+    def close(self) -> None:
+        for f in self.files or ():
+            f.close()
+        self.files = None
 
 
 def _pending(out_dir: Path) -> tuple[np.ndarray, store.RowSource, int]:
-    """(ids, their vectors, width) of every pending file, oldest first."""
+    """(ids, their vectors, width) of every text log, oldest first; a row without its id line (a killed
+    run's last) is not read."""
     folder = out_dir / store.EMBEDDINGS_DIR / PENDING
-    names = sorted(p.name.removesuffix(".ids.npy") for p in folder.glob("*.ids.npy"))
-    ids = [np.load(folder / f"{n}.ids.npy") for n in names]
-    vectors = [np.load(folder / f"{n}.vectors.npy", mmap_mode="r") for n in names]
-    dim = next((v.shape[1] for v in vectors if len(v)), 0)
-    return (np.concatenate(ids) if ids else np.zeros(0, str)), store.RowSource(vectors), dim
+    ids: list[str] = []
+    parts, dim = [], 0
+    for path in sorted(folder.glob("*.ids")):
+        dim = int(path.stem.rsplit("-d", 1)[1])
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.endswith("\n")]
+        if lines:
+            ids += lines
+            parts.append(np.memmap(path.with_suffix(".f32"), np.float32, "r", shape=(len(lines), dim)))
+    if len({p.shape[1] for p in parts}) > 1:
+        raise UserInputError(
+            f"{folder}: caption vectors of several widths (curation.caption.clip changed between runs); "
+            "delete the folder and caption into a new OUT"
+        )
+    return np.asarray(ids, dtype=str), store.RowSource(parts), dim
 
 
 def _column(rows: list[dict[str, Any]], key: str) -> np.ndarray:
