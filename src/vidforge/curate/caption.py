@@ -221,8 +221,7 @@ def run(
     manifest, errors = ledger.finalize()
     wanted = {clip_id_of(r) for r in records}
     manifest = [r for r in manifest if clip_id_of(r) in wanted]
-    enabled = [s.name for s in filters.enabled(cfg)]
-    embeddings = write_caption_store(out_dir, clips_dir, manifest, cfg, aesthetic="aesthetic" in enabled)
+    embeddings = write_caption_store(out_dir, clips_dir, manifest, cfg)
     rejected = [
         {"clip_id": clip_id_of(r), "media": r.get("media"), "reasons": r["reasons"]}
         for r in manifest

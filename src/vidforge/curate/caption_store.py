@@ -3,7 +3,8 @@
 
 Its rows are the kept clips, in manifest order. Their clip vectors are carried from the clip run's store
 (CLIPS_DIR/embeddings/: the clip stage's model, so caption outputs and clip runs deduplicate together),
-their aesthetic scores and durations are columns, and their captions' CLIP text embeddings
+their durations and the scores the filters keep in the store (`Scorer.store_fields`: the aesthetic
+score) are columns, and their captions' CLIP text embeddings
 (`curation.caption.clip`'s text tower, the model the index names) are the store's text vectors.
 
 Each clip's text vector is appended to a log under OUT/embeddings/pending/ (`TextLog`: its float32
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from vidforge.curate import filters
 from vidforge.curate.annotator import clip_id_of
 from vidforge.data import embeddings as store
 from vidforge.errors import UserInputError
@@ -92,11 +94,11 @@ def _column(rows: list[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def write_caption_store(
-    out_dir: Path, clips_dir: Path, manifest: list[dict[str, Any]], cfg: Caption, aesthetic: bool
+    out_dir: Path, clips_dir: Path, manifest: list[dict[str, Any]], cfg: Caption
 ) -> dict[str, Any]:
-    """OUT/embeddings/ for the kept clips of `manifest` (`aesthetic`: the aesthetic filter ran, so the
-    column is written); returns what the summary records of it. Without a store in CLIPS_DIR (a clip run
-    made with curation.embed=false) there are no clip vectors to carry, and no store."""
+    """OUT/embeddings/ for the kept clips of `manifest`, with the `store_fields` of every enabled scorer
+    as columns; returns what the summary records of it. Without a store in CLIPS_DIR (a clip run made
+    with curation.embed=false) there are no clip vectors to carry, and no store."""
     folder = out_dir / store.EMBEDDINGS_DIR
     kept = [r for r in manifest if r.get("keep")]
     if not (clips_dir / store.EMBEDDINGS_DIR / store.INDEX).is_file():
@@ -108,9 +110,8 @@ def write_caption_store(
     ids = [clip_id_of(r) for r in rows]
     pending_ids, pending, text_dim = _pending(out_dir)
     text_at = store.positions(pending_ids, ids)
-    columns = {store.DURATION: _column(rows, "duration_s")}
-    if aesthetic:
-        columns[store.AESTHETIC] = _column(rows, "aesthetic")
+    columns = {store.DURATION: _column(rows, store.DURATION)}
+    columns |= {f: _column(rows, f) for scorer in filters.enabled(cfg) for f in scorer.store_fields}
     text_model = {"name": cfg.clip.model, "checkpoint": cfg.clip.checkpoint}
     store.write_store(
         out_dir,

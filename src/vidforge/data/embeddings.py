@@ -39,9 +39,9 @@ DURATION = "duration_s"
 AESTHETIC = "aesthetic"
 COLUMNS = {
     DURATION: "the clip's length in seconds (`vidforge clip`, carried by `vidforge caption`)",
-    AESTHETIC: "the LAION aesthetic score (`vidforge caption`'s aesthetic filter)",
+    AESTHETIC: "the LAION aesthetic score (`vidforge caption`'s aesthetic filter, its `store_fields`)",
 }
-"""The store's columns and the stage that measures each: the one list `dedup`'s keep rules read."""
+"""The store's columns and the stage that writes each (a caption filter's `store_fields` add to it)."""
 """`vidforge dedup`'s output: one record per dropped clip (`clip_id`, `duplicate_of`, `similarity`, ...)."""
 
 

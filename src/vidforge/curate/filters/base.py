@@ -78,6 +78,9 @@ class Scorer:
     """Its section's class; must have `enabled`."""
     fields: ClassVar[tuple[str, ...]] = ()
     """Record fields it writes (every record has them, None when not measured)."""
+    store_fields: ClassVar[tuple[str, ...]] = ()
+    """Of `fields`, those the caption output's embedding store holds as columns (`data.embeddings.COLUMNS`
+    names them; `vidforge dedup`'s keep rules read them)."""
     reasons: ClassVar[tuple[str, ...]] = ()
     """Reject reasons it can give, in the order the summary lists them."""
     uses_clip: ClassVar[bool] = False
