@@ -84,7 +84,8 @@ def test_dedup_keep_aesthetic_on_a_caption_output(caption_run, tmp_path) -> None
     order = {r["clip_id"]: i for i, r in enumerate(manifest)}
     by_score = {min(p, key=lambda r: r["aesthetic"])["clip_id"] for p in twins}
     by_order = {max(p, key=lambda r: order[r["clip_id"]])["clip_id"] for p in twins}
-    assert by_score != by_order  # the scores decide something here
+    # Clip ids hash the source's path, so manifest order (and whether the two rules differ: in about 7
+    # runs of 8) depends on the temporary folder; each rule is checked against its own expectation.
     for keep, expected in (("aesthetic", by_score), ("first", by_order)):
         out = tmp_path / keep
         args = ["dedup", str(caption_run), "-o", str(out), "--threshold", threshold, "--keep", keep]
