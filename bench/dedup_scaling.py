@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,7 +163,9 @@ def pair(small: int, large: int, args, sets: list[str], work: Path) -> None:
     cpu: dict[int, list[float]] = {small: [], large: []}
     for i, n in enumerate(order):
         load = os.getloadavg()[0]
-        got = measure("semantic", work / f"n{n}", work / f"n{n}-out-{i}", sets, 3600, warm=True)
+        out = work / f"n{n}-out-{i}"
+        shutil.rmtree(out, ignore_errors=True)  # a dedup resumes from what it finds there
+        got = measure("semantic", work / f"n{n}", out, sets, 3600, warm=True)
         times[n].append(got["seconds"])
         cpu[n].append(got["cpu_seconds"])
         print(json.dumps({"n": n, "load_1min_before": round(load, 2), **got}), flush=True)
