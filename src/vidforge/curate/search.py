@@ -79,7 +79,12 @@ def example_query(stores: list[EmbeddingStore], clip_id: str, what: str = "vecto
         for ids, vectors in s.shards(what):
             hit = np.flatnonzero(ids == clip_id)
             if len(hit):
-                return np.asarray(vectors[hit[0]], np.float32)
+                vector = np.asarray(vectors[hit[0]], np.float32)
+                if not vector.any():  # a zero text row: the clip has no caption
+                    raise UserInputError(
+                        f"--like {clip_id}: the clip has no caption to match; drop --captions"
+                    )
+                return vector
     raise UserInputError(f"--like {clip_id}: no such clip id in the runs' embeddings")
 
 
