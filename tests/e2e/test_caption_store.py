@@ -112,6 +112,8 @@ def test_search_by_caption_text(caption_run) -> None:
     hits = search(profile, [caption_run], text=text, k=3, captions=True)
     assert {h.clip_id for h in hits[:2]} == same
     assert hits[0].score == pytest.approx(1.0, abs=1e-5) and hits[2].score < 0.99
+    one, twin = sorted(same)
+    assert search(profile, [caption_run], like=one, k=1, captions=True)[0].clip_id == twin
     result = CliRunner().invoke(
         app,
         [
