@@ -10,7 +10,13 @@ threshold). Each size runs in its own process (its peak RSS is its own), the sto
 
 Usage: python bench/dedup_scaling.py [--sizes 10000,100000,1000000] [--dim 512] [--recall-n 20000]
        [--greedy-limit 300] [--probes 4] [--cluster-size 1000]
+       python bench/dedup_scaling.py --pair 100000,1000000 [--repeats 2]
 Prints one JSON object per measurement and a markdown table at the end.
+
+`--pair SMALL,LARGE`: the growth between two sizes as a timing pair on one machine in one run: both
+stores written first, then the dedups interleaved (torch imported before each one's clock starts) (small, large, large, small, ...: a load that drifts
+during the run weighs on both sizes alike), each pair's ratio of wall and of CPU seconds (all threads: the work, where a shared machine's wall time
+is also its queue) printed beside N's ratio and N log N's.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,12 +76,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one(kind: str, run: Path, out: Path, sets: list[str]) -> dict:
-    """One measurement in this process: `semantic` (vidforge dedup) or `greedy` (curate/dedup.py)."""
+def one(kind: str, run: Path, out: Path, sets: list[str], warm: bool = False) -> dict:
+    """One measurement in this process: `semantic` (vidforge dedup) or `greedy` (curate/dedup.py).
+    `warm`: torch imported before the clock starts (a fixed cost that would flatten a growth ratio)."""
     from vidforge.profile import load_profile
 
+    if warm:
+        import torch  # noqa: F401
+
     profile = load_profile(None, sets)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if kind == "semantic":
         from vidforge.curate.semdedup import run as dedup
 
@@ -90,11 +101,18 @@ def one(kind: str, run: Path, out: Path, sets: list[str]) -> dict:
 
         vectors = EmbeddingStore.open(run).vectors()
         result = {"dropped": len(near_duplicates(vectors, profile.curation.semantic_dedup.threshold))}
-    return {**result, "seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": round(peak_rss_mb())}
+    return {
+        **result,
+        "seconds": round(time.perf_counter() - started, 2),
+        # CPU seconds of all its threads: on a shared machine, the work done, where wall time is the queue.
+        "cpu_seconds": round(time.process_time() - cpu_started, 2),
+        "peak_rss_mb": round(peak_rss_mb()),
+    }
 
 
-def measure(kind: str, run: Path, out: Path, sets: list[str], limit: float) -> dict:
+def measure(kind: str, run: Path, out: Path, sets: list[str], limit: float, warm: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--one", kind, "--run", str(run), "--out", str(out)]
+    cmd += ["--warm"] if warm else []
     cmd += [x for s in sets for x in ("--set", s)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:
@@ -135,6 +153,38 @@ def recall(n: int, dim: int, dup_fraction: float, sets: list[str], work: Path) -
     }
 
 
+def pair(small: int, large: int, args, sets: list[str], work: Path) -> None:
+    """Interleaved dedups of two sizes (ABBA order), their time ratio against N and N log N."""
+    for n in (small, large):
+        if not (work / f"n{n}" / "embeddings" / "index.json").is_file():
+            write_synthetic_store(work / f"n{n}", n, args.dim, args.dup_fraction)
+    order = [small, large, large, small] * (args.repeats // 2) + [small, large] * (args.repeats % 2)
+    times: dict[int, list[float]] = {small: [], large: []}
+    cpu: dict[int, list[float]] = {small: [], large: []}
+    for i, n in enumerate(order):
+        load = os.getloadavg()[0]
+        out = work / f"n{n}-out-{i}"
+        shutil.rmtree(out, ignore_errors=True)  # a dedup resumes from what it finds there
+        got = measure("semantic", work / f"n{n}", out, sets, 3600, warm=True)
+        times[n].append(got["seconds"])
+        cpu[n].append(got["cpu_seconds"])
+        print(json.dumps({"n": n, "load_1min_before": round(load, 2), **got}), flush=True)
+    n_ratio = large / small
+    nlogn = n_ratio * np.log(large) / np.log(small)
+    print("\n| clips | dedup wall s (each run) | CPU s (each run) |\n|---|---|---|")
+    for n in (small, large):
+        print(
+            f"| {n:,} | {', '.join(f'{t:.1f}' for t in times[n])} | {', '.join(f'{t:.1f}' for t in cpu[n])} |"
+        )
+    for label, got in (("wall", times), ("CPU", cpu)):
+        ratios = [b / a for a, b in zip(got[small], got[large], strict=True)]
+        print(
+            f"{label} ratio {large:,} / {small:,}: {', '.join(f'{r:.2f}' for r in ratios)} (pairs in run "
+            f"order), of the means {np.mean(got[large]) / np.mean(got[small]):.2f}"
+        )
+    print(f"N ratio {n_ratio:.0f}, N log N ratio {nlogn:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10000,100000,1000000")
@@ -145,13 +195,16 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=None)
     ap.add_argument("--cluster-size", type=int, default=None)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--pair", default=None, help="SMALL,LARGE: interleaved timing pair (see above)")
+    ap.add_argument("--repeats", type=int, default=2, help="--pair: runs of each size")
     ap.add_argument("--one", choices=["semantic", "greedy"], help=argparse.SUPPRESS)
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, Path(args.run), Path(args.out), args.set)))
+        print(json.dumps(one(args.one, Path(args.run), Path(args.out), args.set, args.warm)))
         return
     sys.path.insert(0, str(ROOT / "src"))
     sets = []
@@ -163,6 +216,9 @@ def main() -> None:
     rows = []
     load = os.getloadavg()[0]
     print(json.dumps({"cpus": len(os.sched_getaffinity(0)), "load_1min": round(load, 2), "sets": sets}))
+    if args.pair:
+        pair(*[int(s) for s in args.pair.split(",")], args, sets, work)
+        return
     rec = recall(args.recall_n, args.dim, args.dup_fraction, sets, work) if args.recall_n else None
     if rec is not None:
         print(json.dumps({"recall": rec}), flush=True)

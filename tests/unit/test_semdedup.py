@@ -1,6 +1,7 @@
 """`vidforge dedup` (curate/semdedup.py) over embedding stores: the clustered search finds what all-pairs
 finds (>= 99% of the dropped clips, nothing it does not), gives the same files twice and after a run
-stopped between clusters and on Ray (opt-in), and follows the keep rule."""
+stopped between clusters and on Ray (opt-in), and follows the keep rule; the store's text vectors, row
+lookup and rewrite, and the caption stage's text log."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typer.testing import CliRunner
 
 from vidforge.cli.app import app
 from vidforge.curate import semdedup
-from vidforge.data.embeddings import DROPPED, EmbeddingStore, write_store
+from vidforge.data.embeddings import AESTHETIC, DROPPED, EmbeddingStore, Gathered, positions, write_store
 from vidforge.data.manifest import read_jsonl
+from vidforge.errors import UserInputError
 from vidforge.profile import load_profile
 
 MODEL = {"name": "synthetic", "checkpoint": None}
@@ -127,3 +129,60 @@ def test_ray_executor_gives_the_same_output(tmp_path) -> None:
     semdedup.run(profile, runs, tmp_path / "local")
     semdedup.run(profile, runs, tmp_path / "ray", executor="ray")
     assert (tmp_path / "ray" / DROPPED).read_bytes() == (tmp_path / "local" / DROPPED).read_bytes()
+
+
+def test_keep_aesthetic_ranks_unmeasured_clips_last(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((30, 16)).astype(np.float32)
+    x[9] = x[2] + 0.01  # 9 duplicates 2, and scores higher
+    x[12] = x[4] + 0.01  # 12 duplicates 4, which has no score
+    scores = np.zeros(30, np.float32)
+    scores[9], scores[4] = 1.0, np.nan
+    write_store(tmp_path / "run", [f"c{i}" for i in range(30)], x, MODEL, {AESTHETIC: scores})
+    profile = load_profile(None, ["curation.semantic_dedup.keep=aesthetic"])
+    semdedup.run(profile, [tmp_path / "run"], tmp_path / "out")
+    assert {k: v[0] for k, v in _dropped(tmp_path / "out").items()} == {"c2": "c9", "c4": "c12"}
+
+
+def test_store_text_vectors_row_lookup_and_a_smaller_rewrite(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((10, 8)).astype(np.float32), rng.standard_normal((10, 4)).astype(np.float32)
+    ids = [f"c{i}" for i in range(10)]
+    write_store(tmp_path, ids, x, MODEL, shard_rows=3, text=t, text_model={"name": "m", "checkpoint": None})
+    store = EmbeddingStore.open(tmp_path)
+    assert store.text_model == {"name": "m", "checkpoint": None}
+    assert np.array_equal(np.concatenate([v for _, v in store.shards("text")]), t)
+    at = positions(store.ids(), ["c7", "c0", "c7-longer-than-any-id", "nope"])
+    assert at.tolist() == [7, 0, -1, -1]
+    assert np.array_equal(Gathered(store.row_source(), at, 8)[:], np.stack([x[7], x[0], 0 * x[0], 0 * x[0]]))
+    assert positions(np.array(["a", "b", "a"]), ["a"]).tolist() == [2]  # the last written wins
+    write_store(tmp_path, ids[:4], x[:4], MODEL, shard_rows=3)  # 2 shards where there were 4
+    assert sorted(p.name for p in (tmp_path / "embeddings").glob("*.ids.npy")) == [
+        "part-000000.ids.npy",
+        "part-000001.ids.npy",
+    ]
+    store = EmbeddingStore.open(tmp_path)
+    assert store.rows == 4 and store.text_model is None
+    with pytest.raises(UserInputError, match="no caption text vectors"):
+        next(store.shards("text"))
+
+
+def test_text_log_reads_only_rows_with_their_id(tmp_path) -> None:
+    from vidforge.curate.caption_store import TextLog, _pending
+
+    v = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    log = TextLog(tmp_path)
+    for i in range(3):
+        log.append(f"c{i}", v[i])
+    log.append("none", None)
+    log.close()
+    rows = next((tmp_path / "embeddings" / "pending").glob("*.f32"))
+    with open(rows, "ab") as f:
+        f.write(v[3].tobytes()[:10])  # a killed run's last row: part of it, no id line
+    later = TextLog(tmp_path)
+    later.append("c1", v[3])  # redone by a later run: its vector wins
+    later.close()
+    ids, source, dim = _pending(tmp_path)
+    assert dim == 6 and ids.tolist() == ["c0", "c1", "c2", "c1"]
+    got = source.take(positions(ids, ["c0", "c1", "c2"]), dim)
+    assert np.array_equal(got, v[[0, 3, 2]])

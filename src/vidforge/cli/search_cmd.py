@@ -15,7 +15,8 @@ def search(
     args: Annotated[
         list[str],
         typer.Argument(
-            help="RUN folders (`vidforge clip` outputs), then the text query (none with --like).",
+            help="RUN folders (`vidforge clip` or `vidforge caption` outputs), then the text query (none with "
+            "--like).",
             show_default=False,
         ),
     ],
@@ -23,6 +24,14 @@ def search(
         str | None,
         typer.Option("--like", metavar="CLIP_ID", help="Rank by similarity to this clip instead of a text."),
     ] = None,
+    captions: Annotated[
+        bool,
+        typer.Option(
+            "--captions",
+            help="Match the clips' captions (a `vidforge caption` output's text embeddings) instead of "
+            "their pictures.",
+        ),
+    ] = False,
     k: Annotated[int, typer.Option("-k", "--top", min=1, help="How many clips to show.")] = 10,
     review: Annotated[
         Path | None, typer.Option("--review", help="Also write the hits as a review page into this folder.")
@@ -31,7 +40,8 @@ def search(
     set_: SetOpt = None,
 ) -> None:
     """The clips nearest a text (through the text tower of the model that embedded them) or another clip,
-    over the runs' embedding stores.
+    over the runs' embedding stores; with --captions, the clips whose captions are nearest (through the
+    caption stage's CLIP text tower).
 
     Example: vidforge search runs/clips-mon runs/clips-tue "a dog catching a frisbee" -k 20 --review hits/
     """
@@ -39,7 +49,7 @@ def search(
 
     runs, text = (args, None) if like is not None else (args[:-1], args[-1])
     output = current_output()
-    hits = run_search(profile_from(profile, set_), runs, text=text, like=like, k=k)
+    hits = run_search(profile_from(profile, set_), runs, text=text, like=like, k=k, captions=captions)
     output.table(
         [
             (

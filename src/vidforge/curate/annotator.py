@@ -28,6 +28,9 @@ from vidforge.profile.caption import Caption
 log = logging.getLogger(__name__)
 
 STAGE = "caption"
+TEXT_EMBEDDING = "_text_embedding"
+"""A row's private key: its caption's CLIP text vector, for the caption output's embedding store (the
+caption run takes it off the row before the ledger: vectors are not JSON)."""
 CAPTION_STEPS = ("decode", "caption", "enhance")
 CAPTION_FIELDS = ("caption", "caption_source", "caption_flags")
 
@@ -60,6 +63,21 @@ def blank_row(record: dict[str, Any]) -> dict[str, Any]:
     row = dict(record)
     row.update({k: ([] if k == "caption_flags" else None) for k in CAPTION_FIELDS + filters.fields()})
     return row
+
+
+def caption_clip_embedder(cfg: Caption, device: str):
+    """`curation.caption.clip`'s model, set up (`curate.clip_score.ClipEmbedder`): the one the aesthetic
+    and clip_score filters read and whose text tower embeds the captions. Random weights (where allowed)
+    come from their own seed, so `vidforge search --captions` builds the same text tower as the run."""
+    import torch
+
+    from vidforge.curate.clip_score import ClipEmbedder
+
+    embedder = ClipEmbedder(cfg.clip, device=device, random_weights=cfg.random_weights)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        embedder.setup()
+    return embedder
 
 
 @dataclass
@@ -132,10 +150,7 @@ class CaptionAnnotator:
             self.enhancer.setup()
         self.scorers = filters.enabled(cfg)
         if any(s.uses_clip for s in self.scorers):
-            from vidforge.curate.clip_score import ClipEmbedder
-
-            self.embedder = ClipEmbedder(cfg.clip, device=self.device, random_weights=cfg.random_weights)
-            self.embedder.setup()
+            self.embedder = caption_clip_embedder(cfg, self.device)
         resources = Resources(self.device, cfg.random_weights, self.embedder)
         for scorer in self.scorers:
             # Each scorer's random weights from its own seed: turning another filter on or off (or
@@ -193,22 +208,34 @@ class CaptionAnnotator:
         if self.enhancer is not None:
             self._enhance(out, live, failed)
 
-        # CLIP image embeddings, shared by the scorers that use them (its cost split between them).
+        # CLIP image embeddings and the caption's text embedding, shared by the scorers that use them (its
+        # cost split between them); the text vector also goes to the output's embedding store.
         embeddings: dict[int, np.ndarray] = {}
+        texts: dict[int, np.ndarray] = {}
         users = [s.name for s in self.scorers if s.uses_clip]
         if self.embedder is not None:
             t0 = time.perf_counter()
+            readers = [s.name for s in self.scorers if s.reads_text]
             for i in live:
                 try:
                     embeddings[i] = self.embedder.encode_images(items[i].sample(cfg.clip.frames))
                 except Exception as err:  # noqa: BLE001
                     for step in users:
                         failed[i][step] = f"{type(err).__name__}: {err}"
+                if i not in embeddings or not out[i]["caption"]:
+                    continue
+                try:  # one caption a forward pass: a vector must not depend on its batch's other clips
+                    texts[i] = self.embedder.encode_texts([out[i]["caption"]])[0]
+                    out[i][TEXT_EMBEDDING] = texts[i]
+                except Exception as err:  # noqa: BLE001
+                    log.warning("%s: caption text embedding failed: %s", clip_id_of(out[i]), err)
+                    for step in readers:
+                        failed[i][step] = f"{type(err).__name__}: {err}"
             spent = time.perf_counter() - t0
             for step in users:
                 self.timings.add(step, spent / len(users), 0)
         for scorer in self.scorers:
-            self._score(scorer, items, out, live, failed, embeddings)
+            self._score(scorer, items, out, live, failed, embeddings, texts)
 
         done = []
         order = steps()
@@ -251,12 +278,17 @@ class CaptionAnnotator:
             out[i]["caption_enhanced_by"] = res.source
         self.timings.add("enhance", time.perf_counter() - t0, len(todo))
 
-    def _score(self, scorer, items, out, live, failed, embeddings) -> None:
+    def _score(self, scorer, items, out, live, failed, embeddings, texts) -> None:
         """One scorer over the batch's clips that decoded and have not failed it yet; a clip it raises on
         (or the whole call raising) is an error of that clip."""
         t0 = time.perf_counter()
         todo = [i for i in live if scorer.name not in failed[i]]
-        clips = [Clip(items[i], out[i], embeddings.get(i) if scorer.uses_clip else None) for i in todo]
+        clips = [
+            Clip(items[i], out[i], embeddings.get(i), texts.get(i))
+            if scorer.uses_clip
+            else Clip(items[i], out[i])
+            for i in todo
+        ]
         try:
             results = scorer.score(clips) if clips else []
         except Exception as err:  # noqa: BLE001 - recorded for every clip of the call

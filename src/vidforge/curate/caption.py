@@ -5,8 +5,10 @@ the caption, then run every enabled filter (`curate.filters`: aesthetics, on-scr
 motion, caption-video match) and decide keep/reject.
 
 Output (OUT): `manifest.jsonl` (every input field plus the annotations, `keep`, `reasons`, `media`),
-`rejected.jsonl` (id, media, reasons), `errors.jsonl`, `summary.json`, `histograms.png`, and `clips/`
-with each clip hard-linked (copied across filesystems) so OUT stands alone. Each clip is one unit of
+`rejected.jsonl` (id, media, reasons), `errors.jsonl`, `summary.json`, `histograms.png`, `clips/`
+with each clip hard-linked (copied across filesystems) so OUT stands alone, and `embeddings/`: the kept
+clips' vectors, aesthetic scores and caption text embeddings (`caption_store`), for `vidforge dedup` and
+`vidforge search`. Each clip is one unit of
 `data.units.UnitLedger`: a rerun skips finished clips, and a killed run resumes where it stopped.
 
 `run` drives the clips through the curate executors (`local`: a decode process pool feeding one
@@ -28,9 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.curate import filters
-from vidforge.curate.annotator import STAGE, CaptionAnnotator, Timings, blank_row, clip_id_of, media_of
+from vidforge.curate.annotator import (
+    STAGE,
+    TEXT_EMBEDDING,
+    CaptionAnnotator,
+    Timings,
+    blank_row,
+    clip_id_of,
+    media_of,
+)
 from vidforge.curate.caption_checks import check_inputs
 from vidforge.curate.caption_stages import AnnotateStage, DecodeStage
+from vidforge.curate.caption_store import TextLog, write_caption_store
 from vidforge.curate.clip import CLIPS_DIR
 from vidforge.curate.decision import decide, reasons
 from vidforge.data.folder_lock import subfolder
@@ -187,12 +198,14 @@ def run(
         src = media_of(row, clips_dir)
         if src.is_file():
             row["media"] = link_media(src, out_dir, cid)
+        text_log.append(cid, row.pop(TEXT_EMBEDDING, None))  # before the commit: a committed clip has it
         ledger.commit(cid, [row], errs)
         done += 1
         if progress:
             progress(done, total)
 
     stats = None
+    text_log = TextLog(out_dir)
     if todo:
         options: dict[str, Any] = {"queue_depth": profile.curation.queue_depth}
         if executor == "ray":
@@ -201,10 +214,14 @@ def run(
             DecodeStage(cfg, clips_dir, workers=cfg.decode_workers),
             AnnotateStage(cfg, clips_dir, load_models=executor == "local", annotator=annotator),
         ]
-        stats = make_executor(executor, **options).run(stages, iter(todo.items()), commit, monitor)
+        try:
+            stats = make_executor(executor, **options).run(stages, iter(todo.items()), commit, monitor)
+        finally:
+            text_log.close()
     manifest, errors = ledger.finalize()
     wanted = {clip_id_of(r) for r in records}
     manifest = [r for r in manifest if clip_id_of(r) in wanted]
+    embeddings = write_caption_store(out_dir, clips_dir, manifest, cfg)
     rejected = [
         {"clip_id": clip_id_of(r), "media": r.get("media"), "reasons": r["reasons"]}
         for r in manifest
@@ -240,6 +257,7 @@ def run(
             "thresholds": thresholds(cfg),
             "titles": titles(cfg),
             "motion_size": cfg.motion.size,
+            "embeddings": embeddings,
         },
     )
 

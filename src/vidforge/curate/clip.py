@@ -180,7 +180,7 @@ def _write_unit_embeddings(out: Path, source: str, records: list[dict[str, Any]]
         store.shard_name(source),
         [r["clip_id"] for r in clips],
         np.asarray([r["_embedding"] for r in clips], np.float32),
-        {"duration_s": [r["duration_s"] for r in clips]},
+        {store.DURATION: [r["duration_s"] for r in clips]},
     )
     for r in clips:
         r["_embedding"] = None
@@ -332,11 +332,11 @@ def _write_store_index(
         current = np.load(folder / f"{name}.ids.npy").tolist() if store.has_shard(folder, name) else None
         if current != ids:
             store.write_shard(
-                folder, name, ids, matrix[rows], {"duration_s": [clips[r]["duration_s"] for r in rows]}
+                folder, name, ids, matrix[rows], {store.DURATION: [clips[r]["duration_s"] for r in rows]}
             )
         names.append(name)
     model = {"name": cfg.embed_model, "checkpoint": cfg.embed_checkpoint, "frames": cfg.embed_frames}
-    store.write_index(folder, names, model, ["duration_s"])
+    store.write_index(folder, names, model, [store.DURATION])
 
 
 def _embedder_note(cfg) -> str | None:

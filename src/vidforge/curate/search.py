@@ -1,7 +1,9 @@
 """`vidforge search RUN... "text"` and `--like CLIP_ID`: the clips nearest a query in the runs' embedding
 stores. A text query goes through the text tower of the model that embedded the clips (open-clip's image
-and text towers share one space); an example query is a clip's own vector. Brute force, shard by shard
-over the memory-mapped stores: a million 512-d clips is one pass over 2 GB."""
+and text towers share one space); an example query is a clip's own vector. With `captions`, the query
+is matched against the clips' caption text embeddings instead (a `vidforge caption` output's store),
+through the text tower of the caption stage's CLIP model (`curation.caption.clip`). Brute force, shard
+by shard over the memory-mapped stores: a million 512-d clips is one pass over 2 GB."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from vidforge.data.embeddings import EmbeddingStore
+from vidforge.data.embeddings import TEXT, EmbeddingStore
 from vidforge.data.manifest import read_jsonl
 from vidforge.data.units import MANIFEST
 from vidforge.errors import UserInputError
@@ -51,29 +53,63 @@ def text_query(profile, stores: list[EmbeddingStore], text: str) -> np.ndarray:
     return ImageEmbedder.from_profile(profile).embed_text([text])[0]
 
 
-def example_query(stores: list[EmbeddingStore], clip_id: str) -> np.ndarray:
+def caption_query(profile, stores: list[EmbeddingStore], text: str) -> np.ndarray:
+    """The text's unit vector from the text tower of the caption stage's CLIP model, which must be the
+    one that embedded the stores' captions."""
+    from vidforge.curate.annotator import caption_clip_embedder
+    from vidforge.curate.clip_score import resolve_device
+
+    cfg = profile.curation.caption
     for s in stores:
-        for ids, vectors in s.shards():
+        model = s.text_model or {}
+        if s.text_model is not None and (model.get("name"), model.get("checkpoint")) != (
+            cfg.clip.model,
+            cfg.clip.checkpoint,
+        ):
+            raise UserInputError(
+                f"{s.run_dir}'s captions were embedded by {model.get('name')} (checkpoint "
+                f"{model.get('checkpoint')}), the profile names {cfg.clip.model} (checkpoint "
+                f"{cfg.clip.checkpoint}); set curation.caption.clip.model and .checkpoint to the run's"
+            )
+    return caption_clip_embedder(cfg, resolve_device(cfg.device)).encode_texts([text])[0]
+
+
+def example_query(stores: list[EmbeddingStore], clip_id: str, what: str = "vectors") -> np.ndarray:
+    for s in stores:
+        for ids, vectors in s.shards(what):
             hit = np.flatnonzero(ids == clip_id)
             if len(hit):
-                return np.asarray(vectors[hit[0]], np.float32)
+                vector = np.asarray(vectors[hit[0]], np.float32)
+                if not vector.any():  # a zero text row: the clip has no caption
+                    raise UserInputError(
+                        f"--like {clip_id}: the clip has no caption to match; drop --captions"
+                    )
+                return vector
     raise UserInputError(f"--like {clip_id}: no such clip id in the runs' embeddings")
 
 
 def top_k(
-    stores: list[EmbeddingStore], query: np.ndarray, k: int, exclude: str | None = None
+    stores: list[EmbeddingStore],
+    query: np.ndarray,
+    k: int,
+    exclude: str | None = None,
+    what: str = "vectors",
 ) -> list[tuple[float, int, str]]:
-    """(cosine, run index, clip id) of the k best rows, best first; ties to the earlier run and row."""
+    """(cosine, run index, clip id) of the k best rows of the `what` vectors (the clips', or "text": their
+    captions'), best first; ties to the earlier run and row. A zero row (no caption) is never a hit."""
     query = np.asarray(query, np.float32)
     query = query / max(float(np.linalg.norm(query)), 1e-12)
     best: list[tuple[float, int, int, str]] = []  # (-score, run, row, id): sorts best first
     for r, store in enumerate(stores):
-        if store.dim != len(query):
-            raise UserInputError(f"{store.run_dir}: {store.dim}-d embeddings, the query is {len(query)}-d")
         row0 = 0
-        for ids, vectors in store.shards():
+        for ids, vectors in store.shards(what):
             vectors = np.asarray(vectors, np.float32)
-            scores = vectors @ query / np.maximum(np.linalg.norm(vectors, axis=1), 1e-12)
+            if vectors.shape[1] != len(query):
+                raise UserInputError(
+                    f"{store.run_dir}: {vectors.shape[1]}-d embeddings, the query is {len(query)}-d"
+                )
+            norms = np.linalg.norm(vectors, axis=1)
+            scores = np.where(norms > 0, vectors @ query / np.maximum(norms, 1e-12), -np.inf)
             if exclude is not None:
                 scores[ids == exclude] = -np.inf
             take = np.argsort(-scores, kind="stable")[:k]
@@ -93,14 +129,24 @@ def _records(run: Path, wanted: set[str]) -> dict[str, dict[str, Any]]:
 
 
 def search(
-    profile, runs: Sequence[str | os.PathLike], text: str | None = None, like: str | None = None, k: int = 10
+    profile,
+    runs: Sequence[str | os.PathLike],
+    text: str | None = None,
+    like: str | None = None,
+    k: int = 10,
+    captions: bool = False,
 ) -> list[Hit]:
-    """The top `k` clips of `runs` for a text or an example clip (exactly one of them)."""
+    """The top `k` clips of `runs` for a text or an example clip (exactly one of them), by the clips'
+    embeddings or, with `captions`, by their captions' text embeddings."""
     if (text is None) == (like is None):
         raise UserInputError("give either a TEXT query or --like CLIP_ID, not both")
     stores = _stores(runs)
-    query = text_query(profile, stores, text) if text is not None else example_query(stores, like)
-    found = top_k(stores, query, k, exclude=like)
+    what = TEXT if captions else "vectors"
+    if text is not None:
+        query = (caption_query if captions else text_query)(profile, stores, text)
+    else:
+        query = example_query(stores, like, what)
+    found = top_k(stores, query, k, exclude=like, what=what)
     records: dict[int, dict[str, dict]] = {}
     for r in {r for _, r, _ in found}:
         records[r] = _records(stores[r].run_dir, {cid for _, rr, cid in found if rr == r})

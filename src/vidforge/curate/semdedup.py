@@ -37,7 +37,7 @@ import numpy as np
 
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
-from vidforge.data.embeddings import DROPPED, EmbeddingStore
+from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore
 from vidforge.data.manifest import atomic_path, stable_id, write_json, write_jsonl
 from vidforge.data.units import UNITS_DIR, UnitLedger
 from vidforge.device import select_device
@@ -46,7 +46,11 @@ from vidforge.errors import UserInputError
 PLAN = "plan.npy"
 PLAN_KEY = "plan.json"
 SUMMARY = "summary.json"
-KEEP_COLUMNS = {"aesthetic": "aesthetic", "longest": "duration_s"}
+KEEP_COLUMNS = {"aesthetic": AESTHETIC, "longest": DURATION}
+_WHO_WRITES = {
+    AESTHETIC: "dedup the output of `vidforge caption` run on it with curation.caption.aesthetic.enabled=true",
+    DURATION: "rerun `vidforge clip` on it to rewrite its store",
+}
 _CHUNK = 1 << 16  # rows per matmul when assigning clips to centroids
 
 
@@ -92,13 +96,13 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
             if not s.has_column(KEEP_COLUMNS[keep]):
                 raise UserInputError(
                     f"{s.run_dir}: its embeddings have no `{KEEP_COLUMNS[keep]}` column for "
-                    f"curation.semantic_dedup.keep={keep}; use keep=first or longest"
+                    f"curation.semantic_dedup.keep={keep}; {_WHO_WRITES[KEEP_COLUMNS[keep]]}, or use keep=first"
                 )
             scores.append(s.column(KEEP_COLUMNS[keep]))
     norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))[:, None]  # no (N, D) temporary, as norm makes
     np.divide(vectors, norms, out=vectors, where=norms > 0)
     order = np.arange(n)
-    if keep != "first":  # higher score first, then first seen
+    if keep != "first":  # higher score first, then first seen; NaN (not measured) below every score
         order = np.lexsort((order, -np.concatenate(scores)))
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)

@@ -1,14 +1,18 @@
 """Clip embeddings as data: column-wise array shards beside a run's manifest, read without parsing JSON.
 
 Layout of RUN/embeddings/:
-    <shard>.vectors.npy   float32 (n, D) unit vectors
-    <shard>.<column>.npy  one value a row (e.g. `duration_s`, `aesthetic`), float32
+    <shard>.vectors.npy   float32 (n, D) unit vectors: the clip embeddings (`vidforge clip`'s model)
+    <shard>.text.npy      float32 (n, Dt) unit vectors of the clips' captions, zero where a clip has none
+                          (only in a `vidforge caption` output whose CLIP model was loaded)
+    <shard>.<column>.npy  one value a row, float32, NaN where not measured (`COLUMNS`)
     <shard>.ids.npy       clip ids (fixed-width unicode), written last: a shard exists once this file does
-    index.json            the shards in the run's order, their row counts, D, the embedding model (written
-                          when the run finalizes; readers see the run's clips in manifest order)
+    index.json            the shards in the run's order, their row counts, D, the embedding model, the text
+                          model (written when the run finalizes; readers see the run's clips in manifest order)
 
 A `vidforge clip` run writes one shard per finished source, as the source commits, so a killed run keeps
-what it finished (each file is renamed into place whole). Every file is an .npy that `np.load(mmap_mode=
+what it finished (each file is renamed into place whole). A `vidforge caption` output writes its store
+when it finalizes: its kept clips' vectors (carried from the clip run's store), their captions' text
+embeddings and aesthetic scores (`curate.caption_store`). Every file is an .npy that `np.load(mmap_mode=
 "r")` maps, so a reader of millions of clips touches only the pages it reads.
 
 The output of `vidforge dedup` is read here too (`dropped_ids`): `shard` leaves those clips out."""
@@ -30,6 +34,14 @@ from vidforge.errors import UserInputError
 EMBEDDINGS_DIR = "embeddings"
 INDEX = "index.json"
 DROPPED = "dropped.jsonl"
+TEXT = "text"
+DURATION = "duration_s"
+AESTHETIC = "aesthetic"
+COLUMNS = {
+    DURATION: "the clip's length in seconds (`vidforge clip`, carried by `vidforge caption`)",
+    AESTHETIC: "the LAION aesthetic score (`vidforge caption`'s aesthetic filter, its `store_fields`)",
+}
+"""The store's columns and the stage that writes each (a caption filter's `store_fields` add to it)."""
 """`vidforge dedup`'s output: one record per dropped clip (`clip_id`, `duplicate_of`, `similarity`, ...)."""
 
 
@@ -50,13 +62,18 @@ def write_shard(
     ids: Sequence[str],
     vectors: np.ndarray,
     columns: dict[str, Sequence[float]] | None = None,
+    text: np.ndarray | None = None,
 ) -> None:
     """Write one shard (each file atomically, the ids last, so a half-written shard is not one)."""
     folder = Path(folder)
     vectors = np.asarray(vectors, np.float32)
     if vectors.ndim != 2 or len(vectors) != len(ids):
         raise ValueError(f"shard {name}: {len(ids)} ids but vectors of shape {vectors.shape}")
+    if text is not None and (np.ndim(text) != 2 or len(text) != len(ids)):
+        raise ValueError(f"shard {name}: {len(ids)} ids but text vectors of shape {np.shape(text)}")
     _save(folder / f"{name}.vectors.npy", vectors)
+    if text is not None:
+        _save(folder / f"{name}.{TEXT}.npy", np.asarray(text, np.float32))
     for column, values in (columns or {}).items():
         _save(folder / f"{name}.{column}.npy", np.asarray(values, np.float32))
     _save(folder / f"{name}.ids.npy", np.asarray(list(ids), dtype=str) if len(ids) else np.zeros(0, "<U1"))
@@ -67,9 +84,14 @@ def has_shard(folder: str | os.PathLike, name: str) -> bool:
 
 
 def write_index(
-    folder: str | os.PathLike, names: Sequence[str], model: dict[str, Any], columns: Sequence[str] = ()
+    folder: str | os.PathLike,
+    names: Sequence[str],
+    model: dict[str, Any],
+    columns: Sequence[str] = (),
+    text_model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """List `names` (shards already written) as the store, in this order."""
+    """List `names` (shards already written) as the store, in this order. `text_model`: the model of the
+    shards' text vectors (None: they have none)."""
     folder = Path(folder)
     shards, dim = [], None
     for name in names:
@@ -82,6 +104,7 @@ def write_index(
         "dim": dim,
         "model": model,
         "columns": sorted(columns),
+        "text_model": text_model,
         "shards": shards,
     }
     write_json(folder / INDEX, index)
@@ -95,8 +118,13 @@ def write_store(
     model: dict[str, Any],
     columns: dict[str, Sequence[float]] | None = None,
     shard_rows: int = 65536,
+    text: np.ndarray | None = None,
+    text_model: dict[str, Any] | None = None,
 ) -> Path:
-    """A whole store at once (synthetic runs, benchmarks): the same files a clip run writes unit by unit."""
+    """A whole store at once (synthetic runs, benchmarks, a caption output): the same files a clip run
+    writes unit by unit, in shards of `shard_rows`. `vectors` and `text` may be anything sliceable by rows
+    (`Gathered`), read a shard at a time. Shards of an earlier store in the folder that this one does
+    not list are removed."""
     folder = Path(run_dir) / EMBEDDINGS_DIR
     names = []
     for start in range(0, max(len(ids), 1), shard_rows):
@@ -108,10 +136,68 @@ def write_store(
             ids[start:stop],
             np.asarray(vectors[start:stop]),
             {k: np.asarray(v)[start:stop] for k, v in (columns or {}).items()},
+            None if text is None else np.asarray(text[start:stop]),
         )
         names.append(name)
-    write_index(folder, names, model, list(columns or {}))
+    write_index(folder, names, model, list(columns or {}), text_model if text is not None else None)
+    for stale in folder.glob("part-*.ids.npy"):
+        name = stale.name.removesuffix(".ids.npy")
+        if name not in names:
+            stale.unlink()  # the ids first: from here it is no shard
+            for path in folder.glob(f"{name}.*.npy"):
+                path.unlink()
     return folder
+
+
+class RowSource:
+    """Shards' arrays seen as one, read by global rows: `take(rows)` gathers any rows, shard by shard."""
+
+    def __init__(self, parts: Sequence[np.ndarray]):
+        self.parts = list(parts)
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def take(self, rows: np.ndarray, dim: int) -> np.ndarray:
+        """float32 (len(rows), dim); a row of -1 is a zero vector."""
+        rows = np.asarray(rows, np.int64)
+        out = np.zeros((len(rows), dim), np.float32)
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        for p in np.unique(part[rows >= 0]):
+            at = np.flatnonzero((part == p) & (rows >= 0))
+            out[at] = self.parts[p][rows[at] - self.starts[p]]
+        return out
+
+
+@dataclass
+class Gathered:
+    """Rows of a `RowSource` in a given order, read when sliced: `write_store` takes it as its vectors
+    and reads one shard's rows at a time."""
+
+    source: RowSource
+    rows: np.ndarray
+    dim: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, part: slice) -> np.ndarray:
+        return self.source.take(self.rows[part], self.dim)
+
+
+def positions(ids: np.ndarray, wanted: Sequence[str]) -> np.ndarray:
+    """The row of each `wanted` id in `ids` (the last row where an id repeats), -1 where absent. Sorted
+    search, no dict of the ids: millions of ids cost their array, not a Python object each."""
+    ids = np.asarray(ids)
+    wanted = np.asarray(list(wanted), dtype=str)
+    if not len(ids) or not len(wanted):
+        return np.full(len(wanted), -1, np.int64)
+    # Stable sort by id: equal ids keep their order, so the rightmost match is the last written.
+    order = np.argsort(ids, kind="stable")
+    at = np.searchsorted(ids[order], wanted, side="right") - 1
+    found = (at >= 0) & (ids[order][np.maximum(at, 0)] == wanted)
+    return np.where(found, order[np.maximum(at, 0)], -1)
 
 
 @dataclass
@@ -148,16 +234,31 @@ class EmbeddingStore:
     def model(self) -> dict[str, Any]:
         return self.index["model"]
 
+    @property
+    def text_model(self) -> dict[str, Any] | None:
+        """The model of the caption text vectors (None: the store has none)."""
+        return self.index.get("text_model")
+
     def has_column(self, name: str) -> bool:
         return name in self.index["columns"]
 
     def _load(self, shard: str, what: str) -> np.ndarray:
         return np.load(self.folder / f"{shard}.{what}.npy", mmap_mode="r")
 
-    def shards(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(ids, vectors) per shard, in order; vectors memory-mapped."""
+    def shards(self, what: str = "vectors") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, vectors) per shard, in order, memory-mapped: the clip vectors, or with `what="text"` the
+        caption text vectors."""
+        if what == TEXT and self.text_model is None:
+            raise UserInputError(
+                f"{self.run_dir}: its embeddings hold no caption text vectors; search a `vidforge caption` "
+                "output whose curation.caption.clip model ran (the aesthetic or clip_score filter on)"
+            )
         for s in self.index["shards"]:
-            yield self._load(s["name"], "ids"), self._load(s["name"], "vectors")
+            yield self._load(s["name"], "ids"), self._load(s["name"], what)
+
+    def row_source(self, what: str = "vectors") -> RowSource:
+        """The clip (or `what="text"`: caption text) vectors, read by global row (`RowSource`)."""
+        return RowSource([v for _, v in self.shards(what)])
 
     def ids(self) -> np.ndarray:
         parts = [self._load(s["name"], "ids") for s in self.index["shards"]]

@@ -17,6 +17,7 @@ from vidforge.curate.filters.base import (
     open_clip_config,
     tensor_shapes,
 )
+from vidforge.data.embeddings import AESTHETIC
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import Aesthetic, Caption
 
@@ -42,7 +43,8 @@ def head_width(path: str) -> int | None:
 class AestheticFilter(Scorer):
     name = "aesthetic"
     Settings = Aesthetic
-    fields = ("aesthetic",)
+    fields = (AESTHETIC,)
+    store_fields = (AESTHETIC,)
     reasons = ("low_aesthetic",)
     uses_clip = True
 
@@ -77,7 +79,7 @@ class AestheticFilter(Scorer):
     def score_clip(self, clip: Clip) -> dict[str, Any]:
         if clip.embeddings is None:
             return {}
-        return {"aesthetic": finite(self.model.score_clip(clip.embeddings))}
+        return {AESTHETIC: finite(self.model.score_clip(clip.embeddings))}
 
     def reject(self, record: dict[str, Any]) -> list[str]:
         return ["low_aesthetic"] if below(record.get("aesthetic"), self.settings.min_score) else []

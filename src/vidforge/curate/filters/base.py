@@ -41,6 +41,9 @@ class Clip:
     embeddings: np.ndarray | None = None
     """Unit-length CLIP image embeddings of `curation.caption.clip.frames` frames, for scorers with
     `uses_clip` (None for the others, or when embedding this clip failed)."""
+    text_embedding: np.ndarray | None = None
+    """The caption's unit-length CLIP text embedding (same model), for scorers with `uses_clip` (None
+    without a caption)."""
 
 
 @dataclass
@@ -75,10 +78,16 @@ class Scorer:
     """Its section's class; must have `enabled`."""
     fields: ClassVar[tuple[str, ...]] = ()
     """Record fields it writes (every record has them, None when not measured)."""
+    store_fields: ClassVar[tuple[str, ...]] = ()
+    """Of `fields`, those the caption output's embedding store holds as columns (`data.embeddings.COLUMNS`
+    names them; `vidforge dedup`'s keep rules read them)."""
     reasons: ClassVar[tuple[str, ...]] = ()
     """Reject reasons it can give, in the order the summary lists them."""
     uses_clip: ClassVar[bool] = False
     """Reads the shared CLIP image embeddings (`Clip.embeddings`)."""
+    reads_text: ClassVar[bool] = False
+    """Reads the caption's CLIP text embedding (`Clip.text_embedding`): a clip whose caption fails to
+    embed is its error."""
 
     def __init__(self, settings: Any):
         self.settings = settings

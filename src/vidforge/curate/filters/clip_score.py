@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidforge.curate.filters.base import Clip, Histogram, Resources, Scorer, below, finite
+from vidforge.curate.filters.base import Clip, Histogram, Scorer, below, finite
 from vidforge.profile.caption import ClipScore
 
 
@@ -16,18 +16,14 @@ class ClipScoreFilter(Scorer):
     fields = ("clip_score",)
     reasons = ("low_clip_score",)
     uses_clip = True
-
-    def setup(self, resources: Resources) -> None:
-        self.embedder = resources.embedder
+    reads_text = True
 
     def score_clip(self, clip: Clip) -> dict[str, Any]:
         from vidforge.curate.clip_score import clip_similarity
 
-        caption = clip.row.get("caption")
-        if clip.embeddings is None or not caption:
+        if clip.embeddings is None or clip.text_embedding is None:
             return {}
-        text = self.embedder.encode_texts([caption])[0]
-        return {"clip_score": finite(clip_similarity(clip.embeddings, text))}
+        return {"clip_score": finite(clip_similarity(clip.embeddings, clip.text_embedding))}
 
     def reject(self, record: dict[str, Any]) -> list[str]:
         return ["low_clip_score"] if below(record.get("clip_score"), self.settings.min_score) else []
