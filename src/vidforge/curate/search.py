@@ -57,7 +57,7 @@ def caption_query(profile, stores: list[EmbeddingStore], text: str) -> np.ndarra
     """The text's unit vector from the text tower of the caption stage's CLIP model, which must be the
     one that embedded the stores' captions."""
     from vidforge.curate.annotator import caption_clip_embedder
-    from vidforge.curate.clip_score import resolve_device
+    from vidforge.device import select_device
 
     cfg = profile.curation.caption
     for s in stores:
@@ -71,7 +71,9 @@ def caption_query(profile, stores: list[EmbeddingStore], text: str) -> np.ndarra
                 f"{model.get('checkpoint')}), the profile names {cfg.clip.model} (checkpoint "
                 f"{cfg.clip.checkpoint}); set curation.caption.clip.model and .checkpoint to the run's"
             )
-    return caption_clip_embedder(cfg, resolve_device(cfg.device)).encode_texts([text])[0]
+    return caption_clip_embedder(cfg, str(select_device(cfg.device, "curation.caption.device"))).encode_texts(
+        [text]
+    )[0]
 
 
 def example_query(stores: list[EmbeddingStore], clip_id: str, what: str = "vectors") -> np.ndarray:
