@@ -119,10 +119,20 @@ def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
     recompute = {"none": 0.0, "selective": profile.train.checkpoint_ratio, "full": 1.0}[plan.checkpointing]
     forward = plan.compute_s / plan.microbatches / (3 + recompute) / layers  # one block's forward
     backward = forward * (2 + recompute)  # and its backward (with its recompute)
+    from vidforge.parallel.activation_offload import offloaded_indices
+
     exposed = 0.0
-    offloaded = round(profile.train.activation_offload * layers)
+    train = profile.train
+    offloaded = len(
+        offloaded_indices(layers, plan.checkpointing, train.checkpoint_ratio, train.activation_offload)
+    )
+    memory = plan.memory
+    inputs = memory.offloaded_inputs
+    if inputs:  # checkpoint_offload: each checkpointed block's input, beside that block's compute
+        copy = memory.offloaded_input_bytes / inputs / link
+        exposed += inputs * (max(0.0, copy - forward) + max(0.0, copy - backward))
     if offloaded:
-        copy = plan.memory.offloaded_bytes / offloaded / link
+        copy = (memory.offloaded_bytes - memory.offloaded_input_bytes) / offloaded / link
         exposed += offloaded * (max(0.0, copy - forward) + max(0.0, copy - backward))
     lora = profile.train.lora
     if lora is not None and lora.blocks_to_swap:
@@ -199,7 +209,8 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                 if plain.plan.valid:
                     found.append(plain)
                     continue
-                # the least offload, then (LoRA, one process) the fewest swapped blocks that fit
+                # the least offload; then with the checkpointed blocks' inputs offloaded too; then (LoRA,
+                # one process) the fewest swapped blocks that fit, without and with those inputs offloaded
                 free = {"none": 1.0, "selective": 1 - profile.train.checkpoint_ratio, "full": 0.0}[mode]
                 offloads = [f for f in (0.25, 0.5, 0.75, 1.0) if f <= free + 1e-9]
                 if offloads:
@@ -207,18 +218,29 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                     if recipe is not None:
                         found.append(recipe)
                         continue
+                inputs = [False, True] if mode != "none" else [False]
+                if mode != "none":
+                    recipe = _least_that_fits(
+                        profile, {**sets, "train.checkpoint_offload": "true"}, "train.activation_offload",
+                        [0.0, *offloads], clip,
+                    )  # fmt: skip
+                    if recipe is not None:
+                        found.append(recipe)
+                        continue
                 if lora and world == 1:  # the fewest swapped blocks that fit, at each offload (least first)
-                    for offload in [0.0, *offloads]:
-                        recipe = _least_that_fits(
-                            profile,
-                            {**sets, "train.activation_offload": str(offload)},
-                            "train.lora.blocks_to_swap",
-                            list(range(1, layers + 1)),
-                            clip,
-                        )
-                        if recipe is not None:
-                            found.append(recipe)
-                            break
+                    for offload_inputs in inputs:
+                        extra = {"train.checkpoint_offload": "true"} if offload_inputs else {}
+                        for offload in [0.0, *offloads]:
+                            recipe = _least_that_fits(
+                                profile,
+                                {**sets, **extra, "train.activation_offload": str(offload)},
+                                "train.lora.blocks_to_swap",
+                                list(range(1, layers + 1)),
+                                clip,
+                            )
+                            if recipe is not None:
+                                found.append(recipe)
+                                break
     found.sort(key=lambda r: (r.step_s, r.memory_gib))
     return found, EVALUATED[0] - start
 

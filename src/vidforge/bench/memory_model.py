@@ -75,6 +75,10 @@ class MemoryEstimate:
     """What train.activation_offload sends to host memory and back a micro-batch (the planner's copy time)."""
     host_bytes: float = 0.0
     """Frozen weights block swap keeps in host memory."""
+    offloaded_inputs: int = 0
+    """Of what is offloaded: how many checkpointed blocks' inputs (train.checkpoint_offload)..."""
+    offloaded_input_bytes: float = 0.0
+    """...and their bytes."""
 
     def get(self, name: str) -> float:
         return sum(t.bytes for t in self.terms if t.name == name)
@@ -582,8 +586,9 @@ def estimate_memory(
             "gradients and activations are added: with several micro-batches a step (or pipeline stages) "
             "the gradients of the earlier ones are held while later ones keep their activations"
         )
-    offloaded_bytes = in_flight * (len(offloaded) * one.total + inputs_offloaded * block_input)
-    return MemoryEstimate(terms, notes, offloaded_bytes, host_bytes)
+    inputs_bytes = in_flight * inputs_offloaded * block_input
+    offloaded_bytes = in_flight * len(offloaded) * one.total + inputs_bytes
+    return MemoryEstimate(terms, notes, offloaded_bytes, host_bytes, inputs_offloaded, inputs_bytes)
 
 
 def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
