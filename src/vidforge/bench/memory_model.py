@@ -408,7 +408,7 @@ def estimate_memory(
         gathered_kv_tokens=gathered,
         key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
         frozen=train.lora is not None,
-        frozen_mlp=not any(name.startswith(("mlp.", "ffn.")) for name in adapted),
+        frozen_mlp=train.lora is not None and not any(n.startswith(("mlp.", "ffn.")) for n in adapted),
         lora_rank=train.lora.rank if train.lora is not None else 0,
         adapted=adapted,
     )
