@@ -598,8 +598,19 @@ def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
     assert lora is not None
     if not lora.fp8_base:
         return counts.block * base
-    scales = counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears
-    return (counts.block - counts.block_linear_weights) * base + counts.block_linear_weights + 4 * scales
+    return (
+        (counts.block - counts.block_linear_weights) * base
+        + counts.block_linear_weights
+        + fp8_scale_bytes(profile, counts)
+    )
+
+
+def fp8_scale_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
+    """The float32 scales of one block's float8 base (buffers: FSDP2 neither shards nor casts them)."""
+    lora = profile.train.lora
+    if lora is None or not lora.fp8_base:
+        return 0.0
+    return 4 * (counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears)
 
 
 def lora_base(
@@ -621,7 +632,8 @@ def lora_base(
         )
     swapped = min(lora.blocks_to_swap, blocks)
     on_device = blocks - swapped + min(swapped, 2)
-    size = (on_device * block + counts.outside * base) / shards
+    scales = fp8_scale_bytes(profile, counts)  # whole on every rank
+    size = (on_device * (block - scales) + counts.outside * base) / shards + on_device * scales
     host = ""
     if swapped:
         what += (
