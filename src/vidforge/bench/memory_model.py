@@ -452,7 +452,8 @@ def estimate_memory(
         formula += f", {len(offloaded)} offloaded blocks keep theirs in host memory"
     if in_flight != 1:
         formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
-    formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss, RoPE, captions)"
+    rope_here = ", RoPE" if kept else ""
+    formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss{rope_here}, captions)"
     terms.append(Term("activations", acts, formula))
     # LoRA under bf16 autocast: the block whose backward runs holds its adapters' bf16 casts as well
     casts = block_adapters * 2 if prec.autocast and train.lora is not None else 0
