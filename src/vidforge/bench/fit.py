@@ -2,15 +2,17 @@
 the `--set` lines that run it; and, for a plan that does not fit, the smallest change that does.
 
 A recipe is a choice of the memory knobs: the layout over the machine's GPUs (FSDP degree, the rest as
-context parallel), activation recompute (none, selective, full), activation offload, and for LoRA
-(`train.lora`) the float8 base and the number of swapped blocks. Each is the profile with those `--set`
-lines, validated as `vidforge train` validates it (the layout rulebook included) and evaluated by the one
-memory and time model (`vidforge.bench.plan.evaluate`). Block swap and activation offload add the copies
-their prefetch cannot hide: each swapped block's frozen weights, and each offloaded block's saved
-tensors, cross the host link (cluster.host_bandwidth_gbs) once in the forward and once in the backward,
+context parallel), activation recompute (none, selective, full), activation offload, the recomputing
+blocks' inputs offloaded as well (`train.checkpoint_offload`), and for LoRA (`train.lora`) the float8 base
+and the number of swapped blocks. Each is the profile with those `--set` lines, validated as `vidforge
+train` validates it (the layout rulebook included) and evaluated by the one memory and time model
+(`vidforge.bench.plan.evaluate`). Block swap and the offloads add the copies their prefetch cannot hide:
+each swapped block's frozen weights, each offloaded block's saved tensors and each offloaded checkpoint
+input cross the host link (cluster.host_bandwidth_gbs) once in the forward and once in the backward,
 beside one block's compute; what exceeds that block's compute is exposed. What they pin in host memory,
-for every GPU of the machine, stays within bench.memory_headroom of cluster.host_memory_gib. Of the recipes that differ only in how many blocks swap (or how much is offloaded),
-only the least that fits is listed: more is never faster.
+for every GPU of the machine, stays within bench.memory_headroom of cluster.host_memory_gib. Of the
+recipes that differ only in how many blocks swap (or how much is offloaded), only the least that fits is
+listed: more is never faster.
 
 When nothing fits the clip, shorter clips (49, 33, 17 frames), then smaller frames (480x832, 320x576)
 are tried, and the recipes of the largest clip that fits are listed with it."""
@@ -112,6 +114,8 @@ def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
     """The host copies of block swap and activation offload that the compute does not hide, a step: each
     swapped block's weights and each offloaded block's saved tensors cross the host link in the forward
     and again in the backward, beside one block's compute (see the module docstring)."""
+    from vidforge.parallel.activation_offload import offloaded_indices
+
     if plan.memory is None:
         return 0.0
     link = profile.cluster.host_bandwidth_gbs * 1e9
@@ -119,8 +123,6 @@ def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
     recompute = {"none": 0.0, "selective": profile.train.checkpoint_ratio, "full": 1.0}[plan.checkpointing]
     forward = plan.compute_s / plan.microbatches / (3 + recompute) / layers  # one block's forward
     backward = forward * (2 + recompute)  # and its backward (with its recompute)
-    from vidforge.parallel.activation_offload import offloaded_indices
-
     exposed = 0.0
     train = profile.train
     offloaded = len(
