@@ -148,3 +148,18 @@ def test_adapters_read_their_input_as_it_is_under_autocast() -> None:
         peft_cast.step.apply()
     assert ours == theirs
     assert saved < peft_cast.measure_memory()["activations"]
+
+
+def test_the_dry_run_counts_the_host_as_the_plan_does() -> None:
+    """Every swapped block's frozen weights stay pinned on the host, two of them also on the device at
+    once: the dry run (from the tensors it built) and the memory model agree, and both name what the
+    offloads keep on the host."""
+    from vidforge.bench.memory_model import estimate_memory
+    from vidforge.train.dry_run import dry_run
+
+    sets = ["train.precision=bf16", "train.lora.blocks_to_swap=3", "train.activation_checkpointing=full"]
+    profile = load_profile(None, [*TINY_WAN, *sets, "train.checkpoint_offload=true"])
+    stage, estimate = dry_run(profile).stages[0], estimate_memory(profile)
+    assert stage.host_bytes == estimate.host_bytes > 0
+    assert stage.parameter_bytes == estimate.get("parameters")
+    assert stage.offloaded_bytes == estimate.offloaded_bytes == estimate.offloaded_input_bytes > 0
