@@ -1,4 +1,4 @@
-"""LoRA (`train.lora`) under FSDP2 against one process: the frozen base (bf16) and its fp32 adapters share
+"""LoRA (`train.lora`) under FSDP2, and under context parallel, against one process: the frozen base (bf16) and its fp32 adapters share
 each block's FSDP unit (fully_shard needs one dtype among a unit's trainable parameters only, and its
 param_dtype casts every parameter to bf16 for the all-gather), the gradients and AdamW states exist for the
 adapters alone. Same data on both ranks (tests/distributed/test_train_layouts.py's reference), so the
@@ -9,7 +9,9 @@ adapters fp32 in one FSDP unit, runs with VIDFORGE_TEST_ALL_LAYOUTS=1: one proce
 while FSDP's mixed precision runs the whole block in bf16, so they round differently (losses measured
 within 0.6%), and AdamW's lr-sized steps on noise-sized gradients flip signs (adapters measured 2-10%
 apart in mean): its tolerances are bf16's. The one-process reference runs in the test's
-own process (no spawn); the pair took ~28 s on a loaded 2-core machine."""
+own process (no spawn); the pair took ~28 s on a loaded 2-core machine. LoRA with the float8 base under
+context parallel (cp=2, ring; FSDP2 sharding over the cp ranks) runs by default; FSDP2 alone, bf16, and
+the float8 base under FSDP2 on two and on four ranks with VIDFORGE_TEST_ALL_LAYOUTS=1."""
 
 from __future__ import annotations
 
@@ -36,31 +38,37 @@ SETS = (
     "data.token_budget=432",
 )
 # precision -> (the losses' relative tolerance, the adapters' mean difference relative to their mean size)
-PRECISIONS = {"fp32": (1e-4, 1e-3)}
+TOLERANCES = {"fp32": (1e-4, 1e-3), "bf16": (1e-2, 0.2)}
+FSDP = ("parallel.dp_shard=-1",)
+# context parallel (ring) over the two ranks, FSDP2 sharding the weights over cp: each rank holds half of
+# every clip's tokens, the adapters' gradients all-reduced over both
+CP2 = ("parallel.cp=2", "parallel.cp_impl=ring", "parallel.dp_shard=1")
+# the float8 base (train.lora.fp8_base): its uint8 weights sharded and gathered as they are, its scales
+# whole on every rank; fp32 compute, so one process's losses again
+FP8 = ("train.lora.fp8_base=true",)
+# name -> (ranks, precision, settings)
+# by default one pair: context parallel shards the weights with FSDP2 over its two ranks too
+CASES: dict[str, tuple[int, str, tuple[str, ...]]] = {"fp32-fp8base-cp2": (2, "fp32", (*CP2, *FP8))}
 if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
-    PRECISIONS["bf16"] = (1e-2, 0.2)
-    # the float8 base (train.lora.fp8_base): its uint8 weights sharded and gathered as they are, its
-    # scales whole on every rank; fp32 compute, so one process's losses again
-    PRECISIONS["fp32-fp8base"] = (1e-4, 1e-3)
+    CASES["fp32-fsdp2"] = (2, "fp32", FSDP)
+    CASES["bf16-fsdp2"] = (2, "bf16", FSDP)
+    CASES["fp32-fp8base-fsdp2"] = (2, "fp32", (*FSDP, *FP8))
+    CASES["fp32-fp8base-fsdp4"] = (4, "fp32", (*FSDP, *FP8))
 
 
-def _train(rank: int, world: int, latents: str, base: str, run_dir: str, precision: str) -> None:
+def _train(rank: int, world: int, latents: str, base: str, run_dir: str, case: str) -> None:
     from vidforge.train import loop
     from vidforge.train.init_weights import WeightsInit
 
-    dtype, _, fp8 = precision.partition("-")
-    profile = train_profile(
-        *SETS,
-        f"train.precision={dtype}",
-        f"train.lora.fp8_base={str(fp8 == 'fp8base').lower()}",
-        f"cluster.cpu_processes={world}",
-        "parallel.dp_shard=-1",
-    )
+    _, precision, sets = CASES[case]
+    if world == 1:  # the one-process reference: the same settings but the layout
+        sets = tuple(item for item in sets if not item.startswith("parallel."))
+    profile = train_profile(*SETS, f"train.precision={precision}", *sets, f"cluster.cpu_processes={world}")
     loop.run(profile, [latents], run_dir, init=WeightsInit(Path(base)))
 
 
-@pytest.mark.parametrize("precision", list(PRECISIONS))
-def test_lora_under_fsdp2_matches_one_process(precision, tmp_path) -> None:
+@pytest.mark.parametrize("case", list(CASES))
+def test_lora_under_fsdp2_matches_one_process(case, tmp_path) -> None:
     from safetensors.torch import load_file
 
     from vidforge.models import build_model, save_model
@@ -73,14 +81,15 @@ def test_lora_under_fsdp2_matches_one_process(precision, tmp_path) -> None:
         for p in model.parameters():
             p.add_(torch.randn_like(p), alpha=0.05)
     base = save_model(model, tmp_path / "base")
-    runs = {world: tmp_path / f"world{world}" for world in (1, 2)}
-    _train(0, 1, str(latents), str(base), str(runs[1]), precision)  # one process: this one
-    run_ranks(_train, 2, str(latents), str(base), str(runs[2]), precision)
-    loss_rel, adapter_mean = PRECISIONS[precision]
-    single, sharded = losses(runs[1]), losses(runs[2])
+    world, precision, _ = CASES[case]
+    runs = {n: tmp_path / f"world{n}" for n in (1, world)}
+    _train(0, 1, str(latents), str(base), str(runs[1]), case)  # one process: this one
+    run_ranks(_train, world, str(latents), str(base), str(runs[world]), case)
+    loss_rel, adapter_mean = TOLERANCES[precision]
+    single, sharded = losses(runs[1]), losses(runs[world])
     assert len(single) == 3 and len(set(single)) > 1
     assert sharded == pytest.approx(single, rel=loss_rel)
-    one, two = (load_file(runs[w] / "export" / WEIGHTS) for w in (1, 2))
+    one, two = (load_file(runs[w] / "export" / WEIGHTS) for w in (1, world))
     assert one.keys() == two.keys() and len(one) == 2 * 4 * 2 * 2
     for key, value in one.items():
         diff = (two[key] - value).abs()

@@ -39,6 +39,14 @@ def test_the_profile_refuses_more_offloaded_and_recomputed_blocks_than_there_are
     load_profile(None, ["train.activation_checkpointing=selective", "train.activation_offload=0.5"])
 
 
+def test_checkpoint_offload_needs_blocks_that_recompute() -> None:
+    with pytest.raises(
+        ValueError, match="train.checkpoint_offload=true: offloads the inputs that recomputing blocks keep"
+    ):
+        load_profile(None, ["train.checkpoint_offload=true"])
+    load_profile(None, ["train.activation_checkpointing=full", "train.checkpoint_offload=true"])
+
+
 class Recording(HostOffloader):
     """The product's offloader, logging when each stash is fetched and first read."""
 

@@ -89,3 +89,21 @@ def test_rank_has_a_batch_column_no_duplicate_rows_and_rejections_in_words() -> 
     assert len({row[5:] for row in rows}) == len(rows)
     rejected = text.split("rejected:")[1]
     assert "LoRA has no tensor-parallel plan" in rejected
+
+
+def test_wan14b_lora_at_81x480x832_fits_one_24gb_card() -> None:
+    """Issue #34's case: the 40 blocks' checkpointed inputs (12.5 GiB at 32,760 tokens) do not fit a 24 GB
+    card beside one recomputing block whatever the base costs; with those inputs in host memory
+    (train.checkpoint_offload), the fp8 base and 8 of its blocks swapped it does."""
+    sets = [item.replace("wan2.1-1.3b", "wan2.1-14b") for item in WAN13]
+    recipe = {
+        "train.activation_checkpointing": "full",
+        "train.lora.fp8_base": "true",
+        "train.lora.blocks_to_swap": "8",
+    }
+    profile = load_profile("dit1b_1xh200", sets)
+    every_block_swapped = evaluate(variant(profile, {**recipe, "train.lora.blocks_to_swap": "40"}))
+    assert not every_block_swapped.valid
+    plan = evaluate(variant(profile, {**recipe, "train.checkpoint_offload": "true"}))
+    assert plan.valid and plan.memory.total <= plan.capacity_bytes
+    assert plan.memory.offloaded_inputs == 40

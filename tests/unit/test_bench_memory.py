@@ -29,6 +29,9 @@ TINY = [
     "train.precision=fp32",
 ]
 TOLERANCE = 0.15
+LORA_TOLERANCE = 0.10  # issue #34: the recipes `bench plan --fit` proposes for LoRA
+# adapters on the attention projections and the feed-forward's two
+FFN = "to_q, to_k, to_v, to_out.0, net.0.proj, net.2"
 # A tiny model of the wan family (Wan2.1's block: float32 norms and modulation, ungated cross-attention).
 WAN = ["model.preset=wan2.1-1.3b", "model.layers=2", "model.heads=4", "model.text_dim=32"]
 
@@ -78,6 +81,17 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
         [*WAN, "train.lora={rank: 4}", "train.precision=bf16"],
         [*WAN, "train.lora={rank: 4, fp8_base: true}", "train.precision=bf16"],
         [*WAN, "train.lora={rank: 4, fp8_base: true, fp8_scaling: tensor}", "data.packing=false"],
+        [*WAN, "train.lora={rank: 4}", "train.precision=bf16", "train.micro_batch=2", "model.layers=4"],
+        [*WAN, f"train.lora={{rank: 4, target_modules: [{FFN}]}}", "train.precision=bf16"],
+        [
+            *WAN,
+            "train.lora={rank: 4}",
+            "train.precision=bf16",
+            "train.activation_checkpointing=full",
+            "train.checkpoint_offload=true",
+            "train.lora.blocks_to_swap=1",
+            "model.layers=4",
+        ],  # fmt: skip
     ],
     ids=[
         "packed-fp32",
@@ -100,13 +114,18 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
         "wan-lora-bf16",
         "wan-lora-fp8-base",
         "wan-lora-fp8-tensor-fp32",
+        "wan-lora-batch2-per-token",
+        "wan-lora-ffn-too",
+        "wan-lora-checkpoint-offload-swap",
     ],
 )
 def test_memory_model_matches_measured_single_process(sets: list[str]) -> None:
     measured, predicted = measured_and_predicted(sets)
     for name in ("parameters", "gradients", "optimizer", "ema"):
         assert predicted[name] == measured[name], name
-    assert predicted["activations"] == pytest.approx(measured["activations"], rel=TOLERANCE)
+    lora = any(item.startswith("train.lora") for item in sets)
+    tolerance = LORA_TOLERANCE if lora else TOLERANCE
+    assert predicted["activations"] == pytest.approx(measured["activations"], rel=tolerance)
 
 
 def test_activations_grow_with_tokens_and_shrink_with_checkpointing() -> None:

@@ -4,7 +4,7 @@ implementations, applied by the training loop's own `parallelize`. States: the l
 parameters, gradients, optimizer and EMA after a step (FSDP2 pads a tensor's first dimension to a
 multiple of the group size: within a few hundred bytes of total / 2); activations: what autograd still
 holds after the forward (for FSDP plus the last block's unsharded weights, which it keeps gathered for
-the backward). Target (issue #8): within 15%.
+the backward). Target (issue #8): within 15%; LoRA's (issue #34) within 10%.
 
 Every case keeps an EMA (the default), so the TP cases hold its tensor-parallel shards too. The wan cases
 hold its tensor-parallel plan (heads-spanning q/k norms split with the heads), with and without
@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ranks import run_ranks  # noqa: E402
-from test_bench_memory import TINY, TOLERANCE, WAN  # noqa: E402
+from test_bench_memory import LORA_TOLERANCE, TINY, TOLERANCE, WAN  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -54,6 +54,16 @@ CASES = {
     "cp2-all-gather-regather": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_regather=true"],
     "cp2-ring": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_impl=ring"],
     "cp2-ulysses": ["parallel.cp=2", "parallel.dp_shard=1", "parallel.cp_impl=ulysses"],
+    # LoRA (issue #34): FSDP2 gathers the frozen base as it is stored (bf16, or float8 bits), the adapters
+    # computed in bf16 from FSDP's cast; and the float8 base under context parallel
+    "wan-lora-fsdp-bf16": [*WAN, "train.lora={rank: 4}", "train.precision=bf16"],
+    "wan-lora-fp8-cp2-ring": [
+        *WAN,
+        "train.lora={rank: 4, fp8_base: true}",
+        "parallel.cp=2",
+        "parallel.dp_shard=1",
+        "parallel.cp_impl=ring",
+    ],  # fmt: skip
 }
 
 
@@ -79,4 +89,5 @@ def test_memory_model_matches_measured_under_two_rank_layouts() -> None:
         for case, (measured, predicted) in per_rank.items():
             for name in measured.keys() - {"activations"}:
                 assert predicted[name] == pytest.approx(measured[name], rel=0.01), (case, name)
-            assert predicted["activations"] == pytest.approx(measured["activations"], rel=TOLERANCE), case
+            tolerance = LORA_TOLERANCE if "lora" in case else TOLERANCE
+            assert predicted["activations"] == pytest.approx(measured["activations"], rel=tolerance), case

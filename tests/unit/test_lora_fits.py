@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from vidforge.bench.train_bench import BenchStep
+from vidforge.parallel.activation_offload import OffloadedBlock
 from vidforge.parallel.block_swap import SwappedBlock
 from vidforge.parallel.fp8_base import E4M3, Float8BaseLinear, dequantize, max_abs_error, quantize
 from vidforge.profile import load_profile
@@ -114,3 +116,51 @@ def test_block_swap_keeps_the_losses_bit_for_bit(sets: list[str]) -> None:
         ("in", 2),
         ("out", 3),
     ]
+
+
+def test_checkpoint_offload_keeps_the_losses_bit_for_bit() -> None:
+    """train.checkpoint_offload: each checkpointed block's input waits on the host (an OffloadedBlock
+    around the checkpoint), and the losses are the recompute's own, with block swap around both."""
+    full = ["train.activation_checkpointing=full"]
+    reference, _ = _losses(full)
+    offloaded, bench = _losses([*full, "train.checkpoint_offload=true", "train.lora.blocks_to_swap=2"])
+    assert offloaded == reference
+    blocks = list(bench.parts.modules[0].blocks.values())
+    inner = [b._checkpoint_wrapped_module if isinstance(b, SwappedBlock) else b for b in blocks]
+    assert all(isinstance(b, OffloadedBlock) for b in inner)
+    assert all(type(b._checkpoint_wrapped_module).__name__ == "CheckpointWrapper" for b in inner)
+
+
+def test_adapters_read_their_input_as_it_is_under_autocast() -> None:
+    """peft casts an adapter's bf16 input to the adapter's float32 (and autocast casts it back): the
+    same values in a copy each adapter keeps. vidforge skips that cast under autocast; the losses are
+    those of peft's own cast, bit for bit, and the step saves less."""
+    ours, bench = _losses(["train.precision=bf16"], steps=2)  # the second after an update
+    saved = bench.measure_memory()["activations"]
+    torch.manual_seed(0)
+    peft_cast = BenchStep(load_profile(None, [*TINY_WAN, "train.precision=bf16"]))
+    for module in peft_cast.parts.modules[0].modules():
+        if isinstance(module, BaseTunerLayer):
+            module.cast_input_dtype_enabled = True  # peft's default
+    theirs = []
+    for _ in range(2):
+        theirs.append(peft_cast.step(peft_cast.batches).loss)
+        peft_cast.step.apply()
+    assert ours == theirs
+    assert saved < peft_cast.measure_memory()["activations"]
+
+
+def test_the_dry_run_counts_the_host_as_the_plan_does() -> None:
+    """Every swapped block's frozen weights stay pinned on the host, two of them also on the device at
+    once: the dry run (from the tensors it built) and the memory model agree, and both name what the
+    offloads keep on the host."""
+    from vidforge.bench.memory_model import estimate_memory
+
+    from vidforge.train.dry_run import dry_run
+
+    sets = ["train.precision=bf16", "train.lora.blocks_to_swap=3", "train.activation_checkpointing=full"]
+    profile = load_profile(None, [*TINY_WAN, *sets, "train.checkpoint_offload=true"])
+    stage, estimate = dry_run(profile).stages[0], estimate_memory(profile)
+    assert stage.host_bytes == estimate.host_bytes > 0
+    assert stage.parameter_bytes == estimate.get("parameters")
+    assert stage.offloaded_bytes == estimate.offloaded_bytes == estimate.offloaded_input_bytes > 0

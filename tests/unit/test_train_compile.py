@@ -37,6 +37,10 @@ PATHS = {
     "offload": {"train.activation_offload": 1.0},
     "selective-offload": {"train.activation_checkpointing": "selective", "train.activation_offload": 0.5},
     "lora-full": {"train.activation_checkpointing": "full", "train.lora.rank": 4},
+    # block swap around the compiled block (its weights repointed between calls: graph inputs, no guard)
+    "lora-swap": {"train.lora.rank": 4, "train.lora.blocks_to_swap": 1},
+    "lora-full-checkpoint-offload-swap": {"train.activation_checkpointing": "full", "train.lora.rank": 4,
+                                          "train.checkpoint_offload": True, "train.lora.blocks_to_swap": 1},
     "dit-full": {"model.preset": "tiny", "diffusion.objective": "edm", "model.in_channels": 16,
                  "train.activation_checkpointing": "full"},
 }  # fmt: skip

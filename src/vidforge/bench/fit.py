@@ -2,15 +2,17 @@
 the `--set` lines that run it; and, for a plan that does not fit, the smallest change that does.
 
 A recipe is a choice of the memory knobs: the layout over the machine's GPUs (FSDP degree, the rest as
-context parallel), activation recompute (none, selective, full), activation offload, and for LoRA
-(`train.lora`) the float8 base and the number of swapped blocks. Each is the profile with those `--set`
-lines, validated as `vidforge train` validates it (the layout rulebook included) and evaluated by the one
-memory and time model (`vidforge.bench.plan.evaluate`). Block swap and activation offload add the copies
-their prefetch cannot hide: each swapped block's frozen weights, and each offloaded block's saved
-tensors, cross the host link (cluster.host_bandwidth_gbs) once in the forward and once in the backward,
+context parallel), activation recompute (none, selective, full), activation offload, the recomputing
+blocks' inputs offloaded as well (`train.checkpoint_offload`), and for LoRA (`train.lora`) the float8 base
+and the number of swapped blocks. Each is the profile with those `--set` lines, validated as `vidforge
+train` validates it (the layout rulebook included) and evaluated by the one memory and time model
+(`vidforge.bench.plan.evaluate`). Block swap and the offloads add the copies their prefetch cannot hide:
+each swapped block's frozen weights, each offloaded block's saved tensors and each offloaded checkpoint
+input cross the host link (cluster.host_bandwidth_gbs) once in the forward and once in the backward,
 beside one block's compute; what exceeds that block's compute is exposed. What they pin in host memory,
-for every GPU of the machine, stays within bench.memory_headroom of cluster.host_memory_gib. Of the recipes that differ only in how many blocks swap (or how much is offloaded),
-only the least that fits is listed: more is never faster.
+for every GPU of the machine, stays within bench.memory_headroom of cluster.host_memory_gib. Of the
+recipes that differ only in how many blocks swap (or how much is offloaded), only the least that fits is
+listed: more is never faster.
 
 When nothing fits the clip, shorter clips (49, 33, 17 frames), then smaller frames (480x832, 320x576)
 are tried, and the recipes of the largest clip that fits are listed with it."""
@@ -112,6 +114,8 @@ def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
     """The host copies of block swap and activation offload that the compute does not hide, a step: each
     swapped block's weights and each offloaded block's saved tensors cross the host link in the forward
     and again in the backward, beside one block's compute (see the module docstring)."""
+    from vidforge.parallel.activation_offload import offloaded_indices
+
     if plan.memory is None:
         return 0.0
     link = profile.cluster.host_bandwidth_gbs * 1e9
@@ -120,9 +124,17 @@ def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
     forward = plan.compute_s / plan.microbatches / (3 + recompute) / layers  # one block's forward
     backward = forward * (2 + recompute)  # and its backward (with its recompute)
     exposed = 0.0
-    offloaded = round(profile.train.activation_offload * layers)
+    train = profile.train
+    offloaded = len(
+        offloaded_indices(layers, plan.checkpointing, train.checkpoint_ratio, train.activation_offload)
+    )
+    memory = plan.memory
+    inputs = memory.offloaded_inputs
+    if inputs:  # checkpoint_offload: each checkpointed block's input, beside that block's compute
+        copy = memory.offloaded_input_bytes / inputs / link
+        exposed += inputs * (max(0.0, copy - forward) + max(0.0, copy - backward))
     if offloaded:
-        copy = plan.memory.offloaded_bytes / offloaded / link
+        copy = (memory.offloaded_bytes - memory.offloaded_input_bytes) / offloaded / link
         exposed += offloaded * (max(0.0, copy - forward) + max(0.0, copy - backward))
     lora = profile.train.lora
     if lora is not None and lora.blocks_to_swap:
@@ -199,7 +211,8 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                 if plain.plan.valid:
                     found.append(plain)
                     continue
-                # the least offload, then (LoRA, one process) the fewest swapped blocks that fit
+                # the least offload; then with the checkpointed blocks' inputs offloaded too; then (LoRA,
+                # one process) the fewest swapped blocks that fit, without and with those inputs offloaded
                 free = {"none": 1.0, "selective": 1 - profile.train.checkpoint_ratio, "full": 0.0}[mode]
                 offloads = [f for f in (0.25, 0.5, 0.75, 1.0) if f <= free + 1e-9]
                 if offloads:
@@ -207,18 +220,29 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                     if recipe is not None:
                         found.append(recipe)
                         continue
+                inputs = [False, True] if mode != "none" else [False]
+                if mode != "none":
+                    recipe = _least_that_fits(
+                        profile, {**sets, "train.checkpoint_offload": "true"}, "train.activation_offload",
+                        [0.0, *offloads], clip,
+                    )  # fmt: skip
+                    if recipe is not None:
+                        found.append(recipe)
+                        continue
                 if lora and world == 1:  # the fewest swapped blocks that fit, at each offload (least first)
-                    for offload in [0.0, *offloads]:
-                        recipe = _least_that_fits(
-                            profile,
-                            {**sets, "train.activation_offload": str(offload)},
-                            "train.lora.blocks_to_swap",
-                            list(range(1, layers + 1)),
-                            clip,
-                        )
-                        if recipe is not None:
-                            found.append(recipe)
-                            break
+                    for offload_inputs in inputs:
+                        extra = {"train.checkpoint_offload": "true"} if offload_inputs else {}
+                        for offload in [0.0, *offloads]:
+                            recipe = _least_that_fits(
+                                profile,
+                                {**sets, **extra, "train.activation_offload": str(offload)},
+                                "train.lora.blocks_to_swap",
+                                list(range(1, layers + 1)),
+                                clip,
+                            )
+                            if recipe is not None:
+                                found.append(recipe)
+                                break
     found.sort(key=lambda r: (r.step_s, r.memory_gib))
     return found, EVALUATED[0] - start
 

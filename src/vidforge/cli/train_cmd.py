@@ -181,5 +181,10 @@ def _dry_run(profile) -> None:
         ]
         if s.host_bytes:
             lines.append(f"    host memory (block swap): {s.host_bytes / gib:.2f} GiB of frozen weights")
+        if s.offloaded_bytes:
+            lines.append(
+                f"    host memory (activation and checkpoint offload): {s.offloaded_bytes / gib:.2f} GiB of "
+                "saved tensors (the memory model's)"
+            )
     lines += [f"  {note}" for note in result.notes]
     current_output().result(result.as_dict(), text="\n".join(lines))

@@ -43,6 +43,7 @@ from typing import Any
 
 from vidforge.estimate.param_counts import (
     ParameterCounts,
+    lora_adapted,
     lora_parameters,
     parameter_counts,
     tp_local_parameters,
@@ -75,6 +76,10 @@ class MemoryEstimate:
     """What train.activation_offload sends to host memory and back a micro-batch (the planner's copy time)."""
     host_bytes: float = 0.0
     """Frozen weights block swap keeps in host memory."""
+    offloaded_inputs: int = 0
+    """Of what is offloaded: how many checkpointed blocks' inputs (train.checkpoint_offload)..."""
+    offloaded_input_bytes: float = 0.0
+    """...and their bytes."""
 
     def get(self, name: str) -> float:
         return sum(t.bytes for t in self.terms if t.name == name)
@@ -153,6 +158,8 @@ def block_activations(
     key_groups: int = 1,
     frozen: bool = False,
     frozen_mlp: bool = False,
+    lora_rank: int = 0,
+    adapted: frozenset[str] = frozenset(),
 ) -> BlockActivations:
     """What one block saves for `tokens` tokens of this rank (after the context-parallel split) of
     `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
@@ -161,7 +168,15 @@ def block_activations(
     `frozen`: a LoRA base, whose modulation, gates and norm weights need no gradient, so the products with
     them keep neither the norm's output, nor the gated output, nor the normalised q and k; `frozen_mlp`:
     the MLP has no adapters either, so its second projection keeps no input (counted on the CPU with
-    saved-tensor hooks, as the rest)."""
+    saved-tensor hooks, as the rest). A frozen Wan block is counted by `wan_lora_block` (`lora_rank`,
+    `adapted`)."""
+    if frozen and family(cfg.family).table_modulation:  # a frozen block of Wan's layout
+        parts = wan_lora_block(
+            cfg, tokens, samples * text_tokens, compute, lora_rank, adapted, per_token_modulation
+        )
+        if gathered_kv_tokens:
+            parts["gathered keys/values (all-gather CP)"] = 2 * gathered_kv_tokens * cfg.hidden * compute
+        return BlockActivations(parts)
     d, m, h = cfg.hidden, cfg.mlp_hidden, cfg.heads
     sublayers, scopes, full_scopes, chunks = _scopes(cfg)
     f32 = 4
@@ -229,18 +244,85 @@ def wan_block_norms(
     return norm + cross + norm + gated + modulation, modulation
 
 
-def outside_activations(cfg: Model, workload: Workload, tokens: int, compute: int) -> float:
-    """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs."""
+def wan_lora_block(
+    cfg: Model,
+    tokens: float,
+    text: float,
+    compute: int,
+    rank: int,
+    adapted: frozenset[str],
+    per_token_modulation: bool,
+) -> dict[str, float]:
+    """Bytes a Wan block with a frozen base and LoRA adapters on the layers `adapted` (`lora_adapted`:
+    by default to_q, to_k, to_v and to_out.0 of both attentions) saves for its backward, by part, for
+    `tokens` video tokens and `text` caption tokens in all (as counted on the CPU with saved-tensor
+    hooks, op by op):
+
+      each norm (self-attention's, the feed-forward's, cross-attention's with cross_attn_norm)
+          its float32 input (4 x d) and mean and rstd; the (1 + scale) and gate products keep only the
+          frozen modulation, never the norm's output
+      each adapter
+          its input, and lora_A's output (rank): the frozen projection keeps nothing, the adapter's
+          lora_A needs its input for its weight's gradient. Adapters on one input share it (q, k and v;
+          under autocast too: `vidforge.train.lora` keeps peft from copying it to float32), and
+          to_out.0's is the attention output the kernel keeps
+      each attention
+          q and k RMS-normalised across the heads: their float32 inputs (4 x d) and rstd; the kernel's q,
+          k, v, output and float32 log-sum-exp (heads)
+      feed-forward
+          GELU's input (mlp_hidden); with adapters, fc1's input and fc2's (the GELU output)
+
+    in the compute dtype unless noted."""
+    d, m, h, f32, c = cfg.hidden, cfg.mlp_hidden, cfg.heads, 4, compute
+
+    def inputs(layers: list[str], width: int) -> float:
+        """What the adapters on these layers, which read one input, keep of it."""
+        n = sum(name in adapted for name in layers)
+        return min(n, 1) * width * c + n * rank * c
+
+    def out(layer: str) -> float:  # to_out.0 reads the attention output, which the kernel keeps
+        return rank * c if layer in adapted else 0
+
+    norm = f32 * d + 2 * f32
+    qk_norm = f32 * d + f32
+    modulation = (6 + 2) * d * f32 if per_token_modulation else 0
+    norms = (3 if cfg.cross_attn_norm else 2) * norm + modulation
+    self_attention = inputs(["attn1.to_q", "attn1.to_k", "attn1.to_v"], d) + out("attn1.to_out.0")
+    self_attention += 2 * qk_norm + 4 * c * d + f32 * h
+    # cross-attention: q from the video tokens, k and v from the caption's
+    cross_tokens = inputs(["attn2.to_q"], d) + out("attn2.to_out.0") + qk_norm + 2 * c * d + f32 * h
+    cross_text = inputs(["attn2.to_k", "attn2.to_v"], d) + qk_norm + 2 * c * d
+    mlp = inputs(["ffn.net.0.proj"], d) + m * c + inputs(["ffn.net.2"], m)
+    return {
+        "norms, modulation, gates": norms * tokens,
+        "self-attention": self_attention * tokens,
+        "cross-attention": cross_tokens * tokens + cross_text * text,
+        "mlp": mlp * tokens,
+    }
+
+
+def rope_bytes(cfg: Model, workload: Workload, tokens: int) -> float:
+    """The float32 RoPE tables (cos and sin) of one micro-batch."""
+    return 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
+
+
+def outside_activations(
+    cfg: Model, workload: Workload, tokens: int, compute: int, frozen: bool = False
+) -> float:
+    """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs. A frozen
+    Wan (LoRA) keeps only the final norm's float32 input, mean and rstd, the loss's float32 error and the
+    RoPE tables: its frozen projections, embeddings and MLPs keep no input."""
     d, p = cfg.hidden, cfg.patch_dim
     per_token = workload.per_token_modulation
-    if family(
-        cfg.family
-    ).table_modulation:  # Wan's float32 norm input and output, the projection's input; per-token 1 + scale
+    rope = rope_bytes(cfg, workload, tokens)
+    table = family(cfg.family).table_modulation  # Wan's block layout (FamilySpec.table_modulation)
+    if frozen and table:
+        return (4 * d + 8 + 4 * p) * tokens + rope
+    if table:  # float32 norm input and output, the projection's input; per-token 1 + scale
         final = ((2 * 4 + compute + (4 if per_token else 0)) * d + 8) * tokens
     else:
         final = ((4 if per_token else 3) * d + 4) * compute * tokens  # per-token 1 + scale
     io = p * (compute + 4) * tokens
-    rope = 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
     captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute
     return final + io + rope + captions
 
@@ -337,6 +419,7 @@ def estimate_memory(
     tokens = workload.tokens_per_rank(layout.cp, par.token_slicing)
     all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
     gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
+    adapted = lora_adapted(cfg, train.lora) if train.lora is not None else frozenset()
     one = block_activations(
         cfg,
         tokens,
@@ -349,7 +432,9 @@ def estimate_memory(
         gathered_kv_tokens=gathered,
         key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
         frozen=train.lora is not None,
-        frozen_mlp=train.lora is not None and train.lora.target_modules is None,  # adapters on attention only
+        frozen_mlp=train.lora is not None and not any(n.startswith(("mlp.", "ffn.")) for n in adapted),
+        lora_rank=train.lora.rank if train.lora is not None else 0,
+        adapted=adapted,
     )
     mode = train.activation_checkpointing
     checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
@@ -359,8 +444,20 @@ def estimate_memory(
     kept = blocks - recomputed - len(offloaded)
     in_flight = in_flight_microbatches(layout, par.pp_schedule)
     block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
-    stored = kept * one.total + recomputed * block_input
-    outside = outside_activations(cfg, workload, tokens, prec.compute)
+    # train.checkpoint_offload: the checkpointed blocks' inputs wait in host memory too
+    inputs_offloaded = recomputed if train.checkpoint_offload else 0
+    stored = kept * one.total + (recomputed - inputs_offloaded) * block_input
+    frozen_wan = train.lora is not None and family(cfg.family).table_modulation
+    first_norm = 0.0
+    if frozen_wan and 0 not in checkpointed and 0 not in offloaded and layout.pp == 1:
+        # nothing before the first block trains: its first norm's input needs no gradient, so is not kept
+        first_norm = (4 * cfg.hidden + 8) * tokens
+        stored -= first_norm
+    outside = outside_activations(cfg, workload, tokens, prec.compute, frozen=train.lora is not None)
+    rope = rope_bytes(cfg, workload, tokens)
+    if not kept:  # no block saves the RoPE tables on the device; the blocks' conditioning holds them
+        outside -= rope
+        terms.append(Term("rope tables", rope, "float32 cos and sin, held for the recompute or backward"))
     acts = in_flight * stored + outside
     detail = ", ".join(f"{k} {_gib(v)}" for k, v in one.parts.items())
     formula = (
@@ -369,28 +466,48 @@ def estimate_memory(
     )
     if recomputed:
         formula += f", {recomputed} checkpointed blocks keep only their input ({_gib(block_input)} each)"
+    if inputs_offloaded:
+        formula += ", in host memory (train.checkpoint_offload)"
+    if first_norm:
+        formula += (
+            f"; the first block's first norm keeps no input (- {_gib(first_norm)}: nothing before it trains)"
+        )
     if offloaded:
         formula += f", {len(offloaded)} offloaded blocks keep theirs in host memory"
     if in_flight != 1:
         formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
-    formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss, RoPE, captions)"
+    rope_here = ", RoPE" if kept else ""
+    formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss{rope_here}, captions)"
     terms.append(Term("activations", acts, formula))
+    # LoRA under bf16 autocast: the block whose backward runs holds its adapters' bf16 casts as well
+    casts = block_adapters * 2 if prec.autocast and train.lora is not None else 0
+    also = f" + its adapters' bf16 casts {_gib(casts)}" if casts else ""
     if offloaded:
         # the block the backward is in, and the previous offloaded one, already on its way back (prefetch);
         # a block recomputed between the two holds no more than the one being brought back
         terms.append(
             Term(
                 "recompute",
-                2 * one.total,
-                f"the backward holds one offloaded block's tensors and prefetches the next: 2 x {_gib(one.total)}",
+                2 * one.total + casts,
+                f"the backward holds one offloaded block's tensors and prefetches the next: 2 x "
+                f"{_gib(one.total)}{also}",
+            )
+        )
+    elif checkpointed and inputs_offloaded:
+        terms.append(
+            Term(
+                "recompute",
+                one.total + 2 * block_input + casts,
+                f"the backward re-runs one checkpointed block's forward ({_gib(one.total)}) from its input "
+                f"brought back, and prefetches the previous block's: + 2 x {_gib(block_input)}{also}",
             )
         )
     elif checkpointed:
         terms.append(
             Term(
                 "recompute",
-                one.total,
-                f"the backward re-runs one checkpointed block's forward: {_gib(one.total)}",
+                one.total + casts,
+                f"the backward re-runs one checkpointed block's forward: {_gib(one.total)}{also}",
             )
         )
 
@@ -416,11 +533,15 @@ def estimate_memory(
             )
         )
     elif prec.autocast:  # a bf16 (or float8) base is read as it is: only the fp32 adapters are cast
+        # kept by the blocks that keep their activations; a recomputing (or offloaded) block's casts live
+        # on the device only while its backward runs (counted in "recompute")
+        cast = kept * block_adapters + (adapters * shards - blocks * block_adapters)
         terms.append(
             Term(
                 "weight copies",
-                adapters * 2,
-                f"bf16 autocast casts the fp32 LoRA adapters: {adapters:,.0f} x 2 B",
+                cast * 2,
+                f"bf16 autocast casts the fp32 LoRA adapters of the {kept} block(s) that keep their "
+                f"activations (and any outside the blocks): {cast:,.0f} x 2 B",
             )
         )
     if train.lora is not None and train.lora.fp8_base:
@@ -490,7 +611,9 @@ def estimate_memory(
             "gradients and activations are added: with several micro-batches a step (or pipeline stages) "
             "the gradients of the earlier ones are held while later ones keep their activations"
         )
-    return MemoryEstimate(terms, notes, in_flight * len(offloaded) * one.total, host_bytes)
+    inputs_bytes = in_flight * inputs_offloaded * block_input
+    offloaded_bytes = in_flight * len(offloaded) * one.total + inputs_bytes
+    return MemoryEstimate(terms, notes, offloaded_bytes, host_bytes, inputs_offloaded, inputs_bytes)
 
 
 def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
@@ -500,8 +623,19 @@ def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
     assert lora is not None
     if not lora.fp8_base:
         return counts.block * base
-    scales = counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears
-    return (counts.block - counts.block_linear_weights) * base + counts.block_linear_weights + 4 * scales
+    return (
+        (counts.block - counts.block_linear_weights) * base
+        + counts.block_linear_weights
+        + fp8_scale_bytes(profile, counts)
+    )
+
+
+def fp8_scale_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
+    """The float32 scales of one block's float8 base (buffers: FSDP2 neither shards nor casts them)."""
+    lora = profile.train.lora
+    if lora is None or not lora.fp8_base:
+        return 0.0
+    return 4 * (counts.block_linear_rows if lora.fp8_scaling == "row" else counts.block_linears)
 
 
 def lora_base(
@@ -523,7 +657,8 @@ def lora_base(
         )
     swapped = min(lora.blocks_to_swap, blocks)
     on_device = blocks - swapped + min(swapped, 2)
-    size = (on_device * block + counts.outside * base) / shards
+    scales = fp8_scale_bytes(profile, counts)  # whole on every rank
+    size = (on_device * (block - scales) + counts.outside * base) / shards + on_device * scales
     host = ""
     if swapped:
         what += (

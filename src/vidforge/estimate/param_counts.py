@@ -107,11 +107,20 @@ def tp_local_parameters(counts: ParameterCounts, blocks: int, tp: int) -> float:
 def lora_parameters(cfg: Model, lora: Lora) -> tuple[int, int]:
     """(adapter parameters of one block, of the rest of the model) that `train.lora` adds: counted on a
     meta-device model given its adapters by peft, as training does (once per rank and targets)."""
-    return _lora_parameters(cfg, lora.rank, lora.target_modules)
+    first, outside, _ = _lora_parameters(cfg, lora.rank, lora.target_modules)
+    return first, outside
+
+
+def lora_adapted(cfg: Model, lora: Lora) -> frozenset[str]:
+    """The layers of a block that `train.lora`'s targets give adapters, by their path in the block
+    (`attn1.to_q`, `ffn.net.0.proj`, `mlp.fc1`)."""
+    return _lora_parameters(cfg, lora.rank, lora.target_modules)[2]
 
 
 @functools.lru_cache(maxsize=64)
-def _lora_parameters(cfg: Model, rank: int, targets: tuple[str, ...] | None) -> tuple[int, int]:
+def _lora_parameters(
+    cfg: Model, rank: int, targets: tuple[str, ...] | None
+) -> tuple[int, int, frozenset[str]]:
     lora = Lora(rank=rank, target_modules=targets)
     from vidforge.models import build_model
     from vidforge.models.lora import apply_lora, is_adapter
@@ -121,4 +130,7 @@ def _lora_parameters(cfg: Model, rank: int, targets: tuple[str, ...] | None) -> 
     adapters = {name: p.numel() for name, p in model.named_parameters() if is_adapter(name)}
     first = sum(n for name, n in adapters.items() if name.startswith("blocks.0."))
     blocks = sum(n for name, n in adapters.items() if name.startswith("blocks."))
-    return first, sum(adapters.values()) - blocks
+    adapted = frozenset(
+        name.removeprefix("blocks.0.").split(".lora_")[0] for name in adapters if name.startswith("blocks.0.")
+    )
+    return first, sum(adapters.values()) - blocks, adapted

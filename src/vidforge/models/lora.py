@@ -66,6 +66,11 @@ def apply_lora(model: nn.Module, cfg: Lora, base_dtype: torch.dtype) -> str:
         raise UserInputError(
             f"train.lora.target_modules: {err}; name linear layers of the {model.config.family} model"
         ) from None
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.cast_input_dtype_enabled = CAST_OUTSIDE_AUTOCAST
     trainable = 0
     for name, param in model.named_parameters():
         if is_adapter(name):
@@ -77,6 +82,21 @@ def apply_lora(model: nn.Module, cfg: Lora, base_dtype: torch.dtype) -> str:
         f"LoRA rank {cfg.rank} on {', '.join(config.target_modules)}: {trainable:,} of {total:,} "
         f"weights train; the rest frozen in {str(base_dtype).removeprefix('torch.')}"
     )
+
+
+class _OutsideAutocast:
+    """peft's `cast_input_dtype_enabled` flag, true only outside autocast. Under autocast peft would cast
+    each adapter's bf16 input to the adapter's float32 and autocast would cast it straight back: the same
+    values, but a new tensor that every adapter keeps for its backward (q, k and v three copies of one
+    input, 8 x hidden bytes a token more in a Wan block). Autocast casts the adapter's weight instead.
+    Outside autocast (validation sampling of a bf16 base with fp32 adapters) the cast makes the dtypes
+    agree."""
+
+    def __bool__(self) -> bool:
+        return not (torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
+
+
+CAST_OUTSIDE_AUTOCAST = _OutsideAutocast()
 
 
 def is_adapter(name: str) -> bool:

@@ -2,7 +2,10 @@
 memory instead of on the GPU, for an evenly spread set of the blocks that do NOT recompute. Vchitect's
 "combination" splits the depth into recomputed and offloaded blocks: a block that recomputes keeps only its
 input, so offloading it as well would move little and cost a copy, and the two sets stay disjoint
-(`offloaded_indices`, the one owner of the choice, also used by the memory model).
+(`offloaded_indices`, the one owner of the choice, also used by the memory model). Little a block, but
+under full recompute every block's input adds up (40 x 0.31 GiB for Wan2.1-14B at 32,760 tokens in bf16):
+`train.checkpoint_offload` sends those inputs to the host as well, through the same hooks and prefetch
+(musubi-tuner's activation CPU offloading with gradient checkpointing).
 
 Why not torch's `OffloadWrapper` (autograd's `save_on_cpu`): it copies on the compute stream, so the
 forward waits for every device-to-host copy, and it brings each tensor back only when the backward asks for
@@ -148,15 +151,24 @@ class OffloadedBlock(ActivationWrapper):
 
 
 def apply_activation_offload(
-    blocks: nn.ModuleDict | nn.ModuleList, offload: float, mode: str = "none", ratio: float = 0.0
+    blocks: nn.ModuleDict | nn.ModuleList,
+    offload: float,
+    mode: str = "none",
+    ratio: float = 0.0,
+    checkpoint_offload: bool = False,
 ) -> list[int]:
-    """Wrap the blocks `offloaded_indices` chooses (given the checkpointing `mode` and `ratio`) in place;
-    returns their positions."""
+    """Wrap the blocks `offloaded_indices` chooses (given the checkpointing `mode` and `ratio`) in place,
+    and with `checkpoint_offload` every checkpointed block too (after `apply_activation_checkpointing`):
+    what a checkpointed block saves from outside its checkpoint is its input, so the same hooks send that
+    to the host and the same prefetch brings it back one block ahead of its recompute. Returns the
+    positions of the offloaded blocks, in order."""
     if not 0 <= offload <= 1:
         raise UserInputError(f"train.activation_offload: a fraction of the blocks in [0, 1], got {offload}")
     keys = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else list(range(len(blocks)))
     chosen = offloaded_indices(len(keys), mode, ratio, offload)
-    offloader = HostOffloader()
+    if checkpoint_offload:
+        chosen = sorted({*chosen, *checkpointed_indices(len(keys), mode, ratio)})
+    offloader = HostOffloader()  # one for all: the prefetch follows the forward order of every stash
     for i in chosen:
         blocks[keys[i]] = OffloadedBlock(blocks[keys[i]], offloader)
     return chosen

@@ -51,7 +51,11 @@ def parallelize(
         apply_context_parallel(model, dims, profile.parallel)
     apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
     apply_activation_offload(
-        model.blocks, cfg.activation_offload, cfg.activation_checkpointing, cfg.checkpoint_ratio
+        model.blocks,
+        cfg.activation_offload,
+        cfg.activation_checkpointing,
+        cfg.checkpoint_ratio,
+        cfg.checkpoint_offload,
     )
     if cfg.compile:
         compile_blocks(model.blocks)

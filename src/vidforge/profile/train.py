@@ -124,6 +124,11 @@ class Train(Section):
     """Fraction of the blocks whose saved activations wait for the backward in pinned CPU memory, copied on
     a side stream and brought back ahead of the backward (Vchitect-2.0). Chosen among the blocks that do
     not recompute: with selective checkpointing, checkpoint_ratio + activation_offload <= 1."""
+    checkpoint_offload: bool = False
+    """With activation checkpointing: the input each recomputing block keeps for its backward waits in
+    pinned CPU memory too, copied on the side stream and brought back one block ahead of its recompute
+    (musubi-tuner's activation CPU offloading with gradient checkpointing). Under full recompute the blocks
+    then keep nothing on the device between the forward and the backward."""
     compile: bool = False
     """torch.compile each block (GPU; on CPU inductor's C++ build of the tiny model takes minutes)."""
     fp8: bool = False
@@ -175,5 +180,10 @@ class Train(Section):
                 f"activation_offload: {self.activation_offload:g} of the blocks offloaded plus {recomputed:g} "
                 f"recomputed (activation_checkpointing={self.activation_checkpointing}) exceeds every block; "
                 "offloaded blocks are chosen among those that do not recompute: lower one of them"
+            )
+        if self.checkpoint_offload and self.activation_checkpointing == "none":
+            raise ValueError(
+                "checkpoint_offload: offloads the inputs that recomputing blocks keep; set "
+                "train.activation_checkpointing=full (or selective), or leave checkpoint_offload false"
             )
         return self

@@ -48,6 +48,7 @@ class StageMemory:
     total_bytes: float
     model_terms: dict[str, float]  # the memory model's other terms in the total (recompute, copies, ...)
     host_bytes: float = 0.0  # frozen weights block swap keeps in host memory
+    offloaded_bytes: float = 0.0  # saved tensors (and checkpoint inputs) the offloads keep in host memory
 
 
 @dataclass
@@ -104,9 +105,10 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
                     params += _local_numel(p)
                     param_bytes += _local_numel(p) * p.element_size()
                     trainable += _local_numel(p) if p.requires_grad else 0  # LoRA: the adapters alone
-        # at most two swapped blocks are on the device at once (`BlockSwapper.arrive`)
-        host = sum(swapped) - sum(sorted(swapped)[-2:])
-        return params, trainable, param_bytes - host, host, sorted(blocks)
+        # every swapped block's pinned host copy stays; at most two of them also have a device copy at
+        # once (`BlockSwapper.arrive`)
+        host = sum(swapped)
+        return params, trainable, param_bytes - host + sum(sorted(swapped)[-2:]), host, sorted(blocks)
     finally:
         dist.destroy_process_group()
 
@@ -157,6 +159,7 @@ def dry_run(profile: RunProfile) -> DryRun:
                 total_bytes=total,
                 model_terms=others,
                 host_bytes=host,
+                offloaded_bytes=estimate.offloaded_bytes,
             )
         )
     notes = [
