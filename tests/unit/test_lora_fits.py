@@ -154,7 +154,7 @@ def test_the_dry_run_counts_the_host_as_the_plan_does() -> None:
     """Every swapped block's frozen weights stay pinned on the host, two of them also on the device at
     once: the dry run (from the tensors it built) and the memory model agree, and both name what the
     offloads keep on the host."""
-    from vidforge.bench.memory_model import estimate_memory
+    from vidforge.estimate.memory_model import estimate_memory
 
     from vidforge.train.dry_run import dry_run
 
