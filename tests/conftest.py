@@ -21,8 +21,12 @@ if _WORKERS > 1:
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs
+    """Files holding a `slow` test run first (a stable sort: each file's tests keep their order), so that
+    under xdist the longest (the demo's training, about 7 minutes) starts at once beside the rest rather
+    than last. `gpu` tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs
     them on the CPU instead, to check the tests themselves). torch is imported only if there are any."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or os.environ.get("VIDFORGE_GPU_TESTS_DEVICE") == "cpu":
         return
