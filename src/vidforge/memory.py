@@ -46,21 +46,3 @@ def require(need: float, have: float, what: str, fix: str) -> None:
     """UserInputError when `need` bytes (for `what`) exceed `have`; `fix` says which setting to lower."""
     if need > have:
         raise UserInputError(f"{what} needs at least {gib(need)}, more than the {gib(have)} here; {fix}")
-
-
-def require_model(
-    model_cfg: object, bytes_per_parameter: float, ranks: int, device: object, fix: str
-) -> None:
-    """Refuse a model whose parameters alone, at `bytes_per_parameter` each and split over `ranks`, exceed
-    `device`'s memory (`model.hidden=1000000` asked the allocator for 4 TB after a minute). Counted on a
-    model built on the meta device (vidforge.estimate.param_counts): no memory."""
-    from vidforge.estimate.param_counts import parameter_counts
-
-    total = parameter_counts(model_cfg).total
-    require(
-        total * bytes_per_parameter / ranks,
-        device_memory_bytes(device),
-        f"the model ({total:,} parameters at {bytes_per_parameter:g} bytes"
-        + (f" over {ranks} ranks)" if ranks > 1 else ")"),
-        fix,
-    )

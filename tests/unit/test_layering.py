@@ -36,10 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 # (importing module, imported module) -> the issue that removes the import.
-KNOWN: dict[tuple[str, str], str] = {
-    # require_model moves to estimate/ once infer/run.py imports it from there
-    ("vidforge.memory", "vidforge.estimate.param_counts"): "issue 35 item 5",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 # Finer rules than the layers: (package or module) -> names it must not import.
 FORBIDDEN = {

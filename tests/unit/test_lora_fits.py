@@ -155,7 +155,6 @@ def test_the_dry_run_counts_the_host_as_the_plan_does() -> None:
     once: the dry run (from the tensors it built) and the memory model agree, and both name what the
     offloads keep on the host."""
     from vidforge.estimate.memory_model import estimate_memory
-
     from vidforge.train.dry_run import dry_run
 
     sets = ["train.precision=bf16", "train.lora.blocks_to_swap=3", "train.activation_checkpointing=full"]

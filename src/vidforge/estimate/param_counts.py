@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vidforge.memory import device_memory_bytes, require
 from vidforge.profile.model import Model
 from vidforge.profile.train import Lora
 
@@ -134,3 +135,19 @@ def _lora_parameters(
         name.removeprefix("blocks.0.").split(".lora_")[0] for name in adapters if name.startswith("blocks.0.")
     )
     return first, sum(adapters.values()) - blocks, adapted
+
+
+def require_model(
+    model_cfg: object, bytes_per_parameter: float, ranks: int, device: object, fix: str
+) -> None:
+    """Refuse a model whose parameters alone, at `bytes_per_parameter` each and split over `ranks`, exceed
+    `device`'s memory (`model.hidden=1000000` asked the allocator for 4 TB after a minute). Counted on a
+    model built on the meta device (`parameter_counts`): no memory."""
+    total = parameter_counts(model_cfg).total
+    require(
+        total * bytes_per_parameter / ranks,
+        device_memory_bytes(device),
+        f"the model ({total:,} parameters at {bytes_per_parameter:g} bytes"
+        + (f" over {ranks} ranks)" if ranks > 1 else ")"),
+        fix,
+    )

@@ -36,6 +36,7 @@ import torch
 
 from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
+from vidforge.estimate.param_counts import require_model
 from vidforge.infer.output import InferResult, SampleWriter
 from vidforge.infer.plan import (
     InferPlan,
@@ -51,7 +52,7 @@ from vidforge.infer.weights import (
     load_network,
     sampling_profile,
 )
-from vidforge.memory import device_memory_bytes, host_memory_bytes, require, require_model
+from vidforge.memory import device_memory_bytes, host_memory_bytes, require
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import sample_latents
