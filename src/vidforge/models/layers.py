@@ -148,9 +148,9 @@ class Modulation(nn.Module):
         return cond.per_token(self.params(cond)).chunk(self.chunks, dim=-1)
 
 
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with per-head QK RMSNorm and 3D RoPE; the `scope` decides whether it
-    is full, spatial or temporal attention."""
+class _HeadProjections(nn.Module):
+    """The q, k, v and out projections of multi-head attention, with per-head QK RMSNorm: what self- and
+    cross-attention share (the parameter names are the checkpoints' and the tensor-parallel plans')."""
 
     def __init__(self, hidden: int, heads: int, qk_norm: bool = True, attend: Attend | None = None) -> None:
         super().__init__()
@@ -163,14 +163,26 @@ class SelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
         self.attend = attend or Attend()
+
+    def heads_qkv(self, x: torch.Tensor, context: torch.Tensor):
+        """q from x, k and v from context, as (B, S, heads, head_dim), q and k normalised."""
+        q = self.q_norm(self.q(x).unflatten(-1, (-1, self.head_dim)))
+        k = self.k_norm(self.k(context).unflatten(-1, (-1, self.head_dim)))
+        return q, k, self.v(context).unflatten(-1, (-1, self.head_dim))
+
+
+class SelfAttention(_HeadProjections):
+    """Multi-head self-attention with per-head QK RMSNorm and 3D RoPE; the `scope` decides whether it
+    is full, spatial or temporal attention."""
+
+    def __init__(self, hidden: int, heads: int, qk_norm: bool = True, attend: Attend | None = None) -> None:
+        super().__init__(hidden, heads, qk_norm, attend)
         self.tiles: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (tile, window): STA
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """q, k, v as (B, S, heads, head_dim) (this rank's heads under tensor parallel), normalised and rotated; what `attend` receives before the
         scope regroups them (exposed so tests can compute the attention independently)."""
-        q = self.q_norm(self.q(x).unflatten(-1, (-1, self.head_dim)))
-        k = self.k_norm(self.k(x).unflatten(-1, (-1, self.head_dim)))
-        v = self.v(x).unflatten(-1, (-1, self.head_dim))
+        q, k, v = self.heads_qkv(x, x)
         cos, sin = rope
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -182,25 +194,11 @@ class SelfAttention(nn.Module):
         return self.out(scope.scatter(out).flatten(-2))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(_HeadProjections):
     """Tokens attend to the (projected) caption tokens of their own sample. No RoPE on text."""
 
-    def __init__(self, hidden: int, heads: int, qk_norm: bool = True, attend: Attend | None = None) -> None:
-        super().__init__()
-        self.heads = heads
-        self.head_dim = hidden // heads
-        self.q = nn.Linear(hidden, hidden)
-        self.k = nn.Linear(hidden, hidden)
-        self.v = nn.Linear(hidden, hidden)
-        self.out = nn.Linear(hidden, hidden)
-        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
-        self.attend = attend or Attend()
-
     def forward(self, x: torch.Tensor, text: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-        q = self.q_norm(self.q(x).unflatten(-1, (-1, self.head_dim)))
-        k = self.k_norm(self.k(text).unflatten(-1, (-1, self.head_dim)))
-        v = self.v(text).unflatten(-1, (-1, self.head_dim))
+        q, k, v = self.heads_qkv(x, text)
         return self.out(self.attend(q, k, v, mask).flatten(-2))
 
 
