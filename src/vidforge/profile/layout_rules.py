@@ -66,16 +66,31 @@ def position_split_fits(positions: int, cp: int) -> bool:
     return positions >= cp
 
 
+def _stdit_slicing(profile: RunProfile, layout: Layout, impl: str) -> list[str] | None:
+    """The gate of an ST-DiT slicing `impl` (st-hybrid, st-spatial): [] where it is not in use (cp 1 or
+    another cp_impl), the refusal where the model is no ST-DiT, None where the slicing's own checks run."""
+    if layout.cp == 1 or profile.parallel.cp_impl != impl:
+        return []
+    if profile.model.architecture != "stdit":
+        return [f"parallel.cp_impl: {impl} is for model.architecture=stdit; use all-gather, ring or ulysses"]
+    return None
+
+
+def _bucket_positions(profile: RunProfile) -> list[tuple[int, int, int]]:
+    """(h, w, token positions a frame) for each of data.buckets."""
+    tok, (_, ph, pw) = profile.tokenizer, profile.model.patch
+    return [
+        (h, w, (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw))
+        for h, w in profile.data.buckets
+    ]
+
+
 def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
     """st-hybrid splits each clip by frames for spatial attention and by (h, w) positions for temporal
     attention: every data bucket's token grid needs T and H x W divisible by cp."""
-    if layout.cp == 1 or profile.parallel.cp_impl != "st-hybrid":
-        return []
-    if profile.model.architecture != "stdit":
-        return [
-            "parallel.cp_impl: st-hybrid is for model.architecture=stdit; use all-gather, ring or ulysses"
-        ]
-    cp, tok, (pt, ph, pw) = layout.cp, profile.tokenizer, profile.model.patch
+    if (gate := _stdit_slicing(profile, layout, "st-hybrid")) is not None:
+        return gate
+    cp, tok, pt = layout.cp, profile.tokenizer, profile.model.patch[0]
     problems = []
     for frames in profile.data.frame_buckets:
         t = ((frames - 1) // tok.temporal_compression + 1) // pt
@@ -84,8 +99,7 @@ def _st_hybrid(profile: RunProfile, layout: Layout) -> list[str]:
                 f"data.frame_buckets: {frames} frames give {t} latent token frames, not divisible by "
                 f"parallel.cp={cp} (st-hybrid splits clips by frames); change the bucket or cp"
             )
-    for h, w in profile.data.buckets:
-        positions = (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw)
+    for h, w, positions in _bucket_positions(profile):
         if not frame_split_fits(positions, cp):
             problems.append(
                 f"data.buckets: ({h}, {w}) gives {positions} token positions a frame, not divisible by "
@@ -99,21 +113,16 @@ def _st_spatial(profile: RunProfile, layout: Layout) -> list[str]:
     work) and splits spatial attention's heads over cp: tp x cp must divide the heads, and every bucket
     needs at least cp positions a frame (else some rank holds only pads). H x W not divisible by cp is
     allowed: the last position columns of some ranks are pads."""
-    if layout.cp == 1 or profile.parallel.cp_impl != "st-spatial":
-        return []
-    if profile.model.architecture != "stdit":
-        return [
-            "parallel.cp_impl: st-spatial is for model.architecture=stdit; use all-gather, ring or ulysses"
-        ]
-    cp, heads, tok, (_, ph, pw) = layout.cp, profile.model.heads, profile.tokenizer, profile.model.patch
+    if (gate := _stdit_slicing(profile, layout, "st-spatial")) is not None:
+        return gate
+    cp, heads = layout.cp, profile.model.heads
     problems = []
     if heads % (layout.tp * cp):
         problems.append(
             f"parallel.cp: st-spatial splits spatial attention's heads over tp x cp = {layout.tp * cp}, which "
             f"must divide model.heads={heads}; change cp or tp, or use parallel.cp_impl=st-hybrid"
         )
-    for h, w in profile.data.buckets:
-        positions = (h // tok.spatial_compression // ph) * (w // tok.spatial_compression // pw)
+    for h, w, positions in _bucket_positions(profile):
         if not position_split_fits(positions, cp):
             problems.append(
                 f"data.buckets: ({h}, {w}) gives {positions} token positions a frame, fewer than "
