@@ -144,13 +144,16 @@ def preprocess_frames(frames: np.ndarray, preprocess: Any) -> torch.Tensor:
     return torch.stack([preprocess(Image.fromarray(np.ascontiguousarray(f))) for f in frames])
 
 
-class ClipEmbedder:
-    """Image and text embeddings (L2-normalised) from one open-clip model."""
+class OpenClipModel:
+    """The open-clip model of a settings section (its `model` and `checkpoint`; `field` names the section in
+    errors), loaded by the first `setup`, and whether it runs without trained weights."""
+
+    field = ""
 
     def __init__(self, settings: Any, *, device: str = "cpu", random_weights: bool = False):
         self.settings = settings
         self.device = device
-        self.random_weights_allowed = random_weights
+        self.random_allowed = random_weights
         self.loaded: LoadedModel | None = None
 
     def setup(self) -> None:
@@ -159,13 +162,19 @@ class ClipEmbedder:
                 self.settings.model,
                 self.settings.checkpoint,
                 device=self.device,
-                random_weights=self.random_weights_allowed,
-                field="curation.caption.clip",
+                random_weights=self.random_allowed,
+                field=self.field,
             )
 
     @property
     def random_weights(self) -> bool:
         return bool(self.loaded and self.loaded.random_weights)
+
+
+class ClipEmbedder(OpenClipModel):
+    """Image and text embeddings (L2-normalised) from one open-clip model."""
+
+    field = "curation.caption.clip"
 
     @property
     def width(self) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from vidforge.curate.captioners import CaptionResult, ClipItem
-from vidforge.curate.clip_score import LoadedModel, load_open_clip, preprocess_frames
+from vidforge.curate.clip_score import OpenClipModel, preprocess_frames
 from vidforge.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -89,33 +89,21 @@ def merge_captions(captions: list[str], mode: str = "join") -> str:
     return " ".join(sentences)
 
 
-class CocaCaptioner:
+class CocaCaptioner(OpenClipModel):
     name = "coca"
+    field = "curation.caption.coca"
 
     def __init__(self, settings: Any, *, device: str = "cpu", random_weights: bool = False):
-        self.settings = settings
+        super().__init__(settings, device=device, random_weights=random_weights)
         self.frames = settings.frames
-        self.device = device
-        self.random_allowed = random_weights
-        self.loaded: LoadedModel | None = None
 
     @property
     def source(self) -> str:
         return f"coca:{self.settings.model}"
 
-    @property
-    def random_weights(self) -> bool:
-        return bool(self.loaded and self.loaded.random_weights)
-
     def setup(self) -> None:
         if self.loaded is None:
-            self.loaded = load_open_clip(
-                self.settings.model,
-                self.settings.checkpoint,
-                device=self.device,
-                random_weights=self.random_allowed,
-                field="curation.caption.coca",
-            )
+            super().setup()
             if not hasattr(self.loaded.model, "text_decoder"):
                 raise UserInputError(
                     f"curation.caption.coca.model: {self.settings.model} is not a CoCa model; use "
