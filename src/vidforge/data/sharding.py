@@ -63,18 +63,35 @@ class PlannedShard:
 
 
 @dataclass
-class ShardSummary:
+class ShardRunCounts:
+    """What a stage that writes shards counts (`shard`, and `tokenize` over shards): shards planned,
+    written, skipped as complete on a rerun, samples written and rejected, each rejection's record."""
+
     shards: int = 0
     written: int = 0
     skipped: int = 0
     samples: int = 0
-    train: int = 0
-    val: int = 0
     rejected: int = 0
-    bytes_written: int = 0
     seconds: float = 0.0
     out: str = ""
     errors: list[dict] = field(default_factory=list)
+
+    def counts(self) -> dict[str, Any]:
+        """The leading keys of the stage's summary."""
+        return {
+            "out": self.out,
+            "shards": self.shards,
+            "written": self.written,
+            "skipped": self.skipped,
+            "samples": self.samples,
+        }
+
+
+@dataclass
+class ShardSummary(ShardRunCounts):
+    train: int = 0
+    val: int = 0
+    bytes_written: int = 0
     random_weights: list[str] = field(default_factory=list)
     """Models that ran without trained weights (the text encoder of a demo or a test)."""
 
@@ -84,11 +101,7 @@ class ShardSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "out": self.out,
-            "shards": self.shards,
-            "written": self.written,
-            "skipped": self.skipped,
-            "samples": self.samples,
+            **self.counts(),
             "train": self.train,
             "val": self.val,
             "rejected": self.rejected,

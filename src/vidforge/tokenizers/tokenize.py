@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from vidforge.data.shard_entry import INDEX, ShardEntry
 from vidforge.data.shard_index import ShardIndex, read_index, write_index
 from vidforge.data.shard_reader import SampleMembers, ShardError, check_shard, read_members
 from vidforge.data.shard_writer import ShardWriter, json_bytes, npy_bytes
+from vidforge.data.sharding import ShardRunCounts
 from vidforge.data.store import StoreSettings, is_url, staged, upload
 from vidforge.data.units import UnitLedger
 from vidforge.errors import UserInputError
@@ -46,24 +47,12 @@ CARRIED = ("text_emb.npy", "text_mask.npy", "txt")
 
 
 @dataclass
-class TokenizeSummary:
-    shards: int = 0
-    written: int = 0
-    skipped: int = 0
-    samples: int = 0
-    rejected: int = 0
-    seconds: float = 0.0
+class TokenizeSummary(ShardRunCounts):
     encode_seconds: float = 0.0
-    out: str = ""
-    errors: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "out": self.out,
-            "shards": self.shards,
-            "written": self.written,
-            "skipped": self.skipped,
-            "samples": self.samples,
+            **self.counts(),
             "rejected": self.rejected,
             "seconds": round(self.seconds, 3),
             "clips/s": round(self.samples / self.seconds, 3) if self.seconds else 0.0,
