@@ -21,12 +21,17 @@ if _WORKERS > 1:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files holding a `slow` test run first (a stable sort: each file's tests keep their order), so that
-    under xdist the longest (the demo's training, about 7 minutes) starts at once beside the rest rather
-    than last. `gpu` tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs
+    """The longest files first (a stable sort: each file's tests keep their order), so that under xdist
+    the demo's training (`slow(minutes=8)`) starts at once beside the rest rather than last: a file's
+    weight is the most minutes a `slow` marker in it names (1 where it names none), 0 without one. `gpu`
+    tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs
     them on the CPU instead, to check the tests themselves). torch is imported only if there are any."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+    minutes: dict[Path, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        if mark is not None:
+            minutes[item.path] = max(minutes.get(item.path, 0.0), mark.kwargs.get("minutes", 1.0))
+    items.sort(key=lambda item: -minutes.get(item.path, 0.0))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or os.environ.get("VIDFORGE_GPU_TESTS_DEVICE") == "cpu":
         return

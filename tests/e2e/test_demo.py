@@ -60,7 +60,7 @@ def demo(tmp_path_factory) -> tuple[Path, str]:
     return out, proc.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=8)  # the demo trains for 3000 steps on one thread
 def test_demo_writes_each_prompt_twice_and_names_the_contact_sheet(demo) -> None:
     out, stdout = demo
     assert f"contact sheet: {out}/samples/contact_sheet.png" in stdout
@@ -76,7 +76,7 @@ def test_demo_writes_each_prompt_twice_and_names_the_contact_sheet(demo) -> None
         assert (out / run / "review" / "index.html").is_file()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=8)  # the demo trains for 3000 steps on one thread
 def test_demo_samples_show_their_prompts(demo) -> None:
     out, _ = demo
     failures = []

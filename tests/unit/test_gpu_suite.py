@@ -35,6 +35,7 @@ _LINUX = ["linux_x86_64"] + [f"manylinux_2_{n}_x86_64" for n in range(5, 40)] + 
 DEVICE_TAGS = {*cpython_tags((3, 12), platforms=_LINUX), *compatible_tags((3, 12), "cp312", _LINUX)}
 
 
+@pytest.mark.slow(minutes=4)  # the whole driver at tiny shapes, inductor included
 def test_cpu_smoke_runs_the_steps_and_writes_the_table(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("VIDFORGE_GPU_TESTS_DEVICE", None)
