@@ -90,7 +90,9 @@ class DistillTrainStep(LocalTrainStep):
             or parts.fake_score is None
             or parts.fake_optimizer is None
         ):
-            raise ValueError("DistillTrainStep needs a distillation profile and the parts build() made for it")
+            raise ValueError(
+                "DistillTrainStep needs a distillation profile and the parts build() made for it"
+            )
         if profile.diffusion.sampler != FEW_STEP:
             raise ValueError("DistillTrainStep takes the student's profile (student_profile)")
         self.distill = distill
