@@ -21,9 +21,9 @@ if _WORKERS > 1:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest files first (a stable sort: each file's tests keep their order), so that under xdist
-    the demo's training (`slow(minutes=8)`) starts at once beside the rest rather than last: a file's
-    weight is the most minutes a `slow` marker in it names (1 where it names none), 0 without one. `gpu`
+    """The longest files first in the collection (a stable sort: each file's tests keep their order): a
+    file's weight is the most minutes a `slow` marker in it names (1 where it names none), 0 without one.
+    (`make test`'s xdist then hands out files with the most tests first, this order among equals.) `gpu`
     tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs
     them on the CPU instead, to check the tests themselves). torch is imported only if there are any."""
     minutes: dict[Path, float] = {}
