@@ -134,7 +134,9 @@ def test_bad_folders_end_in_one_line_naming_the_file(tmp_path):
     )
 
     _edit_config(src, _class_name="WanTransformer3DModel", image_dim=1280)
-    assert "config.json: image_dim=1280 cannot be represented" in _error("import", str(src), "-o", out)
+    assert "config.json: image_dim=1280 with added_kv_proj_dim=None cannot be represented" in _error(
+        "import", str(src), "-o", out
+    )
 
     _edit_config(src, image_dim=None, attention_head_dim=7)
     assert "config.json cannot be represented: model.hidden: head size hidden/heads = 7" in _error(

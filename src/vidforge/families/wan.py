@@ -26,9 +26,7 @@ GUIDANCE = 5.0  # WanPipeline's guidance_scale
 FIXED_CONFIG: dict[str, Any] = {
     "freq_dim": FREQ_DIM,
     "eps": EPS,
-    "image_dim": None,
-    "added_kv_proj_dim": None,
-    "pos_embed_seq_len": None,
+    "pos_embed_seq_len": None,  # FLF2V's table over two images' tokens
 }
 
 # What Wan2.1 T2V's two sizes share: umT5 text (4096), 16 latent channels, patch 1x2x2 (the default),
@@ -93,13 +91,8 @@ def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
                 f"{where}: {key}={config[key]!r} cannot be represented (vidforge's wan family is Wan2.1 "
                 f"text-to-video with {key}={value!r}); use a Wan2.1 T2V transformer"
             )
-    channels = config.get("in_channels", 16)
-    if config.get("out_channels") not in (None, channels):
-        raise UserInputError(
-            f"{where}: out_channels={config['out_channels']} differs from in_channels={channels} "
-            "(image-to-video); vidforge's wan family is text-to-video"
-        )
     heads, head_dim = config.get("num_attention_heads", 40), config.get("attention_head_dim", 128)
+    channels, image = image_fields(config, heads * head_dim, where)
     return {
         "preset": None,
         "family": "wan",
@@ -111,6 +104,36 @@ def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
         "in_channels": channels,
         "text_dim": config.get("text_dim", 4096),
         "cross_attn_norm": config.get("cross_attn_norm", True),
+        **image,
+    }
+
+
+def image_fields(config: dict[str, Any], hidden: int, where: Path) -> tuple[int, dict[str, int]]:
+    """The latent channels and the image-to-video fields of a config: I2V's in_channels counts the
+    condition (mask and first-frame latent) after the out_channels it predicts; its image embedding
+    (image_dim) is projected to the model width, which added_kv_proj_dim then is."""
+    out = config.get("out_channels") or config.get("in_channels", 16)
+    condition = config.get("in_channels", 16) - out
+    if condition < 0:
+        raise UserInputError(
+            f"{where}: in_channels={config.get('in_channels')} < out_channels={out}; not a Wan transformer config"
+        )
+    image_dim, added = config.get("image_dim"), config.get("added_kv_proj_dim")
+    if (image_dim is None) != (added is None) or added not in (None, hidden):
+        raise UserInputError(
+            f"{where}: image_dim={image_dim} with added_kv_proj_dim={added} cannot be represented (Wan2.1-I2V "
+            f"has both, added_kv_proj_dim = the width {hidden}); use a Wan2.1 T2V or I2V transformer"
+        )
+    return out, {"condition_channels": condition, "image_dim": image_dim or 0}
+
+
+def diffusers_image_config(model: Any) -> dict[str, Any]:
+    """The config entries of `image_fields`, from the `model` section (the export's)."""
+    return {
+        "in_channels": model.in_channels + model.condition_channels,
+        "out_channels": model.in_channels,
+        "image_dim": model.image_dim or None,
+        "added_kv_proj_dim": model.hidden if model.image_dim else None,
     }
 
 
@@ -175,7 +198,7 @@ SPEC = FamilySpec(
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
     fixed=FIXED,
-    own_fields=("cross_attn_norm",),
+    own_fields=("cross_attn_norm", "condition_channels", "image_dim"),
     table_modulation=True,
     read_published=read_published,
     published_class=CLASS_NAME,

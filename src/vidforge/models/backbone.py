@@ -6,13 +6,21 @@ the trainer, the samplers and the parallel code see one signature."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from vidforge.errors import UserInputError
 from vidforge.models.layers import Conditioning
-from vidforge.models.token_inputs import TokenPlacement, check_conditions, model_tokens, place_tokens
+from vidforge.models.token_inputs import (
+    TokenPlacement,
+    check_conditions,
+    join_condition,
+    model_tokens,
+    place_tokens,
+)
 from vidforge.profile.model import Model
 from vidforge.tokens import Grid, Segments, SequenceLayout, TokenShard, unpatchify
 
@@ -55,6 +63,13 @@ class VideoTransformer(nn.Module, ABC):
     ) -> Conditioning:
         """The family's conditioning of checked inputs whose tokens sit as `place` says."""
 
+    def image_conditioning(self, place: TokenPlacement, image: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Image-embedding tokens (N, L_img, image_dim) -> (their projection, its cross-attention mask), laid
+        out as the caption's; a family without an image input refuses."""
+        raise UserInputError(
+            f"model.family={self.config.family} with image_dim=0 takes no image embedding; drop the image"
+        )
+
     @abstractmethod
     def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """Patch tokens (B, S, pt*ph*pw*C) -> hidden states (B, S, hidden)."""
@@ -74,15 +89,25 @@ class VideoTransformer(nn.Module, ABC):
         grid: Grid | None = None,
         layout: SequenceLayout | None = None,
         shard: TokenShard | None = None,
+        image: torch.Tensor | None = None,
     ) -> Conditioning:
         """Everything the blocks need besides the tokens. Small and cheap, so pipeline stages recompute
         it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row), or `shard` (this
-        context-parallel rank's part of either; it carries the grid or layout)."""
+        context-parallel rank's part of either; it carries the grid or layout). `image`: (N, L_img,
+        image_dim) image embeddings of an image-to-video family."""
         place = place_tokens(batch, grid, layout, shard, text.device)
         check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim)
         cond = self.conditioning(place, noise_level, text, text_mask, drop_text)
+        if image is not None:
+            if image.ndim != 3 or image.shape[0] != place.samples or image.shape[2] != self.config.image_dim:
+                raise ValueError(
+                    f"image must be (N, L, image_dim) = ({place.samples}, L, {self.config.image_dim}), got "
+                    f"{tuple(image.shape)}"
+                )
+            tokens, mask = self.image_conditioning(place, image)
+            cond = replace(cond, image=tokens, image_mask=mask)
         if self.config.attention in ("flash", "flex"):  # their device tensors made here, read in the blocks
-            masks = [scope.mask for scope in cond.scopes.values()] + [cond.text_mask]
+            masks = [scope.mask for scope in cond.scopes.values()] + [cond.text_mask, cond.image_mask]
             for mask in masks:
                 if isinstance(mask, Segments):
                     mask.prepare(text.device)
@@ -105,7 +130,11 @@ class VideoTransformer(nn.Module, ABC):
         grid: Grid | None = None,
         drop_text: torch.Tensor | None = None,
         shard: TokenShard | None = None,
+        condition: torch.Tensor | None = None,
+        image: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`condition`: the model.condition_channels latents read beside x and not predicted (image-to-video),
+        laid out as x (latents, or tokens of the same layout); `image`: image embeddings (N, L, image_dim)."""
         cfg = self.config
         inputs = model_tokens(x, cfg.in_channels, cfg.patch, layout, grid, shard)
         cond = self.condition(
@@ -117,8 +146,13 @@ class VideoTransformer(nn.Module, ABC):
             grid=inputs.grid,
             layout=layout,
             shard=shard,
+            image=image,
         )
-        h = self.embed(inputs.tokens, cond) if self.has_input_layer else inputs.tokens
+        if self.has_input_layer:
+            tokens = join_condition(inputs, condition, cfg.in_channels, cfg.condition_channels, cfg.patch)
+            h = self.embed(tokens, cond)
+        else:
+            h = inputs.tokens
         if self.step_cache is None:
             h = self.run_blocks(h, cond)
         else:

@@ -34,6 +34,9 @@ class Conditioning:
     scopes: the attention scopes by name ("full", "spatial", "temporal").
     token_sample: (S,) sample index of every token when packed; None for a plain batch.
     positions: (S, 3) integer (t, h, w) position of every token in its sample.
+    image: projected image-embedding tokens cross-attention also reads (image-to-video families), laid out
+        like `text`; None without an image.
+    image_mask: their cross-attention mask, as `text_mask`.
     """
 
     time: torch.Tensor
@@ -44,6 +47,8 @@ class Conditioning:
     scopes: dict[str, Scope] = field(default_factory=dict)
     token_sample: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    image: torch.Tensor | None = None
+    image_mask: AttentionMask = None
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:
         """Per-sample rows (N, F) broadcast against tokens: (B, 1, F); when packed, (1, S, F) (S the

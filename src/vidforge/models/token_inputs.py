@@ -61,6 +61,48 @@ def model_tokens(
     raise ValueError(f"x must be latents (B, C, T, H, W) or tokens (B, S, features), got {tuple(x.shape)}")
 
 
+def join_condition(
+    inputs: ModelTokens,
+    condition: torch.Tensor | None,
+    channels: int,
+    condition_channels: int,
+    patch: tuple[int, int, int],
+) -> torch.Tensor:
+    """The input layer's tokens: x's patch tokens, with each token's `condition_channels` condition
+    latents (image-to-video's mask and first-frame latent) after its own channels, as patchifying the
+    channel-wise concatenation [x, condition] would give. `condition` is laid out as x was (latents, or
+    tokens of the same layout)."""
+    if condition_channels == 0:
+        if condition is not None:
+            raise UserInputError("model.condition_channels=0: this model takes no condition latents")
+        return inputs.tokens
+    if condition is None:
+        raise ValueError(
+            f"model.condition_channels={condition_channels}: forward needs condition= latents of that many "
+            "channels beside x"
+        )
+    if inputs.latents_in:
+        if condition.ndim != 5 or condition.shape[1] != condition_channels:
+            raise ValueError(
+                f"condition must be latents (B, {condition_channels}, T, H, W) like x, got {tuple(condition.shape)}"
+            )
+        condition = patchify(condition, patch)
+    per_token = patch[0] * patch[1] * patch[2]
+    if condition.shape[:2] != inputs.tokens.shape[:2] or condition.shape[2] != per_token * condition_channels:
+        raise ValueError(
+            f"condition tokens must be {tuple(inputs.tokens.shape[:2])} x {per_token * condition_channels} "
+            f"features like x's tokens, got {tuple(condition.shape)}"
+        )
+    joined = torch.cat(
+        [
+            inputs.tokens.unflatten(-1, (per_token, channels)),
+            condition.to(inputs.tokens.dtype).unflatten(-1, (per_token, condition_channels)),
+        ],
+        dim=-1,
+    )
+    return joined.flatten(-2)
+
+
 def check_conditions(
     noise_level: torch.Tensor, text: torch.Tensor, text_mask: torch.Tensor | None, samples: int, text_dim: int
 ) -> None:

@@ -109,14 +109,30 @@ class TextProjection(nn.Module):
         return self.linear_2(F.gelu(self.linear_1(text), approximate="tanh"))
 
 
-class ConditionEmbedder(nn.Module):
-    """diffusers' WanTimeTextImageEmbedding without the image branch (T2V)."""
+class ImageEmbedding(nn.Module):
+    """diffusers' WanImageEmbedding (Wan2.1-I2V, no position table): LayerNorm, GELU feed-forward of the
+    image width, LayerNorm (both norms float32, affine, eps 1e-5: FP32LayerNorm's defaults there)."""
 
-    def __init__(self, hidden: int, text_dim: int) -> None:
+    def __init__(self, image_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.norm1 = FP32LayerNorm(image_dim)
+        self.ff = FeedForward(image_dim, image_dim, hidden, approximate="none")
+        self.norm2 = FP32LayerNorm(hidden)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.norm2(self.ff(self.norm1(image)))
+
+
+class ConditionEmbedder(nn.Module):
+    """diffusers' WanTimeTextImageEmbedding; the image branch only with `image_dim` (I2V)."""
+
+    def __init__(self, hidden: int, text_dim: int, image_dim: int = 0) -> None:
         super().__init__()
         self.time_embedder = TimestepMLP(hidden)
         self.time_proj = nn.Linear(hidden, MODULATION * hidden)
         self.text_embedder = TextProjection(text_dim, hidden)
+        if image_dim:
+            self.image_embedder = ImageEmbedding(image_dim, hidden)
 
     def forward(
         self, noise_level: torch.Tensor, text: torch.Tensor
@@ -128,12 +144,14 @@ class ConditionEmbedder(nn.Module):
 
 
 class WanAttention(nn.Module):
-    """diffusers' WanAttention (T2V): to_q/to_k/to_v/to_out.0, q and k RMS-normalised across all heads.
+    """diffusers' WanAttention: to_q/to_k/to_v/to_out.0, q and k RMS-normalised across all heads.
     Self-attention (`forward(x, rope, scope)`) rotates q and k; cross-attention (`cross(x, text, mask)`)
-    does not. The head count comes from the projection width, so tensor parallel's local heads run
-    the same code."""
+    does not. With `image` (I2V's cross-attention) it also has add_k_proj/add_v_proj and norm_added_k:
+    the queries attend to the image tokens on their own and that attention's output is added to the
+    caption's before to_out. The head count comes from the projection width, so tensor parallel's local
+    heads run the same code."""
 
-    def __init__(self, hidden: int, heads: int, attend: Attend) -> None:
+    def __init__(self, hidden: int, heads: int, attend: Attend, image: bool = False) -> None:
         super().__init__()
         self.head_dim = hidden // heads
         self.to_q = nn.Linear(hidden, hidden)
@@ -142,6 +160,10 @@ class WanAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(hidden, hidden)])  # the reference's to_out.1 is a dropout
         self.norm_q = nn.RMSNorm(hidden, eps=EPS)
         self.norm_k = nn.RMSNorm(hidden, eps=EPS)
+        if image:
+            self.add_k_proj = nn.Linear(hidden, hidden)
+            self.add_v_proj = nn.Linear(hidden, hidden)
+            self.norm_added_k = nn.RMSNorm(hidden, eps=EPS)
         self.attend = attend
         self.tiles: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (tile, window): STA
 
@@ -163,22 +185,36 @@ class WanAttention(nn.Module):
         out = self.attend(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask)
         return self.to_out[0](scope.scatter(out).flatten(-2).type_as(q))
 
-    def cross(self, x: torch.Tensor, text: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    def cross(
+        self,
+        x: torch.Tensor,
+        text: torch.Tensor,
+        mask: AttentionMask,
+        image: torch.Tensor | None = None,
+        image_mask: AttentionMask = None,
+    ) -> torch.Tensor:
         q, k, v = self.project(x, text)
-        return self.to_out[0](self.attend(q, k, v, mask).flatten(-2).type_as(q))
+        out = self.attend(q, k, v, mask).flatten(-2).type_as(q)
+        if image is not None:
+            k_image = self._heads(self.norm_added_k(self.add_k_proj(image)))
+            v_image = self._heads(self.add_v_proj(image))
+            out = out + self.attend(q, k_image, v_image, image_mask).flatten(-2).type_as(q)
+        return self.to_out[0](out)
 
 
 class FeedForward(nn.Module):
-    """diffusers' FeedForward(activation_fn="gelu-approximate"): net.0.proj, GELU(tanh), net.2."""
+    """diffusers' FeedForward: net.0.proj, GELU (activation_fn "gelu-approximate": tanh; "gelu": exact),
+    net.2 back to `out` (default: the input width)."""
 
-    def __init__(self, hidden: int, inner: int) -> None:
+    def __init__(self, hidden: int, inner: int, out: int | None = None, approximate: str = "tanh") -> None:
         super().__init__()
         first = nn.Module()
         first.proj = nn.Linear(hidden, inner)
-        self.net = nn.ModuleList([first, nn.Dropout(0.0), nn.Linear(inner, hidden)])
+        self.net = nn.ModuleList([first, nn.Dropout(0.0), nn.Linear(inner, out or hidden)])
+        self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](F.gelu(self.net[0].proj(x), approximate="tanh"))
+        return self.net[2](F.gelu(self.net[0].proj(x), approximate=self.approximate))
 
 
 class WanBlock(nn.Module):
@@ -192,7 +228,9 @@ class WanBlock(nn.Module):
         hidden = cfg.hidden
         self.norm1 = FP32LayerNorm(hidden, EPS, elementwise_affine=False)
         self.attn1 = WanAttention(hidden, cfg.heads, Attend(cfg.attention, cfg.sdpa_backend))
-        self.attn2 = WanAttention(hidden, cfg.heads, Attend(cfg.attention, cfg.sdpa_backend))
+        self.attn2 = WanAttention(
+            hidden, cfg.heads, Attend(cfg.attention, cfg.sdpa_backend), bool(cfg.image_dim)
+        )
         self.norm2 = (
             FP32LayerNorm(hidden, EPS, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
         )
@@ -206,13 +244,14 @@ class WanBlock(nn.Module):
         h = (self.norm1(x.float()) * (1 + scale) + shift).type_as(x)
         x = (x.float() + self.attn1(h, cond.rope, cond.scopes["full"]) * gate).type_as(x)
         h = self.norm2(x.float()).type_as(x)
-        x = x + self.attn2.cross(h, cond.text, cond.text_mask)
+        x = x + self.attn2.cross(h, cond.text, cond.text_mask, cond.image, cond.image_mask)
         h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
         return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
 
 
 class WanTransformer(VideoTransformer):
-    """Wan2.1 T2V transformer built from the profile's `model` section (family wan)."""
+    """Wan2.1 transformer built from the profile's `model` section (family wan): T2V, or I2V with
+    `condition_channels` (the input layer reads them after the latents' channels) and `image_dim`."""
 
     input_layers = ("patch_embedding",)
     output_layers = ("norm_out", "proj_out", "scale_shift_table")
@@ -223,8 +262,9 @@ class WanTransformer(VideoTransformer):
             raise UserInputError(f"WanTransformer builds model.family=wan, got {config.family!r}")
         self.config = config
         hidden = config.hidden
-        self.patch_embedding = PatchEmbedding(config.in_channels, hidden, config.patch)
-        self.condition_embedder = ConditionEmbedder(hidden, config.text_dim)
+        channels = config.in_channels + config.condition_channels
+        self.patch_embedding = PatchEmbedding(channels, hidden, config.patch)
+        self.condition_embedder = ConditionEmbedder(hidden, config.text_dim, config.image_dim)
         self.blocks = nn.ModuleDict({str(i): WanBlock(config) for i in range(config.layers)})
         set_windows(self.blocks, config)
         self.norm_out = FP32LayerNorm(hidden, EPS, elementwise_affine=False)
@@ -279,6 +319,19 @@ class WanTransformer(VideoTransformer):
         return Conditioning(
             temb, time_proj, text_tokens, cross_mask, rope, place.scopes, place.token_sample, place.positions
         )
+
+    def image_conditioning(
+        self, place: TokenPlacement, image: torch.Tensor
+    ) -> tuple[torch.Tensor, AttentionMask]:
+        """I2V's image tokens through `condition_embedder.image_embedder`; every one is a key (no mask), and a
+        packed row keeps each sample's image tokens in sample order, as it does their captions."""
+        if not self.config.image_dim:
+            return super().image_conditioning(place, image)
+        tokens = self.condition_embedder.image_embedder(image)
+        if place.query_lens is None:
+            return tokens, None
+        samples, length = image.shape[:2]
+        return tokens.flatten(0, 1).unsqueeze(0), Segments(place.query_lens, (length,) * samples)
 
     def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         return self.patch_embedding(tokens)

@@ -98,6 +98,7 @@ def diffusers_config(model: Model) -> dict[str, Any]:
         "qk_norm": "rms_norm_across_heads",
         "rope_max_seq_len": ROPE_MAX_SEQ_LEN,
         **wan.FIXED_CONFIG,
+        **wan.diffusers_image_config(model),
     }
 
 

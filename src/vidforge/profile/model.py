@@ -61,6 +61,13 @@ class Model(Section):
     cross_attn_norm: bool = False
     """Wan family only: a LayerNorm (with weight and bias) on the tokens before cross-attention (Wan2.1:
     true)."""
+    condition_channels: int = Field(0, ge=0)
+    """Wan family only: latent channels read beside the noisy latents and not predicted (image-to-video:
+    Wan2.1-I2V's first-frame mask, 4 per latent frame, and the VAE latent of [first frame, zeros...], 16:
+    20). The input layer takes in_channels + condition_channels; the output has in_channels."""
+    image_dim: int = Field(0, ge=0)
+    """Wan family only: width of the image embedding cross-attention also reads (Wan2.1-I2V: CLIP
+    ViT-H's penultimate hidden states, 1280); 0 for none."""
     rope_theta: float = Field(10000.0, gt=0)
     """Base of the rotary position embedding's frequencies."""
     abs_position: Literal["none", "sincos"] = "none"
