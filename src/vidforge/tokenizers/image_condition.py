@@ -1,0 +1,118 @@
+"""Image-to-video conditioning inputs, as diffusers' `WanImageToVideoPipeline` builds them (Wan2.1-I2V):
+
+- the condition latents (`condition_latents`, its `prepare_latents`): the video [first frame, zeros...]
+  of the clip's frame count through the VAE (posterior mode, normalised), after a mask of
+  `temporal_compression` channels per latent frame that is one on the first latent frame (the first
+  frame's mask, repeated for each frame the VAE folds into latent frame 0) and zero elsewhere. The model
+  reads these `model.condition_channels` channels after the noisy latents' (36 = 16 + 4 + 16);
+- the image embedding (`ImageEncoder`, its `encode_image`): the penultimate hidden states of a CLIP
+  vision tower (`image_encoder/`) on the image as its `CLIPImageProcessor` (`image_processor/`) prepares it;
+- the image itself (`preprocess_image`): resized and centre-cropped to the video's size and scaled to
+  [-1, 1] by diffusers' own `VideoProcessor`, the pipeline's.
+
+`tokenize` keeps a clip's condition latents and first-frame embedding beside its latents; training and
+`vidforge infer --image` read them through these functions, so both condition as the pipeline does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vidforge.errors import UserInputError
+from vidforge.tokenizers.interface import VideoTokenizer
+
+IMAGE_ENCODER = "image_encoder"
+IMAGE_PROCESSOR = "image_processor"
+
+
+def load_image(path: str | Path) -> Any:
+    """The RGB PIL image at `path`, or a UserInputError naming it."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, UnidentifiedImageError) as err:
+        raise UserInputError(f"--image {path}: not a readable image ({err}); give a PNG or JPEG") from None
+
+
+def preprocess_image(image: Any, height: int, width: int, spatial_compression: int) -> torch.Tensor:
+    """An image (PIL, or (H, W, 3) uint8) -> (1, 3, height, width) float32 in [-1, 1], as the pipeline's
+    `video_processor.preprocess` makes it."""
+    from diffusers.video_processor import VideoProcessor
+
+    processor = VideoProcessor(vae_scale_factor=spatial_compression)
+    return processor.preprocess(image, height=height, width=width).float()
+
+
+def first_frame_mask(
+    batch: int, latent_frames: int, height: int, width: int, temporal_compression: int
+) -> torch.Tensor:
+    """(batch, temporal_compression, latent_frames, height, width): ones on latent frame 0, zeros after.
+    The pipeline builds it per video frame (the first one), repeats the first frame's mask
+    `temporal_compression` times and folds each group of that many frames into one latent frame's
+    channels: which is this."""
+    mask = torch.zeros(batch, temporal_compression, latent_frames, height, width)
+    mask[:, :, 0] = 1.0
+    return mask
+
+
+def condition_latents(tokenizer: VideoTokenizer, first_frame: torch.Tensor, frames: int) -> torch.Tensor:
+    """first_frame (B, 3, H, W) in [-1, 1] -> (B, temporal_compression + C, T, H/cs, W/cs): the first
+    frame's mask, then the normalised latents of [first frame, `frames` - 1 zero frames]."""
+    if first_frame.ndim != 4 or first_frame.shape[1] != 3:
+        raise ValueError(f"first_frame must be (B, 3, H, W), got {tuple(first_frame.shape)}")
+    b, _, h, w = first_frame.shape
+    video = torch.cat([first_frame[:, :, None], first_frame.new_zeros(b, 3, frames - 1, h, w)], dim=2)
+    latents = tokenizer.encode(video).float()
+    mask = first_frame_mask(b, *latents.shape[2:], tokenizer.temporal_compression).to(latents.device)
+    return torch.cat([mask, latents], dim=1)
+
+
+def condition_channels(tokenizer: VideoTokenizer) -> int:
+    """The channels `condition_latents` gives with this tokenizer."""
+    return tokenizer.temporal_compression + tokenizer.latent_channels
+
+
+class ImageEncoder:
+    """A CLIP vision tower and its image processor, from a diffusers I2V pipeline's `image_encoder/` and
+    `image_processor/` folders: `encode(images)` -> (B, L, width) float32, the penultimate hidden states."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        processor_path: str | Path,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        from transformers import CLIPImageProcessor, CLIPVisionModel
+
+        for where, what in ((path, IMAGE_ENCODER), (processor_path, IMAGE_PROCESSOR)):
+            if not Path(where).is_dir():
+                raise UserInputError(
+                    f"{where}: no {what} folder; point at a Wan2.1-I2V diffusers pipeline folder (it holds "
+                    f"{IMAGE_ENCODER}/ and {IMAGE_PROCESSOR}/)"
+                )
+        self.processor = CLIPImageProcessor.from_pretrained(str(processor_path))
+        self.model = CLIPVisionModel.from_pretrained(str(path), torch_dtype=dtype)
+        self.model.eval().requires_grad_(False).to(device)
+        self.device = torch.device(device)
+        self.width = int(self.model.config.hidden_size)
+
+    @torch.inference_mode()
+    def encode(self, images: list[Any]) -> torch.Tensor:
+        """Images (PIL, or (H, W, 3) uint8 arrays) -> (B, L, width) float32."""
+        images = [np.ascontiguousarray(i) if isinstance(i, np.ndarray) else i for i in images]
+        inputs = self.processor(images=images, return_tensors="pt").to(self.device)
+        inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        hidden = self.model(**inputs, output_hidden_states=True).hidden_states[-2]
+        return hidden.float()
+
+
+def pipeline_image_encoder(root: str | Path, device: torch.device | str = "cpu") -> ImageEncoder:
+    """The ImageEncoder of a diffusers I2V pipeline folder `root`."""
+    root = Path(root)
+    return ImageEncoder(root / IMAGE_ENCODER, root / IMAGE_PROCESSOR, device)
