@@ -91,6 +91,10 @@ class FamilySpec:
     """(hidden, layers) of a published size -> the name of its step-cache rescale polynomial."""
     profile_defaults: tuple[str, ...] = ()
     """Settings a profile of this family's presets needs besides the model section (its objective)."""
+    condition_latents: str | None = None
+    """Image-to-video (a model with condition_channels > 0): fn(tokenizer, first_frame (B, 3, H, W) in
+    [-1, 1], frames) -> the condition latents (B, condition_channels, T, h, w) the network reads beside the
+    noisy latents, as the family's published pipeline builds them."""
     media_defaults: tuple[str, ...] = ()
     """The frame rate the family was trained on and samples at, as settings (`curation.fps`, `infer.fps`):
     `vidforge finetune` re-times its clips to it and plays its validation videos at it."""

@@ -16,7 +16,7 @@ from vidforge.families import FamilySpec, Published
 CLASS_NAME = "WanTransformer3DModel"
 CONFIG = "config.json"
 PIPELINE_INDEX = "model_index.json"
-PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder")
 FREQ_DIM = 256  # sinusoidal features of the timestep (diffusers' freq_dim)
 EPS = 1e-6  # every norm of Wan2.1 (diffusers' eps)
 CAPTION_TOKENS = 512  # WanPipeline's max_sequence_length: umT5 states padded with zeros to 512
@@ -176,6 +176,8 @@ def read_published(src: Path) -> Published | None:
         ]
         if "tokenizer" in parts:
             defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
+    if "image_encoder" in parts:  # Wan2.1-I2V's CLIP
+        defaults.append(f"tokenizer.image_encoder={parts['image_encoder']}")
     return Published("wan", src, folder, model, defaults, "flow")
 
 
@@ -211,4 +213,6 @@ SPEC = FamilySpec(
     # Wan2.1 was trained on and samples 16 fps video (its pipeline's export_to_video; musubi-tuner asks
     # for 16 fps clips)
     media_defaults=("curation.fps=16", "infer.fps=16"),
+    # Wan2.1-I2V's [first frame, zeros...] latents after the first frame's mask (WanImageToVideoPipeline's)
+    condition_latents="vidforge.tokenizers.image_condition:condition_latents",
 )

@@ -37,6 +37,7 @@ import torch
 from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
+from vidforge.infer.image_condition import image_condition
 from vidforge.infer.output import InferResult, SampleWriter
 from vidforge.infer.plan import (
     InferPlan,
@@ -98,12 +99,14 @@ def run(
     log: Any = None,
     lora: str | Path | None = None,
     lora_scale: float = 1.0,
+    image: str | Path | None = None,
 ) -> InferResult:
     """Sample a video per prompt into `out`. Under torchrun (or with a process group already initialised)
     the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S (default:
     the profile's infer.scalefusion_*).
     `log(message)` is told the plan of a parallel run. `lora`: a LoRA run's adapter put on the checkpoint
-    (its base), its output weighted by `lora_scale`."""
+    (its base), its output weighted by `lora_scale`. `image`: the first frame an image-to-video model
+    animates (`vidforge.infer.image_condition`)."""
     from vidforge.parallel.runtime import init_runtime
 
     if not prompts or any(not p.strip() for p in prompts):
@@ -133,7 +136,10 @@ def run(
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
+    conditioning = image_condition(prof, model.config, tokenizer, image)
     if world > 1:
+        if conditioning is not None:
+            raise UserInputError(f"--image: image-to-video samples in one process; drop --nproc {world}")
         plan = InferPlan.choose(
             world, prof.diffusion.guidance, model.config, prof.infer.tp, prof.parallel.cp_impl
         )
@@ -152,8 +158,12 @@ def run(
         setting = prof.infer.cache
         cache = StepCache(setting.threshold, rescale_name(setting.rescale, model.config))
 
+        forward = conditioning.forward(model) if conditioning is not None else None
+
         def sampler(text, mask, seeds, shape, negative):
-            return sample_latents(model, prof, text, mask, seeds, shape, negative, cache=cache)
+            return sample_latents(
+                model, prof, text, mask, seeds, shape, negative, cache=cache, forward=forward
+            )
 
     negative = None
     if prof.infer.negative_prompt:
@@ -170,6 +180,7 @@ def run(
         "checkpoint_step": exported_step(export) if export is not None else None,
         "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
         **({"lora": str(Path(lora).resolve()), "lora_scale": lora_scale} if lora is not None else {}),
+        **({"image": str(Path(image).resolve())} if image is not None else {}),
     }
     writer = SampleWriter(Path(out), prof.infer.fps, prof.infer.crf, settings) if rank == 0 else None
     started = time.perf_counter()

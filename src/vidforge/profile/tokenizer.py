@@ -105,6 +105,10 @@ class Tokenizer(Section):
     """Clips decoded and resized ahead of the encoder by background threads (hides video decoding)."""
     finetune: Finetune = Finetune()
     """`vidforge tokenize finetune`."""
+    image_encoder: str | None = None
+    """Image-to-video models with model.image_dim > 0: the CLIP vision folder whose penultimate hidden
+    states of a clip's first frame `tokenize` keeps and `infer --image` reads (a diffusers I2V pipeline's
+    image_encoder/; its preprocessor config in the folder itself or in image_processor/ beside it)."""
 
     @model_validator(mode="after")
     def _check(self) -> Tokenizer:

@@ -26,6 +26,7 @@ from vidforge.tokenizers.interface import VideoTokenizer
 
 IMAGE_ENCODER = "image_encoder"
 IMAGE_PROCESSOR = "image_processor"
+PROCESSOR_CONFIG = "preprocessor_config.json"
 
 
 def load_image(path: str | Path) -> Any:
@@ -78,25 +79,23 @@ def condition_channels(tokenizer: VideoTokenizer) -> int:
 
 
 class ImageEncoder:
-    """A CLIP vision tower and its image processor, from a diffusers I2V pipeline's `image_encoder/` and
-    `image_processor/` folders: `encode(images)` -> (B, L, width) float32, the penultimate hidden states."""
+    """A CLIP vision tower (`path`: a diffusers I2V pipeline's `image_encoder/`) and its image processor
+    (its preprocessor config in `path`, or in `image_processor/` beside it, the pipeline's layout):
+    `encode(images)` -> (B, L, width) float32, the penultimate hidden states."""
 
     def __init__(
-        self,
-        path: str | Path,
-        processor_path: str | Path,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        self, path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
     ) -> None:
         from transformers import CLIPImageProcessor, CLIPVisionModel
 
-        for where, what in ((path, IMAGE_ENCODER), (processor_path, IMAGE_PROCESSOR)):
-            if not Path(where).is_dir():
-                raise UserInputError(
-                    f"{where}: no {what} folder; point at a Wan2.1-I2V diffusers pipeline folder (it holds "
-                    f"{IMAGE_ENCODER}/ and {IMAGE_PROCESSOR}/)"
-                )
-        self.processor = CLIPImageProcessor.from_pretrained(str(processor_path))
+        path = Path(path)
+        processor = path if (path / PROCESSOR_CONFIG).is_file() else path.parent / IMAGE_PROCESSOR
+        if not (path / "config.json").is_file() or not (processor / PROCESSOR_CONFIG).is_file():
+            raise UserInputError(
+                f"tokenizer.image_encoder={path}: not a CLIP vision folder with its {PROCESSOR_CONFIG} (in it or "
+                f"in {IMAGE_PROCESSOR}/ beside it); point at a Wan2.1-I2V diffusers pipeline's {IMAGE_ENCODER}/"
+            )
+        self.processor = CLIPImageProcessor.from_pretrained(str(processor))
         self.model = CLIPVisionModel.from_pretrained(str(path), torch_dtype=dtype)
         self.model.eval().requires_grad_(False).to(device)
         self.device = torch.device(device)
@@ -110,9 +109,3 @@ class ImageEncoder:
         inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
         hidden = self.model(**inputs, output_hidden_states=True).hidden_states[-2]
         return hidden.float()
-
-
-def pipeline_image_encoder(root: str | Path, device: torch.device | str = "cpu") -> ImageEncoder:
-    """The ImageEncoder of a diffusers I2V pipeline folder `root`."""
-    root = Path(root)
-    return ImageEncoder(root / IMAGE_ENCODER, root / IMAGE_PROCESSOR, device)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from vidforge.tokenizers.image_condition import (
+    ImageEncoder,
     condition_channels,
     condition_latents,
-    pipeline_image_encoder,
     preprocess_image,
 )
 from vidforge.tokenizers.vae import DiffusersVAE
@@ -70,9 +70,47 @@ def test_condition_latents_and_mask_equal_prepare_latents(folder, pipe):
 
 def test_image_embedding_equals_encode_image(folder, pipe):
     image = _image()
-    ours = pipeline_image_encoder(folder).encode([image])
+    ours = ImageEncoder(folder / "image_encoder").encode([image])
     expected = pipe.encode_image(image, "cpu")
     assert ours.shape == (1, 17, CLIP_WIDTH)
     assert torch.equal(ours, expected)
     # an (H, W, 3) uint8 frame (what tokenize holds) embeds as the same picture does
-    assert torch.equal(pipeline_image_encoder(folder).encode([np.array(image)]), expected)
+    assert torch.equal(ImageEncoder(folder / "image_encoder").encode([np.array(image)]), expected)
+
+
+def test_infer_with_an_image_samples_the_pipelines_latents(folder, pipe, tmp_path):
+    """What `vidforge infer -c FOLDER --image PATH` samples (its profile as published: UniPC, the scheduler's
+    shift, guidance with a negative caption) equals WanImageToVideoPipeline on the same image, caption
+    embeddings and noise."""
+    from vidforge.infer.image_condition import image_condition
+    from vidforge.infer.weights import find_weights, load_network, sampling_profile
+    from vidforge.sampling.latents import initial_noise, sample_latents
+    from vidforge.sampling.shape import check_shape
+    from vidforge.text.encoders import build_text_encoder
+    from vidforge.tokenizers.base import build_tokenizer
+
+    path = tmp_path / "first.png"
+    _image().save(path)
+    sizes = [f"infer.height={HEIGHT}", f"infer.width={WIDTH}", f"infer.frames={FRAMES}", "diffusion.steps=3"]
+    weights = find_weights(folder)
+    profile = sampling_profile(weights, [*sizes, "infer.negative_prompt=blue"])
+    assert (profile.diffusion.sampler, profile.diffusion.flow_shift) == ("unipc", 3.0)
+    tokenizer = build_tokenizer(profile, device="cpu")
+    shape = check_shape(profile, tokenizer)
+    model = load_network(weights, "cpu")
+    conditioning = image_condition(profile, model.config, tokenizer, path)
+    encoder = build_text_encoder(profile)
+    text, mask = (torch.from_numpy(a) for a in encoder.encode(["a red square moving right"]))
+    negative = tuple(torch.from_numpy(a) for a in encoder.encode(["blue"]))
+    ours = sample_latents(
+        model, profile, text.float(), mask, [7], shape, (negative[0].float(), negative[1]),
+        forward=conditioning.forward(model),
+    )  # fmt: skip
+    from PIL import Image
+
+    expected = pipe(
+        image=Image.open(path), prompt_embeds=text.float(), negative_prompt_embeds=negative[0].float(),
+        height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=3,
+        guidance_scale=profile.diffusion.guidance, latents=initial_noise([7], shape), output_type="latent",
+    ).frames  # fmt: skip
+    torch.testing.assert_close(ours, expected, rtol=2e-5, atol=2e-5)  # measured: 3.8e-6 apart

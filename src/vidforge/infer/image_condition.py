@@ -1,0 +1,91 @@
+"""`vidforge infer --image PATH` for image-to-video models: what the network reads beside the noisy latents
+(its family's condition latents of the image at the video's size, `FamilySpec.condition_latents`) and
+the image's embedding (model.image_dim > 0: the profile's tokenizer.image_encoder), held for the whole
+run, and the forward that hands them to every call of the sampler, both guidance branches included
+(WanImageToVideoPipeline conditions its unconditional branch on the same image)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vidforge.errors import UserInputError
+from vidforge.families import family, load
+from vidforge.profile import RunProfile
+from vidforge.profile.model import Model
+from vidforge.tokenizers.image_condition import ImageEncoder, load_image, preprocess_image
+from vidforge.tokenizers.interface import VideoTokenizer
+
+
+@dataclass(frozen=True)
+class ImageCondition:
+    """One image's conditioning: `latents` (1, condition_channels, T, h, w), `embedding` (1, L, image_dim)
+    or None."""
+
+    latents: torch.Tensor
+    embedding: torch.Tensor | None
+
+    def forward(self, model: nn.Module) -> Callable[..., torch.Tensor]:
+        """`model`'s forward with this image's conditioning repeated for every row of the batch."""
+
+        def forward(x, noise_level, text, text_mask=None, drop_text=None):
+            rows = x.shape[0]
+            latents = self.latents.to(x.device, x.dtype).expand(rows, -1, -1, -1, -1)
+            embedding = self.embedding
+            if embedding is not None:
+                embedding = embedding.to(x.device, x.dtype).expand(rows, -1, -1)
+            return model(
+                x, noise_level, text, text_mask, drop_text=drop_text, condition=latents, image=embedding
+            )
+
+        return forward
+
+
+def image_condition(
+    profile: RunProfile, model: Model, tokenizer: VideoTokenizer, image: str | Path | None
+) -> ImageCondition | None:
+    """The conditioning of `image` at the profile's infer size; None for a text-to-video model without one.
+    A model that needs an image and got none, or one given an image it cannot read, is refused."""
+    if not model.condition_channels:
+        if image is not None:
+            raise UserInputError(
+                f"--image {image}: this {model.family} model is text-to-video (model.condition_channels=0); "
+                "drop --image or sample an image-to-video model"
+            )
+        return None
+    if image is None:
+        raise UserInputError(
+            f"--image: this {model.family} model is image-to-video (model.condition_channels="
+            f"{model.condition_channels}); give the first frame to animate with --image PATH"
+        )
+    build = family(model.family).condition_latents
+    if build is None:
+        raise ValueError(f"family {model.family}: condition_channels without FamilySpec.condition_latents")
+    cfg = profile.infer
+    picture = load_image(image)
+    first = preprocess_image(picture, cfg.height, cfg.width, tokenizer.spatial_compression)
+    latents = load(build)(tokenizer, first.to(tokenizer.device), cfg.frames).cpu()
+    if latents.shape[1] != model.condition_channels:
+        raise UserInputError(
+            f"tokenizer: gives {latents.shape[1]} condition channels but the model reads "
+            f"model.condition_channels={model.condition_channels}; use the VAE the model was trained with"
+        )
+    embedding = None
+    if model.image_dim:
+        if profile.tokenizer.image_encoder is None:
+            raise UserInputError(
+                f"tokenizer.image_encoder: the model reads a {model.image_dim}-wide image embedding; set it to "
+                "the CLIP vision folder (a Wan2.1-I2V pipeline's image_encoder/)"
+            )
+        encoder = ImageEncoder(profile.tokenizer.image_encoder, tokenizer.device)
+        if encoder.width != model.image_dim:
+            raise UserInputError(
+                f"tokenizer.image_encoder: gives {encoder.width}-wide states but the model reads "
+                f"model.image_dim={model.image_dim}; use the image encoder the model was trained with"
+            )
+        embedding = encoder.encode([picture]).cpu()
+    return ImageCondition(latents, embedding)
