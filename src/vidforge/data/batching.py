@@ -25,6 +25,12 @@ from vidforge.tokens import SequenceLayout, pack_latents, token_grid
 
 log = logging.getLogger("vidforge.data")
 
+CONDITION = "condition.npy"
+"""Image-to-video: a sample's condition latents (C', T, H, W) float32, laid out as its `latent.npy`
+(`vidforge.tokenizers.image_condition`; the network reads them beside the noisy latents)."""
+IMAGE_EMB = "image_emb.npy"
+"""Image-to-video: the embedding of a sample's first frame (L, D) float16 (its CLIP states)."""
+
 
 def sample_tokens(latent_shape: Sequence[int], patch: Sequence[int]) -> int:
     """Tokens of a latent (C, T, H, W) after the model's patchify: (T/pt)(H/ph)(W/pw)."""
@@ -65,6 +71,8 @@ class PackedBatch:
     latent_shapes: list[tuple[int, ...]]
     budget: int
     meta: list[dict]
+    condition: torch.Tensor | None = None  # (1, S, pt*ph*pw*C') image-to-video, tokens as `tokens`
+    image_emb: torch.Tensor | None = None  # (B, L, D) float32 image-to-video
 
     @property
     def used(self) -> int:
@@ -90,12 +98,25 @@ class BucketBatch:
     text_mask: torch.Tensor
     keys: list[str]
     meta: list[dict]
+    condition: torch.Tensor | None = None  # (B, C', T, H, W) image-to-video
+    image_emb: torch.Tensor | None = None  # (B, L, D) float32 image-to-video
 
 
 def _text(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     emb = torch.from_numpy(np.stack([s["text_emb.npy"] for s in samples]).astype(np.float32))
     mask = torch.from_numpy(np.stack([s["text_mask.npy"] for s in samples]).astype(bool))
     return emb, mask
+
+
+def _image_inputs(samples: list[dict]) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
+    """The samples' condition latents and image embeddings, each None unless every sample has one."""
+    condition = None
+    if all(CONDITION in s for s in samples):
+        condition = [torch.from_numpy(np.asarray(s[CONDITION], dtype=np.float32)) for s in samples]
+    image = None
+    if all(IMAGE_EMB in s for s in samples):
+        image = torch.from_numpy(np.stack([s[IMAGE_EMB] for s in samples]).astype(np.float32))
+    return condition, image
 
 
 class _Batcher:
@@ -180,6 +201,8 @@ class Packer(_Batcher):
         latents = [torch.from_numpy(np.asarray(s["latent.npy"], dtype=np.float32)) for s in picked]
         tokens, layout = pack_latents(latents, self.patch)
         emb, mask = _text(picked)
+        conditions, image = _image_inputs(picked)
+        condition = pack_latents(conditions, self.patch)[0] if conditions is not None else None
         self.stats["batches"] += 1
         self.stats["tokens"] += layout.total
         self.stats["capacity"] += self.budget
@@ -192,6 +215,8 @@ class Packer(_Batcher):
             [tuple(x.shape) for x in latents],
             self.budget,
             [s.get("json", {}) for s in picked],
+            condition,
+            image,
         )
 
 
@@ -216,8 +241,15 @@ class Bucketer(_Batcher):
                 self.buffer = [s for i, s in enumerate(self.buffer) if i not in set(chosen)]
                 latents = torch.from_numpy(np.stack([s["latent.npy"] for s in picked]).astype(np.float32))
                 emb, mask = _text(picked)
+                conditions, image = _image_inputs(picked)
                 return BucketBatch(
-                    latents, emb, mask, [s["__key__"] for s in picked], [s.get("json", {}) for s in picked]
+                    latents,
+                    emb,
+                    mask,
+                    [s["__key__"] for s in picked],
+                    [s.get("json", {}) for s in picked],
+                    torch.stack(conditions) if conditions is not None else None,
+                    image,
                 )
             if self._ended:
                 return None

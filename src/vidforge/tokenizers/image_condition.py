@@ -21,7 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from vidforge.data.batching import CONDITION, IMAGE_EMB
 from vidforge.errors import UserInputError
+from vidforge.families import family, load
+from vidforge.profile import RunProfile
+from vidforge.profile.model import Model
 from vidforge.tokenizers.interface import VideoTokenizer
 
 IMAGE_ENCODER = "image_encoder"
@@ -109,3 +113,55 @@ class ImageEncoder:
         inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
         hidden = self.model(**inputs, output_hidden_states=True).hidden_states[-2]
         return hidden.float()
+
+
+class FirstFrameInputs:
+    """What `tokenize` keeps beside an image-to-video model's clips, so training conditions as sampling
+    does: each clip's condition latents (its family's `condition_latents` of its first frame, at its own
+    frame count) and, for a model with image_dim, its first frame's embedding."""
+
+    def __init__(self, model: Model, tokenizer: VideoTokenizer, image_encoder: str | None) -> None:
+        spec = family(model.family)
+        if spec.condition_latents is None:
+            raise ValueError(
+                f"family {model.family}: condition_channels without FamilySpec.condition_latents"
+            )
+        self.build = load(spec.condition_latents)
+        self.tokenizer = tokenizer
+        self.channels = model.condition_channels
+        self.encoder = None
+        if model.image_dim:
+            if image_encoder is None:
+                raise UserInputError(
+                    f"tokenizer.image_encoder: the model reads a {model.image_dim}-wide image embedding of each "
+                    "clip's first frame; set it to the CLIP vision folder (a Wan2.1-I2V pipeline's image_encoder/)"
+                )
+            self.encoder = ImageEncoder(image_encoder, tokenizer.device)
+            if self.encoder.width != model.image_dim:
+                raise UserInputError(
+                    f"tokenizer.image_encoder: gives {self.encoder.width}-wide states, the model reads "
+                    f"model.image_dim={model.image_dim}; use the image encoder the model was trained with"
+                )
+
+    def __call__(self, video: torch.Tensor, first_frames: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """video (B, 3, F, H, W) in [-1, 1] and its clips' first frames (H, W, 3) uint8 -> per clip its
+        members: CONDITION (C', T, h, w) float32 and IMAGE_EMB (L, D) float16."""
+        condition = self.build(self.tokenizer, video[:, :, 0], video.shape[2]).float().cpu().numpy()
+        if condition.shape[1] != self.channels:
+            raise UserInputError(
+                f"tokenizer: gives {condition.shape[1]} condition channels but the model reads "
+                f"model.condition_channels={self.channels}; tokenize with the VAE the model was trained with"
+            )
+        members: list[dict[str, np.ndarray]] = [{CONDITION: c} for c in condition]
+        if self.encoder is not None:
+            embedding = self.encoder.encode(first_frames).to(torch.float16).cpu().numpy()
+            for member, e in zip(members, embedding, strict=True):
+                member[IMAGE_EMB] = e
+        return members
+
+
+def first_frame_inputs(profile: RunProfile, tokenizer: VideoTokenizer) -> FirstFrameInputs | None:
+    """`FirstFrameInputs` for the profile's model; None for a text-to-video model (nothing kept)."""
+    if not profile.model.condition_channels:
+        return None
+    return FirstFrameInputs(profile.model, tokenizer, profile.tokenizer.image_encoder)

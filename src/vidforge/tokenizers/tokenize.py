@@ -41,6 +41,7 @@ from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile
 from vidforge.profile.data import Data
 from vidforge.tokenizers.base import build_tokenizer
+from vidforge.tokenizers.image_condition import first_frame_inputs
 from vidforge.tokenizers.interface import VideoTokenizer, frames_to_tensor, tensor_to_frames
 
 CARRIED = ("text_emb.npy", "text_mask.npy", "txt")
@@ -119,6 +120,7 @@ def tokenize_shard(
     batch_size = profile.tokenizer.batch_size
     errors: list[dict] = []
     encode_s = 0.0
+    image_inputs = first_frame_inputs(profile, tokenizer)  # image-to-video: what training conditions on
     queue: deque[Future] = deque()
     it = iter(samples)
 
@@ -129,9 +131,10 @@ def tokenize_shard(
     with ShardWriter(out_path) as writer, ThreadPoolExecutor(1, thread_name_prefix="vf-write") as write_pool:
         writes: list[Future] = []
 
-        def write(p: Prepared, latent: np.ndarray) -> None:
+        def write(p: Prepared, latent: np.ndarray, extra: dict[str, np.ndarray]) -> None:
             meta = {**p.meta, "latent_shape": list(latent.shape), "tokenizer": tokenizer.describe()["kind"]}
             members = {"latent.npy": npy_bytes(latent), "json": json_bytes(meta)}
+            members.update({name: npy_bytes(array) for name, array in extra.items()})
             members.update({k: p.members[k] for k in CARRIED if k in p.members})
             writer.add(p.key, members)
 
@@ -156,11 +159,14 @@ def tokenize_shard(
             _sync(tokenizer.device)
             t0 = time.perf_counter()
             latents = tokenizer.encode(video)
+            extras: list[dict[str, np.ndarray]] = [{} for _ in batch]
+            if image_inputs is not None:
+                extras = image_inputs(video, [p.video[0] for p in batch])
             _sync(tokenizer.device)
             encode_s += time.perf_counter() - t0
             latents = latents.float().cpu().numpy()
-            for p, latent in zip(batch, latents, strict=True):
-                writes.append(write_pool.submit(write, p, latent))
+            for p, latent, extra in zip(batch, latents, extras, strict=True):
+                writes.append(write_pool.submit(write, p, latent, extra))
         for w in writes:
             w.result()  # re-raise a failed write
         result = writer.close()

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vidforge.data.batching import BucketBatch, PackedBatch
+from vidforge.data.batching import CONDITION, BucketBatch, PackedBatch
 from vidforge.diffusion.objective import Objective
 from vidforge.errors import UserInputError
 from vidforge.tokens import Grid, SequenceLayout, TokenShard, patchify, token_grid
@@ -108,6 +108,10 @@ class DenoisingLoss:
     in_channels: int
     text_dim: int | None = None
     """The model's text width (`model.text_dim`); None: unchecked."""
+    condition_channels: int = 0
+    """Image-to-video (`model.condition_channels`): the batch's condition latents go to the network beside
+    the noisy latents, untouched by the noise, and its image embeddings with them; the loss stays on the
+    video latents (the network predicts only those)."""
 
     def draw(
         self, batch: PackedBatch | BucketBatch, device: torch.device, shard_of: ShardOf | None = None
@@ -146,6 +150,7 @@ class DenoisingLoss:
                 "text_mask": text_mask,
                 "drop_text": drop_text,
                 **where,
+                **self.image_inputs(batch, device, shard),
             },
             level=level,
             tokens=tokens,
@@ -153,6 +158,31 @@ class DenoisingLoss:
             shard=shard,
             error_scale=self.objective.error_scale(level_b),
         )
+
+    def image_inputs(
+        self, batch: PackedBatch | BucketBatch, device: torch.device, shard: TokenShard | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The network's image-to-video keywords for `batch` (none for a text-to-video model): its condition
+        latents as tokens laid out as the clean ones (this rank's under context parallel) and its image
+        embeddings when it has them."""
+        if not self.condition_channels:
+            return {}
+        if batch.condition is None:
+            raise UserInputError(
+                f"model.condition_channels={self.condition_channels}: the data has no {CONDITION} (an "
+                "image-to-video model trains on clips tokenized with its profile: `vidforge tokenize -p` the "
+                "profile `model import` wrote)"
+            )
+        condition = batch.condition
+        if isinstance(batch, BucketBatch):
+            condition = patchify(condition, self.patch)
+        condition = condition.to(device, non_blocking=True)
+        if shard is not None:
+            condition = shard.split(condition)
+        out = {"condition": condition}
+        if batch.image_emb is not None:
+            out["image"] = batch.image_emb.to(device, non_blocking=True)
+        return out
 
     def token_batch(self, batch: PackedBatch | BucketBatch, device: torch.device) -> TokenBatch:
         """The batch's clean tokens on `device` with its conditioning and geometry (no random draws)."""

@@ -90,7 +90,14 @@ class TrainStep(ABC):
         objective = build_objective(profile.diffusion)
         model = parts.modules[0].config  # the model being trained (a pipeline stage carries the whole config)
         dropout = profile.diffusion.caption_dropout
-        self.loss = DenoisingLoss(objective, dropout, tuple(model.patch), model.in_channels, model.text_dim)
+        self.loss = DenoisingLoss(
+            objective,
+            dropout,
+            tuple(model.patch),
+            model.in_channels,
+            model.text_dim,
+            model.condition_channels,
+        )
         # the logging window's loss per noise level (the loop resets it)
         self.by_level = LossByLevel(objective)
         train = profile.train

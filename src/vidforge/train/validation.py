@@ -22,6 +22,7 @@ from torch import nn
 from vidforge.data.shard_index import read_index
 from vidforge.data.shard_reader import SampleError, ShardError, iter_shard
 from vidforge.data.store import is_url
+from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.shape import check_shape, slug
@@ -52,6 +53,15 @@ def plan_validation(profile: RunProfile, data: Sequence[str | Path], fine_tune: 
     """train.validate_every, or for a fine-tune (--init, train.lora) left unset, four validations and one
     at the end; train.validation_prompts, or the first few distinct captions of the data."""
     cfg = profile.train
+    if profile.model.condition_channels:  # sampling needs a first frame per prompt, which prompts lack
+        if cfg.validate_every:
+            raise UserInputError(
+                f"train.validate_every={cfg.validate_every}: an image-to-video model's validation needs a first "
+                "frame; set train.validate_every=0 and sample the export with `vidforge infer --image`"
+            )
+        return ValidationPlan(
+            0, (), note="validation off: an image-to-video model samples from `infer --image`"
+        )
     every, at_end, note = cfg.validate_every or 0, False, None
     if cfg.validate_every is None and fine_tune:
         if profile.parallel.pp > 1:
