@@ -123,3 +123,11 @@ def test_i2v_folder_tokenizes_trains_on_the_pipelines_conditioning_and_samples(t
     assert (tmp_path / "out" / record["video"]).stat().st_size > 0
     refused = CliRunner().invoke(app, ["infer", "-c", str(run), "--prompt", "a", "-o", str(tmp_path / "no")])
     assert refused.exit_code == 2 and "give the first frame to animate with --image PATH" in refused.output
+
+    # README's LoRA recipe: an adapter on the folder, sampled from the folder with it and a first frame
+    lora = tmp_path / "lora"
+    _invoke("train", "--data", str(tmp_path / "latents"), "--run-dir", str(lora), "--init", str(folder), *_sets(),
+            "--set", "train.lora.rank=4", "--set", "train.lora.alpha=4", "--set", "train.steps=1")  # fmt: skip
+    _invoke("infer", "-c", str(folder), "--lora", str(lora), "--image", str(tmp_path / "first.png"), "--prompt", "a",
+            "-o", str(tmp_path / "lora_out"), *_sets())  # fmt: skip
+    assert json.loads((tmp_path / "lora_out" / "samples.jsonl").read_text())["lora"] == str(lora.resolve())
