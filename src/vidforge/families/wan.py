@@ -2,7 +2,10 @@
 `WanTransformer3DModel` module for module, so published weights load by name), and how a diffusers
 download of it (a transformer folder, or a whole pipeline: model_index.json beside transformer/, vae/,
 text_encoder/ (umT5), tokenizer/, scheduler/) maps to a profile: rectified flow predicting the velocity,
-the scheduler's shift, the pipeline's VAE and umT5 with its 512-token captions."""
+the scheduler's shift, the pipeline's VAE and umT5 with its 512-token captions. Wan2.1-I2V's transformer
+(in_channels 36 = 16 predicted + 20 condition, image_dim, added_kv_proj_dim) is the same family with
+model.condition_channels and model.image_dim; its pipeline's image_encoder/ (CLIP vision) becomes
+tokenizer.image_encoder."""
 
 from __future__ import annotations
 
