@@ -2,6 +2,7 @@
 by cross-attention's add_k_proj/add_v_proj) against diffusers' own WanTransformer3DModel on a tiny random
 I2V config (float64): with an image, without one, and in a packed row."""
 
+import pytest
 import torch
 from diffusers import WanTransformer3DModel
 
@@ -95,3 +96,22 @@ def test_i2v_packed_row_each_sample_equals_diffusers():
     for i, got in enumerate(unpack_tokens(packed, layout, (1, 2, 2))):
         args = (latents[i][None], conditions[i][None], t[i : i + 1], text[i : i + 1], image[i : i + 1])
         torch.testing.assert_close(got, _reference_out(ref, *args)[0], rtol=1e-10, atol=1e-10)
+
+
+def test_image_inputs_are_refused_where_they_do_not_belong():
+    """--image on a text-to-video model, none on an image-to-video one: one line each, before anything
+    loads; and a text-to-video model given condition latents."""
+
+    from vidforge.errors import UserInputError
+    from vidforge.infer.image_condition import image_condition
+
+    t2v = model_config("wan2.1-1.3b")
+    i2v = model_config("wan2.1-1.3b", condition_channels=20, image_dim=1280)
+    with pytest.raises(UserInputError, match="text-to-video .* drop --image"):
+        image_condition(None, t2v, None, "first.png")
+    with pytest.raises(UserInputError, match="give the first frame to animate with --image PATH"):
+        image_condition(None, i2v, None, None)
+    model = build_model(model_config("wan2.1-1.3b", **TINY), dtype=torch.float64)
+    x, condition, t, text, _ = _inputs()
+    with pytest.raises(UserInputError, match="model.condition_channels=0"):
+        model(x, t, text[:, :4], condition=condition)
