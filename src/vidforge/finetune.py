@@ -579,17 +579,24 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     page = stage("review", train_key, _command("review", train_dir), review)["page"]
     validation = train_dir / "validation"
     prompt = (profile.train.validation_prompts or [pairs[0][1]])[0]
+    # an image-to-video model samples from a first frame the user picks
+    image = ("--image", "FIRST_FRAME.png") if profile.model.condition_channels else ()
     if profile.train.lora is not None:
         after = [
-            _command("infer", "-c", base, "--lora", train_dir, "--prompt", prompt, "-o", out / "samples"),
+            _command(
+                "infer", "-c", base, "--lora", train_dir, *image, "--prompt", prompt, "-o", out / "samples"
+            ),
             _command("model", "export", train_dir, "--merged", "-o", out / "merged" / "transformer"),
         ]
         if find_export(base) is None:
+            index = Path(base) / "model_index.json"  # a pipeline folder names its class
+            pipeline = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
             after.append(
-                f"diffusers: WanPipeline.from_pretrained({str(base)!r}).load_lora_weights({model!r})"
+                f"diffusers: {pipeline or 'WanPipeline'}.from_pretrained({str(base)!r})"
+                f".load_lora_weights({model!r})"
             )
     else:
-        after = [_command("infer", "-c", train_dir, "--prompt", prompt, "-o", out / "samples")]
+        after = [_command("infer", "-c", train_dir, *image, "--prompt", prompt, "-o", out / "samples")]
     return FinetuneSummary(
         str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
     )
