@@ -45,6 +45,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "wan2.1-14b": {**WAN2_1, "layers": 40, "hidden": 5120, "heads": 40, "mlp_hidden": 13824},
 }
 
+# Wan2.2 TI2V-5B, the Wan2.2-TI2V-5B-Diffusers transformer config: Wan2.1's block at 30 x 3072, 24 heads
+# of 128, FFN 14336, over the Wan2.2 VAE's 48 latent channels; 5.0e9 parameters.
+PRESETS["wan2.2-ti2v-5b"] = {
+    **WAN2_1, "in_channels": 48, "layers": 30, "hidden": 3072, "heads": 24, "mlp_hidden": 14336,
+}  # fmt: skip
+
 # Wan2.1's block has exactly this shape, so a field set otherwise has no meaning here.
 FIXED: dict[str, Any] = {
     "architecture": "dit",
