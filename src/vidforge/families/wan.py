@@ -49,7 +49,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 # of 128, FFN 14336, over the Wan2.2 VAE's 48 latent channels; 5.0e9 parameters.
 PRESETS["wan2.2-ti2v-5b"] = {
     **WAN2_1, "in_channels": 48, "layers": 30, "hidden": 3072, "heads": 24, "mlp_hidden": 14336,
+    "expand_timesteps": True,
 }  # fmt: skip
+# What a TI2V folder (model_index.json's expand_timesteps) samples and trains with besides Wan2.1's: its
+# 24 fps, and half of a fine-tune's clips conditioned on their first frame so that the one network keeps
+# both of its tasks (set diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
+TI2V_DEFAULTS = ("infer.fps=24", "diffusion.image_condition=0.5")
 
 # Wan2.1's block has exactly this shape, so a field set otherwise has no meaning here.
 FIXED: dict[str, Any] = {
@@ -127,6 +132,19 @@ def _vae_compression(vae: Path) -> int:
     return int(config.get("scale_factor_spatial", 2 ** (len(config.get("dim_mult", [1, 2, 4, 4])) - 1)))
 
 
+def _vae_temporal_compression(vae: Path) -> int:
+    """AutoencoderKLWan's temporal compression: scale_factor_temporal, or 2x per temporal downsampling."""
+    config = read_json(vae / CONFIG) if (vae / CONFIG).is_file() else {}
+    steps = sum(bool(d) for d in config.get("temperal_downsample", [False, True, True]))
+    return int(config.get("scale_factor_temporal", 2**steps))
+
+
+def expands_timesteps(src: Path) -> bool:
+    """Whether a pipeline folder's model_index.json sets expand_timesteps (Wan2.2 TI2V)."""
+    index = src / PIPELINE_INDEX
+    return index.is_file() and bool(read_json(index).get("expand_timesteps"))
+
+
 def read_published(src: Path) -> Published | None:
     """A diffusers Wan transformer or pipeline folder as a profile reads it; None when `src` holds no
     WanTransformer3DModel config."""
@@ -150,6 +168,7 @@ def read_published(src: Path) -> Published | None:
             "tokenizer.kind=wan",
             f"tokenizer.path={parts['vae']}",
             f"tokenizer.spatial_compression={_vae_compression(parts['vae'])}",
+            f"tokenizer.temporal_compression={_vae_temporal_compression(parts['vae'])}",
         ]
     if "text_encoder" in parts:
         defaults += [
@@ -159,6 +178,9 @@ def read_published(src: Path) -> Published | None:
         ]
         if "tokenizer" in parts:
             defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
+    if expands_timesteps(src):
+        model["expand_timesteps"] = True
+        defaults += TI2V_DEFAULTS
     return Published("wan", src, folder, model, defaults, "flow")
 
 
@@ -181,7 +203,7 @@ SPEC = FamilySpec(
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
     fixed=FIXED,
-    own_fields=("cross_attn_norm",),
+    own_fields=("cross_attn_norm", "expand_timesteps"),
     table_modulation=True,
     read_published=read_published,
     published_class=CLASS_NAME,
