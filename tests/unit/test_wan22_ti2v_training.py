@@ -92,7 +92,8 @@ def test_refused_where_it_cannot_run() -> None:
     assert checked_image_condition(profile, profile.model) == 0.5
     for extra, says in [
         (["model.expand_timesteps=false"], "model.expand_timesteps is off"),
-        (["parallel.cp=2", "cluster.cpu_processes=2"], "without context or pipeline parallel"),
+        (["parallel.cp=2", "cluster.cpu_processes=2"], "without context, pipeline or sequence parallel"),
+        (["parallel.tp=2", "cluster.cpu_processes=2"], "without context, pipeline or sequence parallel"),
     ]:
         profile = load_profile(None, [*wan, *extra])
         with pytest.raises(UserInputError, match=says):

@@ -83,7 +83,9 @@ class StepResult:
 def checked_image_condition(profile: RunProfile, model) -> float:
     """`diffusion.image_condition`, refused where first-frame conditioning cannot run: a model without
     `expand_timesteps`, an objective other than flow (a clean token's level 0 is t = 0 there only),
-    context or pipeline parallel (their token splits do not carry a per-token level yet)."""
+    distillation, context, pipeline or sequence parallel (their token splits do not carry a per-token level yet: under
+    sequence parallel the rows `_RankTokensConditioning` sums over the tp ranks would be each rank's own
+    tokens')."""
     chance = profile.diffusion.image_condition
     if not chance:
         return 0.0
@@ -95,11 +97,13 @@ def checked_image_condition(profile: RunProfile, model) -> float:
         )
     if profile.diffusion.objective != "flow":
         raise UserInputError(f"diffusion.image_condition: needs diffusion.objective=flow; {fix}")
+    if profile.train.distill is not None:  # the student generates from noise alone
+        raise UserInputError(f"diffusion.image_condition: train.distill distils text-to-video; {fix}")
     layout = profile.parallel
-    if layout.cp > 1 or layout.pp > 1:
+    if layout.cp > 1 or layout.pp > 1 or (layout.tp > 1 and layout.sequence_parallel):
         raise UserInputError(
-            f"diffusion.image_condition: first-frame conditioning trains without context or pipeline "
-            f"parallel; set parallel.cp=1 and parallel.pp=1 {fix}"
+            f"diffusion.image_condition: first-frame conditioning trains without context, pipeline or "
+            f"sequence parallel; set parallel.cp=1, parallel.pp=1 and parallel.sequence_parallel=false {fix}"
         )
     return chance
 
