@@ -129,3 +129,21 @@ def test_text_to_video_equals_wan_pipeline_with_expand_timesteps(folder) -> None
         generator=torch.Generator().manual_seed(SEED),
     ).frames  # fmt: skip
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_import_and_train_init_keep_the_folders_ti2v_settings(folder, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from vidforge.cli.app import app
+    from vidforge.cli.train_cmd import _init_profile
+    from vidforge.profile import load_profile
+
+    result = CliRunner().invoke(app, ["model", "import", str(folder), "-o", str(tmp_path / "imported")])
+    assert result.exit_code == 0, result.output
+    for profile in (
+        load_profile(tmp_path / "imported" / "profile.yaml"),
+        _init_profile(folder, None, [], None, False),
+    ):
+        assert profile.model.expand_timesteps and profile.model.in_channels == CHANNELS
+        assert (profile.diffusion.image_condition, profile.diffusion.flow_shift) == (0.5, 5.0)
+        assert (profile.tokenizer.kind, profile.tokenizer.spatial_compression) == ("wan", 16)
