@@ -2,7 +2,9 @@
 `WanTransformer3DModel` module for module, so published weights load by name), and how a diffusers
 download of it (a transformer folder, or a whole pipeline: model_index.json beside transformer/, vae/,
 text_encoder/ (umT5), tokenizer/, scheduler/) maps to a profile: rectified flow predicting the velocity,
-the scheduler's shift, the pipeline's VAE and umT5 with its 512-token captions."""
+the scheduler's shift, the pipeline's VAE and umT5 with its 512-token captions. Wan2.2 TI2V-5B is the same
+block over the Wan2.2 VAE (48 channels, 4x16x16); its pipeline's model_index.json sets expand_timesteps
+(first-frame image conditioning: `model.expand_timesteps`)."""
 
 from __future__ import annotations
 
