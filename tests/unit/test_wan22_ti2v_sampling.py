@@ -147,3 +147,14 @@ def test_import_and_train_init_keep_the_folders_ti2v_settings(folder, tmp_path) 
         assert profile.model.expand_timesteps and profile.model.in_channels == CHANNELS
         assert (profile.diffusion.image_condition, profile.diffusion.flow_shift) == (0.5, 5.0)
         assert (profile.tokenizer.kind, profile.tokenizer.spatial_compression) == ("wan", 16)
+
+
+def test_an_image_of_another_size_is_read_as_the_pipelines_video_processor_reads_it(tmp_path) -> None:
+    from diffusers.video_processor import VideoProcessor
+    from PIL import Image
+
+    path = tmp_path / "other.png"
+    pixels = np.random.default_rng(1).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    theirs = VideoProcessor(vae_scale_factor=16).preprocess(Image.open(path), height=SIZE, width=SIZE)
+    torch.testing.assert_close(read_image(path, SIZE, SIZE), theirs[:, :, None], rtol=0, atol=0)
