@@ -85,10 +85,7 @@ def test_vae_latents_are_the_pipelines_normalisation_and_the_first_frame_is_caus
     torch.testing.assert_close(tokenizer.decode(ours), back)
     # the causal encoder: the first latent frame is the first pixel frame's alone, so a clip's own first
     # latent frame is the latent of its first frame as an image (what TI2V training conditions on)
-    other = video.clone()
-    other[:, :, 1:] = torch.rand(other[:, :, 1:].shape) * 2 - 1
     alone = tokenizer.encode(video[:, :, :1])
-    torch.testing.assert_close(tokenizer.encode(other)[:, :, :1], ours[:, :, :1], rtol=0, atol=0)
     torch.testing.assert_close(alone, ours[:, :, :1], rtol=1e-5, atol=1e-6)
 
 
