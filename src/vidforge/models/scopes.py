@@ -93,9 +93,10 @@ def sharded_scopes(shard: TokenShard) -> dict[str, Scope]:
 _TILED: WeakKeyDictionary[Scope, dict[tuple[Triple, Triple], Scope]] = WeakKeyDictionary()
 
 
-def tile_scope(full: Scope, tile: Triple, window: Triple, device: torch.device) -> Scope:
+def tile_scope(full: Scope, tile: Triple, window: Triple | None, device: torch.device) -> Scope:
     """Sliding-tile attention over the tokens of the `full` scope (`vidforge.models.sliding_tile`): the
-    row permuted into tile-major order, sample by sample, and a `TileMask` for the dispatcher."""
+    row permuted into tile-major order, sample by sample, and a `TileMask` for the dispatcher (window
+    None: every tile, the tiling video sparse attention selects from)."""
     built = _TILED.setdefault(full, {})
     if (tile, window) in built:
         return built[(tile, window)]

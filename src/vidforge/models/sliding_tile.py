@@ -224,20 +224,22 @@ def tile_order(grid: Grid, tile: Triple) -> torch.Tensor:
     return torch.sort(tile_id, stable=True).indices
 
 
-def tile_mask(grids: Sequence[Grid], tile: Triple, window: Triple, order: torch.Tensor) -> TileMask:
+def tile_mask(grids: Sequence[Grid], tile: Triple, window: Triple | None, order: torch.Tensor) -> TileMask:
     """The TileMask of a row holding samples of `grids` (one grid for a plain batch), their tokens
-    permuted by `order` (each sample's `tile_order`, offset to its place in the row)."""
+    permuted by `order` (each sample's `tile_order`, offset to its place in the row); window None: every
+    tile of the sample (video sparse attention's tiling, `vidforge.models.video_sparse`)."""
     tiles, start, stop, sample = [[], [], []], [[], [], []], [[], [], []], []
     for i, grid in enumerate(grids):
         pos = grid_positions(grid)
         sample.append(torch.full((pos.shape[0],), i, dtype=torch.long))
         for a in range(3):
             count = -(-grid[a] // tile[a])
+            size = count if window is None else min(window[a], count)
             axis = pos[:, a] // tile[a]
-            first = window_starts(axis, count, window[a])
+            first = window_starts(axis, count, size)
             tiles[a].append(axis)
             start[a].append(first)
-            stop[a].append(first + min(window[a], count))
+            stop[a].append(first + size)
 
     def row(parts):
         return tuple(torch.cat(p)[order] for p in parts)
@@ -267,15 +269,18 @@ def check_backend(backend: str) -> None:
     for a model built by hand)."""
     if backend == "flash":
         raise UserInputError(
-            "model.attention_window: sliding-tile attention runs on attention=flex (GPU block mask) or "
-            "sdpa/dense (masked reference), not flash"
+            "model.attention_window/attention_topk: tiled attention runs on attention=flex (GPU block mask) "
+            "or sdpa/dense (masked reference), not flash"
         )
 
 
 def set_windows(blocks, cfg) -> None:
     """Give each block's full self-attention layer (named by the block class's `full_attention`) its
-    (tile, window) from the profile (`Model.layer_window`); a layer left alone attends in full."""
+    (tile, window) from the profile (`Model.layer_window`), or under video sparse attention
+    (`model.attention_topk`) the tiling (window None) and its `topk`; a layer left alone attends in full."""
     for key, block in blocks.items():
-        window = cfg.layer_window(int(key))
-        if window is not None:
+        if cfg.attention_topk is not None:
+            layer = getattr(block, block.full_attention)
+            layer.tiles, layer.topk = (tuple(cfg.attention_tile), None), cfg.attention_topk
+        elif (window := cfg.layer_window(int(key))) is not None:
             getattr(block, block.full_attention).tiles = (tuple(cfg.attention_tile), window)

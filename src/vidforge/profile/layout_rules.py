@@ -213,13 +213,13 @@ def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
-    """Sliding-tile attention (model.attention_window): its tile must fit the token grid of the videos
+    """Sliding-tile and video sparse attention (model.attention_window, attention_topk): the tile must fit the token grid of the videos
     `vidforge infer` samples (training buckets may be smaller, images among them: a tile wider than a
     grid is one partial tile there). Under context parallel the windows are applied across ranks by
     all-gather, ring and Ulysses (`vidforge.models.sliding_tile.TiledShard`); usp and the ST-DiT
     slicings have no plan for them."""
     model = profile.model
-    if model.attention_window is None:
+    if model.attention_window is None and model.attention_topk is None:
         return []
     tok, inf, (pt, ph, pw) = profile.tokenizer, profile.infer, model.patch
     spatial = tok.spatial_compression
@@ -235,7 +235,12 @@ def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
             "of infer.frames/height/width; use a tile of at most that per axis"
         )
     impl = profile.parallel.cp_impl
-    if layout.cp > 1 and impl not in SLIDING_TILE_CP_IMPLS:
+    if layout.cp > 1 and model.attention_topk is not None:
+        problems.append(
+            f"parallel.cp: video sparse attention (model.attention_topk) has no context-parallel plan (its "
+            f"coarse pass needs every rank's tiles); set parallel.cp=1 (got {layout.cp}) or drop attention_topk"
+        )
+    elif layout.cp > 1 and impl not in SLIDING_TILE_CP_IMPLS:
         problems.append(
             f"parallel.cp_impl: sliding-tile attention (model.attention_window) runs under cp_impl "
             f"{', '.join(SLIDING_TILE_CP_IMPLS)}, not {impl}; change cp_impl or set parallel.cp=1"
