@@ -1,7 +1,8 @@
 """Sliding-tile attention under context parallel (all-gather, its re-gather variant, ring, Ulysses) on 2
 gloo ranks against one process, in float64.
 
-- The attention alone: random q, k, v of a plain batch (2 rows of a 3 x 5 x 7 grid: 105 tokens, a pad at
+- The attention alone (the ring also in query chunks of 16; all-gather with re-gather runs in
+  test_context_parallel's spawn, where the selective checkpointing is imported already): random q, k, v of a plain batch (2 rows of a 3 x 5 x 7 grid: 105 tokens, a pad at
   cp 2) and of a packed row (3 x 5 x 7 + 2 x 4 x 3 tokens), split with `TokenShard`, windowed through the
   model's own path (`sharded_scopes` -> `tile_scope`) and run by `ContextParallelAttend`; the gathered
   output and the gradients of q, k and v equal a masked softmax written out per sample, its mask built
@@ -18,6 +19,7 @@ real error (a missing key or a wrong gradient path is O(1e-2)). One spawn runs e
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from ranks import run_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-IMPLS = ("all-gather", "all-gather regather", "ring", "ulysses")
+IMPLS = ("all-gather", "ring", "ring chunked", "ulysses")  # all-gather regather: test_context_parallel
 ROWS = {"plain": ((3, 5, 7),), "packed": ((3, 5, 7), (2, 4, 3))}
 TILE, WINDOW = (2, 2, 3), (1, 3, 1)
 DIT_IMPLS, DIT_ROWS = ("all-gather", "ring", "ulysses"), ("packed", "plain padded")  # test_context_parallel's
@@ -48,21 +50,33 @@ def _row(kind: str):
     return [torch.randn(batch, total, HEADS, DIM, generator=g, dtype=torch.float64) for _ in range(4)]
 
 
-def _attention_case(kind: str, impl: str, group) -> dict[str, torch.Tensor]:
+def attention_case(kind: str, impl: str, group) -> dict[str, torch.Tensor]:
     """This rank's sliding-tile attention under context parallel, gathered: output and input gradients."""
     from vidforge.models.attention import Attend
     from vidforge.models.scopes import sharded_scopes, tile_scope
-    from vidforge.parallel.context_parallel import ContextParallelAttend, gather_row, shard_of
+    from vidforge.parallel.context_parallel import (
+        ContextParallelAttend,
+        cp_process_group,
+        gather_row,
+        shard_of,
+    )
+    from vidforge.parallel.cp_attention import ring_attention
     from vidforge.tokens import SequenceLayout
 
+    group = cp_process_group(group)  # a cp mesh or its process group
     grids = ROWS[kind]
     shard = shard_of(SequenceLayout(grids) if kind == "packed" else grids[0], group)
     q, k, v, grad = _row(kind)
     local = [shard.split(x).requires_grad_() for x in (q, k, v)]
     scope = tile_scope(sharded_scopes(shard)["full"], TILE, WINDOW, torch.device("cpu"))
-    name, _, regather = impl.partition(" ")
-    attend = ContextParallelAttend(Attend("sdpa"), group, name, regather=bool(regather))
-    out = attend(*(scope.gather(x) for x in local), scope.mask)
+    name, _, variant = impl.partition(" ")
+    if variant == "chunked":  # the ring's einsum kernel in query chunks, each asking for its rows of the mask
+        out = ring_attention(
+            *(scope.gather(x) for x in local), shard, group, query_chunk=16, tiles=scope.mask
+        )
+    else:
+        attend = ContextParallelAttend(Attend("sdpa"), group, name, regather=variant == "regather")
+        out = attend(*(scope.gather(x) for x in local), scope.mask)
     out.backward(shard.split(grad))
     result = {"output": gather_row(scope.scatter(out).detach(), shard, group)}
     for label, x in zip(("q", "k", "v"), local, strict=True):
@@ -98,7 +112,7 @@ def _worker(rank: int, world: int):
     from test_context_parallel import _case
 
     group = dist.group.WORLD
-    attention = {(impl, kind): _attention_case(kind, impl, group) for impl in IMPLS for kind in ROWS}
+    attention = {(impl, kind): attention_case(kind, impl, group) for impl in IMPLS for kind in ROWS}
     model = _model([[1, 1, 1], [3, 1, 1]])  # one token tile per query on the first layer
     dit = {(impl, kind): _case(model, impl, kind, group) for impl in DIT_IMPLS for kind in DIT_ROWS}
     return {"attention": attention, "dit": dit}
@@ -109,7 +123,8 @@ def results():
     return run_ranks(_worker, 2)
 
 
-def _reference(kind: str):
+@functools.cache  # every impl's test compares with it
+def reference(kind: str):
     """Masked softmax per sample, written out, and its gradients for the same output gradient."""
     from test_sliding_tile import reference_mask
 
@@ -130,7 +145,7 @@ def _reference(kind: str):
 @pytest.mark.parametrize("kind", ROWS)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_two_ranks_equal_the_dense_masked_reference_forward_and_backward(results, impl, kind):
-    want = _reference(kind)
+    want = reference(kind)
     for rank in results:
         got = rank["attention"][(impl, kind)]
         for name, value in want.items():

@@ -202,15 +202,12 @@ class TiledShard(ContextShard):
             self._cache[key] = TileRows(self.tiles, index, self.shard.token_sample(device).repeat(size))
         return self._cache[key]
 
-    def block(self, source: int, device: torch.device) -> torch.Tensor:
-        """(local, local) bool: which of rank `source`'s tokens each of this rank's queries sees (pads of
-        `source` are no keys)."""
-        key = ("block", source, str(device))
-        if key not in self._cache:
-            rows, kv = self.rows(device), self.shard.row_index(device, source)
-            q = torch.arange(rows.q_index.shape[0], device=device)
-            self._cache[key] = rows.allowed(q[:, None], kv.clamp(min=0)[None, :]) & (kv >= 0)[None, :]
-        return self._cache[key]
+    def block(self, source: int, device: torch.device, queries: slice) -> torch.Tensor:
+        """(queries, local) bool: which of rank `source`'s tokens each of this rank's `queries` (a slice)
+        sees; pads of `source` are no keys. Built per call, not kept: the ring asks by query chunk."""
+        rows, kv = self.rows(device), self.shard.row_index(device, source)
+        q = torch.arange(rows.q_index.shape[0], device=device)[queries]
+        return rows.allowed(q[:, None], kv.clamp(min=0)[None, :]) & (kv >= 0)[None, :]
 
 
 def tile_order(grid: Grid, tile: Triple) -> torch.Tensor:

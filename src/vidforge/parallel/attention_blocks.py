@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -98,14 +99,12 @@ class BlockKeys:
 
 @dataclass(frozen=True, eq=False)
 class MaskedKeys:
-    """Which key of the block each query sees as an explicit (Lq, Lk) boolean mask (sliding-tile
-    attention's windows under ring attention, `TiledShard.block`); a query may see none. Only the einsum
-    kernel takes it."""
+    """Which key of the block each query sees by an explicit rule (sliding-tile attention's windows under
+    ring attention, `TiledShard.block`): `rows(queries)` is the (chunk, Lk) boolean mask of a slice of
+    the queries, built per query chunk so that no (Lq, Lk) mask is held; a query may see none. Only the
+    einsum kernel takes it."""
 
-    mask: torch.Tensor
-
-    def allowed(self, device: torch.device) -> torch.Tensor:
-        return self.mask.to(device)
+    rows: Callable[[slice], torch.Tensor]
 
 
 @functools.lru_cache(maxsize=4096)  # packed rows differ step to step: bounded
@@ -433,29 +432,34 @@ def block_attention(
     return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
 
 
+def _chunk_masks(kernel: Einsum, keys: BlockKeys | MaskedKeys, q: torch.Tensor):
+    """(query slice, its (chunk, Lk) mask) for each of the einsum kernel's query chunks."""
+    full = keys.allowed(q.device) if isinstance(keys, BlockKeys) else None
+    for rows in kernel.chunks(q.shape[1]):
+        yield rows, full[rows] if full is not None else keys.rows(rows).to(q.device)
+
+
 def _einsum_forward(kernel: Einsum, q, k, v, keys: BlockKeys | MaskedKeys, scale):
     dtype = compute_dtype(q)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    allowed = keys.allowed(q.device)
     out = q.new_zeros((*q.shape[:3], v.shape[-1]))
     lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"))
-    for rows in kernel.chunks(q.shape[1]):
-        if allowed[rows].any():  # a chunk without keys here keeps output 0, log-sum-exp -inf
-            out[:, rows], lse[..., rows] = block_attention(q[:, rows], k, v, allowed[rows], scale)
+    for rows, allowed in _chunk_masks(kernel, keys, q):
+        if allowed.any():  # a chunk without keys here keeps output 0, log-sum-exp -inf
+            out[:, rows], lse[..., rows] = block_attention(q[:, rows], k, v, allowed, scale)
     return out, lse
 
 
 def _einsum_backward(kernel: Einsum, dout, q, k, v, out, lse, keys: BlockKeys | MaskedKeys, scale):
     dtype = compute_dtype(q)
     q, k, v, dout = q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype)
-    allowed = keys.allowed(q.device)
     delta = (dout * out.to(dtype)).sum(-1).transpose(1, 2)  # (B, H, L): rowsum(dO * O)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for rows in kernel.chunks(q.shape[1]):
-        if not allowed[rows].any():
+    for rows, allowed in _chunk_masks(kernel, keys, q):
+        if not allowed.any():
             continue
         scores = torch.einsum("bqhd,bkhd->bhqk", q[:, rows], k) * scale
-        probs = torch.exp(scores - lse[..., rows, None]).masked_fill(~allowed[rows], 0.0)
+        probs = torch.exp(scores - lse[..., rows, None]).masked_fill(~allowed, 0.0)
         d_probs = torch.einsum("bqhd,bkhd->bhqk", dout[:, rows], v)
         d_scores = probs * (d_probs - delta[..., rows, None])
         dq[:, rows] += torch.einsum("bhqk,bkhd->bqhd", d_scores, k) * scale

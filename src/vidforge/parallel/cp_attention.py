@@ -298,7 +298,7 @@ def _keys_of(shard: TokenShard, tiles: TiledShard | None, device: torch.device):
     attention the windows' block of the mask (`TiledShard.block`)."""
     if tiles is None:
         return functools.partial(_block_keys, shard)
-    return lambda source: MaskedKeys(tiles.block(source, device))
+    return lambda source: MaskedKeys(functools.partial(tiles.block, source, device))
 
 
 RING_QUERY_CHUNK = 2048
