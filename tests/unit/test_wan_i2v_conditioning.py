@@ -82,7 +82,7 @@ def test_infer_with_an_image_samples_the_pipelines_latents(folder, pipe, tmp_pat
     """What `vidforge infer -c FOLDER --image PATH` samples (its profile as published: UniPC, the scheduler's
     shift, guidance with a negative caption) equals WanImageToVideoPipeline on the same image, caption
     embeddings and noise."""
-    from vidforge.infer.image_condition import image_condition
+    from vidforge.infer.image_condition import channel_condition
     from vidforge.infer.weights import find_weights, load_network, sampling_profile
     from vidforge.sampling.latents import initial_noise, sample_latents
     from vidforge.sampling.shape import check_shape
@@ -98,7 +98,7 @@ def test_infer_with_an_image_samples_the_pipelines_latents(folder, pipe, tmp_pat
     tokenizer = build_tokenizer(profile, device="cpu")
     shape = check_shape(profile, tokenizer)
     model = load_network(weights, "cpu")
-    conditioning = image_condition(profile, model.config, tokenizer, path)
+    conditioning = channel_condition(profile, tokenizer, path)
     encoder = build_text_encoder(profile)
     text, mask = (torch.from_numpy(a) for a in encoder.encode(["a red square moving right"]))
     negative = tuple(torch.from_numpy(a) for a in encoder.encode(["blue"]))

@@ -99,18 +99,21 @@ def test_i2v_packed_row_each_sample_equals_diffusers():
 
 
 def test_image_inputs_are_refused_where_they_do_not_belong():
-    """--image on a text-to-video model, none on an image-to-video one: one line each, before anything
-    loads; and a text-to-video model given condition latents."""
-
+    """No --image for an image-to-video model, or over several processes: one line each, before anything
+    loads (a text-to-video model gets no condition channels here: `infer.image` refuses its image); and a
+    text-to-video model given condition latents."""
     from vidforge.errors import UserInputError
-    from vidforge.infer.image_condition import image_condition
+    from vidforge.infer.image_condition import channel_condition
+    from vidforge.profile import load_profile
 
-    t2v = model_config("wan2.1-1.3b")
-    i2v = model_config("wan2.1-1.3b", condition_channels=20, image_dim=1280)
-    with pytest.raises(UserInputError, match="text-to-video .* drop --image"):
-        image_condition(None, t2v, None, "first.png")
+    assert channel_condition(load_profile(None, ["model.preset=wan2.1-1.3b"]), None, "first.png") is None
+    i2v = load_profile(
+        None, ["model.preset=wan2.1-1.3b", "model.condition_channels=20", "model.image_dim=1280"]
+    )
     with pytest.raises(UserInputError, match="give the first frame to animate with --image PATH"):
-        image_condition(None, i2v, None, None)
+        channel_condition(i2v, None, None)
+    with pytest.raises(UserInputError, match="drop --nproc"):
+        channel_condition(i2v, None, "first.png", world=2)
     model = build_model(model_config("wan2.1-1.3b", **TINY), dtype=torch.float64)
     x, condition, t, text, _ = _inputs()
     with pytest.raises(UserInputError, match="model.condition_channels=0"):

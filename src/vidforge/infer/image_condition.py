@@ -1,4 +1,5 @@
-"""`vidforge infer --image PATH` for image-to-video models: what the network reads beside the noisy latents
+"""`vidforge infer --image PATH` for image-to-video models with condition channels (Wan2.1-I2V; first-frame
+conditioning, Wan2.2 TI2V's, is `vidforge.infer.image`'s): what the network reads beside the noisy latents
 (its family's condition latents of the image at the video's size, `FamilySpec.condition_latents`) and
 the image's embedding (model.image_dim > 0: the profile's tokenizer.image_encoder), held for the whole
 run, and the forward that hands them to every call of the sampler, both guidance branches included
@@ -16,7 +17,6 @@ from torch import nn
 from vidforge.errors import UserInputError
 from vidforge.families import family, load
 from vidforge.profile import RunProfile
-from vidforge.profile.model import Model
 from vidforge.tokenizers.image_condition import ImageEncoder, load_image, preprocess_image
 from vidforge.tokenizers.interface import VideoTokenizer
 
@@ -45,22 +45,24 @@ class ImageCondition:
         return forward
 
 
-def image_condition(
-    profile: RunProfile, model: Model, tokenizer: VideoTokenizer, image: str | Path | None
+def channel_condition(
+    profile: RunProfile, tokenizer: VideoTokenizer, image: str | Path | None, world: int = 1
 ) -> ImageCondition | None:
-    """The conditioning of `image` at the profile's infer size; None for a text-to-video model without one.
-    A model that needs an image and got none, or one given an image it cannot read, is refused."""
+    """The conditioning of `image` at the profile's infer size for a model with condition channels; None
+    for any other model (`vidforge.infer.image` owns first-frame conditioning and refusing an image to a
+    text-to-video model). A model that needs an image and got none, or a run over several processes, is
+    refused."""
+    model = profile.model
     if not model.condition_channels:
-        if image is not None:
-            raise UserInputError(
-                f"--image {image}: this {model.family} model is text-to-video (model.condition_channels=0); "
-                "drop --image or sample an image-to-video model"
-            )
         return None
     if image is None:
         raise UserInputError(
             f"--image: this {model.family} model is image-to-video (model.condition_channels="
             f"{model.condition_channels}); give the first frame to animate with --image PATH"
+        )
+    if world > 1:
+        raise UserInputError(
+            f"--image: image-to-video samples in one process, not over {world}; drop --nproc"
         )
     build = family(model.family).condition_latents
     if build is None:

@@ -37,7 +37,8 @@ import torch
 from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
-from vidforge.infer.image_condition import image_condition
+from vidforge.infer.image import image_condition
+from vidforge.infer.image_condition import channel_condition
 from vidforge.infer.output import InferResult, SampleWriter
 from vidforge.infer.plan import (
     InferPlan,
@@ -105,8 +106,9 @@ def run(
     the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S (default:
     the profile's infer.scalefusion_*).
     `log(message)` is told the plan of a parallel run. `lora`: a LoRA run's adapter put on the checkpoint
-    (its base), its output weighted by `lora_scale`. `image`: the first frame an image-to-video model
-    animates (`vidforge.infer.image_condition`)."""
+    (its base), its output weighted by `lora_scale`. `image`: every video starts from this image, in one
+    process (`vidforge.infer.image` for a model with model.expand_timesteps;
+    `vidforge.infer.image_condition` for one with model.condition_channels, which needs it)."""
     from vidforge.parallel.runtime import init_runtime
 
     if not prompts or any(not p.strip() for p in prompts):
@@ -127,6 +129,11 @@ def run(
         )
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
+    # an image-to-video model reads condition channels beside the latents (Wan2.1-I2V), or starts from the
+    # image's latent as its first frame (model.expand_timesteps, Wan2.2 TI2V)
+    channels = channel_condition(prof, tokenizer, image, world)
+    first_frame = channels is None and image is not None
+    condition = image_condition(prof, tokenizer, image, world) if first_frame else None
     check_memory(prof, latent_shape, len(prompts), runtime.device, world)
     # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
     lock = FolderLock(out) if rank == 0 else None
@@ -136,10 +143,7 @@ def run(
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
-    conditioning = image_condition(prof, model.config, tokenizer, image)
     if world > 1:
-        if conditioning is not None:
-            raise UserInputError(f"--image: image-to-video samples in one process; drop --nproc {world}")
         plan = InferPlan.choose(
             world, prof.diffusion.guidance, model.config, prof.infer.tp, prof.parallel.cp_impl
         )
@@ -158,11 +162,18 @@ def run(
         setting = prof.infer.cache
         cache = StepCache(setting.threshold, rescale_name(setting.rescale, model.config))
 
-        forward = conditioning.forward(model) if conditioning is not None else None
-
         def sampler(text, mask, seeds, shape, negative):
             return sample_latents(
-                model, prof, text, mask, seeds, shape, negative, cache=cache, forward=forward
+                model,
+                prof,
+                text,
+                mask,
+                seeds,
+                shape,
+                negative,
+                cache=cache,
+                condition=condition,
+                forward=channels.forward(model) if channels is not None else None,
             )
 
     negative = None
@@ -179,8 +190,8 @@ def run(
         "cache_threshold": prof.infer.cache.threshold,
         "checkpoint_step": exported_step(export) if export is not None else None,
         "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
-        **({"lora": str(Path(lora).resolve()), "lora_scale": lora_scale} if lora is not None else {}),
         **({"image": str(Path(image).resolve())} if image is not None else {}),
+        **({"lora": str(Path(lora).resolve()), "lora_scale": lora_scale} if lora is not None else {}),
     }
     writer = SampleWriter(Path(out), prof.infer.fps, prof.infer.crf, settings) if rank == 0 else None
     started = time.perf_counter()

@@ -19,6 +19,7 @@ from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.rope import apply_rope
 from vidforge.models.scopes import Scope, tile_scope
+from vidforge.models.video_sparse import select_tiles
 
 
 @dataclass(eq=False)
@@ -26,8 +27,10 @@ class Conditioning:
     """Everything a block reads besides its tokens, computed once per forward by `DiT.condition` (and
     recomputed on each pipeline stage rather than sent along).
 
-    time: (N, hidden) timestep embedding, one row per sample (N = B, or the packed sample count).
-    shared_modulation: (N, chunks*hidden) AdaLN-LoRA's shared term, or None without AdaLN-LoRA.
+    time: (N, hidden) timestep embedding, one row per sample (N = B, or the packed sample count); or
+        (rows, S, hidden), one per token, from a per-token noise level (`VideoTransformer.token_levels`).
+    shared_modulation: (N, chunks*hidden) AdaLN-LoRA's shared term, or None without AdaLN-LoRA (per token
+        like `time` where that is).
     text: projected caption tokens: (B, L, hidden), or (1, sum of valid L_i, hidden) when packed.
     text_mask: the cross-attention mask: KeyPadding, Segments (packed) or None.
     rope: cos and sin tables, each (S, head_dim/2).
@@ -56,6 +59,8 @@ class Conditioning:
         when the row holds one sample. That case is a broadcast, not a gather: a gathered (S, 6 x hidden)
         float32 table per block is written in the forward, saved by every product with it, and
         accumulated back onto one row in the backward (at 32K tokens and hidden 1536, 1.2 GB a block)."""
+        if values.ndim == 3:  # already per token (rows, S, F): a per-token noise level's
+            return values
         if self.token_sample is None:
             return values.unsqueeze(1)
         if values.shape[0] == 1:
@@ -67,7 +72,15 @@ class Conditioning:
         those tokens (sequence parallel). Only `token_sample` is per token in what blocks read between
         attentions; rope, positions and scopes stay whole because attention runs on the whole row (the
         sequence is gathered before the q/k/v projections). A plain batch's per-sample rows broadcast
-        against any slice, so it returns itself."""
+        against any slice, so it returns itself; per-token rows (`time` (rows, S, hidden)) are sliced."""
+        if self.time.ndim == 3:
+            shared = self.shared_modulation
+            return replace(
+                self,
+                time=self.time[:, start:end],
+                shared_modulation=shared[:, start:end] if shared is not None else None,
+                token_sample=self.token_sample[start:end] if self.token_sample is not None else None,
+            )
         if self.token_sample is None:
             return self
         return replace(self, token_sample=self.token_sample[start:end])
@@ -182,7 +195,8 @@ class SelfAttention(_HeadProjections):
 
     def __init__(self, hidden: int, heads: int, qk_norm: bool = True, attend: Attend | None = None) -> None:
         super().__init__(hidden, heads, qk_norm, attend)
-        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (tile, window): STA
+        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int] | None] | None = None  # (tile, window)
+        self.topk: int | None = None  # video sparse attention's key tiles per query tile (window None)
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """q, k, v as (B, S, heads, head_dim) (this rank's heads under tensor parallel), normalised and rotated; what `attend` receives before the
@@ -195,8 +209,9 @@ class SelfAttention(_HeadProjections):
         q, k, v = self.project(x, rope)
         if self.tiles is not None:
             scope = tile_scope(scope, *self.tiles, x.device)
-        out = self.attend(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask)
-        return self.out(scope.scatter(out).flatten(-2))
+        q, k, v = scope.gather(q), scope.gather(k), scope.gather(v)
+        mask = scope.mask if self.topk is None else select_tiles(scope.mask, q, k, self.topk)
+        return self.out(scope.scatter(self.attend(q, k, v, mask)).flatten(-2))
 
 
 class CrossAttention(_HeadProjections):

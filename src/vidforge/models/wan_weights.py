@@ -225,9 +225,10 @@ def import_wan(
         )
     folder, model, stored, names = _diffusers_source(src)
     data = profile.model_dump(mode="json")
-    # The imported shape with the profile's choice of attention kernels.
-    kernels = {"attention": profile.model.attention, "sdpa_backend": profile.model.sdpa_backend}
-    data["model"] = {**model.model_dump(mode="json"), **kernels}
+    # The imported shape with the profile's choice of attention kernels, and its expand_timesteps (the
+    # pipeline's model_index.json says it, not the transformer's config).
+    kept = {name: getattr(profile.model, name) for name in ("attention", "sdpa_backend", "expand_timesteps")}
+    data["model"] = {**model.model_dump(mode="json"), **kept}
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
