@@ -106,10 +106,9 @@ def test_image_inputs_are_refused_where_they_do_not_belong():
     from vidforge.infer.image_condition import channel_condition
     from vidforge.profile import load_profile
 
-    assert channel_condition(load_profile(None, ["model.preset=wan2.1-1.3b"]), None, "first.png") is None
-    i2v = load_profile(
-        None, ["model.preset=wan2.1-1.3b", "model.condition_channels=20", "model.image_dim=1280"]
-    )
+    wan = ["model.preset=wan2.1-1.3b", "model.abs_position=none"]
+    assert channel_condition(load_profile(None, wan), None, "first.png") is None
+    i2v = load_profile(None, [*wan, "model.condition_channels=20", "model.image_dim=1280"])
     with pytest.raises(UserInputError, match="give the first frame to animate with --image PATH"):
         channel_condition(i2v, None, None)
     with pytest.raises(UserInputError, match="drop --nproc"):
