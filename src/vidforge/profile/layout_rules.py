@@ -264,12 +264,6 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
             "train.fp8: torchao's float8 matmuls do not convert LoRA's frozen base; set train.fp8=false "
             "(train.lora.fp8_base=true stores the base in float8)"
         )
-    if profile.train.lora.blocks_to_swap and layout.dp_shard * layout.cp * layout.dp_replicate > 1:
-        problems.append(
-            f"train.lora.blocks_to_swap: block swap moves whole weights, FSDP2 shards them "
-            f"(dp_shard {layout.dp_shard} x cp {layout.cp} x dp_replicate {layout.dp_replicate}); set "
-            "train.lora.blocks_to_swap=0 or run one process"
-        )
     if profile.train.lora.blocks_to_swap > profile.model.layers:
         problems.append(
             f"train.lora.blocks_to_swap: {profile.train.lora.blocks_to_swap} is more than the model's "
