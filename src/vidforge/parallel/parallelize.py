@@ -141,6 +141,15 @@ def uses_fsdp(dims: ParallelDims) -> bool:
     return dims.fsdp_enabled or dims.dp_enabled
 
 
+def shards_on_host(profile: RunProfile, dims: ParallelDims) -> bool:
+    """Whether FSDP2 keeps shards in host memory: train.fsdp_cpu_offload, or block swap under FSDP2. Their
+    gradient norms and the export's gathers are collectives over CPU tensors, so the process group needs
+    gloo beside NCCL (`init_runtime`; torchtitan's "cuda:nccl,cpu:gloo" for its CPU offload)."""
+    lora = profile.train.lora
+    swap = lora is not None and lora.blocks_to_swap > 0
+    return uses_fsdp(dims) and (profile.train.fsdp_cpu_offload or swap)
+
+
 def compute_dtype(profile: RunProfile) -> torch.dtype:
     """What a training step computes in (`train.precision`): bf16 or fp32. Decided here alone: FSDP's
     parameter dtype, autocast's, the activations pipeline stages send, LoRA's frozen base."""
