@@ -382,7 +382,10 @@ def estimate_memory(
                 adapters -= hosted
                 per = 4 + 4 + 4 * ADAM_STATES + (4 if train.ema_decay > 0 else 0)
                 host_bytes += hosted * per
-                host += f", and their {hosted:,.0f} adapter weights with gradients and AdamW states ({_gib(hosted * per)})"
+                host += (
+                    f", and their {hosted:,.0f} adapter weights with gradients and AdamW states "
+                    f"({_gib(hosted * per)})"
+                )
             notes.append(host)
     trained = adapters if train.lora is not None else local_params
     state = [

@@ -90,10 +90,8 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
         params, trainable, param_bytes, blocks = 0, 0, 0.0, []
         seen: set[int] = set()
         swapped: list[float] = []  # each swapped block's frozen bytes: on the host between its uses
-        hosted, hosted_bytes = (
-            0,
-            0.0,
-        )  # trainable weights FSDP2 keeps on the host (a swapped block's adapters)
+        # trainable weights FSDP2 keeps on the host (a swapped block's adapters), and their bytes
+        hosted, hosted_bytes = 0, 0.0
         for part in parts.modules:
             blocks += [int(k) for k in part.blocks.keys()]
             for block in part.blocks.values():
