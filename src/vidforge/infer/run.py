@@ -37,6 +37,7 @@ import torch
 from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
+from vidforge.infer.experts import check_experts_run
 from vidforge.infer.output import InferResult, SampleWriter
 from vidforge.infer.plan import (
     InferPlan,
@@ -53,8 +54,10 @@ from vidforge.infer.weights import (
     sampling_profile,
 )
 from vidforge.memory import device_memory_bytes, host_memory_bytes, require
+from vidforge.models.experts import Experts
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
+from vidforge.sampling.experts import sample_latents_experts
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.shape import check_shape
 from vidforge.sampling.step_cache import StepCache, rescale_name
@@ -133,7 +136,14 @@ def run(
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
-    if world > 1:
+    if isinstance(model, Experts):  # Wan2.2 A14B: the expert and its guidance switched by the step's t
+        check_experts_run(prof, world)
+        cache = None
+
+        def sampler(text, mask, seeds, shape, negative):
+            return sample_latents_experts(model, prof, text, mask, seeds, shape, negative)
+
+    elif world > 1:
         plan = InferPlan.choose(
             world, prof.diffusion.guidance, model.config, prof.infer.tp, prof.parallel.cp_impl
         )
@@ -165,6 +175,7 @@ def run(
         "sampler": prof.diffusion.sampler,
         "steps": prof.diffusion.steps,
         "guidance": prof.diffusion.guidance,
+        **({"guidance_2": prof.diffusion.guidance_2} if prof.diffusion.guidance_2 is not None else {}),
         "negative_prompt": prof.infer.negative_prompt or None,
         "cache_threshold": prof.infer.cache.threshold,
         "checkpoint_step": exported_step(export) if export is not None else None,

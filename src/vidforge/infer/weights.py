@@ -11,8 +11,9 @@ from pathlib import Path
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models import load_model, weights_folder
+from vidforge.models import weights_folder
 from vidforge.models.checkpoint import CONFIG
+from vidforge.models.experts import Experts, load_export
 from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
@@ -85,11 +86,29 @@ def load_network(
 ) -> nn.Module:
     """The network of `weights` on `device` in eval mode, with the LoRA adapter at `lora` if given."""
     if weights.export is not None:
-        model = load_model(weights.export, device=device)
+        model = load_export(weights.export, device=device)  # both experts of a two-expert export
     else:
         model = weights_folder.load_published(weights.published, device=device)
     if lora is not None:
         from vidforge.models.lora import load_adapter
 
-        model = load_adapter(model, lora, lora_scale)
+        if isinstance(model, Experts):  # the adapter goes on the expert its run trained
+            expert = adapter_expert(lora)
+            load_adapter(getattr(model, expert), lora, lora_scale)
+        else:
+            model = load_adapter(model, lora, lora_scale)
     return model.eval()
+
+
+def adapter_expert(lora: str | Path) -> str:
+    """The expert (`high` or `low`) a LoRA run on a two-expert model trained (its profile's train.expert)."""
+    from vidforge.models.lora import read_adapter
+
+    path = read_adapter(lora)["folder"] / "profile.yaml"
+    expert = load_profile(path).train.expert if path.is_file() else None
+    if expert is None:
+        raise UserInputError(
+            f"--lora {lora}: trained on a one-expert model, the checkpoint has two experts; pass the LoRA of "
+            "a run with train.expert set (high or low), or the one-expert base it was trained on"
+        )
+    return expert

@@ -224,8 +224,10 @@ def import_wan(
         )
     folder, model, stored, names = _diffusers_source(src)
     data = profile.model_dump(mode="json")
-    # The imported shape with the profile's choice of attention kernels.
+    # The imported shape with the profile's choice of attention kernels, and its experts (the download's
+    # model_index.json, not the transformer's config, says there are two).
     kernels = {"attention": profile.model.attention, "sdpa_backend": profile.model.sdpa_backend}
+    kernels |= {"experts": profile.model.experts, "boundary_ratio": profile.model.boundary_ratio}
     data["model"] = {**model.model_dump(mode="json"), **kernels}
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
     out = Path(out)

@@ -113,9 +113,10 @@ def check_published(profile: RunProfile, published: Published, shapes: bool = Tr
 
 
 def check_shapes(model: Model, weights: Model, where: str, partial: str = "") -> None:
-    """The model section's family, latent channels and text width against the weights' own; `partial`
+    """The model section's family, latent channels, text width and experts (their count and the time they
+    switch at) against the weights' own; `partial`
     says how to start from weights of another shape, where that is possible."""
-    for name in ("family", "in_channels", "text_dim"):
+    for name in ("family", "in_channels", "text_dim", "experts", "boundary_ratio"):
         if getattr(model, name) != getattr(weights, name):
             raise UserInputError(
                 f"model.{name}: {where}'s weights have {getattr(weights, name)}, the profile says "

@@ -1,0 +1,66 @@
+"""Wan2.2 T2V-A14B's two experts (a tiny random two-expert download, `wan22_fixtures`): the folder's
+profile, `vidforge infer`'s sampler against diffusers' WanPipeline (same noise, same scheduler: the expert
+and its guidance switched at the boundary), and a run's training times on its expert's side of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from wan22_fixtures import BOUNDARY, save_tiny_wan22_pipeline
+
+from vidforge.errors import UserInputError
+from vidforge.families import read_published
+from vidforge.models.weights_folder import published_profile
+
+pytest.importorskip("transformers")
+
+STEPS = ["diffusion.steps=4"]  # shift 3: timesteps 999, 900 (high) | 750, 500 (low)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory) -> Path:
+    return save_tiny_wan22_pipeline(tmp_path_factory.mktemp("Wan2.2-T2V-A14B-tiny-Diffusers"))
+
+
+def test_the_folder_reads_as_two_experts_with_a_guidance_scale_each(pipeline) -> None:
+    profile = published_profile(read_published(pipeline), STEPS)
+    assert (profile.model.experts, profile.model.boundary_ratio) == (2, BOUNDARY)
+    assert (profile.diffusion.guidance, profile.diffusion.guidance_2) == (4.0, 3.0)
+    with pytest.raises(
+        UserInputError, match=r"^model.boundary_ratio: .* weights have 0.875, the profile says 0.9"
+    ):
+        published_profile(read_published(pipeline), ["model.boundary_ratio=0.9"])
+
+
+def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:
+    """Float64 networks on both sides; the schedulers' own arithmetic on float32 latents."""
+    from diffusers import WanPipeline
+
+    from vidforge.models.experts import Experts
+    from vidforge.models.wan_experts import load_wan_experts
+    from vidforge.sampling.experts import sample_latents_experts
+    from vidforge.sampling.latents import initial_noise
+
+    profile = published_profile(read_published(pipeline), STEPS)
+    model = load_wan_experts(pipeline, dtype=torch.float64).eval()
+    assert isinstance(model, Experts)
+    g = torch.Generator().manual_seed(0)
+    text, negative = torch.randn(1, 6, 16, generator=g), torch.randn(1, 6, 16, generator=g)
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    shape, seeds = (4, 2, 4, 6), [7]
+    ours = sample_latents_experts(model, profile, text, mask, seeds, shape, (negative, mask))
+
+    pipe = WanPipeline.from_pretrained(pipeline)
+    pipe.transformer.double(), pipe.transformer_2.double()
+    theirs = pipe(
+        prompt_embeds=text.double(), negative_prompt_embeds=negative.double(), latents=initial_noise(seeds, shape),
+        height=32, width=48, num_frames=5, num_inference_steps=4, guidance_scale=4.0, guidance_scale_2=3.0,
+        output_type="latent", return_dict=False,
+    )[0]  # fmt: skip
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-5, atol=1e-5)
+    # the switch matters: the high-noise expert alone samples other latents
+    alone = Experts(model.high, model.high, BOUNDARY)
+    other = sample_latents_experts(alone, profile, text, mask, seeds, shape, (negative, mask))
+    assert (other - ours).abs().max() > 1e-2
