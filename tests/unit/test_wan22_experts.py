@@ -64,3 +64,25 @@ def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:
     alone = Experts(model.high, model.high, BOUNDARY)
     other = sample_latents_experts(alone, profile, text, mask, seeds, shape, (negative, mask))
     assert (other - ours).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("sampling", ["logit-normal", "uniform"])
+@pytest.mark.parametrize("expert", ["high", "low"])
+def test_a_runs_training_times_are_its_experts_side_of_the_boundary(expert, sampling) -> None:
+    """Every drawn t on the expert's side (t >= 0.875 runs the high-noise expert), distributed as the
+    profile's whole distribution is on that side (its draws kept where they fall there)."""
+    from vidforge.diffusion import build_objective
+    from vidforge.profile.loading import validate_profile
+    from vidforge.train.experts import expert_objective
+
+    sets = {"objective": "flow", "flow_shift": 5.0, "flow_time_sampling": sampling}
+    profile = validate_profile(
+        {"model": {"preset": "wan2.2-t2v-a14b"}, "diffusion": sets, "train": {"expert": expert}}
+    )
+    t = expert_objective(build_objective(profile.diffusion), profile).sample_levels(50_000)
+    side = t >= BOUNDARY if expert == "high" else t < BOUNDARY
+    assert side.all()
+    whole = build_objective(profile.diffusion).sample_levels(400_000)
+    kept = whole[whole >= BOUNDARY] if expert == "high" else whole[whole < BOUNDARY]
+    q = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95])
+    torch.testing.assert_close(torch.quantile(t, q), torch.quantile(kept[:50_000], q), rtol=0, atol=0.01)
