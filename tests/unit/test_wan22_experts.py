@@ -86,3 +86,53 @@ def test_a_runs_training_times_are_its_experts_side_of_the_boundary(expert, samp
     kept = whole[whole >= BOUNDARY] if expert == "high" else whole[whole < BOUNDARY]
     q = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95])
     torch.testing.assert_close(torch.quantile(t, q), torch.quantile(kept[:50_000], q), rtol=0, atol=0.01)
+
+
+def test_the_preset_is_each_published_experts_shape() -> None:
+    """Wan2.2-T2V-A14B-Diffusers' transformer/config.json (transformer_2/'s is the same), as vidforge reads
+    a download's, and the parameter names and shapes of diffusers' module built from it."""
+    from diffusers import WanTransformer3DModel
+
+    from vidforge.families.wan import model_fields
+    from vidforge.models import build_model, model_config
+
+    published = {
+        "_class_name": "WanTransformer3DModel", "added_kv_proj_dim": None, "attention_head_dim": 128,
+        "cross_attn_norm": True, "eps": 1e-06, "ffn_dim": 13824, "freq_dim": 256, "image_dim": None,
+        "in_channels": 16, "num_attention_heads": 40, "num_layers": 40, "out_channels": 16,
+        "patch_size": [1, 2, 2], "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024, "text_dim": 4096,
+    }  # fmt: skip
+    preset = model_config("wan2.2-t2v-a14b")
+    read = model_fields(published, Path("config.json"))
+    assert {k: getattr(preset, k) for k in read if k != "preset"} == {
+        **{k: v for k, v in read.items() if k != "preset"},
+        "patch": (1, 2, 2),
+    }
+    assert (preset.experts, preset.boundary_ratio) == (2, BOUNDARY)
+    config = {k: v for k, v in published.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        ref = WanTransformer3DModel(**config)
+    ours = build_model(preset, device="meta")
+    assert {n: p.shape for n, p in ours.state_dict().items()} == {
+        n: p.shape for n, p in ref.state_dict().items()
+    }
+
+
+def test_init_of_an_expert_loads_its_own_folder(pipeline) -> None:
+    from vidforge.models import build_model
+    from vidforge.models.wan_weights import load_diffusers_wan
+    from vidforge.train.init_weights import init_from
+
+    profile = published_profile(read_published(pipeline), STEPS)
+    for expert, folder in (("high", "transformer"), ("low", "transformer_2")):
+        model = build_model(profile.model)
+        assert init_from(model, pipeline, expert=expert).complete
+        own = load_diffusers_wan(pipeline / folder).state_dict()
+        assert all(torch.equal(t, own[n]) for n, t in model.state_dict().items())
+
+
+def test_bench_plans_one_expert_of_a_two_expert_preset() -> None:
+    from vidforge.cli.bench import _machine_sets
+
+    assert "train.expert=high" in _machine_sets("wan2.2-t2v-a14b", None, None, None)
+    assert not any(s.startswith("train.expert") for s in _machine_sets("wan2.1-14b", None, None, None))
