@@ -11,6 +11,7 @@ tokenizer/ and scheduler/."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,22 +58,31 @@ def runs_high(t: float, boundary: float) -> bool:
     return t * 1000 >= boundary * 1000 * (1 - 1e-9)
 
 
-def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
-    """`published` (a Wan pipeline folder read as one network) as a two-expert model when its
-    model_index.json names `transformer_2`: model.experts=2 and its boundary_ratio, and Wan2.2's two
-    guidance scales. Both experts must have one shape (diffusers' pipeline runs them on one latent)."""
+def boundary_of(src: Path, read_json: Callable[[Path], dict[str, Any]]) -> float | None:
+    """The boundary_ratio of a two-expert download (its model_index.json names `transformer_2`, which
+    holds a config); None for any other folder. `read_json`: the wan family's reader (`wan.read_json`)."""
     index = src / "model_index.json"
     if not index.is_file() or not (src / FOLDERS["low"] / "config.json").is_file():
-        return published
+        return None
     config = read_json(index)
     if config.get("transformer_2") in (None, [None, None]):
-        return published
+        return None
     boundary = config.get("boundary_ratio")
     if boundary is None:
         raise UserInputError(
             f"{index}: names transformer_2 but no boundary_ratio, so WanPipeline never runs it; add the "
             f"published boundary_ratio (Wan2.2 T2V-A14B: {BOUNDARY_A14B}) or point at a one-expert download"
         )
+    return float(boundary)
+
+
+def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
+    """`published` (a Wan pipeline folder read as one network) as a two-expert model when its
+    model_index.json names `transformer_2`: model.experts=2 and its boundary_ratio, and Wan2.2's two
+    guidance scales. Both experts must have one shape (diffusers' pipeline runs them on one latent)."""
+    boundary = boundary_of(src, read_json)
+    if boundary is None:
+        return published
     low_config = src / FOLDERS["low"] / "config.json"
     low = model_fields(read_json(low_config), low_config)
     if low != published.model:
@@ -81,7 +91,7 @@ def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
             f"{low_config}: the low-noise expert's {', '.join(differ)} differ from transformer/'s; "
             "both experts of a Wan2.2 download have one shape"
         )
-    model = {**published.model, "experts": 2, "boundary_ratio": float(boundary)}
+    model = {**published.model, "experts": 2, "boundary_ratio": boundary}
     defaults = [
         *published.defaults,
         f"diffusion.guidance={GUIDANCE_HIGH}",

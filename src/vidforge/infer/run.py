@@ -79,7 +79,12 @@ def check_memory(
     fix = "lower infer.frames, infer.height or infer.width (or infer.batch_size)"
     # every expert stays on the device (a two-expert model switches between them within a video)
     require_model(
-        profile.model, 2, world, device, "sample with a smaller model, or on more ranks", profile.model.experts
+        profile.model,
+        2,
+        world,
+        device,
+        "sample with a smaller model, or on more ranks",
+        profile.model.experts,
     )
     held = 3 if profile.diffusion.guidance != 1 else 2
     batch = min(cfg.batch_size, prompts)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from vidforge.families.wan_experts import FOLDERS
+from vidforge.families.wan import read_json
+from vidforge.families.wan_experts import FOLDERS, boundary_of
 from vidforge.models.experts import LOW, Experts
 from vidforge.models.wan_weights import import_wan, load_diffusers_wan
 from vidforge.profile import RunProfile
@@ -30,11 +31,8 @@ def load_wan_experts(
     src: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
     """`load_diffusers_wan` of the download at `src`; both experts of a two-expert one."""
-    from vidforge.families import read_published
-
     high = load_diffusers_wan(src, device, dtype)
-    published = read_published(Path(src))
-    if published is None or published.model.get("experts", 1) == 1:
+    boundary = boundary_of(Path(src), read_json)
+    if boundary is None:
         return high
-    low = load_diffusers_wan(Path(src) / FOLDERS["low"], device, dtype)
-    return Experts(high, low, published.model["boundary_ratio"])
+    return Experts(high, load_diffusers_wan(Path(src) / FOLDERS["low"], device, dtype), boundary)
