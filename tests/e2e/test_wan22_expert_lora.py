@@ -20,7 +20,7 @@ from wan22_fixtures import save_tiny_wan22_pipeline  # noqa: E402
 SIZES = [
     "data.buckets=[[32,32]]", "data.frame_buckets=[5]", "data.val_fraction=0", "data.token_budget=64",
     "train.steps=3", "train.warmup_steps=1", "train.log_every=1", "train.precision=fp32", "train.save_every=3",
-    "train.validate_every=0", "train.lr=1e-2", "train.lora.rank=4", "train.lora.alpha=4",
+    "train.lr=1e-2", "train.lora.rank=4", "train.lora.alpha=4",
     "text_encoder.max_length=8",
 ]  # fmt: skip
 SMALL = [
@@ -36,9 +36,10 @@ def _sets(items: list[str]) -> list[str]:
     return [arg for s in items for arg in ("--set", s)]
 
 
-def _invoke(*args: str) -> None:
+def _invoke(*args: str) -> str:
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    return result.output
 
 
 def test_a_lora_on_the_low_noise_expert_trains_loads_in_diffusers_and_samples(tmp_path) -> None:
@@ -50,7 +51,8 @@ def test_a_lora_on_the_low_noise_expert_trains_loads_in_diffusers_and_samples(tm
     refused = CliRunner().invoke(app, [*train, "--run-dir", str(tmp_path / "none")])
     assert refused.exit_code == 2 and "train.expert: a two-expert model" in refused.output
     run = tmp_path / "run"
-    _invoke(*train, "--run-dir", str(run), "--set", "train.expert=low")
+    said = _invoke(*train, "--run-dir", str(run), "--set", "train.expert=low")
+    assert "validation off: the low-noise expert alone" in said  # a fine-tune's default, but not here
 
     from diffusers import WanPipeline
 
