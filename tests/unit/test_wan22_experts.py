@@ -118,17 +118,22 @@ def test_the_preset_is_each_published_experts_shape() -> None:
     }
 
 
-def test_init_of_an_expert_loads_its_own_folder(pipeline) -> None:
+def test_init_of_an_expert_loads_its_own_folder(pipeline, tmp_path) -> None:
+    """From the download (transformer/, transformer_2/) and from its import (the export, low_noise/)."""
     from vidforge.models import build_model
     from vidforge.models.wan_weights import load_diffusers_wan
+    from vidforge.models.weights_folder import import_published
     from vidforge.train.init_weights import init_from
 
-    profile = published_profile(read_published(pipeline), STEPS)
+    published = read_published(pipeline)
+    profile = published_profile(published, STEPS)
+    imported = import_published(published, tmp_path / "imported", profile)  # `model import`
     for expert, folder in (("high", "transformer"), ("low", "transformer_2")):
-        model = build_model(profile.model)
-        assert init_from(model, pipeline, expert=expert).complete
         own = load_diffusers_wan(pipeline / folder).state_dict()
-        assert all(torch.equal(t, own[n]) for n, t in model.state_dict().items())
+        for src in (pipeline, imported):
+            model = build_model(profile.model)
+            assert init_from(model, src, expert=expert).complete
+            assert all(torch.equal(t, own[n]) for n, t in model.state_dict().items())
 
 
 def test_bench_plans_one_expert_of_a_two_expert_preset() -> None:
