@@ -20,18 +20,35 @@ if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
+def pytest_configure(config):
+    """Under xdist, files go out in the collection order below: xdist's own reorder (files with the most
+    tests first) would start the demo, the longest file by far, a third of the way in."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _order(minutes: float, distributed: bool) -> tuple[int, float]:
+    """Where a file goes in the run: the long single-process files first (the demo's 8 minutes on one
+    core, beside the other worker's short files), then the rest, and the files that start several
+    processes (`distributed`) last, the longest first: run beside the demo they took the cores its
+    training needs and it ran past its timeout."""
+    return (1 if distributed else 0, -minutes)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The longest files first in the collection (a stable sort: each file's tests keep their order): a
-    file's weight is the most minutes a `slow` marker in it names (1 where it names none), 0 without one.
-    (`make test`'s xdist then hands out files with the most tests first, this order among equals.) `gpu`
-    tests skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs
-    them on the CPU instead, to check the tests themselves). torch is imported only if there are any."""
+    """The run's order (a stable sort: each file's tests keep their order; see `_order`): a file's weight
+    is the most minutes a `slow` marker in it names (1 where it names none), 0 without one. `gpu` tests
+    skip, saying why, where torch sees no CUDA device (VIDFORGE_GPU_TESTS_DEVICE=cpu runs them on the CPU
+    instead, to check the tests themselves). torch is imported only if there are any."""
     minutes: dict[Path, float] = {}
+    distributed: set[Path] = set()
     for item in items:
         mark = item.get_closest_marker("slow")
         if mark is not None:
             minutes[item.path] = max(minutes.get(item.path, 0.0), mark.kwargs.get("minutes", 1.0))
-    items.sort(key=lambda item: -minutes.get(item.path, 0.0))
+        if item.get_closest_marker("distributed") is not None:
+            distributed.add(item.path)
+    items.sort(key=lambda item: _order(minutes.get(item.path, 0.0), item.path in distributed))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or os.environ.get("VIDFORGE_GPU_TESTS_DEVICE") == "cpu":
         return

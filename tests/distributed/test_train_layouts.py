@@ -49,17 +49,15 @@ LAYOUTS = {
     "wan-tp2-sp": (2, ["parallel.tp=2", *WAN, *EMA]),
     # Wan's stages: patch_embedding first; norm_out, proj_out and the output scale_shift_table last
     "wan-pp2": (2, ["parallel.pp=2", "parallel.pp_microbatches=2", *CLIP, *WAN]),
-    "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
     "tp2": (2, ["parallel.tp=2", *EMA]),  # EMA over tensor-parallel and replicated parameters
     "tp2xcp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ring"]),
-    "dp2xtp2xcp2": (8, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.cp=2"]),
     "pp2-1f1b": (
         2,
         ["parallel.pp=2", "parallel.pp_schedule=1f1b", "parallel.pp_microbatches=2", *BUCKETS, *CLIP, *XPRED],
     ),
+    # ring context parallel (its plain-loss case is wan-cp2-ring's)
     "cp2-ring-xpred": (2, ["parallel.cp=2", "parallel.cp_impl=ring", *XPRED]),
     "pp2xfsdp2": (4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2", *CLIP]),
-    "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP]),  # with SP
 }
 # 2D context parallel (cp_impl=usp): Ulysses inside cp ranks {0, 1} and {2, 3}, the ring across them.
 USP = ("parallel.cp=4", "parallel.cp_impl=usp", "parallel.cp_ulysses=2")
@@ -69,6 +67,10 @@ LAYOUTS["cp4-usp"] = (4, list(USP))
 # multi-rank run costs 20-40 s on 2 cores, and `make test` has a 20-minute budget).
 if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
     LAYOUTS |= {
+        "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"]),
+        # 3D (8 ranks, 120 s here): its dimensions pairwise are tp2xcp2's, and FSDP2's with each elsewhere
+        "dp2xtp2xcp2": (8, ["parallel.dp_shard=2", "parallel.tp=2", "parallel.cp=2"]),
+        "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2", *CLIP]),  # with SP
         "cp2-all-gather": (2, ["parallel.cp=2", "parallel.cp_impl=all-gather"]),
         "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"]),
         "fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2"]),

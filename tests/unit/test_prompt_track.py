@@ -59,3 +59,18 @@ def test_scattered_colour_is_no_blob_and_a_blob_in_sparse_noise_is_followed() ->
         frames[t, 4:10, 2 + 2 * t : 8 + 2 * t] = (220, 30, 30)
     right = track(frames, "a red square moving right")
     assert right.visible == 1.0 and right.travel == pytest.approx(16 / 48)
+
+
+def test_a_frame_washed_in_the_colour_is_not_a_square_of_it() -> None:
+    # Most of every frame white with a few dark specks, the "square" drifting down by the specks' motion:
+    # what a failed student drew for "a white square moving down".
+    frames = np.full((9, 32, 48, 3), 230, np.uint8)
+    for t in range(9):
+        frames[t, 2 + 3 * t : 4 + 3 * t, 5:7] = 20
+        frames[t, :2, :] = 20  # the top rows dark, so the white patch's centroid moves as little as it may
+    assert track(frames, "a white square moving down").visible == 0.0
+    frames[:] = 20
+    for t in range(9):  # the same frames with a real 16 x 16 white square moving down: seen
+        frames[t, 2 * t : 2 * t + 16, 16:32] = 230
+    tr = track(frames, "a white square moving down")
+    assert tr.visible == 1.0 and tr.travel == pytest.approx(16 / 32, abs=0.02)

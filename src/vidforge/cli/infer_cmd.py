@@ -100,6 +100,14 @@ def infer(
     lora_scale: Annotated[
         float, typer.Option("--lora-scale", help="With --lora: the adapter's weight (0: the base alone).")
     ] = 1.0,
+    image: Annotated[
+        Path | None,
+        typer.Option(
+            "--image",
+            help="Start every video from this image (image-to-video; a model with model.expand_timesteps, "
+            "e.g. Wan2.2 TI2V). Without it, text-to-video.",
+        ),
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
     """Sample videos: text encoder -> the objective's sampler (diffusion.sampler: {samplers};
@@ -110,6 +118,7 @@ def infer(
     Example: vidforge infer -c runs/train --prompts-file prompts.txt -o out --set diffusion.sampler=res --set infer.seed=7
     Example: vidforge infer -c runs/train --prompt "a red square moving right" -o out --nproc 2
     Example: vidforge infer -c Wan2.1-T2V-1.3B-Diffusers --lora runs/wan_lora --lora-scale 0.8 --prompt "a cat" -o out
+    Example: vidforge infer -c Wan2.2-TI2V-5B-Diffusers --image first.png --prompt "the cat walks away" -o out
     Example: vidforge infer -c runs/train --prompt "a red square" -o out --steps 50 --guidance 7 --seed 3 --negative-prompt "blurry" --sampler res --height 64 --width 96 --frames 17
 
     The flags are the profile fields named in their help (the flag wins over a --set of the same field).
@@ -163,6 +172,7 @@ def infer(
             log=output.info,
             lora=lora,
             lora_scale=lora_scale,
+            image=image,
         )
     import torch.distributed as dist
 

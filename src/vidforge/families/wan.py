@@ -2,7 +2,9 @@
 `WanTransformer3DModel` module for module, so published weights load by name), and how a diffusers
 download of it (a transformer folder, or a whole pipeline: model_index.json beside transformer/, vae/,
 text_encoder/ (umT5), tokenizer/, scheduler/) maps to a profile: rectified flow predicting the velocity,
-the scheduler's shift, the pipeline's VAE and umT5 with its 512-token captions."""
+the scheduler's shift, the pipeline's VAE and umT5 with its 512-token captions. Wan2.2 TI2V-5B is the same
+block over the Wan2.2 VAE (48 channels, 4x16x16); its pipeline's model_index.json sets expand_timesteps
+(first-frame image conditioning: `model.expand_timesteps`)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "wan2.1-14b": {**WAN2_1, "layers": 40, "hidden": 5120, "heads": 40, "mlp_hidden": 13824},
     **wan_experts.PRESETS,  # Wan2.2 T2V-A14B: two experts of Wan2.1-14B's shape
 }
+
+# Wan2.2 TI2V-5B, the Wan2.2-TI2V-5B-Diffusers transformer config: Wan2.1's block at 30 x 3072, 24 heads
+# of 128, FFN 14336, over the Wan2.2 VAE's 48 latent channels; 5.0e9 parameters.
+PRESETS["wan2.2-ti2v-5b"] = {
+    **WAN2_1, "in_channels": 48, "layers": 30, "hidden": 3072, "heads": 24, "mlp_hidden": 14336,
+    "expand_timesteps": True,
+}  # fmt: skip
+# What a TI2V folder (model_index.json's expand_timesteps) samples and trains with besides Wan2.1's: its
+# 24 fps, and half of a fine-tune's clips conditioned on their first frame so that the one network keeps
+# both of its tasks (set diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
+TI2V_DEFAULTS = ("infer.fps=24", "diffusion.image_condition=0.5")
 
 # Wan2.1's block has exactly this shape, so a field set otherwise has no meaning here.
 FIXED: dict[str, Any] = {
@@ -122,6 +135,19 @@ def _vae_compression(vae: Path) -> int:
     return int(config.get("scale_factor_spatial", 2 ** (len(config.get("dim_mult", [1, 2, 4, 4])) - 1)))
 
 
+def _vae_temporal_compression(vae: Path) -> int:
+    """AutoencoderKLWan's temporal compression: scale_factor_temporal, or 2x per temporal downsampling."""
+    config = read_json(vae / CONFIG) if (vae / CONFIG).is_file() else {}
+    steps = sum(bool(d) for d in config.get("temperal_downsample", [False, True, True]))
+    return int(config.get("scale_factor_temporal", 2**steps))
+
+
+def expands_timesteps(src: Path) -> bool:
+    """Whether a pipeline folder's model_index.json sets expand_timesteps (Wan2.2 TI2V)."""
+    index = src / PIPELINE_INDEX
+    return index.is_file() and bool(read_json(index).get("expand_timesteps"))
+
+
 def read_published(src: Path) -> Published | None:
     """A diffusers Wan transformer or pipeline folder as a profile reads it; None when `src` holds no
     WanTransformer3DModel config."""
@@ -145,6 +171,7 @@ def read_published(src: Path) -> Published | None:
             "tokenizer.kind=wan",
             f"tokenizer.path={parts['vae']}",
             f"tokenizer.spatial_compression={_vae_compression(parts['vae'])}",
+            f"tokenizer.temporal_compression={_vae_temporal_compression(parts['vae'])}",
         ]
     if "text_encoder" in parts:
         defaults += [
@@ -154,6 +181,9 @@ def read_published(src: Path) -> Published | None:
         ]
         if "tokenizer" in parts:
             defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
+    if expands_timesteps(src):
+        model["expand_timesteps"] = True
+        defaults += TI2V_DEFAULTS
     published = Published("wan", src, folder, model, defaults, "flow")
     return wan_experts.read_experts(src, published, read_json, model_fields)  # Wan2.2 A14B's two
 
@@ -177,7 +207,7 @@ SPEC = FamilySpec(
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
     fixed=FIXED,
-    own_fields=("cross_attn_norm",),
+    own_fields=("cross_attn_norm", "expand_timesteps"),
     table_modulation=True,
     read_published=read_published,
     published_class=CLASS_NAME,

@@ -38,6 +38,7 @@ from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
 from vidforge.infer.experts import check_experts_run
+from vidforge.infer.image import image_condition
 from vidforge.infer.output import InferResult, SampleWriter
 from vidforge.infer.plan import (
     InferPlan,
@@ -109,12 +110,14 @@ def run(
     log: Any = None,
     lora: str | Path | None = None,
     lora_scale: float = 1.0,
+    image: str | Path | None = None,
 ) -> InferResult:
     """Sample a video per prompt into `out`. Under torchrun (or with a process group already initialised)
     the ranks share the work as `InferPlan` says; `slicing` sets ScaleFusion's N_T, N_S, L_T, L_S (default:
     the profile's infer.scalefusion_*).
     `log(message)` is told the plan of a parallel run. `lora`: a LoRA run's adapter put on the checkpoint
-    (its base), its output weighted by `lora_scale`."""
+    (its base), its output weighted by `lora_scale`. `image`: every video starts from this image
+    (`vidforge.infer.image`; a model with model.expand_timesteps, in one process)."""
     from vidforge.parallel.runtime import init_runtime
 
     if not prompts or any(not p.strip() for p in prompts):
@@ -135,6 +138,7 @@ def run(
         )
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
+    condition = image_condition(prof, tokenizer, image, world) if image is not None else None
     check_memory(prof, latent_shape, len(prompts), runtime.device, world)
     # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
     lock = FolderLock(out) if rank == 0 else None
@@ -171,7 +175,9 @@ def run(
         cache = StepCache(setting.threshold, rescale_name(setting.rescale, model.config))
 
         def sampler(text, mask, seeds, shape, negative):
-            return sample_latents(model, prof, text, mask, seeds, shape, negative, cache=cache)
+            return sample_latents(
+                model, prof, text, mask, seeds, shape, negative, cache=cache, condition=condition
+            )
 
     negative = None
     if prof.infer.negative_prompt:
@@ -188,6 +194,7 @@ def run(
         "cache_threshold": prof.infer.cache.threshold,
         "checkpoint_step": exported_step(export) if export is not None else None,
         "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
+        **({"image": str(Path(image).resolve())} if image is not None else {}),
         **({"lora": str(Path(lora).resolve()), "lora_scale": lora_scale} if lora is not None else {}),
     }
     writer = SampleWriter(Path(out), prof.infer.fps, prof.infer.crf, settings) if rank == 0 else None

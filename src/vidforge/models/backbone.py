@@ -30,6 +30,9 @@ class VideoTransformer(nn.Module, ABC):
     output_layers: tuple[str, ...] = ()
     """Attributes only the last pipeline stage keeps: the output layer. Everything else outside `blocks`
     (the conditioning) is on every stage."""
+    token_levels: bool = False
+    """The network takes a noise level per token ((rows, S), like the tokens) besides one per sample:
+    first-frame image conditioning gives the condition frame's tokens level 0 (Wan2.2 TI2V)."""
     step_cache: Any = None
     """While sampling with infer.cache: `step_cache(model, h, cond, run_blocks)` stands in for the block
     stack and may skip it (`vidforge.sampling.step_cache`, which installs it). None: the blocks run."""
@@ -77,9 +80,12 @@ class VideoTransformer(nn.Module, ABC):
     ) -> Conditioning:
         """Everything the blocks need besides the tokens. Small and cheap, so pipeline stages recompute
         it. Give `grid` (plain batch of `batch` samples) or `layout` (packed row), or `shard` (this
-        context-parallel rank's part of either; it carries the grid or layout)."""
+        context-parallel rank's part of either; it carries the grid or layout). `noise_level` is (N,), or
+        per token (rows, S) where the network has `token_levels`."""
         place = place_tokens(batch, grid, layout, shard, text.device)
-        check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim)
+        rows = batch if place.token_sample is None else 1  # a packed row is one row of every sample
+        per_token = (rows, place.positions.shape[0]) if self.token_levels else None
+        check_conditions(noise_level, text, text_mask, place.samples, self.config.text_dim, per_token)
         cond = self.conditioning(place, noise_level, text, text_mask, drop_text)
         if self.config.attention in ("flash", "flex"):  # their device tensors made here, read in the blocks
             masks = [scope.mask for scope in cond.scopes.values()] + [cond.text_mask]

@@ -26,8 +26,10 @@ class Conditioning:
     """Everything a block reads besides its tokens, computed once per forward by `DiT.condition` (and
     recomputed on each pipeline stage rather than sent along).
 
-    time: (N, hidden) timestep embedding, one row per sample (N = B, or the packed sample count).
-    shared_modulation: (N, chunks*hidden) AdaLN-LoRA's shared term, or None without AdaLN-LoRA.
+    time: (N, hidden) timestep embedding, one row per sample (N = B, or the packed sample count); or
+        (rows, S, hidden), one per token, from a per-token noise level (`VideoTransformer.token_levels`).
+    shared_modulation: (N, chunks*hidden) AdaLN-LoRA's shared term, or None without AdaLN-LoRA (per token
+        like `time` where that is).
     text: projected caption tokens: (B, L, hidden), or (1, sum of valid L_i, hidden) when packed.
     text_mask: the cross-attention mask: KeyPadding, Segments (packed) or None.
     rope: cos and sin tables, each (S, head_dim/2).
@@ -51,6 +53,8 @@ class Conditioning:
         when the row holds one sample. That case is a broadcast, not a gather: a gathered (S, 6 x hidden)
         float32 table per block is written in the forward, saved by every product with it, and
         accumulated back onto one row in the backward (at 32K tokens and hidden 1536, 1.2 GB a block)."""
+        if values.ndim == 3:  # already per token (rows, S, F): a per-token noise level's
+            return values
         if self.token_sample is None:
             return values.unsqueeze(1)
         if values.shape[0] == 1:
@@ -62,7 +66,15 @@ class Conditioning:
         those tokens (sequence parallel). Only `token_sample` is per token in what blocks read between
         attentions; rope, positions and scopes stay whole because attention runs on the whole row (the
         sequence is gathered before the q/k/v projections). A plain batch's per-sample rows broadcast
-        against any slice, so it returns itself."""
+        against any slice, so it returns itself; per-token rows (`time` (rows, S, hidden)) are sliced."""
+        if self.time.ndim == 3:
+            shared = self.shared_modulation
+            return replace(
+                self,
+                time=self.time[:, start:end],
+                shared_modulation=shared[:, start:end] if shared is not None else None,
+                token_sample=self.token_sample[start:end] if self.token_sample is not None else None,
+            )
         if self.token_sample is None:
             return self
         return replace(self, token_sample=self.token_sample[start:end])

@@ -62,10 +62,23 @@ def model_tokens(
 
 
 def check_conditions(
-    noise_level: torch.Tensor, text: torch.Tensor, text_mask: torch.Tensor | None, samples: int, text_dim: int
+    noise_level: torch.Tensor,
+    text: torch.Tensor,
+    text_mask: torch.Tensor | None,
+    samples: int,
+    text_dim: int,
+    token_levels: tuple[int, int] | None = None,
 ) -> None:
-    """One noise level and one caption (N, L, text_dim) per sample, the mask (N, L) bool."""
-    if noise_level.shape != (samples,):
+    """One noise level and one caption (N, L, text_dim) per sample, the mask (N, L) bool. With
+    `token_levels` (rows, S) (a network that takes them) the noise level may instead be one per token,
+    shaped like the tokens' first two dimensions."""
+    if token_levels is not None and noise_level.ndim == 2:
+        if tuple(noise_level.shape) != token_levels:
+            raise ValueError(
+                f"a per-token noise_level must be (rows, S) = {token_levels}, like the tokens, got "
+                f"{tuple(noise_level.shape)}"
+            )
+    elif noise_level.shape != (samples,):
         raise ValueError(
             f"noise_level must be (N,) = ({samples},), one per sample, got {tuple(noise_level.shape)}"
         )

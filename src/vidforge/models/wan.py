@@ -8,7 +8,9 @@ context-parallel rank's tokens with its `TokenShard`; attention goes through vid
 
 What is Wan's and differs from the DiT:
 - `noise_level` is the flow time t in [0, 1] (x_t = (1 - t) x0 + t noise); Wan was trained on the
-  timestep 1000 t, which is what the sinusoids see (diffusers' pipelines pass that timestep).
+  timestep 1000 t, which is what the sinusoids see (diffusers' pipelines pass that timestep). It may be
+  one per token, (rows, S) like the tokens (diffusers' 2-D timestep, Wan2.2 TI2V's `expand_timesteps`:
+  the image-conditioned first frame's tokens at 0): the embedding and the modulation are then per token.
 - Captions: Wan's pipeline cuts each caption's umT5 states to its real tokens and pads with zeros to
   512, and cross-attention reads all of them, pads included (no key mask). Here positions where
   `text_mask` is False are zeroed and every caption position is attended; `drop_text` zeroes the whole
@@ -121,8 +123,10 @@ class ConditionEmbedder(nn.Module):
     def forward(
         self, noise_level: torch.Tensor, text: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(temb (N, hidden), time_proj (N, 6 hidden), projected text)."""
-        features = timestep_sinusoids(noise_level * TIMESTEP_SCALE)
+        """(temb (N, hidden), time_proj (N, 6 hidden), projected text); a per-token noise level (rows, S)
+        gives (rows, S, hidden) and (rows, S, 6 hidden), each token's own (diffusers' Wan2.2 TI2V path)."""
+        features = timestep_sinusoids(noise_level.flatten() * TIMESTEP_SCALE)
+        features = features.unflatten(0, noise_level.shape)
         temb = self.time_embedder(features.to(self.time_embedder.linear_1.weight.dtype)).type_as(text)
         return temb, self.time_proj(F.silu(temb)), self.text_embedder(text)
 
@@ -216,6 +220,7 @@ class WanTransformer(VideoTransformer):
 
     input_layers = ("patch_embedding",)
     output_layers = ("norm_out", "proj_out", "scale_shift_table")
+    token_levels = True
 
     def __init__(self, config: Model) -> None:
         super().__init__()
@@ -286,7 +291,7 @@ class WanTransformer(VideoTransformer):
     def head(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """Output norm shifted and scaled by the table plus temb (not time_proj), then proj_out."""
         table = self.scale_shift_table.flatten(1)
-        shift, scale = cond.per_token(table + cond.time.repeat(1, 2)).chunk(2, dim=-1)
+        shift, scale = cond.per_token(table + torch.cat([cond.time, cond.time], dim=-1)).chunk(2, dim=-1)
         return self.proj_out((self.norm_out(h.float()) * (1 + scale) + shift).type_as(h))
 
 

@@ -46,6 +46,12 @@ class Diffusion(Section):
     guidance_scale_2; Wan2.2 T2V-A14B: 3 against the high-noise expert's 4). None: `guidance` for both."""
     caption_dropout: float = Field(0.1, ge=0, le=1)
     """Probability that training replaces a caption by the learned null embedding (makes CFG possible)."""
+    image_condition: float = Field(0.0, ge=0, le=1)
+    """Probability that a training clip is conditioned on its own first latent frame (image-to-video, for
+    a model with `model.expand_timesteps`, Wan2.2 TI2V): that frame enters clean, its tokens at noise
+    level 0, and is left out of the loss, as diffusers' pipeline samples it; the rest of the clip is noised
+    at the clip's level. The causal VAE encodes the first latent frame from the first pixel frame alone,
+    so it is the image's latent. 0 trains text-to-video only, 1 image-to-video only."""
     flow_time_sampling: Literal["uniform", "logit-normal"] = "logit-normal"
     """Flow training times: `uniform` t ~ U(0, 1), or `logit-normal` t = sigmoid(N(mean, std^2)) (SD3)."""
     flow_logit_mean: float = 0.0

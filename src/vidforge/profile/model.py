@@ -61,6 +61,11 @@ class Model(Section):
     cross_attn_norm: bool = False
     """Wan family only: a LayerNorm (with weight and bias) on the tokens before cross-attention (Wan2.1:
     true)."""
+    expand_timesteps: bool = False
+    """Wan family only: the network conditions on an image through its first latent frame, which enters
+    clean with its tokens at noise level 0 while the rest is denoised (Wan2.2 TI2V; diffusers'
+    `expand_timesteps`). `infer --image` samples from one; training conditions `diffusion.image_condition`
+    of its clips on their own first frame. Needs a temporal patch of 1."""
     experts: int = Field(1, ge=1, le=2)
     """Networks of this shape the model is made of, one running at each sampling step: 1, or 2 for a
     mixture of two experts switched by the flow time (Wan2.2 A14B: diffusers' `transformer`, the
@@ -129,6 +134,11 @@ class Model(Section):
             )
         if any(p < 1 for p in self.patch):
             raise ValueError(f"patch: every patch size must be >= 1, got {list(self.patch)}")
+        if self.expand_timesteps and self.patch[0] != 1:
+            raise ValueError(
+                f"expand_timesteps: the condition frame is the first latent frame, which needs patch[0] = 1, "
+                f"got {list(self.patch)}"
+            )
         if self.family not in REGISTRY:
             raise ValueError(f"family: unknown {self.family!r}; use one of {', '.join(REGISTRY)}")
         spec = family(self.family)

@@ -47,6 +47,7 @@ class MicroInputs:
     layout: SequenceLayout | None = None
     shard: TokenShard | None = None
     error_scale: torch.Tensor | None = None  # the objective's, broadcast like the level; None: 1
+    condition: torch.Tensor | None = None  # (rows, S) bool: tokens of a condition frame, outside the loss
 
 
 @dataclass
@@ -108,6 +109,9 @@ class DenoisingLoss:
     in_channels: int
     text_dim: int | None = None
     """The model's text width (`model.text_dim`); None: unchecked."""
+    image_condition: float = 0.0
+    """`diffusion.image_condition`: the probability that a sample is conditioned on its first latent
+    frame (`first_frame_tokens`); 0 draws nothing, so the draws above stay as they were."""
 
     def draw(
         self, batch: PackedBatch | BucketBatch, device: torch.device, shard_of: ShardOf | None = None
@@ -118,6 +122,7 @@ class DenoisingLoss:
         n = batch.text_emb.shape[0]
         level = self.objective.sample_levels(n).to(device)
         drop_text = (torch.rand(n) < self.caption_dropout).to(device)
+        conditioned = (torch.rand(n) < self.image_condition).to(device) if self.image_condition else None
         self._check_channels(_channels(batch, self.patch))
         clean = _clean_of(batch)
         noise = torch.randn(clean.shape, dtype=clean.dtype)  # in the batch's shape: latents or a row
@@ -136,12 +141,22 @@ class DenoisingLoss:
             level_b, where = rows.per_sample(level), rows.where
         # the coefficients in the latents' precision, at least float32
         level_b = level_b.to(torch.promote_types(clean.dtype, torch.float32))
+        condition, network_level = None, self.objective.network_level(level)
+        if conditioned is not None:
+            if shard is not None:
+                raise UserInputError(
+                    "diffusion.image_condition: first-frame conditioning runs without context parallel; "
+                    "set parallel.cp=1 or diffusion.image_condition=0"
+                )
+            condition = first_frame_tokens(rows, conditioned)
+            level_b = torch.where(condition[..., None], torch.zeros_like(level_b), level_b)
+            network_level = self.objective.network_level(level_b[..., 0])
         noisy = self.objective.corrupt(clean, noise, level_b)
         return MicroInputs(
             x=self.objective.network_input(noisy, level_b),
             target=self.objective.target(clean, noise, level_b),
             model_kwargs={
-                "noise_level": self.objective.network_level(level),
+                "noise_level": network_level,
                 "text": text,
                 "text_mask": text_mask,
                 "drop_text": drop_text,
@@ -152,6 +167,7 @@ class DenoisingLoss:
             layout=layout,
             shard=shard,
             error_scale=self.objective.error_scale(level_b),
+            condition=condition,
         )
 
     def token_batch(self, batch: PackedBatch | BucketBatch, device: torch.device) -> TokenBatch:
@@ -183,6 +199,8 @@ class DenoisingLoss:
         if inputs.error_scale is not None:
             error = error * inputs.error_scale.to(dtype)
         squared = error.square()
+        if inputs.condition is not None:  # condition frames: no loss, each sample's mean over the rest
+            return self._reduce_conditioned(squared, inputs)
         per_token = squared.detach().mean(dim=-1)  # (rows, S)
         n = inputs.level.shape[0]
         shard = inputs.shard
@@ -209,6 +227,26 @@ class DenoisingLoss:
             per_sample = per_token.mean(dim=1)
         return MicroLoss(squared.mean(), inputs.level.detach(), per_sample, inputs.tokens)
 
+    def _reduce_conditioned(self, squared: torch.Tensor, inputs: MicroInputs) -> MicroLoss:
+        """`reduce` with condition tokens left out: the loss is the mean over the denoised tokens'
+        elements, each sample's over its own (a plain batch or a packed row)."""
+        keep = ~inputs.condition
+        squared = torch.where(
+            keep[..., None], squared, torch.zeros((), dtype=squared.dtype, device=squared.device)
+        )
+        per_token = squared.detach().sum(dim=-1)  # (rows, S)
+        kept = keep.to(per_token.dtype)
+        if inputs.layout is not None:
+            index = inputs.layout.sample_index(per_token.device)
+            n = inputs.level.shape[0]
+            sums = per_token.new_zeros(n).index_add_(0, index, per_token[0])
+            counts = per_token.new_zeros(n).index_add_(0, index, kept[0])
+        else:
+            sums, counts = per_token.sum(dim=1), kept.sum(dim=1)
+        features = squared.shape[-1]
+        loss = squared.sum() / (kept.sum().clamp(min=1) * features)
+        return MicroLoss(loss, inputs.level.detach(), sums / (counts.clamp(min=1) * features), inputs.tokens)
+
     def _check_channels(self, channels: int) -> None:
         """A model built for other latents fails deep inside a matmul; say what to change instead."""
         if channels != self.in_channels:
@@ -226,6 +264,19 @@ class DenoisingLoss:
                 f"model.text_dim: the data's text embeddings are {width} wide (see the text encoder in its "
                 f"index.json), the model takes {self.text_dim}; set --set model.text_dim={width}"
             )
+
+
+def first_frame_tokens(rows: TokenBatch, conditioned: torch.Tensor) -> torch.Tensor:
+    """(rows, S) bool: the tokens of each conditioned sample's first latent frame (temporal position 0;
+    the model's temporal patch is 1), given `conditioned` (N,) bool per sample."""
+    layout = rows.layout
+    if layout is not None:
+        device = rows.clean.device
+        first = layout.positions(device)[:, 0] == 0
+        return (first & conditioned[layout.sample_index(device)])[None]
+    t, h, w = rows.row
+    first = torch.arange(t * h * w, device=rows.clean.device) < h * w  # tokens run t-major
+    return conditioned[:, None] & first[None]
 
 
 def _clean_of(batch: PackedBatch | BucketBatch) -> torch.Tensor:
