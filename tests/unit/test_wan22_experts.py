@@ -34,6 +34,23 @@ def test_the_folder_reads_as_two_experts_with_a_guidance_scale_each(pipeline) ->
         published_profile(read_published(pipeline), ["model.boundary_ratio=0.9"])
 
 
+def test_expert_settings_that_mean_nothing_are_refused_in_one_line() -> None:
+    from vidforge.profile.loading import ProfileError, validate_profile
+
+    for data, says in (
+        ({"model": {"preset": "wan2.1-14b"}, "diffusion": {"guidance_2": 3.0}}, "diffusion.guidance_2: only"),
+        ({"model": {"preset": "wan2.1-14b"}, "train": {"expert": "low"}}, "train.expert: low names"),
+        ({"model": {"preset": "wan2.1-14b", "experts": 2}}, "model.boundary_ratio: a two-expert model"),
+        (
+            {"model": {"preset": "wan2.2-t2v-a14b"}, "train": {"expert": "low", "validate_every": 5}},
+            "train.validate_every: the low-noise expert alone",
+        ),
+    ):
+        with pytest.raises(ProfileError, match=f"^profile: {says}") as err:
+            validate_profile(data)
+        assert "\n" not in str(err.value)
+
+
 def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:
     """Float64 networks on both sides; the schedulers' own arithmetic on float32 latents."""
     from diffusers import WanPipeline
