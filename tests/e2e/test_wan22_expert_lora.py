@@ -1,7 +1,7 @@
 """README's "LoRA on one Wan2.2 A14B expert" on a tiny random two-expert download (`wan22_fixtures`):
 `train --init FOLDER --set train.expert=low` with LoRA, its adapter loaded by diffusers into the pipeline's
 transformer_2 (`load_lora_weights(..., load_into_transformer_2=True)`) computes what vidforge's low-noise
-expert with it computes; `infer -c FOLDER --lora RUN` samples with it; `model import` brings both experts."""
+expert with it computes, and so does `model export --merged` of it; `infer -c FOLDER --lora RUN` samples with it; `model import` brings both experts."""
 
 from __future__ import annotations
 
@@ -75,6 +75,11 @@ def test_a_lora_on_the_low_noise_expert_trains_loads_in_diffusers_and_samples(tm
     high = load_diffusers_wan(pipeline).eval()
     with torch.no_grad():
         torch.testing.assert_close(untouched, high(x, t, text), rtol=1e-5, atol=1e-5)
+    # merged into its own expert's weights: a transformer_2/ folder for the download
+    _invoke("model", "export", str(run), "--merged", "-o", str(tmp_path / "merged" / "transformer_2"))
+    merged = load_diffusers_wan(tmp_path / "merged" / "transformer_2").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x, t, text), ours, rtol=1e-5, atol=1e-5)
 
     # the download samples with the adapter on its low-noise expert
     _invoke("infer", "-c", str(pipeline), "--lora", str(run), "--prompt", "a red square", "-o",
