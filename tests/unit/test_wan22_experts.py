@@ -158,3 +158,20 @@ def test_bench_plans_one_expert_of_a_two_expert_preset() -> None:
 
     assert "train.expert=high" in _machine_sets("wan2.2-t2v-a14b", None, None, None)
     assert not any(s.startswith("train.expert") for s in _machine_sets("wan2.1-14b", None, None, None))
+
+
+def test_the_planner_counts_the_one_expert_a_run_trains() -> None:
+    """A run of one A14B expert costs what a Wan2.1-14B run costs (one network resident, one running):
+    the plan's memory terms and step FLOPs are equal."""
+    from vidforge.bench.plan import evaluate
+    from vidforge.profile.loading import validate_profile
+
+    plans = []
+    for preset, train in (("wan2.1-14b", {}), ("wan2.2-t2v-a14b", {"expert": "high"})):
+        model = {"preset": preset, "layers": 2}  # two blocks of the published width: planned as fast
+        data = {"model": model, "diffusion": {"objective": "flow"}, "train": train}
+        data["bench"] = {"latent_frames": 5, "latent_height": 16, "latent_width": 16}
+        plans.append(evaluate(validate_profile(data)))
+    one, expert = plans
+    assert expert.memory.total == one.memory.total > 0
+    assert expert.compute_s == one.compute_s
