@@ -94,3 +94,5 @@ def test_a_lora_on_the_low_noise_expert_trains_loads_in_diffusers_and_samples(tm
         "infer", "-c", str(imported), "--prompt", "a red square", "-o", str(tmp_path / "imp"), *_sets(SMALL)
     )
     assert json.loads((tmp_path / "imp" / "samples.jsonl").read_text())["frames"] == 5
+    said = _invoke("model", "export", str(imported), "-o", str(tmp_path / "back" / "transformer"))
+    assert "low_noise" in said and "not written" in said  # one expert a call, the other one named

@@ -51,6 +51,20 @@ def test_expert_settings_that_mean_nothing_are_refused_in_one_line() -> None:
         assert "\n" not in str(err.value)
 
 
+def test_infer_refuses_what_two_experts_do_not_sample_with_yet() -> None:
+    from vidforge.infer.experts import check_experts_run
+    from vidforge.profile.loading import validate_profile
+
+    profile = validate_profile({"model": {"preset": "wan2.2-t2v-a14b"}, "diffusion": {"objective": "flow"}})
+    check_experts_run(profile, 1)
+    with pytest.raises(UserInputError, match="^--nproc 2: a two-expert model"):
+        check_experts_run(profile, 2)
+    cache = profile.infer.cache.model_copy(update={"threshold": 0.1})
+    cached = profile.model_copy(update={"infer": profile.infer.model_copy(update={"cache": cache})})
+    with pytest.raises(UserInputError, match="^infer.cache.threshold: step caching"):
+        check_experts_run(cached, 1)
+
+
 def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:
     """Float64 networks on both sides; the schedulers' own arithmetic on float32 latents."""
     from diffusers import WanPipeline
