@@ -357,6 +357,11 @@ def _worker(rank: int, world: int):
     for kind in ROWS:  # NeMo's variant: only the local K/V kept, gathered again in the backward
         two[("all-gather regather", kind)] = _case(model, "all-gather", kind, cp2, regather=True)
     two["regather saving"] = _regather_saving(cp2)
+    # Sliding-tile attention under re-gather: here, where the selective checkpointing is loaded already.
+    from test_sliding_tile_cp import ROWS as TILE_ROWS
+    from test_sliding_tile_cp import attention_case
+
+    two["tiles regather"] = {kind: attention_case(kind, "all-gather regather", cp2) for kind in TILE_ROWS}
     two["sampling"] = _sampling(model, "ring", cp2)
     two["cfg sampling"] = _sampling(model, "all-gather", cp2, cfg_group=mesh["dp"])  # dp ranks as cfg
     two["fused ring"] = _fused_ring(cp2)
@@ -440,6 +445,19 @@ def test_cfg_parallel_with_context_parallel_sampling_matches_one_process(two_ran
     for rank_errors in two_ranks:
         assert rank_errors["cfg sampling"]["null caption"] < 1e-5
         assert rank_errors["cfg sampling"]["negative prompt"] < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["plain", "packed"])
+def test_sliding_tile_attention_under_regather_equals_the_dense_masked_reference(two_ranks, kind):
+    """test_sliding_tile_cp's attention case under all-gather with re-gather (its recompute replays the
+    forward with the windows' mask built before it): output and q, k, v gradients, float64."""
+    from test_sliding_tile_cp import reference
+
+    want = reference(kind)
+    for rank_results in two_ranks:
+        got = rank_results["tiles regather"][kind]
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, **TOL, msg=f"{name} differs")
 
 
 def test_regather_saves_what_the_memory_model_says(two_ranks):

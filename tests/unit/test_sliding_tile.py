@@ -193,8 +193,10 @@ def test_each_family_with_a_window_per_layer_runs_plain_and_packed_and_a_whole_w
                 "model.attention_tile=[1,4,4]",
                 "cluster.cpu_processes=2",
                 "parallel.cp=2",
+                "parallel.cp_impl=usp",
             ],
-            "sliding-tile attention (model.attention_window) has no context-parallel plan yet",
+            "sliding-tile attention (model.attention_window) runs under cp_impl all-gather, ring, ulysses, "
+            "not usp",
         ),
         # local_cpu samples 9 frames of 32x48: a token grid (3, 8, 12)
         (
@@ -214,3 +216,27 @@ def test_the_demo_profile_loads_with_a_window_of_half_its_tiles():
     assert profile.model.layer_window(0) == (3, 1, 3)
     count = forward_flops(profile.model, [(3, 8, 12)], 5)
     assert count.skipped_attention == 4 * profile.model.hidden * profile.model.layers * 288 * 144
+
+
+@pytest.mark.parametrize("impl", ["all-gather", "ring", "ulysses"])
+def test_a_window_loads_under_the_context_parallel_impls_that_apply_it(impl):
+    sets = ["model.attention_window=[1,1,1]", "model.attention_tile=[1,4,4]", "cluster.cpu_processes=2"]
+    profile = load_profile("local_cpu", [*sets, "parallel.cp=2", f"parallel.cp_impl={impl}"])
+    assert profile.parallel.cp == 2
+
+
+def test_a_cp_ranks_queries_against_the_row_under_flex_equal_the_masked_reference():
+    # Context parallel's all-gather and Ulysses hand the dispatcher `TileRows`: its flex block mask builds
+    # on the CPU (forward only there) and gives the masked reference's numbers, pad queries included.
+    from vidforge.models.scopes import sharded_scopes
+    from vidforge.tokens import TokenShard
+
+    layout = SequenceLayout(((3, 5, 7), (2, 4, 3)))
+    shard = TokenShard.of_layout(layout, 1, 2)
+    scope = tile_scope(sharded_scopes(shard)["full"], TILE, WINDOW, torch.device("cpu"))
+    rows = scope.mask.rows(torch.device("cpu"))
+    q, k, v = (x.detach() for x in _qkv(1, layout.total, seed=5))
+    q = shard.split(q)
+    assert (rows.q_index < 0).any()  # a pad query among them
+    flex = attention(q, k, v, rows, "flex")
+    torch.testing.assert_close(flex, attention(q, k, v, rows, "sdpa"), rtol=1e-10, atol=1e-12)

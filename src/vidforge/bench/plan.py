@@ -350,12 +350,16 @@ def format_plan(plan: LayoutPlan, profile: RunProfile) -> str:
         + (f", bubble {plan.bubble_s:.3g} s" if plan.bubble_s else "")
         + f"); {plan.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
     )
-    if profile.model.attention_window is not None:
+    sparse = next(
+        (f for f in ("attention_window", "attention_topk") if getattr(profile.model, f) is not None), None
+    )
+    if sparse is not None:
         workload = Workload.from_profile(profile)
-        full = forward_flops(profile.model.model_copy(update={"attention_window": None}), [workload.grid], 0)
+        full = forward_flops(profile.model.model_copy(update={sparse: None}), [workload.grid], 0)
         skipped = forward_flops(profile.model, [workload.grid], 0).skipped_attention
+        name = "sliding-tile" if sparse == "attention_window" else "video sparse"
         lines.append(
-            f"sliding-tile attention (model.attention_window) skips {skipped / full.parts['attention']:.0%} of "
+            f"{name} attention (model.{sparse}) skips {skipped / full.parts['attention']:.0%} of "
             f"self-attention's FLOPs per sample ({3 * skipped / 1e12:.3g} TFLOP a training step); not in the compute above"
         )
     lines.extend(f"invalid: {p}" for p in plan.problems)

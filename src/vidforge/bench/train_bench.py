@@ -172,8 +172,8 @@ class TrainBenchResult:
     """Hardware FLOPs (with the recomputed forwards of activation checkpointing) per second over the peak."""
     flops_per_step: float
     skipped_attention_flops_per_step: float
-    """Attention FLOPs sliding-tile attention (model.attention_window) skipped this step, forward and
-    backward (not in flops_per_step); 0 without it."""
+    """Attention FLOPs sliding-tile or video sparse attention (model.attention_window, attention_topk)
+    skipped this step, forward and backward (not in flops_per_step); 0 without them."""
     peak_memory_gib: float
     peak_memory_method: str
     predicted_memory_gib: float

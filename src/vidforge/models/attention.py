@@ -10,7 +10,9 @@ by one of:
   segment i. Self-attention over packed samples, per-frame (spatial) and per-position (temporal)
   attention of ST-DiT, and cross-attention of packed samples to their own captions are all this.
 - `TileMask`: sliding-tile attention (`vidforge.models.sliding_tile`): FlexAttention's block mask under
-  `flex`, the exact masked reference under `sdpa` and `dense`.
+  `flex`, the exact masked reference under `sdpa` and `dense`; `TileRows` the same for some queries of
+  a row against all of it (context parallel's all-gather and Ulysses); `TileSelection` the same for
+  video sparse attention's fine pass (`vidforge.models.video_sparse`).
 
 Backends (`model.attention`): `sdpa` (torch SDPA; packed segments run as batched SDPA calls over runs
 of equal-length segments, so no work is spent on masked blocks; which SDPA kernel each call may use is
@@ -33,7 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models.sliding_tile import TileMask, check_backend
+from vidforge.models.sliding_tile import TileMask, TileRows, check_backend
+from vidforge.models.video_sparse import TileSelection
 from vidforge.tokens.masks import KeyPadding, Segments
 from vidforge.tokens.shard import ContextShard
 
@@ -41,7 +44,7 @@ BACKENDS = ("sdpa", "dense", "flex", "flash")
 SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
 
 
-AttentionMask = KeyPadding | Segments | TileMask | ContextShard | None
+AttentionMask = KeyPadding | Segments | TileMask | TileRows | TileSelection | ContextShard | None
 
 
 def attention(
@@ -69,7 +72,7 @@ def attention(
                 f"packed Segments need one row holding {mask.total_q} queries and {mask.total_kv} keys, "
                 f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-    if isinstance(mask, TileMask):  # sliding-tile attention: the block mask, or the masked reference
+    if isinstance(mask, TileMask | TileRows | TileSelection):  # tiles: block mask, or masked reference
         check_backend(backend)
         return _flex(q, k, v, mask) if backend == "flex" else mask.reference(q, k, v)
     if backend == "sdpa":
@@ -256,7 +259,7 @@ def _flex_block_mask(mask, batch, q_len, kv_len, device):
 
     if mask is None:
         return None
-    if isinstance(mask, TileMask):
+    if isinstance(mask, TileMask | TileRows | TileSelection):
         return mask.block_mask(device)
     key = ("flex", str(device), batch, q_len, kv_len)
     if key in mask._cache:

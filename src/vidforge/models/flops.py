@@ -5,8 +5,10 @@ Counts matrix multiplies only (2*m*n*k each), as MFU conventionally does and as
 PV). Attention counts the useful work only: per sample S_i^2 for full attention, per frame and per
 position for spatial and temporal attention, S_i x L_i for cross-attention; a dense block-diagonal mask
 over a packed row costs more than this. Under sliding-tile attention (`model.attention_window`) a layer's
-full attention counts the (query, key) pairs its windows attend (`sliding_tile.attended_pairs`), and
-`FlopCount.skipped_attention` the forward FLOPs full attention would have spent beyond them.
+full attention counts the (query, key) pairs its windows attend (`sliding_tile.attended_pairs`), under
+video sparse attention (`model.attention_topk`) the pairs of its selected tiles and coarse pass
+(`video_sparse.selected_pairs`), and `FlopCount.skipped_attention` the forward FLOPs full attention
+would have spent beyond them.
 
 Backward costs twice the forward for each matmul (the input gradient and the weight gradient), except
 where the input needs no gradient (the patch embedding of data, the first layers of the timestep and
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from vidforge.families import family
 from vidforge.models.sliding_tile import attended_pairs
+from vidforge.models.video_sparse import selected_pairs
 from vidforge.profile.model import Model
 from vidforge.tokens import Grid, SequenceLayout
 
@@ -38,8 +41,8 @@ class FlopCount:
     blocks: int = 0
     """Forward FLOPs inside the transformer blocks (what full activation recompute runs again)."""
     skipped_attention: int = 0
-    """Forward FLOPs of QK^T and PV that sliding-tile attention skips (not in `parts`): full attention's
-    minus the windows'. 0 without `model.attention_window`."""
+    """Forward FLOPs of QK^T and PV that sliding-tile or video sparse attention skips (not in `parts`):
+    full attention's minus theirs. 0 without `model.attention_window` or `model.attention_topk`."""
 
     @property
     def forward(self) -> int:
@@ -88,9 +91,12 @@ def forward_flops(
     scopes, chunks = spec.block_scopes(cfg)
     table = spec.table_modulation
 
-    def core(scope: str, window: tuple[int, int, int] | None = None) -> int:
-        """QK^T and PV of one self-attention: 2 products x 2*d FLOPs per (query, key) pair."""
-        if scope == "full":
+    def core(scope: str, window: tuple[int, int, int] | None = None, dense: bool = False) -> int:
+        """QK^T and PV of one self-attention: 2 products x 2*d FLOPs per (query, key) pair (`dense`: full
+        attention's, whatever the profile's sparsity)."""
+        if scope == "full" and cfg.attention_topk is not None and not dense:
+            pairs = sum(selected_pairs(g, cfg.attention_tile, cfg.attention_topk) for g in grids)
+        elif scope == "full":
             pairs = sum(attended_pairs(g, cfg.attention_tile, window) for g in grids)
         elif scope == "spatial":
             pairs = sum(t * (h * w) ** 2 for t, h, w in grids)
@@ -122,7 +128,8 @@ def forward_flops(
         text_pairs = sum(si * li for si, li in zip(seqlens, lens, strict=True))
     windows = [cfg.layer_window(i) for i in range(cfg.layers)]
     attn = [sum(core(sc, w if sc == "full" else None) for sc in scopes) + 4 * d * text_pairs for w in windows]
-    skipped = sum(core("full") - core("full", w) for w in windows if w is not None and "full" in scopes)
+    sparse = [w for w in windows if w is not None or cfg.attention_topk is not None]
+    skipped = sum(core("full", dense=True) - core("full", w) for w in sparse if "full" in scopes)
     mlp = (3 if cfg.mlp_act == "swiglu" else 2) * 2 * s * d * m
     final = (0 if table else 2 * n * d * 2 * d) + 2 * s * d * p
 

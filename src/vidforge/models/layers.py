@@ -19,6 +19,7 @@ from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.rope import apply_rope
 from vidforge.models.scopes import Scope, tile_scope
+from vidforge.models.video_sparse import select_tiles
 
 
 @dataclass(eq=False)
@@ -189,7 +190,8 @@ class SelfAttention(_HeadProjections):
 
     def __init__(self, hidden: int, heads: int, qk_norm: bool = True, attend: Attend | None = None) -> None:
         super().__init__(hidden, heads, qk_norm, attend)
-        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (tile, window): STA
+        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int] | None] | None = None  # (tile, window)
+        self.topk: int | None = None  # video sparse attention's key tiles per query tile (window None)
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """q, k, v as (B, S, heads, head_dim) (this rank's heads under tensor parallel), normalised and rotated; what `attend` receives before the
@@ -202,8 +204,9 @@ class SelfAttention(_HeadProjections):
         q, k, v = self.project(x, rope)
         if self.tiles is not None:
             scope = tile_scope(scope, *self.tiles, x.device)
-        out = self.attend(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask)
-        return self.out(scope.scatter(out).flatten(-2))
+        q, k, v = scope.gather(q), scope.gather(k), scope.gather(v)
+        mask = scope.mask if self.topk is None else select_tiles(scope.mask, q, k, self.topk)
+        return self.out(scope.scatter(self.attend(q, k, v, mask)).flatten(-2))
 
 
 class CrossAttention(_HeadProjections):

@@ -19,9 +19,8 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from vidforge.errors import UserInputError
 from vidforge.models.attention import AttentionMask
-from vidforge.models.sliding_tile import Triple, tile_mask, tile_order
+from vidforge.models.sliding_tile import TiledShard, Triple, tile_mask, tile_order
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 SCOPES = ("full", "spatial", "temporal")
@@ -94,16 +93,22 @@ def sharded_scopes(shard: TokenShard) -> dict[str, Scope]:
 _TILED: WeakKeyDictionary[Scope, dict[tuple[Triple, Triple], Scope]] = WeakKeyDictionary()
 
 
-def tile_scope(full: Scope, tile: Triple, window: Triple, device: torch.device) -> Scope:
+def tile_scope(full: Scope, tile: Triple, window: Triple | None, device: torch.device) -> Scope:
     """Sliding-tile attention over the tokens of the `full` scope (`vidforge.models.sliding_tile`): the
-    row permuted into tile-major order, sample by sample, and a `TileMask` for the dispatcher."""
+    row permuted into tile-major order, sample by sample, and a `TileMask` for the dispatcher (window
+    None: every tile, the tiling video sparse attention selects from)."""
     built = _TILED.setdefault(full, {})
     if (tile, window) in built:
         return built[(tile, window)]
     if isinstance(full.mask, ContextShard):
-        raise UserInputError(
-            "model.attention_window: sliding-tile attention has no context-parallel plan yet; set parallel.cp=1"
-        )
+        # Context parallel: the rank's tokens stay in place (row order) and the mask, in row order, names
+        # them by `TokenShard.row_index`; the cp attention applies it (`TiledShard`).
+        shard = full.mask.shard
+        grids = shard.layout.grids
+        mask = tile_mask(grids, tile, window, torch.arange(shard.total)).to(device)
+        scope = Scope("tiles", TiledShard("full", shard, mask))
+        built[(tile, window)] = scope
+        return scope
     grids = full.grids or (full.grid,)
     order, start = [], 0
     for grid in grids:

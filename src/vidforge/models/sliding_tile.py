@@ -10,10 +10,18 @@ a tile of a multiple of FlexAttention's 128-token blocks maps onto whole blocks 
 every block outside the windows (GPU, `model.attention=flex`). The `sdpa` and `dense` backends run the
 exact masked reference: SDPA with the dense boolean mask, one call per sample of a packed row.
 
-What this module owns: the window rule (`TileMask.allowed`, used by both the reference and the block
-mask), the tile-major order, and the attended-pair count `models/flops.py` charges. The scope that
-applies it to a forward's tokens is `vidforge.models.scopes.tile_scope`; which layers use it is the
-profile's (`model.attention_window`, `model.attention_tile`).
+Under context parallel (`parallel.cp_impl` all-gather, ring or ulysses) each rank keeps its tokens in
+the row order the `TokenShard` split gives; the row's mask is built in that order and names a rank's
+tokens by `TokenShard.row_index` (`TiledShard`), so the windows hold whatever the split. All-gather and
+Ulysses run queries against the gathered row under `TileRows` (the block mask or the masked
+reference); the ring hands each K/V block its slice of the mask (`TiledShard.block`). A rank's chunk of
+the row is not whole tiles, so on the GPU the flex block masks there are less sparse than the
+single-process one (GPU: not measured).
+
+What this module owns: the window rule (`TileMask.allowed`, used by the reference, the block mask and
+the context-parallel masks), the tile-major order, and the attended-pair count `models/flops.py`
+charges. The scope that applies it to a forward's tokens is `vidforge.models.scopes.tile_scope`; which
+layers use it is the profile's (`model.attention_window`, `model.attention_tile`).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from vidforge.errors import UserInputError
-from vidforge.tokens import Grid, grid_positions
+from vidforge.tokens import ContextShard, Grid, grid_positions
 
 Triple = tuple[int, int, int]
 
@@ -105,6 +113,103 @@ class TileMask:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
+@dataclass(eq=False)
+class TileRows:
+    """Sliding-tile attention of some tokens of a row to all of its real tokens, for context parallel:
+    the queries are named by `q_index`, their positions in the order of `tiles` (-1 for a context-parallel
+    pad), and `q_sample`, their samples; the keys are the row's real tokens in that order. A pad query
+    sees every real key of its sample (a finite output nobody reads); every real query sees at least its
+    own token, so no row of the mask is empty."""
+
+    tiles: TileMask
+    q_index: torch.Tensor
+    q_sample: torch.Tensor
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def allowed(self, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        """Whether query `q_idx` (a position among the queries) may see key `kv_idx` (a position in the
+        row); broadcasting index tensors, also FlexAttention's mask_mod body."""
+        index = self.q_index[q_idx]
+        own = self.q_sample[q_idx] == self.tiles.sample[kv_idx]
+        return torch.where(index >= 0, self.tiles.allowed(index.clamp(min=0), kv_idx), own)
+
+    def dense(self) -> torch.Tensor:
+        """The (queries, row) boolean mask (built once)."""
+        if "dense" not in self._cache:
+            q = torch.arange(self.q_index.shape[0], device=self.q_index.device)
+            kv = torch.arange(self.tiles.sample.shape[0], device=self.q_index.device)
+            self._cache["dense"] = self.allowed(q[:, None], kv[None, :])
+        return self._cache["dense"]
+
+    def block_mask(self, device: torch.device):
+        """FlexAttention's BlockMask of the queries against the row (built once)."""
+        if "flex" not in self._cache:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return self.allowed(q_idx, kv_idx)
+
+            lq, lk = self.q_index.shape[0], self.tiles.sample.shape[0]
+            self._cache["flex"] = create_block_mask(mask_mod, None, None, lq, lk, device=device)
+        return self._cache["flex"]
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """The dense mask as SDPA's additive bias (0 or -inf) in `dtype` (built once per dtype)."""
+        key = ("bias", dtype)
+        if key not in self._cache:
+            zero = torch.zeros(self.dense().shape, dtype=dtype, device=self.q_index.device)
+            self._cache[key] = zero.masked_fill(~self.dense(), float("-inf"))
+        return self._cache[key]
+
+    def prepare(self, backend: str, q: torch.Tensor) -> None:
+        """Build now what attention on `backend` will read (the block mask, or the reference's bias): a
+        selectively checkpointed region (all-gather's re-gather) must replay its forward's ops exactly,
+        and neither a cache being filled nor SDPA converting a boolean mask does that."""
+        self.block_mask(q.device) if backend == "flex" else self.bias(q.dtype)
+
+    def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The exact masked attention, one SDPA call with the dense mask as a bias (samples apart by the
+        mask). q: (B, queries, heads, head_dim); k, v: (B, row, heads, head_dim)."""
+        bias = self.bias(q.dtype).to(q.device)
+        qs, ks, vs = (x.transpose(1, 2) for x in (q, k, v))
+        return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias).transpose(1, 2)
+
+
+@dataclass(eq=False)
+class TiledShard(ContextShard):
+    """Sliding-tile attention over a row split across context-parallel ranks: the `ContextShard` of full
+    attention with the row's `TileMask` in row order (the order `TokenShard.row_index` names tokens in,
+    so each rank's tokens map onto the mask by index whatever the split). What each cp implementation
+    asks of it (`vidforge.parallel.cp_attention`), built once per forward and shared by its layers:
+    `rows` (this rank's queries against the row: all-gather), `gathered_rows` (every rank's queries in
+    gathered order: Ulysses), `block` (this rank's queries against rank `source`'s tokens: ring)."""
+
+    tiles: TileMask
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def rows(self, device: torch.device) -> TileRows:
+        key = ("rows", str(device))
+        if key not in self._cache:
+            index = self.shard.row_index(device)
+            self._cache[key] = TileRows(self.tiles, index, self.shard.token_sample(device))
+        return self._cache[key]
+
+    def gathered_rows(self, device: torch.device) -> TileRows:
+        key = ("gathered", str(device))
+        if key not in self._cache:
+            size = self.shard.size
+            index = torch.cat([self.shard.row_index(device, r) for r in range(size)])
+            self._cache[key] = TileRows(self.tiles, index, self.shard.token_sample(device).repeat(size))
+        return self._cache[key]
+
+    def block(self, source: int, device: torch.device, queries: slice) -> torch.Tensor:
+        """(queries, local) bool: which of rank `source`'s tokens each of this rank's `queries` (a slice)
+        sees; pads of `source` are no keys. Built per call, not kept: the ring asks by query chunk."""
+        rows, kv = self.rows(device), self.shard.row_index(device, source)
+        q = torch.arange(rows.q_index.shape[0], device=device)[queries]
+        return rows.allowed(q[:, None], kv.clamp(min=0)[None, :]) & (kv >= 0)[None, :]
+
+
 def tile_order(grid: Grid, tile: Triple) -> torch.Tensor:
     """Permutation of a sample's t-major tokens into tile-major order (tiles in t-major order of their
     indices, tokens t-major within a tile)."""
@@ -116,20 +221,22 @@ def tile_order(grid: Grid, tile: Triple) -> torch.Tensor:
     return torch.sort(tile_id, stable=True).indices
 
 
-def tile_mask(grids: Sequence[Grid], tile: Triple, window: Triple, order: torch.Tensor) -> TileMask:
+def tile_mask(grids: Sequence[Grid], tile: Triple, window: Triple | None, order: torch.Tensor) -> TileMask:
     """The TileMask of a row holding samples of `grids` (one grid for a plain batch), their tokens
-    permuted by `order` (each sample's `tile_order`, offset to its place in the row)."""
+    permuted by `order` (each sample's `tile_order`, offset to its place in the row); window None: every
+    tile of the sample (video sparse attention's tiling, `vidforge.models.video_sparse`)."""
     tiles, start, stop, sample = [[], [], []], [[], [], []], [[], [], []], []
     for i, grid in enumerate(grids):
         pos = grid_positions(grid)
         sample.append(torch.full((pos.shape[0],), i, dtype=torch.long))
         for a in range(3):
             count = -(-grid[a] // tile[a])
+            size = count if window is None else min(window[a], count)
             axis = pos[:, a] // tile[a]
-            first = window_starts(axis, count, window[a])
+            first = window_starts(axis, count, size)
             tiles[a].append(axis)
             start[a].append(first)
-            stop[a].append(first + min(window[a], count))
+            stop[a].append(first + size)
 
     def row(parts):
         return tuple(torch.cat(p)[order] for p in parts)
@@ -159,15 +266,18 @@ def check_backend(backend: str) -> None:
     for a model built by hand)."""
     if backend == "flash":
         raise UserInputError(
-            "model.attention_window: sliding-tile attention runs on attention=flex (GPU block mask) or "
-            "sdpa/dense (masked reference), not flash"
+            "model.attention_window/attention_topk: tiled attention runs on attention=flex (GPU block mask) "
+            "or sdpa/dense (masked reference), not flash"
         )
 
 
 def set_windows(blocks, cfg) -> None:
     """Give each block's full self-attention layer (named by the block class's `full_attention`) its
-    (tile, window) from the profile (`Model.layer_window`); a layer left alone attends in full."""
+    (tile, window) from the profile (`Model.layer_window`), or under video sparse attention
+    (`model.attention_topk`) the tiling (window None) and its `topk`; a layer left alone attends in full."""
     for key, block in blocks.items():
-        window = cfg.layer_window(int(key))
-        if window is not None:
+        if cfg.attention_topk is not None:
+            layer = getattr(block, block.full_attention)
+            layer.tiles, layer.topk = (tuple(cfg.attention_tile), None), cfg.attention_topk
+        elif (window := cfg.layer_window(int(key))) is not None:
             getattr(block, block.full_attention).tiles = (tuple(cfg.attention_tile), window)

@@ -49,6 +49,7 @@ from vidforge.models.rope import apply_rope, rope_tables
 from vidforge.models.scopes import Scope, tile_scope
 from vidforge.models.sliding_tile import set_windows
 from vidforge.models.token_inputs import TokenPlacement
+from vidforge.models.video_sparse import select_tiles
 from vidforge.profile.model import Model
 from vidforge.tokens import Segments
 
@@ -147,7 +148,8 @@ class WanAttention(nn.Module):
         self.norm_q = nn.RMSNorm(hidden, eps=EPS)
         self.norm_k = nn.RMSNorm(hidden, eps=EPS)
         self.attend = attend
-        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (tile, window): STA
+        self.tiles: tuple[tuple[int, int, int], tuple[int, int, int] | None] | None = None  # (tile, window)
+        self.topk: int | None = None  # video sparse attention's key tiles per query tile (window None)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (-1, self.head_dim))
@@ -164,8 +166,9 @@ class WanAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.tiles is not None:
             scope = tile_scope(scope, *self.tiles, x.device)
-        out = self.attend(scope.gather(q), scope.gather(k), scope.gather(v), scope.mask)
-        return self.to_out[0](scope.scatter(out).flatten(-2).type_as(q))
+        qg, kg, vg = scope.gather(q), scope.gather(k), scope.gather(v)
+        mask = scope.mask if self.topk is None else select_tiles(scope.mask, qg, kg, self.topk)
+        return self.to_out[0](scope.scatter(self.attend(qg, kg, vg, mask)).flatten(-2).type_as(q))
 
     def cross(self, x: torch.Tensor, text: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
         q, k, v = self.project(x, text)

@@ -15,10 +15,11 @@ block (is_causal=False throughout).
 
 Kernels, in the order `block_kernel` picks them:
 
-1. `model.attention=dense`, or sdpa_backend=math, or float64 on CUDA (no fused CUDA kernel takes it):
-   `einsum`, explicit scores and softmax in float32 (float64 for float64 inputs), `query_chunk`
-   queries at a time, under a dense mask built from the segments. The reference the tests hold the
-   fused kernels to.
+1. `model.attention=dense`, or sdpa_backend=math, or float64 on CUDA (no fused CUDA kernel takes it),
+   or blocks with an explicit mask (`MaskedKeys`: sliding-tile attention's windows): `einsum`, explicit
+   scores and softmax in float32 (float64 for float64 inputs), `query_chunk` queries at a time, under
+   a dense mask (built from the segments, or the one given). The reference the tests hold the fused
+   kernels to.
 2. `model.attention=flash`: flash-attn's `flash_attn_func(..., return_attn_probs=True)` and its
    `_flash_attn_backward` (CUDA, fp16/bf16), refused when the package is missing, as the dispatcher
    does. GPU: not run.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,6 +95,16 @@ class BlockKeys:
         within = torch.cat([torch.arange(n) for n in self.q_lens])
         key_ok = within < torch.tensor(self.kv_lens)[segment]
         return ((segment[:, None] == segment[None, :]) & key_ok[None, :]).to(device)
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedKeys:
+    """Which key of the block each query sees by an explicit rule (sliding-tile attention's windows under
+    ring attention, `TiledShard.block`): `rows(queries)` is the (chunk, Lk) boolean mask of a slice of
+    the queries, built per query chunk so that no (Lq, Lk) mask is held; a query may see none. Only the
+    einsum kernel takes it."""
+
+    rows: Callable[[slice], torch.Tensor]
 
 
 @functools.lru_cache(maxsize=4096)  # packed rows differ step to step: bounded
@@ -266,11 +278,13 @@ def finite_lse(lse: torch.Tensor) -> torch.Tensor:
 BlockKernel = FusedKernel | Einsum
 
 
-def block_kernel(backend: str, sdpa_backend: str, q: torch.Tensor, query_chunk: int = 2048) -> BlockKernel:
+def block_kernel(
+    backend: str, sdpa_backend: str, q: torch.Tensor, query_chunk: int = 2048, masked: bool = False
+) -> BlockKernel:
     """The kernel a ring runs its blocks with for the model's attention settings and q's device, dtype
-    and head size, in the order of the module docstring."""
+    and head size, in the order of the module docstring; `masked` (blocks of `MaskedKeys`): einsum."""
     cuda = q.device.type == "cuda"
-    if backend == "dense" or sdpa_backend == "math" or (cuda and q.dtype == torch.float64):
+    if masked or backend == "dense" or sdpa_backend == "math" or (cuda and q.dtype == torch.float64):
         return Einsum(query_chunk)
     if backend == "flash":
         from vidforge.models.attention import flash_attn_available
@@ -333,13 +347,20 @@ def attend_blocks(
 
 
 def block_forward(
-    kernel: BlockKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: BlockKeys, scale: float
+    kernel: BlockKernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: BlockKeys | MaskedKeys,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (B, L, H, D) to the block k, v (B, L, H, D) where `keys` allows: the
     block-normalised output (B, L, H, Dv) and its log-sum-exp (B, H, L), in the compute dtype. A query
     with no key in the block gets output 0 and log-sum-exp -inf."""
     if isinstance(kernel, Einsum):
         return _einsum_forward(kernel, q, k, v, keys, scale)
+    if isinstance(keys, MaskedKeys):
+        raise ValueError("a block of MaskedKeys runs on the einsum kernel (block_kernel(..., masked=True))")
     dtype = compute_dtype(q)
     runs = keys.runs()
     if len(runs) == 1 and runs[0].count == 1 and runs[0].q_len == q.shape[1]:  # one segment: all queries
@@ -365,7 +386,7 @@ def block_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    keys: BlockKeys,
+    keys: BlockKeys | MaskedKeys,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This block's share of the gradients, given the gradient `dout` (B, L, H, Dv) of the merged
@@ -373,6 +394,8 @@ def block_backward(
     dv (zero where no query sees the key), in the compute dtype."""
     if isinstance(kernel, Einsum):
         return _einsum_backward(kernel, dout, q, k, v, out, lse, keys, scale)
+    if isinstance(keys, MaskedKeys):
+        raise ValueError("a block of MaskedKeys runs on the einsum kernel (block_kernel(..., masked=True))")
     dtype = compute_dtype(q)
     dout, out = dout.to(q.dtype), out.to(q.dtype)  # the fused kernels take them in q's dtype
     dq = torch.zeros(q.shape, dtype=dtype, device=q.device)
@@ -409,26 +432,34 @@ def block_attention(
     return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
 
 
-def _einsum_forward(kernel: Einsum, q, k, v, keys: BlockKeys, scale):
+def _chunk_masks(kernel: Einsum, keys: BlockKeys | MaskedKeys, q: torch.Tensor):
+    """(query slice, its (chunk, Lk) mask) for each of the einsum kernel's query chunks."""
+    full = keys.allowed(q.device) if isinstance(keys, BlockKeys) else None
+    for rows in kernel.chunks(q.shape[1]):
+        yield rows, full[rows] if full is not None else keys.rows(rows).to(q.device)
+
+
+def _einsum_forward(kernel: Einsum, q, k, v, keys: BlockKeys | MaskedKeys, scale):
     dtype = compute_dtype(q)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    allowed = keys.allowed(q.device)
     out = q.new_zeros((*q.shape[:3], v.shape[-1]))
     lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"))
-    for rows in kernel.chunks(q.shape[1]):
-        out[:, rows], lse[..., rows] = block_attention(q[:, rows], k, v, allowed[rows], scale)
+    for rows, allowed in _chunk_masks(kernel, keys, q):
+        if allowed.any():  # a chunk without keys here keeps output 0, log-sum-exp -inf
+            out[:, rows], lse[..., rows] = block_attention(q[:, rows], k, v, allowed, scale)
     return out, lse
 
 
-def _einsum_backward(kernel: Einsum, dout, q, k, v, out, lse, keys: BlockKeys, scale):
+def _einsum_backward(kernel: Einsum, dout, q, k, v, out, lse, keys: BlockKeys | MaskedKeys, scale):
     dtype = compute_dtype(q)
     q, k, v, dout = q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype)
-    allowed = keys.allowed(q.device)
     delta = (dout * out.to(dtype)).sum(-1).transpose(1, 2)  # (B, H, L): rowsum(dO * O)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for rows in kernel.chunks(q.shape[1]):
+    for rows, allowed in _chunk_masks(kernel, keys, q):
+        if not allowed.any():
+            continue
         scores = torch.einsum("bqhd,bkhd->bhqk", q[:, rows], k) * scale
-        probs = torch.exp(scores - lse[..., rows, None]).masked_fill(~allowed[rows], 0.0)
+        probs = torch.exp(scores - lse[..., rows, None]).masked_fill(~allowed, 0.0)
         d_probs = torch.einsum("bqhd,bkhd->bhqk", dout[:, rows], v)
         d_scores = probs * (d_probs - delta[..., rows, None])
         dq[:, rows] += torch.einsum("bhqk,bkhd->bqhd", d_scores, k) * scale

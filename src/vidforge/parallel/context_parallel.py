@@ -33,8 +33,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from vidforge.errors import UserInputError
 from vidforge.models.attention import Attend, AttentionMask
+from vidforge.models.sliding_tile import TiledShard
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
 from vidforge.parallel.usp_attention import UspGroups, usp_attention
+from vidforge.profile.parallel import SLIDING_TILE_CP_IMPLS
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 CpGroup = DeviceMesh | dist.ProcessGroup
@@ -92,6 +94,13 @@ class ContextParallelAttend(nn.Module):
         extra = {"regather": True} if self.regather else {}
         if self.usp_groups is not None:
             extra = {"groups": self.usp_groups}
+        if isinstance(mask, TiledShard):
+            if self.impl not in SLIDING_TILE_CP_IMPLS:
+                raise UserInputError(
+                    f"model.attention_window: sliding-tile attention runs under parallel.cp_impl "
+                    f"{', '.join(SLIDING_TILE_CP_IMPLS)}, not {self.impl}"
+                )
+            extra["tiles"] = mask
         return FULL_ATTENTION[self.impl](
             q, k, v, shard, self.group, self.inner.backend, self.inner.sdpa_backend, **extra
         )

@@ -20,6 +20,12 @@ this rank's output (B, local, H, D); all are differentiable on CPU (gloo) and GP
 
 Pads (see `TokenShard`) are never keys: the all-gather and Ulysses paths drop them when ordering keys,
 the ring masks them. Pad queries attend to their own sample, so their outputs are finite.
+
+Sliding-tile attention (`tiles`, a `vidforge.models.sliding_tile.TiledShard`): all-gather and Ulysses
+attend their queries to the gathered row under the windows' mask (`TileRows`: FlexAttention's block
+mask under `flex`, the masked reference otherwise); the ring runs every block on the einsum kernel under
+its slice of the mask (`MaskedKeys`), a query row with no key in a block giving output 0 and
+log-sum-exp -inf, which the merge ignores. usp is refused (`SLIDING_TILE_CP_IMPLS`).
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ import torch.distributed as dist
 
 from vidforge.errors import UserInputError
 from vidforge.models.attention import attention
+from vidforge.models.sliding_tile import TiledShard
 from vidforge.parallel.attention_blocks import (
     BlockKernel,
     BlockKeys,
+    MaskedKeys,
     block_backward,
     block_forward,
     block_kernel,
@@ -122,17 +130,24 @@ def all_gather_attention(
     backend: str = "sdpa",
     sdpa_backend: str = "auto",
     regather: bool = False,
+    tiles: TiledShard | None = None,
 ) -> torch.Tensor:
+    """All-gather context parallel (see the module docstring); `tiles`: sliding-tile attention's windows
+    over the row (this rank's queries against the gathered row under `TiledShard.rows`)."""
     dk = k.shape[-1]
     # One collective for both. Under re-gather this local copy is what the backward keeps (v alone may be
     # a view of the q/k/v projection's output, which would keep that whole output alive).
     kv_local = torch.cat([k, v], dim=-1)
 
+    keys = _full_row_segments(shard, shard.chunk_lens)
+    if tiles is not None:
+        keys = tiles.rows(q.device)
+        keys.prepare(backend, q)  # before the re-gathered region, which must replay its ops exactly
+
     def gathered_attention(q: torch.Tensor, kv_local: torch.Tensor) -> torch.Tensor:
         kv = shard.assemble(gather_tokens(kv_local, group))  # real keys in row order
         k_full, v_full = kv.split([dk, kv.shape[-1] - dk], dim=-1)
-        segments = _full_row_segments(shard, shard.chunk_lens)
-        return attention(q, k_full, v_full, segments, backend, sdpa_backend)
+        return attention(q, k_full, v_full, keys, backend, sdpa_backend)
 
     if regather and torch.is_grad_enabled() and shard.size > 1:
         return _regathered(gathered_attention, q, kv_local)
@@ -187,7 +202,10 @@ def ulysses_attention(
     group: dist.ProcessGroup,
     backend: str = "sdpa",
     sdpa_backend: str = "auto",
+    tiles: TiledShard | None = None,
 ) -> torch.Tensor:
+    """Ulysses context parallel (see the module docstring); `tiles`: sliding-tile attention's windows
+    over the row (every rank's queries in gathered order against the row: `TiledShard.gathered_rows`)."""
     size = shard.size
     heads = q.shape[2]
     if heads % size:
@@ -199,7 +217,11 @@ def ulysses_attention(
     # (B, L, H, Dq+Dk+Dv): one all-to-all for all three
     qkv = heads_to_tokens(torch.cat([q, k, v], dim=-1), group)
     qg, kg, vg = qkv.split(dims, dim=-1)
-    if shard.gathered_is_row_order:  # one sample per row, no pads: the gathered row is the row
+    if tiles is not None:  # queries stay in gathered order, the mask names them; keys: the row's real tokens
+        keys = shard.gathered_row_index(q.device)
+        rows = tiles.gathered_rows(q.device)
+        out = attention(qg, kg.index_select(1, keys), vg.index_select(1, keys), rows, backend, sdpa_backend)
+    elif shard.gathered_is_row_order:  # one sample per row, no pads: the gathered row is the row
         out = attention(qg, kg, vg, None, backend, sdpa_backend)
     else:
         order = shard.gathered_padded_order(q.device)  # queries: samples contiguous, pads included
@@ -271,6 +293,14 @@ def _block_keys(shard: TokenShard, source: int) -> BlockKeys:
     return BlockKeys(shard.chunk_lens, shard.local_counts(source))
 
 
+def _keys_of(shard: TokenShard, tiles: TiledShard | None, device: torch.device):
+    """Rank `source` -> which of its tokens each local query sees: `_block_keys`, or under sliding-tile
+    attention the windows' block of the mask (`TiledShard.block`)."""
+    if tiles is None:
+        return functools.partial(_block_keys, shard)
+    return lambda source: MaskedKeys(functools.partial(tiles.block, source, device))
+
+
 RING_QUERY_CHUNK = 2048
 """Queries per score tensor in the einsum ring (`model.attention=dense`): bounds the (B, H, chunk,
 local) scores, which for whole blocks of a long sequence would not fit (9k local tokens x 24 heads is
@@ -279,7 +309,7 @@ local) scores, which for whole blocks of a long sequence would not fit (9k local
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, shard: TokenShard, group: dist.ProcessGroup, kernel: BlockKernel):
+    def forward(ctx, q, k, v, keys_of, group: dist.ProcessGroup, kernel: BlockKernel):
         ring = _Ring(group)
         scale = 1.0 / math.sqrt(q.shape[-1])
         dk = k.shape[-1]
@@ -290,19 +320,19 @@ class _RingAttention(torch.autograd.Function):
             if step + 1 < ring.size:  # overlap: the next block is on its way while this one computes
                 incoming, requests = ring.shift(block, tag=0)
             kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            part = block_forward(kernel, q, kb, vb, _block_keys(shard, source), scale)
+            part = block_forward(kernel, q, kb, vb, keys_of(source), scale)
             out, lse = part if out is None else merge_partial(out, lse, *part)
             if step + 1 < ring.size:
                 _wait(requests)
                 block = incoming
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.shard, ctx.group, ctx.scale, ctx.kernel = shard, group, scale, kernel
+        ctx.keys_of, ctx.group, ctx.scale, ctx.kernel = keys_of, group, scale, kernel
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        shard, ring, scale = ctx.shard, _Ring(ctx.group), ctx.scale
+        ring, scale = _Ring(ctx.group), ctx.scale
         merged_lse = finite_lse(lse)  # every query has a key somewhere in the row
         dk = k.shape[-1]
         block = torch.cat([k, v], dim=-1).contiguous()
@@ -314,7 +344,7 @@ class _RingAttention(torch.autograd.Function):
             if step + 1 < ring.size:
                 incoming, requests = ring.shift(block, tag=1)
             kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            keys = _block_keys(shard, source)
+            keys = ctx.keys_of(source)
             dq_b, dk_b, dv_b = block_backward(ctx.kernel, grad_out, q, kb, vb, out, merged_lse, keys, scale)
             dq += dq_b
             # The accumulator arrived (overlapped with the compute above) from the previous rank with
@@ -338,16 +368,20 @@ def ring_attention(
     backend: str = "sdpa",
     sdpa_backend: str = "auto",
     query_chunk: int = RING_QUERY_CHUNK,
+    tiles: TiledShard | None = None,
 ) -> torch.Tensor:
     """Ring attention (see the module docstring). Each block goes through the fused kernel that
     `vidforge.parallel.attention_blocks.block_kernel` picks for `backend`, `sdpa_backend` and q (the CPU
     flash kernel here; SDPA's flash, efficient or cuDNN op, or flash-attn, on CUDA), which returns the
     block's log-sum-exp for the merge; `backend="dense"` runs the einsum reference instead, `query_chunk`
-    queries at a time. Plain and packed rows take the same kernels (see `BlockKeys`)."""
+    queries at a time. Plain and packed rows take the same kernels (see `BlockKeys`). `tiles`:
+    sliding-tile attention's windows, each block under its part of the mask (`TiledShard.block`) on the
+    einsum kernel (exact on any device; the fused kernels take no mask), blocks no window reaches
+    skipped."""
     if shard.size == 1:
-        return all_gather_attention(q, k, v, shard, group, backend, sdpa_backend)
-    kernel = block_kernel(backend, sdpa_backend, q, query_chunk)
-    return _RingAttention.apply(q, k, v, shard, group, kernel)
+        return all_gather_attention(q, k, v, shard, group, backend, sdpa_backend, tiles=tiles)
+    kernel = block_kernel(backend, sdpa_backend, q, query_chunk, masked=tiles is not None)
+    return _RingAttention.apply(q, k, v, _keys_of(shard, tiles, q.device), group, kernel)
 
 
 CP_ATTENTION = {

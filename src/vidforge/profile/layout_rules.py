@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vidforge.profile.parallel import Layout
+from vidforge.profile.parallel import SLIDING_TILE_CP_IMPLS, Layout
 from vidforge.profile.run_profile import RunProfile
 
 Rule = Callable[["RunProfile", Layout], list[str]]
@@ -213,12 +213,13 @@ def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
 
 
 def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
-    """Sliding-tile attention (model.attention_window): its tile must fit the token grid of the videos
+    """Sliding-tile and video sparse attention (model.attention_window, attention_topk): the tile must fit the token grid of the videos
     `vidforge infer` samples (training buckets may be smaller, images among them: a tile wider than a
-    grid is one partial tile there). It has no context-parallel plan yet: a rank's shard of the row is
-    not whole tiles, and the ring's K/V blocks would need the tile windows' block mask."""
+    grid is one partial tile there). Under context parallel the windows are applied across ranks by
+    all-gather, ring and Ulysses (`vidforge.models.sliding_tile.TiledShard`); usp and the ST-DiT
+    slicings have no plan for them."""
     model = profile.model
-    if model.attention_window is None:
+    if model.attention_window is None and model.attention_topk is None:
         return []
     tok, inf, (pt, ph, pw) = profile.tokenizer, profile.infer, model.patch
     spatial = tok.spatial_compression
@@ -233,10 +234,16 @@ def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
             f"model.attention_tile: {list(model.attention_tile)} tokens do not fit the token grid {list(grid)} "
             "of infer.frames/height/width; use a tile of at most that per axis"
         )
-    if layout.cp > 1:
+    impl = profile.parallel.cp_impl
+    if layout.cp > 1 and model.attention_topk is not None:
         problems.append(
-            f"parallel.cp: sliding-tile attention (model.attention_window) has no context-parallel plan yet "
-            f"(cp={layout.cp}); set parallel.cp=1 or drop model.attention_window"
+            f"parallel.cp: video sparse attention (model.attention_topk) has no context-parallel plan (its "
+            f"coarse pass needs every rank's tiles); set parallel.cp=1 (got {layout.cp}) or drop attention_topk"
+        )
+    elif layout.cp > 1 and impl not in SLIDING_TILE_CP_IMPLS:
+        problems.append(
+            f"parallel.cp_impl: sliding-tile attention (model.attention_window) runs under cp_impl "
+            f"{', '.join(SLIDING_TILE_CP_IMPLS)}, not {impl}; change cp_impl or set parallel.cp=1"
         )
     return problems
 

@@ -103,9 +103,16 @@ class Model(Section):
     every layer, or a list with one entry per layer (null: full attention in that layer). Runs on
     attention=flex (GPU block mask) or sdpa/dense (exact masked reference); text cross-attention is
     untouched. null (the default): full attention everywhere."""
+    attention_topk: int | None = Field(None, ge=1)
+    """Video sparse attention (VSA, arXiv 2505.13389; `vidforge.models.video_sparse`) for the full
+    self-attention of video tokens in every layer: a coarse pass scores each query tile against every key
+    tile of its sample (mean-pooled q and k, per head) and the fine pass attends exactly to the keys of
+    its `attention_topk` best key tiles. Trainable (the gradients flow through the fine pass); the tiles
+    are `attention_tile`. Not with attention_window (one sparse pattern), not on flash, not under context
+    parallel. null (the default): off."""
     attention_tile: tuple[int, int, int] = (6, 8, 8)
-    """Sliding-tile attention's tile, in tokens per axis (t, h, w) (the paper's HunyuanVideo tile, 384
-    tokens: three of FlexAttention's 128-token blocks). Must fit the token grid of infer's videos (checked at
+    """Sliding-tile and video sparse attention's tile, in tokens per axis (t, h, w) (STA's HunyuanVideo
+    tile, 384 tokens: three of FlexAttention's 128-token blocks). Must fit the token grid of infer's videos (checked at
     load); along an axis where a training bucket's grid is smaller, that grid is one partial tile."""
 
     @model_validator(mode="before")
@@ -163,6 +170,8 @@ class Model(Section):
         return self
 
     def _check_window(self) -> None:
+        if self.attention_topk is not None:
+            self._check_topk()
         if self.attention_window is None:
             return
         if min(self.attention_tile) < 1:
@@ -188,6 +197,26 @@ class Model(Section):
             raise ValueError(
                 f"attention_window: model.stdit_block={self.stdit_block} has no full video self-attention to "
                 "window (parallel has); drop attention_window or use stdit_block=parallel"
+            )
+
+    def _check_topk(self) -> None:
+        if self.attention_window is not None:
+            raise ValueError(
+                "attention_topk: video sparse attention and sliding-tile attention (attention_window) are "
+                "two sparse patterns for the same layers; drop one"
+            )
+        if min(self.attention_tile) < 1:
+            raise ValueError(
+                f"attention_tile: tokens per axis (t, h, w), each >= 1, got {list(self.attention_tile)}"
+            )
+        if self.attention == "flash":
+            raise ValueError(
+                "attention_topk: video sparse attention runs on model.attention=flex (GPU) or sdpa/dense, not flash"
+            )
+        if self.architecture == "stdit" and self.stdit_block != "parallel":
+            raise ValueError(
+                f"attention_topk: model.stdit_block={self.stdit_block} has no full video self-attention to "
+                "make sparse (parallel has); drop attention_topk or use stdit_block=parallel"
             )
 
     def layer_window(self, layer: int) -> tuple[int, int, int] | None:

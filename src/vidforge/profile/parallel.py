@@ -11,6 +11,8 @@ from vidforge.profile.base import Section
 
 CpImpl = Literal["all-gather", "ring", "ulysses", "usp", "st-hybrid", "st-spatial"]
 PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+SLIDING_TILE_CP_IMPLS = ("all-gather", "ring", "ulysses")
+"""The cp_impl values that apply sliding-tile attention's windows (model.attention_window) across ranks."""
 
 
 class Parallel(Section):
