@@ -2,7 +2,7 @@
 plan --model`): a vidforge export (model.safetensors and config.json, in the folder or its export/), or a
 published folder of a registered family (`vidforge.families`: e.g. a diffusers Wan download), which gives
 the profile that trains and samples the weights as published. A profile that contradicts the weights
-(objective, latent channels, text width) is refused here, in one line, before anything loads."""
+(objective, latent channels, text width, experts) is refused here, in one line, before anything loads."""
 
 from __future__ import annotations
 
