@@ -1,7 +1,8 @@
 """README's "LoRA on one Wan2.2 A14B expert" on a tiny random two-expert download (`wan22_fixtures`):
 `train --init FOLDER --set train.expert=low` with LoRA, its adapter loaded by diffusers into the pipeline's
 transformer_2 (`load_lora_weights(..., load_into_transformer_2=True)`) computes what vidforge's low-noise
-expert with it computes, and so does `model export --merged` of it; `infer -c FOLDER --lora RUN` samples with it; `model import` brings both experts."""
+expert with it computes, and so does `model export --merged` of it; `infer -c FOLDER --lora RUN` samples with it; `model import` brings both experts; a full fine-tune of one
+expert samples beside the download's other one."""
 
 from __future__ import annotations
 
@@ -96,3 +97,18 @@ def test_a_lora_on_the_low_noise_expert_trains_loads_in_diffusers_and_samples(tm
     assert json.loads((tmp_path / "imp" / "samples.jsonl").read_text())["frames"] == 5
     said = _invoke("model", "export", str(imported), "-o", str(tmp_path / "back" / "transformer"))
     assert "low_noise" in said and "not written" in said  # one expert a call, the other one named
+    # a full fine-tune of the high-noise expert samples beside the download's low-noise one
+    full = tmp_path / "full"
+    full_sets = [s for s in SIZES if not s.startswith("train.lora")] + ["train.steps=1", "train.save_every=1"]
+    _invoke("train", "--data", str(latents), "--init", str(pipeline), "--run-dir", str(full), *_sets(full_sets),
+            "--set", "train.expert=high")  # fmt: skip
+    _invoke(
+        "infer", "-c", str(full), "--prompt", "a red square", "-o", str(tmp_path / "full_out"), *_sets(SMALL)
+    )
+    from vidforge.infer.weights import find_weights, load_network
+
+    pair = load_network(find_weights(full), "cpu")
+    theirs = load_diffusers_wan(pipeline / "transformer_2").state_dict()
+    assert all(torch.equal(t, theirs[n]) for n, t in pair.low.state_dict().items())
+    published_high = high.state_dict()
+    assert not all(torch.equal(t, published_high[n]) for n, t in pair.high.state_dict().items())  # trained

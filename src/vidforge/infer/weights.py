@@ -13,7 +13,7 @@ from torch import nn
 from vidforge.errors import UserInputError
 from vidforge.models import weights_folder
 from vidforge.models.checkpoint import CONFIG
-from vidforge.models.experts import Experts, load_export
+from vidforge.models.experts import Experts, load_export, trained_expert
 from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
@@ -87,6 +87,8 @@ def load_network(
     """The network of `weights` on `device` in eval mode, with the LoRA adapter at `lora` if given."""
     if weights.export is not None:
         model = load_export(weights.export, device=device)  # both experts of a two-expert export
+        if trained_expert(weights.export) is not None:
+            model = paired_expert(weights.export, model, device)
     else:
         model = weights_folder.load_published(weights.published, device=device)
     if lora is not None:
@@ -98,6 +100,22 @@ def load_network(
         else:
             model = load_adapter(model, lora, lora_scale)
     return model.eval()
+
+
+def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
+    """A one-expert run's expert with the other expert of the weights it started from (its `--init`)."""
+    expert, base = trained_expert(export)
+    found = weights_folder.find_weights(base) if base is not None and Path(base).is_dir() else None
+    if found is None:
+        raise UserInputError(
+            f"{export}: holds the {expert}-noise expert alone and its --init {base} (the other expert) is "
+            "not there; sample it beside that download (or its import) at the path the run recorded"
+        )
+    both = load_network(found, device)
+    if not isinstance(both, Experts):
+        raise UserInputError(f"{export}: its --init {base} holds one network, not two experts")
+    high, low = (trained, both.low) if expert == "high" else (both.high, trained)
+    return Experts(high, low, trained.config.boundary_ratio)
 
 
 def adapter_expert(lora: str | Path) -> str:

@@ -5,6 +5,7 @@ the low-noise one in its `low_noise/` (`vidforge model import` writes both)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from vidforge.errors import UserInputError
 from vidforge.families.wan_experts import runs_high
-from vidforge.models.checkpoint import WEIGHTS, load_model, read_config
+from vidforge.models.checkpoint import CONFIG, WEIGHTS, load_model, read_config
 
 LOW = "low_noise"
 """The low-noise expert's export, inside the high-noise expert's."""
@@ -38,7 +39,17 @@ class Experts(nn.Module):
 def expert_export(export: Path, expert: str | None) -> Path:
     """The export folder of `expert` (`high`: the export itself; `low`: its low_noise/); a one-expert
     export, or None, is the export."""
-    if expert != "low" or read_config(export).experts == 1:
+    if expert is None or read_config(export).experts == 1:
+        return export
+    held = trained_expert(export)
+    if held is not None:  # a one-expert run's export: that expert alone
+        if held[0] != expert:
+            raise UserInputError(
+                f"{export}: holds the {held[0]}-noise expert alone; --init the two-expert weights it started "
+                f"from ({held[1]}) for the {expert}-noise one"
+            )
+        return export
+    if expert == "high":
         return export
     if not (export / LOW / WEIGHTS).is_file():
         raise UserInputError(
@@ -48,15 +59,33 @@ def expert_export(export: Path, expert: str | None) -> Path:
     return export / LOW
 
 
+def record_expert(export: Path, expert: str, base: str | None) -> None:
+    """Say in a one-expert run's export (config.json, beside `model`) which expert it holds and the
+    two-expert weights (`--init`) its other expert is in."""
+    path = export / CONFIG
+    config = json.loads(path.read_text())
+    config |= {"expert": expert, "base": base}
+    tmp = export / f".{CONFIG}.tmp"
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def trained_expert(export: Path) -> tuple[str, str | None] | None:
+    """(the expert, the base holding the other) of a one-expert run's export; None for any other."""
+    config = json.loads((Path(export) / CONFIG).read_text())
+    return (config["expert"], config.get("base")) if "expert" in config else None
+
+
 def load_export(export: str | os.PathLike, device: torch.device | str = "cpu") -> nn.Module:
-    """An export's network (`load_model`), or both experts of a two-expert one."""
+    """An export's network (`load_model`); both experts of a two-expert import (its `low_noise/`); a
+    one-expert run's export of a two-expert model as it is (`trained_expert` says where its pair is)."""
     export = Path(export)
     model = load_model(export, device=device)
-    if model.config.experts == 1:
+    if model.config.experts == 1 or trained_expert(export) is not None:
         return model
     if not (export / LOW / WEIGHTS).is_file():
         raise UserInputError(
-            f"{export}: its model has two experts (model.experts=2) but {LOW}/ holds no low-noise expert; a "
-            "run that trained one expert samples as a LoRA on the download (infer -c DOWNLOAD --lora RUN)"
+            f"{export}: its model has two experts (model.experts=2) but {LOW}/ holds no low-noise expert; "
+            "import the download again with `vidforge model import`"
         )
     return Experts(model, load_model(export / LOW, device=device), model.config.boundary_ratio)
