@@ -11,7 +11,9 @@ within 0.6%), and AdamW's lr-sized steps on noise-sized gradients flip signs (ad
 apart in mean): its tolerances are bf16's. The one-process reference runs in the test's
 own process (no spawn); the pair took ~28 s on a loaded 2-core machine. LoRA with the float8 base under
 context parallel (cp=2, ring; FSDP2 sharding over the cp ranks) runs by default; FSDP2 alone, bf16, and
-the float8 base under FSDP2 on two and on four ranks with VIDFORGE_TEST_ALL_LAYOUTS=1."""
+the float8 base under FSDP2 on two and on four ranks (and with block swap on four), block swap under FSDP2 and FSDP2's CPU offload with
+VIDFORGE_TEST_ALL_LAYOUTS=1 (tests/distributed/test_train_lora_swap_fsdp.py runs those two by default, on
+`BenchStep`)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,12 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
     CASES["bf16-fsdp2"] = (2, "bf16", FSDP)
     CASES["fp32-fp8base-fsdp2"] = (2, "fp32", (*FSDP, *FP8))
     CASES["fp32-fp8base-fsdp4"] = (4, "fp32", (*FSDP, *FP8))
+    # through `vidforge train`'s loop, checkpoint and export: block swap under FSDP2 (2 blocks' shards in
+    # host memory; the one-process reference swaps them itself) and FSDP2's CPU offload of every shard
+    CASES["fp32-fp8base-fsdp2-swap"] = (2, "fp32", (*FSDP, *FP8, "train.lora.blocks_to_swap=2"))
+    CASES["fp32-fsdp2-cpu-offload"] = (2, "fp32", (*FSDP, "train.fsdp_cpu_offload=true"))
+    # the issue's sharded LoRA on four cards: float8 base and block swap under FSDP2 over 4 ranks
+    CASES["fp32-fp8base-fsdp4-swap"] = (4, "fp32", (*FSDP, *FP8, "train.lora.blocks_to_swap=2"))
 
 
 def _train(rank: int, world: int, latents: str, base: str, run_dir: str, case: str) -> None:

@@ -107,3 +107,23 @@ def test_wan14b_lora_at_81x480x832_fits_one_24gb_card() -> None:
     plan = evaluate(variant(profile, {**recipe, "train.checkpoint_offload": "true"}))
     assert plan.valid and plan.memory.total <= plan.capacity_bytes
     assert plan.memory.offloaded_inputs == 40
+
+
+def test_wan14b_lora_with_a_bf16_base_fits_two_24gb_cards_with_block_swap_under_fsdp2() -> None:
+    """Two cards sharding the bf16 base with FSDP2 (13 GiB of it a card) do not fit 81 frames of 480x832
+    beside the recompute; 10 blocks' shards in host memory (block swap under FSDP2) do, as `--fit --gpus 2`
+    lists them."""
+    sets = [item.replace("wan2.1-1.3b", "wan2.1-14b") for item in WAN13] + ["cluster.gpus_per_node=2"]
+    recipe = {
+        "parallel.dp_shard": "2",
+        "train.activation_checkpointing": "full",
+        "train.checkpoint_offload": "true",
+        "train.lora.blocks_to_swap": "10",
+    }
+    profile = load_profile("dit1b_1xh200", sets)
+    assert not evaluate(variant(profile, {**recipe, "train.lora.blocks_to_swap": "0"})).valid
+    plan = evaluate(variant(profile, recipe))
+    assert plan.valid and plan.memory.total <= plan.capacity_bytes
+    # the swapped shards wait on the host: half of 10 bf16 blocks, and their adapters' AdamW states
+    block = 351_394_304 * 2  # bytes of one Wan2.1-14B block in bf16
+    assert plan.memory.host_bytes > 10 * block / 2

@@ -89,3 +89,13 @@ def test_the_wan_family_trains_tp_with_and_without_sequence_parallel_and_pipelin
     assert load_profile("local_cpu", [*wan, "parallel.tp=2", "parallel.sequence_parallel=false"])
     assert load_profile("local_cpu", [*wan, "parallel.tp=2"]).parallel.sequence_parallel
     assert load_profile("local_cpu", [*wan, "parallel.pp=2"])
+
+
+def test_block_swap_runs_under_fsdp2_but_not_beside_its_cpu_offload() -> None:
+    """Block swap under FSDP2 keeps the swapped blocks' shards in host memory (tests/distributed/
+    test_train_lora_swap_fsdp.py trains it); FSDP2's CPU offload already keeps every block's there."""
+    sets = ["cluster.cpu_processes=2", "model.layers=4", "train.lora={rank: 4, blocks_to_swap: 2}"]
+    assert load_profile("local_cpu", sets).layout.dp_shard == 2
+    with pytest.raises(ProfileError, match="train.fsdp_cpu_offload already keeps every block's FSDP2 shards"):
+        load_profile("local_cpu", [*sets, "train.fsdp_cpu_offload=true"])
+    assert load_profile("local_cpu", [*sets[1:], "train.fsdp_cpu_offload=true"])  # one process: no FSDP2

@@ -138,7 +138,8 @@ def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
         exposed += offloaded * (max(0.0, copy - forward) + max(0.0, copy - backward))
     lora = profile.train.lora
     if lora is not None and lora.blocks_to_swap:
-        copy = _swapped_block_bytes(profile) / link
+        layout = profile.layout  # under FSDP2 each rank copies its shard of a block (over its own link)
+        copy = _swapped_block_bytes(profile) / (layout.dp_shard * layout.cp) / link
         swapped = min(lora.blocks_to_swap, layers)
         exposed += swapped * (max(0.0, copy - forward) + max(0.0, copy - backward))
     return exposed * plan.microbatches
@@ -211,8 +212,8 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                 if plain.plan.valid:
                     found.append(plain)
                     continue
-                # the least offload; then with the checkpointed blocks' inputs offloaded too; then (LoRA,
-                # one process) the fewest swapped blocks that fit, without and with those inputs offloaded
+                # the least offload; then with the checkpointed blocks' inputs offloaded too; then (LoRA)
+                # the fewest swapped blocks that fit, without and with those inputs offloaded
                 free = {"none": 1.0, "selective": 1 - profile.train.checkpoint_ratio, "full": 0.0}[mode]
                 offloads = [f for f in (0.25, 0.5, 0.75, 1.0) if f <= free + 1e-9]
                 if offloads:
@@ -229,7 +230,7 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                     if recipe is not None:
                         found.append(recipe)
                         continue
-                if lora and world == 1:  # the fewest swapped blocks that fit, at each offload (least first)
+                if lora:  # the fewest swapped blocks that fit, at each offload (least first)
                     for offload_inputs in inputs:
                         extra = {"train.checkpoint_offload": "true"} if offload_inputs else {}
                         for offload in [0.0, *offloads]:

@@ -180,7 +180,10 @@ def _dry_run(profile) -> None:
             f"{s.model_parameter_bytes / gib:.2f} GiB)",
         ]
         if s.host_bytes:
-            lines.append(f"    host memory (block swap): {s.host_bytes / gib:.2f} GiB of frozen weights")
+            lines.append(
+                f"    host memory (block swap): {s.host_bytes / gib:.2f} GiB of frozen weights (under FSDP2 with "
+                "the swapped blocks' adapters and their optimizer states)"
+            )
         if s.offloaded_bytes:
             lines.append(
                 f"    host memory (activation and checkpoint offload): {s.offloaded_bytes / gib:.2f} GiB of "

@@ -370,11 +370,23 @@ def estimate_memory(
     if train.lora is not None:
         block_adapters, outside_adapters = lora_parameters(cfg, train.lora)
         adapters = (blocks * block_adapters + outside_adapters) / shards
-        size, formula, host = lora_base(profile, counts, blocks, shards, where, local_params)
+        size, formula, host = lora_base(profile, counts, blocks, shards, where, local_params, prec.fsdp)
         terms.append(Term("parameters", 0.0 if offload else size, formula))
         if host:
+            swapped = min(train.lora.blocks_to_swap, blocks)
+            host_bytes = swapped * lora_block_bytes(profile, counts) / shards
+            if prec.fsdp:
+                # FSDP2 keeps a swapped block's whole shard on the host: its adapters too, with their
+                # gradients, AdamW states and EMA (the optimizer steps them there)
+                hosted = swapped * block_adapters / shards
+                adapters -= hosted
+                per = 4 + 4 + 4 * ADAM_STATES + (4 if train.ema_decay > 0 else 0)
+                host_bytes += hosted * per
+                host += (
+                    f", and their {hosted:,.0f} adapter weights with gradients and AdamW states "
+                    f"({_gib(hosted * per)})"
+                )
             notes.append(host)
-            host_bytes = min(train.lora.blocks_to_swap, blocks) * lora_block_bytes(profile, counts) / shards
     trained = adapters if train.lora is not None else local_params
     state = [
         ("parameters", 4, "float32 master weights"),
@@ -639,12 +651,20 @@ def fp8_scale_bytes(profile: RunProfile, counts: ParameterCounts) -> float:
 
 
 def lora_base(
-    profile: RunProfile, counts: ParameterCounts, blocks: int, shards: int, where: str, local_params: float
+    profile: RunProfile,
+    counts: ParameterCounts,
+    blocks: int,
+    shards: int,
+    where: str,
+    local_params: float,
+    fsdp: bool = False,
 ) -> tuple[float, str, str]:
     """Device bytes of LoRA's frozen base on one rank, the arithmetic, and a note on what waits in host
     memory (block swap), or "". The base is in the compute dtype; with `fp8_base` the blocks' linear
     weights are one byte and a float32 scale per row (or per layer); with `blocks_to_swap` N blocks'
-    frozen weights live on the host and at most two of them are on the device at once."""
+    frozen weights live on the host and at most two of them are on the device at once (one process: the
+    block computing and the one coming; under FSDP2 (`fsdp`): the shards of the block being all-gathered
+    and of the one prefetched, each rank's 1/shards of them, the gathered blocks counted as FSDP's)."""
     lora, base = profile.train.lora, 2 if profile.train.precision == "bf16" else 4
     assert lora is not None
     block = lora_block_bytes(profile, counts)
@@ -662,8 +682,8 @@ def lora_base(
     host = ""
     if swapped:
         what += (
-            f"; block swap: {swapped} blocks' weights in host memory, at most {min(swapped, 2)} of them on the "
-            f"device at once ({on_device} blocks' worth)"
+            f"; block swap: {swapped} blocks' {'shards' if fsdp else 'weights'} in host memory, at most "
+            f"{min(swapped, 2)} of them on the device at once ({on_device} blocks' worth)"
         )
         host = f"train.lora.blocks_to_swap: {_gib(swapped * block / shards)} of frozen weights in pinned host memory"
     return size, f"{what} = {_gib(size)}", host

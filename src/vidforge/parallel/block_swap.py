@@ -15,6 +15,10 @@ The wrapper goes around whatever else wraps the block (activation checkpointing,
 a checkpointed block's recompute finds its weights on the device. It is torch's `ActivationWrapper`, whose
 parameter prefix state dicts strip, so checkpoints do not change with it. On a CPU the host copy and the
 device copy are the same memory: the CPU tests run the whole schedule, with copies that change nothing.
+
+This is the one-process swap. Under FSDP2 a rank holds only its shards of a block, and FSDP2 owns where
+they live: the swapped blocks get its CPU offload (`vidforge.parallel.fsdp.apply_fsdp`'s host_blocks), the
+same schedule (each block all-gathered one ahead, in reverse order in the backward).
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
 def apply_fsdp(
@@ -17,18 +19,47 @@ def apply_fsdp(
     reduce_dtype: torch.dtype = torch.float32,
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
+    host_blocks: Collection[int] = (),
 ) -> nn.Module:
     """Shard each block, then the root (embeddings, conditioning, final layer; no blocks: the root alone,
     as the VAE fine-tune shards its VAE and discriminator). Parameters stay fp32
-    (master weights); compute runs in `param_dtype`; gradients are reduced in `reduce_dtype`."""
+    (master weights); compute runs in `param_dtype`; gradients are reduced in `reduce_dtype`.
+
+    `host_blocks` (block swap under FSDP2, `train.lora.blocks_to_swap`): these blocks' shards live in
+    pinned host memory (FSDP2's CPUOffloadPolicy for these blocks alone), copied to the device as the
+    all-gather's input, and each is all-gathered one block ahead, while the block before it computes
+    (the forward prefetch set here; FSDP2's backward prefetches one block ahead in reverse order
+    itself). A LoRA block's frozen base has no gradients: what crosses the link back is the adapters'
+    sharded gradients, and their AdamW step runs on the host."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    kwargs = {"mesh": mesh, "mp_policy": policy}
-    if cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+    host = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")  # pinning needs a GPU
     modules = list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
     last = len(modules) - 1
     for i, block in enumerate(modules):
+        offload: OffloadPolicy = host if cpu_offload or i in host_blocks else OffloadPolicy()
         # The last block's parameters are needed again at once by the backward: keep them gathered.
-        fully_shard(block, reshard_after_forward=reshard_after_forward and i < last, **kwargs)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+        fully_shard(
+            block,
+            mesh=mesh,
+            mp_policy=policy,
+            offload_policy=offload,
+            reshard_after_forward=reshard_after_forward and i < last,
+        )
+    for i in sorted(host_blocks):
+        if 0 < i <= last:
+            modules[i - 1].set_modules_to_forward_prefetch([modules[i]])  # type: ignore[operator]
+    fully_shard(
+        model,
+        mesh=mesh,
+        mp_policy=policy,
+        offload_policy=host if cpu_offload else OffloadPolicy(),
+        reshard_after_forward=reshard_after_forward,
+    )
     return model
+
+
+def on_host(module: nn.Module) -> bool:
+    """Whether `module`'s FSDP2 shards live in host memory (`apply_fsdp`'s host_blocks or cpu_offload)."""
+    state = fully_shard.state(module) if hasattr(module, "_get_fsdp_state") else None
+    group = getattr(state, "_fsdp_param_group", None)  # FSDP2 keeps the policy on the module's group only
+    return group is not None and isinstance(group.offload_policy, CPUOffloadPolicy)

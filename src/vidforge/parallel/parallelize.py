@@ -3,6 +3,9 @@
     float8 linears -> tensor/sequence parallel -> context parallel -> activation checkpointing
     -> activation offload -> compile -> block swap -> FSDP2 (over dp_shard x cp, HSDP with dp_replicate)
 
+Block swap in one process wraps the swapped blocks (`apply_block_swap`); under FSDP2 it is FSDP2's own CPU
+offload of those blocks' shards (`apply_fsdp`'s host_blocks), each rank holding 1/N of each block.
+
 Why this order: float8 swaps Linear classes that TP then shards; TP must see plain Linears (not
 checkpoint wrappers or compiled modules); context parallel only swaps parameter-free attention modules;
 checkpointing and offloading wrap whole blocks, so they come after anything that rewrites a block's
@@ -19,7 +22,7 @@ from torch import nn
 
 from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from vidforge.parallel.activation_offload import apply_activation_offload
-from vidforge.parallel.block_swap import apply_block_swap
+from vidforge.parallel.block_swap import apply_block_swap, swapped_indices
 from vidforge.parallel.dims import ParallelDims
 from vidforge.parallel.fsdp import apply_fsdp
 from vidforge.profile import RunProfile
@@ -59,10 +62,18 @@ def parallelize(
     )
     if cfg.compile:
         compile_blocks(model.blocks)
-    # block swap (train.lora.blocks_to_swap): around every other wrapper, before FSDP
-    if cfg.lora is not None and cfg.lora.blocks_to_swap:
-        n = len(apply_block_swap(model.blocks, cfg.lora.blocks_to_swap, device).order)  # type: ignore[union-attr]
+    # block swap (train.lora.blocks_to_swap): one process swaps whole weights, around every other wrapper;
+    # under FSDP2 each rank holds only its shards, and FSDP2 keeps the swapped blocks' shards on the host
+    swap = cfg.lora.blocks_to_swap if cfg.lora is not None else 0
+    host_blocks = swapped_indices(len(model.blocks), swap) if swap and uses_fsdp(dims) else []
+    if swap and not host_blocks:
+        n = len(apply_block_swap(model.blocks, swap, device).order)  # type: ignore[union-attr]
         done.notes.append(f"block swap: the frozen weights of the last {n} blocks wait in host memory")
+    if host_blocks:
+        done.notes.append(
+            f"block swap: the last {len(host_blocks)} blocks' FSDP2 shards wait in host memory, each "
+            "all-gathered one block ahead"
+        )
     if uses_fsdp(dims):
         # Under pipeline parallel a stage runs every micro-batch's forward before its backwards (GPipe) or
         # interleaved with them (1F1B): resharding after each forward would all-gather the stage's weights
@@ -74,6 +85,7 @@ def parallelize(
             param_dtype=compute_dtype(profile),
             cpu_offload=cfg.fsdp_cpu_offload,
             reshard_after_forward=not dims.pp_enabled,
+            host_blocks=host_blocks,
         )
     return done
 
@@ -127,6 +139,15 @@ def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Paral
 def uses_fsdp(dims: ParallelDims) -> bool:
     """FSDP2 wraps the model when weights are sharded (dp_shard x cp) or replicated over dp ranks."""
     return dims.fsdp_enabled or dims.dp_enabled
+
+
+def shards_on_host(profile: RunProfile, dims: ParallelDims) -> bool:
+    """Whether FSDP2 keeps shards in host memory: train.fsdp_cpu_offload, or block swap under FSDP2. Their
+    gradient norms and the export's gathers are collectives over CPU tensors, so the process group needs
+    gloo beside NCCL (`init_runtime`; torchtitan's "cuda:nccl,cpu:gloo" for its CPU offload)."""
+    lora = profile.train.lora
+    swap = lora is not None and lora.blocks_to_swap > 0
+    return uses_fsdp(dims) and (profile.train.fsdp_cpu_offload or swap)
 
 
 def compute_dtype(profile: RunProfile) -> torch.dtype:

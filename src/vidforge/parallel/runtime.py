@@ -58,7 +58,13 @@ def init_runtime(profile: RunProfile, device: str | None = None) -> Runtime:
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before the group: NCCL binds each rank to the current device
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    dims = ParallelDims(profile.layout, chosen.type)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
+        from vidforge.parallel.parallelize import shards_on_host
+
+        backend = "gloo"
+        if chosen.type == "cuda":  # shards in host memory: their collectives run on gloo
+            backend = "cuda:nccl,cpu:gloo" if shards_on_host(profile, dims) else "nccl"
+        dist.init_process_group(backend)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    return Runtime(rank, world, local_rank(), chosen, ParallelDims(profile.layout, chosen.type))
+    return Runtime(rank, world, local_rank(), chosen, dims)

@@ -362,9 +362,10 @@ def reduce_partial_grads(parameters: Iterable[nn.Parameter]) -> int:
 
 
 def _by_mesh(grads: Iterable[torch.Tensor]) -> dict[object, list[torch.Tensor]]:
+    """Gradients by mesh and device (FSDP2's CPU offload leaves some shards' gradients in host memory)."""
     groups: dict[object, list[torch.Tensor]] = {}
     for g in grads:
-        groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+        groups.setdefault((g.device_mesh if isinstance(g, DTensor) else None, g.device), []).append(g)
     return groups
 
 
@@ -379,6 +380,9 @@ def grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
     for group in _by_mesh(grads).values():
         norm = torch.nn.utils.get_total_norm(group, 2.0)
         if isinstance(norm, DTensor):
+            mesh = norm.device_mesh
+            if norm.device.type != mesh.device_type:  # host-memory shards: NCCL reduces device tensors only
+                norm = DTensor.from_local(norm.to_local().to(mesh.device_type), mesh, norm.placements)
             norm = norm.full_tensor()
         squares.append(norm.to(torch.float64) ** 2)
     return torch.stack(squares).sum().sqrt() if squares else torch.tensor(0.0, dtype=torch.float64)

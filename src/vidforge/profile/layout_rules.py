@@ -252,7 +252,8 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
     """LoRA (peft's adapter layers) runs under FSDP2 (HSDP and context parallel take the same path).
     Tensor parallel's plans name the plain Linear layers that peft wraps (their adapters would stay whole
     beside a sharded base), pipeline stages have not been run with adapters, and float8 would convert the
-    frozen base's Linears: all three are refused."""
+    frozen base's Linears: all three are refused. Block swap under FSDP2 keeps the swapped blocks' shards
+    in host memory, which FSDP2's CPU offload already does for every block: the pair is refused."""
     if profile.train.lora is None:
         return []
     problems = []
@@ -271,11 +272,11 @@ def _lora(profile: RunProfile, layout: Layout) -> list[str]:
             "train.fp8: torchao's float8 matmuls do not convert LoRA's frozen base; set train.fp8=false "
             "(train.lora.fp8_base=true stores the base in float8)"
         )
-    if profile.train.lora.blocks_to_swap and layout.dp_shard * layout.cp * layout.dp_replicate > 1:
+    fsdp = layout.dp_shard * layout.cp * layout.dp_replicate > 1
+    if profile.train.lora.blocks_to_swap and profile.train.fsdp_cpu_offload and fsdp:
         problems.append(
-            f"train.lora.blocks_to_swap: block swap moves whole weights, FSDP2 shards them "
-            f"(dp_shard {layout.dp_shard} x cp {layout.cp} x dp_replicate {layout.dp_replicate}); set "
-            "train.lora.blocks_to_swap=0 or run one process"
+            "train.lora.blocks_to_swap: train.fsdp_cpu_offload already keeps every block's FSDP2 shards in "
+            "host memory; set train.lora.blocks_to_swap=0 or train.fsdp_cpu_offload=false"
         )
     if profile.train.lora.blocks_to_swap > profile.model.layers:
         problems.append(

@@ -31,7 +31,9 @@ class Lora(Section):
     """With fp8_base: one scale per output row (the smaller error) or one per weight."""
     blocks_to_swap: int = Field(0, ge=0)
     """Transformer blocks whose frozen weights wait in pinned host memory and come to the device one block
-    ahead of their use, on a side stream (`vidforge.parallel.block_swap`); the last blocks of the model."""
+    ahead of their use, on a side stream (`vidforge.parallel.block_swap`); the last blocks of the model.
+    Under FSDP2 each rank's shards of them (with their adapters, which step on the host) wait there, each
+    block all-gathered one ahead (`vidforge.parallel.fsdp.apply_fsdp`)."""
 
 
 class Distill(Section):
@@ -137,7 +139,8 @@ class Train(Section):
     final layer stay in high precision; token counts that are not are padded with zeros for the matmul
     (exact). Pays off with train.compile=true on large models."""
     fsdp_cpu_offload: bool = False
-    """Keep FSDP-sharded parameters and optimizer states in CPU memory."""
+    """Keep FSDP-sharded parameters, gradients and optimizer states in CPU memory (FSDP2's CPUOffloadPolicy,
+    pinned on GPUs); the optimizer steps there. With LoRA: tested on two gloo ranks."""
     seed: int = 0
     """Seed of weights, noise, caption dropout and the loader's shuffle."""
     save_every: int = Field(100, ge=1)

@@ -47,7 +47,7 @@ class StageMemory:
     model_parameter_bytes: float  # the memory model's parameter figure, to compare with the counted one
     total_bytes: float
     model_terms: dict[str, float]  # the memory model's other terms in the total (recompute, copies, ...)
-    host_bytes: float = 0.0  # frozen weights block swap keeps in host memory
+    host_bytes: float = 0.0  # what block swap keeps in host memory (under FSDP2 the blocks' adapters too)
     offloaded_bytes: float = 0.0  # saved tensors (and checkpoint inputs) the offloads keep in host memory
 
 
@@ -67,11 +67,11 @@ def _local_numel(t: torch.Tensor) -> int:
     return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
 
-def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float, list[int]]:
+def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float, int, list[int]]:
     """Build rank `rank`'s part of the run on a fake process group, exactly as `vidforge train` builds it
     (`vidforge.train.build.build` and its training step), with the weights on the meta device; returns
-    (local parameters, trainable ones, device bytes of the parameters, bytes block swap keeps on the
-    host, block indices it holds)."""
+    (local parameters, trainable ones on the device, device bytes of the parameters, frozen bytes block
+    swap keeps on the host, trainable weights it keeps there, block indices it holds)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from vidforge.parallel.runtime import Runtime
@@ -85,20 +85,28 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
         parts = build(profile, runtime)
         make_train_step(profile, runtime, parts)
         from vidforge.parallel.block_swap import SwappedBlock
+        from vidforge.parallel.fsdp import on_host
 
         params, trainable, param_bytes, blocks = 0, 0, 0.0, []
         seen: set[int] = set()
         swapped: list[float] = []  # each swapped block's frozen bytes: on the host between its uses
+        # trainable weights FSDP2 keeps on the host (a swapped block's adapters), and their bytes
+        hosted, hosted_bytes = 0, 0.0
         for part in parts.modules:
             blocks += [int(k) for k in part.blocks.keys()]
             for block in part.blocks.values():
                 if isinstance(block, SwappedBlock):
-                    swapped.append(
-                        sum(
-                            _local_numel(w) * w.element_size()
-                            for w in block.swapper.weights[block.index].params
-                        )
-                    )
+                    frozen = block.swapper.weights[block.index].params
+                # under FSDP2, block swap's blocks alone keep their shards on the host (the root there too
+                # is train.fsdp_cpu_offload, which the memory model states as a note)
+                elif on_host(block) and not on_host(part):
+                    frozen = [p for p in block.parameters() if not p.requires_grad]
+                    adapters = [p for p in block.parameters() if p.requires_grad]
+                    hosted += sum(_local_numel(p) for p in adapters)
+                    hosted_bytes += sum(_local_numel(p) * p.element_size() for p in adapters)
+                else:
+                    continue
+                swapped.append(sum(_local_numel(w) * w.element_size() for w in frozen))
             for p in part.parameters():
                 if id(p) not in seen:  # a conditioning parameter is in every local stage module once
                     seen.add(id(p))
@@ -106,9 +114,10 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
                     param_bytes += _local_numel(p) * p.element_size()
                     trainable += _local_numel(p) if p.requires_grad else 0  # LoRA: the adapters alone
         # every swapped block's pinned host copy stays; at most two of them also have a device copy at
-        # once (`BlockSwapper.arrive`)
+        # once (`BlockSwapper.arrive`; under FSDP2 the shards of the block all-gathered and the one prefetched)
         host = sum(swapped)
-        return params, trainable, param_bytes - host + sum(sorted(swapped)[-2:]), host, sorted(blocks)
+        device = param_bytes - host + sum(sorted(swapped)[-2:]) - hosted_bytes
+        return params, trainable - hosted, device, host, hosted, sorted(blocks)
     finally:
         dist.destroy_process_group()
 
@@ -136,8 +145,10 @@ def dry_run(profile: RunProfile) -> DryRun:
     per_stage = dims.world_size // layout.pp
     for stage in range(layout.pp):
         rank = stage * per_stage
-        params, trainable, weights, host, blocks = _build_rank(profile, rank)
+        params, trainable, weights, host, hosted, blocks = _build_rank(profile, rank)
         grads = 4.0 * trainable  # float32 gradients, AdamW states and EMA of what trains
+        # the adapters FSDP2 keeps on the host: their weights, gradients, AdamW states and EMA
+        host += 4.0 * hosted * (2 + ADAM_STATES + (1 if ema else 0))
         activations = estimate.get("activations")
         others: dict[str, float] = {}
         for term in estimate.terms:

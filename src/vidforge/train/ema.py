@@ -26,9 +26,10 @@ def as_module_list(modules: Modules) -> list[nn.Module]:
 def tensor_kind(t: torch.Tensor) -> tuple:
     """What a fused or foreach op over a list of tensors needs them to share: a plain tensor, or a DTensor
     of one mesh and placement (tensor parallel leaves some parameters replicated plain tensors, and with
-    FSDP2 they sit on other meshes than the sharded ones)."""
+    FSDP2 they sit on other meshes than the sharded ones), on one device (FSDP2 keeps the shards of block
+    swap's blocks, or under train.fsdp_cpu_offload every shard, in host memory)."""
     mesh = getattr(t, "device_mesh", None)
-    return type(t), id(mesh) if mesh is not None else None, tuple(getattr(t, "placements", ()))
+    return type(t), id(mesh) if mesh is not None else None, tuple(getattr(t, "placements", ())), t.device.type
 
 
 class _Shadow:
