@@ -401,6 +401,11 @@ def _quoted(item: str) -> str:
     return f'"{item}"' if any(c in item for c in " {}[]") else item
 
 
+def expert_sets(model: dict) -> list[str]:
+    """A two-expert model trains one expert a run: the plan's (either expert: one shape, one cost)."""
+    return ["train.expert=high"] if model.get("experts", 1) == 2 else []
+
+
 def _machine_sets(
     model: str | None, clip: str | None, gpus: int | None, accelerator: str | None
 ) -> list[str]:
@@ -416,6 +421,7 @@ def _machine_sets(
                     f"--model {model}: a vidforge export; plan its profile with --profile EXPORT/profile.yaml"
                 )
             sets += published_sets(found.published)
+            sets += expert_sets(found.published.model)
         else:
             from vidforge.families import family
             from vidforge.profile import PRESETS
@@ -426,6 +432,7 @@ def _machine_sets(
                 sets += [
                     *spec.profile_defaults,
                     *(f"model.{k}={json.dumps(v)}" for k, v in spec.fixed.items()),
+                    *expert_sets(PRESETS[model]),
                 ]
     if clip is not None:
         parts = clip.lower().split("x")

@@ -106,7 +106,19 @@ def export(
             written = export_published(
                 export_merged(export_dir, Path(tmp) / "merged", base), out, int(max_shard_mb * 2**20)
             )
-    current_output().result({to: str(written)}, title="vidforge model export")
+    current_output().result({to: str(written), **_other_expert(export_dir)}, title="vidforge model export")
+
+
+def _other_expert(export_dir: Path) -> dict[str, str]:
+    """Of a two-expert export (Wan2.2 A14B), where its low-noise expert is and how to export it too."""
+    from vidforge.models.experts import LOW
+
+    for folder in (export_dir, export_dir / "export"):
+        if (folder / LOW / "config.json").is_file():
+            return {
+                "low_noise": f"not written; vidforge model export {folder / LOW} -o PIPELINE/transformer_2"
+            }
+    return {}
 
 
 def _refuse_adapter(export_dir: Path) -> None:

@@ -27,6 +27,11 @@ def shift_time(t: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * t / (1 + (shift - 1) * t)
 
 
+def unshift_time(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """The inverse of `shift_time`: t -> t / (s - (s - 1) t)."""
+    return t / (shift - (shift - 1) * t)
+
+
 @dataclass(frozen=True)
 class RectifiedFlow(Objective):
     """The objective's math (see `vidforge.diffusion.objective`); the level is the flow time t.
@@ -49,22 +54,48 @@ class RectifiedFlow(Objective):
     logit_std: float = 1.0
     shift: float = 1.0
     prediction: Literal["velocity", "clean"] = "velocity"
+    t_range: tuple[float, float] = (0.0, 1.0)
+    """The training times' range [low, high) (high 1: [low, 1]): the distribution above restricted to it,
+    e.g. one expert's side of a two-expert model's boundary (`vidforge.train.experts`)."""
 
     def __post_init__(self) -> None:
         if self.sampling not in ("uniform", "logit-normal"):
             raise ValueError(f"flow timestep sampling: use uniform or logit-normal, got {self.sampling!r}")
         if self.prediction not in ("velocity", "clean"):
             raise ValueError(f"flow prediction: use velocity or clean, got {self.prediction!r}")
+        if not 0 <= self.t_range[0] < self.t_range[1] <= 1:
+            raise ValueError(f"flow t_range: need 0 <= low < high <= 1, got {self.t_range}")
         if self.logit_std <= 0 or self.shift <= 0:
             raise ValueError(f"flow logit_std and shift must be > 0, got {self.logit_std} and {self.shift}")
 
     def sample_levels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Training times (n,) in (0, 1), float32 on the CPU: one draw of n numbers either way."""
+        if self.t_range != (0.0, 1.0):
+            return self._sample_in_range(n, generator)
         if self.sampling == "uniform":
             t = torch.rand(n, generator=generator)
         else:
             t = torch.sigmoid(self.logit_mean + self.logit_std * torch.randn(n, generator=generator))
         return shift_time(t, self.shift)
+
+    def _sample_in_range(self, n: int, generator: torch.Generator | None) -> torch.Tensor:
+        """Times drawn from the distribution restricted to `t_range`, in closed form (one uniform draw):
+        the shift is increasing, so the range maps back to one of unshifted t, then, for logit-normal, to
+        one of the normal's CDF, whose inverse takes a uniform draw over it to the restricted normal."""
+        low, high = (unshift_time(torch.tensor(v, dtype=torch.float64), self.shift) for v in self.t_range)
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        if self.sampling == "uniform":
+            t = low + (high - low) * u
+        else:
+            a, b = (
+                torch.special.ndtr((torch.logit(v) - self.logit_mean) / self.logit_std) for v in (low, high)
+            )
+            t = torch.sigmoid(self.logit_mean + self.logit_std * torch.special.ndtri(a + (b - a) * u))
+        t = shift_time(t, self.shift).float()
+        # rounding (float64 -> float32) must not carry a time across the range's ends
+        lo, hi = (torch.tensor(v, dtype=torch.float32) for v in self.t_range)
+        below_high = torch.nextafter(hi, lo) if self.t_range[1] < 1 else hi
+        return t.clamp(min=float(lo), max=float(below_high))
 
     def corrupt(self, clean: torch.Tensor, noise: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
         """x_t = (1 - t) x0 + t noise."""

@@ -138,12 +138,13 @@ def _lora_parameters(
 
 
 def require_model(
-    model_cfg: object, bytes_per_parameter: float, ranks: int, device: object, fix: str
+    model_cfg: object, bytes_per_parameter: float, ranks: int, device: object, fix: str, resident: int = 1
 ) -> None:
     """Refuse a model whose parameters alone, at `bytes_per_parameter` each and split over `ranks`, exceed
     `device`'s memory (`model.hidden=1000000` asked the allocator for 4 TB after a minute). Counted on a
-    model built on the meta device (`parameter_counts`): no memory."""
-    total = parameter_counts(model_cfg).total
+    model built on the meta device (`parameter_counts`): no memory. `resident`: networks of this shape
+    held at once (a two-expert model's sampling holds both; its training one)."""
+    total = parameter_counts(model_cfg).total * resident
     require(
         total * bytes_per_parameter / ranks,
         device_memory_bytes(device),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
-from vidforge.families import FamilySpec, Published
+from vidforge.families import FamilySpec, Published, wan_experts
 
 CLASS_NAME = "WanTransformer3DModel"
 CONFIG = "config.json"
@@ -45,6 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Wan2.1 T2V, the Wan2.1-T2V-{1.3B,14B}-Diffusers transformer configs.
     "wan2.1-1.3b": {**WAN2_1, "layers": 30, "hidden": 1536, "heads": 12, "mlp_hidden": 8960},
     "wan2.1-14b": {**WAN2_1, "layers": 40, "hidden": 5120, "heads": 40, "mlp_hidden": 13824},
+    **wan_experts.PRESETS,  # Wan2.2 T2V-A14B: two experts of Wan2.1-14B's shape
 }
 
 # Wan2.2 TI2V-5B, the Wan2.2-TI2V-5B-Diffusers transformer config: Wan2.1's block at 30 x 3072, 24 heads
@@ -210,7 +211,8 @@ def read_published(src: Path) -> Published | None:
     if expands_timesteps(src):
         model["expand_timesteps"] = True
         defaults += TI2V_DEFAULTS
-    return Published("wan", src, folder, model, defaults, "flow")
+    published = Published("wan", src, folder, model, defaults, "flow")
+    return wan_experts.read_experts(src, published, read_json, model_fields)  # Wan2.2 A14B's two
 
 
 def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
@@ -236,9 +238,10 @@ SPEC = FamilySpec(
     table_modulation=True,
     read_published=read_published,
     published_class=CLASS_NAME,
-    import_weights="vidforge.models.wan_weights:import_wan",
+    # (Wan2.2 A14B's two experts, or one network through wan_weights' import_wan / load_diffusers_wan)
+    import_weights="vidforge.models.wan_experts:import_wan_experts",
     export_weights="vidforge.models.wan_weights:export_wan",
-    load_published="vidforge.models.wan_weights:load_diffusers_wan",
+    load_published="vidforge.models.wan_experts:load_wan_experts",
     # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
     step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
     profile_defaults=("diffusion.objective=flow",),

@@ -37,6 +37,7 @@ import torch
 from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
+from vidforge.infer.experts import check_experts_run
 from vidforge.infer.image import image_condition
 from vidforge.infer.image_condition import channel_condition
 from vidforge.infer.output import InferResult, SampleWriter
@@ -55,8 +56,10 @@ from vidforge.infer.weights import (
     sampling_profile,
 )
 from vidforge.memory import device_memory_bytes, host_memory_bytes, require
+from vidforge.models.experts import Experts
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
+from vidforge.sampling.experts import sample_latents_experts
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.shape import check_shape
 from vidforge.sampling.step_cache import StepCache, rescale_name
@@ -76,7 +79,15 @@ def check_memory(
     cfg = profile.infer
     size = f"infer.frames x height x width = {cfg.frames} x {cfg.height} x {cfg.width}"
     fix = "lower infer.frames, infer.height or infer.width (or infer.batch_size)"
-    require_model(profile.model, 2, world, device, "sample with a smaller model, or on more ranks")
+    # every expert stays on the device (a two-expert model switches between them within a video)
+    require_model(
+        profile.model,
+        2,
+        world,
+        device,
+        "sample with a smaller model, or on more ranks",
+        profile.model.experts,
+    )
     held = 3 if profile.diffusion.guidance != 1 else 2
     batch = min(cfg.batch_size, prompts)
     require(
@@ -143,7 +154,14 @@ def run(
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
-    if world > 1:
+    if isinstance(model, Experts):  # Wan2.2 A14B: the expert and its guidance switched by the step's t
+        check_experts_run(prof, world)
+        cache = None
+
+        def sampler(text, mask, seeds, shape, negative):
+            return sample_latents_experts(model, prof, text, mask, seeds, shape, negative)
+
+    elif world > 1:
         plan = InferPlan.choose(
             world, prof.diffusion.guidance, model.config, prof.infer.tp, prof.parallel.cp_impl
         )
@@ -186,6 +204,7 @@ def run(
         "sampler": prof.diffusion.sampler,
         "steps": prof.diffusion.steps,
         "guidance": prof.diffusion.guidance,
+        **({"guidance_2": prof.diffusion.guidance_2} if prof.diffusion.guidance_2 is not None else {}),
         "negative_prompt": prof.infer.negative_prompt or None,
         "cache_threshold": prof.infer.cache.threshold,
         "checkpoint_step": exported_step(export) if export is not None else None,

@@ -11,8 +11,9 @@ from pathlib import Path
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models import load_model, weights_folder
+from vidforge.models import weights_folder
 from vidforge.models.checkpoint import CONFIG
+from vidforge.models.experts import Experts, load_export, trained_expert
 from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
@@ -85,11 +86,47 @@ def load_network(
 ) -> nn.Module:
     """The network of `weights` on `device` in eval mode, with the LoRA adapter at `lora` if given."""
     if weights.export is not None:
-        model = load_model(weights.export, device=device)
+        model = load_export(weights.export, device=device)  # both experts of a two-expert export
+        if trained_expert(weights.export) is not None:
+            model = paired_expert(weights.export, model, device)
     else:
         model = weights_folder.load_published(weights.published, device=device)
     if lora is not None:
         from vidforge.models.lora import load_adapter
 
-        model = load_adapter(model, lora, lora_scale)
+        if isinstance(model, Experts):  # the adapter goes on the expert its run trained
+            expert = adapter_expert(lora)
+            load_adapter(getattr(model, expert), lora, lora_scale)
+        else:
+            model = load_adapter(model, lora, lora_scale)
     return model.eval()
+
+
+def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
+    """A one-expert run's expert with the other expert of the weights it started from (its `--init`)."""
+    expert, base = trained_expert(export)
+    found = weights_folder.find_weights(base) if base is not None and Path(base).is_dir() else None
+    if found is None:
+        raise UserInputError(
+            f"{export}: holds the {expert}-noise expert alone and its --init {base} (the other expert) is "
+            "not there; sample it beside that download (or its import) at the path the run recorded"
+        )
+    both = load_network(found, device)
+    if not isinstance(both, Experts):
+        raise UserInputError(f"{export}: its --init {base} holds one network, not two experts")
+    high, low = (trained, both.low) if expert == "high" else (both.high, trained)
+    return Experts(high, low, trained.config.boundary_ratio)
+
+
+def adapter_expert(lora: str | Path) -> str:
+    """The expert (`high` or `low`) a LoRA run on a two-expert model trained (its profile's train.expert)."""
+    from vidforge.models.lora import read_adapter
+
+    path = read_adapter(lora)["folder"] / "profile.yaml"
+    expert = load_profile(path).train.expert if path.is_file() else None
+    if expert is None:
+        raise UserInputError(
+            f"--lora {lora}: trained on a one-expert model, the checkpoint has two experts; pass the LoRA of "
+            "a run with train.expert set (high or low), or the one-expert base it was trained on"
+        )
+    return expert

@@ -225,9 +225,12 @@ def import_wan(
         )
     folder, model, stored, names = _diffusers_source(src)
     data = profile.model_dump(mode="json")
-    # The imported shape with the profile's choice of attention kernels, and its expand_timesteps (the
-    # pipeline's model_index.json says it, not the transformer's config).
-    kept = {name: getattr(profile.model, name) for name in ("attention", "sdpa_backend", "expand_timesteps")}
+    # The imported shape with the profile's choice of attention kernels, and what the pipeline's
+    # model_index.json says, not the transformer's config: expand_timesteps, and a second expert.
+    kept = {
+        name: getattr(profile.model, name)
+        for name in ("attention", "sdpa_backend", "expand_timesteps", "experts", "boundary_ratio")
+    }
     data["model"] = {**model.model_dump(mode="json"), **kept}
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
     out = Path(out)

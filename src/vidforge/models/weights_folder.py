@@ -2,7 +2,7 @@
 plan --model`): a vidforge export (model.safetensors and config.json, in the folder or its export/), or a
 published folder of a registered family (`vidforge.families`: e.g. a diffusers Wan download), which gives
 the profile that trains and samples the weights as published. A profile that contradicts the weights
-(objective, latent channels, text width) is refused here, in one line, before anything loads."""
+(objective, latent channels, text width, experts) is refused here, in one line, before anything loads."""
 
 from __future__ import annotations
 
@@ -113,9 +113,18 @@ def check_published(profile: RunProfile, published: Published, shapes: bool = Tr
 
 
 def check_shapes(model: Model, weights: Model, where: str, partial: str = "") -> None:
-    """The model section's family, latent and condition channels, text and image widths against the
-    weights' own; `partial` says how to start from weights of another shape, where that is possible."""
-    for name in ("family", "in_channels", "text_dim", "condition_channels", "image_dim"):
+    """The model section's family, latent and condition channels, text and image widths, and experts
+    (their count and the time they switch at) against the weights' own; `partial` says how to start
+    from weights of another shape, where that is possible."""
+    for name in (
+        "family",
+        "in_channels",
+        "text_dim",
+        "condition_channels",
+        "image_dim",
+        "experts",
+        "boundary_ratio",
+    ):
         if getattr(model, name) != getattr(weights, name):
             raise UserInputError(
                 f"model.{name}: {where}'s weights have {getattr(weights, name)}, the profile says "

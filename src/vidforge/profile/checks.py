@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vidforge.profile.experts import expert_problems
 from vidforge.profile.layout_rules import layout_problems
 from vidforge.profile.run_profile import RunProfile
 from vidforge.profile.stages import Stage
@@ -15,7 +16,7 @@ from vidforge.profile.stages import Stage
 
 def profile_problems(profile: RunProfile) -> list[str]:
     """Every `field: what is wrong; what to change` of the profile's layout, and of each stage's."""
-    return layout_problems(profile) + stage_problems(profile)
+    return layout_problems(profile) + expert_problems(profile) + stage_problems(profile)
 
 
 def apply_stage(profile: RunProfile, stage: Stage) -> RunProfile:

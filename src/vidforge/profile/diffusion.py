@@ -41,6 +41,9 @@ class Diffusion(Section):
     """EDM S_churn: stochasticity added per step (0 is deterministic); only the heun sampler takes it."""
     guidance: float = Field(5.0, ge=0)
     """Classifier-free guidance scale; 1 disables the unconditional branch."""
+    guidance_2: float | None = Field(None, ge=0)
+    """A two-expert model (model.experts=2) only: the low-noise expert's guidance scale (diffusers'
+    guidance_scale_2; Wan2.2 T2V-A14B: 3 against the high-noise expert's 4). None: `guidance` for both."""
     caption_dropout: float = Field(0.1, ge=0, le=1)
     """Probability that training replaces a caption by the learned null embedding (makes CFG possible)."""
     image_condition: float = Field(0.0, ge=0, le=1)

@@ -19,7 +19,7 @@ class Model(Section):
 
     preset: str | None = "tiny"
     """Named shape to start from: tiny, small, dit-1b, dit-7b, dit-14b, dit-28b, stdit-7b, stdit-12b,
-    wan2.1-1.3b, wan2.1-14b (see `vidforge.models`). null means every field is given explicitly."""
+    wan2.1-1.3b, wan2.1-14b, wan2.2-t2v-a14b (see `vidforge.models`). null means every field is given explicitly."""
     family: str = "vidforge"
     """Which network (a family registered in `vidforge.families`): `vidforge` (this project's DiT / ST-DiT, `architecture` picks) or `wan` (Wan2.1's
     transformer, diffusers' WanTransformer3DModel module for module, so its published weights load by
@@ -73,6 +73,13 @@ class Model(Section):
     image_dim: int = Field(0, ge=0)
     """Wan family only: width of the image embedding cross-attention also reads (Wan2.1-I2V: CLIP
     ViT-H's penultimate hidden states, 1280); 0 for none."""
+    experts: int = Field(1, ge=1, le=2)
+    """Networks of this shape the model is made of, one running at each sampling step: 1, or 2 for a
+    mixture of two experts switched by the flow time (Wan2.2 A14B: diffusers' `transformer`, the
+    high-noise expert, for t >= boundary_ratio, and `transformer_2`, the low-noise one, below it)."""
+    boundary_ratio: float | None = Field(None, gt=0, lt=1)
+    """experts=2 only: the flow time t (diffusers' timestep / num_train_timesteps) from which the
+    high-noise expert runs (Wan2.2 T2V-A14B: 0.875)."""
     rope_theta: float = Field(10000.0, gt=0)
     """Base of the rotary position embedding's frequencies."""
     abs_position: Literal["none", "sincos"] = "none"
@@ -161,6 +168,12 @@ class Model(Section):
                         f"{name}: only the {other} family has it; set model.family={other} or drop it"
                     )
         self._check_window()
+        if (self.experts == 2) != (self.boundary_ratio is not None):
+            raise ValueError(
+                "boundary_ratio: a two-expert model (experts=2) needs the flow time its experts switch at "
+                f"(Wan2.2 T2V-A14B: 0.875), a one-expert model none; got experts={self.experts}, "
+                f"boundary_ratio={self.boundary_ratio}"
+            )
         return self
 
     def _check_window(self) -> None:

@@ -164,6 +164,10 @@ class Train(Section):
     """Where metrics and validation samples go besides RUN/metrics.jsonl and RUN/validation/: TensorBoard
     (RUN/tensorboard/) and Weights & Biases (`pip install wandb`; project $WANDB_PROJECT or `vidforge`,
     the run named after its directory and continued by --resume; WANDB_MODE=offline keeps it on disk)."""
+    expert: Literal["high", "low"] | None = None
+    """A two-expert model (model.experts=2, Wan2.2 A14B): the one expert this run trains, on its own range
+    of the flow time only (`high`: t >= model.boundary_ratio, diffusers' `transformer`; `low`: below it,
+    `transformer_2`), starting from that expert's weights with --init. None for a one-expert model."""
     lora: Lora | None = None
     """LoRA fine-tuning (adapters on a frozen base, usually with --init); None: every weight trains."""
     distill: Distill | None = None

@@ -29,6 +29,7 @@ from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.profile.train import Lora
 from vidforge.train.ema import EMA, tensor_kind
+from vidforge.train.experts import require_expert
 from vidforge.train.init_weights import WeightsInit, init_from
 
 
@@ -61,6 +62,7 @@ def build(
     `init`, its weights first loaded from there (`vidforge.train.init_weights`). Under train.distill also
     the fake score (from the teacher's weights, trained like the model) and the frozen `teacher`."""
     cfg, dims, device = profile.train, runtime.dims, runtime.device
+    require_expert(profile)
     use_tf32(cfg.precision == "bf16")
     notes: list[str] = []
     model = _model(profile, runtime, init, cfg.lora, notes)
@@ -118,7 +120,9 @@ def _model(
     torch.manual_seed(profile.train.seed)
     model = build_model(profile.model, device=device)
     if init is not None:  # before any split or sharding: every layout starts from the same weights
-        notes.append(name + init_from(model, init.src, init.allow_partial, init.raw).describe())
+        notes.append(
+            name + init_from(model, init.src, init.allow_partial, init.raw, profile.train.expert).describe()
+        )
     if lora is not None:  # the frozen base and its adapters are what every layout below is handed
         # the adapters' initialisation, as the model's
         with cpu_draws(device, lambda: sum(p.numel() for p in model.parameters())):

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from vidforge.models import build_model, save_model
 from vidforge.models.checkpoint import CONFIG
+from vidforge.models.experts import record_expert
 from vidforge.models.lora import save_adapter
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.ema import EMA, Modules, as_module_list
@@ -91,6 +92,8 @@ def export_weights(
             plain.load_state_dict(weights, strict=True)
             save_model(plain, out)
             record_step(out, step)
+            if profile.train.expert is not None:  # one expert of two: infer pairs it with the other
+                record_expert(out, profile.train.expert, base)
         (out / "profile.yaml").write_text(dump_profile(profile))
         for written in out.iterdir():  # the weights came through a private temp file (0600): readable
             if written.is_file():  # like every other file, i.e. the mode profile.yaml got (0644)

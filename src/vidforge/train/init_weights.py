@@ -26,7 +26,9 @@ from safetensors import safe_open
 from torch import nn
 
 from vidforge.errors import UserInputError
+from vidforge.families.wan_experts import expert_folder
 from vidforge.models.checkpoint import WEIGHTS
+from vidforge.models.experts import expert_export
 from vidforge.models.wan_weights import stored_tensors
 from vidforge.models.weights_folder import WeightsFolder, find_weights
 from vidforge.train import safe_dcp
@@ -79,12 +81,14 @@ def _some(names: list[str], count: int = 3) -> str:
 class _Safetensors:
     """An export or a published folder: tensors read one at a time from their safetensors files."""
 
-    def __init__(self, found: WeightsFolder):
+    def __init__(self, found: WeightsFolder, expert: str | None = None):
         if found.export is not None:
-            self.stored = stored_tensors(found.export, WEIGHTS, WEIGHTS + ".index.json")
+            self.stored = stored_tensors(
+                expert_export(found.export, expert), WEIGHTS, WEIGHTS + ".index.json"
+            )
         else:
             self.stored = stored_tensors(
-                found.published.weights, found.published.single, found.published.index
+                expert_folder(found.published, expert), found.published.single, found.published.index
             )
         self.shapes = {name: t.shape for name, t in self.stored.items()}
 
@@ -139,8 +143,11 @@ def _checkpoint_dir(path: Path) -> Path | None:
     return None
 
 
-def open_source(src: str | os.PathLike, raw: bool = False) -> _Safetensors | _Checkpoint:
-    """SRC's tensors by name and shape (from headers and metadata alone), and a way to read them."""
+def open_source(
+    src: str | os.PathLike, raw: bool = False, expert: str | None = None
+) -> _Safetensors | _Checkpoint:
+    """SRC's tensors by name and shape (from headers and metadata alone), and a way to read them; of a
+    two-expert download or import, the `expert`'s."""
     path = Path(src)
     checkpoint = _checkpoint_dir(path)
     if checkpoint is not None:
@@ -152,16 +159,21 @@ def open_source(src: str | os.PathLike, raw: bool = False) -> _Safetensors | _Ch
             "nor a published model folder (a diffusers transformer or pipeline download); point at "
             "RUN/export, RUN or the downloaded model folder"
         )
-    return _Safetensors(found)
+    return _Safetensors(found, expert)
 
 
 @torch.no_grad()
 def init_from(
-    model: nn.Module, src: str | os.PathLike, allow_partial: bool = False, raw: bool = False
+    model: nn.Module,
+    src: str | os.PathLike,
+    allow_partial: bool = False,
+    raw: bool = False,
+    expert: str | None = None,
 ) -> InitReport:
     """Copy SRC's tensors into `model` by name (cast to each parameter's dtype); refuse anything but a full
-    match unless `allow_partial`. Returns what was loaded and what was not."""
-    source = open_source(src, raw)
+    match unless `allow_partial`. Returns what was loaded and what was not. `expert`: of a two-expert
+    SRC (train.expert), that expert's weights."""
+    source = open_source(src, raw, expert)
     stored = source.shapes
     own = model.state_dict()
     report = InitReport(str(src))

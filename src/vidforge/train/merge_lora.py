@@ -22,13 +22,14 @@ def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None 
     base = base if base is not None else record.get("base")
     if base is None:
         raise UserInputError(f"--base: {adapter} does not record the base it trained on; pass --base BASE")
+    # the run's profile, less train.lora: these are full weights, to sample or fine-tune further
+    trained = load_profile(record["folder"] / "profile.yaml", ["train.lora=null"])
     model = build_model(Model.model_validate(record["model"]), device="cpu")
-    init_from(model, Path(base), allow_partial=False)
+    # of a two-expert base, the expert the adapter trained on
+    init_from(model, Path(base), allow_partial=False, expert=trained.train.expert)
     merge(load_adapter(model, record["folder"]))
     out = Path(out)
     save_model(model, out)
     record_step(out, record["step"])
-    # the run's profile, less train.lora: these are full weights, to sample or fine-tune further
-    trained = load_profile(record["folder"] / "profile.yaml", ["train.lora=null"])
     (out / "profile.yaml").write_text(dump_profile(trained))
     return out

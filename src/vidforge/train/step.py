@@ -34,6 +34,7 @@ from vidforge.parallel.activation_checkpoint import recompute_fraction
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.train.build import TrainParts
+from vidforge.train.experts import expert_objective
 from vidforge.train.loss import DenoisingLoss, MicroInputs, MicroLoss
 from vidforge.train.metrics import LossByLevel
 
@@ -116,7 +117,8 @@ class TrainStep(ABC):
         self.runtime = runtime
         self.parts = parts
         self.device = runtime.device
-        objective = build_objective(profile.diffusion)
+        # a two-expert model's run: the times its expert runs at (`vidforge.train.experts`)
+        objective = expert_objective(build_objective(profile.diffusion), profile)
         model = parts.modules[0].config  # the model being trained (a pipeline stage carries the whole config)
         dropout = profile.diffusion.caption_dropout
         image_condition = checked_image_condition(profile, model)

@@ -68,6 +68,13 @@ def plan_validation(profile: RunProfile, data: Sequence[str | Path], fine_tune: 
             return ValidationPlan(
                 0, (), note="validation off: a pipeline rank cannot sample (parallel.pp > 1)"
             )
+        if cfg.expert is not None:  # its samples would run one expert over the other's times too
+            return ValidationPlan(
+                0,
+                (),
+                note=f"validation off: the {cfg.expert}-noise expert alone cannot sample a two-expert model; "
+                "sample the run as a LoRA on the download (infer -c DOWNLOAD --lora RUN)",
+            )
         every, at_end = math.ceil(cfg.steps / AUTO_TIMES), True
         note = f"validation on (a fine-tune): every {every} steps and at step {cfg.steps}"
     if not every:

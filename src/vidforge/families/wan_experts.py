@@ -1,0 +1,108 @@
+"""Wan2.2 A14B in the wan family: two WanTransformer3DModel experts of one shape, switched by the flow time
+(diffusers' WanPipeline with `transformer_2` and `boundary_ratio`: the high-noise `transformer` runs
+while the timestep is >= boundary_ratio x 1000, the low-noise `transformer_2` below it, each under its
+own guidance scale). A profile says so with `model.experts=2` and `model.boundary_ratio`; one run of
+`vidforge train` trains one expert (`train.expert`) on its own range of t.
+
+The published download is a whole pipeline folder: model_index.json (with `boundary_ratio`) beside
+transformer/ (high noise), transformer_2/ (low noise), vae/ (Wan2.1's), text_encoder/ (umT5),
+tokenizer/ and scheduler/."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vidforge.errors import UserInputError
+
+EXPERTS = ("high", "low")
+"""The experts in diffusers' order: `transformer` (t >= boundary), `transformer_2` (t < boundary)."""
+FOLDERS = {"high": "transformer", "low": "transformer_2"}
+"""Each expert's component folder in a diffusers pipeline download."""
+BOUNDARY_A14B = 0.875  # Wan2.2-T2V-A14B-Diffusers' model_index.json boundary_ratio
+# Wan2.2-T2V-A14B's own config (sample_guide_scale = (3.0, 4.0): low noise, high noise)
+GUIDANCE_HIGH, GUIDANCE_LOW = 4.0, 3.0
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Wan2.2-T2V-A14B-Diffusers: transformer/ and transformer_2/ each Wan2.1-14B's shape (40 layers, width
+    # 5120, 40 heads of 128, ffn 13824, 16 latent channels in and out, umT5's 4096-wide text, the
+    # cross-attention LayerNorm), 14.3e9 parameters each, one of them running at each step.
+    "wan2.2-t2v-a14b": {
+        "architecture": "dit",
+        "in_channels": 16,
+        "text_dim": 4096,
+        "cross_attn_norm": True,
+        "layers": 40,
+        "hidden": 5120,
+        "heads": 40,
+        "mlp_hidden": 13824,
+        "experts": 2,
+        "boundary_ratio": BOUNDARY_A14B,
+    },
+}
+
+
+def expert_range(boundary: float, expert: str) -> tuple[float, float]:
+    """The flow times (low, high) an expert runs at: [boundary, 1] for `high`, [0, boundary) for `low`."""
+    if expert not in EXPERTS:
+        raise UserInputError(f"train.expert: use high or low, got {expert!r}")
+    return (boundary, 1.0) if expert == "high" else (0.0, boundary)
+
+
+def runs_high(t: float, boundary: float) -> bool:
+    """Whether the high-noise expert runs at flow time t, as WanPipeline decides it: timestep >=
+    boundary_ratio x 1000 (timestep = 1000 t; a relative 1e-9 forgives t = floor(1000 t') / 1000's
+    rounding, so a timestep equal to the boundary goes to the high-noise expert, as there)."""
+    return t * 1000 >= boundary * 1000 * (1 - 1e-9)
+
+
+def boundary_of(src: Path, read_json: Callable[[Path], dict[str, Any]]) -> float | None:
+    """The boundary_ratio of a two-expert download (its model_index.json names `transformer_2`, which
+    holds a config); None for any other folder. `read_json`: the wan family's reader (`wan.read_json`)."""
+    index = src / "model_index.json"
+    if not index.is_file() or not (src / FOLDERS["low"] / "config.json").is_file():
+        return None
+    config = read_json(index)
+    if config.get("transformer_2") in (None, [None, None]):
+        return None
+    boundary = config.get("boundary_ratio")
+    if boundary is None:
+        raise UserInputError(
+            f"{index}: names transformer_2 but no boundary_ratio, so WanPipeline never runs it; add the "
+            f"published boundary_ratio (Wan2.2 T2V-A14B: {BOUNDARY_A14B}) or point at a one-expert download"
+        )
+    return float(boundary)
+
+
+def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
+    """`published` (a Wan pipeline folder read as one network) as a two-expert model when its
+    model_index.json names `transformer_2`: model.experts=2 and its boundary_ratio, and Wan2.2's two
+    guidance scales. Both experts must have one shape (diffusers' pipeline runs them on one latent)."""
+    boundary = boundary_of(src, read_json)
+    if boundary is None:
+        return published
+    low_config = src / FOLDERS["low"] / "config.json"
+    low = model_fields(read_json(low_config), low_config)
+    if low != published.model:
+        differ = sorted(k for k in low if low[k] != published.model.get(k))
+        raise UserInputError(
+            f"{low_config}: the low-noise expert's {', '.join(differ)} differ from transformer/'s; "
+            "both experts of a Wan2.2 download have one shape"
+        )
+    model = {**published.model, "experts": 2, "boundary_ratio": boundary}
+    defaults = [
+        *published.defaults,
+        f"diffusion.guidance={GUIDANCE_HIGH}",
+        f"diffusion.guidance_2={GUIDANCE_LOW}",
+    ]
+    return dataclasses.replace(published, model=model, defaults=defaults)
+
+
+def expert_folder(published: Any, expert: str | None) -> Path:
+    """The folder of the expert's weights in a published download (`Published.weights` for a
+    one-expert model, or for None)."""
+    if expert is None or published.model.get("experts", 1) == 1:
+        return published.weights
+    return published.root / FOLDERS[expert]

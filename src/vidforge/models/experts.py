@@ -1,0 +1,91 @@
+"""A two-expert model (`model.experts=2`, Wan2.2 A14B): two networks of one shape, the high-noise expert
+run at flow times t >= `model.boundary_ratio`, the low-noise one below (diffusers' WanPipeline's
+`transformer` and `transformer_2`). An export of one holds the high-noise expert in the export folder and
+the low-noise one in its `low_noise/` (`vidforge model import` writes both)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vidforge.errors import UserInputError
+from vidforge.families.wan_experts import runs_high
+from vidforge.models.checkpoint import CONFIG, WEIGHTS, load_model, read_config
+
+LOW = "low_noise"
+"""The low-noise expert's export, inside the high-noise expert's."""
+
+
+class Experts(nn.Module):
+    """The two experts; `expert(t)` is the one that runs at flow time t (as WanPipeline picks it)."""
+
+    def __init__(self, high: nn.Module, low: nn.Module, boundary: float):
+        super().__init__()
+        self.high, self.low, self.boundary = high, low, boundary
+        self.config = high.config
+
+    def expert(self, t: float) -> nn.Module:
+        return self.high if runs_high(t, self.boundary) else self.low
+
+    def forward(self, x: torch.Tensor, noise_level: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """The expert of the call's time (every row at one time, as sampling calls it)."""
+        return self.expert(float(noise_level.reshape(-1)[0]))(x, noise_level, *args, **kwargs)
+
+
+def expert_export(export: Path, expert: str | None) -> Path:
+    """The export folder of `expert` (`high`: the export itself; `low`: its low_noise/); a one-expert
+    export, or None, is the export."""
+    if expert is None or read_config(export).experts == 1:
+        return export
+    held = trained_expert(export)
+    if held is not None:  # a one-expert run's export: that expert alone
+        if held[0] != expert:
+            raise UserInputError(
+                f"{export}: holds the {held[0]}-noise expert alone; --init the two-expert weights it started "
+                f"from ({held[1]}) for the {expert}-noise one"
+            )
+        return export
+    if expert == "high":
+        return export
+    if not (export / LOW / WEIGHTS).is_file():
+        raise UserInputError(
+            f"{export}: a two-expert export without its low-noise expert ({LOW}/{WEIGHTS}); import the "
+            "download again with `vidforge model import`"
+        )
+    return export / LOW
+
+
+def record_expert(export: Path, expert: str, base: str | None) -> None:
+    """Say in a one-expert run's export (config.json, beside `model`) which expert it holds and the
+    two-expert weights (`--init`) its other expert is in."""
+    path = export / CONFIG
+    config = json.loads(path.read_text())
+    config |= {"expert": expert, "base": base}
+    tmp = export / f".{CONFIG}.tmp"
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def trained_expert(export: Path) -> tuple[str, str | None] | None:
+    """(the expert, the base holding the other) of a one-expert run's export; None for any other."""
+    config = json.loads((Path(export) / CONFIG).read_text())
+    return (config["expert"], config.get("base")) if "expert" in config else None
+
+
+def load_export(export: str | os.PathLike, device: torch.device | str = "cpu") -> nn.Module:
+    """An export's network (`load_model`); both experts of a two-expert import (its `low_noise/`); a
+    one-expert run's export of a two-expert model as it is (`trained_expert` says where its pair is)."""
+    export = Path(export)
+    model = load_model(export, device=device)
+    if model.config.experts == 1 or trained_expert(export) is not None:
+        return model
+    if not (export / LOW / WEIGHTS).is_file():
+        raise UserInputError(
+            f"{export}: its model has two experts (model.experts=2) but {LOW}/ holds no low-noise expert; "
+            "import the download again with `vidforge model import`"
+        )
+    return Experts(model, load_model(export / LOW, device=device), model.config.boundary_ratio)

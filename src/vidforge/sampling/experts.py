@@ -1,0 +1,45 @@
+"""Sampling a two-expert model (`vidforge.models.experts.Experts`, Wan2.2 A14B) as diffusers' WanPipeline
+does: at each step the expert of the step's time runs (the high-noise one while the timestep is >=
+model.boundary_ratio x 1000), under its own guidance scale (`diffusion.guidance`, and
+`diffusion.guidance_2` for the low-noise expert, `guidance` when unset)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vidforge.diffusion import classifier_free_guidance, sample
+from vidforge.families.wan_experts import runs_high
+from vidforge.models.experts import Experts
+from vidforge.profile import RunProfile
+from vidforge.sampling.latents import batched_denoiser, initial_noise
+
+
+@torch.no_grad()
+def sample_latents_experts(
+    model: Experts,
+    profile: RunProfile,
+    text: torch.Tensor,
+    text_mask: torch.Tensor,
+    seeds: Sequence[int],
+    latent_shape: Sequence[int],
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`vidforge.sampling.latents.sample_latents` (one process) with the expert, and its guidance scale,
+    switched by the time of each step."""
+    param = next(model.parameters())
+    text, text_mask = text.to(param.device), text_mask.to(param.device)
+    d = profile.diffusion
+    scales = (d.guidance, d.guidance if d.guidance_2 is None else d.guidance_2)
+    high, low = (
+        classifier_free_guidance(batched_denoiser(net, profile, text, text_mask, negative, param.dtype), s)
+        for net, s in zip((model.high, model.low), scales, strict=True)
+    )
+
+    def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (high if runs_high(float(t), model.boundary) else low)(x, t)
+
+    noise = initial_noise(seeds, latent_shape).to(param.device)
+    generator = torch.Generator(device=param.device).manual_seed(int(seeds[0]))
+    return sample(denoise, noise, d, generator=generator)
