@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.diffusion.dmd import dmd_gradient, dmd_loss, few_step_sampler
+from vidforge.diffusion.dmd import FEW_STEP_NOISE, dmd_gradient, dmd_loss, few_step_sampler
 from vidforge.diffusion.edm import EDM
 from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.errors import UserInputError
@@ -105,6 +105,36 @@ def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(
     out = few_step_sampler(denoise, torch.randn(2, 3), levels, objective, torch.randn_like)
     torch.testing.assert_close(out, c)
     assert seen == pytest.approx(levels)
+
+
+@pytest.mark.parametrize("objective", [EDM(), RectifiedFlow()], ids=["edm", "flow"])
+@pytest.mark.parametrize("renoise", FEW_STEP_NOISE)
+def test_the_few_step_samplers_output_is_the_clean_estimate_of_its_last_call(objective, renoise) -> None:
+    """The sample is what the denoiser returned at the last level, not a noisy input there."""
+    returned: list[torch.Tensor] = []
+
+    def denoise(x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
+        returned.append(torch.tanh(x) * 0.5 + 0.1 * float(level))
+        return returned[-1]
+
+    levels = (1.0, 0.75, 0.5, 0.25) if isinstance(objective, RectifiedFlow) else (80.0, 10.0, 2.0, 0.5)
+    out = few_step_sampler(denoise, torch.randn(2, 3), levels, objective, torch.randn_like, renoise)
+    assert len(returned) == 4 and torch.equal(out, returned[-1])
+
+
+def test_implied_renoising_makes_the_few_step_sampler_flow_euler_over_its_levels_and_0() -> None:
+    """Noising each clean estimate with the noise its input implies is a DDIM step, which on the flow
+    path is an Euler step of dx/dt = (x - D) / t; the last Euler step, to t = 0, lands on D itself."""
+    from vidforge.diffusion.flow_samplers import flow_euler_sampler
+
+    def denoise(x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:  # nonlinear in x and t
+        return torch.tanh(1.5 * x) * (1 - 0.5 * level) + 0.2
+
+    noise = torch.randn(3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    levels = (1.0, 0.75, 0.5, 0.25)
+    out = few_step_sampler(denoise, noise, levels, RectifiedFlow(), torch.randn_like, "implied")
+    euler = flow_euler_sampler(denoise, noise, torch.tensor([*levels, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(out, euler)
 
 
 @pytest.mark.parametrize("objective", ["edm", "flow"])
