@@ -91,7 +91,8 @@ def test_a_packed_rows_sample_weights_are_each_samples_own_mean() -> None:
 
 
 @pytest.mark.parametrize("objective", [EDM(), RectifiedFlow()], ids=["edm", "flow"])
-def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(objective) -> None:
+@pytest.mark.parametrize("renoise", FEW_STEP_NOISE)
+def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(objective, renoise) -> None:
     """All mass at one point c: every clean estimate is c, so the sample is c after any number of steps,
     and the sampler calls the denoiser once per level, at those levels."""
     c = torch.full((2, 3), 0.25)
@@ -102,7 +103,7 @@ def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(
         return c.expand_as(x)
 
     levels = (1.0, 0.6, 0.3) if isinstance(objective, RectifiedFlow) else (80.0, 2.0, 0.5)
-    out = few_step_sampler(denoise, torch.randn(2, 3), levels, objective, torch.randn_like)
+    out = few_step_sampler(denoise, torch.randn(2, 3), levels, objective, torch.randn_like, renoise)
     torch.testing.assert_close(out, c)
     assert seen == pytest.approx(levels)
 
@@ -148,6 +149,17 @@ def test_the_students_default_levels_start_from_pure_noise_and_stop_short_of_cle
         assert len(levels) == steps and levels[0] == pytest.approx(start)
         assert all(a > b for a, b in zip(levels, levels[1:], strict=False))
         assert levels[-1] > (10 * diffusion.sigma_min if objective == "edm" else 0.1)
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_the_students_default_flow_levels_for_4_steps_are_wans_grid_shifted(shift) -> None:
+    """Closed form: t_k = 1 - k (1 - 1/1000) / 4 for k = 0..3, then t -> s t / (1 + (s - 1) t)."""
+    from vidforge.diffusion.from_profile import student_levels
+
+    diffusion = train_profile("diffusion.objective=flow", f"diffusion.flow_shift={shift}").diffusion
+    ramp = [1 - k * 0.999 / 4 for k in range(4)]  # 1, 0.75025, 0.5005, 0.25075
+    expected = [shift * t / (1 + (shift - 1) * t) for t in ramp]
+    assert student_levels(diffusion, 4) == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.fixture(scope="module")

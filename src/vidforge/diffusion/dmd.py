@@ -72,7 +72,7 @@ def few_step_noisy(
     objective: Objective,
     upto: int,
     draw: Draw,
-    renoise: str = "fresh",
+    renoise: str,
 ) -> torch.Tensor:
     """The few-step sampler's input at `levels[upto]`: pure noise at levels[0] (objective.corrupt of
     nothing: sigma_0 n under EDM, n itself at flow time 1), then per step the clean estimate at the
@@ -97,7 +97,7 @@ def few_step_sampler(
     levels: Sequence[float],
     objective: Objective,
     draw: Draw,
-    renoise: str = "fresh",
+    renoise: str,
 ) -> torch.Tensor:
     """A few-step student's sample: the clean estimate at the last of `levels` (decreasing, the first
     where sampling starts from pure noise), one denoiser call per level; `renoise` as in
