@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.diffusion.dmd import dmd_gradient, dmd_loss, few_step_sampler
+from vidforge.diffusion.dmd import FEW_STEP_NOISE, dmd_gradient, dmd_loss, few_step_sampler
 from vidforge.diffusion.edm import EDM
 from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.errors import UserInputError
@@ -91,7 +91,8 @@ def test_a_packed_rows_sample_weights_are_each_samples_own_mean() -> None:
 
 
 @pytest.mark.parametrize("objective", [EDM(), RectifiedFlow()], ids=["edm", "flow"])
-def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(objective) -> None:
+@pytest.mark.parametrize("renoise", FEW_STEP_NOISE)
+def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(objective, renoise) -> None:
     """All mass at one point c: every clean estimate is c, so the sample is c after any number of steps,
     and the sampler calls the denoiser once per level, at those levels."""
     c = torch.full((2, 3), 0.25)
@@ -102,9 +103,39 @@ def test_the_few_step_sampler_returns_what_an_exact_denoiser_of_one_point_gives(
         return c.expand_as(x)
 
     levels = (1.0, 0.6, 0.3) if isinstance(objective, RectifiedFlow) else (80.0, 2.0, 0.5)
-    out = few_step_sampler(denoise, torch.randn(2, 3), levels, objective, torch.randn_like)
+    out = few_step_sampler(denoise, torch.randn(2, 3), levels, objective, torch.randn_like, renoise)
     torch.testing.assert_close(out, c)
     assert seen == pytest.approx(levels)
+
+
+@pytest.mark.parametrize("objective", [EDM(), RectifiedFlow()], ids=["edm", "flow"])
+@pytest.mark.parametrize("renoise", FEW_STEP_NOISE)
+def test_the_few_step_samplers_output_is_the_clean_estimate_of_its_last_call(objective, renoise) -> None:
+    """The sample is what the denoiser returned at the last level, not a noisy input there."""
+    returned: list[torch.Tensor] = []
+
+    def denoise(x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
+        returned.append(torch.tanh(x) * 0.5 + 0.1 * float(level))
+        return returned[-1]
+
+    levels = (1.0, 0.75, 0.5, 0.25) if isinstance(objective, RectifiedFlow) else (80.0, 10.0, 2.0, 0.5)
+    out = few_step_sampler(denoise, torch.randn(2, 3), levels, objective, torch.randn_like, renoise)
+    assert len(returned) == 4 and torch.equal(out, returned[-1])
+
+
+def test_implied_renoising_makes_the_few_step_sampler_flow_euler_over_its_levels_and_0() -> None:
+    """Noising each clean estimate with the noise its input implies is a DDIM step, which on the flow
+    path is an Euler step of dx/dt = (x - D) / t; the last Euler step, to t = 0, lands on D itself."""
+    from vidforge.diffusion.flow_samplers import flow_euler_sampler
+
+    def denoise(x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:  # nonlinear in x and t
+        return torch.tanh(1.5 * x) * (1 - 0.5 * level) + 0.2
+
+    noise = torch.randn(3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    levels = (1.0, 0.75, 0.5, 0.25)
+    out = few_step_sampler(denoise, noise, levels, RectifiedFlow(), torch.randn_like, "implied")
+    euler = flow_euler_sampler(denoise, noise, torch.tensor([*levels, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(out, euler)
 
 
 @pytest.mark.parametrize("objective", ["edm", "flow"])
@@ -118,6 +149,17 @@ def test_the_students_default_levels_start_from_pure_noise_and_stop_short_of_cle
         assert len(levels) == steps and levels[0] == pytest.approx(start)
         assert all(a > b for a, b in zip(levels, levels[1:], strict=False))
         assert levels[-1] > (10 * diffusion.sigma_min if objective == "edm" else 0.1)
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_the_students_default_flow_levels_for_4_steps_are_wans_grid_shifted(shift) -> None:
+    """Closed form: t_k = 1 - k (1 - 1/1000) / 4 for k = 0..3, then t -> s t / (1 + (s - 1) t)."""
+    from vidforge.diffusion.from_profile import student_levels
+
+    diffusion = train_profile("diffusion.objective=flow", f"diffusion.flow_shift={shift}").diffusion
+    ramp = [1 - k * 0.999 / 4 for k in range(4)]  # 1, 0.75025, 0.5005, 0.25075
+    expected = [shift * t / (1 + (shift - 1) * t) for t in ramp]
+    assert student_levels(diffusion, 4) == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.fixture(scope="module")

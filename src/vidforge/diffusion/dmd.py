@@ -61,6 +61,10 @@ def dmd_loss(generated: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
     return 0.5 * (x - (x - gradient).detach()).square().mean()
 
 
+FEW_STEP_NOISE = ("fresh", "implied")
+"""How the few-step sampler noises each clean estimate to the next level (`diffusion.few_step_noise`)."""
+
+
 def few_step_noisy(
     denoise: Denoiser,
     noise: torch.Tensor,
@@ -68,15 +72,22 @@ def few_step_noisy(
     objective: Objective,
     upto: int,
     draw: Draw,
+    renoise: str,
 ) -> torch.Tensor:
     """The few-step sampler's input at `levels[upto]`: pure noise at levels[0] (objective.corrupt of
     nothing: sigma_0 n under EDM, n itself at flow time 1), then per step the clean estimate at the
-    current level, noised afresh to the next (DMD2's multi-step generator). The student is trained on
-    these inputs (`train.distill.simulate`), so training sees what sampling gives it."""
+    current level, noised to the next: with fresh noise from `draw` (renoise="fresh", DMD2's multi-step
+    generator), or with the noise its input implies (renoise="implied": a DDIM step, so that over levels
+    L the sampler is the deterministic Euler/DDIM sampler over L and 0). The student is trained on these
+    inputs (`train.distill.simulate`), so training sees what sampling gives it."""
+    if renoise not in FEW_STEP_NOISE:
+        raise ValueError(f"renoise must be one of {FEW_STEP_NOISE}, got {renoise!r}")
     x = objective.corrupt(torch.zeros_like(noise), noise, _level(levels[0], noise))
     for i in range(upto):
-        clean = denoise(x, _level(levels[i], x))
-        x = objective.corrupt(clean, draw(clean), _level(levels[i + 1], x))
+        level = _level(levels[i], x)
+        clean = denoise(x, level)
+        n = draw(clean) if renoise == "fresh" else objective.implied_noise(x, clean, level)
+        x = objective.corrupt(clean, n, _level(levels[i + 1], x))
     return x
 
 
@@ -86,11 +97,13 @@ def few_step_sampler(
     levels: Sequence[float],
     objective: Objective,
     draw: Draw,
+    renoise: str,
 ) -> torch.Tensor:
     """A few-step student's sample: the clean estimate at the last of `levels` (decreasing, the first
-    where sampling starts from pure noise), one denoiser call per level."""
+    where sampling starts from pure noise), one denoiser call per level; `renoise` as in
+    `few_step_noisy`. The output is that last clean estimate, not a noisy sample at the last level."""
     last = len(levels) - 1
-    x = few_step_noisy(denoise, noise, levels, objective, last, draw)
+    x = few_step_noisy(denoise, noise, levels, objective, last, draw, renoise)
     return denoise(x, _level(levels[last], x))
 
 

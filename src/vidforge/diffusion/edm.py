@@ -70,6 +70,9 @@ class EDM(Objective):
     def corrupt(self, clean: torch.Tensor, noise: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
         return clean + level_b * noise
 
+    def implied_noise(self, noisy: torch.Tensor, clean: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
+        return (noisy - clean) / level_b
+
     def network_input(self, noisy: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
         return self.c_in(level_b) * noisy
 

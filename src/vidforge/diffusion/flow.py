@@ -101,6 +101,10 @@ class RectifiedFlow(Objective):
         """x_t = (1 - t) x0 + t noise."""
         return (1 - level_b) * clean + level_b * noise
 
+    def implied_noise(self, noisy: torch.Tensor, clean: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
+        """noise = (x_t - (1 - t) x0) / t."""
+        return (noisy - (1 - level_b) * clean) / level_b
+
     def network_input(self, noisy: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
         return noisy
 

@@ -61,7 +61,9 @@ def sample(
             return torch.randn(like.shape, generator=generator, dtype=like.dtype, device=like.device)
 
         objective = build_objective(diffusion)
-        return entry.load()(denoise, noise, diffusion.few_step_levels, objective, draw)
+        return entry.load()(
+            denoise, noise, diffusion.few_step_levels, objective, draw, diffusion.few_step_noise
+        )
     levels = OBJECTIVES[diffusion.objective].levels(diffusion)
     options = {"churn": diffusion.churn, "generator": generator} if entry.stochastic else {}
     return entry.load()(denoise, noise, levels, **options)

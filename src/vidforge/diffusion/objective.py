@@ -49,6 +49,11 @@ class Objective(ABC):
         """The noisy sample at `level_b` from clean data and standard normal noise."""
 
     @abstractmethod
+    def implied_noise(self, noisy: torch.Tensor, clean: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
+        """The noise that `corrupt` mixes with `clean` at `level_b` to give `noisy` (levels above 0): a
+        clean estimate's own noise, which a deterministic (DDIM-like) step carries to the next level."""
+
+    @abstractmethod
     def network_input(self, noisy: torch.Tensor, level_b: torch.Tensor) -> torch.Tensor:
         """What the network is fed for the noisy sample."""
 

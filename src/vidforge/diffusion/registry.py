@@ -46,7 +46,8 @@ class Sampler:
     student: bool = False
     """A distilled student's (`train.distill` writes it into the run's profile): it steps over
     `diffusion.few_step_levels`, not the objective's schedule, and is called `(denoise, noise, levels,
-    objective, draw)`: the built objective re-noises each clean estimate with `draw(like)`'s noise."""
+    objective, draw, renoise)`: the built objective re-noises each clean estimate with `draw(like)`'s
+    noise or the noise its input implies (`diffusion.few_step_noise`)."""
 
     def load(self) -> Callable[..., Any]:
         module, function = self.function.split(":")

@@ -76,6 +76,7 @@ def adapter_sampling(lora: str | Path) -> list[str]:
     return [
         f"diffusion.sampler={FEW_STEP}",
         f"diffusion.few_step_levels={json.dumps(list(diffusion.few_step_levels))}",
+        f"diffusion.few_step_noise={diffusion.few_step_noise}",
         f"diffusion.steps={diffusion.steps}",
         f"diffusion.guidance={diffusion.guidance:g}",
     ]

@@ -35,6 +35,13 @@ class Diffusion(Section):
     few_step_levels: tuple[float, ...] = ()
     """With sampler=few-step: the student's noise levels (sigma, or flow time), decreasing, the first where
     sampling starts from pure noise; `diffusion.steps` is their count."""
+    few_step_noise: Literal["fresh", "implied"] = "implied"
+    """With sampler=few-step, how each clean estimate is noised to the next level: the noise its input
+    implies (`implied`, a deterministic DDIM step: over levels L the sampler is flow-euler/DDIM over L
+    and 0), or `fresh` noise (DMD2's and FastVideo's multi-step generator). `implied` by default: a
+    student starts as its teacher, and the demo's teacher passes the demo's prompt check 6/6 at 4 steps
+    under `implied` but 4/6 under `fresh` (docs/benchmarks.md, Few-step distillation). A train.distill run
+    trains the student under the rule it samples with (`vidforge.diffusion.dmd.few_step_noisy`)."""
     steps: int = Field(32, ge=1)
     """Sampling steps (sigma levels); Heun evaluates the model about twice per step."""
     churn: float = Field(0.0, ge=0)

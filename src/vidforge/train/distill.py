@@ -103,6 +103,7 @@ class DistillTrainStep(LocalTrainStep):
         )
         self.objective = self.loss.objective
         self.levels = profile.diffusion.few_step_levels
+        self.renoise = profile.diffusion.few_step_noise
         # the fake score is a denoiser of the student's samples under their captions: no dropout
         self.fake_loss = dataclasses.replace(self.loss, caption_dropout=0.0)
         self.fake_lr_ratio = (distill.fake_lr or profile.train.lr) / profile.train.lr
@@ -153,7 +154,9 @@ class DistillTrainStep(LocalTrainStep):
         level = torch.full((n,), self.levels[index], device=self.device)
         if self.distill.simulate:
             with torch.no_grad():
-                x = few_step_noisy(student, noise, self.levels, self.objective, index, self._draw)
+                x = few_step_noisy(
+                    student, noise, self.levels, self.objective, index, self._draw, self.renoise
+                )
         else:
             x = self.objective.corrupt(rows.clean, noise, rows.per_sample(level))
         return student(x, level[0])
