@@ -112,7 +112,10 @@ def _flops_per_microbatch(profile: RunProfile, workload: Workload, checkpointing
     """Hardware FLOPs of a micro-batch: the model's, plus the recomputed forward of the checkpointed blocks."""
     from vidforge.parallel.activation_checkpoint import recompute_fraction
 
-    count = forward_flops(profile.model, [workload.grid] * workload.samples, workload.text_tokens)
+    grids = [workload.grid] * workload.samples
+    count = forward_flops(
+        profile.model, grids, workload.text_tokens, workload.image_tokens, workload.token_levels
+    )
     return count.train_step(
         recompute_fraction(profile.model.layers, checkpointing, profile.train.checkpoint_ratio)
     )

@@ -39,18 +39,28 @@ from vidforge.train.step import LocalTrainStep, TrainStep
 
 def synthetic_batch(profile: RunProfile, workload: Workload, seed: int = 0) -> BucketBatch | PackedBatch:
     """Random latents and caption embeddings (N, L, text_dim), every caption token real: a plain batch
-    (N, C, T, H, W), or the N clips packed into one row (what the loader gives with data.packing)."""
+    (N, C, T, H, W), or the N clips packed into one row (what the loader gives with data.packing). An
+    image-to-video model's batch also has random condition latents (model.condition_channels) and image
+    embeddings (N, workload.image_tokens, model.image_dim)."""
+    model = profile.model
     g = torch.Generator().manual_seed(seed)
     n = workload.samples
     latents = torch.randn((n, *workload.latent), generator=g)
-    text = torch.randn((n, workload.text_tokens, profile.model.text_dim), generator=g)
+    text = torch.randn((n, workload.text_tokens, model.text_dim), generator=g)
     mask = torch.ones(n, workload.text_tokens, dtype=torch.bool)
     keys = [f"synthetic-{i}" for i in range(n)]
+    condition = image = None
+    if model.condition_channels:
+        condition = torch.randn((n, model.condition_channels, *workload.latent[1:]), generator=g)
+    if model.image_dim:
+        image = torch.randn((n, workload.image_tokens, model.image_dim), generator=g)
     if not workload.packed:
-        return BucketBatch(latents, text, mask, keys, [{}] * n)
-    tokens, layout = pack_latents(list(latents), profile.model.patch)
+        return BucketBatch(latents, text, mask, keys, [{}] * n, condition, image)
+    tokens, layout = pack_latents(list(latents), model.patch)
+    if condition is not None:
+        condition = pack_latents(list(condition), model.patch)[0]
     shapes = [tuple(x.shape) for x in latents]
-    return PackedBatch(tokens, layout, text, mask, keys, shapes, layout.total, [{}] * n)
+    return PackedBatch(tokens, layout, text, mask, keys, shapes, layout.total, [{}] * n, condition, image)
 
 
 class SyntheticSource:
@@ -208,7 +218,8 @@ def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchRes
     tokens = step.workload.tokens * len(step.batches) * step.dims.layout.dp
     flops, hardware_flops = (f * step.dims.layout.dp for f in step.flops())
     work = step.workload
-    skipped = 3 * forward_flops(profile.model, [work.grid] * work.samples, work.text_tokens).skipped_attention
+    count = forward_flops(profile.model, [work.grid] * work.samples, work.text_tokens, work.image_tokens)
+    skipped = 3 * count.skipped_attention
     skipped *= len(step.batches) * step.dims.layout.dp
     peak = profile.cluster.accelerator.peak_bf16_flops
     if device.type == "cuda":

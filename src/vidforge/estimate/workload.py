@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vidforge.errors import UserInputError
+from vidforge.models.flops import image_tokens
 from vidforge.profile import RunProfile
 
 
@@ -21,12 +22,18 @@ class Workload:
     """Latent shape (C, T, H, W) of one clip."""
     packed: bool = False
     """Samples packed into one row rather than a plain batch."""
+    image_tokens: int = 0
+    """Image-embedding tokens per clip (an image-to-video model with `model.image_dim`)."""
+    token_levels: bool = False
+    """A noise level per token rather than per sample (`model.expand_timesteps` trained with
+    `diffusion.image_condition` > 0: the timestep embedding and the modulation are per token)."""
 
     @property
     def per_token_modulation(self) -> bool:
-        """Whether the blocks gather each token's modulation (`Conditioning.per_token`): a row that packs
-        several samples; one sample's broadcasts, packed or not."""
-        return self.packed and self.samples > 1
+        """Whether the blocks hold a modulation per token: a noise level per token projects one, and a row
+        that packs several samples gathers each token's (`Conditioning.per_token`); one sample's
+        per-sample level broadcasts, packed or not."""
+        return self.token_levels or (self.packed and self.samples > 1)
 
     @property
     def tokens_per_sample(self) -> int:
@@ -66,11 +73,15 @@ class Workload:
         grid = (b.latent_frames // pt, b.latent_height // ph, b.latent_width // pw)
         latent = (model.in_channels, b.latent_frames, b.latent_height, b.latent_width)
         packed = profile.data.packing if packed is None else packed
-        return cls(samples or profile.train.micro_batch, grid, b.text_tokens, latent, packed)
+        # any diffusion.image_condition draws per-token levels for every batch (`DenoisingLoss.draw`)
+        levels = model.expand_timesteps and profile.diffusion.image_condition > 0
+        samples = samples or profile.train.micro_batch
+        return cls(samples, grid, b.text_tokens, latent, packed, image_tokens(model), levels)
 
     def describe(self) -> str:
         t, h, w = self.grid
         return (
             f"{self.samples} x {t}x{h}x{w} = {self.tokens:,} video tokens "
-            f"(+ {self.text_tokens} caption tokens a clip){', packed in one row' if self.packed else ''}"
+            f"(+ {self.text_tokens} caption{f' and {self.image_tokens} image' if self.image_tokens else ''} "
+            f"tokens a clip){', packed in one row' if self.packed else ''}"
         )

@@ -95,6 +95,9 @@ class FamilySpec:
     """Image-to-video (a model with condition_channels > 0): fn(tokenizer, first_frame (B, 3, H, W) in
     [-1, 1], frames) -> the condition latents (B, condition_channels, T, h, w) the network reads beside the
     noisy latents, as the family's published pipeline builds them."""
+    image_tokens: int = 0
+    """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
+    gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""
     media_defaults: tuple[str, ...] = ()
     """The frame rate the family was trained on and samples at, as settings (`curation.fps`, `infer.fps`):
     `vidforge finetune` re-times its clips to it and plays its validation videos at it."""

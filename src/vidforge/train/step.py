@@ -223,7 +223,10 @@ class TrainStep(ABC):
             pt, ph, pw = self.profile.model.patch
             b, _, t, h, w = batch.latents.shape
             grids = [(t // pt, h // ph, w // pw)] * b
-        return forward_flops(self.profile.model, grids, text_lens)
+        image_lens = batch.image_emb.shape[1] if batch.image_emb is not None else 0
+        # first-frame conditioning draws a noise level per token for every batch (`DenoisingLoss.draw`)
+        token_levels = bool(self.loss.image_condition)
+        return forward_flops(self.profile.model, grids, text_lens, image_lens, token_levels)
 
 
 class LocalTrainStep(TrainStep):
