@@ -34,6 +34,10 @@ LORA_TOLERANCE = 0.10  # issue #34: the recipes `bench plan --fit` proposes for 
 FFN = "to_q, to_k, to_v, to_out.0, net.0.proj, net.2"
 # A tiny model of the wan family (Wan2.1's block: float32 norms and modulation, ungated cross-attention).
 WAN = ["model.preset=wan2.1-1.3b", "model.layers=2", "model.heads=4", "model.text_dim=32"]
+# Wan2.1-I2V's image path (the family's 257 image tokens through add_k/add_v, condition channels into the
+# patch embedding), and Wan2.2 TI2V's per-token noise levels (every clip conditioned on its first frame)
+I2V = ["model.image_dim=24", "model.condition_channels=8"]
+TI2V = ["model.expand_timesteps=true", "diffusion.objective=flow", "diffusion.image_condition=1"]
 
 
 def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, float]]:
@@ -92,6 +96,13 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
             "train.lora.blocks_to_swap=1",
             "model.layers=4",
         ],  # fmt: skip
+        [*WAN, *I2V],
+        [*WAN, *I2V, "data.packing=false", "train.precision=bf16"],
+        [*WAN, *I2V, "train.lora={rank: 4}", "train.precision=bf16"],
+        [*WAN, *TI2V],
+        [*WAN, *TI2V, "data.packing=false", "train.precision=bf16", "train.micro_batch=2"],
+        [*WAN, *TI2V, "train.lora={rank: 4}", "train.precision=bf16"],
+        [*WAN, *TI2V, "train.activation_checkpointing=full", "model.layers=4"],
     ],
     ids=[
         "packed-fp32",
@@ -117,6 +128,13 @@ def measured_and_predicted(sets: list[str]) -> tuple[dict[str, int], dict[str, f
         "wan-lora-batch2-per-token",
         "wan-lora-ffn-too",
         "wan-lora-checkpoint-offload-swap",
+        "wan-i2v-packed-fp32",
+        "wan-i2v-plain-bf16",
+        "wan-i2v-lora-bf16",
+        "wan-ti2v-packed-fp32",
+        "wan-ti2v-plain-bf16-batch2",
+        "wan-ti2v-lora-bf16",
+        "wan-ti2v-full-checkpointing",
     ],
 )
 def test_memory_model_matches_measured_single_process(sets: list[str]) -> None:

@@ -16,6 +16,9 @@ Activations follow what autograd saves in vidforge's blocks (counted op by op wi
   cross-attention
       3 x d     the query projection before and after RMSNorm (2 in float32 under bf16), its output
       2 x heads RMSNorm rstd, log-sum-exp (float32)
+      + 2 x d + heads with image tokens (model.image_dim): that attention's output and log-sum-exp, and
+                the sum of the two outputs to_out reads; per image token its keys and values and the
+                float32 input of norm_added_k and its rstd
   MLP          2 x mlp_hidden (GELU: fc1 output and the GELU output) or 4 x mlp_hidden (SwiGLU)
   several samples packed in a row
                + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
@@ -26,7 +29,9 @@ in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. The wan family (
 differs around the norms: Wan computes them, the modulation and the residual adds in float32 whatever
 the compute dtype, and its cross-attention has no modulation and no gate. Outside the blocks: the final layer
 (3 x d + 2), the patch embedding's input and the float32 loss (2 x patch_dim), the RoPE tables, and per
-clip the caption's projections (5 x text_tokens x d per block for cross-attention's keys and values).
+clip the caption's projections (5 x text_tokens x d per block for cross-attention's keys and values) and
+an image-to-video clip's image embedding. A noise level per token (`Workload.token_levels`) makes the
+modulation per token (as packing does) and runs the timestep MLP per token.
 
 Layouts (mesh pp x dp_replicate x dp_shard x cp x tp): FSDP shards parameters, gradients, optimizer and
 EMA over dp_shard x cp (context-parallel ranks hold the same weights); tensor parallel splits the
@@ -50,6 +55,7 @@ from vidforge.estimate.param_counts import (
 )
 from vidforge.estimate.workload import Workload
 from vidforge.families import family
+from vidforge.models.flops import TIMESTEP_FREQUENCIES
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout
@@ -154,6 +160,7 @@ def block_activations(
     tp: int = 1,
     sequence_parallel: bool = True,
     per_token_modulation: bool = False,
+    image_tokens: int = 0,
     gathered_kv_tokens: int = 0,
     key_groups: int = 1,
     frozen: bool = False,
@@ -163,7 +170,8 @@ def block_activations(
 ) -> BlockActivations:
     """What one block saves for `tokens` tokens of this rank (after the context-parallel split) of
     `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
-    all-gather CP keeps per full-attention layer. `key_groups`: attention groups of one clip over all
+    all-gather CP keeps per full-attention layer. `image_tokens`: image-embedding tokens per clip that
+    cross-attention also reads (`model.image_dim`). `key_groups`: attention groups of one clip over all
     scopes (frames + positions + 1); the multimodal block appends the caption's keys to each.
     `frozen`: a LoRA base, whose modulation, gates and norm weights need no gradient, so the products with
     them keep neither the norm's output, nor the gated output, nor the normalised q and k; `frozen_mlp`:
@@ -172,7 +180,14 @@ def block_activations(
     `adapted`)."""
     if frozen and family(cfg.family).table_modulation:  # a frozen block of Wan's layout
         parts = wan_lora_block(
-            cfg, tokens, samples * text_tokens, compute, lora_rank, adapted, per_token_modulation
+            cfg,
+            tokens,
+            samples * text_tokens,
+            compute,
+            lora_rank,
+            adapted,
+            per_token_modulation,
+            samples * image_tokens,
         )
         if gathered_kv_tokens:
             parts["gathered keys/values (all-gather CP)"] = 2 * gathered_kv_tokens * cfg.hidden * compute
@@ -200,6 +215,11 @@ def block_activations(
     cross = ((cross_kept - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
     mlp = ((4 if cfg.mlp_act == "swiglu" else 2) - (1 if frozen_mlp else 0)) * m * compute
     text = 5 * samples * text_tokens * d * compute / tp
+    if image_tokens:
+        # the image attention's output, the sum to_out reads, the log-sum-exp; per image token its keys
+        # and values, and norm_added_k's float32 input and rstd
+        cross += 2 * d * compute + h * f32
+        text += samples * image_tokens * ((2 * compute + f32) * d + f32) / tp
     if family(cfg.family).table_modulation:
         local, modulation = wan_block_norms(cfg, compute, per_token_modulation, frozen)
         norms = local * tokens / norm_tp + sublayers * gathered_input * tokens
@@ -225,6 +245,11 @@ def block_activations(
     return BlockActivations(parts)
 
 
+def chunks_of(cfg: Model) -> int:
+    """Modulation vectors a block of the model's family projects (`FamilySpec.block_scopes`)."""
+    return family(cfg.family).block_scopes(cfg)[1]
+
+
 def wan_block_norms(
     cfg: Model, compute: int, per_token_modulation: bool, frozen: bool = False
 ) -> tuple[float, float]:
@@ -234,12 +259,13 @@ def wan_block_norms(
     Self-attention and feed-forward: the float32 norm input (x.float()) and output, mean and rstd, and
     the output the gate multiplies (attention's in the compute dtype, the feed-forward's float32).
     Cross-attention: the float32 input of its LayerNorm, mean and rstd (nothing without the norm).
-    Several samples in a row: the six float32 modulation vectors gathered per token and two (1 + scale).
+    Several samples in a row, or a noise level per token: the six float32 modulation vectors per token and
+    two (1 + scale).
     A frozen (LoRA) base: neither the norm outputs nor the gated outputs (no modulation gradient)."""
     d, f32 = cfg.hidden, 4
     norm = (1 if frozen else 2) * f32 * d + 2 * f32
     cross = f32 * d + 2 * f32 if cfg.cross_attn_norm else 0
-    modulation = (6 + 2) * d * f32 if per_token_modulation else 0
+    modulation = (chunks_of(cfg) + 2) * d * f32 if per_token_modulation else 0
     gated = 0 if frozen else compute * d + f32 * d
     return norm + cross + norm + gated + modulation, modulation
 
@@ -252,11 +278,12 @@ def wan_lora_block(
     rank: int,
     adapted: frozenset[str],
     per_token_modulation: bool,
+    image: float = 0,
 ) -> dict[str, float]:
     """Bytes a Wan block with a frozen base and LoRA adapters on the layers `adapted` (`lora_adapted`:
     by default to_q, to_k, to_v and to_out.0 of both attentions) saves for its backward, by part, for
-    `tokens` video tokens and `text` caption tokens in all (as counted on the CPU with saved-tensor
-    hooks, op by op):
+    `tokens` video tokens, `text` caption tokens and `image` image tokens in all (as counted on the CPU
+    with saved-tensor hooks, op by op):
 
       each norm (self-attention's, the feed-forward's, cross-attention's with cross_attn_norm)
           its float32 input (4 x d) and mean and rstd; the (1 + scale) and gate products keep only the
@@ -271,6 +298,9 @@ def wan_lora_block(
           k, v, output and float32 log-sum-exp (heads)
       feed-forward
           GELU's input (mlp_hidden); with adapters, fc1's input and fc2's (the GELU output)
+      image tokens (model.image_dim)
+          the kernel's image keys and values, its output and log-sum-exp per video token; to_out.0's
+          adapter then reads the sum of the two attentions' outputs, a tensor of its own
 
     in the compute dtype unless noted."""
     d, m, h, f32, c = cfg.hidden, cfg.mlp_hidden, cfg.heads, 4, compute
@@ -285,7 +315,7 @@ def wan_lora_block(
 
     norm = f32 * d + 2 * f32
     qk_norm = f32 * d + f32
-    modulation = (6 + 2) * d * f32 if per_token_modulation else 0
+    modulation = (chunks_of(cfg) + 2) * d * f32 if per_token_modulation else 0
     norms = (3 if cfg.cross_attn_norm else 2) * norm + modulation
     self_attention = inputs(["attn1.to_q", "attn1.to_k", "attn1.to_v"], d) + out("attn1.to_out.0")
     self_attention += 2 * qk_norm + 4 * c * d + f32 * h
@@ -293,10 +323,15 @@ def wan_lora_block(
     cross_tokens = inputs(["attn2.to_q"], d) + out("attn2.to_out.0") + qk_norm + 2 * c * d + f32 * h
     cross_text = inputs(["attn2.to_k", "attn2.to_v"], d) + qk_norm + 2 * c * d
     mlp = inputs(["ffn.net.0.proj"], d) + m * c + inputs(["ffn.net.2"], m)
+    cross_image = 0.0
+    if image:
+        cross_tokens += c * d + f32 * h + (c * d if "attn2.to_out.0" in adapted else 0)
+        added = {"attn2.add_k_proj", "attn2.add_v_proj"} & adapted
+        cross_image = inputs(sorted(added), d) + (qk_norm if "attn2.add_k_proj" in added else 0) + 2 * c * d
     return {
         "norms, modulation, gates": norms * tokens,
         "self-attention": self_attention * tokens,
-        "cross-attention": cross_tokens * tokens + cross_text * text,
+        "cross-attention": cross_tokens * tokens + cross_text * text + cross_image * image,
         "mlp": mlp * tokens,
     }
 
@@ -309,9 +344,11 @@ def rope_bytes(cfg: Model, workload: Workload, tokens: int) -> float:
 def outside_activations(
     cfg: Model, workload: Workload, tokens: int, compute: int, frozen: bool = False
 ) -> float:
-    """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs. A frozen
-    Wan (LoRA) keeps only the final norm's float32 input, mean and rstd, the loss's float32 error and the
-    RoPE tables: its frozen projections, embeddings and MLPs keep no input."""
+    """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs (the
+    timestep's per token under `Workload.token_levels`: its sinusoids, the SiLU's input and the two
+    projections' after it), an image-to-video clip's image embedding. A frozen Wan (LoRA) keeps only the
+    final norm's float32 input, mean and rstd, the loss's float32 error and the RoPE tables: its frozen
+    projections, embeddings and MLPs keep no input."""
     d, p = cfg.hidden, cfg.patch_dim
     per_token = workload.per_token_modulation
     rope = rope_bytes(cfg, workload, tokens)
@@ -322,9 +359,21 @@ def outside_activations(
         final = ((2 * 4 + compute + (4 if per_token else 0)) * d + 8) * tokens
     else:
         final = ((4 if per_token else 3) * d + 4) * compute * tokens  # per-token 1 + scale
-    io = p * (compute + 4) * tokens
-    captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + 256 + 2 * d) * compute
-    return final + io + rope + captions
+    # the patch embedding reads the latents' and the condition's channels; the loss is on the latents'
+    io = (p // cfg.in_channels * (cfg.in_channels + cfg.condition_channels) * compute + 4 * p) * tokens
+    if workload.token_levels:
+        # per token: the sinusoids, linear_1's output and linear_2's input, time_proj's input, and the
+        # embedding itself (the float32 input of time_proj's SiLU)
+        time, per_sample_time = ((TIMESTEP_FREQUENCIES + 3 * d) * compute + 4 * d) * tokens, 0
+    else:
+        time, per_sample_time = 0, TIMESTEP_FREQUENCIES + 2 * d
+    captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + per_sample_time) * compute
+    # the image embedding: its float32 input (image_dim), the feed-forward's input, GELU's input and the
+    # second layer's (image_dim each); three float32 tensors of the width around its last LayerNorm and
+    # the output the blocks' key and value projections read; both LayerNorms' means and rstds
+    image_dim, images = cfg.image_dim, workload.samples * workload.image_tokens
+    images *= (4 + 3 * compute) * image_dim + (3 * 4 + compute) * d + 4 * 4
+    return final + io + rope + captions + time + images
 
 
 def in_flight_microbatches(layout: Layout, schedule: str) -> float:
@@ -441,6 +490,7 @@ def estimate_memory(
         tp=tp,
         sequence_parallel=par.sequence_parallel,
         per_token_modulation=workload.per_token_modulation,
+        image_tokens=workload.image_tokens,
         gathered_kv_tokens=gathered,
         key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
         frozen=train.lora is not None,
