@@ -96,3 +96,29 @@ def test_an_infer_size_no_machine_can_hold_is_refused_and_a_small_one_passes() -
         f"held at once) needs at least {need / 2**30:,.1f} GiB, more than the "
     )
     check_memory(train_profile(), LATENT_SHAPE, 2, torch.device("cpu"), 1)
+
+
+def test_sampling_holds_both_experts_of_a_two_expert_model() -> None:
+    """`vidforge infer` keeps both experts on the device (it switches between them within a video; a run
+    trains one): an A14B-shaped model whose one network at 2 bytes a parameter fills 60% of this machine's
+    memory is refused for sampling with two experts and passes with one."""
+    from vidforge.estimate.param_counts import parameter_counts
+    from vidforge.profile.loading import validate_profile
+
+    def profile(width: int):  # four blocks of the expert's shape (heads of 128) scaled to `width`
+        model = {"preset": "wan2.2-t2v-a14b", "layers": 4, "hidden": width, "heads": width // 128}
+        model["mlp_hidden"] = 27 * width // 10
+        return validate_profile({"model": model, "diffusion": {"objective": "flow"}})
+
+    # parameters grow with the width squared: the width whose one network fills 60% of the memory
+    reference = parameter_counts(profile(5120).model).total
+    scale = (0.6 * host_memory_bytes() / (2 * reference)) ** 0.5
+    two = profile(max(1, round(5120 * scale / 128)) * 128)
+    one = two.model_copy(
+        update={"model": two.model.model_copy(update={"experts": 1, "boundary_ratio": None})}
+    )
+    assert 2 * parameter_counts(one.model).total < host_memory_bytes() < 4 * parameter_counts(one.model).total
+    shape = (16, 2, 8, 8)
+    check_memory(one, shape, 1, torch.device("cpu"), 1)
+    with pytest.raises(UserInputError, match=r"^the model \([\d,]+ parameters at 2 bytes\) needs at least"):
+        check_memory(two, shape, 1, torch.device("cpu"), 1)

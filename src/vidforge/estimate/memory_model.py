@@ -129,14 +129,15 @@ def _gib(n: float) -> str:
 
 
 def _scopes(cfg: Model) -> tuple[int, int, int, int]:
-    """(sub-layers, self-attention scopes, full-attention scopes, modulation chunks) of one block."""
-    if cfg.architecture == "dit":
-        return 3, 1, 1, 9
-    if cfg.stdit_block == "parallel":
-        return 3, 3, 1, 9
-    if cfg.stdit_block == "parallel-mm":
-        return 2, 3, 1, 10
-    return 4, 2, 0, 12
+    """(sub-layers, self-attention scopes, full-attention scopes, modulation chunks) of one block: the
+    scopes and chunks the family's block runs (`FamilySpec.block_scopes`); its modulated sub-layers (a
+    DiT's self-attention, cross-attention and MLP; a sequential ST-DiT's spatial and temporal attention
+    each; a parallel-mm block's joint attention and MLP)."""
+    scopes, chunks = family(cfg.family).block_scopes(cfg)
+    sublayers = 3
+    if cfg.architecture == "stdit" and cfg.stdit_block != "parallel":
+        sublayers = 2 if cfg.stdit_block == "parallel-mm" else 4
+    return sublayers, len(scopes), scopes.count("full"), chunks
 
 
 @dataclass(frozen=True)
