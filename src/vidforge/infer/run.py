@@ -156,11 +156,12 @@ def run(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
     if isinstance(model, Experts):  # Wan2.2 A14B: the expert and its guidance switched by the step's t
-        check_experts_run(prof, world)
+        check_experts_run(prof, world, first_frame is not None)
         cache = None
+        conditioned = channels.forward if channels is not None else None  # I2V-A14B's image
 
         def sampler(text, mask, seeds, shape, negative):
-            return sample_latents_experts(model, prof, text, mask, seeds, shape, negative)
+            return sample_latents_experts(model, prof, text, mask, seeds, shape, negative, conditioned)
 
     elif world > 1:
         plan = InferPlan.choose(
