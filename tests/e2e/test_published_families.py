@@ -143,7 +143,9 @@ def test_a_new_user_imports_trains_and_exports_each_published_family(name, tmp_p
 def test_wan22_i2v_a14b_trains_an_expert_from_the_folder_and_samples_from_an_image(tmp_path) -> None:
     """The cells of the new-user path the other end-to-end tests hold for the other families: `train
     --init FOLDER` of one expert with no model.* --set, on clips tokenized with the folder's profile (each
-    with its condition latents), and `infer -c` of the folder and of the run from a first frame."""
+    with its condition latents: training refuses data without them), in full and as README's LoRA, and
+    `infer -c` from a first frame of the folder, of the full run beside the folder's other expert, and
+    of the folder with the adapter on its expert."""
     from PIL import Image
 
     family = FAMILIES["wan2.2-i2v-a14b"]
@@ -157,15 +159,19 @@ def test_wan22_i2v_a14b_trains_an_expert_from_the_folder_and_samples_from_an_ima
     _invoke("shard", str(annotated), "-o", str(tmp_path / "shards"), "-p", profile_path, *_sets(sizes))
     _invoke("tokenize", str(tmp_path / "shards"), "-o", str(tmp_path / "latents"), "-p", profile_path,
             *_sets(sizes))  # fmt: skip
-    assert list((tmp_path / "latents").rglob("*")), "tokenize wrote nothing"
     run = tmp_path / "run"
     _invoke("train", "--data", str(tmp_path / "latents"), "--run-dir", str(run), "--init", str(folder),
             *_sets([*sizes, "train.expert=low", "train.steps=1", "train.save_every=1"]))  # fmt: skip
     assert len(_losses(run)) == 1
+    lora = tmp_path / "lora"
+    _invoke("train", "--data", str(tmp_path / "latents"), "--run-dir", str(lora), "--init", str(folder),
+            *_sets([*sizes, "train.expert=low", "train.steps=1", "train.save_every=1", "train.lora.rank=4",
+                    "train.lora.alpha=4"]))  # fmt: skip
     image = tmp_path / "first.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(image)
-    for source, out in ((folder, "as_published"), (run, "trained")):
-        _invoke("infer", "-c", str(source), "--prompt", "a red square", "--image", str(image),
+    with_lora = (str(folder), "--lora", str(lora))
+    for source, out in (((str(folder),), "as_published"), ((str(run),), "trained"), (with_lora, "lora")):
+        _invoke("infer", "-c", *source, "--prompt", "a red square", "--image", str(image),
                 "-o", str(tmp_path / out), *_sets(sizes))  # fmt: skip
         record = json.loads((tmp_path / out / "samples.jsonl").read_text())
         assert (record["guidance"], record["guidance_2"], record["frames"]) == (3.5, 3.5, 5)

@@ -118,3 +118,14 @@ def test_the_preset_has_the_published_shapes() -> None:
     assert {n: p.shape for n, p in ours.state_dict().items()} == {
         n: p.shape for n, p in ref.state_dict().items()
     }
+
+
+def test_an_image_as_the_first_latent_frame_of_two_experts_is_refused_in_one_line() -> None:
+    from vidforge.errors import UserInputError
+    from vidforge.infer.experts import check_experts_run
+    from vidforge.profile.loading import validate_profile
+
+    profile = validate_profile({"model": {"preset": "wan2.2-i2v-a14b"}, "diffusion": {"objective": "flow"}})
+    check_experts_run(profile, 1)
+    with pytest.raises(UserInputError, match="^--image: a two-expert model samples from an image through"):
+        check_experts_run(profile, 1, first_frame=True)
