@@ -1,5 +1,5 @@
 """Every command's `--help` agrees with the registry of samplers and objectives
-(`vidforge.diffusion.registry`, which the profile's validator and `diffusion.from_profile` read): a
+(`vidforge.sampler_registry`, which the profile's validator and `diffusion.from_profile` read): a
 sampler it names exists, prose that names some samplers (or objectives) names all of them, and a
 sampler named "under" an objective samples that objective, so a help text cannot say "the EDM loss" or
 "heun|res" once flow is there too. Every command has an example
@@ -14,14 +14,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from vidforge import sampler_registry
 from vidforge.cli._globals import reflow
 from vidforge.cli.app import app
-from vidforge.diffusion import registry
 from vidforge.diffusion.from_profile import OBJECTIVES
 from vidforge.profile.diffusion import Diffusion
 
-SAMPLERS = registry.SAMPLER_NAMES
-OBJECTIVE_NAMES = registry.OBJECTIVE_NAMES
+SAMPLERS = sampler_registry.SAMPLER_NAMES
+OBJECTIVE_NAMES = sampler_registry.OBJECTIVE_NAMES
 runner = CliRunner()
 
 
@@ -48,12 +48,14 @@ def _help(path: str) -> str:
 def test_the_profile_takes_the_registry_and_builds_every_objective_of_it():
     assert set(OBJECTIVE_NAMES) == set(OBJECTIVES)
     for objective in OBJECTIVE_NAMES:
-        fits = registry.samplers_of(objective)
+        fits = sampler_registry.samplers_of(objective)
         assert Diffusion(objective=objective).sampler == fits[0]
         for name in fits:
-            assert callable(registry.sampler(name).load())
+            assert callable(sampler_registry.sampler(name).load())
             assert Diffusion(objective=objective, sampler=name).sampler == name
-        students = {s.name for s in registry.SAMPLERS if s.student}  # either objective, over their own levels
+        students = {
+            s.name for s in sampler_registry.SAMPLERS if s.student
+        }  # either objective, over their own levels
         for other in set(SAMPLERS) - set(fits) - students:
             with pytest.raises(ValueError, match=f"{other} does not sample the {objective} objective"):
                 Diffusion(objective=objective, sampler=other)
@@ -64,13 +66,13 @@ def test_help_that_lists_samplers_or_objectives_lists_the_registry(path):
     """The commands that name samplers (or objectives) name every one, each under its own objective."""
     text = " ".join(_help(path).split())
     under = re.findall(r"((?:[\w-]+ or )*[\w-]+) under ([A-Za-z ]+?)(?=[,;)])", text)
-    titles = {o.title: o.name for o in registry.OBJECTIVES}
+    titles = {o.title: o.name for o in sampler_registry.OBJECTIVES}
     paired = {(s, titles[title]) for names, title in under if title in titles for s in names.split(" or ")}
     if path == "train":
         assert f"diffusion.objective: {' or '.join(titles)}" in text
     else:
-        assert paired == {(s.name, s.objective) for s in registry.SAMPLERS if s.objective}, under
-        for student in (s.name for s in registry.SAMPLERS if s.objective is None):
+        assert paired == {(s.name, s.objective) for s in sampler_registry.SAMPLERS if s.objective}, under
+        for student in (s.name for s in sampler_registry.SAMPLERS if s.objective is None):
             assert f"{student} (a distilled student's) under either" in text
 
 

@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
 # Bottom first. Names on one layer are peers: they know nothing of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the registry of objectives and samplers: names and module paths, which the profile validates against
-    ("errors", "__init__", "diffusion.registry"),
+    ("errors", "__init__", "sampler_registry"),
     ("families",),  # each family's facts, its code named by import path (the profile reads them)
     ("profile", "memory", "weights_file", "device"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
@@ -44,7 +44,7 @@ FORBIDDEN = {
     "diffusion": ("torch.distributed",),
     # the profile reads the registry while it loads: neither it nor the package's __init__ imports torch
     "diffusion/__init__.py": ("torch", "vidforge"),
-    "diffusion/registry.py": ("torch", "vidforge"),
+    "sampler_registry.py": ("torch", "vidforge"),
     "diffusion/edm.py": ("vidforge.profile",),
     "diffusion/objective.py": ("vidforge.profile",),
     "tokens": ("torch.distributed",),
@@ -98,7 +98,7 @@ def _edges() -> dict[str, frozenset[str]]:
 
 def _unit(module: str) -> str:
     """The name LAYERS places a module under: the longest prefix LAYERS names (a module placed apart from
-    its package, as diffusion.registry), else its top-level package or module (`vidforge` is __init__)."""
+    its package), else its top-level package or module (`vidforge` is __init__)."""
     parts = module.split(".")[1:]
     for n in range(len(parts), 1, -1):
         if ".".join(parts[:n]) in LEVEL:

@@ -5,6 +5,7 @@ folder and vidforge's export of it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -30,6 +31,16 @@ def imported(pipeline, tmp_path_factory) -> Path:
     result = CliRunner().invoke(app, ["model", "import", str(pipeline), "-o", str(out)])
     assert result.exit_code == 0, result.output
     return out
+
+
+def test_import_names_the_commands_that_sample_and_fine_tune_it(pipeline, tmp_path) -> None:
+    # `train --profile OUT/profile.yaml` alone would train that shape from scratch: the fine-tune needs --init.
+    out = tmp_path / "imported"
+    result = CliRunner().invoke(app, ["--json", "model", "import", str(pipeline), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    said = json.loads(result.output.strip().splitlines()[-1])
+    assert said["sample"].startswith(f"vidforge infer -c {out}")
+    assert f"vidforge train --init {out} --profile {out}/profile.yaml" in said["fine-tune"]
 
 
 def test_the_imported_profile_trains_and_samples_the_model_as_published(pipeline, imported) -> None:

@@ -13,11 +13,12 @@ import pytest
 import torch
 from wan22_ti2v_fixtures import CHANNELS, save_tiny_ti2v_pipeline
 
-from vidforge.infer.image import image_condition, read_image
+from vidforge.infer.image import first_frame_latent
 from vidforge.models.weights_folder import find_weights, load_published, published_profile
 from vidforge.sampling.latents import sample_latents
 from vidforge.text.encoders import build_text_encoder
 from vidforge.tokenizers.base import build_tokenizer
+from vidforge.tokenizers.image_condition import load_image, preprocess_image
 
 pytest.importorskip("transformers")
 
@@ -95,9 +96,9 @@ def test_image_to_video_equals_wan_image_to_video_pipeline(folder, image) -> Non
 
     profile, tokenizer, model = _ours(folder)
     emb, mask, negative = _texts(profile, "a red square moving right")
-    condition = image_condition(profile, tokenizer, image)
+    first = first_frame_latent(profile, tokenizer, image)
     shape = tokenizer.latent_shape(FRAMES, SIZE, SIZE)
-    ours = sample_latents(model, profile, emb, mask, [SEED], shape, negative, condition=condition)
+    ours = sample_latents(model, profile, emb, mask, [SEED], shape, negative, first_frame=first)
     pipe = WanImageToVideoPipeline.from_pretrained(folder)
     assert pipe.config.expand_timesteps
     theirs = pipe(
@@ -106,9 +107,8 @@ def test_image_to_video_equals_wan_image_to_video_pipeline(folder, image) -> Non
         num_inference_steps=STEPS, guidance_scale=GUIDANCE, output_type="latent",
         generator=torch.Generator().manual_seed(SEED),
     ).frames  # fmt: skip
-    torch.testing.assert_close(ours[:, :, :1], condition)
+    torch.testing.assert_close(ours[:, :, :1], first)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
-    assert read_image(image, SIZE, SIZE).shape == (1, 3, 1, SIZE, SIZE)
 
 
 def test_text_to_video_equals_wan_pipeline_with_expand_timesteps(folder) -> None:
@@ -154,4 +154,5 @@ def test_an_image_of_another_size_is_read_as_the_pipelines_video_processor_reads
     pixels = np.random.default_rng(1).integers(0, 256, (40, 50, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(path)
     theirs = VideoProcessor(vae_scale_factor=16).preprocess(Image.open(path), height=SIZE, width=SIZE)
-    torch.testing.assert_close(read_image(path, SIZE, SIZE), theirs[:, :, None], rtol=0, atol=0)
+    ours = preprocess_image(load_image(path), SIZE, SIZE, 16)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -76,7 +76,7 @@ def test_off_draws_what_it_drew_before() -> None:
     )
     torch.manual_seed(1)
     off = _loss(0.0).draw(batch, torch.device("cpu"))
-    assert off.condition is None and torch.equal(off.x, before.x)
+    assert off.clean_first_frame is None and torch.equal(off.x, before.x)
     assert torch.equal(off.model_kwargs["noise_level"], before.model_kwargs["noise_level"])
 
 

@@ -1,7 +1,7 @@
 """`vidforge bench infer`: sampling latency per sampler step and end to end, with classifier-free guidance
 batched (conditional and unconditional rows in one doubled batch, what `vidforge infer` does) and
 sequential (two model calls of the plain batch per evaluation), for each sampler of the profile's
-objective (`vidforge.diffusion.registry.samplers_of`), or those asked for.
+objective (`vidforge.sampler_registry.samplers_of`), or those asked for.
 
 The model is the profile's DiT with random weights (latency does not depend on the weights), run the way
 `vidforge.sampling.latents` runs it (its own denoiser): the objective's preconditioning, the learned null caption as the unconditional
@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from vidforge import sampler_registry
 from vidforge.bench.timing import time_calls
-from vidforge.diffusion import classifier_free_guidance, registry, sample
+from vidforge.diffusion import classifier_free_guidance, sample
 from vidforge.diffusion.guidance import BatchedDenoiser
 from vidforge.diffusion.objective import Denoiser
 from vidforge.errors import UserInputError
@@ -79,7 +80,10 @@ def run(
     (default: batched and sequential)."""
     objective = profile.diffusion.objective
     samplers = chosen(
-        samplers, registry.samplers_of(objective), f"do not sample the {objective} objective", "--sampler"
+        samplers,
+        sampler_registry.samplers_of(objective),
+        f"do not sample the {objective} objective",
+        "--sampler",
     )
     guidance = chosen(guidance, GUIDANCE_MODES, "is not a guidance mode", "--guidance")
     device = init_runtime(profile).device

@@ -7,7 +7,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
-from vidforge.diffusion import registry
+from vidforge import sampler_registry
 from vidforge.profile import PROFILE_ENV, RunProfile, load_profile
 
 P = ParamSpec("P")
@@ -67,9 +67,9 @@ def profile_from(profile: str | None, overrides: list[str] | None, nproc: int | 
 
 def names_from_the_registry(command: Callable[P, R]) -> Callable[P, R]:
     """A command whose docstring says `{samplers}` (every sampler under its objective) or `{objectives}`
-    gets them from `vidforge.diffusion.registry`, so its help names the samplers and objectives there
+    gets them from `vidforge.sampler_registry`, so its help names the samplers and objectives there
     are, all of them, wherever they are added."""
     doc = command.__doc__ or ""
-    doc = doc.replace("{samplers}", registry.samplers_by_objective())
-    command.__doc__ = doc.replace("{objectives}", registry.objective_titles())
+    doc = doc.replace("{samplers}", sampler_registry.samplers_by_objective())
+    command.__doc__ = doc.replace("{objectives}", sampler_registry.objective_titles())
     return command

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from vidforge import sampler_registry
 from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, names_from_the_registry, profile_from
 from vidforge.cli._output import current_output
-from vidforge.diffusion import registry
 from vidforge.errors import UserInputError
 
 app = typer.Typer(
@@ -115,7 +115,7 @@ def infer(
         typer.Option(
             "--sampler",
             help="Time only this sampler (repeatable); default: every sampler of diffusion.objective "
-            f"({registry.samplers_by_objective()}; a distilled student's few-step is not timed).",
+            f"({sampler_registry.samplers_by_objective()}; a distilled student's few-step is not timed).",
         ),
     ] = None,
     guidance: Annotated[

@@ -10,13 +10,13 @@ from typing import Annotated
 
 import typer
 
+from vidforge import sampler_registry
 from vidforge.cli._options import SetOpt, names_from_the_registry
 from vidforge.cli._output import current_output
-from vidforge.diffusion import registry
 from vidforge.errors import UserInputError
 
 # The choices --help lists are the registry's (diffusion.sampler's), not a second list.
-Sampler = Enum("Sampler", {name: name for name in registry.SAMPLER_NAMES}, type=str)
+Sampler = Enum("Sampler", {name: name for name in sampler_registry.SAMPLER_NAMES}, type=str)
 
 
 @names_from_the_registry

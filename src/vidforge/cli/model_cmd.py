@@ -13,7 +13,7 @@ from vidforge.cli._output import current_output
 OutDir = Annotated[Path, typer.Option("--out", "-o", help="Folder to write (created).")]
 
 app = typer.Typer(
-    help="Bring published weights (diffusers' Wan2.1 transformer) into a vidforge export, and back out.\n\n"
+    help="Bring published weights (diffusers' Wan2.1 and Wan2.2 folders) into a vidforge export, and back out.\n\n"
     "Example: vidforge model import Wan2.1-T2V-1.3B-Diffusers -o models/wan13b",
     no_args_is_help=True,
 )
@@ -32,11 +32,13 @@ def import_(
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Read a diffusers Wan2.1 transformer (config.json, safetensors or shards with their index, float32
-    or bfloat16) tensor by tensor and write a vidforge export: model.safetensors, config.json, and
-    profile.yaml (the profile that trains and samples it as published: the imported model section, the
-    objective the weights were trained with and the scheduler's shift, the pipeline's VAE and umT5 with
-    512-token captions) for `vidforge infer` and `vidforge train --profile OUT/profile.yaml`.
+    """Read a diffusers Wan transformer or pipeline folder (config.json, safetensors or shards with their
+    index, float32 or bfloat16; both experts of a Wan2.2 A14B) tensor by tensor and write a vidforge
+    export: model.safetensors, config.json, and profile.yaml (the profile that trains and samples it as
+    published: the imported model section, the objective the weights were trained with and the
+    scheduler's shift, the pipeline's VAE, umT5 and image encoder). `vidforge infer -c OUT` samples it;
+    `vidforge train --init OUT --profile OUT/profile.yaml` fine-tunes it (without --init, the profile
+    trains a model of that shape from scratch).
 
     Example: vidforge model import Wan2.1-T2V-1.3B-Diffusers -o models/wan13b --profile local_cpu
     """
@@ -50,7 +52,14 @@ def import_(
         )
     resolved = weights_folder.published_profile(found.published, set_ or [], profile)
     written = weights_folder.import_published(found.published, out, resolved, dtype)
-    current_output().result({"export": str(written)}, title="vidforge model import")
+    current_output().result(
+        {
+            "export": str(written),
+            "sample": f"vidforge infer -c {written} --prompt TEXT -o OUT",
+            "fine-tune": f"vidforge train --init {written} --profile {written}/profile.yaml --data LATENTS --run-dir RUN",
+        },
+        title="vidforge model import",
+    )
 
 
 @app.command("export")

@@ -1,8 +1,8 @@
 """Diffusion as pure math: objectives (EDM, rectified flow) with their preconditioning and loss targets,
-their schedules and samplers (`registry` names them all), classifier-free guidance. No weights live here.
+their schedules and samplers (`vidforge.sampler_registry` names them all), classifier-free guidance. No weights live here.
 
-The names below load on first use: the profile reads `vidforge.diffusion.registry` while it loads, and
-importing this package for it must not import torch."""
+The names below load on first use, so that importing one module of the package loads no torch it does
+not need."""
 
 from __future__ import annotations
 

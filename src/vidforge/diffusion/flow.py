@@ -7,7 +7,7 @@ optionally shifted, t -> s t / (1 + (s - 1) t), which spends more of training (a
 the same map) at high noise; SD3 and Wan shift by the resolution (Wan2.1: 3 at 480p, 5 at 720p).
 
 The clean estimate is what the samplers take (`Objective.denoise`); they live in
-`vidforge.diffusion.flow_samplers`, by name in `vidforge.diffusion.registry`.
+`vidforge.diffusion.flow_samplers`, by name in `vidforge.sampler_registry`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Samplers of the rectified-flow objective (`vidforge.diffusion.flow`), listed by name in
-`vidforge.diffusion.registry`.
+`vidforge.sampler_registry`.
 
 They integrate dx/dt = v = (x - D(x, t)) / t from pure noise at t = 1 down to t = 0, taking the
 objective's denoiser D(x, t) (`Objective.denoise`, the clean estimate; t a 0-d tensor: where the network

@@ -1,6 +1,6 @@
 """The profile's `diffusion` section -> its objective, its schedule and its sampler (the math modules
 themselves import no profile). Which names exist, and which sampler goes with which objective, is
-`vidforge.diffusion.registry`'s; the profile's validator has checked the pair."""
+`vidforge.sampler_registry`'s; the profile's validator has checked the pair."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from vidforge.diffusion import registry
+from vidforge import sampler_registry
 from vidforge.diffusion.edm import EDM
 from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.diffusion.flow_samplers import flow_sigmas
@@ -54,7 +54,7 @@ def sample(
     over its objective's schedule; `denoise(x, level)` is the clean estimate at the objective's level
     (EDM: sigma, flow: t). `generator` draws a stochastic sampler's churn noise, and a distilled
     student's re-noising (its sampler steps over `diffusion.few_step_levels` instead)."""
-    entry = registry.sampler(diffusion.sampler)
+    entry = sampler_registry.sampler(diffusion.sampler)
     if entry.student:
 
         def draw(like: torch.Tensor) -> torch.Tensor:

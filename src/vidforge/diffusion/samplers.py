@@ -1,4 +1,4 @@
-"""Samplers of the EDM objective, listed by name in `vidforge.diffusion.registry`: deterministic or
+"""Samplers of the EDM objective, listed by name in `vidforge.sampler_registry`: deterministic or
 stochastic solvers of its probability-flow ODE
 
     dx/dsigma = (x - D(x; sigma)) / sigma,

@@ -6,7 +6,9 @@ own guidance scale). A profile says so with `model.experts=2` and `model.boundar
 
 The published download is a whole pipeline folder: model_index.json (with `boundary_ratio`) beside
 transformer/ (high noise), transformer_2/ (low noise), vae/ (Wan2.1's), text_encoder/ (umT5),
-tokenizer/ and scheduler/."""
+tokenizer/ and scheduler/. Wan2.2 I2V-A14B is the same pair as a `WanImageToVideoPipeline` download: each
+expert reads the first frame's mask and latent beside the noisy latents (`model.condition_channels`, as
+Wan2.1-I2V's), but no image embedding (no image_encoder/), and switches at its own boundary."""
 
 from __future__ import annotations
 
@@ -22,25 +24,32 @@ EXPERTS = ("high", "low")
 FOLDERS = {"high": "transformer", "low": "transformer_2"}
 """Each expert's component folder in a diffusers pipeline download."""
 BOUNDARY_A14B = 0.875  # Wan2.2-T2V-A14B-Diffusers' model_index.json boundary_ratio
+BOUNDARY_I2V_A14B = 0.9  # Wan2.2-I2V-A14B-Diffusers'
 # Wan2.2-T2V-A14B's own config (sample_guide_scale = (3.0, 4.0): low noise, high noise)
 GUIDANCE_HIGH, GUIDANCE_LOW = 4.0, 3.0
+GUIDANCE_I2V = 3.5  # Wan2.2-I2V-A14B's (sample_guide_scale = (3.5, 3.5)), both experts
+
+# Wan2.2's A14B experts: each Wan2.1-14B's shape (40 layers, width 5120, 40 heads of 128, ffn 13824, 16
+# latent channels predicted, umT5's 4096-wide text, the cross-attention LayerNorm), 14.3e9 parameters
+# each, one of them running at each step.
+A14B: dict[str, Any] = {
+    "architecture": "dit",
+    "in_channels": 16,
+    "text_dim": 4096,
+    "cross_attn_norm": True,
+    "layers": 40,
+    "hidden": 5120,
+    "heads": 40,
+    "mlp_hidden": 13824,
+    "experts": 2,
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Wan2.2-T2V-A14B-Diffusers: transformer/ and transformer_2/ each Wan2.1-14B's shape (40 layers, width
-    # 5120, 40 heads of 128, ffn 13824, 16 latent channels in and out, umT5's 4096-wide text, the
-    # cross-attention LayerNorm), 14.3e9 parameters each, one of them running at each step.
-    "wan2.2-t2v-a14b": {
-        "architecture": "dit",
-        "in_channels": 16,
-        "text_dim": 4096,
-        "cross_attn_norm": True,
-        "layers": 40,
-        "hidden": 5120,
-        "heads": 40,
-        "mlp_hidden": 13824,
-        "experts": 2,
-        "boundary_ratio": BOUNDARY_A14B,
-    },
+    # Wan2.2-T2V-A14B-Diffusers' transformer/ and transformer_2/
+    "wan2.2-t2v-a14b": {**A14B, "boundary_ratio": BOUNDARY_A14B},
+    # Wan2.2-I2V-A14B-Diffusers': in_channels 36 = 16 predicted + 20 read (4 mask channels, the first
+    # frame's 16-channel latent), image_dim null (no CLIP)
+    "wan2.2-i2v-a14b": {**A14B, "condition_channels": 20, "boundary_ratio": BOUNDARY_I2V_A14B},
 }
 
 
@@ -53,9 +62,11 @@ def expert_range(boundary: float, expert: str) -> tuple[float, float]:
 
 def runs_high(t: float, boundary: float) -> bool:
     """Whether the high-noise expert runs at flow time t, as WanPipeline decides it: timestep >=
-    boundary_ratio x 1000 (timestep = 1000 t; a relative 1e-9 forgives t = floor(1000 t') / 1000's
-    rounding, so a timestep equal to the boundary goes to the high-noise expert, as there)."""
-    return t * 1000 >= boundary * 1000 * (1 - 1e-9)
+    boundary_ratio x 1000 (timestep = 1000 t). A relative 1e-6 forgives the rounding of t = floor(1000 t')
+    / 1000 in float32 (the sampler hands the network its time in the latents' precision: timestep 900 is
+    t = 0.89999998), so a timestep equal to the boundary goes to the high-noise expert, as there; the
+    timesteps themselves are 1e-3 apart."""
+    return t * 1000 >= boundary * 1000 * (1 - 1e-6)
 
 
 def boundary_of(src: Path, read_json: Callable[[Path], dict[str, Any]]) -> float | None:
@@ -71,7 +82,8 @@ def boundary_of(src: Path, read_json: Callable[[Path], dict[str, Any]]) -> float
     if boundary is None:
         raise UserInputError(
             f"{index}: names transformer_2 but no boundary_ratio, so WanPipeline never runs it; add the "
-            f"published boundary_ratio (Wan2.2 T2V-A14B: {BOUNDARY_A14B}) or point at a one-expert download"
+            f"published boundary_ratio (Wan2.2 T2V-A14B: {BOUNDARY_A14B}, I2V-A14B: {BOUNDARY_I2V_A14B}) or "
+            "point at a one-expert download"
         )
     return float(boundary)
 
@@ -79,7 +91,8 @@ def boundary_of(src: Path, read_json: Callable[[Path], dict[str, Any]]) -> float
 def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
     """`published` (a Wan pipeline folder read as one network) as a two-expert model when its
     model_index.json names `transformer_2`: model.experts=2 and its boundary_ratio, and Wan2.2's two
-    guidance scales. Both experts must have one shape (diffusers' pipeline runs them on one latent)."""
+    guidance scales (Wan2.2 I2V-A14B's, 3.5 for both, for an image-to-video pair). Both experts must have
+    one shape (diffusers' pipeline runs them on one latent)."""
     boundary = boundary_of(src, read_json)
     if boundary is None:
         return published
@@ -92,11 +105,10 @@ def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
             "both experts of a Wan2.2 download have one shape"
         )
     model = {**published.model, "experts": 2, "boundary_ratio": boundary}
-    defaults = [
-        *published.defaults,
-        f"diffusion.guidance={GUIDANCE_HIGH}",
-        f"diffusion.guidance_2={GUIDANCE_LOW}",
-    ]
+    high, low = (
+        (GUIDANCE_I2V, GUIDANCE_I2V) if model.get("condition_channels") else (GUIDANCE_HIGH, GUIDANCE_LOW)
+    )
+    defaults = [*published.defaults, f"diffusion.guidance={high}", f"diffusion.guidance_2={low}"]
     return dataclasses.replace(published, model=model, defaults=defaults)
 
 

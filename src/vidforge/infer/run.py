@@ -38,7 +38,7 @@ from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
 from vidforge.infer.experts import check_experts_run
-from vidforge.infer.image import image_condition
+from vidforge.infer.image import first_frame_latent
 from vidforge.infer.image_condition import channel_condition
 from vidforge.infer.output import InferResult, SampleWriter
 from vidforge.infer.plan import (
@@ -143,8 +143,9 @@ def run(
     # an image-to-video model reads condition channels beside the latents (Wan2.1-I2V), or starts from the
     # image's latent as its first frame (model.expand_timesteps, Wan2.2 TI2V)
     channels = channel_condition(prof, tokenizer, image, world)
-    first_frame = channels is None and image is not None
-    condition = image_condition(prof, tokenizer, image, world) if first_frame else None
+    first_frame = None
+    if channels is None and image is not None:
+        first_frame = first_frame_latent(prof, tokenizer, image, world)
     check_memory(prof, latent_shape, len(prompts), runtime.device, world)
     # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
     lock = FolderLock(out) if rank == 0 else None
@@ -155,11 +156,12 @@ def run(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
     if isinstance(model, Experts):  # Wan2.2 A14B: the expert and its guidance switched by the step's t
-        check_experts_run(prof, world)
+        check_experts_run(prof, world, first_frame is not None)
         cache = None
+        conditioned = channels.forward if channels is not None else None  # I2V-A14B's image
 
         def sampler(text, mask, seeds, shape, negative):
-            return sample_latents_experts(model, prof, text, mask, seeds, shape, negative)
+            return sample_latents_experts(model, prof, text, mask, seeds, shape, negative, conditioned)
 
     elif world > 1:
         plan = InferPlan.choose(
@@ -190,7 +192,7 @@ def run(
                 shape,
                 negative,
                 cache=cache,
-                condition=condition,
+                first_frame=first_frame,
                 forward=channels.forward(model) if channels is not None else None,
             )
 

@@ -77,9 +77,9 @@ def join_condition(
             raise UserInputError("model.condition_channels=0: this model takes no condition latents")
         return inputs.tokens
     if condition is None:
-        raise ValueError(
-            f"model.condition_channels={condition_channels}: forward needs condition= latents of that many "
-            "channels beside x"
+        raise UserInputError(
+            f"model.condition_channels={condition_channels}: this image-to-video model needs condition latents "
+            "beside the noisy ones; tokenize its clips with its profile, or sample with --image"
         )
     if inputs.latents_in:
         if condition.ndim != 5 or condition.shape[1] != condition_channels:

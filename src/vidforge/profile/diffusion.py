@@ -6,19 +6,19 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vidforge.diffusion import registry
+from vidforge import sampler_registry
 from vidforge.profile.base import Section
 
 # The names are the registry's (one list, which `infer --help` and `bench infer` show too).
-ObjectiveName = Literal[registry.OBJECTIVE_NAMES]  # type: ignore[valid-type]
-SamplerName = Literal[registry.SAMPLER_NAMES]  # type: ignore[valid-type]
-FEW_STEP = registry.FEW_STEP
+ObjectiveName = Literal[sampler_registry.OBJECTIVE_NAMES]  # type: ignore[valid-type]
+SamplerName = Literal[sampler_registry.SAMPLER_NAMES]  # type: ignore[valid-type]
+FEW_STEP = sampler_registry.FEW_STEP
 
 
 class Diffusion(Section):
     """The objective, its training noise distribution, and sampling. EDM defaults are the paper's."""
 
-    objective: ObjectiveName = Field("edm", description=registry.objectives_doc())
+    objective: ObjectiveName = Field("edm", description=sampler_registry.objectives_doc())
     sigma_data: float = Field(0.5, gt=0)
     """Standard deviation of the (normalised) latents; sets c_skip, c_out and c_in."""
     p_mean: float = -1.2
@@ -31,7 +31,9 @@ class Diffusion(Section):
     """Largest sigma of the sampling schedule (where sampling starts from pure noise)."""
     rho: float = Field(7.0, gt=0)
     """Karras schedule exponent: larger spends more steps at small sigma."""
-    sampler: SamplerName = Field(registry.samplers_of("edm")[0], description=registry.samplers_doc())
+    sampler: SamplerName = Field(
+        sampler_registry.samplers_of("edm")[0], description=sampler_registry.samplers_doc()
+    )
     few_step_levels: tuple[float, ...] = ()
     """With sampler=few-step: the student's noise levels (sigma, or flow time), decreasing, the first where
     sampling starts from pure noise; `diffusion.steps` is their count."""
@@ -82,22 +84,24 @@ class Diffusion(Section):
         if (
             isinstance(data, dict)
             and "sampler" not in data
-            and data.get("objective") in registry.OBJECTIVE_NAMES
+            and data.get("objective") in sampler_registry.OBJECTIVE_NAMES
         ):
-            return {**data, "sampler": registry.samplers_of(data["objective"])[0]}
+            return {**data, "sampler": sampler_registry.samplers_of(data["objective"])[0]}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> Diffusion:
-        fits = registry.samplers_of(self.objective)
+        fits = sampler_registry.samplers_of(self.objective)
         if self.sampler == FEW_STEP:
             self._check_few_step()
         elif self.sampler not in fits:
             raise ValueError(
                 f"sampler: {self.sampler} does not sample the {self.objective} objective; use one of {', '.join(fits)}"
             )
-        if self.churn > 0 and not registry.sampler(self.sampler).stochastic:
-            takes = [s.name for s in registry.SAMPLERS if s.stochastic and s.objective == self.objective]
+        if self.churn > 0 and not sampler_registry.sampler(self.sampler).stochastic:
+            takes = [
+                s.name for s in sampler_registry.SAMPLERS if s.stochastic and s.objective == self.objective
+            ]
             raise ValueError(
                 f"churn: the {self.sampler} sampler is deterministic; set diffusion.churn=0"
                 + (f" or diffusion.sampler={takes[0]}" if takes else "")

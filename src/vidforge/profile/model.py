@@ -19,7 +19,7 @@ class Model(Section):
 
     preset: str | None = "tiny"
     """Named shape to start from: tiny, small, dit-1b, dit-7b, dit-14b, dit-28b, stdit-7b, stdit-12b,
-    wan2.1-1.3b, wan2.1-14b, wan2.2-t2v-a14b (see `vidforge.models`). null means every field is given explicitly."""
+    wan2.1-1.3b, wan2.1-14b, wan2.2-t2v-a14b, wan2.2-i2v-a14b, wan2.2-ti2v-5b (see `vidforge.models`). null means every field is given explicitly."""
     family: str = "vidforge"
     """Which network (a family registered in `vidforge.families`): `vidforge` (this project's DiT / ST-DiT, `architecture` picks) or `wan` (Wan2.1's
     transformer, diffusers' WanTransformer3DModel module for module, so its published weights load by

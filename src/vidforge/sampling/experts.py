@@ -1,13 +1,16 @@
 """Sampling a two-expert model (`vidforge.models.experts.Experts`, Wan2.2 A14B) as diffusers' WanPipeline
 does: at each step the expert of the step's time runs (the high-noise one while the timestep is >=
 model.boundary_ratio x 1000), under its own guidance scale (`diffusion.guidance`, and
-`diffusion.guidance_2` for the low-noise expert, `guidance` when unset)."""
+`diffusion.guidance_2` for the low-noise expert, `guidance` when unset). An image-to-video pair (Wan2.2
+I2V-A14B) reads its image's condition latents through `forward`, at every step of either expert, as
+WanImageToVideoPipeline with `transformer_2` does."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
 
 from vidforge.diffusion import classifier_free_guidance, sample
 from vidforge.families.wan_experts import runs_high
@@ -25,16 +28,22 @@ def sample_latents_experts(
     seeds: Sequence[int],
     latent_shape: Sequence[int],
     negative: tuple[torch.Tensor, torch.Tensor] | None = None,
+    forward: Callable[[nn.Module], Callable[..., torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """`vidforge.sampling.latents.sample_latents` (one process) with the expert, and its guidance scale,
-    switched by the time of each step."""
+    switched by the time of each step. `forward(expert)`: the forward that runs an expert (its image's
+    conditioning, `vidforge.infer.image_condition.ImageCondition.forward`); None runs it as it is."""
     param = next(model.parameters())
     text, text_mask = text.to(param.device), text_mask.to(param.device)
     d = profile.diffusion
     scales = (d.guidance, d.guidance if d.guidance_2 is None else d.guidance_2)
     high, low = (
         classifier_free_guidance(batched_denoiser(net, profile, text, text_mask, negative, param.dtype), s)
-        for net, s in zip((model.high, model.low), scales, strict=True)
+        for net, s in zip(
+            (model.high, model.low) if forward is None else (forward(model.high), forward(model.low)),
+            scales,
+            strict=True,
+        )
     )
 
     def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ TI2V), as diffusers' `WanImageToVideoPipeline(expand_timesteps=True)` does: the 
 encodes a one-frame video: its causal encoder makes the first latent frame from the first pixel frame
 alone, so this is also the first latent frame of any clip starting with that image) stands in for the
 first latent frame of every network input, whose tokens get noise level 0 while the rest get the step's
-level; the sampler integrates the whole latent and the condition replaces its first frame at the end.
+level; the sampler integrates the whole latent and the image's latent replaces its first frame at the end.
 The samplers work elementwise, so the first frame the sampler carries never reaches the other frames."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import torch
 from vidforge.tokens import token_grid
 
 
-def condition_network(
-    network_fn: Callable[..., torch.Tensor], condition: torch.Tensor, patch: tuple[int, int, int]
+def first_frame_network(
+    network_fn: Callable[..., torch.Tensor], first_frame: torch.Tensor, patch: tuple[int, int, int]
 ) -> Callable[..., torch.Tensor]:
     """`network_fn(x, noise_level, text, text_mask, drop_text=...)` over latents (rows, C, T, H, W) with the
-    first latent frame replaced by `condition` (B, C, 1, H, W) (row i takes image i % B, as the guidance
+    first latent frame replaced by `first_frame` (B, C, 1, H, W) (row i takes image i % B, as the guidance
     rows do) and a per-token noise level: 0 on that frame's tokens, the row's level on the others."""
 
     def forward(x: torch.Tensor, noise_level: torch.Tensor, text, text_mask, drop_text=None) -> torch.Tensor:
         rows = x.shape[0]
-        first = condition.to(x.device, x.dtype).repeat(rows // condition.shape[0], 1, 1, 1, 1)
+        first = first_frame.to(x.device, x.dtype).repeat(rows // first_frame.shape[0], 1, 1, 1, 1)
         x = torch.cat([first, x[:, :, 1:]], dim=2)
         t, h, w = token_grid(x.shape[2:], patch)
         levels = noise_level[:, None].expand(rows, t * h * w)
@@ -35,7 +35,7 @@ def condition_network(
     return forward
 
 
-def with_condition(latents: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
-    """`latents` (B, C, T, H, W) with their first frame replaced by `condition` (B or 1, C, 1, H, W)."""
-    first = condition.to(latents.device, latents.dtype).expand(latents.shape[0], -1, -1, -1, -1)
+def with_first_frame(latents: torch.Tensor, first_frame: torch.Tensor) -> torch.Tensor:
+    """`latents` (B, C, T, H, W) with their first frame replaced by `first_frame` (B or 1, C, 1, H, W)."""
+    first = first_frame.to(latents.device, latents.dtype).expand(latents.shape[0], -1, -1, -1, -1)
     return torch.cat([first, latents[:, :, 1:]], dim=2)

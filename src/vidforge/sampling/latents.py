@@ -19,7 +19,7 @@ from vidforge.parallel.context_parallel import (
     shard_of,
 )
 from vidforge.profile import RunProfile
-from vidforge.sampling.first_frame import condition_network, with_condition
+from vidforge.sampling.first_frame import first_frame_network, with_first_frame
 from vidforge.sampling.step_cache import StepCache, installed
 from vidforge.tokens import patchify, token_grid, unpatchify
 
@@ -45,7 +45,7 @@ def sample_latents(
     cfg_group=None,
     forward: Callable[..., torch.Tensor] | None = None,
     cache: StepCache | None = None,
-    condition: torch.Tensor | None = None,
+    first_frame: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Latents (B, C, T, H, W) for captions `text` (B, L, D) with `text_mask` (B, L). The unconditional
     guidance branch uses the learned null caption, or `negative` (1, L, D) embeddings and mask if given.
@@ -54,18 +54,18 @@ def sample_latents(
     `forward(x, noise_level, text, text_mask, drop_text=...)` replaces `model(...)` as the network, e.g.
     a sequence-parallel forward over the same model (`vidforge.parallel.scalefusion`). `cache`: step
     caching over `model`'s block stack (one process; it counts the calls it saw and skipped).
-    `condition`: image latents (B, C, 1, H, W) the videos start from (`vidforge.sampling.first_frame`)."""
+    `first_frame`: image latents (B, C, 1, H, W) the videos start from (`vidforge.sampling.first_frame`)."""
     param = next(model.parameters())
     network = model if forward is None else forward
-    if condition is not None:
-        network = condition_network(network, condition.to(param.device), tuple(model.config.patch))
+    if first_frame is not None:
+        network = first_frame_network(network, first_frame.to(param.device), tuple(model.config.patch))
     text, text_mask = text.to(param.device), text_mask.to(param.device)
     denoiser = guided_denoiser(network, profile, text, text_mask, negative, cfg_group, param.dtype)
     noise = initial_noise(seeds, latent_shape).to(param.device)
     generator = torch.Generator(device=param.device).manual_seed(int(seeds[0]))  # churn noise, if any
     with installed(model, cache):
         latents = sample(denoiser, noise, profile.diffusion, generator=generator)
-    return latents if condition is None else with_condition(latents, condition)
+    return latents if first_frame is None else with_first_frame(latents, first_frame)
 
 
 def guided_denoiser(

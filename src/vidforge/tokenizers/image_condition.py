@@ -7,8 +7,9 @@
   reads these `model.condition_channels` channels after the noisy latents' (36 = 16 + 4 + 16);
 - the image embedding (`ImageEncoder`, its `encode_image`): the penultimate hidden states of a CLIP
   vision tower (`image_encoder/`) on the image as its `CLIPImageProcessor` (`image_processor/`) prepares it;
-- the image itself (`preprocess_image`): resized and centre-cropped to the video's size and scaled to
-  [-1, 1] by diffusers' own `VideoProcessor`, the pipeline's.
+- the image itself (`load_image`, `preprocess_image`): read as RGB, resized to the video's size (Lanczos,
+  no crop) and scaled to [-1, 1] by diffusers' own `VideoProcessor`, as WanImageToVideoPipeline does with
+  and without expand_timesteps: the one reader of `vidforge infer --image` for every image-to-video model.
 
 `tokenize` keeps a clip's condition latents and first-frame embedding beside its latents; training and
 `vidforge infer --image` read them through these functions, so both condition as the pipeline does."""

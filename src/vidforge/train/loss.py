@@ -47,7 +47,9 @@ class MicroInputs:
     layout: SequenceLayout | None = None
     shard: TokenShard | None = None
     error_scale: torch.Tensor | None = None  # the objective's, broadcast like the level; None: 1
-    condition: torch.Tensor | None = None  # (rows, S) bool: tokens of a condition frame, outside the loss
+    clean_first_frame: torch.Tensor | None = (
+        None  # (rows, S) bool: clean first-frame tokens, outside the loss
+    )
 
 
 @dataclass
@@ -145,15 +147,15 @@ class DenoisingLoss:
             level_b, where = rows.per_sample(level), rows.where
         # the coefficients in the latents' precision, at least float32
         level_b = level_b.to(torch.promote_types(clean.dtype, torch.float32))
-        condition, network_level = None, self.objective.network_level(level)
+        clean_first_frame, network_level = None, self.objective.network_level(level)
         if conditioned is not None:
             if shard is not None:
                 raise UserInputError(
                     "diffusion.image_condition: first-frame conditioning runs without context parallel; "
                     "set parallel.cp=1 or diffusion.image_condition=0"
                 )
-            condition = first_frame_tokens(rows, conditioned)
-            level_b = torch.where(condition[..., None], torch.zeros_like(level_b), level_b)
+            clean_first_frame = first_frame_tokens(rows, conditioned)
+            level_b = torch.where(clean_first_frame[..., None], torch.zeros_like(level_b), level_b)
             network_level = self.objective.network_level(level_b[..., 0])
         noisy = self.objective.corrupt(clean, noise, level_b)
         return MicroInputs(
@@ -172,7 +174,7 @@ class DenoisingLoss:
             layout=layout,
             shard=shard,
             error_scale=self.objective.error_scale(level_b),
-            condition=condition,
+            clean_first_frame=clean_first_frame,
         )
 
     def image_inputs(
@@ -229,7 +231,7 @@ class DenoisingLoss:
         if inputs.error_scale is not None:
             error = error * inputs.error_scale.to(dtype)
         squared = error.square()
-        if inputs.condition is not None:  # condition frames: no loss, each sample's mean over the rest
+        if inputs.clean_first_frame is not None:  # no loss there: each sample's mean over the rest
             return self._reduce_conditioned(squared, inputs)
         per_token = squared.detach().mean(dim=-1)  # (rows, S)
         n = inputs.level.shape[0]
@@ -258,9 +260,9 @@ class DenoisingLoss:
         return MicroLoss(squared.mean(), inputs.level.detach(), per_sample, inputs.tokens)
 
     def _reduce_conditioned(self, squared: torch.Tensor, inputs: MicroInputs) -> MicroLoss:
-        """`reduce` with condition tokens left out: the loss is the mean over the denoised tokens'
-        elements, each sample's over its own (a plain batch or a packed row)."""
-        keep = ~inputs.condition
+        """`reduce` with the clean first-frame tokens left out: the loss is the mean over the denoised
+        tokens' elements, each sample's over its own (a plain batch or a packed row)."""
+        keep = ~inputs.clean_first_frame
         squared = torch.where(
             keep[..., None], squared, torch.zeros((), dtype=squared.dtype, device=squared.device)
         )
