@@ -108,7 +108,7 @@ def forward_flops(
     images = _per_sample(image_tokens(cfg) if image_lens is None else image_lens, n, "image_lens")
     if any(images) and not cfg.image_dim:
         raise ValueError(
-            f"image_lens: model.image_dim is 0, so the model reads no image tokens; got {images}"
+            f"image_lens: this model has no image embedding (image_dim 0) to read image tokens with; got {images}"
         )
     d, m, p, r = cfg.hidden, cfg.mlp_hidden, cfg.patch_dim, cfg.adaln_lora_rank
     seqlens = [t * h * w for t, h, w in grids]
