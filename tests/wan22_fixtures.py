@@ -8,51 +8,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from wan_fixtures import FLOW_SHIFT, VOCAB, tiny_tokenizer
+from wan_fixtures import text_parts, tiny_transformer, tiny_vae
 
 BOUNDARY = 0.875  # Wan2.2-T2V-A14B's: with FLOW_SHIFT 3 and 4 UniPC steps, t = 1, 0.9 | 0.75, 0.5
 
 
-def tiny_transformer(seed: int):
-    """One expert: the shape of `wan_fixtures`' tiny Wan2.1 transformer, its own random weights."""
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(seed)
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
-        text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
-    )  # fmt: skip
-
-
 def save_tiny_wan22_pipeline(root: Path, boundary: float = BOUNDARY) -> Path:
     """Write the two-expert pipeline folder at `root` (4 latent channels, text width 16, 2 layers an
-    expert) and return it."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
-    from transformers import UMT5Config, UMT5EncoderModel
+    expert, each with its own random weights) and return it."""
+    from diffusers import WanPipeline
 
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(
-        base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
-        latents_mean=[0.1, 0.2, -0.1, 0.0], latents_std=[1.5, 2.0, 0.5, 1.0],
-    )  # fmt: skip
-    config = UMT5Config(
-        vocab_size=len(VOCAB), d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
-        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-    )  # fmt: skip
-    scheduler = UniPCMultistepScheduler(
-        prediction_type="flow_prediction",
-        use_flow_sigmas=True,
-        flow_shift=FLOW_SHIFT,
-        num_train_timesteps=1000,
-    )
+    vae, text = tiny_vae(), text_parts()
+    experts = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        experts.append(tiny_transformer())
     pipe = WanPipeline(
-        tokenizer=tiny_tokenizer(),
-        text_encoder=UMT5EncoderModel(config).eval(),
-        vae=vae,
-        scheduler=scheduler,
-        transformer=tiny_transformer(1),
-        transformer_2=tiny_transformer(2),
-        boundary_ratio=boundary,
+        vae=vae, transformer=experts[0], transformer_2=experts[1], boundary_ratio=boundary, **text
     )
     pipe.save_pretrained(root)
     return root

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from wan_fixtures import VOCAB, tiny_tokenizer
+from wan_fixtures import text_parts, tiny_transformer
 
 CHANNELS = 8  # the tiny VAE's z_dim and the transformer's in/out channels
 FLOW_SHIFT = 5.0  # the Wan2.2-TI2V-5B-Diffusers scheduler's
@@ -31,32 +31,11 @@ def tiny_wan22_vae():
 
 def save_tiny_ti2v_pipeline(root: Path) -> Path:
     """Write the pipeline folder at `root` (8 latent channels, text width 16, 2 layers) and return it."""
-    from diffusers import UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import WanPipeline
 
     torch.manual_seed(0)
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=CHANNELS,
-        out_channels=CHANNELS, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        rope_max_seq_len=32,
-    )  # fmt: skip
-    config = UMT5Config(
-        vocab_size=len(VOCAB), d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
-        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-    )  # fmt: skip
-    scheduler = UniPCMultistepScheduler(
-        prediction_type="flow_prediction",
-        use_flow_sigmas=True,
-        flow_shift=FLOW_SHIFT,
-        num_train_timesteps=1000,
-    )
-    pipe = WanPipeline(
-        tokenizer=tiny_tokenizer(),
-        text_encoder=UMT5EncoderModel(config).eval(),
-        vae=tiny_wan22_vae(),
-        scheduler=scheduler,
-        transformer=transformer,
-        expand_timesteps=True,
-    )
+    transformer = tiny_transformer(in_channels=CHANNELS, out_channels=CHANNELS)
+    text = text_parts(FLOW_SHIFT)
+    pipe = WanPipeline(transformer=transformer, vae=tiny_wan22_vae(), expand_timesteps=True, **text)
     pipe.save_pretrained(root)
     return root
