@@ -80,6 +80,21 @@ def test_fit_from_the_cli_prints_the_command_to_paste() -> None:
     assert data["recipes"] and data["recipes"][0]["memory_gib"] <= data["recipes"][0]["capacity_gib"]
 
 
+def test_model_plans_the_preset_itself_under_any_profile() -> None:
+    # --help's own example, without --profile: the default profile's tiny model section (hidden 192,
+    # patch 1x1x1) must not override the preset's fields, nor its pixel tokenizer the clip's size.
+    from vidforge.cli.bench import _machine_sets
+
+    argv = ["--json", "bench", "plan", "--fit", "--model", "wan2.1-14b", "--clip", "81x480x832"]
+    argv += ["--gpus", "1", "--accelerator", "rtx4090", "--set", "train.lora={rank: 16}"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output.strip().splitlines()[-1])
+    assert data["recipes"] and data["clip"] == "81x480x832"
+    sets = _machine_sets("wan2.1-14b", "81x480x832", 1, "rtx4090")
+    assert load_profile(None, sets).model == load_profile("dit1b_1xh200", sets).model
+
+
 def test_rank_has_a_batch_column_no_duplicate_rows_and_rejections_in_words() -> None:
     profile = load_profile("dit1b_1xh200", [*WAN13, "cluster.accelerator=h100"])
     report = rank_layouts(profile, 8)

@@ -420,13 +420,14 @@ def _machine_sets(
                 raise UserInputError(
                     f"--model {model}: a vidforge export; plan its profile with --profile EXPORT/profile.yaml"
                 )
-            sets += published_sets(found.published)
+            # the folder's model replaces the profile's model section (whose fields would otherwise win)
+            sets += ["model={}", *published_sets(found.published)]
             sets += expert_sets(found.published.model)
         else:
             from vidforge.families import family
             from vidforge.profile import PRESETS
 
-            sets += [f"model.preset={model}"]
+            sets += [f"model={{preset: {model}}}"]  # the preset's model, not the profile's fields over it
             if model in PRESETS:  # the family's objective, and the fields it fixes
                 spec = family(PRESETS[model]["family"])
                 sets += [
@@ -439,7 +440,10 @@ def _machine_sets(
         if len(parts) != 3 or not all(p.isdigit() for p in parts):
             raise UserInputError(f"--clip {clip}: give FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832")
         frames, height, width = map(int, parts)
+        # Wan's VAE (4x temporal, 8x spatial), stated as the tokenizer's so the plan's clip is the one asked
         sets += [
+            "tokenizer.temporal_compression=4",
+            "tokenizer.spatial_compression=8",
             f"bench.latent_frames={(frames - 1) // 4 + 1}",
             f"bench.latent_height={height // 8}",
             f"bench.latent_width={width // 8}",
