@@ -48,18 +48,25 @@ def _states_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(t, theirs[n]) for n, t in a.state_dict().items())
 
 
-def test_both_experts_train_in_one_curriculum_each_from_its_own_weights_and_sample_together(tmp_path) -> None:
-    from vidforge.infer.weights import find_weights, load_network
-    from vidforge.models.experts import load_export
-    from vidforge.models.lora import load_adapter
+@pytest.fixture(scope="module")
+def download(tmp_path_factory):
+    """The tiny two-expert folder, its experts as published, and latents to train on."""
     from vidforge.models.wan_weights import load_diffusers_wan
 
-    pipeline = save_tiny_wan22_pipeline(tmp_path / "Wan2.2-T2V-A14B-tiny-Diffusers")
+    root = tmp_path_factory.mktemp("a14b")
+    pipeline = save_tiny_wan22_pipeline(root / "Wan2.2-T2V-A14B-tiny-Diffusers")
     latents = make_latent_shards(
-        tmp_path / "latents", shards=1, per_shard=2, channels=4, shapes=((2, 4, 4),), text_shape=(8, 16)
+        root / "latents", shards=1, per_shard=2, channels=4, shapes=((2, 4, 4),), text_shape=(8, 16)
     )
     published = {e: load_diffusers_wan(pipeline / f).eval() for e, f in (("high", "transformer"), ("low", "transformer_2"))}  # fmt: skip
+    return pipeline, latents, published
 
+
+def test_each_stage_starts_from_its_own_expert_and_infer_samples_both_trained(download, tmp_path) -> None:
+    from vidforge.infer.weights import find_weights, load_network
+    from vidforge.models.experts import load_export
+
+    pipeline, latents, published = download
     run = tmp_path / "full"
     _invoke("train", "--data", str(latents), "--init", str(pipeline), "--run-dir", str(run), *_sets(SIZES))
     stages = {
@@ -76,7 +83,14 @@ def test_both_experts_train_in_one_curriculum_each_from_its_own_weights_and_samp
     _invoke("infer", "-c", str(run), "--prompt", "a red square", "-o", str(tmp_path / "out"), *_sets(SMALL))
     assert json.loads((tmp_path / "out" / "samples.jsonl").read_text())["frames"] == 5
 
-    # LoRA per expert: infer -c DOWNLOAD --lora RUN puts each stage's adapter on its expert
+
+def test_a_lora_curriculum_puts_each_stage_adapter_on_its_own_expert(download, tmp_path) -> None:
+    """What `infer -c DOWNLOAD --lora RUN` loads (`load_network`) against each stage's adapter on its
+    published expert, loaded by hand."""
+    from vidforge.infer.weights import find_weights, load_network
+    from vidforge.models.lora import load_adapter
+
+    pipeline, latents, published = download
     lora = tmp_path / "lora"
     _invoke("train", "--data", str(latents), "--init", str(pipeline), "--run-dir", str(lora), *_sets(SIZES),
             "--set", "train.lora.rank=4", "--set", "train.lora.alpha=4", "--set", "train.lr=1e-2")  # fmt: skip
@@ -93,5 +107,3 @@ def test_both_experts_train_in_one_curriculum_each_from_its_own_weights_and_samp
             ours = getattr(both, expert)(x, t, text)
         assert (by_hand - base).abs().max() > 1e-4, expert  # the adapter trained
         torch.testing.assert_close(ours, by_hand, rtol=1e-5, atol=1e-5)
-    _invoke("infer", "-c", str(pipeline), "--lora", str(lora), "--prompt", "a red square", "-o",
-            str(tmp_path / "lora_out"), *_sets(SMALL))  # fmt: skip
