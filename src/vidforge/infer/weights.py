@@ -112,6 +112,11 @@ def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
     expert, base = trained_expert(export)
     pair = paired_export(export)
     if pair is not None:
+        if not (pair / CONFIG).is_file():
+            raise UserInputError(
+                f"{export}: the other expert's export its curriculum recorded, {pair}, is not there; keep "
+                "the run directory whole (RUN/stages/*)"
+            )
         other = load_export(pair, device=device)
         held = trained_expert(pair)
         if held is None or held[0] == expert:
