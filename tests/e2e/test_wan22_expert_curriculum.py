@@ -1,7 +1,8 @@
 """README's "Both Wan2.2 A14B experts in one curriculum" on a tiny random two-expert download
 (`wan22_fixtures`): `stages` of train.expert=high then low, each stage starting from its own expert's
 weights in the download (not from the stage before, the other expert), and the run sampling with both
-trained experts: `infer -c RUN` for a full fine-tune, `infer -c DOWNLOAD --lora RUN` for LoRA."""
+trained experts: `infer -c RUN` for a full fine-tune (after a --resume too), `infer -c DOWNLOAD --lora RUN`
+for LoRA."""
 
 from __future__ import annotations
 
@@ -82,6 +83,15 @@ def test_each_stage_starts_from_its_own_expert_and_infer_samples_both_trained(do
     assert not _states_equal(pair.high, published["high"]) and not _states_equal(pair.low, published["low"])
     _invoke("infer", "-c", str(run), "--prompt", "a red square", "-o", str(tmp_path / "out"), *_sets(SMALL))
     assert json.loads((tmp_path / "out" / "samples.jsonl").read_text())["frames"] == 5
+    # --resume with the low stage given a step more: the high stage passes, the low one trains on from
+    # its checkpoint and still names the high stage's export
+    longer = [s.replace("steps: 1, expert: low", "steps: 2, expert: low") for s in SIZES]
+    _invoke("train", "--data", str(latents), "--init", str(pipeline), "--run-dir", str(run), "--resume",
+            *_sets(longer))  # fmt: skip
+    low = load_export(run / "stages" / "02-low" / "export").eval()
+    assert not _states_equal(low, stages["low"])
+    pair = load_network(find_weights(run), "cpu")
+    assert _states_equal(pair.high, stages["high"]) and _states_equal(pair.low, low)
 
 
 def test_a_lora_curriculum_puts_each_stage_adapter_on_its_own_expert(download, tmp_path) -> None:
