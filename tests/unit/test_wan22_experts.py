@@ -45,6 +45,10 @@ def test_expert_settings_that_mean_nothing_are_refused_in_one_line() -> None:
             {"model": {"preset": "wan2.2-t2v-a14b"}, "train": {"expert": "low", "validate_every": 5}},
             "train.validate_every: the low-noise expert alone",
         ),
+        (
+            {"model": {"preset": "wan2.1-14b"}, "stages": [{"name": "a", "steps": 1, "expert": "low"}]},
+            "stages: in stage 'a', train.expert: low names",
+        ),
     ):
         with pytest.raises(ProfileError, match=f"^profile: {says}") as err:
             validate_profile(data)

@@ -13,7 +13,7 @@ from torch import nn
 from vidforge.errors import UserInputError
 from vidforge.models import weights_folder
 from vidforge.models.checkpoint import CONFIG
-from vidforge.models.experts import Experts, load_export, trained_expert
+from vidforge.models.experts import Experts, load_export, paired_export, trained_expert
 from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
@@ -98,14 +98,31 @@ def load_network(
         if isinstance(model, Experts):  # the adapter goes on the expert its run trained
             expert = adapter_expert(lora)
             load_adapter(getattr(model, expert), lora, lora_scale)
+            pair = _adapter_pair(lora, expert)
+            if pair is not None:  # a curriculum's adapter of the other expert: on that one
+                load_adapter(getattr(model, adapter_expert(pair)), pair, lora_scale)
         else:
             model = load_adapter(model, lora, lora_scale)
     return model.eval()
 
 
 def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
-    """A one-expert run's expert with the other expert of the weights it started from (its `--init`)."""
+    """A one-expert run's expert with the other expert: the one its curriculum trained
+    (`vidforge.models.experts.record_pair`), else that of the weights it started from (its `--init`)."""
     expert, base = trained_expert(export)
+    pair = paired_export(export)
+    if pair is not None:
+        if not (pair / CONFIG).is_file():
+            raise UserInputError(
+                f"{export}: the other expert's export its curriculum recorded, {pair}, is not there; keep "
+                "the run directory whole (RUN/stages/*)"
+            )
+        other = load_export(pair, device=device)
+        held = trained_expert(pair)
+        if held is None or held[0] == expert:
+            raise UserInputError(f"{export}: its paired export {pair} is not the other expert's; train again")
+        high, low = (trained, other) if expert == "high" else (other, trained)
+        return Experts(high, low, trained.config.boundary_ratio)
     found = weights_folder.find_weights(base) if base is not None and Path(base).is_dir() else None
     if found is None:
         raise UserInputError(
@@ -117,6 +134,18 @@ def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
         raise UserInputError(f"{export}: its --init {base} holds one network, not two experts")
     high, low = (trained, both.low) if expert == "high" else (both.high, trained)
     return Experts(high, low, trained.config.boundary_ratio)
+
+
+def _adapter_pair(lora: str | Path, expert: str) -> Path | None:
+    """The other expert's adapter a curriculum recorded beside the LoRA adapter at `lora`; None if none."""
+    from vidforge.models.lora import read_adapter
+
+    pair = paired_export(read_adapter(lora)["folder"])
+    if pair is not None and adapter_expert(pair) == expert:
+        raise UserInputError(
+            f"--lora {lora}: its paired adapter {pair} is not the other expert's; train again"
+        )
+    return pair
 
 
 def adapter_expert(lora: str | Path) -> str:

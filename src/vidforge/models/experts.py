@@ -70,6 +70,23 @@ def record_expert(export: Path, expert: str, base: str | None) -> None:
     os.replace(tmp, path)
 
 
+def record_pair(export: Path, other: Path) -> None:
+    """Say in a one-expert export (a model's or a LoRA adapter's config.json) where the other expert's
+    trained export is (a curriculum training both experts, `vidforge.train.curriculum`): infer samples
+    the two together rather than this one beside its --init. Kept relative, so the run can move."""
+    path = export / CONFIG
+    config = json.loads(path.read_text()) | {"pair": os.path.relpath(other, export)}
+    tmp = export / f".{CONFIG}.tmp"
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def paired_export(export: Path) -> Path | None:
+    """The other expert's trained export `record_pair` recorded in `export`; None where none was."""
+    pair = json.loads((Path(export) / CONFIG).read_text()).get("pair")
+    return (Path(export).resolve() / pair).resolve() if pair is not None else None  # past RUN/export's link
+
+
 def trained_expert(export: Path) -> tuple[str, str | None] | None:
     """(the expert, the base holding the other) of a one-expert run's export; None for any other."""
     config = json.loads((Path(export) / CONFIG).read_text())

@@ -30,8 +30,8 @@ def apply_stage(profile: RunProfile, stage: Stage) -> RunProfile:
 
 
 def stage_problems(profile: RunProfile) -> list[str]:
-    """What is wrong with each stage's resulting profile (section checks and the layout rulebook), as
-    `stages: in stage 'NAME', field: message`."""
+    """What is wrong with each stage's resulting profile (section checks, the layout rulebook and the
+    expert checks), as `stages: in stage 'NAME', field: message`."""
     problems: list[str] = []
     names = [stage.name for stage in profile.stages]
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -39,7 +39,8 @@ def stage_problems(profile: RunProfile) -> list[str]:
         problems.append(f"stages: each stage needs its own name; {', '.join(repeated)} repeats")
     for stage in profile.stages:
         try:
-            found = layout_problems(apply_stage(profile, stage))
+            staged = apply_stage(profile, stage)
+            found = layout_problems(staged) + expert_problems(staged)  # a stage may name an expert
         except ValidationError as err:  # raised by the section the stage's values went into
             found = [_describe(err.title.lower(), e) for e in err.errors(include_url=False)]
         problems += [f"stages: in stage {stage.name!r}, {p}" for p in found]

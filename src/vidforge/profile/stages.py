@@ -1,12 +1,13 @@
 """`stages`: a curriculum, run in order by `vidforge train` (vidforge.train.curriculum), each stage
-starting from the previous one's EMA weights. A stage overrides a few fields of the profile (its data,
-buckets, lengths, steps, learning rate, batch); everything else (model, layout, objective) is the profile's.
+starting from the previous one's EMA weights (of a two-expert model, its own expert's latest stage). A
+stage overrides a few fields of the profile (its data, buckets, lengths, steps, learning rate, batch, the
+expert it trains); everything else (model, layout, objective) is the profile's.
 Each stage's resulting profile must pass the whole validation, layout rulebook included
 (`checks.stage_problems`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -25,6 +26,7 @@ OVERRIDES = {
     "warmup_steps": ("train", "warmup_steps"),
     "micro_batch": ("train", "micro_batch"),
     "grad_accum": ("train", "grad_accum"),
+    "expert": ("train", "expert"),
 }
 
 
@@ -54,6 +56,10 @@ class Stage(Section):
     """Tokens per packed micro-batch (data.token_budget): grows with the resolution."""
     batch_size: int | None = Field(None, ge=1)
     """Samples per micro-batch in the bucketed mode (data.batch_size)."""
+    expert: Literal["high", "low"] | None = None
+    """Of a two-expert model (Wan2.2 A14B), the expert this stage trains (train.expert). A stage training
+    another expert than the stage before starts from that expert's latest stage, else from its weights in
+    --init, not from the other expert's (`vidforge.train.curriculum`)."""
 
     def overrides(self) -> dict[str, dict[str, Any]]:
         """The profile fields this stage sets, by section."""

@@ -10,6 +10,11 @@ Layout of a curriculum's run directory:
     RUN/stages/01-NAME/STAGE_COMPLETE written once the stage has exported: --resume passes over it
                                       (unless the stage's steps have changed since: then it trains on)
     RUN/export -> stages/NN-LAST/export   the last stage's export, for `vidforge infer -c RUN`
+A two-expert model (Wan2.2 A14B) trains one expert a stage (each stage's `expert`, train.expert): a stage
+starts from its own expert's latest stage, or from --init's weights of that expert when it is the first
+to train it, never from the other expert's. Each stage's export records the other expert's latest stage
+export (`vidforge.models.experts.record_pair`), so the last stage's export samples with both trained
+experts (`infer -c RUN`, or `infer -c DOWNLOAD --lora RUN` for LoRA).
 `--resume` skips the complete stages and resumes the first incomplete one from its latest checkpoint (or
 starts it from the previous stage when it had saved none)."""
 
@@ -25,6 +30,7 @@ from typing import Any
 import torch.distributed as dist
 
 from vidforge.data.manifest import atomic_path
+from vidforge.models.experts import record_pair
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.checks import apply_stage
 from vidforge.profile.stages import Stage
@@ -76,18 +82,22 @@ def run(
     summaries: list[dict[str, Any]] = []
     before = 0  # steps of the stages before this one
     previous: Path | None = None
+    latest: dict[str | None, Path] = {}  # each expert's latest stage (None: a one-expert model's)
     for index, stage in enumerate(profile.stages):
         folder = stage_dir(run_dir, index, stage)
+        staged = apply_stage(profile, stage)
+        expert = staged.train.expert
         entry: dict[str, Any] = {"stage": stage.name, "run_dir": str(folder)}
         done = _done(folder)
         if resume and done.get("steps") == stage.steps:  # a stage given more steps since trains on
             summaries.append({**entry, **done["summary"], "skipped": True})
         else:
-            # Stage 1 starts where --init says; each later one from the stage before it: its latest
-            # checkpoint's EMA weights (the raw ones when that stage kept no EMA).
-            start = init if previous is None else WeightsInit(previous)
+            # Stage 1 starts where --init says; each later one from the latest stage of its expert (the
+            # stage before it, with one expert): its latest checkpoint's EMA weights (the raw ones when
+            # that stage kept no EMA). An expert's first stage starts from its weights in --init.
+            start = WeightsInit(latest[expert]) if expert in latest else init
             summary = loop.run(
-                apply_stage(profile, stage),
+                staged,
                 data,
                 folder,
                 resume=resume,
@@ -100,11 +110,14 @@ def run(
                 fine_tune=init is not None or profile.train.lora is not None,
             )
             summaries.append({**entry, **asdict(summary), "skipped": False})
+            other = next((f for e, f in latest.items() if e not in (expert, None)), None)
+            if main and other is not None and summary.export_dir and (other / "export").is_dir():
+                record_pair(Path(summary.export_dir), other / "export")
             if main:
                 with atomic_path(folder / DONE) as tmp:
                     tmp.write_text(json.dumps({"steps": stage.steps, "summary": asdict(summary)}))
         before += stage.steps
-        previous = folder
+        previous = latest[expert] = folder
     export = _link_export(run_dir, previous) if main else None
     return CurriculumSummary(str(run_dir), summaries, str(export) if export else None)
 
