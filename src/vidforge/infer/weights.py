@@ -12,7 +12,7 @@ from torch import nn
 
 from vidforge.errors import UserInputError
 from vidforge.models import weights_folder
-from vidforge.models.checkpoint import CONFIG
+from vidforge.models.checkpoint import CONFIG, config_notes
 from vidforge.models.experts import Experts, load_export, paired_export, trained_expert
 from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
@@ -45,7 +45,7 @@ def find_export(checkpoint: str | Path) -> Path | None:
 def exported_step(export: Path) -> int | None:
     """The training step an export's weights are from (`vidforge.train.export.record_step` writes it);
     None for an export written before steps were recorded."""
-    return json.loads((export / CONFIG).read_text()).get("step")
+    return config_notes(export).get("step")
 
 
 def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:

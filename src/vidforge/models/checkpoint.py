@@ -41,8 +41,23 @@ def save_model(model: VideoTransformer, directory: str | os.PathLike) -> Path:
 
 def write_config(directory: Path, config: Model) -> Path:
     """`config.json` of an export (written after its weights, under a temporary name and renamed)."""
+    return _write_json(directory, {"format": FORMAT, "model": config.model_dump(mode="json")})
+
+
+def config_notes(directory: str | os.PathLike) -> dict:
+    """Everything an export's (or a LoRA adapter's) config.json holds, the notes beside `model` included."""
+    return json.loads((Path(directory) / CONFIG).read_text())
+
+
+def add_config_notes(directory: str | os.PathLike, **notes) -> None:
+    """Add keys beside `model` to an export's (or adapter's) config.json: the training step, the expert a
+    run trained and its pair (`read_config` ignores them)."""
+    _write_json(Path(directory), config_notes(directory) | notes)
+
+
+def _write_json(directory: Path, config: dict) -> Path:
     tmp = directory / f".{CONFIG}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, "model": config.model_dump(mode="json")}, indent=2) + "\n")
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(tmp, directory / CONFIG)
     return directory / CONFIG
 

@@ -5,7 +5,6 @@ the low-noise one in its `low_noise/` (`vidforge model import` writes both)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from torch import nn
 
 from vidforge.errors import UserInputError
 from vidforge.families.wan_experts import runs_high
-from vidforge.models.checkpoint import CONFIG, WEIGHTS, load_model, read_config
+from vidforge.models.checkpoint import WEIGHTS, add_config_notes, config_notes, load_model, read_config
 
 LOW = "low_noise"
 """The low-noise expert's export, inside the high-noise expert's."""
@@ -62,34 +61,25 @@ def expert_export(export: Path, expert: str | None) -> Path:
 def record_expert(export: Path, expert: str, base: str | None) -> None:
     """Say in a one-expert run's export (config.json, beside `model`) which expert it holds and the
     two-expert weights (`--init`) its other expert is in."""
-    path = export / CONFIG
-    config = json.loads(path.read_text())
-    config |= {"expert": expert, "base": base}
-    tmp = export / f".{CONFIG}.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, path)
+    add_config_notes(export, expert=expert, base=base)
 
 
 def record_pair(export: Path, other: Path) -> None:
     """Say in a one-expert export (a model's or a LoRA adapter's config.json) where the other expert's
     trained export is (a curriculum training both experts, `vidforge.train.curriculum`): infer samples
     the two together rather than this one beside its --init. Kept relative, so the run can move."""
-    path = export / CONFIG
-    config = json.loads(path.read_text()) | {"pair": os.path.relpath(other, export)}
-    tmp = export / f".{CONFIG}.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, path)
+    add_config_notes(export, pair=os.path.relpath(other, export))
 
 
 def paired_export(export: Path) -> Path | None:
     """The other expert's trained export `record_pair` recorded in `export`; None where none was."""
-    pair = json.loads((Path(export) / CONFIG).read_text()).get("pair")
+    pair = config_notes(export).get("pair")
     return (Path(export).resolve() / pair).resolve() if pair is not None else None  # past RUN/export's link
 
 
 def trained_expert(export: Path) -> tuple[str, str | None] | None:
     """(the expert, the base holding the other) of a one-expert run's export; None for any other."""
-    config = json.loads((Path(export) / CONFIG).read_text())
+    config = config_notes(export)
     return (config["expert"], config.get("base")) if "expert" in config else None
 
 

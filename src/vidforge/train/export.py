@@ -7,8 +7,6 @@ group), then the pipeline group exchanges them (`all_gather_object`) and rank 0 
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from vidforge.models import build_model, save_model
-from vidforge.models.checkpoint import CONFIG
+from vidforge.models.checkpoint import add_config_notes
 from vidforge.models.experts import record_expert
 from vidforge.models.lora import save_adapter
 from vidforge.profile import RunProfile, dump_profile
@@ -103,9 +101,4 @@ def export_weights(
 
 def record_step(export: Path, step: int) -> None:
     """Add the training step to the export's config.json (read_config ignores keys beside `model`)."""
-    path = export / CONFIG
-    config = json.loads(path.read_text())
-    config["step"] = step
-    tmp = export / f".{CONFIG}.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, path)
+    add_config_notes(export, step=step)
