@@ -32,12 +32,17 @@ class ImageCondition:
     def forward(self, model: nn.Module) -> Callable[..., torch.Tensor]:
         """`model`'s forward with this image's conditioning repeated for every row of the batch."""
 
+        moved: dict = {}  # (device, dtype) -> the conditioning there: copied once, not at every call
+
         def forward(x, noise_level, text, text_mask=None, drop_text=None):
-            rows = x.shape[0]
-            latents = self.latents.to(x.device, x.dtype).expand(rows, -1, -1, -1, -1)
-            embedding = self.embedding
+            rows, where = x.shape[0], (x.device, x.dtype)
+            if where not in moved:
+                embedding = None if self.embedding is None else self.embedding.to(*where)
+                moved[where] = (self.latents.to(*where), embedding)
+            latents, embedding = moved[where]
+            latents = latents.expand(rows, -1, -1, -1, -1)
             if embedding is not None:
-                embedding = embedding.to(x.device, x.dtype).expand(rows, -1, -1)
+                embedding = embedding.expand(rows, -1, -1)
             return model(
                 x, noise_level, text, text_mask, drop_text=drop_text, condition=latents, image=embedding
             )

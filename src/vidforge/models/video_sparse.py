@@ -85,10 +85,9 @@ class TileSelection:
     def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The exact masked fine pass: SDPA under the dense mask (every query sees at least its top
         tile). q, k, v: (B, S, heads, head_dim)."""
-        bias = torch.zeros(self.dense().shape, dtype=q.dtype, device=q.device)
-        bias = bias.masked_fill(~self.dense().to(q.device), float("-inf"))
         qs, ks, vs = (x.transpose(1, 2) for x in (q, k, v))
-        return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias).transpose(1, 2)
+        mask = self.dense().to(q.device)
+        return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(1, 2)
 
 
 def select_tiles(mask, q: torch.Tensor, k: torch.Tensor, topk: int) -> TileSelection:

@@ -444,8 +444,9 @@ def _einsum_forward(kernel: Einsum, q, k, v, keys: BlockKeys | MaskedKeys, scale
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     out = q.new_zeros((*q.shape[:3], v.shape[-1]))
     lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"))
-    for rows, allowed in _chunk_masks(kernel, keys, q):
-        if allowed.any():  # a chunk without keys here keeps output 0, log-sum-exp -inf
+    tiled = isinstance(keys, MaskedKeys)  # only a tile window leaves a chunk without keys: test it there
+    for rows, allowed in _chunk_masks(kernel, keys, q):  # (.any() waits for the device)
+        if not tiled or allowed.any():  # a chunk without keys here keeps output 0, log-sum-exp -inf
             out[:, rows], lse[..., rows] = block_attention(q[:, rows], k, v, allowed, scale)
     return out, lse
 
@@ -455,8 +456,9 @@ def _einsum_backward(kernel: Einsum, dout, q, k, v, out, lse, keys: BlockKeys | 
     q, k, v, dout = q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype)
     delta = (dout * out.to(dtype)).sum(-1).transpose(1, 2)  # (B, H, L): rowsum(dO * O)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    tiled = isinstance(keys, MaskedKeys)
     for rows, allowed in _chunk_masks(kernel, keys, q):
-        if not allowed.any():
+        if tiled and not allowed.any():
             continue
         scores = torch.einsum("bqhd,bkhd->bhqk", q[:, rows], k) * scale
         probs = torch.exp(scores - lse[..., rows, None]).masked_fill(~allowed, 0.0)

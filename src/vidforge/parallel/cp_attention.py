@@ -139,8 +139,9 @@ def all_gather_attention(
     # a view of the q/k/v projection's output, which would keep that whole output alive).
     kv_local = torch.cat([k, v], dim=-1)
 
-    keys = _full_row_segments(shard, shard.chunk_lens)
-    if tiles is not None:
+    if tiles is None:
+        keys = _full_row_segments(shard, shard.chunk_lens)
+    else:
         keys = tiles.rows(q.device)
         keys.prepare(backend, q)  # before the re-gathered region, which must replay its ops exactly
 

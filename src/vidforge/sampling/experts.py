@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from vidforge.diffusion import classifier_free_guidance, sample
-from vidforge.families.wan_experts import runs_high
 from vidforge.models.experts import Experts
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import batched_denoiser, initial_noise
@@ -47,7 +46,7 @@ def sample_latents_experts(
     )
 
     def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return (high if runs_high(float(t), model.boundary) else low)(x, t)
+        return (high if model.expert(float(t)) is model.high else low)(x, t)
 
     noise = initial_noise(seeds, latent_shape).to(param.device)
     generator = torch.Generator(device=param.device).manual_seed(int(seeds[0]))
