@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
 TOY = '''
 from vidforge.families import FamilySpec
 from vidforge.families.vidforge import block_scopes
-from vidforge.models.dit import DiT
+from vidforge.families.vidforge.dit import DiT
 
 
 class ToyNet(DiT):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.families.wan_experts import runs_high
+from vidforge.families.wan.experts import runs_high
 from vidforge.models.checkpoint import WEIGHTS, add_config_notes, config_notes, load_model, read_config
 
 LOW = "low_noise"

@@ -68,10 +68,10 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from vidforge.errors import UserInputError
-from vidforge.models.blocks import DiTBlock
-from vidforge.models.dit import DiT
+from vidforge.families.vidforge.blocks import DiTBlock
+from vidforge.families.vidforge.dit import DiT
+from vidforge.families.vidforge.stdit import ParallelSTDiTBlock, STDiTBlock
 from vidforge.models.layers import Conditioning, CrossAttention, Modulation, SelfAttention
-from vidforge.models.stdit import ParallelSTDiTBlock, STDiTBlock
 
 SEQUENCE_DIM = 1  # tokens are (B, S, hidden)
 

@@ -11,7 +11,7 @@ import dataclasses
 from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.diffusion.objective import Objective
 from vidforge.errors import UserInputError
-from vidforge.families.wan_experts import expert_range
+from vidforge.families.wan.experts import expert_range
 from vidforge.profile import RunProfile
 
 

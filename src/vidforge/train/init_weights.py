@@ -26,10 +26,10 @@ from safetensors import safe_open
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.families.wan_experts import expert_folder
+from vidforge.families.wan.experts import expert_folder
+from vidforge.families.wan.weights import stored_tensors
 from vidforge.models.checkpoint import WEIGHTS
 from vidforge.models.experts import expert_export
-from vidforge.models.wan_weights import stored_tensors
 from vidforge.models.weights_folder import WeightsFolder, find_weights
 from vidforge.train import safe_dcp
 from vidforge.train.checkpoint import MARKER, latest_checkpoint

@@ -115,7 +115,7 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 SPEC = FamilySpec(
     name="vidforge",
-    network="vidforge.models.dit:DiT",
+    network="vidforge.families.vidforge.dit:DiT",
     presets=PRESETS,
     # What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3
     # and the modulation column-wise, out/fc2 row-wise) except the row-wise layers' biases, the per-head
