@@ -45,22 +45,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 # (importing module, imported module) -> the issue that removes the import.
-KNOWN: dict[tuple[str, str], str] = {
-    ("vidforge.parallel.tensor_parallel", "vidforge.families.vidforge.blocks"): "issue 45",
-    ("vidforge.parallel.tensor_parallel", "vidforge.families.vidforge.dit"): "issue 45",
-    ("vidforge.parallel.tensor_parallel", "vidforge.families.vidforge.stdit"): "issue 45",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 # (importing module, imported module of a family package) -> the issue that removes the import.
-KNOWN_FAMILY: dict[tuple[str, str], str] = {
-    ("vidforge.models.experts", "vidforge.families.wan.experts"): "issue 45",
-    ("vidforge.parallel.tensor_parallel", "vidforge.families.vidforge.blocks"): "issue 45",
-    ("vidforge.parallel.tensor_parallel", "vidforge.families.vidforge.dit"): "issue 45",
-    ("vidforge.parallel.tensor_parallel", "vidforge.families.vidforge.stdit"): "issue 45",
-    ("vidforge.train.experts", "vidforge.families.wan.experts"): "issue 45",
-    ("vidforge.train.init_weights", "vidforge.families.wan.experts"): "issue 45",
-    ("vidforge.train.init_weights", "vidforge.families.wan.weights"): "issue 45",
-}
+KNOWN_FAMILY: dict[tuple[str, str], str] = {}
 
 # Finer rules than the layers: (package or module) -> names it must not import.
 FORBIDDEN = {

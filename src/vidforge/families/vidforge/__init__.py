@@ -122,7 +122,7 @@ SPEC = FamilySpec(
     # QK norms and AdaLN-LoRA's rank-r down projection, which stay replicated; outside the blocks the
     # shared modulation and the final layer's modulation (column-wise); the embeddings and the final
     # projection stay replicated.
-    tensor_parallel="vidforge.parallel.tensor_parallel:apply_tp",
+    tensor_parallel="vidforge.families.vidforge.tensor_parallel:apply_tp",
     tp_rules=(
         ("q_norm", "k_norm", "modulation.down"),
         ("out", "fc2"),

@@ -250,6 +250,6 @@ SPEC = FamilySpec(
     # for 16 fps clips)
     media_defaults=("curation.fps=16", "infer.fps=16"),
     # Wan2.1-I2V's [first frame, zeros...] latents after the first frame's mask (WanImageToVideoPipeline's)
-    condition_latents="vidforge.tokenizers.image_condition:condition_latents",
+    condition_latents="vidforge.families.wan.image_condition:condition_latents",
     image_tokens=257,  # Wan2.1-I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches and the class token
 )
