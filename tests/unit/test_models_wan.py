@@ -138,7 +138,9 @@ def test_presets_have_the_published_parameter_names_and_shapes(preset, layers, h
 
 
 def test_wan_family_refuses_fields_it_does_not_have():
-    with pytest.raises(ValueError, match="adaln_lora_rank: the wan family has 0"):
+    with pytest.raises(
+        ValueError, match="adaln_lora_rank: only the vidforge family has it .the wan family has 0, got 8."
+    ):
         Model.model_validate({"preset": "wan2.1-1.3b", "adaln_lora_rank": 8})
     with pytest.raises(ValueError, match="cross_attn_norm: only the wan family"):
         Model.model_validate({"preset": "tiny", "cross_attn_norm": True})
