@@ -149,7 +149,7 @@ def test_wan_family_refuses_fields_it_does_not_have():
 def test_planner_counts_what_tensor_parallel_leaves_whole():
     """Per block, tp replicates the six-vector table, the cross-attention LayerNorm (weight, bias) and
     the three row-wise biases (two to_out.0, ffn.net.2); outside the blocks it splits nothing
-    (`vidforge.parallel.wan_tensor_parallel` leaves time_proj replicated)."""
+    (`vidforge.families.wan.tensor_parallel` leaves time_proj replicated)."""
     cfg = model_config("wan2.1-1.3b")
     counts = parameter_counts(cfg)
     d = cfg.hidden

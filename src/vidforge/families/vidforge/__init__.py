@@ -1,4 +1,4 @@
-"""The vidforge family: this project's DiT and ST-DiT (`vidforge.models.dit`; `model.architecture` picks),
+"""The vidforge family: this project's DiT and ST-DiT (`vidforge.families.vidforge.dit`; `model.architecture` picks),
 trained from scratch or from its own exports (no published layout)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The wan family: Wan2.1's text-to-video transformer (`vidforge.models.wan`, diffusers'
+"""The wan family: Wan2.1's text-to-video transformer (`vidforge.families.wan.network`, diffusers'
 `WanTransformer3DModel` module for module, so published weights load by name), and how a diffusers
 download of it (a transformer folder, or a whole pipeline: model_index.json beside transformer/, vae/,
 text_encoder/ (umT5), tokenizer/, scheduler/) maps to a profile: rectified flow predicting the velocity,
@@ -217,7 +217,7 @@ SPEC = FamilySpec(
     model=WanModel,
     network="vidforge.families.wan.network:WanTransformer",
     presets=PRESETS,
-    # `vidforge.parallel.wan_tensor_parallel`, the Megatron split: to_q/to_k/to_v and ffn.net.0.proj
+    # `vidforge.families.wan.tensor_parallel`, the Megatron split: to_q/to_k/to_v and ffn.net.0.proj
     # column-wise, to_out.0 and ffn.net.2 row-wise; norm_q/norm_k (across all heads) split with the heads
     # they normalise (their statistics reduced over tp); the per-block table and the cross-attention
     # LayerNorm replicated; everything outside the blocks replicated.
