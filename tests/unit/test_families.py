@@ -133,6 +133,18 @@ def test_the_model_section_is_its_familys_own_class_named_by_family_or_preset() 
     assert "stdit_block" in sections["VidforgeModel"] and "stdit_block" not in sections["WanModel"]
 
 
+def test_every_familys_section_answers_every_model_field() -> None:
+    """Code reads any family's field of any model (`architecture`, `condition_channels`, ...): each section
+    has it as a field or holds it constant (`FixedBlock`, `NoImageInputs`), so a family lacking one fails
+    here rather than deep in the memory model."""
+    from vidforge.profile import Model
+
+    every = {f for name in REGISTRY for f in family(name).model.model_fields}
+    for name in REGISTRY:
+        section = Model.model_validate({"preset": next(iter(family(name).presets))})
+        assert sorted(f for f in every if not hasattr(section, f)) == [], name
+
+
 def test_a_family_refuses_another_familys_fields_and_other_values_of_its_constants() -> None:
     from vidforge.profile import ProfileError
 
