@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from vidforge.files import atomic_path, output_folder, write_text
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.presets import build_model
 from vidforge.profile.model import Model
@@ -23,18 +24,16 @@ FORMAT = "vidforge-dit"  # every family's exports (DiT, ST-DiT, Wan); the name i
 
 
 def save_model(model: VideoTransformer, directory: str | os.PathLike) -> Path:
-    """Write the model's weights and config (any family's) into `directory` (created if needed). The files are written
-    under temporary names and renamed, so a killed save never leaves a half-written checkpoint."""
+    """Write the model's weights and config (any family's) into `directory` (created if needed) through
+    `vidforge.files`: a killed save never leaves a half-written checkpoint, a planted link is not followed."""
     if not isinstance(getattr(model, "config", None), Model):
         raise ValueError(
             "save_model needs a model built by vidforge.models.build_model (it carries its config)"
         )
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(directory)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
-    tmp_weights = out / f".{WEIGHTS}.tmp"
-    save_file(tensors, str(tmp_weights), metadata={"format": FORMAT})
-    os.replace(tmp_weights, out / WEIGHTS)
+    with atomic_path(out / WEIGHTS) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": FORMAT})
     write_config(out, model.config)
     return out
 
@@ -56,10 +55,7 @@ def add_config_notes(directory: str | os.PathLike, **notes) -> None:
 
 
 def _write_json(directory: Path, config: dict) -> Path:
-    tmp = directory / f".{CONFIG}.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, directory / CONFIG)
-    return directory / CONFIG
+    return write_text(directory / CONFIG, json.dumps(config, indent=2) + "\n")
 
 
 def read_config(directory: str | os.PathLike) -> Model:

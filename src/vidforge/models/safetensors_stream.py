@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from vidforge.files import atomic_file
+
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -64,8 +66,7 @@ def write_safetensors(
         offset += entry.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for entry in entries:
@@ -76,5 +77,4 @@ def write_safetensors(
                     f"expected {entry.dtype} {entry.shape}"
                 )
             f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    os.replace(tmp, path)
     return path

@@ -29,6 +29,7 @@ from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families import wan
+from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
 from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
@@ -233,12 +234,11 @@ def import_wan(
     }
     data["model"] = {**model.model_dump(mode="json"), **kept}
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out)
     with ExitStack() as files:
         write_safetensors(out / WEIGHTS, _entries(names, stored, files, cast), {"format": FORMAT})
     write_config(out, resolved.model)
-    (out / "profile.yaml").write_text(dump_profile(resolved))
+    write_text(out / "profile.yaml", dump_profile(resolved))
     return out
 
 
@@ -287,8 +287,7 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     config = diffusers_config(model)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     names = _check_against(model, stored, export)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out)
     groups = _shards(names, stored, max_shard_bytes)
     weight_map: dict[str, str] = {}
     with ExitStack() as files:
@@ -303,6 +302,6 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     if len(groups) > 1:
         total = sum(stored[n].nbytes for n in names)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        write_text(out / INDEX, json.dumps(index, indent=2) + "\n")
+    write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
     return out
