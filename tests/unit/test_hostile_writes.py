@@ -197,3 +197,59 @@ def test_the_one_writer_refuses_a_temporary_planted_again(tmp_path, monkeypatch)
         files.write_text(target, "{}")
     monkeypatch.undo()
     _untouched([secret])
+
+
+def _copy(published: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(published, tmp_path / "transformer"))
+
+
+def test_a_config_claiming_more_layers_than_its_weights_is_refused_before_the_model_is_built(
+    published, tmp_path, monkeypatch
+):
+    import json
+    import time
+
+    from vidforge.models import checkpoint, presets, wan_weights, weights_check
+
+    src = _copy(published, tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_layers": 20000}))
+    built: list[int] = []
+    real = presets.build_model
+    for module in (checkpoint, wan_weights, weights_check):  # every model the check or the reader builds
+        monkeypatch.setattr(
+            module, "build_model", lambda cfg, **kw: built.append(cfg.layers) or real(cfg, **kw)
+        )
+    start = time.monotonic()
+    message = _error("model", "import", str(src), "-o", str(tmp_path / "out"))
+    assert message == (
+        f"error: {src / 'config.json'}: the config says 20000 layers, the weights hold 2 (blocks.0 .. blocks.1); "
+        "the config and the weights come from different models"
+    )
+    assert time.monotonic() - start < 10 and built and max(built) <= 2  # was still building after 25 s
+
+    # a vidforge export held to its weights the same way when it is loaded
+    (src / "config.json").write_text(json.dumps(config))
+    assert runner.invoke(app, ["model", "import", str(src), "-o", str(tmp_path / "out")]).exit_code == 0
+    from vidforge.models import load_model
+
+    exported = json.loads((tmp_path / "out" / "config.json").read_text())
+    exported["model"]["layers"] = 20000
+    (tmp_path / "out" / "config.json").write_text(json.dumps(exported))
+    with pytest.raises(UserInputError, match="the config says 20000 layers, the weights hold 2"):
+        load_model(tmp_path / "out")
+    assert max(built) <= 2
+
+
+@pytest.mark.parametrize("keep", [5, 200, -100])
+def test_a_truncated_safetensors_file_is_one_line_naming_it(published, tmp_path, keep):
+    src = _copy(published, tmp_path)
+    weights = src / "diffusion_pytorch_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:keep])
+    message = _error("model", "import", str(src), "-o", str(tmp_path / "out"))
+    assert message.startswith(f"error: {weights}: ") and "download it again" in message
+    what = "not a safetensors file" if 0 <= keep < 8 else "truncated: its"
+    assert what in message

@@ -33,6 +33,7 @@ from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
 from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
+from vidforge.models.weights_check import check_config_against_weights, safetensors_shapes
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import Model
@@ -137,15 +138,8 @@ def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTen
         path = folder / name
         if not path.is_file():
             raise UserInputError(f"{path}: missing (named in {index}); download that shard again")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    part = f.get_slice(key)
-                    found[key] = StoredTensor(path, part.get_dtype(), tuple(part.get_shape()))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise UserInputError(
-                f"{path}: not a readable safetensors file ({err}); download it again"
-            ) from None
+        for key, header in safetensors_shapes(path).items():
+            found[key] = StoredTensor(path, header.dtype, header.shape)
     if weight_map is not None:
         for key, name in weight_map.items():
             if key not in found or found[key].file.name != name:
@@ -155,22 +149,11 @@ def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTen
 
 def _check_against(model: Model, stored: dict[str, StoredTensor], folder: Path) -> list[str]:
     """The stored tensors' names in the model's order, after checking names, shapes and dtypes."""
-    expected = {name: tuple(t.shape) for name, t in build_model(model, device="meta").state_dict().items()}
-    names = [n for n in stored if not any(part in n for part in IGNORED)]
-    missing = sorted(set(expected) - set(names))
-    unexpected = sorted(set(names) - set(expected))
-    if missing or unexpected:
-        raise UserInputError(
-            f"{folder}: the weights do not match its config.json (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); the folder is incomplete or not a Wan2.1 T2V transformer"
-        )
-    for name, shape in expected.items():
+    # held to the headers before the model is built: a config of 20000 layers beside weights for 2 is
+    # refused at once, not after building 20000 layers
+    expected = check_config_against_weights(model, stored, folder / CONFIG, IGNORED)
+    for name in expected:
         t = stored[name]
-        if t.shape != shape:
-            raise UserInputError(
-                f"{t.file}: {name} has shape {t.shape}, config.json implies {shape}; the config and the "
-                "weights come from different models"
-            )
         if t.dtype not in FLOAT_DTYPES:
             raise UserInputError(
                 f"{t.file}: {name} is {t.dtype}; vidforge reads float32, bfloat16 or float16 weights "
