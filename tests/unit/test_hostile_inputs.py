@@ -61,3 +61,21 @@ def test_a_sidecar_csv_that_is_not_utf8_is_one_line_naming_it(tmp_path):
     (tmp_path / "captions.csv").write_bytes("path,caption\nv.mp4,sûr\n".encode("latin-1"))
     with pytest.raises(UserInputError, match=r"captions\.csv: the caption CSV is not UTF-8"):
         read_csv_captions(tmp_path / "captions.csv")
+
+
+@pytest.mark.parametrize("expert", ["low", "high"])
+def test_distilling_one_expert_of_two_is_refused_at_load(expert):
+    """A few-step student samples from pure noise (t=1) to clean (t=0): one expert of Wan2.2 A14B runs
+    only on its side of the boundary (low: t < 0.875), so its student's levels left the range it was
+    trained on (they started at t=1.0), silently."""
+    from vidforge.profile.loading import ProfileError, validate_profile
+
+    data = {
+        "model": {"preset": "wan2.2-t2v-a14b"},
+        "train": {"expert": expert, "validate_every": 0, "distill": {"steps": 4, "teacher": "wan22"}},
+    }
+    with pytest.raises(ProfileError, match=rf"^profile: train.distill: .*the {expert}-noise expert") as err:
+        validate_profile(data)
+    assert "\n" not in str(err.value)
+    data["train"].pop("distill")
+    validate_profile(data)  # training that expert is as it was
