@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vidforge.files import atomic_path
+
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
 
@@ -107,7 +109,7 @@ def write_video(
     """Write (T, H, W, 3) uint8 frames as an mp4 (tests, the decode side of `infer`). Even sizes for yuv420."""
     import av
 
-    with av.open(str(path), "w") as container:
+    with atomic_path(path) as tmp, av.open(str(tmp), "w") as container:
         stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv444p" if lossless else "yuv420p"
