@@ -211,7 +211,8 @@ def test_a_config_claiming_more_layers_than_its_weights_is_refused_before_the_mo
     import json
     import time
 
-    from vidforge.models import checkpoint, presets, wan_weights, weights_check
+    from vidforge.families.wan import weights as wan_weights
+    from vidforge.models import checkpoint, presets, weights_check
 
     src = _copy(published, tmp_path)
     config = json.loads((src / "config.json").read_text())

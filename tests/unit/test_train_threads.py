@@ -16,7 +16,6 @@ from vidforge.train import loop
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import killed_at_forward, losses, synthetic_latents, train_profile  # noqa: E402
 
-
 SHORT = ("train.steps=3", "train.save_every=2")
 
 

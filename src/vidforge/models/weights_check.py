@@ -5,69 +5,18 @@ layers (on the meta device, still minutes) before it could say the two disagree.
 one and two layers (meta, instant): what the two differ by is the layer stack (`blocks.1.*`), everything
 else is outside it; the stored names' layer indices must then be exactly 0..layers-1, and every stored
 shape that of its counterpart in layer 0 or outside the stack. Only then is the whole model worth
-building. The shapes come from the safetensors headers (`safetensors_shapes`), no tensor is read; a file
-that is no safetensors, or is cut short, is one line naming it."""
+building. The shapes come from the safetensors headers (`safetensors_stream.safetensors_shapes`), no
+tensor is read."""
 
 from __future__ import annotations
 
-import json
 import re
-import struct
-from dataclasses import dataclass
 from pathlib import Path
-
-from safetensors import SafetensorError, safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.models.presets import build_model
+from vidforge.models.safetensors_stream import StoredTensor
 from vidforge.profile.model import Model
-
-HEADER_LIMIT = 100 * 2**20  # safetensors' own bound on a header
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One tensor of a safetensors file, from its header."""
-
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-
-
-def safetensors_shapes(path: Path, fix: str = "download it again") -> dict[str, Stored]:
-    """Every tensor's dtype and shape in the safetensors file `path`, from its header; a file that is not
-    one, or is shorter than its header says, is a UserInputError naming it (and `fix`)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if length < 0 or length > HEADER_LIMIT:
-            raise UserInputError(f"{path}: not a safetensors file (no header length); {fix}")
-        if 8 + length > size:
-            raise UserInputError(
-                f"{path}: truncated: its header needs {8 + length} bytes, the file has {size}; {fix}"
-            )
-        try:
-            header = json.loads(f.read(length))
-            end = max(
-                (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
-            )
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            raise UserInputError(
-                f"{path}: not a safetensors file (its header is no JSON table); {fix}"
-            ) from None
-    if 8 + length + end > size:
-        raise UserInputError(
-            f"{path}: truncated: its tensors end at byte {8 + length + end}, the file has {size}; {fix}"
-        )
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {
-                key: Stored(path, f.get_slice(key).get_dtype(), tuple(f.get_slice(key).get_shape()))
-                for key in f.keys()
-            }
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise UserInputError(f"{path}: not a readable safetensors file ({err}); {fix}") from None
 
 
 def _layer_stack(config: Model) -> tuple[str, dict[str, tuple[int, ...]], list[str], list[str], dict]:
@@ -92,7 +41,7 @@ def _layer_stack(config: Model) -> tuple[str, dict[str, tuple[int, ...]], list[s
 
 
 def check_config_against_weights(
-    config: Model, stored: dict[str, Stored], where: Path, ignored: tuple[str, ...] = ()
+    config: Model, stored: dict[str, StoredTensor], where: Path, ignored: tuple[str, ...] = ()
 ) -> list[str]:
     """The model's tensor names in its order, after holding `config` to the `stored` tensors (names
     containing an `ignored` part left out): the layer count, every name and every shape. A disagreement

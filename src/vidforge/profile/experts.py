@@ -5,7 +5,6 @@ sampling, nor be distilled into a few-step student (which samples the whole rang
 
 from __future__ import annotations
 
-from vidforge.families.wan_experts import expert_range
 from vidforge.profile.run_profile import RunProfile
 
 
@@ -14,10 +13,10 @@ def expert_problems(profile: RunProfile) -> list[str]:
     if profile.model.experts == 2:
         expert = profile.train.expert
         if expert is not None and profile.train.distill is not None:
-            low, high = expert_range(profile.model.boundary_ratio, expert)
             return [
                 f"train.distill: a few-step student samples from pure noise (t=1) to clean (t=0), the "
-                f"{expert}-noise expert alone runs on t in [{low:g}, {high:g}] only (its student would "
+                f"{expert}-noise expert alone runs on its side of model.boundary_ratio="
+                f"{profile.model.boundary_ratio:g} only (its student would "
                 "step outside what it was trained on); distil a one-expert model, or drop train.distill"
             ]
         if expert is not None and profile.train.validate_every:
