@@ -254,3 +254,24 @@ def test_a_truncated_safetensors_file_is_one_line_naming_it(published, tmp_path,
     assert message.startswith(f"error: {weights}: ") and "download it again" in message
     what = "not a safetensors file" if 0 <= keep < 8 else "truncated: its"
     assert what in message
+
+
+def test_train_refuses_a_linked_export_folder_before_its_first_step(tmp_path, monkeypatch):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from train_fixtures import synthetic_latents, train_profile
+
+    from vidforge.train import loop
+    from vidforge.train.step import LocalTrainStep
+
+    data = synthetic_latents(tmp_path)
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    (run / "export").symlink_to(elsewhere)
+    steps: list[int] = []
+    monkeypatch.setattr(LocalTrainStep, "forward", lambda *a, **k: steps.append(1))
+    with pytest.raises(UserInputError, match=rf"^{run / 'export'} is a symbolic link"):
+        loop.run(train_profile("train.steps=1"), [data], run)
+    assert steps == [] and list(elsewhere.iterdir()) == []

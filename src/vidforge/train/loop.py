@@ -24,7 +24,7 @@ from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
 from vidforge.errors import Terminated, UserInputError
 from vidforge.estimate.param_counts import require_model
-from vidforge.files import write_text
+from vidforge.files import output_folder, subfolder, write_text
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.build import TrainParts, build
@@ -167,7 +167,8 @@ def run(
         "on more ranks",
     )
     if runtime.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        output_folder(run_dir)
+        subfolder(run_dir, "export", create=False)  # a planted link refused now, not after the training
         write_text(run_dir / "profile.yaml", dump_profile(profile))
     parts = build(profile, runtime, init, teacher)
     step_fn = make_train_step(profile, runtime, parts)
