@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from vidforge.curate.captioners.sidecar import read_csv_captions, read_json_sidecar
+from vidforge.data.media import read_image
 from vidforge.errors import UserInputError
 from vidforge.tokenizers.image_condition import load_image
 
@@ -19,9 +20,10 @@ def test_a_16_bit_png_is_read_at_its_bit_depth(tmp_path, level):
     Image.fromarray(np.full((6, 8), level, np.uint16)).save(path)
     with Image.open(path) as raw:
         assert raw.mode.startswith("I")  # Pillow keeps the 16 bits: what load_image must scale
-    pixels = np.asarray(load_image(path))
-    assert pixels.shape == (6, 8, 3)
-    assert np.all(np.abs(pixels.astype(float) - level / 65535 * 255) <= 0.5)  # 50% grey is 128, not 255
+    # infer --image's reader, and the training data's (a still image in a shard), one rule
+    for pixels in (np.asarray(load_image(path)), read_image(path.read_bytes())[0]):
+        assert pixels.shape == (6, 8, 3)
+        assert np.all(np.abs(pixels.astype(float) - level / 65535 * 255) <= 0.5)  # 50% grey: 128, not 255
 
 
 def test_an_8_bit_image_is_read_unchanged(tmp_path):

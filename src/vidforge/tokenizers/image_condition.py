@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from vidforge.data.batching import CONDITION, IMAGE_EMB
+from vidforge.data.media import rgb
 from vidforge.errors import UserInputError
 from vidforge.families import family, load
 from vidforge.profile import RunProfile
@@ -37,29 +38,11 @@ def load_image(path: str | Path) -> Any:
 
     try:
         with Image.open(path) as image:
-            return _as_8_bit(image, path).convert("RGB")
+            return rgb(image)
     except (OSError, UnidentifiedImageError) as err:
         raise UserInputError(f"--image {path}: not a readable image ({err}); give a PNG or JPEG") from None
-
-
-WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")  # Pillow's 16-bit (and 32-bit int) grey modes
-
-
-def _as_8_bit(image: Any, path: str | Path) -> Any:
-    """`image` at 8 bits a channel, by its bit depth. Pillow's convert("RGB") clips a 16-bit grey image
-    (mode I;16, or I from a PNG) to 0..255 instead of scaling it: 50% grey became white."""
-    from PIL import Image
-
-    if image.mode == "F" or image.mode in WIDE_MODES:
-        values = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode != "F" else 1.0
-        if values.size and (values.min() < 0 or values.max() > top):
-            raise UserInputError(
-                f"--image {path}: {image.mode} values span {values.min():g}..{values.max():g}, outside "
-                f"0..{top:g}; save it as an 8- or 16-bit PNG"
-            )
-        return Image.fromarray(np.rint(values * (255.0 / top)).astype(np.uint8), mode="L")
-    return image
+    except ValueError as err:
+        raise UserInputError(f"--image {path}: {err}; save it as an 8- or 16-bit PNG") from None
 
 
 def preprocess_image(image: Any, height: int, width: int, spatial_compression: int) -> torch.Tensor:
