@@ -29,6 +29,7 @@ from typing import Any
 
 from vidforge.estimate.comm_model import CommTerm, communication
 from vidforge.estimate.memory_model import GIB, MemoryEstimate, estimate_memory
+from vidforge.estimate.recompute import resolve_auto
 from vidforge.estimate.workload import Workload
 from vidforge.models.flops import forward_flops
 from vidforge.profile import RunProfile
@@ -133,6 +134,13 @@ def evaluate(
     layout = layout or profile.layout
     workload = workload or Workload.from_profile(profile)
     mode = checkpointing or profile.train.activation_checkpointing
+    recompute = None
+    if mode == "auto":  # the memory model's mix of full, op-level and no recompute per block
+        auto = profile.model_copy(
+            update={"train": profile.train.model_copy(update={"activation_checkpointing": mode})}
+        )
+        profile, recompute = resolve_auto(auto, layout, workload)
+        mode = profile.train.activation_checkpointing
     if microbatches is None:
         microbatches = layout.pp_microbatches if layout.pp > 1 else profile.train.grad_accum
     plan = LayoutPlan(layout, mode, microbatches, profile.parallel.cp_impl if layout.cp > 1 else None)
@@ -161,6 +169,8 @@ def evaluate(
             f"{profile.bench.memory_headroom:.0%} of {profile.cluster.accelerator.memory_gib:g} GiB"
         )
     plan.why = _reasons(plan, profile, workload, exposed, hidden)
+    if recompute is not None:
+        plan.why.append(recompute.describe())
     return plan
 
 
@@ -192,7 +202,7 @@ def _reasons(
 def _least_recompute(profile: RunProfile, layout: Layout, workload: Workload, micro: int) -> LayoutPlan:
     """The layout with the least activation checkpointing that fits (or the last one tried)."""
     plan = None
-    for mode in CHECKPOINTING:
+    for mode in ("auto",) if profile.train.activation_checkpointing == "auto" else CHECKPOINTING:
         plan = evaluate(profile, layout, mode, workload, micro)
         if plan.valid or plan.memory is None:
             break

@@ -77,6 +77,9 @@ class BenchStep:
     """`vidforge train`'s step on a fixed synthetic batch; calling it runs one whole step."""
 
     def __init__(self, profile: RunProfile) -> None:
+        from vidforge.estimate.recompute import resolve_auto
+
+        profile, _ = resolve_auto(profile)  # train.activation_checkpointing=auto: the memory model's mix
         self.profile = profile
         self.runtime = init_runtime(profile)
         self.runtime.require_layout(profile.cluster)

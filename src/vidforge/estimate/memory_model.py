@@ -337,6 +337,61 @@ def wan_lora_block(
     }
 
 
+TEXT_STREAM = ("cross_attn.k", "cross_attn.v", "attn2.to_k", "attn2.to_v")
+"""Linear layers of a block that read the caption's tokens (the rest read the video's)."""
+IMAGE_STREAM = ("attn2.add_k_proj", "attn2.add_v_proj")
+PER_SAMPLE = ("modulation.proj",)
+ROW_PARALLEL = (".out", "to_out.0", "fc2", "net.2")
+"""Tensor parallel's row-parallel layers: their matmul's output is whole (a partial sum) on every rank."""
+
+
+def op_level_block(
+    cfg: Model,
+    tokens: float,
+    samples: int,
+    text_tokens: int,
+    compute: int,
+    *,
+    tp: int = 1,
+    image_tokens: int = 0,
+    lora_rank: int = 0,
+    adapted: frozenset[str] = frozenset(),
+) -> float | None:
+    """Bytes an op-level checkpointed block (`vidforge.parallel.activation_checkpoint`, `ops`) keeps between
+    its forward and its backward besides its input, for `tokens` tokens of this rank: the output of every
+    matmul (each linear layer's, on the tokens it reads: the video's, the caption's, the image's, or one
+    row a sample for the modulation; a LoRA adapter's two, rank and the layer's width) and of every
+    attention kernel (its output and float32 log-sum-exp per query token), in the compute dtype. None
+    where the block's joint attention (stdit_block=parallel-mm) is not modelled: no op level there."""
+    if cfg.multimodal_block:
+        return None
+    from vidforge.estimate.param_counts import block_linears
+
+    streams = {
+        "video": tokens,
+        "text": samples * text_tokens,
+        "image": samples * image_tokens,
+        "sample": samples,
+    }
+    total = 0.0
+    for name, width in block_linears(cfg):
+        if name.endswith(IMAGE_STREAM) and not image_tokens:
+            continue
+        stream = (
+            "text" if name.endswith(TEXT_STREAM)
+            else "image" if name.endswith(IMAGE_STREAM)
+            else "sample" if name.endswith(PER_SAMPLE)
+            else "video"
+        )  # fmt: skip
+        split = 1 if name.endswith(ROW_PARALLEL) else tp
+        adapter = (lora_rank + width) if name in adapted else 0
+        total += streams[stream] * (width / split + adapter) * compute
+    _, scopes, _, _ = _scopes(cfg)
+    kernels = scopes + 1 + (1 if image_tokens else 0)  # self-attention scopes, cross-attention, image's
+    total += kernels * tokens * (cfg.hidden * compute + 4 * cfg.heads) / tp
+    return total
+
+
 def rope_bytes(cfg: Model, workload: Workload, tokens: int) -> float:
     """The float32 RoPE tables (cos and sin) of one micro-batch."""
     return 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
@@ -394,7 +449,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Device memory of one rank of `layout` (default: the profile's) training on `workload` (default:
     the profile's bench sample, train.micro_batch clips per rank)."""
-    from vidforge.parallel.activation_checkpoint import checkpointed_indices
+    from vidforge.parallel.activation_checkpoint import FULL, OPS, block_policies
     from vidforge.parallel.activation_offload import offloaded_indices
 
     layout = layout or profile.layout
@@ -499,20 +554,43 @@ def estimate_memory(
         lora_rank=train.lora.rank if train.lora is not None else 0,
         adapted=adapted,
     )
-    mode = train.activation_checkpointing
-    checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
-    # train.activation_offload: these blocks (none of them checkpointed) save theirs in host memory.
-    offloaded = offloaded_indices(blocks, mode, train.checkpoint_ratio, train.activation_offload)
+    mode, ratio, ops_ratio = (
+        train.activation_checkpointing,
+        train.checkpoint_ratio,
+        train.checkpoint_ops_ratio,
+    )
+    policies = block_policies(blocks, mode, ratio, ops_ratio)
+    checkpointed = {i for i, p in enumerate(policies) if p == FULL}
+    op_level = {i for i, p in enumerate(policies) if p == OPS}
+    # train.activation_offload: these blocks (none of them recomputing) save theirs in host memory.
+    offloaded = offloaded_indices(blocks, mode, ratio, train.activation_offload, ops_ratio)
     recomputed = len(checkpointed)
-    kept = blocks - recomputed - len(offloaded)
+    kept = blocks - recomputed - len(op_level) - len(offloaded)
     in_flight = in_flight_microbatches(layout, par.pp_schedule)
     block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
     # train.checkpoint_offload: the checkpointed blocks' inputs wait in host memory too
     inputs_offloaded = recomputed if train.checkpoint_offload else 0
+    ops_kept = 0.0
+    if op_level:
+        ops_kept = (
+            op_level_block(
+                cfg,
+                tokens,
+                workload.samples,
+                workload.text_tokens,
+                prec.compute,
+                tp=tp,
+                image_tokens=workload.image_tokens,
+                lora_rank=train.lora.rank if train.lora is not None else 0,
+                adapted=adapted,
+            )
+            or 0.0
+        )
     stored = kept * one.total + (recomputed - inputs_offloaded) * block_input
+    stored += len(op_level) * (block_input + ops_kept)
     frozen_wan = train.lora is not None and family(cfg.family).table_modulation
     first_norm = 0.0
-    if frozen_wan and 0 not in checkpointed and 0 not in offloaded and layout.pp == 1:
+    if frozen_wan and policies and policies[0] == "none" and 0 not in offloaded and layout.pp == 1:
         # nothing before the first block trains: its first norm's input needs no gradient, so is not kept
         first_norm = (4 * cfg.hidden + 8) * tokens
         stored -= first_norm
@@ -529,6 +607,11 @@ def estimate_memory(
     )
     if recomputed:
         formula += f", {recomputed} checkpointed blocks keep only their input ({_gib(block_input)} each)"
+    if op_level:
+        formula += (
+            f", {len(op_level)} op-level checkpointed blocks keep their input and their matmul and attention "
+            f"outputs ({_gib(block_input + ops_kept)} each)"
+        )
     if inputs_offloaded:
         formula += ", in host memory (train.checkpoint_offload)"
     if first_norm:
@@ -565,7 +648,7 @@ def estimate_memory(
                 f"brought back, and prefetches the previous block's: + 2 x {_gib(block_input)}{also}",
             )
         )
-    elif checkpointed:
+    elif checkpointed or op_level:
         terms.append(
             Term(
                 "recompute",
@@ -582,7 +665,7 @@ def estimate_memory(
         linear_outside = counts.linear_weights - cfg.layers * counts.block_linear_weights
         block_share = block_params / counts.block
         outside_share = outside_params / counts.outside if counts.outside else 1.0
-        held = blocks - recomputed + (1 if recomputed else 0)
+        held = kept + len(offloaded) + (1 if recomputed or op_level else 0)
         weights = linear_outside * outside_share + held * counts.block_linear_weights * block_share
         terms.append(
             Term(
@@ -591,7 +674,7 @@ def estimate_memory(
                 f"bf16 autocast casts the Linear weights this rank holds and keeps them for the backward: "
                 f"{linear_outside * outside_share:,.0f} outside the blocks + {held} block(s) x "
                 f"{counts.block_linear_weights * block_share:,.0f}"
-                f"{' (checkpointed blocks: only the one recomputing)' if recomputed else ''} = "
+                f"{' (checkpointed blocks: only the one recomputing)' if recomputed or op_level else ''} = "
                 f"{weights:,.0f} x 2 B",
             )
         )

@@ -52,13 +52,21 @@ def parallelize(
         apply_tensor_parallel(model, dims, profile)
     if dims.cp_enabled:
         apply_context_parallel(model, dims, profile.parallel)
-    apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
+    policies = apply_activation_checkpointing(
+        model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio, cfg.checkpoint_ops_ratio
+    )
+    if cfg.activation_checkpointing == "selective" and policies:
+        done.notes.append(
+            "activation checkpointing: "
+            + ", ".join(f"{policies.count(p)} blocks {p}" for p in ("full", "ops", "none") if p in policies)
+        )
     apply_activation_offload(
         model.blocks,
         cfg.activation_offload,
         cfg.activation_checkpointing,
         cfg.checkpoint_ratio,
         cfg.checkpoint_offload,
+        cfg.checkpoint_ops_ratio,
     )
     if cfg.compile:
         compile_blocks(model.blocks)
