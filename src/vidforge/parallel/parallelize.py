@@ -47,7 +47,8 @@ def parallelize(
     if cfg.fp8:
         from vidforge.parallel.float8 import apply_float8
 
-        done.notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
+        converted = apply_float8(model, device, cfg.fp8_recipe)
+        done.notes.append(f"fp8: {len(converted)} linear layers in float8 ({cfg.fp8_recipe} scaling)")
     if dims.tp_enabled:
         apply_tensor_parallel(model, dims, profile)
     if dims.cp_enabled:

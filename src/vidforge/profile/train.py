@@ -142,10 +142,13 @@ class Train(Section):
     compile: bool = False
     """torch.compile each block (GPU; on CPU inductor's C++ build of the tiny model takes minutes)."""
     fp8: bool = False
-    """FP8 matmuls in the linear layers (torchao float8, dynamic tensorwise scaling): CUDA GPUs with compute
-    capability >= 8.9 and torchao (the `gpu` extra) only. Layers with a dim not a multiple of 16 and the
-    final layer stay in high precision; token counts that are not are padded with zeros for the matmul
-    (exact). Pays off with train.compile=true on large models."""
+    """FP8 matmuls in the linear layers that train (torchao float8, dynamic scaling by fp8_recipe): CUDA GPUs
+    with compute capability >= 8.9 and torchao (the `gpu` extra) only. Layers with a dim not a multiple of
+    16 and the final layer stay in high precision; token counts that are not are padded with zeros for the
+    matmul (exact). Pays off with train.compile=true on large models."""
+    fp8_recipe: Literal["rowwise", "tensorwise"] = "rowwise"
+    """With fp8: one float8 scale per row of each matmul operand (rowwise, power-of-two scales: an outlier
+    costs only its row's precision) or one per tensor (tensorwise: the fastest kernel)."""
     fsdp_cpu_offload: bool = False
     """Keep FSDP-sharded parameters, gradients and optimizer states in CPU memory (FSDP2's CPUOffloadPolicy,
     pinned on GPUs); the optimizer steps there. With LoRA: tested on two gloo ranks."""
