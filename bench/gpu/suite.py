@@ -100,6 +100,14 @@ def device_name(smoke: bool) -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
 
 
+def default_out(smoke: bool) -> str:
+    """docs/gpu-runs/DATE-ACCELERATOR: each run's raw files in the repository, beside the table that
+    docs/benchmarks.md quotes (a device call's $OUT comes back and is copied there)."""
+    if smoke:
+        return "runs/gpu-suite"
+    return f"docs/gpu-runs/{time.strftime('%Y-%m-%d', time.gmtime())}-{accelerator_for(device_name(False))}"
+
+
 def accelerator_for(name: str) -> str:
     """The profile's accelerator (its peak FLOP/s is the MFU denominator) for a CUDA device name."""
     return "h200" if "H200" in name else "h100"
@@ -198,7 +206,13 @@ def parse_only(value: str | None, part: str | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu-suite"))
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the JSON, table and pytest log go (default: $OUT on the device machine, else "
+        "docs/gpu-runs/DATE-ACCELERATOR, the run's folder in the repository; smoke runs: runs/gpu-suite)",
+    )
     steps = "; ".join(f"{name}: {what}" for name, (_, what) in STEPS.items())
     ap.add_argument("--only", help=f"comma-separated steps (default all, in this order) - {steps}")
     parts = "; ".join(f"{name}: {', '.join(steps)} (budget {s:.0f} s)" for name, (steps, s) in PARTS.items())
@@ -226,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if deadline is not None:  # the budget is the device command's: run.sh's install came out of it
         deadline -= time.time() - float(os.environ.get("VIDFORGE_GPU_SUITE_T0") or time.time())
     name = f"gpu_suite-{args.part}" if args.part else "gpu_suite"
+    if args.out is None:
+        args.out = Path(os.environ.get("OUT") or default_out(args.cpu_smoke))
     report = run(args.out, only, args.cpu_smoke, deadline_s=deadline, name=name)
     print(markdown(report))
     print(f"wrote {args.out / (name + '.json')} and {args.out / (name + '.md')}")
