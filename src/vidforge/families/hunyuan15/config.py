@@ -1,0 +1,87 @@
+"""HunyuanVideo-1.5's shape as the profile's `model` section holds it (torch-free: the profile's validator
+reads it). Field names are vidforge's where the DiT has the same quantity (layers, hidden, heads, patch,
+in_channels, text_dim, image_dim, condition_channels), so the shared forward (`VideoTransformer`) reads
+them as it reads the DiT's; the rest are this family's own, each the diffusers config entry it mirrors.
+
+The caption is one tensor (`text`, (N, L + text_2_tokens, text_dim)): the MLLM's (Qwen2.5-VL) hidden states
+of the prompt, then `text_2_tokens` positions holding the glyph encoder's (ByT5) states in their first
+`text_2_dim` features (zeros after), with one mask over both. The shared forward takes one caption; this
+layout carries the pipeline's two encoders in it without a second argument."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FAMILY = "hunyuan15"
+LATENT_CHANNELS = 32  # AutoencoderKLHunyuanVideo15's latent channels (the transformer's out_channels)
+CONDITION_CHANNELS = LATENT_CHANNELS + 1  # the first frame's latents and its mask (in_channels 65)
+
+
+class HunyuanVideo15Model(BaseModel):
+    """HunyuanVideo15Transformer3DModel's config in vidforge's words (diffusers' entry in brackets)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    family: Literal["hunyuan15"] = FAMILY
+    preset: str | None = None
+    layers: int = Field(54, ge=1)
+    """Double-stream blocks (num_layers)."""
+    hidden: int = Field(2048, ge=1)
+    """Model width (num_attention_heads x attention_head_dim)."""
+    heads: int = Field(16, ge=1)
+    """Attention heads (num_attention_heads)."""
+    mlp_hidden: int = Field(8192, ge=1)
+    """Inner width of both streams' feed-forwards (hidden x mlp_ratio)."""
+    refiner_layers: int = Field(2, ge=0)
+    """Blocks of the caption's token refiner (num_refiner_layers)."""
+    patch: tuple[int, int, int] = (1, 1, 1)
+    """(patch_size_t, patch_size, patch_size)."""
+    in_channels: int = Field(LATENT_CHANNELS, ge=1)
+    """Latent channels predicted (out_channels)."""
+    condition_channels: int = Field(CONDITION_CHANNELS, ge=0)
+    """Channels read beside the latents and not predicted (in_channels - out_channels): the image-to-video
+    first frame's latents and its mask, zeros for text-to-video."""
+    text_dim: int = Field(3584, ge=1)
+    """The MLLM's hidden width (text_embed_dim)."""
+    text_2_dim: int = Field(1472, ge=1)
+    """The glyph encoder's hidden width (text_embed_2_dim)."""
+    text_2_tokens: int = Field(256, ge=0)
+    """Glyph-encoder positions at the end of every caption (the pipeline's ByT5 max length)."""
+    image_dim: int = Field(1152, ge=1)
+    """The image encoder's width (image_embed_dim: SigLIP's last hidden states)."""
+    rope_axes: tuple[int, int, int] = (16, 56, 56)
+    """Channels of each head rotated by t, h and w (rope_axes_dim)."""
+    rope_theta: float = Field(256.0, gt=0)
+    task: Literal["t2v", "i2v"] = "t2v"
+    """What the published weights were trained for (task_type); the network is the same."""
+    target_size: int = Field(640, ge=16)
+    """The pixel size the pipeline's default resolution buckets are built around (480p: 640, 720p: 960)."""
+    attention: Literal["sdpa", "flex", "flash", "dense"] = "sdpa"
+    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
+
+    @model_validator(mode="after")
+    def _check(self) -> HunyuanVideo15Model:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden: must be divisible by model.heads={self.heads}, got {self.hidden}")
+        if sum(self.rope_axes) != self.head_dim or any(a % 2 for a in self.rope_axes):
+            raise ValueError(
+                f"rope_axes: three even parts summing to the head size hidden/heads = {self.head_dim}, got "
+                f"{list(self.rope_axes)}"
+            )
+        if self.text_2_dim > self.text_dim:
+            raise ValueError(
+                f"text_2_dim: the glyph encoder's states ride in the caption's {self.text_dim} features, got "
+                f"{self.text_2_dim}; raise text_dim or lower text_2_dim"
+            )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def patch_dim(self) -> int:
+        pt, ph, pw = self.patch
+        return self.in_channels * pt * ph * pw
