@@ -85,3 +85,40 @@ class HunyuanVideo15Model(BaseModel):
     def patch_dim(self) -> int:
         pt, ph, pw = self.patch
         return self.in_channels * pt * ph * pw
+
+
+# HunyuanVideo-1.5's published transformers (hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-{480p,720p}_
+# {t2v,i2v}): one shape, 54 double-stream blocks of 16 heads of 128, feed-forward 4x, 2 refiner blocks, patch
+# 1x1x1 over the VAE's 32 channels, Qwen2.5-VL-7B (3584) and Glyph-ByT5 (1472) captions, SigLIP (1152) images.
+# The 480p and 720p weights differ in the resolution they were trained at (target_size), not in shape.
+SHAPE: dict[str, object] = {
+    "layers": 54, "hidden": 2048, "heads": 16, "mlp_hidden": 8192, "refiner_layers": 2, "patch": (1, 1, 1),
+    "in_channels": LATENT_CHANNELS, "condition_channels": CONDITION_CHANNELS, "text_dim": 3584,
+    "text_2_dim": 1472, "text_2_tokens": 256, "image_dim": 1152, "rope_axes": (16, 56, 56), "rope_theta": 256.0,
+}  # fmt: skip
+TARGET_SIZE = {"480p": 640, "720p": 960}  # the pipeline's target_size per published resolution
+PRESETS: dict[str, dict[str, object]] = {
+    f"hunyuanvideo1.5-{res}-{task}": {**SHAPE, "task": task, "target_size": size}
+    for res, size in TARGET_SIZE.items()
+    for task in ("t2v", "i2v")
+}
+
+
+def default_size(target_size: int, aspect: tuple[int, int] = (16, 9), patch: int = 16) -> tuple[int, int]:
+    """(height, width) the pipeline samples at when given none: of its buckets (sizes in multiples of the VAE's
+    `patch` pixels holding about (target_size / patch)^2 patches, aspect at most 4), the closest to
+    `aspect` (width:height) among those no taller (no wider, for a tall aspect), as
+    HunyuanVideo15ImageProcessor.calculate_default_height_width picks."""
+    patches = round((target_size / patch) ** 2)
+    buckets, rows, cols = [], patches, 1  # (height, width) in patches, from the tallest down
+    while rows > 0:
+        if max(rows, cols) / min(rows, cols) <= 4.0:
+            buckets.append((rows * patch, cols * patch))
+        if (cols + 1) * rows <= patches:
+            cols += 1
+        else:
+            rows -= 1
+    wanted = aspect[1] / aspect[0]
+    ratios = [round(h / w, 5) for h, w in buckets]
+    side = [i for i, r in enumerate(ratios) if (r - wanted <= 0 if wanted >= 1 else r - wanted >= 0)]
+    return buckets[min(side, key=lambda i: abs(ratios[i] - wanted))]
