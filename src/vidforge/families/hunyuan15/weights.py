@@ -24,41 +24,20 @@ from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.families.hunyuan15.published import CONFIG, model_fields, read_json, transformer_folder
 from vidforge.families.hunyuan15.published import diffusers_config as published_config
 from vidforge.models.checkpoint import FORMAT, WEIGHTS, write_config
-from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
+from vidforge.models.safetensors_stream import (
+    DTYPES,
+    StoredTensor,
+    TensorEntry,
+    stored_tensors,
+    write_safetensors,
+)
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 CASTS = {None: None, "float32": "F32", "bfloat16": "BF16"}
 
 
-def _files(folder: Path, single: str, index: str) -> list[Path]:
-    if (folder / index).is_file():
-        weight_map = read_json(folder / index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise UserInputError(f"{folder / index}: no weight_map; download the index again")
-        return [folder / name for name in sorted(set(weight_map.values()))]
-    if (folder / single).is_file():
-        return [folder / single]
-    raise UserInputError(f"{folder}: neither {single} nor {index}; point at a folder of safetensors weights")
-
-
-def _stored(files: list[Path]) -> dict[str, tuple[Path, str, tuple[int, ...]]]:
-    """name -> (file, safetensors dtype, shape), from the headers alone."""
-    found = {}
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    part = f.get_slice(key)
-                    found[key] = (path, part.get_dtype(), tuple(part.get_shape()))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise UserInputError(
-                f"{path}: not a readable safetensors file ({err}); download it again"
-            ) from None
-    return found
-
-
-def _checked(model: HunyuanVideo15Model, stored: dict, folder: Path) -> list[str]:
+def _checked(model: HunyuanVideo15Model, stored: dict[str, StoredTensor], folder: Path) -> list[str]:
     """The network's tensor names in its order, after checking the stored names, shapes and dtypes."""
     with torch.device("meta"):
         expected = {n: tuple(t.shape) for n, t in HunyuanVideo15Transformer(model).state_dict().items()}
@@ -69,19 +48,23 @@ def _checked(model: HunyuanVideo15Model, stored: dict, folder: Path) -> list[str
             f"{unexpected[:3]}); the folder is incomplete or not a HunyuanVideo-1.5 transformer"
         )
     for name, shape in expected.items():
-        path, dtype, got = stored[name]
-        if got != shape:
-            raise UserInputError(f"{path}: {name} has shape {got}, config.json implies {shape}")
-        if dtype not in ("F32", "BF16", "F16"):
-            raise UserInputError(f"{path}: {name} is {dtype}; vidforge reads float32, bfloat16 or float16")
+        t = stored[name]
+        if t.shape != shape:
+            raise UserInputError(f"{t.file}: {name} has shape {t.shape}, config.json implies {shape}")
+        if t.dtype not in ("F32", "BF16", "F16"):
+            raise UserInputError(
+                f"{t.file}: {name} is {t.dtype}; vidforge reads float32, bfloat16 or float16"
+            )
     return list(expected)
 
 
-def _entries(names: list[str], stored: dict, files: ExitStack, cast: str | None) -> list[TensorEntry]:
+def _entries(
+    names: list[str], stored: dict[str, StoredTensor], files: ExitStack, cast: str | None
+) -> list[TensorEntry]:
     handles: dict[Path, Any] = {}
 
     def loader(name: str):
-        path = stored[name][0]
+        path = stored[name].file
 
         def load() -> torch.Tensor:
             if path not in handles:
@@ -91,10 +74,10 @@ def _entries(names: list[str], stored: dict, files: ExitStack, cast: str | None)
 
         return load
 
-    return [TensorEntry(n, cast or stored[n][1], stored[n][2], loader(n)) for n in names]
+    return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]
 
 
-def published_source(src: Path) -> tuple[Path, HunyuanVideo15Model, dict, list[str]]:
+def published_source(src: Path) -> tuple[Path, HunyuanVideo15Model, dict[str, StoredTensor], list[str]]:
     """A diffusers transformer (or pipeline) folder checked from its headers."""
     folder = transformer_folder(Path(src))
     if not (folder / CONFIG).is_file():
@@ -103,7 +86,7 @@ def published_source(src: Path) -> tuple[Path, HunyuanVideo15Model, dict, list[s
         model = HunyuanVideo15Model(**model_fields(read_json(folder / CONFIG), folder / CONFIG))
     except ValidationError as err:
         raise UserInputError(f"{folder / CONFIG} cannot be represented: {err.errors()[0]['msg']}") from None
-    stored = _stored(_files(folder, SINGLE, INDEX))
+    stored = stored_tensors(folder, SINGLE, INDEX)
     return folder, model, stored, _checked(model, stored, folder)
 
 
@@ -140,12 +123,12 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
     index (diffusers' names)."""
     export = Path(export)
     model = read_export(export)
-    stored = _stored(_files(export, WEIGHTS, f"{WEIGHTS}.index.json"))
+    stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     names = _checked(model, stored, export)
     groups: list[list[str]] = [[]]
     size = 0
     for name in names:
-        nbytes = DTYPES[stored[name][1]].itemsize * torch.Size(stored[name][2]).numel()
+        nbytes = stored[name].nbytes
         if groups[-1] and size + nbytes > max_shard_bytes:
             groups.append([])
             size = 0
