@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from diffusers import HunyuanVideo15Transformer3DModel
 
+from vidforge.families.hunyuan15.captions import join_caption
 from vidforge.families.hunyuan15.config import HunyuanVideo15Model
 
 LATENT = 4  # latent channels (out_channels); in_channels = 2 * LATENT + 1
@@ -115,10 +116,9 @@ def reference_out(ref: HunyuanVideo15Transformer3DModel, inp: dict) -> torch.Ten
         )[0]
 
 
-def caption(inp: dict, text_dim: int = TINY["text_embed_dim"]) -> tuple[torch.Tensor, torch.Tensor]:
-    """vidforge's one caption: the MLLM's states, then the glyph encoder's padded to the MLLM's width."""
-    glyph = torch.nn.functional.pad(inp["glyph"], (0, text_dim - inp["glyph"].shape[-1]))
-    return torch.cat([inp["mllm"], glyph], dim=1), torch.cat([inp["mllm_mask"], inp["glyph_mask"]], dim=1)
+def caption(inp: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """vidforge's one caption of the inputs' two encoders' states (the family's `join_caption`)."""
+    return join_caption(inp["mllm"], inp["mllm_mask"], inp["glyph"], inp["glyph_mask"])
 
 
 # --- a whole pipeline folder in the published layout ----------------------------------------------

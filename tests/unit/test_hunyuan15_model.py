@@ -97,3 +97,17 @@ def test_latents_and_patch_tokens_give_the_same(tmp_path):
             image=inp["image"],
         )
     torch.testing.assert_close(unpatchify(tokens, grid, patch, model.config.in_channels), _out(model, inp))
+
+
+def test_what_is_not_built_is_refused_in_one_line(tmp_path):
+    """Packed rows and caption dropout are not built for this family: refused naming the setting."""
+    from vidforge.errors import UserInputError
+
+    ref = reference_transformer()
+    model = _ours(ref, tmp_path)
+    inp = inputs()
+    text, mask = caption(inp)
+    with pytest.raises(UserInputError, match="caption_dropout"):
+        model(inp["x"], inp["t"], text, mask, drop_text=torch.tensor([True, False]))
+    with pytest.raises(UserInputError, match="data.packing"):  # refused before the layout is read
+        model(inp["x"], inp["t"], text, mask, layout=object())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
+from vidforge.families import Published
 from vidforge.families.hunyuan15.config import FAMILY, default_size
 
 CLASS_NAME = "HunyuanVideo15Transformer3DModel"
@@ -214,3 +215,12 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
     if pipeline.flow_shift is not None:
         settings.append(f"diffusion.flow_shift={pipeline.flow_shift}")
     return settings
+
+
+def read_published(src: Path) -> Published | None:
+    """The folder as `vidforge.families` describes a published one (None when it is no HunyuanVideo-1.5
+    folder): the transformer's `model` fields and the settings that train and sample it as published."""
+    pipeline = read_pipeline(src)
+    if pipeline is None:
+        return None
+    return Published(FAMILY, src, pipeline.transformer, pipeline.model, profile_defaults(pipeline), "flow")
