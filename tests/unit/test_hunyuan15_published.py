@@ -20,7 +20,7 @@ from vidforge.families.hunyuan15 import LORA_TARGETS, PRESETS
 from vidforge.families.hunyuan15.config import HunyuanVideo15Model
 from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.families.hunyuan15.published import read_pipeline
-from vidforge.families.hunyuan15.weights import export_weights, import_weights, load_published
+from vidforge.families.hunyuan15.weights import export_weights, load_published, write_export
 
 PIPELINES = {"t2v": HunyuanVideo15Pipeline, "i2v": HunyuanVideo15ImageToVideoPipeline}
 
@@ -91,7 +91,7 @@ def test_preset_resolutions_are_the_pipelines(target_size):
 
 def test_import_then_export_is_bitwise_and_loads_in_diffusers(folder, tmp_path):
     task, root, pipe = folder
-    model = import_weights(root, tmp_path / "export")
+    model = write_export(root, tmp_path / "export")
     assert model.task == task
     out = export_weights(tmp_path / "export", tmp_path / "diffusers", max_shard_bytes=40_000)
     assert (out / "diffusion_pytorch_model.safetensors.index.json").is_file()  # sharded
@@ -108,11 +108,11 @@ def test_import_then_export_is_bitwise_and_loads_in_diffusers(folder, tmp_path):
 
 def test_import_casts_on_request(folder, tmp_path):
     _, root, _ = folder
-    import_weights(root, tmp_path, dtype="bfloat16")
+    write_export(root, tmp_path, dtype="bfloat16")
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     with pytest.raises(UserInputError, match="--dtype"):
-        import_weights(root, tmp_path, dtype="int8")
+        write_export(root, tmp_path, dtype="int8")
 
 
 def test_loaded_without_import_equals_diffusers(folder):

@@ -31,6 +31,8 @@ from vidforge.models.safetensors_stream import (
     stored_tensors,
     write_safetensors,
 )
+from vidforge.profile import dump_profile
+from vidforge.profile.loading import validate_profile
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -90,8 +92,8 @@ def published_source(src: Path) -> tuple[Path, HunyuanVideo15Model, dict[str, St
     return folder, model, stored, _checked(model, stored, folder)
 
 
-def import_weights(src: Path, out: Path, dtype: str | None = None) -> HunyuanVideo15Model:
-    """Write the vidforge export (model.safetensors, config.json) of the published folder `src` into `out`;
+def write_export(src: Path, out: Path, dtype: str | None = None) -> HunyuanVideo15Model:
+    """Write the weights and config.json of a vidforge export of the published folder `src` into `out`;
     `dtype` None keeps every tensor's dtype, "float32" or "bfloat16" casts all of them."""
     if dtype not in CASTS:
         raise UserInputError(
@@ -104,6 +106,19 @@ def import_weights(src: Path, out: Path, dtype: str | None = None) -> HunyuanVid
         write_safetensors(out / WEIGHTS, _entries(names, stored, files, CASTS[dtype]), {"format": FORMAT})
     write_config(out, model)
     return model
+
+
+def import_weights(src: Path, out: Path, profile: Any, dtype: str | None = None) -> Path:
+    """`vidforge model import`: the export of `src` (`write_export`) with profile.yaml, `profile` with its
+    model section the imported one (the profile's attention kernels kept)."""
+    model = write_export(src, out, dtype)
+    data = profile.model_dump(mode="json")
+    kept = {name: getattr(profile.model, name) for name in ("attention", "sdpa_backend")}
+    data["model"] = {**model.model_dump(mode="json"), **kept}
+    resolved = validate_profile(data, f"{transformer_folder(Path(src)) / CONFIG} in the profile")
+    write_config(Path(out), resolved.model)
+    (Path(out) / "profile.yaml").write_text(dump_profile(resolved))
+    return Path(out)
 
 
 def read_export(export: Path) -> HunyuanVideo15Model:
