@@ -6,8 +6,9 @@ LoRA's default targets; its code, loaded by import path: the network (`network`,
 from vidforge.families.hunyuan15.config import PRESETS
 
 # The attention projections of both streams of every double-stream block (and, by the same names, of the
-# caption refiner's blocks), as diffusers names them: what diffusers' LoRA loader and its HunyuanVideo
-# trainers adapt.
+# caption refiner's blocks), as diffusers names them: the Wan family's choice with the caption stream's
+# added. musubi-tuner adapts every Linear of the double-stream blocks (the feed-forwards and modulation
+# too); train.lora.target_modules names those for a run that wants them.
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 
 __all__ = ["LORA_TARGETS", "PRESETS"]
