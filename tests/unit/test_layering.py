@@ -27,8 +27,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
 
 # Bottom first. Names on one layer are peers: they know nothing of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # the registry of objectives and samplers: names and module paths, which the profile validates against
-    ("errors", "__init__", "sampler_registry"),
+    # the registry of objectives and samplers: names and module paths, which the profile validates against;
+    # the base of every profile section (the families' model sections derive from it too)
+    ("errors", "__init__", "sampler_registry", "section"),
     ("families",),  # each family's facts, its code named by import path (the profile reads them)
     ("profile", "memory", "weights_file", "device"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
@@ -57,6 +58,7 @@ FORBIDDEN = {
     # the profile reads the registry while it loads: neither it nor the package's __init__ imports torch
     "diffusion/__init__.py": ("torch", "vidforge"),
     "sampler_registry.py": ("torch", "vidforge"),
+    "section.py": ("torch", "vidforge"),
     "diffusion/edm.py": ("vidforge.profile",),
     "diffusion/objective.py": ("vidforge.profile",),
     "tokens": ("torch.distributed",),
