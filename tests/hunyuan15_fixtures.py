@@ -8,7 +8,7 @@ import torch
 from diffusers import HunyuanVideo15Transformer3DModel
 
 from vidforge.families.hunyuan15.captions import join_caption
-from vidforge.families.hunyuan15.config import HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 
 LATENT = 4  # latent channels (out_channels); in_channels = 2 * LATENT + 1
 TINY = {

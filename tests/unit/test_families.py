@@ -150,9 +150,9 @@ def test_a_family_refuses_another_familys_fields_and_other_values_of_its_constan
 
     with pytest.raises(
         ProfileError,
-        match=r"--set model.image_dim=1280: only the wan family has it \(the vidforge family has 0, got 1280\); set model.family=wan",
+        match=r"--set model.expand_timesteps=true: only the wan family has it \(the vidforge family has False, got True\); set model.family=wan",
     ):
-        train_profile("model.image_dim=1280")
+        train_profile("model.expand_timesteps=true")
     with pytest.raises(
         ProfileError,
         match="--set model.architecture=stdit: only the vidforge family has it .the wan family has 'dit', got 'stdit'.",

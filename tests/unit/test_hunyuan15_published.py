@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15 import LORA_TARGETS, PRESETS
-from vidforge.families.hunyuan15.config import HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.families.hunyuan15.published import read_pipeline
 from vidforge.families.hunyuan15.weights import export_weights, load_published, write_export
@@ -79,7 +79,7 @@ def test_preset_resolutions_are_the_pipelines(target_size):
     """480p and 720p: the pipeline's default size for its target_size, over the published 16x VAE."""
     from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
 
-    from vidforge.families.hunyuan15.config import default_size
+    from vidforge.families.hunyuan15.model import default_size
 
     processor = HunyuanVideo15ImageProcessor(vae_scale_factor=16)
     for aspect in [(16, 9), (9, 16), (1, 1), (4, 3)]:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.families.hunyuan15.config import HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
@@ -387,6 +387,19 @@ class HunyuanVideo15Transformer(VideoTransformer):
         )
         self.norm_out = OutputNorm(hidden)
         self.proj_out = nn.Linear(hidden, config.patch_dim)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """A fresh model as diffusers initialises one: PyTorch's defaults (Linear and Conv3d fan-in uniform,
+        norms at one and zero, the type embedding N(0, 1)). Only for training from scratch; a fine-tune
+        loads the published weights over it. Callable again after building on the meta device and
+        materialising with `to_empty`."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Conv3d | nn.LayerNorm | nn.Embedding):
+                module.reset_parameters()
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
 
     @property
     def blocks(self) -> nn.ModuleDict:  # the shared forward's name for the stack; diffusers' is kept

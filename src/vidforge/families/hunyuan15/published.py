@@ -18,7 +18,7 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published
-from vidforge.families.hunyuan15.config import FAMILY, default_size
+from vidforge.families.hunyuan15.model import FAMILY, default_size
 
 CLASS_NAME = "HunyuanVideo15Transformer3DModel"
 CONFIG = "config.json"

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from safetensors import safe_open
 
 from vidforge.errors import UserInputError
-from vidforge.families.hunyuan15.config import HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.families.hunyuan15.published import CONFIG, model_fields, read_json, transformer_folder
 from vidforge.families.hunyuan15.published import diffusers_config as published_config

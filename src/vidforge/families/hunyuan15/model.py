@@ -1,30 +1,35 @@
-"""HunyuanVideo-1.5's shape as the profile's `model` section holds it (torch-free: the profile's validator
-reads it). Field names are vidforge's where the DiT has the same quantity (layers, hidden, heads, patch,
-in_channels, text_dim, image_dim, condition_channels), so the shared forward (`VideoTransformer`) reads
-them as it reads the DiT's; the rest are this family's own, each the diffusers config entry it mirrors.
+"""The hunyuan15 family's model section: HunyuanVideo-1.5's own fields beside what every family has, and
+its published presets (torch-free: the profile's validator reads them). Field names are vidforge's where
+the DiT has the same quantity (layers, hidden, heads, patch, in_channels, text_dim, image_dim,
+condition_channels), so the shared forward (`VideoTransformer`) reads them as it reads any family's; the
+rest are this family's own, each the diffusers config entry it mirrors.
 
 The caption is one tensor (`text`, (N, L + text_2_tokens, text_dim)): the MLLM's (Qwen2.5-VL) hidden states
 of the prompt, then `text_2_tokens` positions holding the glyph encoder's (ByT5) states in their first
-`text_2_dim` features (zeros after), with one mask over both. The shared forward takes one caption; this
-layout carries the pipeline's two encoders in it without a second argument."""
+`text_2_dim` features (zeros after), with one mask over both (`captions.join_caption`). The shared forward
+takes one caption; this layout carries the pipeline's two encoders in it without a second argument."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from vidforge.families.model import FixedBlock, Model
 
 FAMILY = "hunyuan15"
 LATENT_CHANNELS = 32  # AutoencoderKLHunyuanVideo15's latent channels (the transformer's out_channels)
 CONDITION_CHANNELS = LATENT_CHANNELS + 1  # the first frame's latents and its mask (in_channels 65)
 
 
-class HunyuanVideo15Model(BaseModel):
-    """HunyuanVideo15Transformer3DModel's config in vidforge's words (diffusers' entry in brackets)."""
+class HunyuanVideo15Model(Model, FixedBlock):
+    """HunyuanVideo15Transformer3DModel's config in vidforge's words (diffusers' entry in brackets); the
+    defaults are the published shape."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    expand_timesteps: ClassVar[bool] = False
 
     family: Literal["hunyuan15"] = FAMILY
+    """HunyuanVideo-1.5 (T2V and I2V); `vidforge model import` brings its published weights in."""
     preset: str | None = None
     layers: int = Field(54, ge=1)
     """Double-stream blocks (num_layers)."""
@@ -54,21 +59,23 @@ class HunyuanVideo15Model(BaseModel):
     rope_axes: tuple[int, int, int] = (16, 56, 56)
     """Channels of each head rotated by t, h and w (rope_axes_dim)."""
     rope_theta: float = Field(256.0, gt=0)
+    """Base of the rotary position embedding's frequencies (rope_theta)."""
     task: Literal["t2v", "i2v"] = "t2v"
     """What the published weights were trained for (task_type); the network is the same."""
     target_size: int = Field(640, ge=16)
     """The pixel size the pipeline's default resolution buckets are built around (480p: 640, 720p: 960)."""
-    attention: Literal["sdpa", "flex", "flash", "dense"] = "sdpa"
-    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
 
     @model_validator(mode="after")
-    def _check(self) -> HunyuanVideo15Model:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden: must be divisible by model.heads={self.heads}, got {self.hidden}")
+    def _check_hunyuan(self) -> HunyuanVideo15Model:
         if sum(self.rope_axes) != self.head_dim or any(a % 2 for a in self.rope_axes):
             raise ValueError(
                 f"rope_axes: three even parts summing to the head size hidden/heads = {self.head_dim}, got "
                 f"{list(self.rope_axes)}"
+            )
+        if self.attention_window is not None or self.attention_topk is not None:
+            raise ValueError(
+                "attention_window: sliding-tile and video sparse attention are not built for the hunyuan15 "
+                "family's joint attention; drop attention_window and attention_topk"
             )
         if self.text_2_dim > self.text_dim:
             raise ValueError(
@@ -78,13 +85,9 @@ class HunyuanVideo15Model(BaseModel):
         return self
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def patch_dim(self) -> int:
-        pt, ph, pw = self.patch
-        return self.in_channels * pt * ph * pw
+    def multimodal_block(self) -> bool:
+        """The caption is a second stream of every block, read in joint attention (no cross-attention)."""
+        return True
 
 
 # HunyuanVideo-1.5's published transformers (hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-{480p,720p}_
