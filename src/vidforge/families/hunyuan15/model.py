@@ -26,7 +26,8 @@ class HunyuanVideo15Model(Model, FixedBlock):
     """HunyuanVideo15Transformer3DModel's config in vidforge's words (diffusers' entry in brackets); the
     defaults are the published shape."""
 
-    expand_timesteps: ClassVar[bool] = False
+    expand_timesteps: ClassVar[bool] = False  # the first frame enters as condition channels instead
+    cross_attn_norm: ClassVar[bool] = False  # no cross-attention: the caption is a stream of every block
 
     family: Literal["hunyuan15"] = FAMILY
     """HunyuanVideo-1.5 (T2V and I2V); `vidforge model import` brings its published weights in."""

@@ -23,6 +23,7 @@ from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.families.hunyuan15.published import CONFIG, model_fields, read_json, transformer_folder
 from vidforge.families.hunyuan15.published import diffusers_config as published_config
+from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import FORMAT, WEIGHTS, write_config
 from vidforge.models.safetensors_stream import (
     DTYPES,
@@ -101,7 +102,7 @@ def write_export(src: Path, out: Path, dtype: str | None = None) -> HunyuanVideo
         )
     _, model, stored, names = published_source(src)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    output_folder(out)
     with ExitStack() as files:
         write_safetensors(out / WEIGHTS, _entries(names, stored, files, CASTS[dtype]), {"format": FORMAT})
     write_config(out, model)
@@ -117,7 +118,7 @@ def import_weights(src: Path, out: Path, profile: Any, dtype: str | None = None)
     data["model"] = {**model.model_dump(mode="json"), **kept}
     resolved = validate_profile(data, f"{transformer_folder(Path(src)) / CONFIG} in the profile")
     write_config(Path(out), resolved.model)
-    (Path(out) / "profile.yaml").write_text(dump_profile(resolved))
+    write_text(Path(out) / "profile.yaml", dump_profile(resolved))
     return Path(out)
 
 
@@ -150,7 +151,7 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
         groups[-1].append(name)
         size += nbytes
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    output_folder(out)
     weight_map: dict[str, str] = {}
     with ExitStack() as files:
         for i, group in enumerate(groups, start=1):
@@ -162,9 +163,9 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
             write_safetensors(out / name, _entries(group, stored, files, None), {"format": "pt"})
             weight_map.update(dict.fromkeys(group, name))
     if len(groups) > 1:
-        (out / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
-    (out / CONFIG).write_text(
-        json.dumps(published_config(model, metadata.version("diffusers")), indent=2) + "\n"
+        write_text(out / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
+    write_text(
+        out / CONFIG, json.dumps(published_config(model, metadata.version("diffusers")), indent=2) + "\n"
     )
     return out
 
