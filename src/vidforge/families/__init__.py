@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "vidforge": "vidforge.families.vidforge",
     "wan": "vidforge.families.wan",
+    "hunyuan15": "vidforge.families.hunyuan15",
 }
 """Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
 
