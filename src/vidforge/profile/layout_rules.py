@@ -298,6 +298,64 @@ def _fp8(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
+def _distill(profile: RunProfile, layout: Layout) -> list[str]:
+    """DMD2's step (`vidforge.train.distill`) runs its student, teacher and fake score as whole models on
+    whole sequences: one process or data parallel (FSDP, HSDP, tp), no pipeline stages or cp shards."""
+    if profile.train.distill is None:
+        return []
+    return [
+        f"parallel.{name}: train.distill runs one process or data parallel (FSDP, tp), not {what} parallel "
+        f"({name}={degree}); set parallel.{name}=1"
+        for name, what, degree in (("pp", "pipeline", layout.pp), ("cp", "context", layout.cp))
+        if degree > 1
+    ]
+
+
+def _image_condition(profile: RunProfile, layout: Layout) -> list[str]:
+    """First-frame conditioning (`diffusion.image_condition`, Wan2.2 TI2V) gives the first latent frame's
+    tokens level 0: it needs a model with `expand_timesteps` (a level per token), the flow objective (a
+    clean token's level 0 is t = 0 there only) and a student that does not generate from noise alone (no
+    train.distill). The token splits of context, pipeline and sequence parallel carry no per-token level
+    yet (under sequence parallel the rows the tp ranks sum would be each rank's own tokens')."""
+    if not profile.diffusion.image_condition:
+        return []
+    fix = "or set diffusion.image_condition=0"
+    problems = []
+    if not profile.model.expand_timesteps:
+        problems.append(
+            "diffusion.image_condition: model.expand_timesteps is off (a first-frame conditioned model, e.g. "
+            f"Wan2.2 TI2V, has it); {fix}"
+        )
+    if profile.diffusion.objective != "flow":
+        problems.append(f"diffusion.image_condition: needs diffusion.objective=flow; {fix}")
+    if profile.train.distill is not None:
+        problems.append(f"diffusion.image_condition: train.distill distils text-to-video; {fix}")
+    problems += [
+        f"parallel.{name}: first-frame conditioning (diffusion.image_condition) trains without {what} "
+        f"parallel ({name}={degree}); set parallel.{name}=1 {fix}"
+        for name, what, degree in (("cp", "context", layout.cp), ("pp", "pipeline", layout.pp))
+        if degree > 1
+    ]
+    if layout.tp > 1 and profile.parallel.sequence_parallel:
+        problems.append(
+            f"parallel.sequence_parallel: first-frame conditioning (diffusion.image_condition) trains without "
+            f"sequence parallel (tp={layout.tp}); set parallel.sequence_parallel=false {fix}"
+        )
+    return problems
+
+
+def _image_validation(profile: RunProfile, layout: Layout) -> list[str]:
+    """An image-to-video model (`model.condition_channels`, Wan2.1-I2V) samples from a first frame, which
+    validation's prompts lack."""
+    every = profile.train.validate_every
+    if not profile.model.condition_channels or not every:
+        return []
+    return [
+        f"train.validate_every: {every}: an image-to-video model's validation needs a first frame; set "
+        "train.validate_every=0 and sample the export with `vidforge infer --image`"
+    ]
+
+
 RULES: tuple[Rule, ...] = (
     _heads,
     _cp_2d,
@@ -310,6 +368,9 @@ RULES: tuple[Rule, ...] = (
     _sliding_tiles,
     _lora,
     _fp8,
+    _distill,
+    _image_condition,
+    _image_validation,
 )
 
 
