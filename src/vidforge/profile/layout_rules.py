@@ -8,12 +8,16 @@ loop itself. So when the trainer learns to run a layout, its rule is deleted her
 changes.
 
 Each rule returns `field: what is wrong; what to change`, one line, naming the profile field to change.
+Sampling has rules of its own: the model's layout rules on `vidforge infer --nproc N`'s layout
+(`sampling_layout_problems`), and what a sampling run (`SamplingRun`: its processes, an image or not)
+cannot do with the profile (`sampling_run_problems`), asked by `vidforge infer` before anything loads.
 Pure data: no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from vidforge.profile.parallel import SLIDING_TILE_CP_IMPLS, Layout
 from vidforge.profile.run_profile import RunProfile
@@ -408,3 +412,83 @@ def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:
     """What keeps `vidforge infer` from sampling with `layout` (pp 1, dp_replicate = the guidance
     branches, cp = the sequence ranks, tp = infer.tp), each as `field: message`."""
     return [p for rule in SAMPLING_RULES for p in rule(profile, layout)]
+
+
+@dataclass(frozen=True)
+class SamplingRun:
+    """What `vidforge infer` is asked to run beside its profile: `world` processes (--nproc), an image to
+    start from or not (--image)."""
+
+    world: int = 1
+    image: bool = False
+
+
+SamplingRule = Callable[["RunProfile", SamplingRun], list[str]]
+
+
+def _one_process(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """What samples in one process only, and infer.tp, which needs as many."""
+    world, problems = run.world, []
+    if world == 1 and profile.infer.tp > 1:
+        problems.append(
+            f"infer.tp: {profile.infer.tp} ranks hold the model tensor-parallel, but one process runs; "
+            f"use --nproc {profile.infer.tp} (or a multiple), or set infer.tp=1"
+        )
+    if world > 1 and profile.model.experts == 2:
+        problems.append(
+            f"--nproc {world}: a two-expert model (model.experts=2) samples in one process; drop --nproc"
+        )
+    if world > 1 and run.image:
+        problems.append(
+            f"--image: image-conditioned sampling runs in one process, not over {world}; drop --nproc"
+        )
+    if world > 1 and profile.infer.cache.threshold > 0:
+        problems.append(
+            f"infer.cache.threshold: step caching runs in one process, not over --nproc {world}; "
+            "set infer.cache.threshold=0 or drop --nproc"
+        )
+    return problems
+
+
+def _image(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """Which models take --image, and how: through condition channels (Wan2.1-I2V, Wan2.2 I2V-A14B),
+    which need one, or as the first latent frame (model.expand_timesteps, Wan2.2 TI2V), one network's."""
+    model = profile.model
+    if model.condition_channels:
+        if run.image:
+            return []
+        return [
+            f"--image: this {model.family} model is image-to-video (model.condition_channels="
+            f"{model.condition_channels}); give the first frame to animate with --image PATH"
+        ]
+    if not run.image:
+        return []
+    if not model.expand_timesteps:
+        return [
+            f"--image: model.family={model.family} with model.expand_timesteps off samples from text only; "
+            "drop --image, or sample an image-conditioned model (e.g. Wan2.2 TI2V)"
+        ]
+    if model.experts == 2:
+        return [
+            "--image: a two-expert model samples from an image through its condition channels "
+            "(model.condition_channels, Wan2.2 I2V-A14B), not through model.expand_timesteps; drop --image"
+        ]
+    return []
+
+
+def _experts_cache(profile: RunProfile, run: SamplingRun) -> list[str]:
+    if profile.model.experts != 2 or profile.infer.cache.threshold <= 0:
+        return []
+    return [
+        "infer.cache.threshold: step caching is fitted to one network's outputs, not to two experts'; "
+        "set infer.cache.threshold=0"
+    ]
+
+
+SAMPLING_RUN_RULES: tuple[SamplingRule, ...] = (_image, _one_process, _experts_cache)
+
+
+def sampling_run_problems(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """What keeps `vidforge infer` from running `run` with `profile`, each as `field: message` (the
+    field a setting or a flag), known before anything loads."""
+    return [p for rule in SAMPLING_RUN_RULES for p in rule(profile, run)]
