@@ -309,7 +309,7 @@ def _image_tp(profile: RunProfile, layout: Layout) -> list[str]:
         return []
     return [
         f"parallel.tp: the image cross-attention (model.image_dim={profile.model.image_dim}) has no "
-        f"tensor-parallel plan yet (tp={layout.tp}); set parallel.tp=1 and shard with parallel.dp_shard (FSDP)"
+        f"tensor-parallel plan yet (tp={layout.tp}); set parallel.tp=1 (training shards it with FSDP)"
     ]
 
 
