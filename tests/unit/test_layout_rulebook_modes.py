@@ -85,6 +85,10 @@ def test_every_layout_the_planner_ranks_for_a_distillation_is_data_parallel() ->
             "parallel.pp: train.distill runs one process or data parallel",
         ),
         (
+            [*MODES["I2V"], "parallel.tp=2"],
+            "parallel.tp: the image cross-attention (model.image_dim=24) has no tensor-parallel plan yet",
+        ),
+        (
             [*MODES["I2V"], "train.validate_every=5"],
             "train.validate_every: 5: an image-to-video model's validation needs a first frame",
         ),
@@ -98,3 +102,16 @@ def test_a_moved_refusal_happens_when_the_profile_loads_in_one_line(sets: list[s
     field, words = says.split(": ", 1)  # the loader names the field by the --set that gave it
     assert field in message and words in message and "\n" not in message
     assert "set " in message.split(";")[-1]  # the fix
+
+
+def test_sampling_refuses_the_image_cross_attention_under_infer_tp_by_the_same_rule() -> None:
+    """The rule that moved out of the family's tensor-parallel plan holds for `vidforge infer --tp` too
+    (`infer.plan.check_plan` asks the rulebook's sampling rules before the model loads)."""
+    from vidforge.errors import UserInputError
+    from vidforge.infer.plan import InferPlan, check_plan
+
+    profile = load_profile(None, [*WAN, *MODES["I2V"]])
+    plan = InferPlan.choose(2, 1.0, profile.model, tp=2)
+    with pytest.raises(UserInputError, match=r"infer.tp: the image cross-attention .* set infer.tp=1"):
+        check_plan(plan, profile)
+    check_plan(InferPlan.choose(2, 1.0, profile.model), profile)  # its two ranks split the sequence
