@@ -46,6 +46,14 @@ def test_expert_settings_that_mean_nothing_are_refused_in_one_line() -> None:
             "train.validate_every: the low-noise expert alone",
         ),
         (
+            {
+                "model": {"preset": "wan2.2-t2v-a14b"},
+                "train": {"expert": "high"},
+                "diffusion": {"objective": "edm"},
+            },
+            "diffusion.objective: the high-noise expert trains on its side of model.boundary_ratio",
+        ),
+        (
             {"model": {"preset": "wan2.1-14b"}, "stages": [{"name": "a", "steps": 1, "expert": "low"}]},
             "stages: in stage 'a', train.expert: low names",
         ),
