@@ -22,6 +22,7 @@ MODES = {
     "I2V": ["model.image_dim=24", "model.condition_channels=8"],
     "TI2V": ["model.expand_timesteps=true", "diffusion.image_condition=0.5"],
     "experts": ["model.experts=2", "model.boundary_ratio=0.875", "train.expert=high"],
+    "distill": ["train.distill={steps: 4}"],
 }
 
 
@@ -53,14 +54,17 @@ def test_every_layout_the_planner_ranks_for_a_mode_the_trainer_builds(mode: str)
         # the loss's per-token levels are not split by a cp shard, a pipeline stage or sequence parallel
         # (on by default with tp) yet: data parallel alone
         assert ranked == {(1, 1, 1)}, ranked
+    elif mode == "distill":
+        # DMD2's step (a LocalTrainStep) takes no pipeline stage and draws no cp shard: FSDP and tp
+        assert ranked == {(1, 1, tp) for tp in (1, 2, 4)}, ranked
     else:  # the others train under every kind of parallel
         assert any(cp > 1 for _, cp, _ in ranked) and any(pp > 1 for pp, _, _ in ranked), ranked
 
 
 def test_every_layout_the_planner_ranks_for_a_distillation_is_data_parallel() -> None:
     """DMD2's step runs its student, teacher and fake score whole on whole sequences (`vidforge.train.distill`:
-    a LocalTrainStep that takes no cp shard and no pipeline stage). The dry run builds no teacher, so the
-    walk checks each ranked layout loads and is one of those (64 GPUs, the issue's example)."""
+    a LocalTrainStep that takes no cp shard and no pipeline stage): on 64 GPUs of a 7B model, where the
+    planner once ranked dp_shard 8 x cp 8 first, every ranked layout is one of those."""
     profile = load_profile(
         "dit7b_74k_tp2_cp4_64xh100", ["train.distill={steps: 4}", "parallel.cp=1", "parallel.tp=1"]
     )
