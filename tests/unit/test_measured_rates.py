@@ -16,7 +16,7 @@ from vidforge.profile.model import Model
 
 def test_the_measured_rate_is_the_steps_mfu_with_its_recompute() -> None:
     step = MEASURED["h200"]
-    count = forward_flops(Model(preset=step.preset), [(21, 30, 52)], 512)
+    count = forward_flops(Model.model_validate({"preset": step.preset}), [(21, 30, 52)], 512)
     # full recompute: the step's hardware FLOPs are its model FLOPs and the blocks' forward once more
     ratio = (count.train_step() + count.blocks) / count.train_step()
     assert 1.3 < ratio < 4 / 3

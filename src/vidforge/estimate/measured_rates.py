@@ -55,7 +55,7 @@ def _hardware_over_model(step: MeasuredStep) -> float:
     from vidforge.models.flops import forward_flops
     from vidforge.profile.model import Model
 
-    cfg = Model(preset=step.preset)
+    cfg = Model.model_validate({"preset": step.preset})
     t, h, w = step.latent
     p = cfg.patch
     count = forward_flops(cfg, [(t // p[0], h // p[1], w // p[2])], step.text_tokens)
