@@ -24,6 +24,7 @@ Output: OUT/dropped.jsonl (clip_id, run, duplicate_of, duplicate_run, similarity
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -51,7 +52,7 @@ _WHO_WRITES = {
     AESTHETIC: "dedup the output of `vidforge caption` run on it with curation.caption.aesthetic.enabled=true",
     DURATION: "rerun `vidforge clip` on it to rewrite its store",
 }
-_CHUNK = 1 << 16  # rows per matmul when assigning clips to centroids
+_CHUNK = 1 << 15  # rows per matmul when assigning clips to centroids
 
 
 @dataclass
@@ -62,13 +63,45 @@ class Corpus:
     ids: np.ndarray
     run_of: np.ndarray
     vectors: np.ndarray
+    """float16 (N, D) unit rows: what the partition clusters (half the memory of float32; the verdict
+    on a pair is taken on the store's float32 rows, `exact`). A row that is not finite is zero here."""
     rank: np.ndarray
     """0 for the clip kept first: where two clips are duplicates, the lower rank stays."""
     model: dict[str, Any]
+    files: list[Path]
+    """The vectors file of every shard, in row order (`exact` reads rows from them)."""
+    starts: np.ndarray
+    not_finite: np.ndarray
+    """Rows whose stored vector holds a NaN or an infinity: compared with nothing, so never dropped."""
+    digest: str
+    """sha256 of what the result depends on: the ids, the stored vectors' bytes, the keep scores."""
+
+    def exact(self, rows: np.ndarray) -> np.ndarray:
+        """float32 unit vectors of `rows`, read from the stores (each shard mapped only while it is read,
+        so the pages read do not stay in this process)."""
+        rows = np.asarray(rows, np.int64)
+        out = np.zeros((len(rows), self.vectors.shape[1]), np.float32)
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        for p in np.unique(part):
+            at = np.flatnonzero(part == p)
+            out[at] = np.load(self.files[p], mmap_mode="r")[rows[at] - self.starts[p]]
+        return _unit_rows(out)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """`x` (float32) with each row scaled to unit length in place; a row that is not finite becomes zero."""
+    x[~np.isfinite(x).all(axis=1)] = 0
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x))[:, None]  # no (N, D) temporary, as norm makes
+    np.divide(x, norms, out=x, where=norms > 0)
+    return x
+
+
+_LOAD_ROWS = 1 << 14  # rows converted at a time: a float32 copy of this many rows is the load's overhead
 
 
 def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpus:
-    """The runs' stores as one normalised float32 matrix and the keep rule's ranking."""
+    """The runs' stores as one normalised float16 matrix, read a shard (and a few thousand rows) at a
+    time, the keep rule's ranking and the input's digest."""
     stores = [EmbeddingStore.open(r) for r in runs]
     if not stores:
         raise UserInputError("give at least one RUN (a `vidforge clip` output with embeddings)")
@@ -84,12 +117,22 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                 f"{first.model.get('name')} ({first.dim}-d); dedup runs embedded by the same model"
             )
     n = sum(s.rows for s in stores)
-    vectors = np.empty((n, first.dim or 0), np.float32)
-    ids, run_of, scores = [], [], []
+    vectors = np.empty((n, first.dim or 0), np.float16)
+    digest = hashlib.sha256(json.dumps([s.model for s in stores]).encode())
+    ids, run_of, scores, files, starts, bad = [], [], [], [], [], []
     row = 0
     for i, s in enumerate(stores):
-        s.vectors(out=vectors[row : row + s.rows])
-        row += s.rows
+        for shard_ids, shard in s.shards():
+            starts.append(row)
+            digest.update(np.ascontiguousarray(shard_ids).tobytes())
+            for c in range(0, len(shard), _LOAD_ROWS):
+                chunk = np.array(shard[c : c + _LOAD_ROWS], np.float32)
+                digest.update(chunk.tobytes())
+                finite = np.isfinite(chunk).all(axis=1)
+                bad.append(row + c + np.flatnonzero(~finite))
+                vectors[row + c : row + c + len(chunk)] = _unit_rows(chunk)
+            row += len(shard)
+        files += [s.folder / f"{sh['name']}.vectors.npy" for sh in s.index["shards"]]
         ids.append(s.ids())
         run_of.append(np.full(s.rows, i, np.int32))
         if keep != "first":
@@ -99,15 +142,25 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                     f"curation.semantic_dedup.keep={keep}; {_WHO_WRITES[KEEP_COLUMNS[keep]]}, or use keep=first"
                 )
             scores.append(s.column(KEEP_COLUMNS[keep]))
-    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))[:, None]  # no (N, D) temporary, as norm makes
-    np.divide(vectors, norms, out=vectors, where=norms > 0)
+            digest.update(scores[-1].tobytes())
     order = np.arange(n)
     if keep != "first":  # higher score first, then first seen; NaN (not measured) below every score
         order = np.lexsort((order, -np.concatenate(scores)))
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)
     all_ids = np.concatenate(ids) if ids else np.zeros(0, str)
-    return Corpus([s.run_dir for s in stores], all_ids, np.concatenate(run_of), vectors, rank, first.model)
+    return Corpus(
+        [s.run_dir for s in stores],
+        all_ids,
+        np.concatenate(run_of),
+        vectors,
+        rank,
+        first.model,
+        files,
+        np.asarray(starts + [n], np.int64),
+        np.concatenate(bad) if bad else np.zeros(0, np.int64),
+        digest.hexdigest(),
+    )
 
 
 # -- the rule on all pairs -------------------------------------------------------------------------------
@@ -147,13 +200,14 @@ def _best(sims, rank, dim: int):
 
 
 def _nearest(x, centroids, top: int):
-    """Indices of each row's `top` most similar centroids (rows and centroids unit vectors)."""
+    """Indices of each row's `top` most similar centroids (rows and centroids unit vectors; float16 rows
+    are widened a chunk at a time)."""
     import torch
 
     top = min(top, len(centroids))
     out = torch.empty((len(x), top), dtype=torch.int64, device=x.device)
     for s in range(0, len(x), _CHUNK):
-        out[s : s + _CHUNK] = (x[s : s + _CHUNK] @ centroids.T).topk(top, dim=1).indices
+        out[s : s + _CHUNK] = (x[s : s + _CHUNK].float() @ centroids.T).topk(top, dim=1).indices
     return out
 
 
@@ -184,9 +238,10 @@ def spherical_kmeans(x, k: int, iterations: int, gen):
     return centroids
 
 
-def partition(vectors: np.ndarray, cfg) -> np.ndarray:
+def partition(vectors: np.ndarray, cfg, exclude: np.ndarray | None = None) -> np.ndarray:
     """(N, probes) cluster ids per clip, nearest first (column 0: the cluster it belongs to); -1 pads a
-    row with fewer candidate clusters than probes. `cfg` is `curation.semantic_dedup`."""
+    row with fewer candidate clusters than probes, and is every cluster of an `exclude` row (compared
+    with nothing). `vectors`: float16 or float32 unit rows. `cfg` is `curation.semantic_dedup`."""
     import torch
 
     x = torch.from_numpy(vectors).to(select_device(cfg.device, "curation.semantic_dedup.device"))
@@ -196,7 +251,9 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
     gen = torch.Generator().manual_seed(cfg.seed)
     k = max(1, math.ceil(n / cfg.cluster_size))
     k1 = max(1, round(math.sqrt(k)))
-    coarse = spherical_kmeans(x[_sample(n, cfg.sample_per_cluster * k1, gen)], k1, cfg.iterations, gen)
+    coarse = spherical_kmeans(
+        x[_sample(n, cfg.sample_per_cluster * k1, gen)].float(), k1, cfg.iterations, gen
+    )
     near = _nearest(x, coarse, cfg.coarse_probes)
     cell = near[:, 0]
     members = [torch.nonzero(cell == c).flatten() for c in range(len(coarse))]
@@ -205,7 +262,7 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
         kc = max(1, round(len(rows) / cfg.cluster_size)) if len(rows) else 0
         if kc:
             sub = rows[_sample(len(rows), cfg.sample_per_cluster * kc, gen)]
-            fine.append(spherical_kmeans(x[sub], kc, cfg.iterations, gen))
+            fine.append(spherical_kmeans(x[sub].float(), kc, cfg.iterations, gen))
         first_of.append(first_of[-1] + (len(fine[-1]) if kc else 0))
     centroids = torch.cat(fine)
     probes = torch.full((n, cfg.probes), -1, dtype=torch.int64, device=x.device)
@@ -218,7 +275,10 @@ def partition(vectors: np.ndarray, cfg) -> np.ndarray:
         candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=x.device) for d in cells])
         picked = _nearest(x[rows], centroids[candidates], cfg.probes)
         probes[rows, : picked.shape[1]] = candidates[picked]
-    return probes.cpu().numpy()
+    probes = probes.cpu().numpy()
+    if exclude is not None:
+        probes[exclude] = -1
+    return probes
 
 
 # -- the work per cluster --------------------------------------------------------------------------------
@@ -323,10 +383,10 @@ def _unit(cluster: int) -> str:
 
 
 def _fingerprint(corpus: Corpus, cfg) -> str:
-    shards = [EmbeddingStore.open(r).index["shards"] for r in corpus.runs]
-    return stable_id(
-        [str(r.resolve()) for r in corpus.runs], json.dumps(shards), cfg.model_dump_json(), len(corpus.ids)
-    )
+    """What a saved partition and committed clusters were made from: the runs, the digest of their
+    contents (ids, vectors, keep scores: a store rewritten in place under the same index is another
+    input) and the settings."""
+    return stable_id([str(r.resolve()) for r in corpus.runs], corpus.digest, cfg.model_dump_json())
 
 
 def _load_or_plan(out: Path, corpus: Corpus, cfg, ledger: UnitLedger) -> tuple[np.ndarray, bool]:
@@ -338,7 +398,7 @@ def _load_or_plan(out: Path, corpus: Corpus, cfg, ledger: UnitLedger) -> tuple[n
         return np.load(out / PLAN), True
     for path in (out / UNITS_DIR).glob("*.jsonl"):
         path.unlink()  # units of another input or other settings
-    probes = partition(corpus.vectors, cfg)
+    probes = partition(corpus.vectors, cfg, corpus.not_finite)
     with atomic_path(out / PLAN) as tmp, open(tmp, "wb") as f:
         np.save(f, probes)
     write_json(saved, {"key": key, "clips": len(corpus.ids), "probes": cfg.probes})
@@ -386,7 +446,7 @@ def run(
             for cluster, rows, members in todo:  # gathered lazily: the executor's backpressure bounds memory
                 yield (
                     _unit(cluster),
-                    ClusterWork(cluster, rows, members, corpus.vectors[rows], corpus.rank[rows]),
+                    ClusterWork(cluster, rows, members, corpus.exact(rows), corpus.rank[rows]),
                 )
 
         def commit(unit: str, items: list[ClusterWork], errors: list[dict[str, Any]]) -> None:
@@ -424,6 +484,9 @@ def run(
         "probes": cfg.probes,
         "seed": cfg.seed,
         "errors": errors,
+        # Clips whose stored vector is not finite: compared with nothing (kept), named so that it is seen.
+        "not_finite": len(corpus.not_finite),
+        "not_finite_ids": [str(corpus.ids[r]) for r in corpus.not_finite[:10]],
         "plan_reused": reused,
         "seconds": {k: round(v, 3) for k, v in seconds.items()}
         | {"total": round(time.perf_counter() - started, 3)},
