@@ -19,6 +19,11 @@ Finding the pairs in N x cluster_size work:
    through the curation executor (`--executor local|ray`) and commit to a unit ledger under OUT, so a
    killed run resumes by cluster; the partition is saved first (OUT/plan.npy) and reused.
 
+Memory: the vectors stay in the stores. The corpus holds the ids, the ranks and a few cluster ids a clip;
+one pass over the stores digests the input (the resume key) and finds rows that are not finite, the
+k-means reads its samples, one more pass assigns every clip to a coarse cell, then a cell's and a
+cluster's rows are read as each is needed (measured: 1M x 512 in docs/benchmarks.md).
+
 Output: OUT/dropped.jsonl (clip_id, run, duplicate_of, duplicate_run, similarity), OUT/summary.json.
 """
 
@@ -38,7 +43,7 @@ import numpy as np
 
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
-from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore
+from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore, read_rows
 from vidforge.data.manifest import atomic_path, stable_id, write_json, write_jsonl
 from vidforge.data.units import UNITS_DIR, UnitLedger
 from vidforge.device import select_device
@@ -57,35 +62,44 @@ _CHUNK = 1 << 15  # rows per matmul when assigning clips to centroids
 
 @dataclass
 class Corpus:
-    """Every clip of the runs, in order: run by run, each in its store's (manifest) order."""
+    """Every clip of the runs, in order: run by run, each in its store's (manifest) order. The vectors stay
+    in the stores: they are read a chunk or a cluster at a time (`chunks`, `exact`), so memory holds a few
+    integers a clip, not its vector (1M x 512 float32 is 2 GB, 10M is 20 GB)."""
 
     runs: list[Path]
     ids: np.ndarray
     run_of: np.ndarray
-    vectors: np.ndarray
-    """float16 (N, D) unit rows: what the partition clusters (half the memory of float32; the verdict
-    on a pair is taken on the store's float32 rows, `exact`). A row that is not finite is zero here."""
     rank: np.ndarray
     """0 for the clip kept first: where two clips are duplicates, the lower rank stays."""
     model: dict[str, Any]
+    dim: int
     files: list[Path]
-    """The vectors file of every shard, in row order (`exact` reads rows from them)."""
+    """The vectors file of every shard, in row order."""
     starts: np.ndarray
+    """The first row of each of `files`, then the number of rows."""
     not_finite: np.ndarray
     """Rows whose stored vector holds a NaN or an infinity: compared with nothing, so never dropped."""
     digest: str
     """sha256 of what the result depends on: the ids, the stored vectors' bytes, the keep scores."""
 
+    def __len__(self) -> int:
+        return len(self.ids)
+
     def exact(self, rows: np.ndarray) -> np.ndarray:
-        """float32 unit vectors of `rows`, read from the stores (each shard mapped only while it is read,
-        so the pages read do not stay in this process)."""
+        """float32 unit vectors of `rows` (any order), from the stores: each shard mapped only while its rows
+        are gathered, so the pages read do not stay in this process."""
         rows = np.asarray(rows, np.int64)
-        out = np.zeros((len(rows), self.vectors.shape[1]), np.float32)
+        out = np.zeros((len(rows), self.dim), np.float32)
         part = np.searchsorted(self.starts, rows, side="right") - 1
         for p in np.unique(part):
             at = np.flatnonzero(part == p)
             out[at] = np.load(self.files[p], mmap_mode="r")[rows[at] - self.starts[p]]
         return _unit_rows(out)
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """All rows in order as float32 unit vectors, a few thousand at a time."""
+        for raw in _raw_chunks(self.files, self.starts):
+            yield _unit_rows(raw)
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
@@ -96,12 +110,18 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return x
 
 
-_LOAD_ROWS = 1 << 14  # rows converted at a time: a float32 copy of this many rows is the load's overhead
+_LOAD_ROWS = 1 << 14  # rows read at a time in a pass over the stores (32 MB at 512-d)
+
+
+def _raw_chunks(files: Sequence[Path], starts: np.ndarray) -> Iterator[np.ndarray]:
+    for path, first, end in zip(files, starts[:-1], starts[1:], strict=True):
+        for c in range(0, int(end - first), _LOAD_ROWS):
+            yield np.asarray(read_rows(path, c, min(c + _LOAD_ROWS, int(end - first))), np.float32)
 
 
 def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpus:
-    """The runs' stores as one normalised float16 matrix, read a shard (and a few thousand rows) at a
-    time, the keep rule's ranking and the input's digest."""
+    """The runs' clips: ids, the keep rule's ranking, and one pass over their vectors for the input's
+    digest and the rows that are not finite (the vectors themselves are not kept)."""
     stores = [EmbeddingStore.open(r) for r in runs]
     if not stores:
         raise UserInputError("give at least one RUN (a `vidforge clip` output with embeddings)")
@@ -116,24 +136,13 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                 f"{s.run_dir}: embedded by {s.model.get('name')} ({s.dim}-d), {first.run_dir} by "
                 f"{first.model.get('name')} ({first.dim}-d); dedup runs embedded by the same model"
             )
-    n = sum(s.rows for s in stores)
-    vectors = np.empty((n, first.dim or 0), np.float16)
     digest = hashlib.sha256(json.dumps([s.model for s in stores]).encode())
-    ids, run_of, scores, files, starts, bad = [], [], [], [], [], []
-    row = 0
+    ids, run_of, scores, files, sizes = [], [], [], [], []
     for i, s in enumerate(stores):
-        for shard_ids, shard in s.shards():
-            starts.append(row)
-            digest.update(np.ascontiguousarray(shard_ids).tobytes())
-            for c in range(0, len(shard), _LOAD_ROWS):
-                chunk = np.array(shard[c : c + _LOAD_ROWS], np.float32)
-                digest.update(chunk.tobytes())
-                finite = np.isfinite(chunk).all(axis=1)
-                bad.append(row + c + np.flatnonzero(~finite))
-                vectors[row + c : row + c + len(chunk)] = _unit_rows(chunk)
-            row += len(shard)
         files += [s.folder / f"{sh['name']}.vectors.npy" for sh in s.index["shards"]]
+        sizes += [sh["rows"] for sh in s.index["shards"]]
         ids.append(s.ids())
+        digest.update(np.ascontiguousarray(ids[-1]).tobytes())
         run_of.append(np.full(s.rows, i, np.int32))
         if keep != "first":
             if not s.has_column(KEEP_COLUMNS[keep]):
@@ -143,23 +152,29 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                 )
             scores.append(s.column(KEEP_COLUMNS[keep]))
             digest.update(scores[-1].tobytes())
+    starts = np.cumsum([0, *sizes]).astype(np.int64)
+    bad, row = [], 0
+    for raw in _raw_chunks(files, starts):
+        digest.update(raw.tobytes())
+        bad.append(row + np.flatnonzero(~np.isfinite(raw).all(axis=1)))
+        row += len(raw)
+    n = int(starts[-1])
     order = np.arange(n)
     if keep != "first":  # higher score first, then first seen; NaN (not measured) below every score
         order = np.lexsort((order, -np.concatenate(scores)))
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)
-    all_ids = np.concatenate(ids) if ids else np.zeros(0, str)
     return Corpus(
-        [s.run_dir for s in stores],
-        all_ids,
-        np.concatenate(run_of),
-        vectors,
-        rank,
-        first.model,
-        files,
-        np.asarray(starts + [n], np.int64),
-        np.concatenate(bad) if bad else np.zeros(0, np.int64),
-        digest.hexdigest(),
+        runs=[s.run_dir for s in stores],
+        ids=np.concatenate(ids) if ids else np.zeros(0, str),
+        run_of=np.concatenate(run_of),
+        rank=rank,
+        model=first.model,
+        dim=first.dim or 0,
+        files=files,
+        starts=starts,
+        not_finite=np.concatenate(bad) if bad else np.zeros(0, np.int64),
+        digest=digest.hexdigest(),
     )
 
 
@@ -200,14 +215,13 @@ def _best(sims, rank, dim: int):
 
 
 def _nearest(x, centroids, top: int):
-    """Indices of each row's `top` most similar centroids (rows and centroids unit vectors; float16 rows
-    are widened a chunk at a time)."""
+    """Indices of each row's `top` most similar centroids (rows and centroids unit vectors)."""
     import torch
 
     top = min(top, len(centroids))
     out = torch.empty((len(x), top), dtype=torch.int64, device=x.device)
     for s in range(0, len(x), _CHUNK):
-        out[s : s + _CHUNK] = (x[s : s + _CHUNK].float() @ centroids.T).topk(top, dim=1).indices
+        out[s : s + _CHUNK] = (x[s : s + _CHUNK] @ centroids.T).topk(top, dim=1).indices
     return out
 
 
@@ -238,46 +252,55 @@ def spherical_kmeans(x, k: int, iterations: int, gen):
     return centroids
 
 
-def partition(vectors: np.ndarray, cfg, exclude: np.ndarray | None = None) -> np.ndarray:
+def partition(corpus: Corpus, cfg) -> np.ndarray:
     """(N, probes) cluster ids per clip, nearest first (column 0: the cluster it belongs to); -1 pads a
-    row with fewer candidate clusters than probes, and is every cluster of an `exclude` row (compared
-    with nothing). `vectors`: float16 or float32 unit rows. `cfg` is `curation.semantic_dedup`."""
+    row with fewer candidate clusters than probes, and is every cluster of a row that is not finite
+    (compared with nothing). `cfg` is `curation.semantic_dedup`. The vectors are read from the stores as
+    they are needed: the k-means samples, one pass assigning every clip to a coarse cell, then a cell's
+    clips at a time (a few thousand rows in hand, whatever N is)."""
     import torch
 
-    x = torch.from_numpy(vectors).to(select_device(cfg.device, "curation.semantic_dedup.device"))
-    n = len(x)
+    device = select_device(cfg.device, "curation.semantic_dedup.device")
+    n = len(corpus)
     if n == 0:
-        return np.zeros((0, cfg.probes), np.int64)
+        return np.zeros((0, cfg.probes), np.int32)
+
+    def rows_of(rows) -> torch.Tensor:
+        return torch.from_numpy(corpus.exact(np.asarray(rows))).to(device)
+
     gen = torch.Generator().manual_seed(cfg.seed)
     k = max(1, math.ceil(n / cfg.cluster_size))
     k1 = max(1, round(math.sqrt(k)))
-    coarse = spherical_kmeans(
-        x[_sample(n, cfg.sample_per_cluster * k1, gen)].float(), k1, cfg.iterations, gen
+    coarse = spherical_kmeans(rows_of(_sample(n, cfg.sample_per_cluster * k1, gen)), k1, cfg.iterations, gen)
+    near = np.concatenate(
+        [
+            _nearest(torch.from_numpy(x).to(device), coarse, cfg.coarse_probes).cpu().numpy().astype(np.int32)
+            for x in corpus.chunks()
+        ]
     )
-    near = _nearest(x, coarse, cfg.coarse_probes)
-    cell = near[:, 0]
-    members = [torch.nonzero(cell == c).flatten() for c in range(len(coarse))]
+    order = np.argsort(near[:, 0], kind="stable")  # each cell's clips in row order
+    bounds = np.searchsorted(near[order, 0], np.arange(len(coarse) + 1))
+    members = [order[bounds[c] : bounds[c + 1]] for c in range(len(coarse))]
     fine, first_of = [], [0]
     for rows in members:
         kc = max(1, round(len(rows) / cfg.cluster_size)) if len(rows) else 0
         if kc:
-            sub = rows[_sample(len(rows), cfg.sample_per_cluster * kc, gen)]
-            fine.append(spherical_kmeans(x[sub].float(), kc, cfg.iterations, gen))
+            sub = rows[_sample(len(rows), cfg.sample_per_cluster * kc, gen).numpy()]
+            fine.append(spherical_kmeans(rows_of(sub), kc, cfg.iterations, gen))
         first_of.append(first_of[-1] + (len(fine[-1]) if kc else 0))
     centroids = torch.cat(fine)
-    probes = torch.full((n, cfg.probes), -1, dtype=torch.int64, device=x.device)
+    probes = np.full((n, cfg.probes), -1, np.int32)
     for rows in members:
         if not len(rows):
             continue
         # The fine centroids of every coarse cell that any member has among its nearest `coarse_probes`:
         # chosen by the cell's centroids alone, a clip near a far side of its cell missed its twin's cluster.
-        cells = torch.unique(near[rows]).tolist()
-        candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=x.device) for d in cells])
-        picked = _nearest(x[rows], centroids[candidates], cfg.probes)
-        probes[rows, : picked.shape[1]] = candidates[picked]
-    probes = probes.cpu().numpy()
-    if exclude is not None:
-        probes[exclude] = -1
+        cells = np.unique(near[rows]).tolist()
+        candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=device) for d in cells])
+        for s in range(0, len(rows), _CHUNK):
+            picked = _nearest(rows_of(rows[s : s + _CHUNK]), centroids[candidates], cfg.probes)
+            probes[rows[s : s + _CHUNK], : picked.shape[1]] = candidates[picked].cpu().numpy()
+    probes[corpus.not_finite] = -1
     return probes
 
 
@@ -362,8 +385,8 @@ def _groups(probes: np.ndarray) -> Iterator[tuple[int, np.ndarray, int]]:
     """(cluster, rows: members then probers, members) for every cluster with members."""
     n, p = probes.shape
     flat = probes.ravel()
-    rows = np.repeat(np.arange(n), p)
-    slot = np.tile(np.arange(p), n)
+    rows = np.repeat(np.arange(n, dtype=np.int32), p)  # int32: N x probes of them, 10M clips in 160 MB
+    slot = np.tile(np.arange(p, dtype=np.int16), n)
     keep = flat >= 0
     flat, rows, slot = flat[keep], rows[keep], slot[keep]
     order = np.lexsort((rows, slot != 0, flat))  # by cluster, members first, each by row
@@ -398,7 +421,7 @@ def _load_or_plan(out: Path, corpus: Corpus, cfg, ledger: UnitLedger) -> tuple[n
         return np.load(out / PLAN), True
     for path in (out / UNITS_DIR).glob("*.jsonl"):
         path.unlink()  # units of another input or other settings
-    probes = partition(corpus.vectors, cfg, corpus.not_finite)
+    probes = partition(corpus, cfg)
     with atomic_path(out / PLAN) as tmp, open(tmp, "wb") as f:
         np.save(f, probes)
     write_json(saved, {"key": key, "clips": len(corpus.ids), "probes": cfg.probes})

@@ -185,9 +185,9 @@ def check_index(path: Path, index: Any) -> dict[str, Any]:
     return index
 
 
-def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) from an .npy file's header, held to the file's size: nothing is allocated or
-    mapped, so a header claiming millions of rows that the file does not hold is caught here."""
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, offset of the data) from an .npy file's header, held to the file's size: nothing is
+    allocated or mapped, so a header claiming millions of rows that the file does not hold is caught here."""
     if not path.is_file():
         raise UserInputError(f"{path}: missing; {_REWRITE}")
     try:
@@ -212,7 +212,19 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
             f"{path}: its header declares {shape} {dtype} ({need} bytes) but the file holds "
             f"{path.stat().st_size}; {_REWRITE}"
         )
-    return tuple(int(n) for n in shape), dtype
+    return tuple(int(n) for n in shape), dtype, offset
+
+
+def read_rows(path: Path, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of a 2-D .npy file, read (not mapped): a pass over a store of any size keeps
+    only the rows in hand in this process's memory, where mapped pages stay resident until unmapped."""
+    shape, dtype, offset = npy_header(path)
+    stop = min(stop, shape[0])
+    width = int(np.prod(shape[1:], dtype=np.int64))
+    with open(path, "rb") as f:
+        f.seek(offset + start * width * dtype.itemsize)
+        rows = np.fromfile(f, dtype, max(0, stop - start) * width)
+    return rows.reshape(-1, *shape[1:])
 
 
 def check_store(store: EmbeddingStore) -> None:
@@ -230,7 +242,7 @@ def check_store(store: EmbeddingStore) -> None:
             path = store.folder / f"{name}.{what}.npy"
             if path.exists() and not path.resolve().is_relative_to(folder):
                 raise UserInputError(f"{path}: links outside the store's folder {folder}; {_REWRITE}")
-            got, dtype = npy_header(path)
+            got, dtype, _ = npy_header(path)
             if what == "ids":
                 ok = dtype.kind == "U" and got == (rows,)
             elif what == "vectors" and rows:
