@@ -100,5 +100,5 @@ def _random_embedders(runs: list[Path]) -> list[str]:
         model = EmbeddingStore.open(run).model  # opened (and checked) by the run that calls this
         name = str(model.get("name"))
         if not model.get("checkpoint") and not name.startswith("local-dir:"):
-            found.append(f"embeddings of {run} ({name})")
+            found.append(printable(f"embeddings of {run} ({name})"))  # the name is data: escaped
     return found
