@@ -225,8 +225,10 @@ def main() -> None:
     for n in [int(s) for s in args.sizes.split(",") if s]:
         run = work / f"n{n}"
         started = time.perf_counter()
-        write_synthetic_store(run, n, args.dim, args.dup_fraction)
+        if not (run / "embeddings" / "index.json").is_file():  # a --workdir's store of this size is reused
+            write_synthetic_store(run, n, args.dim, args.dup_fraction)
         write_s = time.perf_counter() - started
+        shutil.rmtree(work / f"n{n}-out", ignore_errors=True)  # a dedup resumes from what it finds there
         sem = measure("semantic", run, work / f"n{n}-out", sets, 3600)
         greedy = measure("greedy", run, work / f"n{n}-greedy", sets, args.greedy_limit)
         row = {"n": n, "store_write_s": round(write_s, 1), "semantic": sem, "greedy": greedy}

@@ -324,16 +324,22 @@ class ClusterWork:
         return f"cluster {self.cluster}"
 
 
+_PAIR_BLOCK = 1 << 22  # similarities per block (16 MB of float32): k-means clusters are uneven, a big one
+# compared 4096 rows at a time held several (4096, members) temporaries of hundreds of MB
+
+
 def cluster_pairs(
     work: ClusterWork, threshold: float, chunk: int = 4096, device: str = "cpu"
 ) -> list[tuple[int, int, float]]:
     """Candidates within one cluster: each row (member or prober) against the members ranked above it,
-    and each member against the probers ranked above it (a prober is no column, so the pair is seen once)."""
+    and each member against the probers ranked above it (a prober is no column, so the pair is seen once).
+    Rows go `chunk` at a time, fewer where the cluster has many members (`_PAIR_BLOCK`)."""
     import torch
 
     x = torch.from_numpy(work.vectors).to(device)
     rank = torch.from_numpy(work.ranks).to(device)
     m = work.members
+    chunk = max(64, min(chunk, _PAIR_BLOCK // max(1, m)))
     cols, col_rank = x[:m], rank[:m]
     found = []
     minus_inf = torch.tensor(-math.inf, device=device)
