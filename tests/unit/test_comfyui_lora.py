@@ -9,18 +9,25 @@ under test is checked against two tables it shares nothing with."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 from torch import nn
 from typer.testing import CliRunner
 
-from vidforge.cli.app import app
-from vidforge.models import build_model, load_model, save_model
-from vidforge.models.comfyui_lora import FILE
-from vidforge.models.lora import apply_lora, load_adapter, merge, save_adapter
-from vidforge.profile.model import Model
-from vidforge.profile.train import Lora
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_fixtures import WAN, train_profile  # noqa: E402
+
+from vidforge.cli.app import app  # noqa: E402
+from vidforge.files import write_text  # noqa: E402
+from vidforge.models import build_model, load_model, save_model  # noqa: E402
+from vidforge.models.comfyui_lora import FILE  # noqa: E402
+from vidforge.models.lora import apply_lora, load_adapter, merge, save_adapter  # noqa: E402
+from vidforge.profile import dump_profile  # noqa: E402
+from vidforge.profile.model import Model  # noqa: E402
+from vidforge.profile.train import Lora  # noqa: E402
 
 # Every linear layer of the wan network: the adapter trains all of them, so every row of the table is used.
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj", "net.0.proj", "net.2"]
@@ -184,4 +191,20 @@ def test_a_family_comfyui_has_no_model_of_and_merged_are_refused_in_one_line(tmp
         assert result.exit_code == 2, result.output
         (line,) = result.stderr.strip().splitlines()
         assert words in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_adapter_trained_to_predict_clean_latents_is_refused_in_one_line(tmp_path) -> None:
+    """ComfyUI's Wan samplers read the network's output as a velocity."""
+    profile = train_profile(*WAN, "diffusion.flow_prediction=clean")
+    model = build_model(profile.model, device="cpu")
+    lora = Lora(rank=2, alpha=2)
+    apply_lora(model, lora, torch.float32)
+    export = save_adapter(tmp_path / "run" / "export", model.state_dict(), profile.model, lora, 1, None)
+    write_text(export / "profile.yaml", dump_profile(profile))
+    args = ["model", "export", str(export.parent), "--to", "comfyui", "-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert "flow_prediction=clean" in line and "ComfyUI" in line
     assert not (tmp_path / "out").exists()
