@@ -155,7 +155,7 @@ def _refuse_adapter(export_dir: Path) -> None:
     raise UserInputError(
         f"{export_dir}: a LoRA run; {adapter['folder']} already is a diffusers LoRA "
         "(WanPipeline.load_lora_weights loads it as it is); add --merged to fold it into its base and "
-        "write full weights"
+        "write full weights, or --to comfyui for ComfyUI's LoraLoader"
     )
 
 
