@@ -1,4 +1,10 @@
 """LTX-2 (Lightricks), the video path: its network (network.py, diffusers' LTX2VideoTransformer3DModel's
-video stream with the audio cross-attention off) and its `model` section (config.py). Not in
-`families.REGISTRY` yet: the published-folder reading, weight import/export, TP plan and presets that its
-SPEC names come next."""
+video stream with the audio cross-attention off), its `model` section (config.py), how a published
+folder reads (published.py: shape, flow objective, the scheduler's resolution-dependent shift, VAE
+compression, Gemma 3 and its connector, the pipeline's fps, guidance, size, frames, steps, negative prompt)
+and weight import/export (weights.py, bitwise, the audio stream's tensors carried untouched).
+
+Not in `families.REGISTRY` yet: its SPEC (presets, TP plan, LoRA targets, block scopes) and the typed
+model section in the profile's union come with registration; the audio stream, LTX-2.3's variants
+(gated attention, prompt modulation, per-modality connector projections), packed rows, caption dropout,
+tokenize with its VAE and connector, and infer against the pipeline are not built."""
