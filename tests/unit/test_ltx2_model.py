@@ -18,9 +18,18 @@ CAPTION = 7  # caption tokens; sample 1's last two are padding
 AUDIO = 5  # audio latent frames the reference's audio stream runs on
 
 
-def reference(rope_type="interleaved", seed=0):
+# LTX-2.3's transformer: gated attention, the caption cross-attention modulated (per step, or by the table
+# alone), the caption read at the width (the connector projects it), feed-forwards without bias
+LTX23 = {
+    "gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True, "audio_cross_attn_mod": True,
+    "use_prompt_embeddings": False, "ff_bias": False, "audio_ff_bias": False, "caption_channels": 16,
+}  # fmt: skip
+
+
+def reference(rope_type="interleaved", seed=0, **variant):
     """A tiny joint audio-video LTX-2 (width 16 = 2 heads of 8: 16 % 6 = 4 RoPE channels padded)."""
     torch.manual_seed(seed)
+    variant = {"caption_channels": 12, **variant}
     return (
         LTX2VideoTransformer3DModel(
             in_channels=8,
@@ -28,7 +37,6 @@ def reference(rope_type="interleaved", seed=0):
             num_attention_heads=2,
             attention_head_dim=8,
             cross_attention_dim=16,
-            caption_channels=12,
             audio_in_channels=4,
             audio_out_channels=4,
             audio_num_attention_heads=2,
@@ -38,6 +46,7 @@ def reference(rope_type="interleaved", seed=0):
             rope_type=rope_type,
             base_height=256,
             base_width=384,
+            **variant,
         )  # fmt: skip
         .double()
         .eval()
@@ -51,7 +60,9 @@ def ours(ref, tmp_path, dtype=torch.float64):
     c = ref.config
     config = LTX2Model(
         layers=c.num_layers, hidden=c.num_attention_heads * c.attention_head_dim, heads=c.num_attention_heads,
-        in_channels=c.in_channels, text_dim=c.caption_channels, rope_type=c.rope_type,
+        in_channels=c.in_channels, text_dim=c.caption_channels, rope_type=c.rope_type, gated_attention=c.gated_attn,
+        prompt_modulation=c.cross_attn_mod, prompt_modulation_per_step=c.use_prompt_adaln_single,
+        caption_projection=c.use_prompt_embeddings, ff_bias=c.ff_bias,
         rope_base=(c.pos_embed_max_pos, c.base_height, c.base_width), vae_scale=tuple(c.vae_scale_factors),
         fps=25.0,
     )  # fmt: skip
@@ -61,7 +72,7 @@ def ours(ref, tmp_path, dtype=torch.float64):
     return model
 
 
-def inputs(dtype=torch.float64, seed=1):
+def inputs(dtype=torch.float64, seed=1, text_dim=12):
     g = torch.Generator().manual_seed(seed)
     b = SHAPE[0]
     mask = torch.ones(b, CAPTION, dtype=torch.bool)
@@ -69,10 +80,10 @@ def inputs(dtype=torch.float64, seed=1):
     return {
         "x": torch.randn(SHAPE, generator=g, dtype=dtype),
         "t": torch.tensor([0.3, 0.85], dtype=dtype),
-        "text": torch.randn(b, CAPTION, 12, generator=g, dtype=dtype),
+        "text": torch.randn(b, CAPTION, text_dim, generator=g, dtype=dtype),
         "mask": mask,
         "audio": torch.randn(b, AUDIO, 4, generator=g, dtype=dtype),
-        "audio_text": torch.randn(b, CAPTION, 12, generator=g, dtype=dtype),
+        "audio_text": torch.randn(b, CAPTION, text_dim if text_dim == 12 else 8, generator=g, dtype=dtype),
     }
 
 
@@ -88,6 +99,7 @@ def reference_out(ref, inp, isolate=True, timestep=None):
             audio_encoder_hidden_states=inp["audio_text"],
             timestep=inp["t"] * 1000 if timestep is None else timestep * 1000,
             audio_timestep=inp["t"] * 1000,
+            sigma=inp["t"] * 1000,  # the pipeline's: the noisy tokens' level
             encoder_attention_mask=inp["mask"].long(),
             audio_encoder_attention_mask=inp["mask"].long(),
             num_frames=f, height=h, width=w, fps=25.0, audio_num_frames=AUDIO,
@@ -110,6 +122,19 @@ def test_forward_equals_diffusers_video_path_float64(rope_type, tmp_path):
     got = out(model, inp)
     assert got.shape == expected.shape == inp["x"].shape
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("per_step", [True, False])
+def test_ltx23_forward_equals_diffusers(per_step, tmp_path):
+    """LTX-2.3's variant, with a per-token timestep (its prompt modulation reads the per-sample sigma)."""
+    ref = reference("split", **LTX23, use_prompt_adaln_single=per_step)
+    model = ours(ref, tmp_path)
+    inp = inputs(text_dim=16)
+    torch.testing.assert_close(out(model, inp), reference_out(ref, inp), rtol=1e-10, atol=1e-10)
+    levels = inp["t"][:, None].repeat(1, SHAPE[2] * SHAPE[3] * SHAPE[4])
+    levels[:, : SHAPE[3] * SHAPE[4]] = 0.0
+    expected = reference_out(ref, inp, timestep=levels)
+    torch.testing.assert_close(out(model, inp, levels), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_forward_equals_diffusers_float32(tmp_path):

@@ -151,18 +151,18 @@ def test_facts_equal_what_the_pipeline_computes(folder):
 
 
 def test_a_folder_the_video_path_is_not_built_for_is_refused(folder, tmp_path):
-    """LTX-2.3's gated attention, another pipeline's index and a connector of another width: one line each."""
+    """Affine block norms, another pipeline's index and a connector of another width: one line each."""
     import shutil
 
     copy = shutil.copytree(folder, tmp_path / "copy", ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((copy / "transformer/config.json").read_text())
-    (copy / "transformer/config.json").write_text(json.dumps({**config, "gated_attn": True}))
-    with pytest.raises(UserInputError, match="gated_attn=True is not built"):
+    (copy / "transformer/config.json").write_text(json.dumps({**config, "norm_elementwise_affine": True}))
+    with pytest.raises(UserInputError, match="norm_elementwise_affine=True is not built"):
         read_pipeline(copy)
     (copy / "transformer/config.json").write_text(json.dumps(config))
     connectors = json.loads((copy / "connectors/config.json").read_text())
     (copy / "connectors/config.json").write_text(json.dumps({**connectors, "caption_channels": 32}))
-    with pytest.raises(UserInputError, match="caption_channels=16"):
+    with pytest.raises(UserInputError, match="is 32 wide, the transformer reads 16"):
         read_pipeline(copy)
     index = json.loads((copy / "model_index.json").read_text())
     (copy / "model_index.json").write_text(json.dumps({**index, "_class_name": "WanPipeline"}))
@@ -206,3 +206,32 @@ def test_import_then_export_gives_the_transformer_back_bitwise(folder, tmp_path)
         )  # fmt: skip
         got = model(x, t, text)
     torch.testing.assert_close(got, expected.transpose(1, 2).unflatten(2, (2, 4, 6)), rtol=1e-5, atol=1e-5)
+
+
+def test_ltx23_transformer_folder_round_trips(tmp_path):
+    """A transformer folder alone, LTX-2.3's variant: its entries read into the model section and written back."""
+    import diffusers
+    from diffusers import LTX2VideoTransformer3DModel
+
+    torch.manual_seed(0)
+    LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        caption_channels=32, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, gated_attn=True,
+        audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True, use_prompt_embeddings=False,
+        use_prompt_adaln_single=False, ff_bias=False,
+    ).save_pretrained(tmp_path / "transformer")  # fmt: skip
+    model = write_export(tmp_path / "transformer", tmp_path / "export")
+    assert (model.gated_attention, model.prompt_modulation, model.prompt_modulation_per_step) == (
+        True,
+        True,
+        False,
+    )
+    assert (model.caption_projection, model.ff_bias, model.text_dim) == (False, False, 16)
+    back = export_diffusers(tmp_path / "export", tmp_path / "back", diffusers.__version__)
+    original = load_file(tmp_path / "transformer/diffusion_pytorch_model.safetensors")
+    returned = load_file(back / "diffusion_pytorch_model.safetensors")
+    assert set(returned) == set(original) and all(torch.equal(returned[k], v) for k, v in original.items())
+    assert json.loads((back / "config.json").read_text()) == json.loads(
+        (tmp_path / "transformer/config.json").read_text()
+    )

@@ -54,6 +54,19 @@ class LTX2Model(BaseModel):
     """The causal VAE's first latent frame covers this many pixel frames (causal_offset)."""
     fps: float = Field(24.0, gt=0)
     """Frame rate RoPE's time axis assumes, in seconds (the pipeline's frame_rate)."""
+    gated_attention: bool = False
+    """Per-head gates 2 sigmoid(Linear(x)) on the attentions' outputs (gated_attn; LTX-2.3)."""
+    prompt_modulation: bool = False
+    """The caption cross-attention modulated: its query by three more rows of each block's table, the
+    caption by `prompt_scale_shift_table` (cross_attn_mod; LTX-2.3)."""
+    prompt_modulation_per_step: bool = True
+    """With `prompt_modulation`, the caption's modulation also follows the noise level (`prompt_adaln`);
+    False: the table alone (use_prompt_adaln_single)."""
+    caption_projection: bool = True
+    """The caption goes through `caption_projection`; False: the connector already projects it to the
+    width (use_prompt_embeddings; LTX-2.3)."""
+    ff_bias: bool = True
+    """The feed-forwards' biases (ff_bias)."""
     eps: float = Field(1e-6, gt=0)
     """The blocks' RMSNorm and q/k RMSNorm epsilon (norm_eps)."""
     audio: bool = False
@@ -74,6 +87,11 @@ class LTX2Model(BaseModel):
             )
         if self.hidden % self.heads or (self.hidden // self.heads) % 2:
             raise ValueError(f"hidden: must be an even head size times heads={self.heads}, got {self.hidden}")
+        if not self.caption_projection and self.text_dim != self.hidden:
+            raise ValueError(
+                f"text_dim: without caption_projection the caption is read at the width {self.hidden}, "
+                f"got {self.text_dim}"
+            )
         return self
 
     @property

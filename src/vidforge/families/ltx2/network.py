@@ -17,13 +17,18 @@ What is LTX-2's and differs from the DiT and Wan:
   the model's dtype (the reference's `x.float()`), and so do the blocks' RMSNorm statistics.
 - q/k RMSNorm across all heads (`torch.nn.RMSNorm(hidden)`), not per head.
 - The blocks' norms are weightless RMSNorm; the modulation is Wan's (a shared 6 x hidden projection of the
-  time embedding plus each block's `scale_shift_table`), with no modulation on the cross-attention.
+  time embedding plus each block's `scale_shift_table`). LTX-2.3 (`prompt_modulation`) modulates the
+  caption cross-attention too: its query and output by three more rows, the caption by a table plus,
+  per step, a projection of the per-sample noise level (`LTX2Conditioning.prompt_time`: the pipeline's
+  `sigma`, which is the noisy tokens' level, so the largest of a per-token level's); `gated_attention`
+  gates each head's attention output.
 - `noise_level` is the flow time t in [0, 1]; the sinusoids see 1000 t, the pipeline's timestep.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +45,7 @@ from vidforge.tokens import KeyPadding
 FREQ_DIM = 256  # sinusoidal features of the timestep
 TIMESTEP_SCALE = 1000.0  # the pipeline's timestep is 1000 t (timestep_scale_multiplier)
 MODULATION = 6  # (shift, scale, gate) for self-attention and for the feed-forward
+PROMPT_MODULATION = 3  # (shift, scale, gate) of the caption cross-attention's query (LTX-2.3)
 OUT_EPS = 1e-6  # norm_out's
 
 # Names of the audio stream's modules and parameters at any depth of the published state dict: the audio
@@ -145,15 +151,22 @@ class CaptionProjection(nn.Module):
         return self.linear_2(F.gelu(self.linear_1(text), approximate="tanh"))
 
 
-class AdaLayerNormSingle(nn.Module):
-    """diffusers' LTX2AdaLayerNormSingle (`time_embed`): the timestep's embedding (emb.timestep_embedder)
-    and its projection to the blocks' 6 x hidden modulation (linear)."""
+@dataclass(eq=False)
+class LTX2Conditioning(Conditioning):
+    """`Conditioning` and, with per-step prompt modulation, its time term (N, 1, 2 x hidden)."""
 
-    def __init__(self, hidden: int) -> None:
+    prompt_time: torch.Tensor | None = None
+
+
+class AdaLayerNormSingle(nn.Module):
+    """diffusers' LTX2AdaLayerNormSingle (`time_embed`, `prompt_adaln`): the timestep's embedding
+    (emb.timestep_embedder) and its projection to `rows` x hidden modulation (linear)."""
+
+    def __init__(self, hidden: int, rows: int = MODULATION) -> None:
         super().__init__()
         self.emb = nn.Module()
         self.emb.timestep_embedder = TimestepMLP(FREQ_DIM, hidden)
-        self.linear = nn.Linear(hidden, MODULATION * hidden)
+        self.linear = nn.Linear(hidden, rows * hidden)
 
     def forward(self, sinusoids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         embedded = self.emb.timestep_embedder(sinusoids.to(dtype))
@@ -161,8 +174,9 @@ class AdaLayerNormSingle(nn.Module):
 
 
 class Attention(nn.Module):
-    """diffusers' LTX2Attention without the gate: to_q/to_k/to_v/to_out.0, q and k RMS-normalised across
-    all heads (norm_q, norm_k), RoPE on them when given (self-attention)."""
+    """diffusers' LTX2Attention: to_q/to_k/to_v/to_out.0, q and k RMS-normalised across all heads (norm_q,
+    norm_k), RoPE on them when given (self-attention), each head's output gated by 2 sigmoid(to_gate_logits
+    of the query's input) with `gated_attention`."""
 
     def __init__(self, hidden: int, heads: int, context_dim: int, cfg: LTX2Model) -> None:
         super().__init__()
@@ -174,6 +188,7 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(context_dim, hidden)
         self.to_v = nn.Linear(context_dim, hidden)
         self.to_out = nn.ModuleList([nn.Linear(hidden, hidden)])
+        self.to_gate_logits = nn.Linear(hidden, heads) if cfg.gated_attention else None
         self.attend = Attend(cfg.attention, cfg.sdpa_backend)
 
     def forward(
@@ -187,17 +202,21 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = rotate(q, rope, self.rope_type), rotate(k, rope, self.rope_type)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))
-        return self.to_out[0](self.attend(q, k, v, mask).flatten(-2).type_as(q))
+        out = self.attend(q, k, v, mask).flatten(-2).type_as(q)
+        if self.to_gate_logits is not None:
+            gates = 2.0 * torch.sigmoid(self.to_gate_logits(x))
+            out = (out.unflatten(-1, (-1, self.head_dim)) * gates.unsqueeze(-1)).flatten(-2)
+        return self.to_out[0](out)
 
 
 class FeedForward(nn.Module):
     """diffusers' FeedForward ("gelu-approximate", 4x): net.0.proj, GELU (tanh), net.2."""
 
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, bias: bool = True) -> None:
         super().__init__()
         first = nn.Module()
-        first.proj = nn.Linear(hidden, 4 * hidden)
-        self.net = nn.ModuleList([first, nn.Dropout(0.0), nn.Linear(4 * hidden, hidden)])
+        first.proj = nn.Linear(hidden, 4 * hidden, bias=bias)
+        self.net = nn.ModuleList([first, nn.Dropout(0.0), nn.Linear(4 * hidden, hidden, bias=bias)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net[2](F.gelu(self.net[0].proj(x), approximate="tanh"))
@@ -205,25 +224,43 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     """diffusers' LTX2VideoTransformerBlock, its video stream with the audio cross-attention off:
-    modulated self-attention, caption cross-attention, modulated feed-forward."""
+    modulated self-attention, caption cross-attention (modulated with `prompt_modulation`), modulated
+    feed-forward."""
 
     def __init__(self, cfg: LTX2Model) -> None:
         super().__init__()
         self.eps = cfg.eps
+        self.rows = MODULATION + (PROMPT_MODULATION if cfg.prompt_modulation else 0)
         self.attn1 = Attention(cfg.hidden, cfg.heads, cfg.hidden, cfg)
         self.attn2 = Attention(cfg.hidden, cfg.heads, cfg.hidden, cfg)
-        self.ff = FeedForward(cfg.hidden)
-        self.scale_shift_table = nn.Parameter(torch.randn(MODULATION, cfg.hidden) / cfg.hidden**0.5)
+        self.ff = FeedForward(cfg.hidden, cfg.ff_bias)
+        self.scale_shift_table = nn.Parameter(torch.randn(self.rows, cfg.hidden) / cfg.hidden**0.5)
+        if cfg.prompt_modulation:
+            self.prompt_scale_shift_table = nn.Parameter(torch.randn(2, cfg.hidden))
 
-    def forward(self, h: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cond: LTX2Conditioning) -> torch.Tensor:
         temb = cond.per_token(cond.shared_modulation)
-        params = self.scale_shift_table[None, None] + temb.unflatten(-1, (MODULATION, -1))
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = params.unbind(dim=2)
+        params = (self.scale_shift_table[None, None] + temb.unflatten(-1, (self.rows, -1))).unbind(dim=2)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = params[:MODULATION]
         x = rms_norm(h, self.eps) * (1 + scale_msa) + shift_msa
         h = h + self.attn1(x, x, cond.scopes["full"].mask, cond.rope) * gate_msa
-        h = h + self.attn2(rms_norm(h, self.eps), cond.text, cond.text_mask)
+        h = h + self.cross_attention(h, cond, params[MODULATION:])
         x = rms_norm(h, self.eps) * (1 + scale_mlp) + shift_mlp
         return h + self.ff(x) * gate_mlp
+
+    def cross_attention(self, h: torch.Tensor, cond: LTX2Conditioning, query_params) -> torch.Tensor:
+        """The caption cross-attention's output, modulated as the reference does with `prompt_modulation`."""
+        x, text = rms_norm(h, self.eps), cond.text
+        if not query_params:
+            return self.attn2(x, text, cond.text_mask)
+        shift_q, scale_q, gate_q = query_params
+        if cond.prompt_time is not None:
+            table = self.prompt_scale_shift_table[None, None] + cond.prompt_time.unflatten(-1, (2, -1))
+        else:
+            table = self.prompt_scale_shift_table[None, None].to(device=h.device, dtype=h.dtype)
+        shift_kv, scale_kv = table.unbind(dim=2)
+        x = x * (1 + scale_q) + shift_q
+        return self.attn2(x, text * (1 + scale_kv) + shift_kv, cond.text_mask) * gate_q
 
 
 class LTX2Transformer(VideoTransformer):
@@ -238,8 +275,12 @@ class LTX2Transformer(VideoTransformer):
         self.config = config
         hidden = config.hidden
         self.proj_in = nn.Linear(config.in_channels, hidden)
-        self.caption_projection = CaptionProjection(config.text_dim, hidden)
-        self.time_embed = AdaLayerNormSingle(hidden)
+        if config.caption_projection:
+            self.caption_projection = CaptionProjection(config.text_dim, hidden)
+        rows = MODULATION + (PROMPT_MODULATION if config.prompt_modulation else 0)
+        self.time_embed = AdaLayerNormSingle(hidden, rows)
+        if config.prompt_modulation and config.prompt_modulation_per_step:
+            self.prompt_adaln = AdaLayerNormSingle(hidden, 2)
         self.transformer_blocks = nn.ModuleDict({str(i): Block(config) for i in range(config.layers)})
         self.scale_shift_table = nn.Parameter(torch.randn(2, hidden) / hidden**0.5)
         self.proj_out = nn.Linear(hidden, config.in_channels)
@@ -267,10 +308,10 @@ class LTX2Transformer(VideoTransformer):
         text: torch.Tensor,
         text_mask: torch.Tensor | None,
         drop_text: torch.Tensor | None,
-    ) -> Conditioning:
+    ) -> LTX2Conditioning:
         """`time`: the embedded timestep the output layer reads, (N, hidden) or per token (rows, S, hidden);
-        `shared_modulation`: its 6 x hidden projection every block adds its table to; `text`: the
-        projected caption."""
+        `shared_modulation`: its 6 (9) x hidden projection every block adds its table to; `text`: the
+        (projected) caption; `prompt_time`: the per-step prompt modulation's term."""
         if drop_text is not None:
             raise UserInputError(
                 "diffusion.caption_dropout: LTX-2 trains with its encoded empty prompt, not a dropped caption "
@@ -280,17 +321,24 @@ class LTX2Transformer(VideoTransformer):
         temb, embedded = self.time_embed(sinusoids, self.param_dtype)
         if noise_level.ndim == 2:  # per token
             temb, embedded = temb.view(*noise_level.shape, -1), embedded.view(*noise_level.shape, -1)
+        prompt_time = None
+        if hasattr(self, "prompt_adaln"):
+            sigma = noise_level if noise_level.ndim == 1 else noise_level.amax(dim=1)
+            prompt_time, _ = self.prompt_adaln(timestep_sinusoids(sigma * TIMESTEP_SCALE), self.param_dtype)
+            prompt_time = prompt_time[:, None]
         keys = KeyPadding(text_mask) if text_mask is not None else None
         rope = rope_tables(place.positions, self.config)
-        return Conditioning(
+        caption = self.caption_projection(text) if self.config.caption_projection else text
+        return LTX2Conditioning(
             embedded,
             temb,
-            self.caption_projection(text),
+            caption,
             keys,
             rope,
             place.scopes,
             place.token_sample,
             place.positions,
+            prompt_time=prompt_time,
         )
 
     def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:

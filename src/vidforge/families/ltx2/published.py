@@ -33,11 +33,10 @@ GUIDANCE = 3.0  # __call__'s guidance_scale; its STG (1.0 at block 28), guidance
 # modality guidance are not represented in the profile (see the package's docstring)
 
 # Transformer config entries the video path is built for, with the value it is built for: a folder with
-# another is refused naming the entry (LTX-2.3's gated attention and prompt modulation among them).
+# another is refused naming the entry.
 BUILT_FOR: dict[str, Any] = {
-    "patch_size": 1, "patch_size_t": 1, "gated_attn": False, "cross_attn_mod": False,
-    "use_prompt_embeddings": True, "qk_norm": "rms_norm_across_heads", "activation_fn": "gelu-approximate",
-    "norm_elementwise_affine": False, "attention_bias": True, "attention_out_bias": True, "ff_bias": True,
+    "patch_size": 1, "patch_size_t": 1, "qk_norm": "rms_norm_across_heads", "activation_fn": "gelu-approximate",
+    "norm_elementwise_affine": False, "attention_bias": True, "attention_out_bias": True,
     "timestep_scale_multiplier": 1000, "use_keyframes_abs_pos_embedding": False,
 }  # fmt: skip
 
@@ -78,6 +77,11 @@ def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
         raise UserInputError(f"{where}: out_channels differs from in_channels; LTX-2 predicts what it reads")
     if config.get("cross_attention_dim", 4096) != heads * head_dim:
         raise UserInputError(f"{where}: cross_attention_dim is not the width heads x head_dim")
+    if config.get("audio_cross_attn_mod", False) != config.get("cross_attn_mod", False):
+        raise UserInputError(
+            f"{where}: cross_attn_mod differs from audio_cross_attn_mod (the video stream then holds prompt "
+            "modulation weights it does not use); not built"
+        )
     return {
         "family": FAMILY,
         "preset": None,
@@ -85,7 +89,9 @@ def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
         "hidden": heads * head_dim,
         "heads": heads,
         "in_channels": in_channels,
-        "text_dim": config.get("caption_channels", 3840),
+        "text_dim": config.get("caption_channels", 3840)
+        if config.get("use_prompt_embeddings", True)
+        else heads * head_dim,
         "rope_theta": float(config.get("rope_theta", 10000.0)),
         "rope_type": config.get("rope_type", "interleaved"),
         "rope_double_precision": config.get("rope_double_precision", True),
@@ -96,6 +102,11 @@ def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
         ),
         "vae_scale": tuple(config.get("vae_scale_factors", (8, 32, 32))),
         "causal_offset": config.get("causal_offset", 1),
+        "gated_attention": config.get("gated_attn", False),
+        "prompt_modulation": config.get("cross_attn_mod", False),
+        "prompt_modulation_per_step": config.get("use_prompt_adaln_single", True),
+        "caption_projection": config.get("use_prompt_embeddings", True),
+        "ff_bias": config.get("ff_bias", True),
         "eps": config.get("norm_eps", 1e-6),
     }
 
@@ -204,11 +215,12 @@ def read_pipeline(src: Path) -> Pipeline | None:
         shift = read_shift(read_json(scheduler / "scheduler_config.json"))
     vae_config, connector_config = _config(vae), _config(connectors)
     if connector_config:
-        width = connector_config.get("caption_channels", 3840)
-        if connector_config.get("per_modality_projections", False) or width != model["text_dim"]:
+        per_modality = connector_config.get("per_modality_projections", False)
+        width = connector_config.get("video_hidden_dim" if per_modality else "caption_channels", 3840)
+        if width != model["text_dim"]:
             raise UserInputError(
-                f"{connectors / CONFIG}: the connector's video caption is not caption_channels={model['text_dim']} "
-                "wide as the transformer reads it (LTX-2.3's per-modality projections are not built)"
+                f"{connectors / CONFIG}: the connector's video caption is {width} wide, the transformer "
+                f"reads {model['text_dim']}; the folder mixes two models"
             )
     scaling = vae_config.get("spatio_temporal_scaling", (True, True, True, True))
     scaling = (

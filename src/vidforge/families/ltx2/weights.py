@@ -53,7 +53,7 @@ def diffusers_config(model: LTX2Model, published: dict[str, Any]) -> dict[str, A
         "attention_head_dim": model.head_dim,
         "cross_attention_dim": model.hidden,
         "num_layers": model.layers,
-        "caption_channels": model.text_dim,
+        **({"caption_channels": model.text_dim} if model.caption_projection else {}),
         "rope_theta": model.rope_theta,
         "rope_type": model.rope_type,
         "rope_double_precision": model.rope_double_precision,
@@ -62,6 +62,11 @@ def diffusers_config(model: LTX2Model, published: dict[str, Any]) -> dict[str, A
         "base_width": int(model.rope_base[2]),
         "vae_scale_factors": list(model.vae_scale),
         "causal_offset": model.causal_offset,
+        "gated_attn": model.gated_attention,
+        "cross_attn_mod": model.prompt_modulation,
+        "use_prompt_adaln_single": model.prompt_modulation_per_step,
+        "use_prompt_embeddings": model.caption_projection,
+        "ff_bias": model.ff_bias,
         "norm_eps": model.eps,
     }
 
