@@ -521,13 +521,9 @@ def _machine_sets(
             from vidforge.profile import PRESETS
 
             sets += [f"model={{preset: {model}}}"]  # the preset's model, not the profile's fields over it
-            if model in PRESETS:  # the family's objective, and the fields it fixes
+            if model in PRESETS:  # the family's objective
                 spec = family(PRESETS[model]["family"])
-                sets += [
-                    *spec.profile_defaults,
-                    *(f"model.{k}={json.dumps(v)}" for k, v in spec.fixed.items()),
-                    *expert_sets(PRESETS[model]),
-                ]
+                sets += [*spec.profile_defaults, *expert_sets(PRESETS[model])]
     if clip is not None:
         parts = clip.lower().split("x")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):

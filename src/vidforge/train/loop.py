@@ -24,6 +24,7 @@ from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
 from vidforge.errors import Terminated, UserInputError
 from vidforge.estimate.param_counts import require_model
+from vidforge.estimate.recompute import resolve_auto
 from vidforge.files import output_folder, subfolder, write_text
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
@@ -124,6 +125,7 @@ def run(
     the profile leaves train.validate_every unset. `labels` (a curriculum's `{"stage": name}`) go into every metrics
     line and every checkpoint's per-rank state."""
     labels = dict(labels or {})
+    profile, _ = resolve_auto(profile)  # train.activation_checkpointing=auto: the memory model's mix
     teacher = None
     if profile.train.distill is not None:
         check_layout(profile)

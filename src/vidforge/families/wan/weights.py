@@ -5,7 +5,7 @@ or shards with their .index.json; float32, bfloat16 or float16), or a whole Wan 
 transformer/), becomes a vidforge export (model.safetensors, config.json, profile.yaml: what
 `vidforge infer` and fine-tuning read). Export: the reverse, a folder that
 `WanTransformer3DModel.from_pretrained` loads with no missing or unexpected keys. The wan family's
-parameter names are diffusers' own (`vidforge.models.wan`), so both directions copy tensors by name,
+parameter names are diffusers' own (`vidforge.families.wan.network`), so both directions copy tensors by name,
 bytes untouched (an import may cast to one dtype on request): import then export gives every tensor
 back bitwise. Neither ever holds more than one tensor of the model in memory.
 
