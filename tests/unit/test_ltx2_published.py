@@ -17,7 +17,7 @@ from wan_fixtures import tiny_tokenizer
 
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.config import LTX2Model
-from vidforge.families.ltx2.network import LTX2Transformer, video_state
+from vidforge.families.ltx2.network import LTX2Transformer
 from vidforge.families.ltx2.published import read_pipeline, read_published
 from vidforge.families.ltx2.weights import export_diffusers, write_export
 
@@ -194,7 +194,7 @@ def test_import_then_export_gives_the_transformer_back_bitwise(folder, tmp_path)
 
     exported = json.loads((tmp_path / "export/config.json").read_text())
     model = LTX2Transformer(LTX2Model(**exported["model"])).eval()
-    model.load_state_dict(video_state(load_file(tmp_path / "export/model.safetensors")), strict=True)
+    model.load_state_dict(load_file(tmp_path / "export/model.safetensors"), strict=True)  # nothing else
     g = torch.Generator().manual_seed(0)
     x, text = torch.randn(1, 4, 2, 4, 6, generator=g), torch.randn(1, 5, CAPTION_CHANNELS, generator=g)
     t = torch.tensor([0.6])

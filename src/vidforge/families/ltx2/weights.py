@@ -5,8 +5,9 @@ pipeline folder -> model.safetensors and config.json) and export (the reverse, a
 `LTX2VideoTransformer3DModel.from_pretrained` loads with no missing or unexpected keys) copy tensors by name
 with their bytes untouched (an import may cast on request): import then export gives every tensor back
 bitwise. The published transformer is joint audio-video and the video path reads only its video part
-(`network.video_state`); the audio stream's tensors ride along untouched, after the video path's, and the
-diffusers config entries vidforge's `model` section does not hold (the audio stream's shape) are kept in
+(`network.video_state`); the audio stream's tensors ride along untouched in their own file beside the
+network's (`AUDIO_WEIGHTS`: model.safetensors holds the network's state and nothing else, as every
+family's export), and the diffusers config entries vidforge's `model` section does not hold (the audio stream's shape) are kept in
 config.json beside it (`diffusers`), so that export writes the published transformer back whole. The
 video path's names and shapes are checked against the network built on the meta device first."""
 
@@ -31,6 +32,7 @@ from vidforge.models.safetensors_stream import (
     DTYPES,
     StoredTensor,
     TensorEntry,
+    safetensors_shapes,
     stored_tensors,
     write_safetensors,
 )
@@ -39,6 +41,7 @@ SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 CASTS = {None: None, "float32": "F32", "bfloat16": "BF16"}
 DIFFUSERS = "diffusers"  # config.json's key for the published config entries beside `model`
+AUDIO_WEIGHTS = "audio_stream.safetensors"  # an export's audio-stream tensors, beside model.safetensors
 
 
 def diffusers_config(model: LTX2Model, published: dict[str, Any]) -> dict[str, Any]:
@@ -135,9 +138,15 @@ def write_export(src: Path, out: Path, dtype: str | None = None) -> LTX2Model:
     model = _model(model_fields(published, folder / CONFIG), folder / CONFIG)
     stored = stored_tensors(folder, SINGLE, INDEX)
     names = _checked(model, stored, folder)
+    video = [name for name in names if not is_audio(name)]
+    audio = names[len(video) :]
     out = output_folder(out)
     with ExitStack() as files:
-        write_safetensors(out / WEIGHTS, _entries(names, stored, files, CASTS[dtype]), {"format": FORMAT})
+        write_safetensors(out / WEIGHTS, _entries(video, stored, files, CASTS[dtype]), {"format": FORMAT})
+        if audio:
+            write_safetensors(
+                out / AUDIO_WEIGHTS, _entries(audio, stored, files, CASTS[dtype]), {"format": "pt"}
+            )
     kept = {k: v for k, v in published.items() if not k.startswith("_")}
     config = {"format": FORMAT, "model": model.model_dump(mode="json"), DIFFUSERS: kept}
     write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
@@ -154,6 +163,8 @@ def export_diffusers(export: Path, out: Path, version: str) -> Path:
         raise UserInputError(f"{export / CONFIG}: not a vidforge export of an LTX-2 folder; import one first")
     model = _model(data["model"], export / CONFIG)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
+    if (export / AUDIO_WEIGHTS).is_file():
+        stored |= safetensors_shapes(export / AUDIO_WEIGHTS, "import the folder again")
     names = _checked(model, stored, export)
     out = output_folder(out)
     with ExitStack() as files:
