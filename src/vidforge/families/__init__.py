@@ -86,7 +86,8 @@ class FamilySpec:
     export_weights: str | None = None
     """fn(export, out, max_shard_bytes) -> Path: write an export in the published layout."""
     load_published: str | None = None
-    """fn(published: Published, device, dtype) -> nn.Module: the network of a published folder, unimported."""
+    """fn(root, device, dtype, runtime) -> nn.Module: the network of a published folder, unimported (with
+    the attention settings of the model section `runtime`, if given)."""
     step_cache_fits: Mapping[tuple[int, int], str] = field(default_factory=dict)
     """(hidden, layers) of a published size -> the name of its step-cache rescale polynomial."""
     profile_defaults: tuple[str, ...] = ()

@@ -150,7 +150,7 @@ def run(
     # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
     lock = FolderLock(out) if rank == 0 else None
     encoder = build_text_encoder(prof)
-    model = load_network(weights, device, lora, lora_scale)
+    model = load_network(weights, device, lora, lora_scale, prof.model)
     if model.config.text_dim != encoder.width:
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"

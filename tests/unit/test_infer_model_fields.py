@@ -1,0 +1,139 @@
+"""Nothing a user gives `vidforge infer` about the model is silently replaced by the weights' config: every
+`model.*` field is either honoured (the attention kernel and sparsity, `RUNTIME_FIELDS`: the network is
+built with them, and sliding-tile or sparse attention changes the video) or refused in one line (the
+fields the weights fix), for a diffusers folder and for its `model import`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vidforge.data.media import read_video
+from vidforge.errors import UserInputError
+from vidforge.infer.run import run
+from vidforge.infer.weights import find_weights, load_network, sampling_profile
+from vidforge.profile.model import RUNTIME_FIELDS, Model
+
+pytest.importorskip("transformers")
+from wan_fixtures import save_tiny_wan_pipeline  # noqa: E402
+
+# A valid value other than the tiny folder's for every model field (2 layers, 2 heads of 8, ffn 32, 4
+# latent channels, text width 16). A field added to `Model` fails the walk until it has one here.
+OTHER = {
+    "preset": "wan2.1-1.3b",
+    "family": "vidforge",
+    "architecture": "stdit",
+    "stdit_block": "parallel",
+    "context_latents": 8,
+    "layers": 3,
+    "hidden": 32,
+    "heads": 1,
+    "mlp_hidden": 64,
+    "mlp_act": "swiglu",
+    "patch": [1, 1, 1],
+    "in_channels": 8,
+    "text_dim": 32,
+    "adaln_lora_rank": 4,
+    "qk_norm": False,
+    "cross_attn_norm": False,
+    "expand_timesteps": True,
+    "condition_channels": 20,
+    "image_dim": 32,
+    "experts": 2,
+    "boundary_ratio": 0.5,
+    "rope_theta": 500.0,
+    "abs_position": "sincos",
+    "text_pool": True,
+    "attention": "dense",
+    "sdpa_backend": "math",
+    "attention_window": [1, 1, 1],
+    "attention_tile": [1, 1, 1],
+    "attention_topk": 1,
+}
+SIZE = ["text_encoder.max_length=8", "infer.frames=5", "infer.height=64", "infer.width=64"]
+TILE = "model.attention_tile=[1,2,2]"  # the default tile (6 x 8 x 8) does not fit the 2 x 4 x 4 token grid
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    from typer.testing import CliRunner
+
+    from vidforge.cli.app import app
+
+    root = tmp_path_factory.mktemp("fields")
+    pipeline = save_tiny_wan_pipeline(root / "Wan2.1-T2V-tiny-Diffusers")
+    result = CliRunner().invoke(app, ["model", "import", str(pipeline), "-o", str(root / "imported")])
+    assert result.exit_code == 0, result.output
+    return {"folder": pipeline, "import": root / "imported"}
+
+
+def _set(name: str, value) -> str:
+    import json
+
+    return f"model.{name}={json.dumps(value)}"
+
+
+@pytest.mark.parametrize("kind", ["folder", "import"])
+def test_every_model_field_given_at_infer_is_honoured_or_refused(folders, kind) -> None:
+    assert set(OTHER) == set(Model.model_fields), "give every model field a value to try"
+    weights = find_weights(folders[kind])
+    honoured = []
+    for name, value in OTHER.items():
+        try:
+            profile = sampling_profile(weights, [*SIZE, TILE, _set(name, value)])
+        except UserInputError as err:
+            assert "\n" not in str(err), (name, str(err))
+            assert name in RUNTIME_FIELDS or name == "preset" or name in str(err), (name, str(err))
+            continue
+        assert name in RUNTIME_FIELDS, f"model.{name}={value!r} was neither refused nor a runtime field"
+        model = load_network(weights, "cpu", runtime=profile.model)
+        got = getattr(model.config, name)
+        assert (list(got) if isinstance(got, tuple) else got) == value, name
+        honoured.append(name)
+    assert sorted(honoured) == sorted(RUNTIME_FIELDS)
+
+
+def _video(folder: Path, out: Path, *sets: str) -> np.ndarray:
+    overrides = [*SIZE, "diffusion.steps=2", *sets]
+    result = run(folder, ["a red square moving right"], out, overrides=overrides)
+    return read_video(result.videos[0])
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean absolute difference of two videos' pixels (levels of 255)."""
+    assert a.shape == b.shape
+    return float(np.abs(a.astype(float) - b.astype(float)).mean())
+
+
+@pytest.mark.parametrize("kind", ["folder", "import"])
+def test_sliding_tile_and_sparse_attention_change_the_video(folders, kind, tmp_path) -> None:
+    """Each attention option at infer samples another video than full attention (the token grid is
+    2 x 4 x 4: a window of one 1 x 2 x 2 tile, or the one best tile, sees an eighth of it)."""
+    full = _video(folders[kind], tmp_path / "full")
+    # the masked reference kernel of full attention: the same video but for rounding
+    rounding = _differ(full, _video(folders[kind], tmp_path / "dense", "model.attention=dense"))
+    for option, sets in {
+        "window": ("model.attention_window=[1,1,1]", TILE),
+        "top-k": ("model.attention_topk=1", TILE),
+    }.items():
+        sparse = _video(folders[kind], tmp_path / option.replace(" ", "_"), *sets)
+        assert _differ(full, sparse) > 10 * rounding, option
+
+
+def test_model_import_keeps_the_attention_settings(folders, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from vidforge.cli.app import app
+    from vidforge.models.checkpoint import read_config
+    from vidforge.profile import load_profile
+
+    sets = ["--set", "model.attention_window=[1,1,1]", "--set", TILE]
+    out = tmp_path / "windowed"
+    result = CliRunner().invoke(app, ["model", "import", str(folders["folder"]), "-o", str(out), *sets])
+    assert result.exit_code == 0, result.output
+    for model in (read_config(out), load_profile(out / "profile.yaml").model):
+        assert (model.attention_window, model.attention_tile) == ((1, 1, 1), (1, 2, 2))
+    profile = sampling_profile(find_weights(out), SIZE)  # the import's own window, not set again
+    assert load_network(find_weights(out), "cpu", runtime=profile.model).config.attention_window == (1, 1, 1)
