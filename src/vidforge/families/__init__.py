@@ -99,9 +99,14 @@ class FamilySpec:
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""
-    media_defaults: tuple[str, ...] = ()
-    """The frame rate the family was trained on and samples at, as settings (`curation.fps`, `infer.fps`):
-    `vidforge finetune` re-times its clips to it and plays its validation videos at it."""
+    media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
+    """model section -> the frame rate a model of that shape was trained on and samples at, as settings
+    (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation
+    videos at it; a published folder's profile samples at it."""
+    negative_prompt: str | None = None
+    """What the unconditional guidance branch reads when `infer.negative_prompt` is empty: None, the
+    model's null caption (`drop_text`, which caption dropout trains); a string, that caption encoded, as
+    the family's published pipeline does (`vidforge.sampling.negative.negative_caption`)."""
 
 
 def names() -> list[str]:

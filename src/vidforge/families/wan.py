@@ -24,7 +24,12 @@ PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"
 FREQ_DIM = 256  # sinusoidal features of the timestep (diffusers' freq_dim)
 EPS = 1e-6  # every norm of Wan2.1 (diffusers' eps)
 CAPTION_TOKENS = 512  # WanPipeline's max_sequence_length: umT5 states padded with zeros to 512
-GUIDANCE = 5.0  # WanPipeline's guidance_scale
+# How diffusers' Wan pipelines sample by default (the two-expert guidance scales are in wan_experts; the
+# flow shift is the folder's scheduler_config.json's, its sampler the scheduler class's, `SCHEDULERS`)
+GUIDANCE = 5.0  # WanPipeline's and WanImageToVideoPipeline's guidance_scale
+NEGATIVE_PROMPT = ""  # their `negative_prompt or ""`: the empty caption encoded, never zeros
+FPS, FPS_TI2V = 16, 24  # the frame rate of their model cards' export_to_video: Wan2.1 and A14B, TI2V-5B
+SCHEDULERS = {"UniPCMultistepScheduler": "unipc", "FlowMatchEulerDiscreteScheduler": "flow-euler"}
 
 # Config entries vidforge's wan family has no counterpart for: the value it must have.
 FIXED_CONFIG: dict[str, Any] = {
@@ -54,10 +59,22 @@ PRESETS["wan2.2-ti2v-5b"] = {
     **WAN2_1, "in_channels": 48, "layers": 30, "hidden": 3072, "heads": 24, "mlp_hidden": 14336,
     "expand_timesteps": True,
 }  # fmt: skip
-# What a TI2V folder (model_index.json's expand_timesteps) samples and trains with besides Wan2.1's: its
-# 24 fps, and half of a fine-tune's clips conditioned on their first frame so that the one network keeps
-# both of its tasks (set diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
-TI2V_DEFAULTS = ("infer.fps=24", "diffusion.image_condition=0.5")
+# What a TI2V folder (model_index.json's expand_timesteps) trains with besides Wan2.1's: half of a
+# fine-tune's clips conditioned on their first frame so that the one network keeps both of its tasks (set
+# diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
+TI2V_DEFAULTS = ("diffusion.image_condition=0.5",)
+
+
+def frame_rate(expand_timesteps: bool) -> int:
+    """The frame rate a Wan model was trained on and samples at: TI2V-5B (expand_timesteps) 24, else 16."""
+    return FPS_TI2V if expand_timesteps else FPS
+
+
+def media_defaults(model: Any) -> tuple[str, ...]:
+    """`frame_rate` of a `model` section as settings: finetune re-times clips to it, infer writes it."""
+    fps = frame_rate(model.expand_timesteps)
+    return (f"curation.fps={fps}", f"infer.fps={fps}")
+
 
 # Wan2.1's block has exactly this shape, so a field set otherwise has no meaning here.
 FIXED: dict[str, Any] = {
@@ -188,9 +205,11 @@ def read_published(src: Path) -> Published | None:
     parts = {name: path.resolve() for name, path in pipeline_parts(src).items()}
     scheduler = parts.get("scheduler")
     if scheduler is not None and (scheduler / "scheduler_config.json").is_file():
-        shift = read_json(scheduler / "scheduler_config.json").get("flow_shift")
-        if shift is not None:
-            defaults.append(f"diffusion.flow_shift={float(shift)}")
+        config = read_json(scheduler / "scheduler_config.json")
+        if config.get("flow_shift") is not None:
+            defaults.append(f"diffusion.flow_shift={float(config['flow_shift'])}")
+        if config.get("_class_name") in SCHEDULERS:
+            defaults.append(f"diffusion.sampler={SCHEDULERS[config['_class_name']]}")
     if "vae" in parts:
         defaults += [
             "tokenizer.kind=wan",
@@ -211,6 +230,7 @@ def read_published(src: Path) -> Published | None:
     if expands_timesteps(src):
         model["expand_timesteps"] = True
         defaults += TI2V_DEFAULTS
+    defaults.append(f"infer.fps={frame_rate(bool(model.get('expand_timesteps')))}")
     published = Published("wan", src, folder, model, defaults, "flow")
     return wan_experts.read_experts(src, published, read_json, model_fields)  # Wan2.2 A14B's two
 
@@ -245,9 +265,10 @@ SPEC = FamilySpec(
     # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
     step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
     profile_defaults=("diffusion.objective=flow",),
-    # Wan2.1 was trained on and samples 16 fps video (its pipeline's export_to_video; musubi-tuner asks
-    # for 16 fps clips)
-    media_defaults=("curation.fps=16", "infer.fps=16"),
+    # 16 fps video (24 for TI2V-5B), as the pipelines' model cards write it; musubi-tuner asks for 16 fps
+    # clips of Wan2.1
+    media_defaults=media_defaults,
+    negative_prompt=NEGATIVE_PROMPT,
     # Wan2.1-I2V's [first frame, zeros...] latents after the first frame's mask (WanImageToVideoPipeline's)
     condition_latents="vidforge.tokenizers.image_condition:condition_latents",
     image_tokens=257,  # Wan2.1-I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches and the class token

@@ -61,6 +61,7 @@ from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
 from vidforge.sampling.experts import sample_latents_experts
 from vidforge.sampling.latents import sample_latents
+from vidforge.sampling.negative import negative_caption, negative_prompt
 from vidforge.sampling.shape import check_shape
 from vidforge.sampling.step_cache import StepCache, rescale_name
 from vidforge.text.encoders import build_text_encoder
@@ -196,10 +197,7 @@ def run(
                 forward=channels.forward(model) if channels is not None else None,
             )
 
-    negative = None
-    if prof.infer.negative_prompt:
-        neg_emb, neg_mask = encoder.encode([prof.infer.negative_prompt])
-        negative = (torch.from_numpy(neg_emb.astype(np.float32)), torch.from_numpy(neg_mask))
+    negative = negative_caption(prof, encoder)
 
     export = weights.export
     settings = {
@@ -207,7 +205,7 @@ def run(
         "steps": prof.diffusion.steps,
         "guidance": prof.diffusion.guidance,
         **({"guidance_2": prof.diffusion.guidance_2} if prof.diffusion.guidance_2 is not None else {}),
-        "negative_prompt": prof.infer.negative_prompt or None,
+        "negative_prompt": negative_prompt(prof),
         "cache_threshold": prof.infer.cache.threshold,
         "checkpoint_step": exported_step(export) if export is not None else None,
         "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
