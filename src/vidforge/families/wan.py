@@ -25,11 +25,11 @@ FREQ_DIM = 256  # sinusoidal features of the timestep (diffusers' freq_dim)
 EPS = 1e-6  # every norm of Wan2.1 (diffusers' eps)
 CAPTION_TOKENS = 512  # WanPipeline's max_sequence_length: umT5 states padded with zeros to 512
 # How diffusers' Wan pipelines sample by default (the two-expert guidance scales are in wan_experts; the
-# flow shift is the folder's scheduler_config.json's, its sampler the scheduler class's, `SCHEDULERS`)
+# flow shift is the folder's scheduler_config.json's; its UniPCMultistepScheduler, every published Wan
+# folder's, is the flow objective's default sampler, unipc)
 GUIDANCE = 5.0  # WanPipeline's and WanImageToVideoPipeline's guidance_scale
 NEGATIVE_PROMPT = ""  # their `negative_prompt or ""`: the empty caption encoded, never zeros
 FPS, FPS_TI2V = 16, 24  # the frame rate of their model cards' export_to_video: Wan2.1 and A14B, TI2V-5B
-SCHEDULERS = {"UniPCMultistepScheduler": "unipc", "FlowMatchEulerDiscreteScheduler": "flow-euler"}
 
 # Config entries vidforge's wan family has no counterpart for: the value it must have.
 FIXED_CONFIG: dict[str, Any] = {
@@ -205,11 +205,9 @@ def read_published(src: Path) -> Published | None:
     parts = {name: path.resolve() for name, path in pipeline_parts(src).items()}
     scheduler = parts.get("scheduler")
     if scheduler is not None and (scheduler / "scheduler_config.json").is_file():
-        config = read_json(scheduler / "scheduler_config.json")
-        if config.get("flow_shift") is not None:
-            defaults.append(f"diffusion.flow_shift={float(config['flow_shift'])}")
-        if config.get("_class_name") in SCHEDULERS:
-            defaults.append(f"diffusion.sampler={SCHEDULERS[config['_class_name']]}")
+        shift = read_json(scheduler / "scheduler_config.json").get("flow_shift")
+        if shift is not None:
+            defaults.append(f"diffusion.flow_shift={float(shift)}")
     if "vae" in parts:
         defaults += [
             "tokenizer.kind=wan",
