@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
 TOY = '''
 from vidforge.families import FamilySpec
 from vidforge.families.vidforge import block_scopes
-from vidforge.models.dit import DiT
+from vidforge.families.vidforge.dit import DiT
 
 
 class ToyNet(DiT):
@@ -32,7 +32,7 @@ SPEC = FamilySpec(
     name="toy",
     network="toy_family:ToyNet",
     presets={"toy-1": {"architecture": "dit", "layers": 3, "hidden": 32, "heads": 2, "mlp_hidden": 64}},
-    tensor_parallel="vidforge.parallel.tensor_parallel:apply_tp",
+    tensor_parallel="vidforge.families.vidforge.tensor_parallel:apply_tp",
     tp_rules=(("q_norm", "k_norm", "modulation.down"), ("out", "fc2"), ("shared_modulation.", "final.modulation.")),
     lora_targets=("q", "v"),
     block_scopes=block_scopes,

@@ -49,6 +49,13 @@ class Published:
     """The weights file in `weights` (diffusers' name) ..."""
     index: str = "diffusion_pytorch_model.safetensors.index.json"
     """... or the index of its shards."""
+    expert_folders: Mapping[str, Path] = field(default_factory=dict)
+    """A two-expert model's folder of each expert's weights (`models.experts.EXPERTS` names them); empty
+    for one network (in `weights`)."""
+
+    def expert_weights(self, expert: str | None) -> Path:
+        """The folder of `expert`'s weights: `weights` for a one-network folder, or for None."""
+        return self.expert_folders[expert] if expert is not None and self.expert_folders else self.weights
 
 
 @dataclass(frozen=True)

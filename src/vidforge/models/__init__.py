@@ -2,7 +2,6 @@
 
 from vidforge.models.attention import Attend, attention
 from vidforge.models.checkpoint import load_model, save_model
-from vidforge.models.dit import DiT
 from vidforge.models.flops import FlopCount, forward_flops, train_step_flops
 from vidforge.models.layers import Conditioning
 from vidforge.models.presets import build_model, count_parameters, model_config
@@ -20,7 +19,6 @@ from vidforge.tokens import (
 __all__ = [
     "Attend",
     "Conditioning",
-    "DiT",
     "FlopCount",
     "KeyPadding",
     "Segments",

@@ -1,4 +1,5 @@
-"""Writing a safetensors file one tensor at a time, so a 14B model passes through holding one tensor.
+"""Writing a safetensors file one tensor at a time, so a 14B model passes through holding one tensor, and
+reading a folder's tensors by name from the headers alone (`stored_tensors`).
 
 `safetensors.torch.save_file` takes every tensor at once. The format is simple enough to stream: an
 8-byte little-endian header length, a JSON header giving each tensor's dtype, shape and byte range
@@ -14,8 +15,12 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import safe_open
+
+from vidforge.errors import UserInputError
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -78,3 +83,64 @@ def write_safetensors(
             f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     os.replace(tmp, path)
     return path
+
+
+# --- reading tensors by name ------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file (an index of shards), or a UserInputError naming it."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path}: expected a JSON object; download it again")
+    return data
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return DTYPES[self.dtype].itemsize * math.prod(self.shape)
+
+
+def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTensor]:
+    """Every tensor of the folder's safetensors (`single`, or the shards `index` names), by name, from
+    the headers alone."""
+    if (folder / index).is_file():
+        weight_map = read_json(folder / index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UserInputError(f"{folder / index}: no weight_map; download the index again")
+        files = sorted(set(weight_map.values()))
+    elif (folder / single).is_file():
+        weight_map, files = None, [single]
+    else:
+        raise UserInputError(
+            f"{folder}: neither {single} nor {index}; point at a folder of safetensors weights "
+            "(convert .bin checkpoints with diffusers first)"
+        )
+    found: dict[str, StoredTensor] = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise UserInputError(f"{path}: missing (named in {index}); download that shard again")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    part = f.get_slice(key)
+                    found[key] = StoredTensor(path, part.get_dtype(), tuple(part.get_shape()))
+        except (OSError, ValueError, RuntimeError) as err:
+            raise UserInputError(
+                f"{path}: not a readable safetensors file ({err}); download it again"
+            ) from None
+    if weight_map is not None:
+        for key, name in weight_map.items():
+            if key not in found or found[key].file.name != name:
+                raise UserInputError(f"{folder / name}: has no tensor {key} that {index} places there")
+    return found

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from vidforge.families import REGISTRY, family, presets
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 PRESETS: dict[str, dict[str, Any]] = presets()
 """Every family's named shapes (`vidforge.families`: each family's module lists its own)."""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from vidforge.profile.base import Section
 from vidforge.profile.bench import Bench
 from vidforge.profile.cluster import Cluster
 from vidforge.profile.curation import Curation
@@ -16,6 +15,7 @@ from vidforge.profile.stages import Stage
 from vidforge.profile.text_encoder import TextEncoder
 from vidforge.profile.tokenizer import Tokenizer
 from vidforge.profile.train import Train
+from vidforge.section import Section
 
 
 class RunProfile(Section):

@@ -15,10 +15,8 @@ Anything wrong with the input raises `UserInputError` naming the file and what t
 from __future__ import annotations
 
 import json
-import math
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,13 @@ from vidforge.errors import UserInputError
 from vidforge.families import wan
 from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
-from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
+from vidforge.models.safetensors_stream import (
+    DTYPES,
+    StoredTensor,
+    TensorEntry,
+    stored_tensors,
+    write_safetensors,
+)
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model, with_runtime
@@ -100,56 +104,6 @@ def diffusers_config(model: Model) -> dict[str, Any]:
         **wan.FIXED_CONFIG,
         **wan.diffusers_image_config(model),
     }
-
-
-# --- reading tensors by name ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return DTYPES[self.dtype].itemsize * math.prod(self.shape)
-
-
-def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTensor]:
-    """Every tensor of the folder's safetensors (`single`, or the shards `index` names), by name, from
-    the headers alone."""
-    if (folder / index).is_file():
-        weight_map = wan.read_json(folder / index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise UserInputError(f"{folder / index}: no weight_map; download the index again")
-        files = sorted(set(weight_map.values()))
-    elif (folder / single).is_file():
-        weight_map, files = None, [single]
-    else:
-        raise UserInputError(
-            f"{folder}: neither {single} nor {index}; point at a folder of safetensors weights "
-            "(convert .bin checkpoints with diffusers first)"
-        )
-    found: dict[str, StoredTensor] = {}
-    for name in files:
-        path = folder / name
-        if not path.is_file():
-            raise UserInputError(f"{path}: missing (named in {index}); download that shard again")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    part = f.get_slice(key)
-                    found[key] = StoredTensor(path, part.get_dtype(), tuple(part.get_shape()))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise UserInputError(
-                f"{path}: not a readable safetensors file ({err}); download it again"
-            ) from None
-    if weight_map is not None:
-        for key, name in weight_map.items():
-            if key not in found or found[key].file.name != name:
-                raise UserInputError(f"{folder / name}: has no tensor {key} that {index} places there")
-    return found
 
 
 def _check_against(model: Model, stored: dict[str, StoredTensor], folder: Path) -> list[str]:

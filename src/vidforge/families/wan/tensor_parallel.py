@@ -53,7 +53,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from vidforge.errors import UserInputError
-from vidforge.models.wan import WanBlock, WanTransformer
+from vidforge.families.wan.network import WanBlock, WanTransformer
 from vidforge.parallel.tensor_parallel import SEQUENCE_DIM, apply_sequence_region, check_tp_model
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vidforge.models.blocks import _attend, _norm
+from vidforge.families.vidforge.blocks import _attend, _norm
 from vidforge.models.layers import MLP, Conditioning, CrossAttention, Modulation, SelfAttention, modulate
 from vidforge.profile.model import Model
 

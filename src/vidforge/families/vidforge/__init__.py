@@ -115,14 +115,14 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 SPEC = FamilySpec(
     name="vidforge",
-    network="vidforge.models.dit:DiT",
+    network="vidforge.families.vidforge.dit:DiT",
     presets=PRESETS,
     # What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3
     # and the modulation column-wise, out/fc2 row-wise) except the row-wise layers' biases, the per-head
     # QK norms and AdaLN-LoRA's rank-r down projection, which stay replicated; outside the blocks the
     # shared modulation and the final layer's modulation (column-wise); the embeddings and the final
     # projection stay replicated.
-    tensor_parallel="vidforge.parallel.tensor_parallel:apply_tp",
+    tensor_parallel="vidforge.families.vidforge.tensor_parallel:apply_tp",
     tp_rules=(
         ("q_norm", "k_norm", "modulation.down"),
         ("out", "fc2"),

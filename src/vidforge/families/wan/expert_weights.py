@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from vidforge.families.wan import read_json
-from vidforge.families.wan_experts import FOLDERS, boundary_of
+from vidforge.families.wan.experts import FOLDERS, boundary_of
+from vidforge.families.wan.weights import import_wan, load_diffusers_wan
 from vidforge.models.experts import LOW, Experts
-from vidforge.models.wan_weights import import_wan, load_diffusers_wan
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
 
