@@ -128,6 +128,35 @@ def test_text_to_video_equals_wan_pipeline_with_expand_timesteps(folder) -> None
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["image", "text"])
+def test_default_infer_equals_the_pipelines_and_writes_24_fps(
+    folder, image, mode, tmp_path, monkeypatch
+) -> None:
+    """`vidforge infer -c` (with `--image`, and without) and no sampling argument (`default_parity`)
+    against WanImageToVideoPipeline(expand_timesteps) and WanPipeline with their defaults (the empty
+    negative caption, guidance 5, the folder's UniPC and shift 5); TI2V-5B's 24 fps."""
+    from default_parity import PROMPT, noise, vidforge_infer
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+    from PIL import Image
+
+    sets = [
+        f"infer.height={SIZE}",
+        f"infer.width={SIZE}",
+        f"infer.frames={FRAMES}",
+        f"diffusion.steps={STEPS}",
+    ]
+    path = image if mode == "image" else None
+    ours, fps, record = vidforge_infer(folder, tmp_path / "out", sets, monkeypatch, image=path)
+    assert (fps, record["negative_prompt"], record["guidance"]) == (24, "", 5.0)
+    pipe = (WanImageToVideoPipeline if mode == "image" else WanPipeline).from_pretrained(folder)
+    extra = {"image": Image.open(image)} if mode == "image" else {}
+    theirs = pipe(
+        prompt=PROMPT, height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS,
+        latents=noise(ours.shape[1:]), output_type="latent", **extra,
+    ).frames  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_import_and_train_init_keep_the_folders_ti2v_settings(folder, tmp_path) -> None:
     from typer.testing import CliRunner
 
