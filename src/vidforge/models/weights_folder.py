@@ -83,12 +83,17 @@ def published_sets(published: Published) -> list[str]:
     """The `section.field=value` settings of a published folder: its whole model section (preset null,
     every field, the attention settings (`RUNTIME_FIELDS`) left to the profile), then its family's
     defaults (objective, tokenizer, text encoder, caption length, sampling)."""
-    model = published_model(published).model_dump(mode="json")
+    return model_sets(published_model(published)) + list(published.defaults)
+
+
+def model_sets(model: Model) -> list[str]:
+    """`model` as `section.field=value` settings: preset null and every field the weights fix (not the
+    attention settings, `RUNTIME_FIELDS`, which stay the profile's)."""
+    fields = model.model_dump(mode="json")
     sets = ["model.preset=null"]
-    sets += [
-        f"model.{k}={json.dumps(v)}" for k, v in model.items() if k not in RUNTIME_FIELDS and k != "preset"
+    return sets + [
+        f"model.{k}={json.dumps(v)}" for k, v in fields.items() if k not in RUNTIME_FIELDS and k != "preset"
     ]
-    return sets + list(published.defaults)
 
 
 def check_published(profile: RunProfile, published: Published, shapes: bool = True) -> None:
@@ -173,12 +178,15 @@ def published_profile(
 def export_profile(
     export: Path, overrides: Sequence[str] = (), profile: str | os.PathLike | None = None
 ) -> RunProfile:
-    """The profile an export trained with (its profile.yaml, or `profile` if given) with `overrides`; its
-    model section must describe the export's weights."""
-    base = profile if profile is not None else export / "profile.yaml"
-    if profile is None and not Path(base).is_file():
+    """The profile an export trained with (its profile.yaml, or `profile` if given, with the export's model
+    fields but the attention settings) with `overrides`; its model section must describe the export's
+    weights."""
+    if profile is None and not (export / "profile.yaml").is_file():
         raise UserInputError(f"{export}: no profile.yaml beside the weights; pass --profile")
-    prof = load_profile(base, overrides)
+    if profile is None:
+        prof = load_profile(export / "profile.yaml", overrides)
+    else:
+        prof = load_profile(profile, [*model_sets(export_model(export)), *overrides])
     check_shapes(prof.model, export_model(export), str(export))
     return prof
 
