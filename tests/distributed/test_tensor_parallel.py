@@ -65,7 +65,7 @@ def _config(arch: str, block: str, lora: bool, swiglu: bool):
     )
 
 
-# The wan family (`vidforge.parallel.wan_tensor_parallel.apply_wan_tp`): (packed, sequence_parallel). Its
+# The wan family (`vidforge.families.wan.tensor_parallel.apply_wan_tp`): (packed, sequence_parallel). Its
 # cross-attention norm is on, so every kind of parameter that sees the sharded stream is there: norm2,
 # each block's scale_shift_table (and through it time_proj), the row-parallel biases.
 WAN_CASES = [(False, False), (False, True), (True, False), (True, True)]

@@ -18,15 +18,17 @@ from default_parity import PROMPT, noise, vidforge_infer
 
 from vidforge.data.media import read_video
 from vidforge.errors import UserInputError
+from vidforge.families import REGISTRY, family
 from vidforge.infer.run import run
 from vidforge.infer.weights import find_weights, load_network, sampling_profile
-from vidforge.profile.model import RUNTIME_FIELDS, Model
+from vidforge.profile.model import RUNTIME_FIELDS
 
 pytest.importorskip("transformers")
 from wan_fixtures import save_tiny_wan_pipeline  # noqa: E402
 
-# A valid value other than the tiny folder's for every model field (2 layers, 2 heads of 8, ffn 32, 4
-# latent channels, text width 16). A field added to `Model` fails the walk until it has one here.
+# A valid value other than the tiny folder's for every model field of every family (2 layers, 2 heads of
+# 8, ffn 32, 4 latent channels, text width 16). A field added to a family's section fails the walk until
+# it has one here.
 OTHER = {
     "preset": "wan2.1-1.3b",
     "family": "vidforge",
@@ -90,7 +92,8 @@ def _set(name: str, value) -> str:
 
 @pytest.mark.parametrize("kind", ["folder", "import"])
 def test_every_model_field_given_at_infer_is_honoured_or_refused(folders, kind) -> None:
-    assert set(OTHER) == set(Model.model_fields), "give every model field a value to try"
+    every = {name for f in REGISTRY for name in family(f).model.model_fields}  # every family's fields
+    assert set(OTHER) == every, "give every model field a value to try"
     weights = find_weights(folders[kind])
     honoured = []
     for name, value in OTHER.items():

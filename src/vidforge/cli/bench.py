@@ -13,6 +13,7 @@ from vidforge import sampler_registry
 from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, names_from_the_registry, profile_from
 from vidforge.cli._output import current_output
 from vidforge.errors import UserInputError
+from vidforge.files import write_text
 
 MAX_CLIP = (1025, 4096)
 """The largest --clip planned: frames, and pixels a side (a minute at 16 fps; 4K)."""
@@ -456,7 +457,7 @@ def _write_recipe(profile, out: Path, model: str | None) -> str:
         "encoder and VAE: text_encoder and tokenizer below, or the folder's own when --base/--init name it.",
     ]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(header) + "\n" + dump_profile(profile))
+    write_text(out, "\n".join(header) + "\n" + dump_profile(profile))
     run = f"runs/{out.stem}"
     lines = [f"wrote {out}; run it:"]
     keep = " ".join(_finetune_keeps(profile))
@@ -520,13 +521,9 @@ def _machine_sets(
             from vidforge.profile import PRESETS
 
             sets += [f"model={{preset: {model}}}"]  # the preset's model, not the profile's fields over it
-            if model in PRESETS:  # the family's objective, and the fields it fixes
+            if model in PRESETS:  # the family's objective
                 spec = family(PRESETS[model]["family"])
-                sets += [
-                    *spec.profile_defaults,
-                    *(f"model.{k}={json.dumps(v)}" for k, v in spec.fixed.items()),
-                    *expert_sets(PRESETS[model]),
-                ]
+                sets += [*spec.profile_defaults, *expert_sets(PRESETS[model])]
     if clip is not None:
         parts = clip.lower().split("x")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):

@@ -1,4 +1,5 @@
-"""Video diffusion transformers (DiT, ST-DiT), the attention dispatcher, packing, FLOPs, checkpoints."""
+"""What every family's network is built from and measured by: the forward interface, layers, RoPE, the
+attention dispatcher, packing, FLOPs, presets, checkpoints (each family's own network is in its package)."""
 
 from vidforge.models.attention import Attend, attention
 from vidforge.models.checkpoint import load_model, save_model

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from vidforge.errors import UserInputError
+from vidforge.files import atomic_file
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -69,8 +70,7 @@ def write_safetensors(
         offset += entry.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for entry in entries:
@@ -81,7 +81,6 @@ def write_safetensors(
                     f"expected {entry.dtype} {entry.shape}"
                 )
             f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    os.replace(tmp, path)
     return path
 
 
@@ -110,6 +109,45 @@ class StoredTensor:
         return DTYPES[self.dtype].itemsize * math.prod(self.shape)
 
 
+HEADER_LIMIT = 100 * 2**20  # safetensors' own bound on a header
+
+
+def safetensors_shapes(path: Path, fix: str = "download it again") -> dict[str, StoredTensor]:
+    """Every tensor's dtype and shape in the safetensors file `path`, from its header; a file that is not
+    one, or is shorter than its header says, is a UserInputError naming it (and `fix`)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if length < 0 or length > HEADER_LIMIT:
+            raise UserInputError(f"{path}: not a safetensors file (no header length); {fix}")
+        if 8 + length > size:
+            raise UserInputError(
+                f"{path}: truncated: its header needs {8 + length} bytes, the file has {size}; {fix}"
+            )
+        try:
+            header = json.loads(f.read(length))
+            end = max(
+                (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+            )
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise UserInputError(
+                f"{path}: not a safetensors file (its header is no JSON table); {fix}"
+            ) from None
+    if 8 + length + end > size:
+        raise UserInputError(
+            f"{path}: truncated: its tensors end at byte {8 + length + end}, the file has {size}; {fix}"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {
+                key: StoredTensor(path, f.get_slice(key).get_dtype(), tuple(f.get_slice(key).get_shape()))
+                for key in f.keys()
+            }
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise UserInputError(f"{path}: not a readable safetensors file ({err}); {fix}") from None
+
+
 def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTensor]:
     """Every tensor of the folder's safetensors (`single`, or the shards `index` names), by name, from
     the headers alone."""
@@ -130,15 +168,7 @@ def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTen
         path = folder / name
         if not path.is_file():
             raise UserInputError(f"{path}: missing (named in {index}); download that shard again")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    part = f.get_slice(key)
-                    found[key] = StoredTensor(path, part.get_dtype(), tuple(part.get_shape()))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise UserInputError(
-                f"{path}: not a readable safetensors file ({err}); download it again"
-            ) from None
+        found.update(safetensors_shapes(path))
     if weight_map is not None:
         for key, name in weight_map.items():
             if key not in found or found[key].file.name != name:

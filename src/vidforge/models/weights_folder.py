@@ -88,8 +88,9 @@ def published_sets(published: Published) -> list[str]:
 
 def model_sets(model: Model) -> list[str]:
     """`model` as `section.field=value` settings: preset null and every field the weights fix (not the
-    attention settings, `RUNTIME_FIELDS`, which stay the profile's)."""
-    fields = model.model_dump(mode="json")
+    attention settings, `RUNTIME_FIELDS`, which stay the profile's), the constants of its family
+    (`fixed_fields`) restated so that another family's fields of the profile do not linger."""
+    fields = {**model.fixed_fields(), **model.model_dump(mode="json")}
     sets = ["model.preset=null"]
     return sets + [
         f"model.{k}={json.dumps(v)}" for k, v in fields.items() if k not in RUNTIME_FIELDS and k != "preset"
@@ -141,7 +142,7 @@ def check_sampled(model: Model, weights: Model, where: str) -> None:
     (`RUNTIME_FIELDS`, which the network takes from the profile) must be the weights' own, or it is refused
     here, in one line, rather than silently replaced by the weights' config."""
     check_shapes(model, weights, where)
-    for name in Model.model_fields:
+    for name in type(model).model_fields:  # the family's section (check_shapes held the family)
         if name in RUNTIME_FIELDS or getattr(model, name) == getattr(weights, name):
             continue
         if name == "preset" and model.preset is None:  # null: every field given, which are compared

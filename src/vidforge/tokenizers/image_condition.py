@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from vidforge.data.batching import CONDITION, IMAGE_EMB
+from vidforge.data.media import rgb
 from vidforge.errors import UserInputError
 from vidforge.families import family, load
 from vidforge.profile import RunProfile
@@ -37,9 +38,11 @@ def load_image(path: str | Path) -> Any:
 
     try:
         with Image.open(path) as image:
-            return image.convert("RGB")
+            return rgb(image)
     except (OSError, UnidentifiedImageError) as err:
         raise UserInputError(f"--image {path}: not a readable image ({err}); give a PNG or JPEG") from None
+    except ValueError as err:
+        raise UserInputError(f"--image {path}: {err}; save it as an 8- or 16-bit PNG") from None
 
 
 def preprocess_image(image: Any, height: int, width: int, spatial_compression: int) -> torch.Tensor:

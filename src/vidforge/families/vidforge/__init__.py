@@ -1,4 +1,4 @@
-"""The vidforge family: this project's DiT and ST-DiT (`vidforge.models.dit`; `model.architecture` picks),
+"""The vidforge family: this project's DiT and ST-DiT (`vidforge.families.vidforge.dit`; `model.architecture` picks),
 trained from scratch or from its own exports (no published layout)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidforge.families import FamilySpec
+from vidforge.families.vidforge.model import VidforgeModel
 
 # Shapes of the published models each preset follows. hidden/heads/layers/mlp are the papers' numbers.
 # Every preset names its architecture so that `{preset: stdit-7b}` alone builds an ST-DiT. The large
@@ -115,6 +116,7 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 SPEC = FamilySpec(
     name="vidforge",
+    model=VidforgeModel,
     network="vidforge.families.vidforge.dit:DiT",
     presets=PRESETS,
     # What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3

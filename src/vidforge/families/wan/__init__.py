@@ -1,4 +1,4 @@
-"""The wan family: Wan2.1's text-to-video transformer (`vidforge.models.wan`, diffusers'
+"""The wan family: Wan2.1's text-to-video transformer (`vidforge.families.wan.network`, diffusers'
 `WanTransformer3DModel` module for module, so published weights load by name), and how a diffusers
 download of it (a transformer folder, or a whole pipeline: model_index.json beside transformer/, vae/,
 text_encoder/ (umT5), tokenizer/, scheduler/) maps to a profile: rectified flow predicting the velocity,
@@ -17,6 +17,7 @@ from typing import Any
 from vidforge.errors import UserInputError
 from vidforge.families import FamilySpec, Published
 from vidforge.families.wan import experts as wan_experts
+from vidforge.families.wan.model import WanModel
 
 CLASS_NAME = "WanTransformer3DModel"
 CONFIG = "config.json"
@@ -76,16 +77,6 @@ def media_defaults(model: Any) -> tuple[str, ...]:
     fps = frame_rate(model.expand_timesteps)
     return (f"curation.fps={fps}", f"infer.fps={fps}")
 
-
-# Wan2.1's block has exactly this shape, so a field set otherwise has no meaning here.
-FIXED: dict[str, Any] = {
-    "architecture": "dit",
-    "mlp_act": "gelu-tanh",
-    "adaln_lora_rank": 0,
-    "abs_position": "none",
-    "qk_norm": True,
-    "text_pool": False,
-}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -241,9 +232,10 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 SPEC = FamilySpec(
     name="wan",
+    model=WanModel,
     network="vidforge.families.wan.network:WanTransformer",
     presets=PRESETS,
-    # `vidforge.parallel.wan_tensor_parallel`, the Megatron split: to_q/to_k/to_v and ffn.net.0.proj
+    # `vidforge.families.wan.tensor_parallel`, the Megatron split: to_q/to_k/to_v and ffn.net.0.proj
     # column-wise, to_out.0 and ffn.net.2 row-wise; norm_q/norm_k (across all heads) split with the heads
     # they normalise (their statistics reduced over tp); the per-block table and the cross-attention
     # LayerNorm replicated; everything outside the blocks replicated.
@@ -252,8 +244,6 @@ SPEC = FamilySpec(
     # diffusers' Wan trainers' choice: the attention projections.
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
-    fixed=FIXED,
-    own_fields=("cross_attn_norm", "expand_timesteps", "condition_channels", "image_dim"),
     table_modulation=True,
     read_published=read_published,
     published_class=CLASS_NAME,

@@ -1,6 +1,6 @@
 """Wan2.2 A14B's two experts in and out of diffusers' pipeline layout (transformer/: high noise,
-transformer_2/: low noise; `vidforge.families.wan_experts`), the wan family's importer and loader of a
-published folder: a one-expert (Wan2.1) folder goes through `vidforge.models.wan_weights` as before."""
+transformer_2/: low noise; `vidforge.families.wan.experts`), the wan family's importer and loader of a
+published folder: a one-expert (Wan2.1) folder goes through `vidforge.families.wan.weights`."""
 
 from __future__ import annotations
 

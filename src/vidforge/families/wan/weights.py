@@ -5,7 +5,7 @@ or shards with their .index.json; float32, bfloat16 or float16), or a whole Wan 
 transformer/), becomes a vidforge export (model.safetensors, config.json, profile.yaml: what
 `vidforge infer` and fine-tuning read). Export: the reverse, a folder that
 `WanTransformer3DModel.from_pretrained` loads with no missing or unexpected keys. The wan family's
-parameter names are diffusers' own (`vidforge.models.wan`), so both directions copy tensors by name,
+parameter names are diffusers' own (`vidforge.families.wan.network`), so both directions copy tensors by name,
 bytes untouched (an import may cast to one dtype on request): import then export gives every tensor
 back bitwise. Neither ever holds more than one tensor of the model in memory.
 
@@ -27,6 +27,7 @@ from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families import wan
+from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
 from vidforge.models.safetensors_stream import (
@@ -36,6 +37,7 @@ from vidforge.models.safetensors_stream import (
     stored_tensors,
     write_safetensors,
 )
+from vidforge.models.weights_check import check_config_against_weights
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model, with_runtime
@@ -108,22 +110,11 @@ def diffusers_config(model: Model) -> dict[str, Any]:
 
 def _check_against(model: Model, stored: dict[str, StoredTensor], folder: Path) -> list[str]:
     """The stored tensors' names in the model's order, after checking names, shapes and dtypes."""
-    expected = {name: tuple(t.shape) for name, t in build_model(model, device="meta").state_dict().items()}
-    names = [n for n in stored if not any(part in n for part in IGNORED)]
-    missing = sorted(set(expected) - set(names))
-    unexpected = sorted(set(names) - set(expected))
-    if missing or unexpected:
-        raise UserInputError(
-            f"{folder}: the weights do not match its config.json (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); the folder is incomplete or not a Wan2.1 T2V transformer"
-        )
-    for name, shape in expected.items():
+    # held to the headers before the model is built: a config of 20000 layers beside weights for 2 is
+    # refused at once, not after building 20000 layers
+    expected = check_config_against_weights(model, stored, folder / CONFIG, IGNORED)
+    for name in expected:
         t = stored[name]
-        if t.shape != shape:
-            raise UserInputError(
-                f"{t.file}: {name} has shape {t.shape}, config.json implies {shape}; the config and the "
-                "weights come from different models"
-            )
         if t.dtype not in FLOAT_DTYPES:
             raise UserInputError(
                 f"{t.file}: {name} is {t.dtype}; vidforge reads float32, bfloat16 or float16 weights "
@@ -187,12 +178,11 @@ def import_wan(
     }
     data["model"] = {**model.model_dump(mode="json"), **kept}
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out)
     with ExitStack() as files:
         write_safetensors(out / WEIGHTS, _entries(names, stored, files, cast), {"format": FORMAT})
     write_config(out, resolved.model)
-    (out / "profile.yaml").write_text(dump_profile(resolved))
+    write_text(out / "profile.yaml", dump_profile(resolved))
     return out
 
 
@@ -247,8 +237,7 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     config = diffusers_config(model)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     names = _check_against(model, stored, export)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out)
     groups = _shards(names, stored, max_shard_bytes)
     weight_map: dict[str, str] = {}
     with ExitStack() as files:
@@ -263,6 +252,6 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     if len(groups) > 1:
         total = sum(stored[n].nbytes for n in names)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        write_text(out / INDEX, json.dumps(index, indent=2) + "\n")
+    write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
     return out
