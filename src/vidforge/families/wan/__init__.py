@@ -78,7 +78,6 @@ def media_defaults(model: Any) -> tuple[str, ...]:
     return (f"curation.fps={fps}", f"infer.fps={fps}")
 
 
-
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
