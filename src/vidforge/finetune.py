@@ -421,7 +421,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     captions = out / CAPTIONS
     sets = stage_overrides(request, captions)
     profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    media = family(profile.model.family).media_defaults  # the frame rate the family trained at
+    media = family(profile.model.family).media_defaults(profile.model)  # the frame rate it trained at
     if media:
         sets += media
         profile = base_profile(base, request.profile, [*sets, *request.overrides])

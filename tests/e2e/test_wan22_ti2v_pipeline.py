@@ -72,7 +72,14 @@ def test_a_ti2v_folder_tokenizes_trains_and_samples_from_text_and_from_an_image(
         app, ["infer", "-c", str(run), *prompt, "-o", str(tmp_path / "no"), "--image", str(image), *_sets(),
               "--set", "model.expand_timesteps=false"],
     )  # fmt: skip
-    assert (
-        refused.exit_code == 2
-        and "--image: model.family=wan with model.expand_timesteps off" in refused.output
-    )
+    # the weights condition on their first frame: infer does not sample them as if they did not
+    assert refused.exit_code == 2 and "model.expand_timesteps: " in refused.output
+    assert "weights have True, the profile says False" in refused.output
+    # and a text-to-video model refuses an image in one line
+    from vidforge.errors import UserInputError
+    from vidforge.infer.image import first_frame_latent
+    from vidforge.profile.loading import validate_profile
+
+    t2v = validate_profile({"model": {"preset": "wan2.1-1.3b"}, "diffusion": {"objective": "flow"}})
+    with pytest.raises(UserInputError, match="^--image: model.family=wan with model.expand_timesteps off"):
+        first_frame_latent(t2v, None, image)

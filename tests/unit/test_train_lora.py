@@ -245,6 +245,7 @@ def test_infer_with_an_adapter_at_scale_0_is_the_base_and_at_scale_1_the_merged_
         "infer.height=16",
         "infer.width=24",
         "diffusion.guidance=1",
+        "infer.fps=16",  # the folder's (Wan's); the run's profile says 8, and x264's rate control reads it
     ]
     prompt = ["a red square moving right"]
 

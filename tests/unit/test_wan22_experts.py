@@ -110,6 +110,26 @@ def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:
     assert (other - ours).abs().max() > 1e-2
 
 
+def test_default_infer_equals_the_pipeline_as_the_model_card_calls_it(
+    pipeline, tmp_path, monkeypatch
+) -> None:
+    """`vidforge infer -c` with no sampling argument (`default_parity`) against WanPipeline with its
+    defaults (the empty negative caption, the folder's scheduler and shift) and Wan2.2-T2V-A14B's model
+    card's guidance_scale=4.0, guidance_scale_2=3.0 (the pipeline's own default, 5.0 for both, is not what
+    the model was published to sample with); 16 fps."""
+    from default_parity import PROMPT, noise, vidforge_infer
+    from diffusers import WanPipeline
+
+    sets = ["infer.height=32", "infer.width=48", "infer.frames=5", *STEPS]
+    ours, fps, record = vidforge_infer(pipeline, tmp_path / "out", sets, monkeypatch)
+    assert (fps, record["negative_prompt"], record["guidance"], record["guidance_2"]) == (16, "", 4.0, 3.0)
+    theirs = WanPipeline.from_pretrained(pipeline)(
+        prompt=PROMPT, height=32, width=48, num_frames=5, num_inference_steps=4, guidance_scale=4.0,
+        guidance_scale_2=3.0, latents=noise(ours.shape[1:]), output_type="latent",
+    ).frames  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=2e-5)  # float32 both: 1.1e-5 apart
+
+
 @pytest.mark.parametrize("sampling", ["logit-normal", "uniform"])
 @pytest.mark.parametrize("expert", ["high", "low"])
 def test_a_runs_training_times_are_its_experts_side_of_the_boundary(expert, sampling) -> None:

@@ -90,6 +90,26 @@ def test_infer_with_an_image_equals_the_two_expert_image_to_video_pipeline(folde
     torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=2e-5)
 
 
+def test_default_infer_equals_the_pipeline_as_the_model_card_calls_it(
+    folder, image, tmp_path, monkeypatch
+) -> None:
+    """`vidforge infer -c --image` with no sampling argument (`default_parity`) against
+    WanImageToVideoPipeline with its defaults (the empty negative caption, the folder's scheduler and
+    shift) and Wan2.2-I2V-A14B's model card's guidance_scale=3.5 (both experts; the pipeline's own
+    default is 5.0); 16 fps."""
+    from default_parity import PROMPT, noise, vidforge_infer
+    from diffusers import WanImageToVideoPipeline
+    from PIL import Image
+
+    ours, fps, record = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch, image=image)
+    assert (fps, record["negative_prompt"], record["guidance"], record["guidance_2"]) == (16, "", 3.5, 3.5)
+    theirs = WanImageToVideoPipeline.from_pretrained(folder)(
+        image=Image.open(image), prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=FRAMES,
+        num_inference_steps=4, guidance_scale=3.5, latents=noise(ours.shape[1:]), output_type="latent",
+    ).frames  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=2e-5)
+
+
 def test_the_preset_has_the_published_shapes() -> None:
     """wan2.2-i2v-a14b against Wan2.2-I2V-A14B-Diffusers' transformer/config.json (transformer_2/'s is
     the same): the same model fields and the same tensors."""

@@ -67,6 +67,10 @@ def test_the_folder_reads_as_ti2v_with_its_wan22_vae(folder) -> None:
     assert (profile.tokenizer.spatial_compression, profile.tokenizer.temporal_compression) == (16, 4)
     assert tokenizer.latent_channels == CHANNELS and profile.diffusion.image_condition == 0.5
     assert profile.infer.fps == 24
+    # and a finetune of it re-times its clips to 24 fps (the family's media defaults of this model)
+    from vidforge.families import family
+
+    assert family("wan").media_defaults(profile.model) == ("curation.fps=24", "infer.fps=24")
 
 
 def test_vae_latents_are_the_pipelines_normalisation_and_the_first_frame_is_causal(folder) -> None:
@@ -124,6 +128,35 @@ def test_text_to_video_equals_wan_pipeline_with_expand_timesteps(folder) -> None
         prompt_embeds=_zero_padded(emb, mask), negative_prompt_embeds=_zero_padded(*negative), height=SIZE,
         width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=GUIDANCE, output_type="latent",
         generator=torch.Generator().manual_seed(SEED),
+    ).frames  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["image", "text"])
+def test_default_infer_equals_the_pipelines_and_writes_24_fps(
+    folder, image, mode, tmp_path, monkeypatch
+) -> None:
+    """`vidforge infer -c` (with `--image`, and without) and no sampling argument (`default_parity`)
+    against WanImageToVideoPipeline(expand_timesteps) and WanPipeline with their defaults (the empty
+    negative caption, guidance 5, the folder's UniPC and shift 5); TI2V-5B's 24 fps."""
+    from default_parity import PROMPT, noise, vidforge_infer
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+    from PIL import Image
+
+    sets = [
+        f"infer.height={SIZE}",
+        f"infer.width={SIZE}",
+        f"infer.frames={FRAMES}",
+        f"diffusion.steps={STEPS}",
+    ]
+    path = image if mode == "image" else None
+    ours, fps, record = vidforge_infer(folder, tmp_path / "out", sets, monkeypatch, image=path)
+    assert (fps, record["negative_prompt"], record["guidance"]) == (24, "", 5.0)
+    pipe = (WanImageToVideoPipeline if mode == "image" else WanPipeline).from_pretrained(folder)
+    extra = {"image": Image.open(image)} if mode == "image" else {}
+    theirs = pipe(
+        prompt=PROMPT, height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS,
+        latents=noise(ours.shape[1:]), output_type="latent", **extra,
     ).frames  # fmt: skip
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 

@@ -112,6 +112,26 @@ def test_infer_with_an_image_samples_the_pipelines_latents(folder, pipe, tmp_pat
     torch.testing.assert_close(ours, expected, rtol=2e-5, atol=2e-5)  # measured: 3.8e-6 apart
 
 
+def test_default_infer_equals_the_pipeline_and_writes_16_fps(folder, pipe, tmp_path, monkeypatch):
+    """`vidforge infer -c FOLDER --image PATH` with no sampling argument (`default_parity`) against
+    WanImageToVideoPipeline with its defaults (the empty negative caption, guidance 5, the folder's UniPC
+    and shift); Wan2.1's 16 fps."""
+    from default_parity import PROMPT, noise, vidforge_infer
+
+    path = tmp_path / "first.png"
+    _image().save(path)
+    sets = [f"infer.height={HEIGHT}", f"infer.width={WIDTH}", f"infer.frames={FRAMES}", "diffusion.steps=3"]
+    ours, fps, record = vidforge_infer(folder, tmp_path / "out", sets, monkeypatch, image=path)
+    assert (fps, record["negative_prompt"], record["guidance"]) == (16, "", 5.0)
+    from PIL import Image
+
+    theirs = pipe(
+        image=Image.open(path), prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=FRAMES,
+        num_inference_steps=3, latents=noise(ours.shape[1:]), output_type="latent",
+    ).frames  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=2e-5)
+
+
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -19,95 +19,128 @@ from vidforge.errors import UserInputError
 Sampler = Enum("Sampler", {name: name for name in sampler_registry.SAMPLER_NAMES}, type=str)
 
 
+CheckpointOpt = Annotated[
+    Path, typer.Option("--checkpoint", "-c", help="A `vidforge train` run dir or its export/.")
+]
+
+OutOpt = Annotated[
+    Path, typer.Option("--out", "-o", help="Folder for the MP4s, contact_sheet.png, samples.jsonl.")
+]
+
+PromptOpt = Annotated[list[str] | None, typer.Option("--prompt", help="A caption to render; repeatable.")]
+
+PromptsFileOpt = Annotated[
+    Path | None, typer.Option("--prompts-file", help="A text file with one prompt per line.")
+]
+
+InferProfileOpt = Annotated[
+    str | None,
+    typer.Option("--profile", "-p", help="Profile to use instead of the one saved with the model."),
+]
+
+NprocOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        min=1,
+        help="Share the sampling over this many local processes under torchrun (--tp, CFG-parallel, "
+        "context parallel with parallel.cp_impl).",
+    ),
+]
+
+TpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tp",
+        min=1,
+        help="With --nproc: hold the model tensor-parallel on groups of this many ranks, for a model "
+        "that does not fit one GPU (infer.tp; must divide --nproc).",
+        show_default=False,
+    ),
+]
+
+StepsOpt = Annotated[
+    int | None,
+    typer.Option("--steps", min=1, help="Sampler steps (diffusion.steps).", show_default=False),
+]
+
+GuidanceOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--guidance",
+        min=0.0,
+        help="Classifier-free guidance scale; 1 turns it off (diffusion.guidance).",
+        show_default=False,
+    ),
+]
+
+SeedOpt = Annotated[
+    int | None,
+    typer.Option("--seed", help="Seed of the first prompt's noise (infer.seed).", show_default=False),
+]
+
+NegativePromptOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--negative-prompt",
+        help="What the guidance steers away from. Profile field: infer.negative_prompt",
+        show_default=False,
+    ),
+]
+
+SamplerOpt = Annotated[
+    Sampler | None, typer.Option("--sampler", help="diffusion.sampler.", show_default=False)
+]
+
+HeightOpt = Annotated[
+    int | None, typer.Option("--height", min=8, help="infer.height in pixels.", show_default=False)
+]
+
+WidthOpt = Annotated[
+    int | None, typer.Option("--width", min=8, help="infer.width in pixels.", show_default=False)
+]
+
+FramesOpt = Annotated[int | None, typer.Option("--frames", min=1, help="infer.frames.", show_default=False)]
+
+LoraOpt = Annotated[
+    Path | None,
+    typer.Option("--lora", help="A LoRA run (train.lora) or its export/: its adapter on the -c base."),
+]
+
+LoraScaleOpt = Annotated[
+    float, typer.Option("--lora-scale", help="With --lora: the adapter's weight (0: the base alone).")
+]
+
+ImageOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--image",
+        help="Start every video from this image (image-to-video: a model with model.expand_timesteps, "
+        "e.g. Wan2.2 TI2V, or with model.condition_channels, Wan2.1-I2V). Without it, text-to-video.",
+    ),
+]
+
+
 @names_from_the_registry
 def infer(
-    checkpoint: Annotated[
-        Path, typer.Option("--checkpoint", "-c", help="A `vidforge train` run dir or its export/.")
-    ],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="Folder for the MP4s, contact_sheet.png, samples.jsonl.")
-    ],
-    prompt: Annotated[
-        list[str] | None, typer.Option("--prompt", help="A caption to render; repeatable.")
-    ] = None,
-    prompts_file: Annotated[
-        Path | None, typer.Option("--prompts-file", help="A text file with one prompt per line.")
-    ] = None,
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", "-p", help="Profile to use instead of the one saved with the model."),
-    ] = None,
-    nproc: Annotated[
-        int | None,
-        typer.Option(
-            "--nproc",
-            min=1,
-            help="Share the sampling over this many local processes under torchrun (--tp, CFG-parallel, "
-            "context parallel with parallel.cp_impl).",
-        ),
-    ] = None,
-    tp: Annotated[
-        int | None,
-        typer.Option(
-            "--tp",
-            min=1,
-            help="With --nproc: hold the model tensor-parallel on groups of this many ranks, for a model "
-            "that does not fit one GPU (infer.tp; must divide --nproc).",
-            show_default=False,
-        ),
-    ] = None,
-    steps: Annotated[
-        int | None,
-        typer.Option("--steps", min=1, help="Sampler steps (diffusion.steps).", show_default=False),
-    ] = None,
-    guidance: Annotated[
-        float | None,
-        typer.Option(
-            "--guidance",
-            min=0.0,
-            help="Classifier-free guidance scale; 1 turns it off (diffusion.guidance).",
-            show_default=False,
-        ),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option("--seed", help="Seed of the first prompt's noise (infer.seed).", show_default=False),
-    ] = None,
-    negative_prompt: Annotated[
-        str | None,
-        typer.Option(
-            "--negative-prompt",
-            help="What the guidance steers away from. Profile field: infer.negative_prompt",
-            show_default=False,
-        ),
-    ] = None,
-    sampler: Annotated[
-        Sampler | None, typer.Option("--sampler", help="diffusion.sampler.", show_default=False)
-    ] = None,
-    height: Annotated[
-        int | None, typer.Option("--height", min=8, help="infer.height in pixels.", show_default=False)
-    ] = None,
-    width: Annotated[
-        int | None, typer.Option("--width", min=8, help="infer.width in pixels.", show_default=False)
-    ] = None,
-    frames: Annotated[
-        int | None, typer.Option("--frames", min=1, help="infer.frames.", show_default=False)
-    ] = None,
-    lora: Annotated[
-        Path | None,
-        typer.Option("--lora", help="A LoRA run (train.lora) or its export/: its adapter on the -c base."),
-    ] = None,
-    lora_scale: Annotated[
-        float, typer.Option("--lora-scale", help="With --lora: the adapter's weight (0: the base alone).")
-    ] = 1.0,
-    image: Annotated[
-        Path | None,
-        typer.Option(
-            "--image",
-            help="Start every video from this image (image-to-video: a model with model.expand_timesteps, "
-            "e.g. Wan2.2 TI2V, or with model.condition_channels, Wan2.1-I2V). Without it, text-to-video.",
-        ),
-    ] = None,
+    checkpoint: CheckpointOpt,
+    out: OutOpt,
+    prompt: PromptOpt = None,
+    prompts_file: PromptsFileOpt = None,
+    profile: InferProfileOpt = None,
+    nproc: NprocOpt = None,
+    tp: TpOpt = None,
+    steps: StepsOpt = None,
+    guidance: GuidanceOpt = None,
+    seed: SeedOpt = None,
+    negative_prompt: NegativePromptOpt = None,
+    sampler: SamplerOpt = None,
+    height: HeightOpt = None,
+    width: WidthOpt = None,
+    frames: FramesOpt = None,
+    lora: LoraOpt = None,
+    lora_scale: LoraScaleOpt = 1.0,
+    image: ImageOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Sample videos: text encoder -> the objective's sampler (diffusion.sampler: {samplers};
@@ -143,12 +176,7 @@ def infer(
 
     from vidforge.infer.run import run
 
-    prompts = list(prompt or [])
-    if prompts_file is not None:
-        if not prompts_file.is_file():
-            raise UserInputError(f"--prompts-file {prompts_file}: no such file")
-        prompts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
-    output = current_output()
+    prompts = _prompts(prompt, prompts_file)
     flags = {
         "diffusion.steps": steps,
         "diffusion.guidance": guidance,
@@ -162,6 +190,7 @@ def infer(
         "infer.tp": tp,
     }
     overrides = [*(set_ or ()), *(f"{field}={value}" for field, value in flags.items() if value is not None)]
+    output = current_output()
     what = f"sampling {len(prompts)} prompt(s) from {checkpoint}: loading the model, then denoising"
     with output.working(what) if is_rank_zero() else nullcontext():
         result = run(
@@ -179,6 +208,22 @@ def infer(
 
     if dist.is_initialized() and dist.get_rank() != 0:
         return  # one summary, from rank 0 (the CLI boundary leaves the process group on the way out)
+    _report(result, out)
+
+
+def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str]:
+    """The --prompt captions, then --prompts-file's lines (blank ones left out)."""
+    prompts = list(prompt or [])
+    if prompts_file is not None:
+        if not prompts_file.is_file():
+            raise UserInputError(f"--prompts-file {prompts_file}: no such file")
+        prompts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
+    return prompts
+
+
+def _report(result, out: Path) -> None:
+    """The run's summary: its videos and contact sheet (and what step caching skipped)."""
+    output = current_output()
     if output.json:
         output.result(
             {
@@ -189,14 +234,14 @@ def infer(
                 "skipped_calls": result.skipped_calls,
             }
         )
-    else:
-        output.table(
-            [(Path(v).name,) for v in result.videos], columns=("video",), title=f"vidforge infer -> {out}"
-        )
-        calls = ""
-        if result.skipped_calls:  # step caching (infer.cache) skipped some
-            calls = f", {result.skipped_calls} of {result.model_calls} model calls skipped by infer.cache"
-        output.result(
-            {},
-            text=f"contact sheet: {result.contact_sheet}  ({result.seconds_per_video:.1f} s per video{calls})",
-        )
+        return
+    output.table(
+        [(Path(v).name,) for v in result.videos], columns=("video",), title=f"vidforge infer -> {out}"
+    )
+    calls = ""
+    if result.skipped_calls:  # step caching (infer.cache) skipped some
+        calls = f", {result.skipped_calls} of {result.model_calls} model calls skipped by infer.cache"
+    output.result(
+        {},
+        text=f"contact sheet: {result.contact_sheet}  ({result.seconds_per_video:.1f} s per video{calls})",
+    )

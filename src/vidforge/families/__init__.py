@@ -97,7 +97,8 @@ class FamilySpec:
     export_weights: str | None = None
     """fn(export, out, max_shard_bytes) -> Path: write an export in the published layout."""
     load_published: str | None = None
-    """fn(published: Published, device, dtype) -> nn.Module: the network of a published folder, unimported."""
+    """fn(root, device, dtype, runtime) -> nn.Module: the network of a published folder, unimported (with
+    the attention settings of the model section `runtime`, if given)."""
     step_cache_fits: Mapping[tuple[int, int], str] = field(default_factory=dict)
     """(hidden, layers) of a published size -> the name of its step-cache rescale polynomial."""
     profile_defaults: tuple[str, ...] = ()
@@ -113,9 +114,14 @@ class FamilySpec:
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
     model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
     `vidforge model export --to comfyui` (`models.comfyui_lora`). None: ComfyUI has no model of it."""
-    media_defaults: tuple[str, ...] = ()
-    """The frame rate the family was trained on and samples at, as settings (`curation.fps`, `infer.fps`):
-    `vidforge finetune` re-times its clips to it and plays its validation videos at it."""
+    media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
+    """model section -> the frame rate a model of that shape was trained on and samples at, as settings
+    (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation
+    videos at it; a published folder's profile samples at it."""
+    negative_prompt: str | None = None
+    """What the unconditional guidance branch reads when `infer.negative_prompt` is empty: None, the
+    model's null caption (`drop_text`, which caption dropout trains); a string, that caption encoded, as
+    the family's published pipeline does (`vidforge.sampling.negative.negative_caption`)."""
 
 
 def names() -> list[str]:

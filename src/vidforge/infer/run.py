@@ -7,8 +7,9 @@ published folder as downloaded (e.g. diffusers' Wan2.1 transformer or pipeline):
 and the scheduler's shift, the pipeline's VAE and umT5).
 
 The jobs live apart: which weights and which profile (`infer.weights`, through
-`vidforge.models.weights_folder`), how ranks share the work (`infer.plan`), the sampling loop (shared with
-training's validation, `vidforge.sampling`), and writing (`infer.output`); this module runs them in order.
+`vidforge.models.weights_folder`), which sampling loop runs the network (`infer.modes`: two experts,
+several ranks as `infer.plan` shares them, or one process), the loop itself (shared with training's
+validation, `vidforge.sampling`), and writing (`infer.output`); this module runs them in order.
 
 Several ranks (`vidforge infer --nproc N`, torchrun) share each batch of prompts (`infer.plan.InferPlan`):
 - with infer.tp > 1, groups of tp ranks hold the model tensor-parallel (the training's TP plan, applied
@@ -38,31 +39,18 @@ from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
 from vidforge.infer.image import first_frame_latent
-from vidforge.infer.image_condition import channel_condition
-from vidforge.infer.output import InferResult, SampleWriter
-from vidforge.infer.plan import (
-    InferPlan,
-    check_plan,
-    check_sequence_split,
-    parallel_sampler,
-    profile_slicing,
-)
-from vidforge.infer.weights import (
-    adapter_sampling,
-    exported_step,
-    find_weights,
-    load_network,
-    sampling_profile,
-)
+from vidforge.infer.image_condition import ImageCondition, channel_condition
+from vidforge.infer.modes import choose_sampler
+from vidforge.infer.output import InferResult, SampleWriter, sample_settings, summary_note
+from vidforge.infer.plan import Sampler
+from vidforge.infer.weights import adapter_sampling, find_weights, load_network, sampling_profile
 from vidforge.memory import device_memory_bytes, host_memory_bytes, require
-from vidforge.models.experts import Experts
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
 from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
-from vidforge.sampling.experts import sample_latents_experts
-from vidforge.sampling.latents import sample_latents
+from vidforge.sampling.negative import negative_caption, negative_prompt
 from vidforge.sampling.shape import check_shape
-from vidforge.sampling.step_cache import StepCache, rescale_name
+from vidforge.sampling.step_cache import StepCache
 from vidforge.text.encoders import build_text_encoder
 from vidforge.tokenizers.base import build_tokenizer
 from vidforge.tokenizers.tokenize import decode
@@ -122,10 +110,7 @@ def run(
     `vidforge.infer.image_condition` for one with model.condition_channels, which needs it)."""
     from vidforge.parallel.runtime import init_runtime
 
-    if not prompts or any(not p.strip() for p in prompts):
-        raise UserInputError(
-            "--prompt: give at least one non-empty prompt (or --prompts-file with one per line)"
-        )
+    check_prompts(prompts)
     if lora is not None:  # a distilled LoRA student samples in its own steps; --set still wins
         overrides = [*adapter_sampling(lora), *overrides]
     weights = find_weights(checkpoint)
@@ -139,76 +124,71 @@ def run(
         raise UserInputError(refused[0])
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
-    # an image-to-video model reads condition channels beside the latents (Wan2.1-I2V), or starts from the
-    # image's latent as its first frame (model.expand_timesteps, Wan2.2 TI2V)
-    channels = channel_condition(prof, tokenizer, image)
-    first_frame = None
-    if channels is None and image is not None:
-        first_frame = first_frame_latent(prof, tokenizer, image)
+    channels, first_frame = image_conditioning(prof, tokenizer, image)
     check_memory(prof, latent_shape, len(prompts), runtime.device, world)
     # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
     lock = FolderLock(out) if rank == 0 else None
     encoder = build_text_encoder(prof)
-    model = load_network(weights, device, lora, lora_scale)
+    model = load_network(weights, device, lora, lora_scale, prof.model)
     if model.config.text_dim != encoder.width:
         raise UserInputError(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
-    if isinstance(model, Experts):  # Wan2.2 A14B: the expert and its guidance switched by the step's t
-        cache = None
-        conditioned = channels.forward if channels is not None else None  # I2V-A14B's image
-
-        def sampler(text, mask, seeds, shape, negative):
-            return sample_latents_experts(model, prof, text, mask, seeds, shape, negative, conditioned)
-
-    elif world > 1:
-        plan = InferPlan.choose(
-            world, prof.diffusion.guidance, model.config, prof.infer.tp, prof.parallel.cp_impl
-        )
-        if log is not None and rank == 0:
-            log(f"{world} ranks: {plan.describe()}")
-        check_plan(plan, prof, lora)
-        check_sequence_split(plan, model.config, latent_shape)
-        sampler = parallel_sampler(model, prof, plan, device, slicing or profile_slicing(prof))
-        cache = None  # the ranks' calls are not counted
-    else:
-        setting = prof.infer.cache
-        cache = StepCache(setting.threshold, rescale_name(setting.rescale, model.config))
-
-        def sampler(text, mask, seeds, shape, negative):
-            return sample_latents(
-                model,
-                prof,
-                text,
-                mask,
-                seeds,
-                shape,
-                negative,
-                cache=cache,
-                first_frame=first_frame,
-                forward=channels.forward(model) if channels is not None else None,
-            )
-
-    negative = None
-    if prof.infer.negative_prompt:
-        neg_emb, neg_mask = encoder.encode([prof.infer.negative_prompt])
-        negative = (torch.from_numpy(neg_emb.astype(np.float32)), torch.from_numpy(neg_mask))
-
-    export = weights.export
-    settings = {
-        "sampler": prof.diffusion.sampler,
-        "steps": prof.diffusion.steps,
-        "guidance": prof.diffusion.guidance,
-        **({"guidance_2": prof.diffusion.guidance_2} if prof.diffusion.guidance_2 is not None else {}),
-        "negative_prompt": prof.infer.negative_prompt or None,
-        "cache_threshold": prof.infer.cache.threshold,
-        "checkpoint_step": exported_step(export) if export is not None else None,
-        "checkpoint": str((export if export is not None else Path(checkpoint)).resolve()),
-        **({"image": str(Path(image).resolve())} if image is not None else {}),
-        **({"lora": str(Path(lora).resolve()), "lora_scale": lora_scale} if lora is not None else {}),
-    }
+    tell = log if rank == 0 else None
+    sampler, cache = choose_sampler(
+        model, prof, latent_shape, world, device, channels, first_frame, lora, slicing, tell
+    )
+    negative = negative_caption(prof, encoder)
+    settings = sample_settings(
+        prof, checkpoint, weights.export, negative_prompt(prof), image, lora, lora_scale
+    )
     writer = SampleWriter(Path(out), prof.infer.fps, prof.infer.crf, settings) if rank == 0 else None
     started = time.perf_counter()
+    calls, skipped = sample_batches(
+        prompts, prof, encoder, tokenizer, sampler, cache, latent_shape, negative, writer
+    )
+    seconds = time.perf_counter() - started
+    if writer is None:
+        return InferResult([], "", seconds, 0.0)
+    sheet = writer.finish(summary_note(settings, prof.infer.cache.threshold, calls, skipped))
+    if lock is not None:
+        lock.release()
+    return writer.result(sheet, seconds, calls, skipped)
+
+
+def check_prompts(prompts: Sequence[str]) -> None:
+    if not prompts or any(not p.strip() for p in prompts):
+        raise UserInputError(
+            "--prompt: give at least one non-empty prompt (or --prompts-file with one per line)"
+        )
+
+
+def image_conditioning(
+    prof: RunProfile, tokenizer, image: str | Path | None
+) -> tuple[ImageCondition | None, torch.Tensor | None]:
+    """An image-to-video model's conditioning on `image`: condition channels read beside the latents
+    (Wan2.1-I2V), or else the image's latent as the first frame (model.expand_timesteps, Wan2.2 TI2V)."""
+    channels = channel_condition(prof, tokenizer, image)
+    first_frame = None
+    if channels is None and image is not None:
+        first_frame = first_frame_latent(prof, tokenizer, image)
+    return channels, first_frame
+
+
+def sample_batches(
+    prompts: Sequence[str],
+    prof: RunProfile,
+    encoder,
+    tokenizer,
+    sampler: Sampler,
+    cache: StepCache | None,
+    latent_shape: Sequence[int],
+    negative: tuple[torch.Tensor, torch.Tensor] | None,
+    writer: SampleWriter | None,
+) -> tuple[int, int]:
+    """Sample the prompts infer.batch_size at a time (prompt i's noise from infer.seed + i), each video
+    decoded and handed to `writer` (rank 0's; None elsewhere). Returns (model calls, calls skipped by the
+    step cache) over all batches."""
     calls = skipped = 0
     size = prof.infer.batch_size
     for first in range(0, len(prompts), size):
@@ -229,23 +209,4 @@ def run(
         for i, (prompt, seed) in enumerate(zip(chunk, seeds, strict=True)):
             frames = decode(tokenizer, latents[i].float().cpu())
             writer.add(first + i, prompt, seed, frames, model_calls=batch_calls, skipped_calls=batch_skipped)
-    seconds = time.perf_counter() - started
-    if writer is None:
-        return InferResult([], "", seconds, 0.0)
-    note = f"{settings['sampler']} {settings['steps']} steps, guidance {settings['guidance']:g}"
-    if settings["checkpoint_step"] is not None:
-        note += f", step {settings['checkpoint_step']}"
-    if skipped:
-        note += f", infer.cache {prof.infer.cache.threshold:g}: {skipped} of {calls} calls skipped"
-    sheet = writer.finish(note)
-    if lock is not None:
-        lock.release()
-    records = writer.records
-    return InferResult(
-        [str(writer.out / r["video"]) for r in records],
-        str(sheet),
-        seconds,
-        seconds / len(records),
-        calls,
-        skipped,
-    )
+    return calls, skipped

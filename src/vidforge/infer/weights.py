@@ -17,6 +17,7 @@ from vidforge.models.experts import Experts, load_export, paired_export, trained
 from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
+from vidforge.profile.model import Model
 
 
 def find_weights(checkpoint: str | Path) -> WeightsFolder:
@@ -56,10 +57,15 @@ def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | No
 def sampling_profile(
     weights: WeightsFolder, overrides: Sequence[str], profile: str | None = None
 ) -> RunProfile:
-    """An export's profile (the one it trained with), or a published folder's as published."""
+    """An export's profile (the one it trained with), or a published folder's as published. Its model
+    section is the weights' but for the attention settings (`load_network` builds it so); any other
+    model field set otherwise is refused (`weights_folder.check_sampled`)."""
     if weights.export is not None:
-        return checkpoint_profile(weights.export, overrides, profile)
-    return weights_folder.published_profile(weights.published, overrides, profile)
+        prof = checkpoint_profile(weights.export, overrides, profile)
+    else:
+        prof = weights_folder.published_profile(weights.published, overrides, profile)
+    weights_folder.check_sampled(prof.model, weights_folder.weights_model(weights), str(weights.path))
+    return prof
 
 
 def adapter_sampling(lora: str | Path) -> list[str]:
@@ -83,15 +89,21 @@ def adapter_sampling(lora: str | Path) -> list[str]:
 
 
 def load_network(
-    weights: WeightsFolder, device: str, lora: str | Path | None = None, lora_scale: float = 1.0
+    weights: WeightsFolder,
+    device: str,
+    lora: str | Path | None = None,
+    lora_scale: float = 1.0,
+    runtime: Model | None = None,
 ) -> nn.Module:
-    """The network of `weights` on `device` in eval mode, with the LoRA adapter at `lora` if given."""
+    """The network of `weights` on `device` in eval mode, with the LoRA adapter at `lora` if given, running
+    with the attention settings of the model section `runtime` (the sampling profile's) if given."""
     if weights.export is not None:
-        model = load_export(weights.export, device=device)  # both experts of a two-expert export
+        # both experts of a two-expert export
+        model = load_export(weights.export, device=device, runtime=runtime)
         if trained_expert(weights.export) is not None:
-            model = paired_expert(weights.export, model, device)
+            model = paired_expert(weights.export, model, device, runtime)
     else:
-        model = weights_folder.load_published(weights.published, device=device)
+        model = weights_folder.load_published(weights.published, device=device, runtime=runtime)
     if lora is not None:
         from vidforge.models.lora import load_adapter
 
@@ -106,7 +118,7 @@ def load_network(
     return model.eval()
 
 
-def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
+def paired_expert(export: Path, trained: nn.Module, device: str, runtime: Model | None = None) -> Experts:
     """A one-expert run's expert with the other expert: the one its curriculum trained
     (`vidforge.models.experts.record_pair`), else that of the weights it started from (its `--init`)."""
     expert, base = trained_expert(export)
@@ -117,7 +129,7 @@ def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
                 f"{export}: the other expert's export its curriculum recorded, {pair}, is not there; keep "
                 "the run directory whole (RUN/stages/*)"
             )
-        other = load_export(pair, device=device)
+        other = load_export(pair, device=device, runtime=runtime)
         held = trained_expert(pair)
         if held is None or held[0] == expert:
             raise UserInputError(f"{export}: its paired export {pair} is not the other expert's; train again")
@@ -129,7 +141,7 @@ def paired_expert(export: Path, trained: nn.Module, device: str) -> Experts:
             f"{export}: holds the {expert}-noise expert alone and its --init {base} (the other expert) is "
             "not there; sample it beside that download (or its import) at the path the run recorded"
         )
-    both = load_network(found, device)
+    both = load_network(found, device, runtime=runtime)
     if not isinstance(both, Experts):
         raise UserInputError(f"{export}: its --init {base} holds one network, not two experts")
     high, low = (trained, both.low) if expert == "high" else (both.high, trained)

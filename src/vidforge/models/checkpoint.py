@@ -18,7 +18,7 @@ from vidforge.models.backbone import VideoTransformer
 from vidforge.models.presets import build_model
 from vidforge.models.safetensors_stream import safetensors_shapes
 from vidforge.models.weights_check import check_config_against_weights
-from vidforge.profile.model import Model
+from vidforge.profile.model import Model, with_runtime
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -73,13 +73,20 @@ def read_config(directory: str | os.PathLike) -> Model:
 
 
 def load_model(
-    directory: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    directory: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    runtime: Model | None = None,
 ) -> VideoTransformer:
     """Rebuild the model from `config.json` and load `model.safetensors` into it (every tensor must
     match, held to the file's header before the model is built: no missing or unexpected names, no shape
-    changes). Built on the meta device first, so the weights are allocated once."""
+    changes). Built on the meta device first, so the weights are allocated once. `runtime`: a model
+    section whose attention kernel and sparsity (`RUNTIME_FIELDS`) the network runs with instead of the
+    config's."""
     directory = Path(directory)
     config = read_config(directory)
+    if runtime is not None:
+        config = with_runtime(config, runtime)
     weights = directory / WEIGHTS
     if not weights.is_file():
         raise ValueError(f"{weights}: missing; the folder has a config but no weights")

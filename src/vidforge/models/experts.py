@@ -13,6 +13,7 @@ from torch import nn
 
 from vidforge.errors import UserInputError
 from vidforge.models.checkpoint import WEIGHTS, add_config_notes, config_notes, load_model, read_config
+from vidforge.profile.model import Model
 
 EXPERTS = ("high", "low")
 """The experts in diffusers' order: `transformer` (t >= boundary), `transformer_2` (t < boundary)."""
@@ -100,11 +101,14 @@ def trained_expert(export: Path) -> tuple[str, str | None] | None:
     return (config["expert"], config.get("base")) if "expert" in config else None
 
 
-def load_export(export: str | os.PathLike, device: torch.device | str = "cpu") -> nn.Module:
-    """An export's network (`load_model`); both experts of a two-expert import (its `low_noise/`); a
-    one-expert run's export of a two-expert model as it is (`trained_expert` says where its pair is)."""
+def load_export(
+    export: str | os.PathLike, device: torch.device | str = "cpu", runtime: Model | None = None
+) -> nn.Module:
+    """An export's network (`load_model`, with `runtime`'s attention settings if given); both experts of
+    a two-expert import (its `low_noise/`); a one-expert run's export of a two-expert model as it is
+    (`trained_expert` says where its pair is)."""
     export = Path(export)
-    model = load_model(export, device=device)
+    model = load_model(export, device=device, runtime=runtime)
     if model.config.experts == 1 or trained_expert(export) is not None:
         return model
     if not (export / LOW / WEIGHTS).is_file():
@@ -112,4 +116,5 @@ def load_export(export: str | os.PathLike, device: torch.device | str = "cpu") -
             f"{export}: its model has two experts (model.experts=2) but {LOW}/ holds no low-noise expert; "
             "import the download again with `vidforge model import`"
         )
-    return Experts(model, load_model(export / LOW, device=device), model.config.boundary_ratio)
+    low = load_model(export / LOW, device=device, runtime=runtime)
+    return Experts(model, low, model.config.boundary_ratio)

@@ -20,10 +20,7 @@ from vidforge.families import Published, family, load, names, read_published
 from vidforge.models.checkpoint import CONFIG, WEIGHTS, read_config
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.loading import validate_profile
-from vidforge.profile.model import Model
-
-KERNELS = ("attention", "sdpa_backend")
-"""Model fields that choose how the network runs, not what it is: the profile's, never the folder's."""
+from vidforge.profile.model import RUNTIME_FIELDS, Model
 
 
 @dataclass(frozen=True)
@@ -84,13 +81,20 @@ def published_model(published: Published) -> Model:
 
 def published_sets(published: Published) -> list[str]:
     """The `section.field=value` settings of a published folder: its whole model section (preset null,
-    every field, the kernels left to the profile), then its family's defaults (objective, tokenizer,
-    text encoder, caption length, guidance)."""
-    section = published_model(published)
-    model = {**section.fixed_fields(), **section.model_dump(mode="json")}
+    every field, the attention settings (`RUNTIME_FIELDS`) left to the profile), then its family's
+    defaults (objective, tokenizer, text encoder, caption length, sampling)."""
+    return model_sets(published_model(published)) + list(published.defaults)
+
+
+def model_sets(model: Model) -> list[str]:
+    """`model` as `section.field=value` settings: preset null and every field the weights fix (not the
+    attention settings, `RUNTIME_FIELDS`, which stay the profile's), the constants of its family
+    (`fixed_fields`) restated so that another family's fields of the profile do not linger."""
+    fields = {**model.fixed_fields(), **model.model_dump(mode="json")}
     sets = ["model.preset=null"]
-    sets += [f"model.{k}={json.dumps(v)}" for k, v in model.items() if k not in KERNELS and k != "preset"]
-    return sets + list(published.defaults)
+    return sets + [
+        f"model.{k}={json.dumps(v)}" for k, v in fields.items() if k not in RUNTIME_FIELDS and k != "preset"
+    ]
 
 
 def check_published(profile: RunProfile, published: Published, shapes: bool = True) -> None:
@@ -133,6 +137,31 @@ def check_shapes(model: Model, weights: Model, where: str, partial: str = "") ->
             )
 
 
+def check_sampled(model: Model, weights: Model, where: str) -> None:
+    """Sampling runs the weights as they are: every model field but the attention settings
+    (`RUNTIME_FIELDS`, which the network takes from the profile) must be the weights' own, or it is refused
+    here, in one line, rather than silently replaced by the weights' config."""
+    check_shapes(model, weights, where)
+    for name in type(model).model_fields:  # the family's section (check_shapes held the family)
+        if name in RUNTIME_FIELDS or getattr(model, name) == getattr(weights, name):
+            continue
+        if name == "preset" and model.preset is None:  # null: every field given, which are compared
+            continue
+        raise UserInputError(
+            f"model.{name}: {where}'s weights have {getattr(weights, name)}, the profile says "
+            f"{getattr(model, name)}; the weights fix it (sampling changes only {', '.join(RUNTIME_FIELDS)}), "
+            "drop that setting"
+        )
+
+
+def weights_model(weights: WeightsFolder) -> Model:
+    """The model section the weights of `weights` were saved with (an export's config.json, or the
+    published network's)."""
+    if weights.export is not None:
+        return export_model(weights.export)
+    return published_model(weights.published)
+
+
 def published_profile(
     published: Published,
     overrides: Sequence[str] = (),
@@ -150,12 +179,15 @@ def published_profile(
 def export_profile(
     export: Path, overrides: Sequence[str] = (), profile: str | os.PathLike | None = None
 ) -> RunProfile:
-    """The profile an export trained with (its profile.yaml, or `profile` if given) with `overrides`; its
-    model section must describe the export's weights."""
-    base = profile if profile is not None else export / "profile.yaml"
-    if profile is None and not Path(base).is_file():
+    """The profile an export trained with (its profile.yaml, or `profile` if given, with the export's model
+    fields but the attention settings) with `overrides`; its model section must describe the export's
+    weights."""
+    if profile is None and not (export / "profile.yaml").is_file():
         raise UserInputError(f"{export}: no profile.yaml beside the weights; pass --profile")
-    prof = load_profile(base, overrides)
+    if profile is None:
+        prof = load_profile(export / "profile.yaml", overrides)
+    else:
+        prof = load_profile(profile, [*model_sets(export_model(export)), *overrides])
     check_shapes(prof.model, export_model(export), str(export))
     return prof
 
@@ -169,10 +201,15 @@ def export_model(export: Path) -> Model:
 
 
 def load_published(
-    published: Published, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    published: Published,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    runtime: Model | None = None,
 ) -> torch.nn.Module:
-    """The network of a published folder, read without importing it first (its family's loader)."""
-    return load(_needs(published.family, "load_published"))(published.root, device=device, dtype=dtype)
+    """The network of a published folder, read without importing it first (its family's loader), with
+    `runtime`'s attention settings (`RUNTIME_FIELDS`) if given."""
+    loader = load(_needs(published.family, "load_published"))
+    return loader(published.root, device=device, dtype=dtype, runtime=runtime)
 
 
 def import_published(

@@ -39,11 +39,12 @@ class Infer(Section):
     """Seed of the initial noise: the same seed and prompt give the same video (each prompt adds its
     index; torch's generators take 64 bits)."""
     negative_prompt: str = ""
-    """Caption of the unconditional guidance branch; empty uses the learned null caption."""
+    """Caption of the unconditional guidance branch; empty: the family's (`FamilySpec.negative_prompt`:
+    wan encodes the empty caption, as WanPipeline does; vidforge's own models their learned null caption)."""
     batch_size: int = Field(4, ge=1)
     """Prompts sampled together."""
     fps: int = Field(8, ge=1)
-    """Frame rate of the written MP4."""
+    """Frame rate of the written MP4 (a published folder's profile sets its family's: Wan 16, TI2V-5B 24)."""
     crf: int = Field(18, ge=0, le=51)
     """x264 quality of the written MP4 (lower is better)."""
     scalefusion_slices_t: int = Field(4, ge=1)

@@ -16,6 +16,19 @@ from vidforge.families.model import Model
 PRESETS: dict[str, dict[str, Any]] = presets()
 """Every family's named shapes (`vidforge.families`: each family's package lists its own)."""
 
+RUNTIME_FIELDS = ("attention", "sdpa_backend", "attention_window", "attention_tile", "attention_topk")
+"""Model fields that choose how the network runs (its attention kernel and sparsity), not which tensors it
+has or what they mean: the profile's, never the weights' config (a model samples with sliding-tile or
+sparse attention without training again). Every other field is the weights'."""
+
+
+def with_runtime(weights: Model, runtime: Model) -> Model:
+    """`weights` (a weights folder's model section) with `runtime`'s `RUNTIME_FIELDS`, validated (a window
+    list of another length than the layers, a window beside top-k, ... raise ValueError)."""
+    data = weights.model_dump()
+    data.update({name: getattr(runtime, name) for name in RUNTIME_FIELDS})
+    return Model.model_validate({**data, "preset": None})
+
 
 class _ByFamily:
     """Validates the `model` section as the section class of the family it names (`Model.model_validate`),
@@ -41,4 +54,4 @@ def default_model() -> Model:
     return Model.model_validate({})
 
 
-__all__ = ["PRESETS", "Model", "ModelSection", "default_model"]
+__all__ = ["PRESETS", "RUNTIME_FIELDS", "Model", "ModelSection", "default_model", "with_runtime"]

@@ -25,6 +25,7 @@ from vidforge.data.store import is_url
 from vidforge.files import write_text
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import sample_latents
+from vidforge.sampling.negative import negative_caption
 from vidforge.sampling.shape import check_shape, slug
 from vidforge.sampling.writers import contact_sheet, write_mp4
 from vidforge.text.encoders import build_text_encoder
@@ -122,6 +123,7 @@ class Validator:
         self.prompts = list(prompts)
         self._tokenizer: Any = None
         self._text: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._negative: tuple[torch.Tensor, torch.Tensor] | None = None  # infer's rule: negative_caption
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, ema: EMA | None, out: Path, rank: int) -> list[Sample]:
@@ -132,15 +134,17 @@ class Validator:
             self._tokenizer = build_tokenizer(profile, device=str(next(model.parameters()).device))
         shape = check_shape(profile, self._tokenizer)
         if self._text is None:
-            emb, mask = build_text_encoder(profile).encode(prompts)
+            encoder = build_text_encoder(profile)
+            emb, mask = encoder.encode(prompts)
             self._text = torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask)
+            self._negative = negative_caption(profile, encoder)
         backup = [p.detach().clone() for p in model.parameters()] if ema is not None else None
         if ema is not None:
             ema.copy_to(model)
         model.eval()
         try:
             seeds = [profile.infer.seed + i for i in range(len(prompts))]
-            latents = sample_latents(model, profile, *self._text, seeds, shape)
+            latents = sample_latents(model, profile, *self._text, seeds, shape, self._negative)
         finally:
             model.train()
             _reshard(model)

@@ -13,7 +13,13 @@ from typing import Any
 
 from vidforge.families import FamilySpec
 from vidforge.families.hunyuan15.model import PRESETS, HunyuanVideo15Model
-from vidforge.families.hunyuan15.published import CLASS_NAME, FPS, IMAGE_TOKENS, read_published
+from vidforge.families.hunyuan15.published import (
+    CLASS_NAME,
+    FPS,
+    IMAGE_TOKENS,
+    NEGATIVE_PROMPT,
+    read_published,
+)
 
 # The attention projections of both streams of every double-stream block (and, by the same names, of the
 # caption refiner's blocks), as diffusers names them: the Wan family's choice with the caption stream's
@@ -43,5 +49,6 @@ SPEC = FamilySpec(
     load_published="vidforge.families.hunyuan15.weights:load_published",
     profile_defaults=("diffusion.objective=flow",),
     image_tokens=IMAGE_TOKENS,
-    media_defaults=(f"curation.fps={FPS}", f"infer.fps={FPS}"),
+    media_defaults=lambda model: (f"curation.fps={FPS}", f"infer.fps={FPS}"),
+    negative_prompt=NEGATIVE_PROMPT,
 )

@@ -26,7 +26,12 @@ PIPELINE_PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"
 FREQ_DIM = 256  # sinusoidal features of the timestep (diffusers' freq_dim)
 EPS = 1e-6  # every norm of Wan2.1 (diffusers' eps)
 CAPTION_TOKENS = 512  # WanPipeline's max_sequence_length: umT5 states padded with zeros to 512
-GUIDANCE = 5.0  # WanPipeline's guidance_scale
+# How diffusers' Wan pipelines sample by default (the two-expert guidance scales are in wan_experts; the
+# flow shift is the folder's scheduler_config.json's; its UniPCMultistepScheduler, every published Wan
+# folder's, is the flow objective's default sampler, unipc)
+GUIDANCE = 5.0  # WanPipeline's and WanImageToVideoPipeline's guidance_scale
+NEGATIVE_PROMPT = ""  # their `negative_prompt or ""`: the empty caption encoded, never zeros
+FPS, FPS_TI2V = 16, 24  # the frame rate of their model cards' export_to_video: Wan2.1 and A14B, TI2V-5B
 
 # Config entries vidforge's wan family has no counterpart for: the value it must have.
 FIXED_CONFIG: dict[str, Any] = {
@@ -56,10 +61,21 @@ PRESETS["wan2.2-ti2v-5b"] = {
     **WAN2_1, "in_channels": 48, "layers": 30, "hidden": 3072, "heads": 24, "mlp_hidden": 14336,
     "expand_timesteps": True,
 }  # fmt: skip
-# What a TI2V folder (model_index.json's expand_timesteps) samples and trains with besides Wan2.1's: its
-# 24 fps, and half of a fine-tune's clips conditioned on their first frame so that the one network keeps
-# both of its tasks (set diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
-TI2V_DEFAULTS = ("infer.fps=24", "diffusion.image_condition=0.5")
+# What a TI2V folder (model_index.json's expand_timesteps) trains with besides Wan2.1's: half of a
+# fine-tune's clips conditioned on their first frame so that the one network keeps both of its tasks (set
+# diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
+TI2V_DEFAULTS = ("diffusion.image_condition=0.5",)
+
+
+def frame_rate(expand_timesteps: bool) -> int:
+    """The frame rate a Wan model was trained on and samples at: TI2V-5B (expand_timesteps) 24, else 16."""
+    return FPS_TI2V if expand_timesteps else FPS
+
+
+def media_defaults(model: Any) -> tuple[str, ...]:
+    """`frame_rate` of a `model` section as settings: finetune re-times clips to it, infer writes it."""
+    fps = frame_rate(model.expand_timesteps)
+    return (f"curation.fps={fps}", f"infer.fps={fps}")
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -203,6 +219,7 @@ def read_published(src: Path) -> Published | None:
     if expands_timesteps(src):
         model["expand_timesteps"] = True
         defaults += TI2V_DEFAULTS
+    defaults.append(f"infer.fps={frame_rate(bool(model.get('expand_timesteps')))}")
     published = Published("wan", src, folder, model, defaults, "flow")
     return wan_experts.read_experts(src, published, read_json, model_fields)  # Wan2.2 A14B's two
 
@@ -236,9 +253,10 @@ SPEC = FamilySpec(
     # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
     step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
     profile_defaults=("diffusion.objective=flow",),
-    # Wan2.1 was trained on and samples 16 fps video (its pipeline's export_to_video; musubi-tuner asks
-    # for 16 fps clips)
-    media_defaults=("curation.fps=16", "infer.fps=16"),
+    # 16 fps video (24 for TI2V-5B), as the pipelines' model cards write it; musubi-tuner asks for 16 fps
+    # clips of Wan2.1
+    media_defaults=media_defaults,
+    negative_prompt=NEGATIVE_PROMPT,
     # Wan2.1-I2V's [first frame, zeros...] latents after the first frame's mask (WanImageToVideoPipeline's)
     condition_latents="vidforge.families.wan.image_condition:condition_latents",
     # the names of ComfyUI's Wan model (the original Wan release's), for `model export --to comfyui`

@@ -14,6 +14,7 @@ from vidforge.families.wan.experts import FOLDERS, boundary_of
 from vidforge.families.wan.weights import import_wan, load_diffusers_wan
 from vidforge.models.experts import LOW, Experts
 from vidforge.profile import RunProfile
+from vidforge.profile.model import Model
 
 
 def import_wan_experts(
@@ -28,11 +29,15 @@ def import_wan_experts(
 
 
 def load_wan_experts(
-    src: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    src: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    runtime: Model | None = None,
 ) -> torch.nn.Module:
-    """`load_diffusers_wan` of the download at `src`; both experts of a two-expert one."""
-    high = load_diffusers_wan(src, device, dtype)
+    """`load_diffusers_wan` of the download at `src` (with `runtime`'s attention settings if given); both
+    experts of a two-expert one."""
+    high = load_diffusers_wan(src, device, dtype, runtime)
     boundary = boundary_of(Path(src), read_json)
     if boundary is None:
         return high
-    return Experts(high, load_diffusers_wan(Path(src) / FOLDERS["low"], device, dtype), boundary)
+    return Experts(high, load_diffusers_wan(Path(src) / FOLDERS["low"], device, dtype, runtime), boundary)

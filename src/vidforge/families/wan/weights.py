@@ -40,7 +40,7 @@ from vidforge.models.safetensors_stream import (
 from vidforge.models.weights_check import check_config_against_weights
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.loading import validate_profile
-from vidforge.profile.model import Model
+from vidforge.profile.model import RUNTIME_FIELDS, Model, with_runtime
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -170,11 +170,11 @@ def import_wan(
         )
     folder, model, stored, names = _diffusers_source(src)
     data = profile.model_dump(mode="json")
-    # The imported shape with the profile's choice of attention kernels, and what the pipeline's
-    # model_index.json says, not the transformer's config: expand_timesteps, and a second expert.
+    # The imported shape with the profile's choice of attention kernels and sparsity, and what the
+    # pipeline's model_index.json says, not the transformer's config: expand_timesteps, a second expert.
     kept = {
         name: getattr(profile.model, name)
-        for name in ("attention", "sdpa_backend", "expand_timesteps", "experts", "boundary_ratio")
+        for name in (*RUNTIME_FIELDS, "expand_timesteps", "experts", "boundary_ratio")
     }
     data["model"] = {**model.model_dump(mode="json"), **kept}
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
@@ -187,12 +187,18 @@ def import_wan(
 
 
 def load_diffusers_wan(
-    src: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    src: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    runtime: Model | None = None,
 ) -> torch.nn.Module:
     """The wan model of a diffusers transformer (or pipeline) folder, without importing it first: built
     on the meta device, each tensor read, moved (and cast to `dtype` if given) and assigned, so the
-    weights exist once."""
+    weights exist once. `runtime`: a model section whose attention kernel and sparsity
+    (`RUNTIME_FIELDS`) the network runs with."""
     _, model_cfg, stored, names = _diffusers_source(src)
+    if runtime is not None:
+        model_cfg = with_runtime(model_cfg, runtime)
     model = build_model(model_cfg, device="meta")
     state = {}
     with ExitStack() as files:
