@@ -59,6 +59,13 @@ OTHER = {
     "attention_window": [1, 1, 1],
     "attention_tile": [1, 1, 1],
     "attention_topk": 1,
+    # hunyuan15's own fields: another family's, refused on a Wan folder
+    "refiner_layers": 1,
+    "text_2_dim": 8,
+    "text_2_tokens": 4,
+    "rope_axes": [2, 2, 4],
+    "task": "i2v",
+    "target_size": 480,
 }
 HEIGHT, WIDTH, FRAMES, STEPS = 32, 48, 5, 3
 SETS = [
