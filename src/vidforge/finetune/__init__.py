@@ -40,8 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vidforge.errors import UserInputError
+from vidforge.errors import Terminated, UserInputError
 from vidforge.families import family
+from vidforge.finetune import preflight
+from vidforge.finetune.sizing import sized_settings, training_clip
 from vidforge.profile import RunProfile
 from vidforge.profile.loading import dump_profile
 
@@ -76,9 +78,9 @@ SIDECAR_ONLY = (
 )
 # A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
 # diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
-# published fine-tuning lr (1e-5); a short warm-up either way.
-LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=10")
-FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=10")
+# published fine-tuning lr (1e-5). No warm-up until the run's length is known (`sizing`: a short one).
+LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=0")
+FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=0")
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class Request:
     nproc: int | None = None
     """Train as this many local ranks (`vidforge train --nproc N`, started by this command); the data
     stages run in this process."""
+    reschedule: bool = False
+    """Resumed training fits the profile's lr schedule from the resumed step (`train --reschedule`)."""
 
 
 @dataclass
@@ -309,13 +313,9 @@ def stage_overrides(request: Request, captions: Path) -> list[str]:
         sets.append(f"train.validation_prompts={json.dumps(list(request.prompts))}")
     if request.validate_every is not None:
         sets.append(f"train.validate_every={request.validate_every}")
+    if request.reschedule:
+        sets.append("train.resume_schedule=refit")
     return sets
-
-
-def training_clip(profile: RunProfile) -> tuple[int, int, int]:
-    """The largest clip the run trains on (frames, height, width): what the memory check sizes."""
-    height, width = max(profile.data.buckets, key=lambda hw: hw[0] * hw[1])
-    return max(profile.data.frame_buckets), height, width
 
 
 def check_fits(profile: RunProfile) -> None:
@@ -375,7 +375,11 @@ class _Ledger:
         self.folder = out / STATE_DIR
 
     def record(self, name: str) -> dict[str, Any] | None:
+        """The stage's record; None when it never finished, or its data folder was removed since (the
+        stale-stage message's advice: removing the folders is all it takes)."""
         path = self.folder / f"{name}.json"
+        if name in DATA_FOLDERS and not (self.folder.parent / DATA_FOLDERS[name]).is_dir():
+            return None
         return json.loads(path.read_text()) if path.is_file() else None
 
     def refuse_stale(self, keys: dict[str, str], out: Path, train_dir: Path) -> None:
@@ -406,6 +410,21 @@ def _partial(name: str, result: Any, out: Path) -> None:
     )
 
 
+def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> None:
+    """Everything about the settings that can refuse the run, before any stage (`preflight`). Training's
+    world (--nproc N) is what the memory is checked against; the data stages run here, alone."""
+    preflight.check_device(profile)
+    preflight.check_buckets(profile)
+    preflight.check_validation(profile)
+    if request.nproc:
+        from vidforge.parallel.launch import nproc_overrides
+
+        overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
+        check_fits(base_profile(base, request.profile, overrides))
+    else:
+        check_fits(profile)
+
+
 def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     """Run (or resume) the fine-tune `request` describes; see the module's docstring."""
     from vidforge.infer.weights import find_export
@@ -421,19 +440,11 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     captions = out / CAPTIONS
     sets = stage_overrides(request, captions)
     profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    media = family(profile.model.family).media_defaults  # the frame rate the family trained at
-    if media:
-        sets += media
-        profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    sets += sized_settings(profile, request.overrides)  # what finetune sizes from the buckets and the base
+    profile = base_profile(base, request.profile, [*sets, *request.overrides])
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
-    # Training's world (--nproc N) is what the memory is checked against; the data stages run here, alone.
-    if request.nproc:
-        from vidforge.parallel.launch import nproc_overrides
-
-        overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
-        check_fits(base_profile(base, request.profile, overrides))
-    else:
-        check_fits(profile)
+    _check(request, base, sets, profile)
+    pairs = preflight.drop_short(pairs, profile, out, hooks.notice)
     dumped = profile.model_dump(mode="json")
     curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
     # What each stage reads, each key holding the one before it.
@@ -523,15 +534,19 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
             launch_workers(request.nproc, [str(a) for a in train_argv])
             return {"last_step": exported_step(train_dir / "export"), "export": str(train_dir / "export")}
-        summary = train_run(
-            profile,
-            [str(latents)],
-            train_dir,
-            resume=True,
-            init=WeightsInit(base),
-            notice=hooks.notice,
-            **progress,
-        )
+        try:
+            summary = train_run(
+                profile,
+                [str(latents)],
+                train_dir,
+                resume=True,
+                init=WeightsInit(base),
+                notice=hooks.notice,
+                **progress,
+            )
+        except Terminated as stopped:  # this command resumes by itself: it is the one to rerun
+            said = str(stopped).split("; rerun", 1)[0]
+            raise Terminated(f"{said}; rerun the same `vidforge finetune` command to continue") from None
         return {
             "last_step": summary.last_step,
             "final_loss_mean": summary.final_loss_mean,
