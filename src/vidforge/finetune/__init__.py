@@ -413,7 +413,7 @@ def _partial(name: str, result: Any, out: Path) -> None:
 def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> None:
     """Everything about the settings that can refuse the run, before any stage (`preflight`). Training's
     world (--nproc N) is what the memory is checked against; the data stages run here, alone."""
-    preflight.check_device(profile)
+    preflight.check_accelerator(profile)
     preflight.check_buckets(profile)
     preflight.check_validation(profile)
     if request.nproc:

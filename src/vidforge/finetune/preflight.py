@@ -23,7 +23,7 @@ from vidforge.profile import RunProfile
 ERRORS = "errors.jsonl"
 
 
-def check_device(profile: RunProfile) -> None:
+def check_accelerator(profile: RunProfile) -> None:
     """The accelerator kind the profile asks for is here (CUDA asked for with no GPU visible: refused)."""
     from vidforge.device import select_device
 
