@@ -65,7 +65,7 @@ def _config(arch: str, block: str, lora: bool, swiglu: bool):
     )
 
 
-# The wan family (`vidforge.parallel.wan_tensor_parallel.apply_wan_tp`): (packed, sequence_parallel). Its
+# The wan family (`vidforge.families.wan.tensor_parallel.apply_wan_tp`): (packed, sequence_parallel). Its
 # cross-attention norm is on, so every kind of parameter that sees the sharded stream is there: norm2,
 # each block's scale_shift_table (and through it time_proj), the row-parallel biases.
 WAN_CASES = [(False, False), (False, True), (True, False), (True, True)]
@@ -212,9 +212,10 @@ def _tp2_worker(rank: int, world_size: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from vidforge.errors import UserInputError
+    from vidforge.families.vidforge.tensor_parallel import apply_tp
+    from vidforge.families.wan.tensor_parallel import apply_wan_tp
     from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
-    from vidforge.parallel.tensor_parallel import apply_tp, clip_grad_norm_
-    from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
+    from vidforge.parallel.tensor_parallel import clip_grad_norm_
 
     tp_mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))["tp"]
     result: dict = {"cases": []}
@@ -287,8 +288,9 @@ def _fsdp_tp_worker(rank: int, world_size: int) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from vidforge.families.vidforge.tensor_parallel import apply_tp
     from vidforge.parallel.fsdp import apply_fsdp
-    from vidforge.parallel.tensor_parallel import apply_tp, clip_grad_norm_
+    from vidforge.parallel.tensor_parallel import clip_grad_norm_
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
     cfg = _config(*TRAIN_CASE)
@@ -314,7 +316,7 @@ def _wan_compiled_worker(rank: int, world_size: int) -> bytes:
     """Wan TP2 + SP with the first block compiled (AOTAutograd, as inductor traces it, without codegen)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from vidforge.parallel.wan_tensor_parallel import apply_wan_tp
+    from vidforge.families.wan.tensor_parallel import apply_wan_tp
 
     tp_mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))["tp"]
     model = _model(_wan_config())

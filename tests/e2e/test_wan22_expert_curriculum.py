@@ -52,7 +52,7 @@ def _states_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 @pytest.fixture(scope="module")
 def download(tmp_path_factory):
     """The tiny two-expert folder, its experts as published, and latents to train on."""
-    from vidforge.models.wan_weights import load_diffusers_wan
+    from vidforge.families.wan.weights import load_diffusers_wan
 
     root = tmp_path_factory.mktemp("a14b")
     pipeline = save_tiny_wan22_pipeline(root / "Wan2.2-T2V-A14B-tiny-Diffusers")

@@ -57,8 +57,8 @@ def test_a_lora_on_the_low_noise_expert_trains_loads_in_diffusers_and_samples(tm
 
     from diffusers import WanPipeline
 
+    from vidforge.families.wan.weights import load_diffusers_wan
     from vidforge.models.lora import load_adapter
-    from vidforge.models.wan_weights import load_diffusers_wan
 
     pipe = WanPipeline.from_pretrained(pipeline)
     pipe.load_lora_weights(run / "export", load_into_transformer_2=True)

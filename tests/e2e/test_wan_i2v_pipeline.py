@@ -59,7 +59,7 @@ def test_i2v_folder_tokenizes_trains_on_the_pipelines_conditioning_and_samples(t
     from diffusers import WanImageToVideoPipeline
     from PIL import Image
 
-    from vidforge.models.wan import WanTransformer
+    from vidforge.families.wan.network import WanTransformer
     from vidforge.profile import load_profile
     from vidforge.tokens import unpack_tokens, unpatchify
 

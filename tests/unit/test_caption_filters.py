@@ -18,8 +18,8 @@ from vidforge.curate.filters import Clip, Histogram, Scorer
 from vidforge.curate.histograms import histogram_figure
 from vidforge.data.manifest import read_jsonl
 from vidforge.profile import load_profile
-from vidforge.profile.base import Section
 from vidforge.review import curation as review
+from vidforge.section import Section
 
 TITLE = "mean brightness of the middle frame"
 

@@ -1,10 +1,11 @@
-"""Model families: one module and one registry line add a family that builds, trains, counts and plans
+"""Model families: one package and one registry line add a family that builds, trains, counts and plans
 (the toy family below); no module outside a family's own branches on a family's name (a scan)."""
 
 from __future__ import annotations
 
 import ast
 import math
+import sys
 import textwrap
 from pathlib import Path
 
@@ -16,39 +17,64 @@ from vidforge.families import REGISTRY, family
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
 
-# A family of its own: a DiT subclass (so it takes the DiT's forward arguments) with a preset, the DiT's
-# TP plan and LoRA targets of its own choosing, written as a user would write one.
-TOY = '''
+# A family of its own, a package as a user would write one: its spec (torch-free), its model section (the
+# DiT's options and a field of its own), and its network, a DiT subclass (so it takes the DiT's forward
+# arguments) that reads that field; the DiT's TP plan and LoRA targets of its own choosing.
+TOY = {
+    "__init__.py": """
 from vidforge.families import FamilySpec
 from vidforge.families.vidforge import block_scopes
-from vidforge.models.dit import DiT
-
-
-class ToyNet(DiT):
-    """A network of the toy family."""
-
+from toy_family.model import ToyModel
 
 SPEC = FamilySpec(
     name="toy",
-    network="toy_family:ToyNet",
+    model=ToyModel,
+    network="toy_family.network:ToyNet",
     presets={"toy-1": {"architecture": "dit", "layers": 3, "hidden": 32, "heads": 2, "mlp_hidden": 64}},
-    tensor_parallel="vidforge.parallel.tensor_parallel:apply_tp",
+    tensor_parallel="vidforge.families.vidforge.tensor_parallel:apply_tp",
     tp_rules=(("q_norm", "k_norm", "modulation.down"), ("out", "fc2"), ("shared_modulation.", "final.modulation.")),
     lora_targets=("q", "v"),
     block_scopes=block_scopes,
 )
-'''
+""",
+    "model.py": """
+from typing import Literal
+
+from vidforge.families.vidforge.model import VidforgeModel
+
+
+class ToyModel(VidforgeModel):
+    family: Literal["toy"] = "toy"
+    output_scale: float = 1.0
+    \"\"\"What the toy network multiplies its prediction by.\"\"\"
+""",
+    "network.py": """
+from vidforge.families.vidforge.dit import DiT
+
+
+class ToyNet(DiT):
+    \"\"\"A network of the toy family.\"\"\"
+
+    def forward(self, *args, **kwargs):
+        return super().forward(*args, **kwargs) * self.config.output_scale
+""",
+}
 
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch) -> str:
-    (tmp_path / "toy_family.py").write_text(textwrap.dedent(TOY))
+    package = tmp_path / "toy_family"
+    package.mkdir()
+    for name, text in TOY.items():
+        (package / name).write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(REGISTRY, "toy", "toy_family")  # the one registry line
-    return "toy"
+    yield "toy"
+    for name in [m for m in sys.modules if m == "toy_family" or m.startswith("toy_family.")]:
+        del sys.modules[name]
 
 
-def test_a_toy_family_in_one_module_and_one_registry_line_builds_trains_and_plans(toy, tmp_path) -> None:
+def test_a_toy_family_in_one_package_and_one_registry_line_builds_trains_and_plans(toy, tmp_path) -> None:
     from vidforge.estimate.memory_model import estimate_memory
     from vidforge.estimate.param_counts import parameter_counts
     from vidforge.models import build_model, count_parameters, forward_flops
@@ -57,9 +83,14 @@ def test_a_toy_family_in_one_module_and_one_registry_line_builds_trains_and_plan
     from vidforge.train import loop
 
     profile = train_profile(
-        "model.preset=toy-1", "model.text_dim=32", "model.in_channels=192", "train.steps=1"
+        "model.preset=toy-1",
+        "model.text_dim=32",
+        "model.in_channels=192",
+        "model.output_scale=0.5",
+        "train.steps=1",
     )
     assert profile.model.family == "toy" and profile.model.layers == 3
+    assert type(profile.model).__name__ == "ToyModel" and profile.model.output_scale == 0.5
     model = build_model(profile.model)
     assert type(model).__name__ == "ToyNet"
     assert default_targets("toy") == ("q", "v")
@@ -67,6 +98,11 @@ def test_a_toy_family_in_one_module_and_one_registry_line_builds_trains_and_plan
     assert counts.total == count_parameters(model)
     assert sum(forward_flops(profile.model, [(3, 4, 6)], 8).parts.values()) > 0
     assert estimate_memory(profile, Layout(pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=2)).total > 0
+
+    from vidforge.profile import RunProfile
+
+    sections = RunProfile.model_json_schema()["properties"]["model"]["oneOf"]
+    assert "output_scale" in next(s for s in sections if s["title"] == "ToyModel")["properties"]
 
     summary = loop.run(profile, [synthetic_latents(tmp_path)], tmp_path / "run")
     assert summary.last_step == 1 and math.isfinite(summary.final_loss_mean)
@@ -79,6 +115,61 @@ def test_an_unknown_family_is_refused_at_load_naming_the_registered_ones() -> No
         train_profile("model.family=nope")
 
 
+def test_the_model_section_is_its_familys_own_class_named_by_family_or_preset() -> None:
+    from vidforge.profile import Model, RunProfile
+
+    assert type(train_profile().model).__name__ == "VidforgeModel"  # no family: the default preset's
+    wan = Model.model_validate({"preset": "wan2.1-1.3b"})
+    assert type(wan) is family("wan").model and wan.cross_attn_norm and wan.architecture == "dit"
+    assert type(Model.model_validate({"family": "wan", "preset": None, "hidden": 64})).__name__ == "WanModel"
+    sections = {
+        s["title"]: s["properties"] for s in RunProfile.model_json_schema()["properties"]["model"]["oneOf"]
+    }
+    assert set(sections) == {family(name).model.__name__ for name in REGISTRY}
+    # each family's own fields, and only its own
+    assert (
+        "condition_channels" in sections["WanModel"] and "condition_channels" not in sections["VidforgeModel"]
+    )
+    assert "stdit_block" in sections["VidforgeModel"] and "stdit_block" not in sections["WanModel"]
+
+
+def test_every_familys_section_answers_every_model_field() -> None:
+    """Code reads any family's field of any model (`architecture`, `condition_channels`, ...): each section
+    has it as a field or holds it constant (`FixedBlock`, `NoImageInputs`), so a family lacking one fails
+    here rather than deep in the memory model."""
+    from vidforge.profile import Model
+
+    every = {f for name in REGISTRY for f in family(name).model.model_fields}
+    for name in REGISTRY:
+        section = Model.model_validate({"preset": next(iter(family(name).presets))})
+        assert sorted(f for f in every if not hasattr(section, f)) == [], name
+
+
+def test_a_family_refuses_another_familys_fields_and_other_values_of_its_constants() -> None:
+    from vidforge.profile import ProfileError
+
+    with pytest.raises(
+        ProfileError,
+        match=r"--set model.image_dim=1280: only the wan family has it \(the vidforge family has 0, got 1280\); set model.family=wan",
+    ):
+        train_profile("model.image_dim=1280")
+    with pytest.raises(
+        ProfileError,
+        match="--set model.architecture=stdit: only the vidforge family has it .the wan family has 'dit', got 'stdit'.",
+    ):
+        train_profile("model.preset=wan2.1-1.3b", "model.architecture=stdit")
+    with pytest.raises(
+        ProfileError, match="--set model.nope=1: unknown field; valid fields here: preset, family, layers"
+    ):
+        train_profile("model.nope=1")
+    # restating a constant is no contradiction (profiles written before the split say architecture: dit)
+    from vidforge.profile import Model
+
+    assert (
+        Model.model_validate({"preset": "wan2.1-1.3b", "architecture": "dit", "image_dim": 0}).family == "wan"
+    )
+
+
 def test_every_registered_family_builds_its_presets_network() -> None:
     from vidforge.families import load
     from vidforge.models import build_model
@@ -88,7 +179,7 @@ def test_every_registered_family_builds_its_presets_network() -> None:
         spec = family(name)
         for preset in spec.presets:
             assert PRESETS[preset]["family"] == name
-        model = build_model(Model(preset=next(iter(spec.presets))), device="meta")
+        model = build_model(Model.model_validate({"preset": next(iter(spec.presets))}), device="meta")
         assert isinstance(model, load(spec.network))
 
 

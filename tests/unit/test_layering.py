@@ -4,6 +4,14 @@ package and anything on a lower layer, never a package beside it on its layer or
 every import statement, lazy ones inside functions and those under `if TYPE_CHECKING:` included (a
 type-only import is still a dependency of the design).
 
+A model family's package (`families/<name>/`) sits on two layers. Its spec, the package's `__init__` and
+the modules of the package it imports, is torch-free data the profile reads: the `families` layer, below
+the profile. Every other module of the package (the network, its weights, its tensor-parallel plan, its
+conditioning) is the family's code, on the `family code` layer: it builds on models, parallel and
+tokenizers, and is reached only by the "module:attribute" strings of its spec (`families.load`), so no
+module outside the package imports it (nor the spec's modules: the rest of vidforge asks
+`families.family(name)`).
+
 A known exception names the issue that removes it; when it is no longer needed the test says so, so the
 list only shrinks."""
 
@@ -19,14 +27,16 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
 
 # Bottom first. Names on one layer are peers: they know nothing of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # the registry of objectives and samplers: names and module paths, which the profile validates against
-    ("errors", "__init__", "sampler_registry"),
+    # the registry of objectives and samplers: names and module paths, which the profile validates against;
+    # the base of every profile section (the families' model sections derive from it too)
+    ("errors", "__init__", "sampler_registry", "section"),
     ("families",),  # each family's facts, its code named by import path (the profile reads them)
-    ("profile", "memory", "weights_file", "device"),  # profile: pure data, no torch
+    ("profile", "memory", "weights_file", "device", "files"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
     ("diffusion", "models", "data"),  # diffusion is weightless math; data knows no model
     ("parallel",),  # applied to an unmodified model from outside
     ("curate", "estimate", "tokenizers"),
+    ("family code",),  # each family's network, weights, TP plan, conditioning: loaded by import path
     ("sampling",),  # the sampling loop, its latents and writers: training's validation and infer share it
     ("train", "infer"),  # what both need (sampling, adapters) sits below them
     ("bench", "review"),
@@ -38,6 +48,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # (importing module, imported module) -> the issue that removes the import.
 KNOWN: dict[tuple[str, str], str] = {}
 
+# (importing module, imported module of a family package) -> the issue that removes the import.
+KNOWN_FAMILY: dict[tuple[str, str], str] = {}
+
 # Finer rules than the layers: (package or module) -> names it must not import.
 FORBIDDEN = {
     "profile": ("torch",),
@@ -45,11 +58,13 @@ FORBIDDEN = {
     # the profile reads the registry while it loads: neither it nor the package's __init__ imports torch
     "diffusion/__init__.py": ("torch", "vidforge"),
     "sampler_registry.py": ("torch", "vidforge"),
+    "section.py": ("torch", "vidforge"),
     "diffusion/edm.py": ("vidforge.profile",),
     "diffusion/objective.py": ("vidforge.profile",),
     "tokens": ("torch.distributed",),
-    # the family registry sits below the profile: names and data, its code loaded by import path
-    "families": ("torch",),
+    # the family registry sits below the profile: names and data, its code loaded by import path (each
+    # family's spec modules: `test_family_specs_import_no_torch`)
+    "families/__init__.py": ("torch",),
 }
 
 
@@ -96,9 +111,35 @@ def _edges() -> dict[str, frozenset[str]]:
     return edges
 
 
+FAMILY_PACKAGES = sorted(_module(p) for p in (SRC / "families").glob("*/__init__.py"))
+
+
+@functools.cache
+def _family_specs() -> frozenset[str]:
+    """The modules of each family package's spec: its `__init__` and the package's modules it imports,
+    transitively."""
+    specs: set[str] = set()
+    for package in FAMILY_PACKAGES:
+        work = [package]
+        while work:
+            module = work.pop()
+            if module not in specs:
+                specs.add(module)
+                work += [t for t in _edges()[module] if t.startswith(package + ".")]
+    return frozenset(specs)
+
+
+def _family_package(module: str) -> str | None:
+    """The family package a module belongs to, else None."""
+    return next((p for p in FAMILY_PACKAGES if module == p or module.startswith(p + ".")), None)
+
+
 def _unit(module: str) -> str:
-    """The name LAYERS places a module under: the longest prefix LAYERS names (a module placed apart from
-    its package), else its top-level package or module (`vidforge` is __init__)."""
+    """The name LAYERS places a module under: `family code` for a family package's modules outside its
+    spec; else the longest prefix LAYERS names (a module placed apart from its package), else its
+    top-level package or module (`vidforge` is __init__)."""
+    if _family_package(module) and module not in _family_specs():
+        return "family code"
     parts = module.split(".")[1:]
     for n in range(len(parts), 1, -1):
         if ".".join(parts[:n]) in LEVEL:
@@ -204,3 +245,43 @@ def test_finer_rules(where: str) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[where])
     ]
     assert bad == []
+
+
+def test_a_family_package_is_its_spec_below_the_profile_and_its_code_above_parallel() -> None:
+    assert "vidforge.families.wan" in FAMILY_PACKAGES
+    assert _unit("vidforge.families.wan") == _unit("vidforge.families.wan.experts") == "families"
+    assert (
+        _unit("vidforge.families.wan.network")
+        == _unit("vidforge.families.wan.tensor_parallel")
+        == "family code"
+    )
+    assert LEVEL["families"] < LEVEL["profile"] and LEVEL["family code"] > LEVEL["parallel"]
+
+
+def test_family_specs_import_no_torch() -> None:
+    """What the profile reads of a family (its spec's modules) loads no network code."""
+    bad = [
+        f"{module} imports {name}"
+        for module in sorted(_family_specs())
+        for name in _imported(MODULES[module])
+        if name == "torch" or name.startswith("torch.")
+    ]
+    assert bad == []
+
+
+def test_nothing_outside_a_family_package_imports_it() -> None:
+    """The rest of vidforge reaches a family through `families.family(name)` and the code its spec names,
+    never by importing the family's modules."""
+    bad = []
+    for module, targets in sorted(_edges().items()):
+        for target in sorted(targets):
+            package = _family_package(target)
+            if package and _family_package(module) != package and (module, target) not in KNOWN_FAMILY:
+                bad.append(f"{module} imports {target}")
+    assert bad == []
+
+
+def test_known_family_exceptions_are_still_needed() -> None:
+    edges = _edges()
+    stale = [f"{a} -> {b}" for (a, b) in KNOWN_FAMILY if b not in edges.get(a, set())]
+    assert stale == [], "these imports are gone: remove them from KNOWN_FAMILY"

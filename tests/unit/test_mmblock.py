@@ -14,8 +14,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_models_dit import _perturbed  # noqa: E402  (every parameter off its partly zero init)
 
+from vidforge.families.vidforge.mmblock import GATES, MMParallelBlock, video_state_from_image  # noqa: E402
 from vidforge.models import build_model, model_config  # noqa: E402
-from vidforge.models.mmblock import GATES, MMParallelBlock, video_state_from_image  # noqa: E402
 from vidforge.models.rope import apply_rope, axis_dims  # noqa: E402
 from vidforge.profile import ProfileError, load_profile  # noqa: E402
 

@@ -173,7 +173,7 @@ def test_whole_pipeline_folder_gives_its_parts_and_loads_without_import(tmp_path
     from test_text_t5 import SHAPE, VOCAB, _save_tokenizer
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from vidforge.models.wan_weights import load_diffusers_wan, pipeline_parts
+    from vidforge.families.wan.weights import load_diffusers_wan, pipeline_parts
     from vidforge.text.encoders import build_text_encoder
 
     pipeline = tmp_path / "Wan2.1-T2V-tiny-Diffusers"

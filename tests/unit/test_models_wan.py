@@ -138,7 +138,9 @@ def test_presets_have_the_published_parameter_names_and_shapes(preset, layers, h
 
 
 def test_wan_family_refuses_fields_it_does_not_have():
-    with pytest.raises(ValueError, match="adaln_lora_rank: the wan family has 0"):
+    with pytest.raises(
+        ValueError, match="adaln_lora_rank: only the vidforge family has it .the wan family has 0, got 8."
+    ):
         Model.model_validate({"preset": "wan2.1-1.3b", "adaln_lora_rank": 8})
     with pytest.raises(ValueError, match="cross_attn_norm: only the wan family"):
         Model.model_validate({"preset": "tiny", "cross_attn_norm": True})
@@ -147,7 +149,7 @@ def test_wan_family_refuses_fields_it_does_not_have():
 def test_planner_counts_what_tensor_parallel_leaves_whole():
     """Per block, tp replicates the six-vector table, the cross-attention LayerNorm (weight, bias) and
     the three row-wise biases (two to_out.0, ffn.net.2); outside the blocks it splits nothing
-    (`vidforge.parallel.wan_tensor_parallel` leaves time_proj replicated)."""
+    (`vidforge.families.wan.tensor_parallel` leaves time_proj replicated)."""
     cfg = model_config("wan2.1-1.3b")
     counts = parameter_counts(cfg)
     d = cfg.hidden

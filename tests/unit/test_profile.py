@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from vidforge.profile import ProfileError, RunProfile, load_profile
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "profiles").glob("*.yaml"))

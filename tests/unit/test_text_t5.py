@@ -146,13 +146,21 @@ def test_missing_folder_is_a_user_error(tmp_path):
         T5TextEncoder(str(tmp_path), device="cpu")
 
 
-def test_loading_prints_no_progress_bar(t5_dir, capfd):
-    """transformers' "Loading weights" bar landed inside train's and infer's output."""
+def test_loading_under_the_cli_prints_no_progress_bar(t5_dir, capfd, monkeypatch):
+    """transformers' "Loading weights" bar landed inside tokenize's, train's and infer's output: every
+    command turns the libraries' own bars off (`cli._output.silence_library_bars`, the one owner)."""
     from transformers.utils import logging as hf_logging
+    from typer.testing import CliRunner
 
+    from vidforge.cli.app import app
+
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # restored after the test, as the switch below
     hf_logging.enable_progress_bar()
-    capfd.readouterr()
-    T5TextEncoder(t5_dir[0], max_length=8)
-    captured = capfd.readouterr()
-    assert "Loading weights" not in captured.err + captured.out
-    assert hf_logging.is_progress_bar_enabled()  # left as it was for everyone else
+    try:
+        assert CliRunner().invoke(app, ["profile", "show"]).exit_code == 0
+        capfd.readouterr()
+        T5TextEncoder(t5_dir[0], max_length=8)
+        captured = capfd.readouterr()
+        assert "Loading weights" not in captured.err + captured.out
+    finally:
+        hf_logging.enable_progress_bar()

@@ -85,7 +85,7 @@ def test_init_from_a_diffusers_wan_folder(tmp_path: Path) -> None:
         text_dim=8, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
     )  # fmt: skip
     reference.save_pretrained(tmp_path / "transformer")
-    from vidforge.models.wan_weights import load_diffusers_wan
+    from vidforge.families.wan.weights import load_diffusers_wan
 
     expected = load_diffusers_wan(tmp_path / "transformer")
     profile = load_profile(

@@ -90,7 +90,7 @@ RUN = ("train.lora={rank: 4, alpha: 8}", "train.schedule=constant", "train.ema_d
 @pytest.fixture(scope="module")
 def wan_base(tmp_path_factory) -> Path:
     """A diffusers WanTransformer3DModel folder of the tiny wan (random weights), as a download holds."""
-    from vidforge.models.wan_weights import export_wan
+    from vidforge.families.wan.weights import export_wan
 
     root = tmp_path_factory.mktemp("wan_base")
     export = pretrained(train_profile(*WAN), root / "export")
@@ -154,8 +154,8 @@ def test_the_exported_adapter_loaded_into_diffusers_gives_vidforges_forward(wan_
     changes the output (it is not a no-op)."""
     from diffusers import WanTransformer3DModel
 
+    from vidforge.families.wan.weights import load_diffusers_wan
     from vidforge.models.lora import load_adapter
-    from vidforge.models.wan_weights import load_diffusers_wan
 
     profile = train_profile(*WAN)
     x, t, text = _wan_inputs(profile)
@@ -181,9 +181,9 @@ def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, 
     from typer.testing import CliRunner
 
     from vidforge.cli.app import app
+    from vidforge.families.wan.weights import load_diffusers_wan
     from vidforge.models import load_model
     from vidforge.models.lora import load_adapter
-    from vidforge.models.wan_weights import load_diffusers_wan
     from vidforge.profile import load_profile
 
     merged = tmp_path / "merged"  # the base comes from the run's record of its --init

@@ -73,8 +73,8 @@ def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:
     """Float64 networks on both sides; the schedulers' own arithmetic on float32 latents."""
     from diffusers import WanPipeline
 
+    from vidforge.families.wan.expert_weights import load_wan_experts
     from vidforge.models.experts import Experts
-    from vidforge.models.wan_experts import load_wan_experts
     from vidforge.sampling.experts import sample_latents_experts
     from vidforge.sampling.latents import initial_noise
 
@@ -155,8 +155,8 @@ def test_the_preset_is_each_published_experts_shape() -> None:
 
 def test_init_of_an_expert_loads_its_own_folder(pipeline, tmp_path) -> None:
     """From the download (transformer/, transformer_2/) and from its import (the export, low_noise/)."""
+    from vidforge.families.wan.weights import load_diffusers_wan
     from vidforge.models import build_model
-    from vidforge.models.wan_weights import load_diffusers_wan
     from vidforge.models.weights_folder import import_published
     from vidforge.train.init_weights import init_from
 

@@ -10,12 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from vidforge.tokenizers.image_condition import (
-    ImageEncoder,
-    condition_channels,
-    condition_latents,
-    preprocess_image,
-)
+from vidforge.families.wan.image_condition import condition_channels, condition_latents
+from vidforge.tokenizers.image_condition import ImageEncoder, preprocess_image
 from vidforge.tokenizers.vae import DiffusersVAE
 
 pytest.importorskip("transformers")

@@ -15,7 +15,9 @@ recipes that differ only in how many blocks swap (or how much is offloaded), onl
 listed: more is never faster.
 
 When nothing fits the clip, shorter clips (49, 33, 17 frames), then smaller frames (480x832, 320x576)
-are tried, and the recipes of the largest clip that fits are listed with it."""
+are tried, and the recipes of the largest clip that fits are listed with it; that change is said in the
+settings a run trains with (`data.frame_buckets`, `data.buckets`), not the planner's `bench.latent_*`.
+`recipe_profile` is the chosen recipe as a whole profile (`bench plan --fit -o FILE`)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ from vidforge.profile.loading import ProfileError, apply_override, validate_prof
 
 FALLBACK_FRAMES = (81, 49, 33, 17)
 FALLBACK_SIZES = ((720, 1280), (480, 832), (320, 576))
+MAX_GPUS = 72
+"""The most GPUs `--fit` plans for one machine: an NVL72 rack, the largest NVLink domain built (a larger
+count is a cluster: `bench plan --rank`)."""
 
 
 @dataclass
@@ -64,7 +69,14 @@ class Recipe:
         return self.plan.tokens_per_step / self.step_s / self.plan.layout.world_size
 
     def set_lines(self) -> list[str]:
-        return [f"--set {k}={v}" for k, v in self.sets.items()]
+        """The recipe's `--set` lines in a run's terms: a clip other than the one asked as the training
+        buckets (`data_sets`) instead of the planner's synthetic sample (bench.latent_*)."""
+        return [f"--set {quoted(f'{k}={v}')}" for k, v in self.user_sets().items()]
+
+    def user_sets(self) -> dict[str, str]:
+        planner = {k: v for k, v in self.sets.items() if k.startswith("bench.latent_")}
+        rest = {k: v for k, v in self.sets.items() if k not in planner}
+        return {**data_sets(clip_of(self.clip)), **rest} if planner and self.clip else rest
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +112,23 @@ class FitReport:
             "recipes": [r.as_dict() for r in self.recipes[:top]],
             "notes": list(self.notes),
         }
+
+
+def quoted(item: str) -> str:
+    """A `--set` value as a shell reads it back unchanged."""
+    return f'"{item}"' if any(c in item for c in " {}[]") else item
+
+
+def clip_of(label: str) -> tuple[int, int, int]:
+    """A clip label (`81x480x832`: frames x height x width, as `fit` reports it) as numbers."""
+    frames, height, width = (int(x) for x in label.split("x"))
+    return frames, height, width
+
+
+def data_sets(clip: tuple[int, int, int]) -> dict[str, str]:
+    """A clip in pixels as the training buckets a run trains it at: the one frame count, the one size."""
+    frames, height, width = clip
+    return {"data.frame_buckets": f"[{frames}]", "data.buckets": f"[[{height},{width}]]"}
 
 
 def variant(profile: RunProfile, sets: dict[str, str]) -> RunProfile:
@@ -299,6 +328,13 @@ def fit(profile: RunProfile, world: int | None = None) -> FitReport:
     return FitReport(model, machine, "", requested, [], tried, [f"nothing fits, down to {label}"])
 
 
+def recipe_profile(profile: RunProfile, recipe: Recipe, name: str) -> RunProfile:
+    """The profile that trains `recipe`: `profile` (its model, text encoder and VAE) with the recipe's
+    settings, its clip as the planner's sample and as the training buckets, named `name`."""
+    clip = clip_of(recipe.clip)
+    return variant(profile, {**recipe.sets, **clip_sets(profile, clip), **data_sets(clip), "name": name})
+
+
 def smallest_change(profile: RunProfile, plan: LayoutPlan) -> Recipe | None:
     """For a plan that does not fit its memory: the recipe on the same GPUs that changes the fewest of
     the profile's settings (the fastest of those), or None."""
@@ -329,6 +365,9 @@ def refusal(plan: LayoutPlan, change: Recipe | None, command: str = "bench plan"
         if change
         else "nothing fits these GPUs at this clip or smaller; use more or larger GPUs"
     )
+    planner = [f"{k}={v}" for k, v in (change.sets if change else {}).items() if k.startswith("bench.")]
+    if planner:  # the clip as `bench plan` sizes it, to plan the change again
+        fix += f"; to plan it: --set {' --set '.join(planner)}"
     return f"{command}: {plan.problems[-1]}; {fix}"
 
 

@@ -235,7 +235,9 @@ def _best_cp_impl(profile: RunProfile, layout: Layout, workload: Workload, micro
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of `n`, ascending (in sqrt(n) steps: a large world size must not stall the planner)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def candidate_layouts(profile: RunProfile, world: int) -> Iterator[tuple[Layout, int]]:

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vidforge.files import atomic_path
+
 
 def _number(value: Any) -> float | None:
     try:
@@ -31,7 +33,8 @@ def plot_sweep(
     fig = sweep_figure(rows, keys, y)
     if fig is None:
         return None, "no point succeeded: nothing to plot"
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return str(path), None
 

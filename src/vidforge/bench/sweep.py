@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
+from vidforge.files import atomic_file, write_text
 from vidforge.profile import load_profile
 
 CSV_FIELDS = (
@@ -160,13 +161,13 @@ def run(
             progress(row)
     keys = [k for k, _ in grid]
     result.csv_path = str(out / "sweep.csv")
-    with open(result.csv_path, "w", newline="", encoding="utf-8") as f:
+    with atomic_file(result.csv_path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=[*keys, *CSV_FIELDS], extrasaction="ignore")
         writer.writeheader()
         for row in result.rows:
             writer.writerow({k: row.get(k) for k in [*keys, *CSV_FIELDS]})
     result.json_path = str(out / "sweep.json")
-    Path(result.json_path).write_text(json.dumps(result.as_dict(), indent=2, default=str))
+    write_text(result.json_path, json.dumps(result.as_dict(), indent=2, default=str))
     result.plot_path, result.plot_note = plot_sweep(result.rows, keys, out / "sweep.png")
-    Path(result.json_path).write_text(json.dumps(result.as_dict(), indent=2, default=str))
+    write_text(result.json_path, json.dumps(result.as_dict(), indent=2, default=str))
     return result

@@ -22,6 +22,10 @@ class GuardedGroup(TyperGroup):
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own: usage errors, exits
             raise
+        except BrokenPipeError:
+            if not stdout_closed():
+                raise _failure(ctx) from None
+            raise  # the reader stopped (`| head`): click's own quiet exit, not an error message
         except UserInputError as err:
             _error(ctx, str(err), kind="user")
             raise typer.Exit(EXIT_USER_ERROR) from None
@@ -31,17 +35,36 @@ class GuardedGroup(TyperGroup):
         except Terminated as err:
             _error(ctx, str(err), kind="terminated")
             raise typer.Exit(EXIT_TERMINATED) from None
-        except Exception as err:  # noqa: BLE001 - this is the boundary
-            out = _output_of(ctx)
-            if out.debug:
-                traceback.print_exc()
-            # A worker's failure, already named by rank, needs no exception type in front of it.
-            message = str(err) if isinstance(err, RanksFailed) else f"{type(err).__name__}: {err}"
-            hint = "" if out.debug else " (rerun with --debug for the traceback)"
-            _error(ctx, message, kind="failure", hint=hint)
-            raise typer.Exit(EXIT_FAILURE) from None
+        except Exception:  # noqa: BLE001 - this is the boundary
+            raise _failure(ctx) from None
         finally:
             _leave_process_group()
+
+
+def _failure(ctx: typer.Context) -> typer.Exit:
+    """The exception being handled as one line (the traceback with --debug); exit 1."""
+    err = sys.exc_info()[1]
+    out = _output_of(ctx)
+    if out.debug:
+        traceback.print_exc()
+    # A worker's failure, already named by rank, needs no exception type in front of it.
+    message = str(err) if isinstance(err, RanksFailed) else f"{type(err).__name__}: {err}"
+    hint = "" if out.debug else " (rerun with --debug for the traceback)"
+    _error(ctx, message, kind="failure", hint=hint)
+    return typer.Exit(EXIT_FAILURE)
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (`vidforge ... | head`): poll reports an error on
+    it. A broken pipe elsewhere (a socket) is a failure like any other."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no fileno (a test's capture), or no poll
+        return False
 
 
 def _leave_process_group() -> None:

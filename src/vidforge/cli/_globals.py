@@ -9,7 +9,7 @@ import inspect
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup
 
 from vidforge.cli._errors import GuardedGroup
 
@@ -59,8 +59,21 @@ def reflow(text: str | None) -> str | None:
     return "\n\n".join(paragraphs)
 
 
+class _Argument(TyperArgument):
+    """A positional argument as usage lines have always shown one: `VIDEOS`, `[RUN]`, `INPUTS...` (typer
+    writes `{videos}` for a required one)."""
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
 def _reflow_tree(command: click.Command) -> None:
     command.help = reflow(command.help)
+    for param in command.params:
+        if isinstance(param, TyperArgument):
+            param.metavar = param.metavar or (param.name or "").upper()
+            param.__class__ = _Argument  # the same object, its usage piece click-style
     for sub in getattr(command, "commands", {}).values():
         _reflow_tree(sub)
 

@@ -140,17 +140,40 @@ class Output:
                     )
 
     @contextmanager
-    def shard_progress(self, label: str) -> Iterator[Callable[[dict[str, Any], int], None]]:
+    def shard_progress(self, label: str, bar: bool = True) -> Iterator[Callable[[dict[str, Any], int], None]]:
         """A callback `(shard entry, total shards)` for stages that work shard by shard: it advances a
-        transient progress bar for humans, and emits one `progress` event (unit `shard`) per shard in --json
-        mode."""
-        if not self.show_progress:
+        transient progress bar for humans (`bar`: False when `sample_progress` shows the stage), and emits
+        one `progress` event (unit `shard`) per shard in --json mode."""
+        if not self.show_progress or not bar:
             done = itertools.count(1)
             yield lambda entry, total: self.progress("shard", next(done), total, **entry)
             return
         with _progress_bar(self.err_console, label, transient=True) as bar:
             task = bar.add_task(label, total=None)
             yield lambda entry, total: bar.update(task, advance=1, total=total)
+
+    @contextmanager
+    def sample_progress(self, label: str) -> Iterator[Callable[[int, int], None]]:
+        """A callback `(done, total)` over a stage's samples, for a stage whose shards take minutes each: a
+        bar with its total on a terminal, a line at each tenth for a human's log file, nothing under --json
+        and --quiet (their shard events say it)."""
+        if not self.show_progress:
+            yield lambda done, total: None
+            return
+        if not self.live:
+            said = [-1]
+
+            def line(done: int, total: int) -> None:
+                tenth = done * 10 // max(total, 1)
+                if tenth > said[0]:
+                    said[0] = tenth
+                    self.info(f"{label}: {done}/{total} samples")
+
+            yield line
+            return
+        with _progress_bar(self.err_console, label, transient=True) as progress:
+            task = progress.add_task(label, total=None)
+            yield lambda done, total: progress.update(task, completed=done, total=total)
 
     def table(self, rows: Sequence[Sequence[Any]], columns: Sequence[str], title: str | None = None) -> None:
         if self.json or self.quiet:
@@ -212,6 +235,22 @@ def silence_warnings() -> None:
     processes this one starts (PYTHONWARNINGS is inherited; workers that parse --quiet do it themselves)."""
     warnings.simplefilter("ignore")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+def silence_library_bars() -> None:
+    """The libraries' own progress bars (transformers' "Loading weights", huggingface_hub's, diffusers')
+    stay off: each stage shows its own progress, one owner for what a user watches. Set before those
+    libraries import, where it counts (HF_HUB_DISABLE_PROGRESS_BARS=0 from the user brings them back)."""
+    if os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1") != "1":
+        return
+    for module, off in (
+        ("huggingface_hub.utils", "disable_progress_bars"),
+        ("transformers.utils.logging", "disable_progress_bar"),
+        ("diffusers.utils.logging", "disable_progress_bar"),
+    ):
+        loaded = sys.modules.get(module)  # already imported: its switch, since the variable is read at import
+        if loaded is not None:
+            getattr(loaded, off)()
 
 
 def _fmt(value: Any) -> str:

@@ -23,7 +23,7 @@ from vidforge.cli import (
     train_cmd,
 )
 from vidforge.cli._globals import COMMAND_KEY, RootGroup
-from vidforge.cli._output import Output, set_current_output
+from vidforge.cli._output import Output, set_current_output, silence_library_bars
 
 app = typer.Typer(
     name="vidforge",
@@ -56,6 +56,7 @@ def root(
 ) -> None:
     from vidforge.parallel.launch import announces_the_run
 
+    silence_library_bars()
     ctx.obj = Output(json=json_, quiet=quiet, debug=debug, command=ctx.meta.get(COMMAND_KEY, ""))
     set_current_output(ctx.obj)
     if announces_the_run():

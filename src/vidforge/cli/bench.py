@@ -13,6 +13,12 @@ from vidforge import sampler_registry
 from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, names_from_the_registry, profile_from
 from vidforge.cli._output import current_output
 from vidforge.errors import UserInputError
+from vidforge.files import write_text
+
+MAX_CLIP = (1025, 4096)
+"""The largest --clip planned: frames, and pixels a side (a minute at 16 fps; 4K)."""
+MAX_RANKS = 1 << 16
+"""The most ranks `bench plan --rank --world-size` plans (every layout of them is evaluated)."""
 
 app = typer.Typer(
     help="Measure training, sampling, attention and curation throughput, sweep profile fields, and plan "
@@ -313,7 +319,10 @@ def plan(
     ] = False,
     top: Annotated[int, typer.Option("--top", min=1, help="With --rank, how many layouts to list.")] = 10,
     world_size: Annotated[
-        int | None, typer.Option("--world-size", min=1, help="With --rank, plan for this many ranks instead.")
+        int | None,
+        typer.Option(
+            "--world-size", min=1, max=MAX_RANKS, help="With --rank, plan for this many ranks instead."
+        ),
     ] = None,
     fit: Annotated[
         bool,
@@ -323,6 +332,15 @@ def plan(
             "model and clip on the machine, fastest first, each as --set lines.",
         ),
     ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="With --fit: write the fastest recipe as a profile here (the model, its text encoder and "
+            "VAE, the clip as the training buckets, the recipe's settings) and print the command that runs it.",
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option("--model", help="A model preset (wan2.1-14b) or a diffusers Wan transformer folder."),
@@ -331,7 +349,9 @@ def plan(
         str | None,
         typer.Option("--clip", help="The training clip in pixels, FRAMESxHEIGHTxWIDTH (81x480x832)."),
     ] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs of the one machine.")] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", min=1, help="GPUs of the one machine (at most 72).")
+    ] = None,
     accelerator: Annotated[
         str | None,
         typer.Option("--accelerator", help="The GPU (rtx4090, rtx5090, l40s, a100-40gb, h100, ...)."),
@@ -345,12 +365,12 @@ def plan(
     time; with context parallel, the layout under each CP implementation (all-gather, ring, ulysses, 2D
     usp at each Ulysses degree), fastest first. With --rank: every valid layout of the cluster, fastest
     first, with the reasons and what was rejected. With --fit: the recipes that fit the model (--model) and
-    clip (--clip) on --gpus GPUs of --accelerator, fastest first, each as the --set lines to paste. A plan
+    clip (--clip) on --gpus GPUs of --accelerator, fastest first, each as the --set lines to paste; -o FILE writes the fastest as a profile and prints the commands that run it. A plan
     that does not fit exits 2, naming the smallest change that does. Nothing runs; no GPU needed.
 
     Example: vidforge bench plan --profile dit7b_74k_tp2_cp4_64xh100
     Example: vidforge bench plan --profile dit1b_1xh200 --rank --world-size 8
-    Example: vidforge bench plan --fit --model wan2.1-14b --clip 81x480x832 --gpus 1 --accelerator rtx4090 --set "train.lora={rank: 16}"
+    Example: vidforge bench plan --fit --model wan2.1-14b --clip 81x480x832 --gpus 1 --accelerator rtx4090 --set "train.lora={rank: 16}" -o wan14b_4090.yaml
     """
     from vidforge.bench.plan import evaluate, format_plan, format_ranking, rank_layouts
 
@@ -358,22 +378,10 @@ def plan(
     resolved = profile_from(profile, given)
     output = current_output()
     if fit:
-        from vidforge.bench.fit import fit as fit_recipes
-        from vidforge.bench.fit import format_fit
-
-        report = fit_recipes(resolved)
-        text = format_fit(report)
-        if report.recipes:
-            merged = dict(item.split("=", 1) for item in given) | report.recipes[0].sets  # the recipe's win
-            command = ["vidforge train", f"--profile {resolved.name}"]
-            command += [f"--set {_quoted(f'{k}={v}')}" for k, v in merged.items()]
-            text += "\n\ncommand:\n  " + " \\\n    ".join(command)
-        output.result(report.as_dict(8), text=text)
-        if not report.recipes:
-            raise UserInputError(
-                f"bench plan --fit: {report.notes[-1]}; use more or larger GPUs (--gpus, --accelerator)"
-            )
+        _fit(resolved, given, model, out)
         return
+    if out is not None:
+        raise UserInputError("bench plan -o FILE: only with --fit (the recipe it writes as a profile)")
     if rank:
         report = rank_layouts(resolved, world_size)
         output.result(report.as_dict(top), text=format_ranking(report, top))
@@ -397,8 +405,93 @@ def plan(
     output.result(result, text=text)
 
 
-def _quoted(item: str) -> str:
-    return f'"{item}"' if any(c in item for c in " {}[]") else item
+def _fit(resolved, given: list[str], model: str | None, out: Path | None) -> None:
+    """`bench plan --fit`: the recipes that fit, and with -o the fastest one as a profile and the command
+    that runs it; exit 2 when the clip asked does not fit, naming the largest one that does."""
+    from vidforge.bench.fit import MAX_GPUS, clip_of, data_sets, format_fit, quoted, recipe_profile
+    from vidforge.bench.fit import fit as fit_recipes
+
+    world = resolved.cluster.world_size
+    if world > MAX_GPUS:
+        raise UserInputError(
+            f"bench plan --fit: {world} GPUs; it plans one machine of at most {MAX_GPUS} (--gpus); plan a "
+            "cluster's layouts with --rank"
+        )
+    report = fit_recipes(resolved)
+    if model is not None and Path(model).is_dir():
+        report.model = Path(model).resolve().name
+    output = current_output()
+    text = format_fit(report)
+    fits = report.recipes and report.clip == report.requested_clip
+    if fits and out is not None:
+        written = _write_recipe(recipe_profile(resolved, report.recipes[0], out.stem), out, model)
+        text += "\n\n" + written
+    elif fits:
+        text += "\n\nwrite it as a profile, with the command that runs it: add -o RECIPE.yaml"
+    output.result({**report.as_dict(8), "profile": str(out) if fits and out else None}, text=text)
+    if not report.recipes:
+        raise UserInputError(
+            f"bench plan --fit: {report.notes[-1]}; use more or larger GPUs (--gpus, --accelerator)"
+        )
+    if not fits:
+        smaller = " ".join(f"--set {quoted(f'{k}={v}')}" for k, v in data_sets(clip_of(report.clip)).items())
+        raise UserInputError(
+            f"bench plan --fit: nothing fits the clip {report.requested_clip} on {report.machine}; the largest "
+            f"clip that fits is {report.clip}: train it with {smaller} (plan it with --clip {report.clip})"
+        )
+
+
+def _write_recipe(profile, out: Path, model: str | None) -> str:
+    """Write `profile` to `out`, headed by what it is; the lines that say where and how to run it."""
+    from vidforge.bench.fit import quoted
+    from vidforge.profile.loading import dump_profile
+
+    folder = model if model is not None and Path(model).is_dir() else None
+    base = str(Path(folder).resolve()) if folder else "WAN_FOLDER"
+    named = folder or profile.model.preset or "the profile's model"
+    header = [
+        f"# bench plan --fit: the fastest recipe for {named} on {profile.cluster.gpus_per_node} x "
+        f"{profile.cluster.accelerator.name}, clip {max(profile.data.frame_buckets)}x"
+        f"{profile.data.buckets[0][0]}x{profile.data.buckets[0][1]}.",
+        f"# The weights: {base}" + ("" if folder else f" (a diffusers download of {named})") + "; its text "
+        "encoder and VAE: text_encoder and tokenizer below, or the folder's own when --base/--init name it.",
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text(out, "\n".join(header) + "\n" + dump_profile(profile))
+    run = f"runs/{out.stem}"
+    lines = [f"wrote {out}; run it:"]
+    keep = " ".join(_finetune_keeps(profile))
+    lines.append(
+        f"  vidforge finetune VIDEOS --base {quoted(base)} -o {run} --profile {quoted(str(out))} {keep}".rstrip()
+    )
+    lines.append(
+        f"  vidforge train --data LATENTS --run-dir {run} --init {quoted(base)} --profile {quoted(str(out))}"
+    )
+    if folder is None:
+        lines.append(
+            f"  (WAN_FOLDER: the diffusers download of {named}, which gives the text encoder and VAE)"
+        )
+    return "\n".join(lines)
+
+
+def _finetune_keeps(profile) -> list[str]:
+    """What `vidforge finetune --profile` needs besides the profile to train its recipe: finetune sets its
+    own LoRA (or full) defaults over a profile, so `--full` for a full fine-tune, and the recipe's LoRA
+    fields those defaults would change, as --set lines (which win over them)."""
+    from vidforge.bench.fit import quoted, variant
+    from vidforge.finetune import LORA_DEFAULTS
+
+    if profile.train.lora is None:
+        return ["--full"]
+    defaults = dict(item.split("=", 1) for item in LORA_DEFAULTS if item.startswith("train.lora"))
+    after = variant(profile, defaults).train.lora
+    given, default = (
+        profile.train.lora.model_dump(mode="json"),
+        after.model_dump(mode="json") if after else {},
+    )
+    return [
+        f"--set {quoted(f'train.lora.{k}={json.dumps(v)}')}" for k, v in given.items() if v != default.get(k)
+    ]
 
 
 def expert_sets(model: dict) -> list[str]:
@@ -428,18 +521,21 @@ def _machine_sets(
             from vidforge.profile import PRESETS
 
             sets += [f"model={{preset: {model}}}"]  # the preset's model, not the profile's fields over it
-            if model in PRESETS:  # the family's objective, and the fields it fixes
+            if model in PRESETS:  # the family's objective
                 spec = family(PRESETS[model]["family"])
-                sets += [
-                    *spec.profile_defaults,
-                    *(f"model.{k}={json.dumps(v)}" for k, v in spec.fixed.items()),
-                    *expert_sets(PRESETS[model]),
-                ]
+                sets += [*spec.profile_defaults, *expert_sets(PRESETS[model])]
     if clip is not None:
         parts = clip.lower().split("x")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):
             raise UserInputError(f"--clip {clip}: give FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832")
         frames, height, width = map(int, parts)
+        if not (1 <= frames <= MAX_CLIP[0] and (frames - 1) % 4 == 0) or not all(
+            8 <= n <= MAX_CLIP[1] and n % 8 == 0 for n in (height, width)
+        ):
+            raise UserInputError(
+                f"--clip {clip}: frames must be 4k+1 (Wan's VAE) up to {MAX_CLIP[0]}, height and width "
+                f"multiples of 8 up to {MAX_CLIP[1]}, e.g. 81x480x832"
+            )
         # Wan's VAE (4x temporal, 8x spatial), stated as the tokenizer's so the plan's clip is the one asked
         sets += [
             "tokenizer.temporal_compression=4",
@@ -449,6 +545,12 @@ def _machine_sets(
             f"bench.latent_width={width // 8}",
         ]
     if gpus is not None:
+        from vidforge.bench.fit import MAX_GPUS
+
+        if gpus > MAX_GPUS:
+            raise UserInputError(
+                f"--gpus {gpus}: one machine has at most {MAX_GPUS}; plan a cluster with --profile and --rank"
+            )
         sets += ["cluster.nodes=1", f"cluster.gpus_per_node={gpus}"]
     if accelerator is not None:
         sets += [f"cluster.accelerator={accelerator}"]

@@ -55,6 +55,9 @@ def dedup(
     progress = StageBars(output) if output.show_progress else None
 
     def started(info: dict) -> None:
+        output.note_random_weights(
+            _random_embedders(runs), "embed the clips with trained weights: curation.embed_checkpoint"
+        )
         output.info(f"{info['clips']} clip(s) in {info['clusters']} cluster(s), {info['todo']} to compare")
         if progress is not None:
             progress.start({"pairs": info["todo"]})
@@ -76,3 +79,18 @@ def dedup(
     if summary["errors"]:
         output.info(f"[yellow]{summary['errors']} cluster(s) failed[/]: rerun to redo them")
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def _random_embedders(runs: list[Path]) -> list[str]:
+    """The embedders of `runs` that had no trained weights, as their stores recorded them (no checkpoint and
+    no `local-dir:` folder, `vidforge.curate.embedding`'s rule): duplicates among random-weight vectors
+    are duplicates of noise."""
+    from vidforge.data.embeddings import EmbeddingStore
+
+    found = []
+    for run in runs:
+        model = EmbeddingStore.open(run).model  # opened (and checked) by the run that calls this
+        name = str(model.get("name"))
+        if not model.get("checkpoint") and not name.startswith("local-dir:"):
+            found.append(f"embeddings of {run} ({name})")
+    return found

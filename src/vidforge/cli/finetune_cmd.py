@@ -48,9 +48,12 @@ class _Shown(Hooks):
             finally:
                 if bars is not None:
                     bars.stop()
-        elif name in ("shard", "tokenize"):
+        elif name == "shard":
             with out.shard_progress(name) as on_shard:
                 yield {"on_shard": on_shard}
+        elif name == "tokenize":  # a fine-tune's clips are in one or two shards: count the clips
+            with out.shard_progress(name, bar=False) as on_shard, out.sample_progress(name) as on_sample:
+                yield {"on_shard": on_shard, "on_sample": on_sample}
         elif name == "train":
 
             def show(record: dict[str, Any]) -> None:

@@ -61,8 +61,11 @@ def tokenize(
 
     resolved = profile_from(profile, set_)
     output = current_output()
-    with output.shard_progress("tokenize") as on_shard:
-        summary = run(resolved, shards_dir, out, on_shard=on_shard)
+    with (
+        output.shard_progress("tokenize", bar=False) as on_shard,
+        output.sample_progress("tokenize") as on_sample,
+    ):
+        summary = run(resolved, shards_dir, out, on_shard=on_shard, on_sample=on_sample)
     output.result(summary.as_dict(), title="vidforge tokenize")
     if summary.rejected:
         output.info(f"{summary.rejected} samples or shards rejected: see {out}/errors.jsonl")

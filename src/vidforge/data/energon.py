@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from vidforge.data.shard_index import ShardIndex
+from vidforge.files import write_text
 
 log = logging.getLogger("vidforge.data")
 META = ".nv-meta"
@@ -62,7 +63,7 @@ def write_nv_meta(index: ShardIndex) -> list[str]:
             "subflavors": {"vidforge": "media"},
             "auto_decode": False,  # the cooker reads the parts: video decoding is the task encoder's choice
         }
-    (root / META / "dataset.yaml").write_text(yaml.safe_dump(dataset, sort_keys=False))
+    write_text(root / META / "dataset.yaml", yaml.safe_dump(dataset, sort_keys=False))
     return [f"{s.name}.idx" for s in index.shards] + [
         f"{META}/{name}" for name in (".info.yaml", "split.yaml", "dataset.yaml")
     ]

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from vidforge.errors import UserInputError
+from vidforge.files import planted
+from vidforge.files import subfolder as subfolder  # the rule is the writer's; stages import it from here
 
 LOCK = ".lock"
 
@@ -58,13 +60,13 @@ def _take(folder: Path) -> IO[str]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as err:
         if path.is_symlink():
-            raise UserInputError(_planted(path, "a symbolic link")) from None
+            raise UserInputError(planted(path, "a symbolic link")) from None
         raise UserInputError(f"{folder}: cannot open {LOCK} ({err.strerror})") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
         os.close(fd)
         what = "not a regular file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file"
-        raise UserInputError(_planted(path, what))
+        raise UserInputError(planted(path, what))
     f = open(fd, "r+", encoding="utf-8")  # noqa: SIM115 - held open as the lock
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -91,24 +93,6 @@ def _take(folder: Path) -> IO[str]:
     f.write(f"vidforge pid {os.getpid()}\n")
     f.flush()
     return f
-
-
-def _planted(path: Path, what: str) -> str:
-    return f"{path} is {what} (a stage keeps to its own folders); remove it and run again"
-
-
-def subfolder(folder: str | os.PathLike, name: str, create: bool = True) -> Path:
-    """`folder/name`, a folder a stage writes in (created if missing, unless `create` is false: a stage
-    reading another's output checks it by the same rule); refused in one line when it is a symbolic link
-    (it would put the stage's files wherever it points) or not a folder."""
-    path = Path(folder) / name
-    if path.is_symlink():
-        raise UserInputError(_planted(path, "a symbolic link"))
-    if path.exists() and not path.is_dir():
-        raise UserInputError(f"{path} is not a folder; remove it and run again")
-    if create:
-        path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _let_go(key: Path) -> None:

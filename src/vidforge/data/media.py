@@ -8,8 +8,11 @@ import io
 import os
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from vidforge.files import atomic_path
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
@@ -30,13 +33,33 @@ def _source(data: bytes | str | os.PathLike):
     return io.BytesIO(data) if isinstance(data, bytes | bytearray | memoryview) else str(data)
 
 
+WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")  # Pillow's 16-bit (and 32-bit int) grey modes
+
+
+def rgb(image: Any) -> Any:
+    """The PIL image as RGB at 8 bits a channel, scaled from its bit depth: Pillow's convert("RGB")
+    clips a 16-bit grey image (mode I;16, or I from a PNG) to 0..255 instead of scaling it, so 50% grey
+    became white. A ValueError when its values leave the range its mode holds."""
+    from PIL import Image
+
+    if image.mode == "F" or image.mode in WIDE_MODES:
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode != "F" else 1.0
+        if values.size and (values.min() < 0 or values.max() > top):
+            raise ValueError(
+                f"{image.mode} values span {values.min():g}..{values.max():g}, outside 0..{top:g}"
+            )
+        image = Image.fromarray(np.rint(values * (255.0 / top)).astype(np.uint8), mode="L")
+    return image.convert("RGB")
+
+
 def read_image(data: bytes | str | os.PathLike) -> np.ndarray:
-    """An image as (1, H, W, 3) uint8."""
+    """An image as (1, H, W, 3) uint8 (`rgb`: a 16-bit one scaled from its bit depth)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(_source(data)) as img:
-            return np.asarray(img.convert("RGB"))[None].copy()
+            return np.asarray(rgb(img))[None].copy()
     except (UnidentifiedImageError, OSError, ValueError) as err:
         raise MediaError(f"not a readable image: {err}") from None
 
@@ -107,7 +130,7 @@ def write_video(
     """Write (T, H, W, 3) uint8 frames as an mp4 (tests, the decode side of `infer`). Even sizes for yuv420."""
     import av
 
-    with av.open(str(path), "w") as container:
+    with atomic_path(path) as tmp, av.open(str(tmp), "w") as container:
         stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv444p" if lossless else "yuv420p"

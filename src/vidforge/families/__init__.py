@@ -1,4 +1,4 @@
-"""Model families: one module each (`vidforge.families.wan`, `vidforge.families.vidforge`) holding a
+"""Model families: one package each (`vidforge.families.wan`, `vidforge.families.vidforge`) holding a
 `FamilySpec`, and `REGISTRY`, the one place that lists them. Everything that asks "which family" asks
 `family(name)`: building the network, its presets and the fields it fixes, how a published folder of its
 weights maps to a profile, weight import and export, the tensor-parallel plan, LoRA targets, and the FLOP
@@ -6,10 +6,11 @@ and memory terms that differ between block designs.
 
 torchtitan's `TrainSpec` and finetrainers' `ModelSpecification` are the examples; unlike theirs a spec
 names its code by import path ("package.module:attribute") instead of holding it, so this package imports
-no torch and sits below the profile: the profile's validator reads presets and fixed fields from here, and
+no torch and sits below the profile: the profile's validator reads presets and each family's model section from here, and
 the network, its weights and its parallel plan load only when asked for (`load`).
 
-Adding a family: a module here with `SPEC = FamilySpec(...)` and one line in `REGISTRY`."""
+Adding a family: a package here whose `__init__` holds `SPEC = FamilySpec(...)`, its model section
+(`families/model.py`'s `Model` subclassed) and code beside it, and one line in `REGISTRY`."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidforge.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vidforge.families.model import Model
 
 REGISTRY: dict[str, str] = {
     "vidforge": "vidforge.families.vidforge",
@@ -49,6 +53,13 @@ class Published:
     """The weights file in `weights` (diffusers' name) ..."""
     index: str = "diffusion_pytorch_model.safetensors.index.json"
     """... or the index of its shards."""
+    expert_folders: Mapping[str, Path] = field(default_factory=dict)
+    """A two-expert model's folder of each expert's weights (`models.experts.EXPERTS` names them); empty
+    for one network (in `weights`)."""
+
+    def expert_weights(self, expert: str | None) -> Path:
+        """The folder of `expert`'s weights: `weights` for a one-network folder, or for None."""
+        return self.expert_folders[expert] if expert is not None and self.expert_folders else self.weights
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,9 @@ class FamilySpec:
     loaded by `load`."""
 
     name: str
+    model: type[Model]
+    """The profile's `model` section of this family (`vidforge.families.model.Model`'s subclass with
+    `family: Literal[name]`): its fields, the values it holds constant, its checks."""
     network: str
     """The nn.Module class built from the profile's `model` section (it takes the DiT's forward arguments)."""
     presets: Mapping[str, Mapping[str, Any]]
@@ -70,10 +84,6 @@ class FamilySpec:
     """LoRA's default target modules (train.lora.target_modules left empty)."""
     block_scopes: Callable[[Any], tuple[tuple[str, ...], int]]
     """model section -> (the attention scopes a block runs, the modulation chunks it projects) for FLOPs."""
-    fixed: Mapping[str, Any] = field(default_factory=dict)
-    """Model fields the family fixes (a profile setting another value is refused at load)."""
-    own_fields: tuple[str, ...] = ()
-    """Model fields only this family has: any other family must leave them false."""
     table_modulation: bool = False
     """The block adds a learned per-block table to one shared projection of the timestep (Wan) instead of
     projecting it per block, and keeps its norms in float32: FLOP and memory terms differ."""

@@ -42,6 +42,7 @@ from typing import Any
 
 from vidforge.errors import Terminated, UserInputError
 from vidforge.families import family
+from vidforge.files import atomic_file, read_csv, read_text, read_text_inside
 from vidforge.finetune import preflight
 from vidforge.finetune.sizing import sized_settings, training_clip
 from vidforge.profile import RunProfile
@@ -170,7 +171,7 @@ def read_table(table: Path) -> list[tuple[Path, str]]:
     to the table's folder."""
     if table.suffix.lower() == ".jsonl":
         rows = []
-        for number, line in enumerate(table.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(read_text(table, "the captions table").splitlines(), 1):
             if line.strip():
                 try:
                     row = json.loads(line)
@@ -180,8 +181,7 @@ def read_table(table: Path) -> list[tuple[Path, str]]:
                     raise UserInputError(f"{table}: line {number} is not a JSON object")
                 rows.append(row)
     else:
-        with open(table, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
-            rows = list(csv.DictReader(f))
+        rows = read_csv(table, "the captions table")[1]
     if not rows:
         raise UserInputError(f"{table}: no rows; one a video: its path and its caption")
     names = list(rows[0])
@@ -246,7 +246,9 @@ def gather_captions(
                 f"video a .txt of its caption, or one captions.csv / .jsonl of path,caption"
                 + (f" ({len(uncaptioned)} videos lack one)" if len(uncaptioned) > 1 else "")
             )
-        pairs = [(p, p.with_suffix(".txt").read_text(encoding="utf-8").strip()) for p in videos]
+        pairs = [
+            (p, read_text_inside(p.with_suffix(".txt"), videos_dir, "its caption").strip()) for p in videos
+        ]
     empty = [p for p, text in pairs if not text.strip()]
     if empty:
         raise UserInputError(f"{empty[0]}: an empty caption ({len(empty)} video(s)); write what each shows")
@@ -255,12 +257,10 @@ def gather_captions(
 
 def write_captions(pairs: Sequence[tuple[Path, str]], path: Path) -> None:
     """The captions as the CSV `path,caption` that `clip` reads as its list and `caption` as its sidecar."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_file(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["path", "caption"])
         writer.writerows((str(p), " ".join(text.split())) for p, text in pairs)
-    os.replace(tmp, path)
 
 
 # --- the profile ---------------------------------------------------------------------------------------

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vidforge.data.batching import bucket_tokens
 from vidforge.errors import UserInputError
+from vidforge.files import atomic_file
 from vidforge.finetune.sizing import training_clip
 from vidforge.profile import RunProfile
 
@@ -126,12 +126,10 @@ def drop_short(
             f"{_shorter_bucket(profile, min(f for _, f in short))}], or give longer videos"
         )
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (ERRORS + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(out / ERRORS, "w", encoding="utf-8") as f:
         for video, frames in short:
             reason = f"{frames} frames at {fps:g} fps, fewer than data.frame_buckets' shortest {need}"
             f.write(json.dumps({"source": str(video), "stage": "finetune", "reason": reason}) + "\n")
-    os.replace(tmp, out / ERRORS)
     notice(
         f"left out {len(short)} video(s) shorter than {need} frames at {fps:g} fps (see {out / ERRORS}), "
         f"e.g. {short[0][0]}"

@@ -1,8 +1,8 @@
-"""Video diffusion transformers (DiT, ST-DiT), the attention dispatcher, packing, FLOPs, checkpoints."""
+"""What every family's network is built from and measured by: the forward interface, layers, RoPE, the
+attention dispatcher, packing, FLOPs, presets, checkpoints (each family's own network is in its package)."""
 
 from vidforge.models.attention import Attend, attention
 from vidforge.models.checkpoint import load_model, save_model
-from vidforge.models.dit import DiT
 from vidforge.models.flops import FlopCount, forward_flops, train_step_flops
 from vidforge.models.layers import Conditioning
 from vidforge.models.presets import build_model, count_parameters, model_config
@@ -20,7 +20,6 @@ from vidforge.tokens import (
 __all__ = [
     "Attend",
     "Conditioning",
-    "DiT",
     "FlopCount",
     "KeyPadding",
     "Segments",

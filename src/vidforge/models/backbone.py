@@ -1,4 +1,4 @@
-"""What every model family's network shares: the forward interface (see `vidforge.models.dit`) and its
+"""What every model family's network shares: the forward interface (see `vidforge.families.vidforge.dit`) and its
 skeleton, input layer -> blocks -> output layer over the conditioning. A family (the DiT and ST-DiT,
 Wan2.1) supplies its conditioning from the placed tokens, its input and output layers and its blocks;
 the trainer, the samplers and the parallel code see one signature."""

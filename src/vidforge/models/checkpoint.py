@@ -13,8 +13,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from vidforge.files import atomic_path, output_folder, write_text
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.presets import build_model
+from vidforge.models.safetensors_stream import safetensors_shapes
+from vidforge.models.weights_check import check_config_against_weights
 from vidforge.profile.model import Model
 
 WEIGHTS = "model.safetensors"
@@ -23,18 +26,16 @@ FORMAT = "vidforge-dit"  # every family's exports (DiT, ST-DiT, Wan); the name i
 
 
 def save_model(model: VideoTransformer, directory: str | os.PathLike) -> Path:
-    """Write the model's weights and config (any family's) into `directory` (created if needed). The files are written
-    under temporary names and renamed, so a killed save never leaves a half-written checkpoint."""
+    """Write the model's weights and config (any family's) into `directory` (created if needed) through
+    `vidforge.files`: a killed save never leaves a half-written checkpoint, a planted link is not followed."""
     if not isinstance(getattr(model, "config", None), Model):
         raise ValueError(
             "save_model needs a model built by vidforge.models.build_model (it carries its config)"
         )
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(directory)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
-    tmp_weights = out / f".{WEIGHTS}.tmp"
-    save_file(tensors, str(tmp_weights), metadata={"format": FORMAT})
-    os.replace(tmp_weights, out / WEIGHTS)
+    with atomic_path(out / WEIGHTS) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": FORMAT})
     write_config(out, model.config)
     return out
 
@@ -56,10 +57,7 @@ def add_config_notes(directory: str | os.PathLike, **notes) -> None:
 
 
 def _write_json(directory: Path, config: dict) -> Path:
-    tmp = directory / f".{CONFIG}.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, directory / CONFIG)
-    return directory / CONFIG
+    return write_text(directory / CONFIG, json.dumps(config, indent=2) + "\n")
 
 
 def read_config(directory: str | os.PathLike) -> Model:
@@ -78,29 +76,21 @@ def load_model(
     directory: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> VideoTransformer:
     """Rebuild the model from `config.json` and load `model.safetensors` into it (every tensor must
-    match: no missing or unexpected names, no shape changes). Built on the meta device first, so the
-    weights are allocated once."""
+    match, held to the file's header before the model is built: no missing or unexpected names, no shape
+    changes). Built on the meta device first, so the weights are allocated once."""
     directory = Path(directory)
     config = read_config(directory)
     weights = directory / WEIGHTS
     if not weights.is_file():
         raise ValueError(f"{weights}: missing; the folder has a config but no weights")
+    # the config held to the weights' headers before anything is built (20000 layers beside 2 was
+    # minutes of building), the names and shapes with it
+    check_config_against_weights(config, safetensors_shapes(weights, "export it again"), directory / CONFIG)
     model = build_model(config, device="meta")
     state = {}
     with safe_open(str(weights), framework="pt", device=str(device)) as f:
         for name in f.keys():
             tensor = f.get_tensor(name)
             state[name] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{weights}: does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise ValueError(
-                f"{weights}: {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}"
-            )
     model.load_state_dict(state, strict=True, assign=True)
     return model

@@ -12,11 +12,28 @@ import torch
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.families.wan_experts import runs_high
 from vidforge.models.checkpoint import WEIGHTS, add_config_notes, config_notes, load_model, read_config
 
+EXPERTS = ("high", "low")
+"""The experts in diffusers' order: `transformer` (t >= boundary), `transformer_2` (t < boundary)."""
 LOW = "low_noise"
 """The low-noise expert's export, inside the high-noise expert's."""
+
+
+def expert_range(boundary: float, expert: str) -> tuple[float, float]:
+    """The flow times (low, high) an expert runs at: [boundary, 1] for `high`, [0, boundary) for `low`."""
+    if expert not in EXPERTS:
+        raise UserInputError(f"train.expert: use high or low, got {expert!r}")
+    return (boundary, 1.0) if expert == "high" else (0.0, boundary)
+
+
+def runs_high(t: float, boundary: float) -> bool:
+    """Whether the high-noise expert runs at flow time t, as WanPipeline decides it: timestep >=
+    boundary_ratio x 1000 (timestep = 1000 t). A relative 1e-6 forgives the rounding of t = floor(1000 t')
+    / 1000 in float32 (the sampler hands the network its time in the latents' precision: timestep 900 is
+    t = 0.89999998), so a timestep equal to the boundary goes to the high-noise expert, as there; the
+    timesteps themselves are 1e-3 apart."""
+    return t * 1000 >= boundary * 1000 * (1 - 1e-6)
 
 
 class Experts(nn.Module):

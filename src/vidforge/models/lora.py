@@ -25,6 +25,7 @@ from safetensors import safe_open
 from torch import nn
 
 from vidforge.errors import UserInputError
+from vidforge.files import output_folder, write_bytes, write_text
 from vidforge.profile.model import Model
 from vidforge.profile.train import Lora
 
@@ -128,20 +129,18 @@ def save_adapter(
     out: Path, weights: dict[str, torch.Tensor], model: Model, cfg: Lora, step: int, base: str | None
 ) -> Path:
     """Write the adapters among `weights` (a LoRA model's clean-named tensors) as diffusers' LoRA file
-    and vidforge's config.json into `out`; each file under a temporary name, then renamed."""
+    and vidforge's config.json into `out`, through the one writer (`vidforge.files`)."""
     from safetensors.torch import save
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_folder(out)
     config = lora_config(cfg, model.family).to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     metadata = {f"{PREFIX}.{k}": v for k, v in config.items() if _jsonable(v)}
-    tmp = out / f".{WEIGHTS}.tmp"
     data = save(
         adapter_tensors(weights),
         metadata={"format": "pt", "lora_adapter_metadata": json.dumps(metadata, sort_keys=True)},
     )
-    tmp.write_bytes(sorted_header(data))
-    os.replace(tmp, out / WEIGHTS)
+    write_bytes(out / WEIGHTS, sorted_header(data))
     record = {
         "format": FORMAT,
         "model": model.model_dump(mode="json"),
@@ -149,9 +148,7 @@ def save_adapter(
         "step": step,
         "base": base,
     }
-    tmp = out / f".{CONFIG}.tmp"
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, out / CONFIG)
+    write_text(out / CONFIG, json.dumps(record, indent=2) + "\n")
     return out
 
 

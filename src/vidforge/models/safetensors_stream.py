@@ -1,4 +1,5 @@
-"""Writing a safetensors file one tensor at a time, so a 14B model passes through holding one tensor.
+"""Writing a safetensors file one tensor at a time, so a 14B model passes through holding one tensor, and
+reading a folder's tensors by name from the headers alone (`stored_tensors`).
 
 `safetensors.torch.save_file` takes every tensor at once. The format is simple enough to stream: an
 8-byte little-endian header length, a JSON header giving each tensor's dtype, shape and byte range
@@ -14,8 +15,13 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+
+from vidforge.errors import UserInputError
+from vidforge.files import atomic_file
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -64,8 +70,7 @@ def write_safetensors(
         offset += entry.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for entry in entries:
@@ -76,5 +81,96 @@ def write_safetensors(
                     f"expected {entry.dtype} {entry.shape}"
                 )
             f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    os.replace(tmp, path)
     return path
+
+
+# --- reading tensors by name ------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file (an index of shards), or a UserInputError naming it."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path}: expected a JSON object; download it again")
+    return data
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return DTYPES[self.dtype].itemsize * math.prod(self.shape)
+
+
+HEADER_LIMIT = 100 * 2**20  # safetensors' own bound on a header
+
+
+def safetensors_shapes(path: Path, fix: str = "download it again") -> dict[str, StoredTensor]:
+    """Every tensor's dtype and shape in the safetensors file `path`, from its header; a file that is not
+    one, or is shorter than its header says, is a UserInputError naming it (and `fix`)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if length < 0 or length > HEADER_LIMIT:
+            raise UserInputError(f"{path}: not a safetensors file (no header length); {fix}")
+        if 8 + length > size:
+            raise UserInputError(
+                f"{path}: truncated: its header needs {8 + length} bytes, the file has {size}; {fix}"
+            )
+        try:
+            header = json.loads(f.read(length))
+            end = max(
+                (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+            )
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise UserInputError(
+                f"{path}: not a safetensors file (its header is no JSON table); {fix}"
+            ) from None
+    if 8 + length + end > size:
+        raise UserInputError(
+            f"{path}: truncated: its tensors end at byte {8 + length + end}, the file has {size}; {fix}"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {
+                key: StoredTensor(path, f.get_slice(key).get_dtype(), tuple(f.get_slice(key).get_shape()))
+                for key in f.keys()
+            }
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise UserInputError(f"{path}: not a readable safetensors file ({err}); {fix}") from None
+
+
+def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTensor]:
+    """Every tensor of the folder's safetensors (`single`, or the shards `index` names), by name, from
+    the headers alone."""
+    if (folder / index).is_file():
+        weight_map = read_json(folder / index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UserInputError(f"{folder / index}: no weight_map; download the index again")
+        files = sorted(set(weight_map.values()))
+    elif (folder / single).is_file():
+        weight_map, files = None, [single]
+    else:
+        raise UserInputError(
+            f"{folder}: neither {single} nor {index}; point at a folder of safetensors weights "
+            "(convert .bin checkpoints with diffusers first)"
+        )
+    found: dict[str, StoredTensor] = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise UserInputError(f"{path}: missing (named in {index}); download that shard again")
+        found.update(safetensors_shapes(path))
+    if weight_map is not None:
+        for key, name in weight_map.items():
+            if key not in found or found[key].file.name != name:
+                raise UserInputError(f"{folder / name}: has no tensor {key} that {index} places there")
+    return found

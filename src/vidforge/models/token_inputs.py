@@ -32,7 +32,7 @@ def model_tokens(
     grid: Grid | None,
     shard: TokenShard | None,
 ) -> ModelTokens:
-    """Check x against the interface and return its patch tokens (see `vidforge.models.dit`)."""
+    """Check x against the interface and return its patch tokens (see `vidforge.families.vidforge.dit`)."""
     if shard is not None:
         if layout is not None or grid is not None:
             raise ValueError("forward(shard=...): the TokenShard carries the layout or grid; pass it alone")

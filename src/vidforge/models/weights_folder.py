@@ -86,7 +86,8 @@ def published_sets(published: Published) -> list[str]:
     """The `section.field=value` settings of a published folder: its whole model section (preset null,
     every field, the kernels left to the profile), then its family's defaults (objective, tokenizer,
     text encoder, caption length, guidance)."""
-    model = published_model(published).model_dump(mode="json")
+    section = published_model(published)
+    model = {**section.fixed_fields(), **section.model_dump(mode="json")}
     sets = ["model.preset=null"]
     sets += [f"model.{k}={json.dumps(v)}" for k, v in model.items() if k not in KERNELS and k != "preset"]
     return sets + list(published.defaults)

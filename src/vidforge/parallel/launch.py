@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vidforge.files import write_text
+
 if TYPE_CHECKING:
     from vidforge.profile.cluster import Cluster
 
@@ -154,7 +156,7 @@ def report_failure(kind: str, message: str) -> bool:
     if not folder or not under_launcher():
         return False
     rank = int(os.environ["RANK"])
-    Path(folder, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "kind": kind, "message": message}))
+    write_text(Path(folder, f"rank{rank}.json"), json.dumps({"rank": rank, "kind": kind, "message": message}))
     return True
 
 

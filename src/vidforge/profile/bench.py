@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 
 class Bench(Section):

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 VCHITECT_PROMPT = (
     "Please provide a detailed description of the video, focusing on the main subjects, their actions, "

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 # Dense bf16 peak (no sparsity; tensor cores with float32 accumulation) and memory of the accelerators we
 # plan for, from the vendors' datasheets (the data-centre GPUs in their SXM form); MFU is measured against

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from vidforge.profile.base import Section
 from vidforge.profile.caption import Caption
 from vidforge.profile.data import VIDEO_EXTENSIONS
+from vidforge.section import Section
 
 
 class SemanticDedup(Section):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 VIDEO_EXTENSIONS = ("mp4", "mov", "mkv", "webm", "avi", "m4v", "mpg", "mpeg", "ts")
 """File types read as videos, everywhere: curation's inputs (`curation.extensions`' default, with a dot),

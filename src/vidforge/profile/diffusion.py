@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from vidforge import sampler_registry
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 # The names are the registry's (one list, which `infer --help` and `bench infer` show too).
 ObjectiveName = Literal[sampler_registry.OBJECTIVE_NAMES]  # type: ignore[valid-type]

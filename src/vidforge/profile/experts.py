@@ -1,7 +1,7 @@
 """The checks of a two-expert model (Wan2.2 A14B: `model.experts`, `model.boundary_ratio`) that span
 sections: the low-noise expert's guidance (`diffusion.guidance_2`) and the expert a run trains
 (`train.expert`) have a meaning only with two experts, and a run of one expert cannot validate by
-sampling."""
+sampling, nor be distilled into a few-step student (which samples the whole range of t)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ from vidforge.profile.run_profile import RunProfile
 def expert_problems(profile: RunProfile) -> list[str]:
     """`field: what is wrong; what to change` of the profile's expert settings."""
     if profile.model.experts == 2:
-        if profile.train.expert is not None and profile.train.validate_every:
+        expert = profile.train.expert
+        if expert is not None and profile.train.distill is not None:
             return [
-                f"train.validate_every: the {profile.train.expert}-noise expert alone cannot sample the "
+                f"train.distill: a few-step student samples from pure noise (t=1) to clean (t=0), the "
+                f"{expert}-noise expert alone runs on its side of model.boundary_ratio="
+                f"{profile.model.boundary_ratio:g} only (its student would "
+                "step outside what it was trained on); distil a one-expert model, or drop train.distill"
+            ]
+        if expert is not None and profile.train.validate_every:
+            return [
+                f"train.validate_every: the {expert}-noise expert alone cannot sample the "
                 "two-expert model (its samples would run it over the other's times too); set "
                 "train.validate_every=0 and sample the run with infer -c DOWNLOAD --lora RUN"
             ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,7 +97,15 @@ def _attribute(problems: list[str], where: str, overrides: Sequence[str]) -> str
     from_set, from_file = [], []
     for problem in problems:
         field, _, message = problem.partition(": ")
-        key = next((k for k in items if field == k or field.startswith(k + ".")), None)
+        # the --set nearest the field: `train.lora.rnak=8` over a `train.lora={...}` given before it, and
+        # `train.lra.rank=8` for the unknown section `train.lra` it made
+        unknown = message.startswith("unknown field")
+        keys = [
+            k
+            for k in items
+            if field == k or field.startswith(k + ".") or (unknown and k.startswith(field + "."))
+        ]
+        key = max(keys, key=len, default=None)
         if key is None:
             from_file.append(problem)
         else:
@@ -141,8 +151,7 @@ def _format_one(error: dict[str, Any]) -> str:
     path = ".".join(str(p) for p in error["loc"])
     msg = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if error["type"] == "extra_forbidden":
-        valid = _valid_fields(error["loc"][:-1])
-        msg = "unknown field" + (f"; valid fields here: {', '.join(valid)}" if valid else "")
+        msg = unknown_field(str(error["loc"][-1]), _valid_fields(error["loc"][:-1]))
     elif error["type"] != "value_error":
         given = error.get("input")
         if not isinstance(given, dict | list):
@@ -154,14 +163,31 @@ def _format_one(error: dict[str, Any]) -> str:
     return f"{path}: {msg}" if path else msg
 
 
+def unknown_field(name: str, valid: Sequence[str]) -> str:
+    """The message for a misspelt field or section: the nearest valid name, else every valid one."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.75)  # a typo, not a cousin
+    if close:
+        return f"unknown field; did you mean {close[0]}?"
+    return "unknown field" + (f"; valid fields here: {', '.join(valid)}" if valid else "")
+
+
 def _valid_fields(loc: Iterable[Any]) -> list[str]:
     model: Any = RunProfile
     for part in loc:
-        field = getattr(model, "model_fields", {}).get(part)
+        field = _section(model).get(part)
         if field is None:
             return []
         model = field.annotation
-    return list(getattr(model, "model_fields", {}))
+    return list(_section(model))
+
+
+def _section(annotation: Any) -> dict[str, Any]:
+    """The fields of a section type, through `Section | None` (an optional section such as train.lora)."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        fields = getattr(candidate, "model_fields", None)
+        if fields:
+            return fields
+    return {}
 
 
 def dump_profile(profile: RunProfile) -> str:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 CpImpl = Literal["all-gather", "ring", "ulysses", "usp", "st-hybrid", "st-spatial"]
 PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]

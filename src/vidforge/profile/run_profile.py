@@ -3,19 +3,21 @@
 
 from __future__ import annotations
 
-from vidforge.profile.base import Section
+from pydantic import Field
+
 from vidforge.profile.bench import Bench
 from vidforge.profile.cluster import Cluster
 from vidforge.profile.curation import Curation
 from vidforge.profile.data import Data
 from vidforge.profile.diffusion import Diffusion
 from vidforge.profile.infer import Infer
-from vidforge.profile.model import Model
+from vidforge.profile.model import ModelSection, default_model
 from vidforge.profile.parallel import Layout, Parallel
 from vidforge.profile.stages import Stage
 from vidforge.profile.text_encoder import TextEncoder
 from vidforge.profile.tokenizer import Tokenizer
 from vidforge.profile.train import Train
+from vidforge.section import Section
 
 
 class RunProfile(Section):
@@ -27,7 +29,7 @@ class RunProfile(Section):
     """Machines, accelerator and links."""
     parallel: Parallel = Parallel()
     """The 4D parallel layout."""
-    model: Model = Model()
+    model: ModelSection = Field(default_factory=default_model)
     """The diffusion transformer."""
     diffusion: Diffusion = Diffusion()
     """EDM noise, preconditioning and sampling."""

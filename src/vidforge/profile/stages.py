@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from vidforge.profile.base import Section
 from vidforge.profile.data import Source
+from vidforge.section import Section
 
 # Stage field -> (section, field) of the profile it overrides.
 OVERRIDES = {

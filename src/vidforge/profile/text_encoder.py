@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 
 class TextEncoder(Section):

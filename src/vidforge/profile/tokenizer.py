@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vidforge.profile.base import Section
+from vidforge.section import Section
 
 
 class Finetune(Section):

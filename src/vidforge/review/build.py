@@ -14,7 +14,7 @@ from vidforge.data.manifest import stable_id
 from vidforge.data.paths import UnsafePath, inside
 from vidforge.errors import UserInputError
 from vidforge.review.page import Page, write_page
-from vidforge.review.thumbs import make_thumbs
+from vidforge.review.thumbs import IMAGE_SUFFIXES, make_thumbs
 
 # What marks each kind of run directory, checked in this order (a train run dir may hold a manifest of
 # its own one day; an infer output never holds metrics).
@@ -106,7 +106,24 @@ def finish(
             jobs.append((item, media, thumb))
     if outside:
         page.notes.append(f"{outside} record(s) name media outside {run_dir}: not shown")
-    made = make_thumbs([(media, thumb) for _, media, thumb in jobs], progress)
-    for (item, _, thumb), ok in zip(jobs, made, strict=True):
+    inputs = _input_jobs(page, out)
+    made = make_thumbs([(media, thumb) for _, media, thumb in jobs + inputs], progress)
+    for (item, _, thumb), ok in zip(jobs + inputs, made, strict=True):
         item["thumb"] = f"thumbs/{thumb.name}" if ok else None
     return write_page(page, out), sum(made)
+
+
+def _input_jobs(page: Page, out: Path) -> list[tuple[dict, Path, Path]]:
+    """Thumbnail jobs for what each item started from (`_inputs`: (label, absolute path) pairs, e.g. the
+    image `infer --image` recorded). Only a small JPEG of an image file is made, never a link to it: the
+    path is the user's own input, named by the command that wrote the record, not a name inside the run."""
+    jobs = []
+    for item in page.items:
+        item["inputs"] = []
+        for label, path in item.pop("_inputs", []):
+            source = Path(path)
+            entry = {"label": label, "path": path, "thumb": None}
+            item["inputs"].append(entry)
+            if source.is_absolute() and source.suffix.lower() in IMAGE_SUFFIXES:
+                jobs.append((entry, source, out / "thumbs" / _thumb_name(f"input_{item['id']}", source)))
+    return jobs

@@ -10,7 +10,16 @@ from vidforge.data.manifest import read_jsonl
 from vidforge.review.page import Page
 
 # samples.jsonl fields shown for each sample, in this order (`vidforge.infer.run` writes them).
-SETTINGS = ("seed", "sampler", "steps", "guidance", "checkpoint_step", "negative_prompt")
+SETTINGS = (
+    "seed",
+    "sampler",
+    "steps",
+    "guidance",
+    "checkpoint_step",
+    "negative_prompt",
+    "lora",
+    "lora_scale",
+)
 
 
 def load_infer(run_dir: Path) -> Page:
@@ -29,14 +38,18 @@ def load_infer(run_dir: Path) -> Page:
                 "meta": meta,
                 "scores": {},
                 "_media": str(video) if video else None,
+                # the image the video started from, as infer recorded it (its absolute path)
+                "_inputs": [("input image", str(r["image"]))] if r.get("image") else [],
             }
         )
     checkpoints = sorted({str(r.get("checkpoint")) for r in records if r.get("checkpoint")})
+    loras = sorted({str(r.get("lora")) for r in records if r.get("lora")})
     page = Page(
         kind="infer",
         title=f"vidforge infer: {run_dir.name}",
         summary=[("output", str(run_dir)), ("samples", str(len(items)))]
-        + [("checkpoint", c) for c in checkpoints],
+        + [("checkpoint", c) for c in checkpoints]
+        + [("lora", c) for c in loras],
         items=items,
     )
     if skipped:

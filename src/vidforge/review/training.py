@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from vidforge.data.manifest import read_jsonl
+from vidforge.files import atomic_path
 from vidforge.review.page import Page
 from vidforge.review.samples import validation_items
 
@@ -95,8 +96,8 @@ def draw_curves(records: list[dict[str, Any]], out: Path) -> list[dict[str, str]
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        out.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out / f"{stem}.png", dpi=80)
+        with atomic_path(out / f"{stem}.png") as tmp:
+            fig.savefig(tmp, dpi=80, format="png")
         plt.close(fig)
         plots.append({"src": f"{out.name}/{stem}.png", "title": title})
     return plots

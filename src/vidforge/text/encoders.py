@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +160,8 @@ class T5TextEncoder(TextEncoderBase):
         encoder = UMT5EncoderModel if self.model_type == "umt5" else T5EncoderModel
         # A diffusers pipeline keeps the tokenizer in its own folder beside text_encoder/.
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or path)
-        self.model = _quietly(lambda: encoder.from_pretrained(path, dtype=dtype)).eval().to(self.device)
+        # (transformers' own loading bar is off under the CLI: cli._output.silence_library_bars)
+        self.model = encoder.from_pretrained(path, dtype=dtype).eval().to(self.device)
         self.max_length = max_length
         self.width = self.model.config.d_model
 
@@ -205,17 +205,3 @@ def build_text_encoder(profile: RunProfile) -> TextEncoderBase:
         cfg.device,
         cfg.batch_size,
     )
-
-
-def _quietly(load: Callable[[], Any]) -> Any:
-    """`load()` without transformers' "Loading weights" bar: it landed in the middle of train's and infer's
-    own output (a progress bar for a load of seconds, not the user's business)."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        return load()
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()

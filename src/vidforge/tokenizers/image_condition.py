@@ -1,12 +1,9 @@
-"""Image-to-video conditioning inputs, as diffusers' `WanImageToVideoPipeline` builds them (Wan2.1-I2V):
+"""Image-to-video conditioning inputs beside the family's own condition latents (`FamilySpec.condition_latents`,
+e.g. `families/wan/image_condition.py`):
 
-- the condition latents (`condition_latents`, its `prepare_latents`): the video [first frame, zeros...]
-  of the clip's frame count through the VAE (posterior mode, normalised), after a mask of
-  `temporal_compression` channels per latent frame that is one on the first latent frame (the first
-  frame's mask, repeated for each frame the VAE folds into latent frame 0) and zero elsewhere. The model
-  reads these `model.condition_channels` channels after the noisy latents' (36 = 16 + 4 + 16);
-- the image embedding (`ImageEncoder`, its `encode_image`): the penultimate hidden states of a CLIP
-  vision tower (`image_encoder/`) on the image as its `CLIPImageProcessor` (`image_processor/`) prepares it;
+- the image embedding (`ImageEncoder`, diffusers' `WanImageToVideoPipeline.encode_image`): the penultimate
+  hidden states of a CLIP vision tower (`image_encoder/`) on the image as its `CLIPImageProcessor`
+  (`image_processor/`) prepares it;
 - the image itself (`load_image`, `preprocess_image`): read as RGB, resized to the video's size (Lanczos,
   no crop) and scaled to [-1, 1] by diffusers' own `VideoProcessor`, as WanImageToVideoPipeline does with
   and without expand_timesteps: the one reader of `vidforge infer --image` for every image-to-video model.
@@ -23,6 +20,7 @@ import numpy as np
 import torch
 
 from vidforge.data.batching import CONDITION, IMAGE_EMB
+from vidforge.data.media import rgb
 from vidforge.errors import UserInputError
 from vidforge.families import family, load
 from vidforge.profile import RunProfile
@@ -40,9 +38,11 @@ def load_image(path: str | Path) -> Any:
 
     try:
         with Image.open(path) as image:
-            return image.convert("RGB")
+            return rgb(image)
     except (OSError, UnidentifiedImageError) as err:
         raise UserInputError(f"--image {path}: not a readable image ({err}); give a PNG or JPEG") from None
+    except ValueError as err:
+        raise UserInputError(f"--image {path}: {err}; save it as an 8- or 16-bit PNG") from None
 
 
 def preprocess_image(image: Any, height: int, width: int, spatial_compression: int) -> torch.Tensor:
@@ -52,35 +52,6 @@ def preprocess_image(image: Any, height: int, width: int, spatial_compression: i
 
     processor = VideoProcessor(vae_scale_factor=spatial_compression)
     return processor.preprocess(image, height=height, width=width).float()
-
-
-def first_frame_mask(
-    batch: int, latent_frames: int, height: int, width: int, temporal_compression: int
-) -> torch.Tensor:
-    """(batch, temporal_compression, latent_frames, height, width): ones on latent frame 0, zeros after.
-    The pipeline builds it per video frame (the first one), repeats the first frame's mask
-    `temporal_compression` times and folds each group of that many frames into one latent frame's
-    channels: which is this."""
-    mask = torch.zeros(batch, temporal_compression, latent_frames, height, width)
-    mask[:, :, 0] = 1.0
-    return mask
-
-
-def condition_latents(tokenizer: VideoTokenizer, first_frame: torch.Tensor, frames: int) -> torch.Tensor:
-    """first_frame (B, 3, H, W) in [-1, 1] -> (B, temporal_compression + C, T, H/cs, W/cs): the first
-    frame's mask, then the normalised latents of [first frame, `frames` - 1 zero frames]."""
-    if first_frame.ndim != 4 or first_frame.shape[1] != 3:
-        raise ValueError(f"first_frame must be (B, 3, H, W), got {tuple(first_frame.shape)}")
-    b, _, h, w = first_frame.shape
-    video = torch.cat([first_frame[:, :, None], first_frame.new_zeros(b, 3, frames - 1, h, w)], dim=2)
-    latents = tokenizer.encode(video).float()
-    mask = first_frame_mask(b, *latents.shape[2:], tokenizer.temporal_compression).to(latents.device)
-    return torch.cat([mask, latents], dim=1)
-
-
-def condition_channels(tokenizer: VideoTokenizer) -> int:
-    """The channels `condition_latents` gives with this tokenizer."""
-    return tokenizer.temporal_compression + tokenizer.latent_channels
 
 
 class ImageEncoder:

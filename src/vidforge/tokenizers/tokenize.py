@@ -113,8 +113,11 @@ def tokenize_shard(
     tokenizer: VideoTokenizer,
     profile: RunProfile,
     pool: ThreadPoolExecutor,
+    on_samples: Callable[[int], None] | None = None,
 ) -> tuple[dict, list[dict], float]:
-    """One media shard to one latent shard. Returns (index entry, rejected samples, seconds encoding)."""
+    """One media shard to one latent shard. Returns (index entry, rejected samples, seconds encoding).
+    `on_samples(n)`: n more samples encoded or rejected (a shard of large clips takes minutes)."""
+    advance = on_samples or (lambda n: None)
     samples = check_shard(in_path, entry, "sha256")
     prefetch = max(1, profile.tokenizer.prefetch)
     batch_size = profile.tokenizer.batch_size
@@ -146,6 +149,7 @@ def tokenize_shard(
                 top_up()
                 if p.error is not None:
                     errors.append({"shard": entry.name, "key": p.key, "reason": p.error})
+                    advance(1)
                     continue
                 if batch and p.video.shape != batch[0].video.shape:
                     queue.appendleft(_done(p))
@@ -167,6 +171,7 @@ def tokenize_shard(
             latents = latents.float().cpu().numpy()
             for p, latent, extra in zip(batch, latents, extras, strict=True):
                 writes.append(write_pool.submit(write, p, latent, extra))
+            advance(len(batch))
         for w in writes:
             w.result()  # re-raise a failed write
         result = writer.close()
@@ -241,10 +246,13 @@ def run(
     *,
     tokenizer: VideoTokenizer | None = None,
     on_shard: Callable[[dict[str, Any], int], None] | None = None,
+    on_sample: Callable[[int, int], None] | None = None,
 ) -> TokenizeSummary:
     """Tokenize every shard of `shards_dir` (this rank's share under torchrun) into `out`. Either may be
     an fsspec URL: input shards are read through the local cache; output is written in a local staging
-    folder and uploaded, each rank its shards, then rank 0 the index."""
+    folder and uploaded, each rank its shards, then rank 0 the index. `on_shard(entry, shards)` after each
+    shard; `on_sample(done, total)` as this rank's samples are encoded (total: its shards' samples, from
+    the index, so a bar has its end from the start)."""
     target = out
     index = read_index(shards_dir, StoreSettings.from_profile(profile.data))
     if index.kind != "media":
@@ -266,7 +274,7 @@ def run(
         if tokenizer is None:
             tokenizer = build_tokenizer(profile, str(runtime.device))
         summary = _tokenize_share(
-            profile, index, shards_dir, out, tokenizer, on_shard, runtime.rank, runtime.world
+            profile, index, shards_dir, out, tokenizer, (on_shard, on_sample), runtime.rank, runtime.world
         )
         if remote is not None:
             shards = sorted(index.shards, key=lambda s: s.name)[runtime.rank :: runtime.world]
@@ -284,11 +292,13 @@ def _tokenize_share(
     shards_dir: str | os.PathLike,
     out: Path,
     tokenizer: VideoTokenizer,
-    on_shard: Callable[[dict[str, Any], int], None] | None,
+    progress: tuple[Callable[[dict[str, Any], int], None] | None, Callable[[int, int], None] | None],
     rank: int,
     world: int,
 ) -> TokenizeSummary:
-    """This rank's shards (rank::world) into `out`; rank 0 writes the index once every rank is done."""
+    """This rank's shards (rank::world) into `out`; rank 0 writes the index once every rank is done.
+    `progress`: `run`'s on_shard and on_sample."""
+    on_shard, on_sample = progress
     ledger = UnitLedger(out)  # `run` holds the folder's lock
     started = time.perf_counter()
     _barrier(world)
@@ -296,8 +306,16 @@ def _tokenize_share(
     shards = sorted(index.shards, key=lambda s: s.name)
     summary = TokenizeSummary(shards=len(shards), out=str(out))
     workers = max(1, min(8, profile.tokenizer.prefetch))
+    mine = shards[rank::world]
+    total, moved = sum(e.samples for e in mine), [0]
+
+    def advance(n: int) -> None:
+        moved[0] += n
+        if on_sample is not None:
+            on_sample(moved[0], total)
+
     with ThreadPoolExecutor(workers, thread_name_prefix="vf-decode") as pool:
-        for entry in shards[rank::world]:
+        for entry in mine:
             unit = f"{entry.name}#{entry.sha256}"
             try:  # the name comes from the input's index: it may only name a file inside each folder
                 path = inside(out, plain_name(entry.name, "shard name"), "shard name")
@@ -308,9 +326,12 @@ def _tokenize_share(
             result = done.get(unit)
             if result is not None and path.is_file() and path.stat().st_size == result["bytes"]:
                 summary.skipped += 1
+                advance(entry.samples)
             else:
                 try:
-                    result, errors, encode_s = tokenize_shard(in_path, entry, path, tokenizer, profile, pool)
+                    result, errors, encode_s = tokenize_shard(
+                        in_path, entry, path, tokenizer, profile, pool, advance
+                    )
                 except ShardError as err:
                     summary.errors.append({"shard": entry.name, "reason": str(err)})
                     continue

@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from vidforge.data.folder_lock import FolderLock, subfolder
 from vidforge.data.manifest import atomic_path
 from vidforge.errors import UserInputError
+from vidforge.files import write_text
 from vidforge.train import safe_dcp
 from vidforge.train.ema import EMA, Modules, as_module_list
 
@@ -223,7 +224,7 @@ class CheckpointManager:
     def _finish(self, step: int) -> None:
         _barrier()
         if _rank() == 0:
-            (self.path(step) / MARKER).write_text(str(step))
+            write_text(self.path(step) / MARKER, str(step))
             for old in self.complete_steps()[: -self.keep]:
                 shutil.rmtree(self.path(old), ignore_errors=True)
         _barrier()

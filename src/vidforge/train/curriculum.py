@@ -30,6 +30,7 @@ from typing import Any
 import torch.distributed as dist
 
 from vidforge.data.manifest import atomic_path
+from vidforge.files import write_text
 from vidforge.models.experts import record_pair
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.checks import apply_stage
@@ -78,7 +79,7 @@ def run(
     main = not dist.is_initialized() or dist.get_rank() == 0
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "profile.yaml").write_text(dump_profile(profile))
+        write_text(run_dir / "profile.yaml", dump_profile(profile))
     summaries: list[dict[str, Any]] = []
     before = 0  # steps of the stages before this one
     previous: Path | None = None

@@ -1,6 +1,6 @@
 """Training one expert of a two-expert model (Wan2.2 A14B: `model.experts=2`): a run trains the expert
 `train.expert` names, started from that expert's weights (`--init` of the download reads its
-transformer/ or transformer_2/: `vidforge.families.wan_experts.expert_folder`), on the flow times it runs
+transformer/ or transformer_2/: `Published.expert_folders`), on the flow times it runs
 at in sampling only (high: t >= model.boundary_ratio; low: below it), drawn from the profile's time
 distribution restricted to that range (`RectifiedFlow.t_range`)."""
 
@@ -11,7 +11,7 @@ import dataclasses
 from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.diffusion.objective import Objective
 from vidforge.errors import UserInputError
-from vidforge.families.wan_experts import expert_range
+from vidforge.models.experts import expert_range
 from vidforge.profile import RunProfile
 
 

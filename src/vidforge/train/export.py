@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vidforge.files import output_folder, write_text
 from vidforge.models import build_model, save_model
 from vidforge.models.checkpoint import add_config_notes
 from vidforge.models.experts import record_expert
@@ -83,6 +84,7 @@ def export_weights(
                 weights.setdefault(name, t)  # conditioning weights: equal on every stage
     out = Path(out)
     if rank == 0:
+        output_folder(out)  # RUN/export a link out of the run is refused before anything is written
         if lora is not None:
             save_adapter(out, weights, profile.model, lora, step, base)
         else:
@@ -92,7 +94,7 @@ def export_weights(
             record_step(out, step)
             if profile.train.expert is not None:  # one expert of two: infer pairs it with the other
                 record_expert(out, profile.train.expert, base)
-        (out / "profile.yaml").write_text(dump_profile(profile))
+        write_text(out / "profile.yaml", dump_profile(profile))
         for written in out.iterdir():  # the weights came through a private temp file (0600): readable
             if written.is_file():  # like every other file, i.e. the mode profile.yaml got (0644)
                 shutil.copymode(out / "profile.yaml", written)

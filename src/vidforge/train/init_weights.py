@@ -26,10 +26,9 @@ from safetensors import safe_open
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.families.wan_experts import expert_folder
 from vidforge.models.checkpoint import WEIGHTS
 from vidforge.models.experts import expert_export
-from vidforge.models.wan_weights import stored_tensors
+from vidforge.models.safetensors_stream import stored_tensors
 from vidforge.models.weights_folder import WeightsFolder, find_weights
 from vidforge.train import safe_dcp
 from vidforge.train.checkpoint import MARKER, latest_checkpoint
@@ -88,7 +87,7 @@ class _Safetensors:
             )
         else:
             self.stored = stored_tensors(
-                expert_folder(found.published, expert), found.published.single, found.published.index
+                found.published.expert_weights(expert), found.published.single, found.published.index
             )
         self.shapes = {name: t.shape for name, t in self.stored.items()}
 

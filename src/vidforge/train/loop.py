@@ -25,6 +25,7 @@ from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
 from vidforge.errors import Terminated, UserInputError
 from vidforge.estimate.param_counts import require_model
+from vidforge.files import output_folder, subfolder, write_text
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.build import TrainParts, build
@@ -36,6 +37,7 @@ from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
 from vidforge.train.make_step import make_train_step
 from vidforge.train.metrics import MetricsLog, require_trackers
 from vidforge.train.step import StepResult, TrainStep
+from vidforge.train.threads import recorded_threads, restore_threads
 from vidforge.train.validation import Validator, plan_validation
 
 Progress = Callable[[dict[str, Any]], None]
@@ -246,8 +248,9 @@ def _set_up(
         "on more ranks",
     )
     if runtime.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "profile.yaml").write_text(dump_profile(profile))
+        output_folder(run_dir)
+        subfolder(run_dir, "export", create=False)  # a planted link refused now, not after the training
+        write_text(run_dir / "profile.yaml", dump_profile(profile))
     parts = build(profile, runtime, init, teacher)
     step_fn = make_train_step(profile, runtime, parts)
     batcher = rank_batcher(profile, runtime, data)
@@ -255,9 +258,10 @@ def _set_up(
     schedule, step = cfg, 0
     if resume:
         before = len(notes)
-        step, saved = _resume(checkpoints, latest, parts, batcher, notes)
+        step, saved, threads = _resume(checkpoints, latest, parts, batcher, notes)
         schedule, changed = resumed_schedule(cfg, saved, step)
         notes += [changed] if changed else []
+        restore_threads(threads, notes)
         if notice is not None and runtime.is_main:
             for line in notes[before:]:
                 notice(line)
@@ -281,7 +285,12 @@ def _set_up(
         schedule=schedule,
         step=step,
         # each checkpoint's rank state
-        extra={**labels, "run": identity, "schedule": schedule_state(schedule)},
+        extra={
+            **labels,
+            "run": identity,
+            "schedule": schedule_state(schedule),
+            "threads": recorded_threads(),
+        },
         validation=validation,
         validator=Validator(profile, validation.prompts),
         metrics=MetricsLog(run_dir, runtime.is_main, step, cfg.trackers, profile.model_dump(mode="json")),
@@ -458,12 +467,13 @@ def _save(
 
 def _resume(
     checkpoints: CheckpointManager, latest: int | None, parts: TrainParts, batcher: Any, notes: list[str]
-) -> tuple[int, dict[str, Any] | None]:
-    """The step to continue from, with weights, optimizers, EMA and the data position restored, and the
-    schedule the checkpoint was trained with (None for a fresh start or a checkpoint that predates it)."""
+) -> tuple[int, dict[str, Any] | None, int | None]:
+    """The step to continue from, with weights, optimizers, EMA and the data position restored, the
+    schedule the checkpoint was trained with and its CPU thread count (each None for a fresh start or a
+    checkpoint that predates it)."""
     if latest is None:
         notes.append("no complete checkpoint to resume from: started fresh")
-        return 0, None
+        return 0, None, None
     extra = checkpoints.load(latest, parts.modules, parts.optimizers, parts.ema, parts.companions())
     step = extra["step"]
     notes.append(f"resumed from step {step}")
@@ -475,7 +485,7 @@ def _resume(
             f"data-parallel size changed from {changed.saved} to {changed.now}: the model resumed "
             f"at step {step}, the data starts over from its first sample"
         )
-    return step, extra.get("schedule")
+    return step, extra.get("schedule"), extra.get("threads")
 
 
 class _Window:

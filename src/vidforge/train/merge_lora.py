@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidforge.errors import UserInputError
+from vidforge.files import write_text
 from vidforge.models import build_model, save_model
 from vidforge.models.lora import load_adapter, merge, read_adapter
 from vidforge.profile import dump_profile, load_profile
@@ -31,5 +32,5 @@ def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None 
     out = Path(out)
     save_model(model, out)
     record_step(out, record["step"])
-    (out / "profile.yaml").write_text(dump_profile(trained))
+    write_text(out / "profile.yaml", dump_profile(trained))
     return out

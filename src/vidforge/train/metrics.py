@@ -18,6 +18,7 @@ import torch
 
 from vidforge.diffusion.objective import Objective
 from vidforge.errors import UserInputError
+from vidforge.files import open_append, write_text
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class MetricsLog:
         if self.path.exists():
             # A resumed run rewrites the steps after its checkpoint: drop what the killed run logged past it.
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+            write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         if "tensorboard" in trackers:
             from torch.utils.tensorboard import SummaryWriter  # tensorboard is a dependency
 
@@ -118,7 +119,7 @@ class MetricsLog:
         if not self.enabled:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open_append(self.path) as f:
             f.write(json.dumps(clean, sort_keys=True) + "\n")
         scalars = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
         if self._tb is not None:

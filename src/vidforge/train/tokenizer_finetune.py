@@ -33,6 +33,7 @@ from torch import nn
 from vidforge.data.buckets import resize_crop
 from vidforge.data.media import MediaError, media_kind, read_media
 from vidforge.errors import UserInputError
+from vidforge.files import write_text
 from vidforge.parallel.dims import ParallelDims
 from vidforge.parallel.fsdp import apply_fsdp
 from vidforge.parallel.runtime import Runtime
@@ -369,7 +370,7 @@ def _run(
     metrics = MetricsLog(run_dir, runtime.is_main, resume_step=start)
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "init.json").write_text(json.dumps(init, indent=1))
+        write_text(run_dir / "init.json", json.dumps(init, indent=1))
     first_eval = last_eval = None
     if start == 0 and held:
         first_eval, _ = evaluate(parts, held, device)

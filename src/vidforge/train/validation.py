@@ -23,6 +23,7 @@ from vidforge.data.shard_index import read_index
 from vidforge.data.shard_reader import SampleError, ShardError, iter_shard
 from vidforge.data.store import is_url
 from vidforge.errors import UserInputError
+from vidforge.files import write_text
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.shape import check_shape, slug
@@ -160,7 +161,7 @@ class Validator:
             write_mp4(out / f"{slug(prompt)}.mp4", frames, profile.infer.fps, profile.infer.crf)
         contact_sheet(out / "contact_sheet.png", videos, prompts)
         names = {f"{slug(p)}.mp4": p for p in prompts}
-        (out / "prompts.json").write_text(json.dumps(names, ensure_ascii=False, indent=1))
+        write_text(out / "prompts.json", json.dumps(names, ensure_ascii=False, indent=1))
         return [Sample(p, frames, out / f"{slug(p)}.mp4") for p, frames in zip(prompts, videos, strict=True)]
 
 

@@ -7,8 +7,8 @@ least `min_overlap` of the clip's duration; the segment with the largest overlap
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from typing import Any
 
 from vidforge.curate.captioners import CaptionResult, ClipItem
 from vidforge.errors import UserInputError
+from vidforge.files import read_csv, read_text
 
 SIDECAR_SUFFIX = ".captions.json"
 
@@ -47,32 +48,51 @@ def best_segment(segments: list[Segment], start: float, end: float, min_overlap:
 
 
 def read_json_sidecar(path: Path) -> list[Segment]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(read_text(path, "the caption sidecar"))
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a list of {{start, end, text}}")
-    return [Segment(float(d.get("start", 0.0)), _end(d.get("end")), str(d["text"])) for d in data]
+    return [
+        _segment(d.get("start"), d.get("end"), str(d["text"]), f"{path}: segment {i}")
+        for i, d in enumerate(data)
+    ]
 
 
 def read_csv_captions(path: Path) -> dict[str, list[Segment]]:
     """{normalised video path: segments} from a CSV with `path,caption` (and optional `start,end`)."""
     table: dict[str, list[Segment]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"path", "caption"} - set(reader.fieldnames or ())
-        if missing:
-            raise UserInputError(
-                f"{path}: the caption CSV needs the columns path,caption (missing {sorted(missing)})"
-            )
-        for row in reader:
-            start = float(row["start"]) if row.get("start") not in (None, "") else 0.0
-            seg = Segment(start, _end(row.get("end")), row["caption"])
-            for key in _keys(row["path"], base=path.parent):
-                table.setdefault(key, []).append(seg)
+    names, rows = read_csv(path, "the caption CSV")
+    missing = {"path", "caption"} - set(names)
+    if missing:
+        raise UserInputError(
+            f"{path}: the caption CSV needs the columns path,caption (missing {sorted(missing)})"
+        )
+    for number, row in enumerate(rows, 2):
+        seg = _segment(row.get("start"), row.get("end"), row["caption"], f"{path}: line {number}")
+        for key in _keys(row["path"], base=path.parent):
+            table.setdefault(key, []).append(seg)
     return table
 
 
-def _end(value: Any) -> float:
-    return float("inf") if value in (None, "") else float(value)
+def _segment(start: Any, end: Any, text: str, where: str) -> Segment:
+    """A segment from its file's values: start empty means 0, end empty the end of the video; anything
+    else must be a finite number of seconds, end after start (end=nan matched no clip, silently)."""
+    bounds = []
+    for name, value, empty in (("start", start, 0.0), ("end", end, float("inf"))):
+        if value in (None, ""):
+            bounds.append(empty)
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not math.isfinite(number):
+            raise UserInputError(
+                f"{where}: {name}={value!r} is not a number of seconds; write the time, or leave {name} empty"
+            )
+        bounds.append(number)
+    if bounds[1] <= bounds[0]:
+        raise UserInputError(f"{where}: end={end} is not after start={start}; fix the segment's times")
+    return Segment(bounds[0], bounds[1], text)
 
 
 def _keys(video: str | os.PathLike, base: Path | None = None) -> list[str]:

@@ -114,6 +114,8 @@ def drive(
     try:
         setups.start()
         units_done = _loop(stages, iter(units), on_unit, backend, stats, monitor, setups)
+        if monitor is not None:  # the last items' counts: the loop can end before reporting them
+            monitor(stats)
         setups.finish()
         finished = True
     finally:

@@ -23,8 +23,8 @@ import numpy as np
 
 from vidforge.curate.captioners import ClipItem
 from vidforge.errors import UserInputError
-from vidforge.profile.base import Section
 from vidforge.profile.caption import Caption
+from vidforge.section import Section
 
 RANDOM_HINT = "or set curation.caption.random_weights=true (tests and demos only)"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")

@@ -191,7 +191,10 @@ function table(rows) {
 
 function card(item) {
   const meta = Object.entries(item.meta || {}).filter(([, v]) => v !== null && v !== undefined);
-  return el("div", { class: "item card", dataset: { id: item.id } }, mediaCell(item),
+  // What the sample started from (infer --image): its own small picture under the video's strip.
+  const inputs = (item.inputs || []).filter((i) => i.thumb).map((i) =>
+    el("figure", { class: "input" }, el("img", { src: i.thumb, alt: i.label, title: i.path }), el("figcaption", {}, i.label)));
+  return el("div", { class: "item card", dataset: { id: item.id } }, mediaCell(item), inputs,
     el("div", { class: "caption" }, item.caption),
     el("dl", {}, meta.map(([k, v]) => [el("dt", {}, k.replace(/_/g, " ")), el("dd", { dataset: { key: k } }, fmt(v))])));
 }

@@ -1,4 +1,4 @@
-"""Tensor parallel for the wan family (Wan2.1's transformer, `vidforge.models.wan`), on the `tp` mesh.
+"""Tensor parallel for the wan family (Wan2.1's transformer, `vidforge.families.wan.network`), on the `tp` mesh.
 
 Inside every block: attention q/k/v (self and cross) and the feed-forward's first projection are
 column-parallel (a rank computes its heads and its slice of the inner width; attention reads the head
@@ -53,7 +53,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from vidforge.errors import UserInputError
-from vidforge.models.wan import WanBlock, WanTransformer
+from vidforge.families.wan.network import WanBlock, WanTransformer
 from vidforge.parallel.tensor_parallel import SEQUENCE_DIM, apply_sequence_region, check_tp_model
 
 

@@ -1,4 +1,4 @@
-"""The vidforge family: this project's DiT and ST-DiT (`vidforge.models.dit`; `model.architecture` picks),
+"""The vidforge family: this project's DiT and ST-DiT (`vidforge.families.vidforge.dit`; `model.architecture` picks),
 trained from scratch or from its own exports (no published layout)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidforge.families import FamilySpec
+from vidforge.families.vidforge.model import VidforgeModel
 
 # Shapes of the published models each preset follows. hidden/heads/layers/mlp are the papers' numbers.
 # Every preset names its architecture so that `{preset: stdit-7b}` alone builds an ST-DiT. The large
@@ -115,14 +116,15 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 SPEC = FamilySpec(
     name="vidforge",
-    network="vidforge.models.dit:DiT",
+    model=VidforgeModel,
+    network="vidforge.families.vidforge.dit:DiT",
     presets=PRESETS,
     # What `vidforge.parallel.tensor_parallel.apply_tp` splits: in a block every Linear (q/k/v, fc1/fc3
     # and the modulation column-wise, out/fc2 row-wise) except the row-wise layers' biases, the per-head
     # QK norms and AdaLN-LoRA's rank-r down projection, which stay replicated; outside the blocks the
     # shared modulation and the final layer's modulation (column-wise); the embeddings and the final
     # projection stay replicated.
-    tensor_parallel="vidforge.parallel.tensor_parallel:apply_tp",
+    tensor_parallel="vidforge.families.vidforge.tensor_parallel:apply_tp",
     tp_rules=(
         ("q_norm", "k_norm", "modulation.down"),
         ("out", "fc2"),

@@ -1,7 +1,7 @@
 """Wan2.1's video transformer: diffusers' `WanTransformer3DModel` (T2V), module for module, so that the
 state dict keys, shapes and dtype rules are the reference's and its published weights load by name.
 
-The forward is vidforge's (`VideoTransformer.forward`, described in `vidforge.models.dit`): a plain batch of latents
+The forward is vidforge's (`VideoTransformer.forward`, described in `vidforge.families.vidforge.dit`): a plain batch of latents
 (B, C, T, H, W), a packed row of patch tokens (1, S, pt*ph*pw*C) with its `SequenceLayout`, or a
 context-parallel rank's tokens with its `TokenShard`; attention goes through vidforge's dispatcher
 (`Attend`), so packing, context parallel and every backend work as for the DiT.

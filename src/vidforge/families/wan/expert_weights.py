@@ -1,6 +1,6 @@
 """Wan2.2 A14B's two experts in and out of diffusers' pipeline layout (transformer/: high noise,
-transformer_2/: low noise; `vidforge.families.wan_experts`), the wan family's importer and loader of a
-published folder: a one-expert (Wan2.1) folder goes through `vidforge.models.wan_weights` as before."""
+transformer_2/: low noise; `vidforge.families.wan.experts`), the wan family's importer and loader of a
+published folder: a one-expert (Wan2.1) folder goes through `vidforge.families.wan.weights`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from vidforge.families.wan import read_json
-from vidforge.families.wan_experts import FOLDERS, boundary_of
+from vidforge.families.wan.experts import FOLDERS, boundary_of
+from vidforge.families.wan.weights import import_wan, load_diffusers_wan
 from vidforge.models.experts import LOW, Experts
-from vidforge.models.wan_weights import import_wan, load_diffusers_wan
 from vidforge.profile import RunProfile
 
 

@@ -19,10 +19,8 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 
-EXPERTS = ("high", "low")
-"""The experts in diffusers' order: `transformer` (t >= boundary), `transformer_2` (t < boundary)."""
 FOLDERS = {"high": "transformer", "low": "transformer_2"}
-"""Each expert's component folder in a diffusers pipeline download."""
+"""Each expert's component folder in a diffusers pipeline download (`models.experts.EXPERTS`' names)."""
 BOUNDARY_A14B = 0.875  # Wan2.2-T2V-A14B-Diffusers' model_index.json boundary_ratio
 BOUNDARY_I2V_A14B = 0.9  # Wan2.2-I2V-A14B-Diffusers'
 # Wan2.2-T2V-A14B's own config (sample_guide_scale = (3.0, 4.0): low noise, high noise)
@@ -51,22 +49,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     # frame's 16-channel latent), image_dim null (no CLIP)
     "wan2.2-i2v-a14b": {**A14B, "condition_channels": 20, "boundary_ratio": BOUNDARY_I2V_A14B},
 }
-
-
-def expert_range(boundary: float, expert: str) -> tuple[float, float]:
-    """The flow times (low, high) an expert runs at: [boundary, 1] for `high`, [0, boundary) for `low`."""
-    if expert not in EXPERTS:
-        raise UserInputError(f"train.expert: use high or low, got {expert!r}")
-    return (boundary, 1.0) if expert == "high" else (0.0, boundary)
-
-
-def runs_high(t: float, boundary: float) -> bool:
-    """Whether the high-noise expert runs at flow time t, as WanPipeline decides it: timestep >=
-    boundary_ratio x 1000 (timestep = 1000 t). A relative 1e-6 forgives the rounding of t = floor(1000 t')
-    / 1000 in float32 (the sampler hands the network its time in the latents' precision: timestep 900 is
-    t = 0.89999998), so a timestep equal to the boundary goes to the high-noise expert, as there; the
-    timesteps themselves are 1e-3 apart."""
-    return t * 1000 >= boundary * 1000 * (1 - 1e-6)
 
 
 def boundary_of(src: Path, read_json: Callable[[Path], dict[str, Any]]) -> float | None:
@@ -109,12 +91,5 @@ def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
         (GUIDANCE_I2V, GUIDANCE_I2V) if model.get("condition_channels") else (GUIDANCE_HIGH, GUIDANCE_LOW)
     )
     defaults = [*published.defaults, f"diffusion.guidance={high}", f"diffusion.guidance_2={low}"]
-    return dataclasses.replace(published, model=model, defaults=defaults)
-
-
-def expert_folder(published: Any, expert: str | None) -> Path:
-    """The folder of the expert's weights in a published download (`Published.weights` for a
-    one-expert model, or for None)."""
-    if expert is None or published.model.get("experts", 1) == 1:
-        return published.weights
-    return published.root / FOLDERS[expert]
+    folders = {expert: src / folder for expert, folder in FOLDERS.items()}
+    return dataclasses.replace(published, model=model, defaults=defaults, expert_folders=folders)

@@ -1,4 +1,4 @@
-"""The wan family: Wan2.1's text-to-video transformer (`vidforge.models.wan`, diffusers'
+"""The wan family: Wan2.1's text-to-video transformer (`vidforge.families.wan.network`, diffusers'
 `WanTransformer3DModel` module for module, so published weights load by name), and how a diffusers
 download of it (a transformer folder, or a whole pipeline: model_index.json beside transformer/, vae/,
 text_encoder/ (umT5), tokenizer/, scheduler/) maps to a profile: rectified flow predicting the velocity,
@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
-from vidforge.families import FamilySpec, Published, wan_experts
+from vidforge.families import FamilySpec, Published
+from vidforge.families.wan import experts as wan_experts
+from vidforge.families.wan.model import WanModel
 
 CLASS_NAME = "WanTransformer3DModel"
 CONFIG = "config.json"
@@ -58,16 +60,6 @@ PRESETS["wan2.2-ti2v-5b"] = {
 # 24 fps, and half of a fine-tune's clips conditioned on their first frame so that the one network keeps
 # both of its tasks (set diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
 TI2V_DEFAULTS = ("infer.fps=24", "diffusion.image_condition=0.5")
-
-# Wan2.1's block has exactly this shape, so a field set otherwise has no meaning here.
-FIXED: dict[str, Any] = {
-    "architecture": "dit",
-    "mlp_act": "gelu-tanh",
-    "adaln_lora_rank": 0,
-    "abs_position": "none",
-    "qk_norm": True,
-    "text_pool": False,
-}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -222,26 +214,25 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 SPEC = FamilySpec(
     name="wan",
-    network="vidforge.models.wan:WanTransformer",
+    model=WanModel,
+    network="vidforge.families.wan.network:WanTransformer",
     presets=PRESETS,
-    # `vidforge.parallel.wan_tensor_parallel`, the Megatron split: to_q/to_k/to_v and ffn.net.0.proj
+    # `vidforge.families.wan.tensor_parallel`, the Megatron split: to_q/to_k/to_v and ffn.net.0.proj
     # column-wise, to_out.0 and ffn.net.2 row-wise; norm_q/norm_k (across all heads) split with the heads
     # they normalise (their statistics reduced over tp); the per-block table and the cross-attention
     # LayerNorm replicated; everything outside the blocks replicated.
-    tensor_parallel="vidforge.parallel.wan_tensor_parallel:apply_wan_tp",
+    tensor_parallel="vidforge.families.wan.tensor_parallel:apply_wan_tp",
     tp_rules=(("scale_shift_table", "norm2."), ("to_out.0", "ffn.net.2"), ()),
     # diffusers' Wan trainers' choice: the attention projections.
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
-    fixed=FIXED,
-    own_fields=("cross_attn_norm", "expand_timesteps", "condition_channels", "image_dim"),
     table_modulation=True,
     read_published=read_published,
     published_class=CLASS_NAME,
     # (Wan2.2 A14B's two experts, or one network through wan_weights' import_wan / load_diffusers_wan)
-    import_weights="vidforge.models.wan_experts:import_wan_experts",
-    export_weights="vidforge.models.wan_weights:export_wan",
-    load_published="vidforge.models.wan_experts:load_wan_experts",
+    import_weights="vidforge.families.wan.expert_weights:import_wan_experts",
+    export_weights="vidforge.families.wan.weights:export_wan",
+    load_published="vidforge.families.wan.expert_weights:load_wan_experts",
     # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
     step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
     profile_defaults=("diffusion.objective=flow",),
@@ -249,6 +240,6 @@ SPEC = FamilySpec(
     # for 16 fps clips)
     media_defaults=("curation.fps=16", "infer.fps=16"),
     # Wan2.1-I2V's [first frame, zeros...] latents after the first frame's mask (WanImageToVideoPipeline's)
-    condition_latents="vidforge.tokenizers.image_condition:condition_latents",
+    condition_latents="vidforge.families.wan.image_condition:condition_latents",
     image_tokens=257,  # Wan2.1-I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches and the class token
 )

@@ -7,7 +7,7 @@ one position) parts.
   full-sequence attention read the same normalised input and their outputs are summed under one gate;
   then cross-attention and MLP. The three branches are independent, so they can overlap (or be split
   over devices). The paper's multimodal block, where every branch also attends to the caption, is
-  `vidforge.models.mmblock.MMParallelBlock` (model.stdit_block=parallel-mm).
+  `vidforge.families.vidforge.mmblock.MMParallelBlock` (model.stdit_block=parallel-mm).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vidforge.models.blocks import _attend, _norm
+from vidforge.families.vidforge.blocks import _attend, _norm
 from vidforge.models.layers import MLP, Conditioning, CrossAttention, Modulation, SelfAttention, modulate
 from vidforge.profile.model import Model
 

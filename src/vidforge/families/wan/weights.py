@@ -5,7 +5,7 @@ or shards with their .index.json; float32, bfloat16 or float16), or a whole Wan 
 transformer/), becomes a vidforge export (model.safetensors, config.json, profile.yaml: what
 `vidforge infer` and fine-tuning read). Export: the reverse, a folder that
 `WanTransformer3DModel.from_pretrained` loads with no missing or unexpected keys. The wan family's
-parameter names are diffusers' own (`vidforge.models.wan`), so both directions copy tensors by name,
+parameter names are diffusers' own (`vidforge.families.wan.network`), so both directions copy tensors by name,
 bytes untouched (an import may cast to one dtype on request): import then export gives every tensor
 back bitwise. Neither ever holds more than one tensor of the model in memory.
 
@@ -15,10 +15,8 @@ Anything wrong with the input raises `UserInputError` naming the file and what t
 from __future__ import annotations
 
 import json
-import math
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -29,9 +27,17 @@ from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families import wan
+from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
-from vidforge.models.safetensors_stream import DTYPES, TensorEntry, write_safetensors
+from vidforge.models.safetensors_stream import (
+    DTYPES,
+    StoredTensor,
+    TensorEntry,
+    stored_tensors,
+    write_safetensors,
+)
+from vidforge.models.weights_check import check_config_against_weights
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import Model
@@ -102,74 +108,13 @@ def diffusers_config(model: Model) -> dict[str, Any]:
     }
 
 
-# --- reading tensors by name ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return DTYPES[self.dtype].itemsize * math.prod(self.shape)
-
-
-def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTensor]:
-    """Every tensor of the folder's safetensors (`single`, or the shards `index` names), by name, from
-    the headers alone."""
-    if (folder / index).is_file():
-        weight_map = wan.read_json(folder / index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise UserInputError(f"{folder / index}: no weight_map; download the index again")
-        files = sorted(set(weight_map.values()))
-    elif (folder / single).is_file():
-        weight_map, files = None, [single]
-    else:
-        raise UserInputError(
-            f"{folder}: neither {single} nor {index}; point at a folder of safetensors weights "
-            "(convert .bin checkpoints with diffusers first)"
-        )
-    found: dict[str, StoredTensor] = {}
-    for name in files:
-        path = folder / name
-        if not path.is_file():
-            raise UserInputError(f"{path}: missing (named in {index}); download that shard again")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    part = f.get_slice(key)
-                    found[key] = StoredTensor(path, part.get_dtype(), tuple(part.get_shape()))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise UserInputError(
-                f"{path}: not a readable safetensors file ({err}); download it again"
-            ) from None
-    if weight_map is not None:
-        for key, name in weight_map.items():
-            if key not in found or found[key].file.name != name:
-                raise UserInputError(f"{folder / name}: has no tensor {key} that {index} places there")
-    return found
-
-
 def _check_against(model: Model, stored: dict[str, StoredTensor], folder: Path) -> list[str]:
     """The stored tensors' names in the model's order, after checking names, shapes and dtypes."""
-    expected = {name: tuple(t.shape) for name, t in build_model(model, device="meta").state_dict().items()}
-    names = [n for n in stored if not any(part in n for part in IGNORED)]
-    missing = sorted(set(expected) - set(names))
-    unexpected = sorted(set(names) - set(expected))
-    if missing or unexpected:
-        raise UserInputError(
-            f"{folder}: the weights do not match its config.json (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}); the folder is incomplete or not a Wan2.1 T2V transformer"
-        )
-    for name, shape in expected.items():
+    # held to the headers before the model is built: a config of 20000 layers beside weights for 2 is
+    # refused at once, not after building 20000 layers
+    expected = check_config_against_weights(model, stored, folder / CONFIG, IGNORED)
+    for name in expected:
         t = stored[name]
-        if t.shape != shape:
-            raise UserInputError(
-                f"{t.file}: {name} has shape {t.shape}, config.json implies {shape}; the config and the "
-                "weights come from different models"
-            )
         if t.dtype not in FLOAT_DTYPES:
             raise UserInputError(
                 f"{t.file}: {name} is {t.dtype}; vidforge reads float32, bfloat16 or float16 weights "
@@ -233,12 +178,11 @@ def import_wan(
     }
     data["model"] = {**model.model_dump(mode="json"), **kept}
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out)
     with ExitStack() as files:
         write_safetensors(out / WEIGHTS, _entries(names, stored, files, cast), {"format": FORMAT})
     write_config(out, resolved.model)
-    (out / "profile.yaml").write_text(dump_profile(resolved))
+    write_text(out / "profile.yaml", dump_profile(resolved))
     return out
 
 
@@ -287,8 +231,7 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     config = diffusers_config(model)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     names = _check_against(model, stored, export)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out)
     groups = _shards(names, stored, max_shard_bytes)
     weight_map: dict[str, str] = {}
     with ExitStack() as files:
@@ -303,6 +246,6 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     if len(groups) > 1:
         total = sum(stored[n].nbytes for n in names)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        write_text(out / INDEX, json.dumps(index, indent=2) + "\n")
+    write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
     return out
