@@ -42,7 +42,7 @@ from typing import Any
 
 from vidforge.errors import Terminated, UserInputError
 from vidforge.families import family
-from vidforge.files import atomic_file, read_csv, read_text, read_text_inside
+from vidforge.files import atomic_file, read_csv, read_text, read_text_inside, write_text
 from vidforge.finetune import preflight
 from vidforge.finetune.sizing import sized_settings, training_clip
 from vidforge.profile import RunProfile
@@ -396,11 +396,8 @@ class _Ledger:
                 )
 
     def mark(self, name: str, key: str, command: str, result: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{name}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"key": key, "command": command, "result": result}, indent=1))
-        os.replace(tmp, path)
+        record = {"key": key, "command": command, "result": result}
+        write_text(self.folder / f"{name}.json", json.dumps(record, indent=1))
 
 
 def _partial(name: str, result: Any, out: Path) -> None:
@@ -460,7 +457,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     out.mkdir(parents=True, exist_ok=True)
     write_captions(pairs, captions)
     profile_path = out / PROFILE
-    profile_path.write_text(dump_profile(profile))
+    write_text(profile_path, dump_profile(profile))
     prof = ("--profile", profile_path)
     clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
 
