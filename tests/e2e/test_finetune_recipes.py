@@ -162,3 +162,32 @@ def test_a_packer_over_data_that_never_fits_refuses_instead_of_looping(tmp_path)
     ):
         packer.next_batch()
     assert packer.stats["skipped_too_long"] == loader.epoch_samples == 6
+
+
+def test_ti2v_recipe_sizes_704x1280_at_24_fps_and_i2v_at_480x832(tmp_path) -> None:
+    """README's TI2V-5B (704x1280, 121 frames) and I2V (480x832, 81 frames) shapes as finetune resolves them
+    on the tiny published folders: TI2V's VAE compresses 16x (704/16/2 x 1280/16/2 = 22 x 40 per latent
+    frame, 31 latent frames), validation at the trained size (the default 48-wide infer size once refused
+    at train start) and TI2V's 24 fps, not Wan2.1's 16; I2V's 4x8x8 VAE gives 21 x 30 x 52."""
+    from wan22_ti2v_fixtures import save_tiny_ti2v_pipeline
+    from wan_i2v_fixtures import save_tiny_wan_i2v_pipeline
+
+    from vidforge.finetune import Request, base_profile, stage_overrides
+    from vidforge.finetune.preflight import check_buckets, check_validation
+    from vidforge.finetune.sizing import sized_settings
+
+    for save, bucket, frames, tokens, fps in (
+        (save_tiny_ti2v_pipeline, (704, 1280), 121, 31 * 22 * 40, 24),
+        (save_tiny_wan_i2v_pipeline, (480, 832), 81, 21 * 30 * 52, 16),
+    ):
+        folder = save(tmp_path / save.__name__)
+        user = [f"data.buckets=[[{bucket[0]},{bucket[1]}]]", f"data.frame_buckets=[{frames}]"]
+        request = Request(tmp_path, folder, tmp_path / "run", steps=20)
+        sets = stage_overrides(request, tmp_path / "run" / "captions.csv")
+        profile = base_profile(folder, "dit1b_1xh200", [*sets, *user])
+        profile = base_profile(folder, "dit1b_1xh200", [*sets, *sized_settings(profile, user), *user])
+        check_buckets(profile)
+        check_validation(profile)
+        assert profile.data.token_budget == tokens
+        assert (profile.infer.frames, profile.infer.height, profile.infer.width) == (frames, *bucket)
+        assert profile.infer.fps == profile.curation.fps == fps
