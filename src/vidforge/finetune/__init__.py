@@ -424,8 +424,6 @@ def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfil
 
 def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     """Run (or resume) the fine-tune `request` describes; see the module's docstring."""
-    from vidforge.infer.weights import find_export
-
     hooks = hooks or Hooks()
     out = request.out.resolve()
     base = request.base.resolve()
@@ -435,25 +433,15 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             "for videos; put the run elsewhere"
         )
     captions = out / CAPTIONS
-    sets = stage_overrides(request, captions)
-    profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    sets += sized_settings(profile, request.overrides)  # what finetune sizes from the buckets and the base
-    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    profile = _resolve(request, base, captions)
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
-    _check(request, base, sets, profile)
     pairs = preflight.drop_short(pairs, profile, out, hooks.notice)
     dumped = profile.model_dump(mode="json")
-    curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
-    # What each stage reads, each key holding the one before it.
-    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
-    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
-    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
-    data_key = _digest(shard_key, dumped["tokenizer"])
+    keys = _stage_keys(pairs, dumped)
+    clip_key, caption_key, shard_key, data_key = keys.values()
     ledger, stages = _Ledger(out), []
     train_dir = out / "train"
-    ledger.refuse_stale(
-        {"clip": clip_key, "caption": caption_key, "shard": shard_key, "tokenize": data_key}, out, train_dir
-    )
+    ledger.refuse_stale(keys, out, train_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_captions(pairs, captions)
     profile_path = out / PROFILE
@@ -481,42 +469,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         stages.append(StageRun(name, command, False, result))
         return result
 
-    def clip(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.curate.clip import run as clip_run
-
-        result = clip_run(profile, [str(captions)], clips, **progress)
-        if result.partial:
-            _partial("clip", result.summary["errors"], clips)
-        return {"clips": result.summary.get("clips")}
-
-    def caption(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.curate.caption import run as caption_run
-
-        summary = caption_run(profile, clips, captioned, **progress)
-        if summary.errors:
-            _partial("caption", summary.errors, captioned)
-        return {"captioned": summary.kept}
-
-    def shard(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.data.sharding import run as shard_run
-
-        summary = shard_run(profile, captioned, shards, **progress)
-        if summary.rejected:
-            _partial("shard", summary.rejected, shards)
-        return {"shards": summary.shards}
-
-    def tokenize(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.tokenizers.tokenize import run as tokenize_run
-
-        summary = tokenize_run(profile, shards, latents, **progress)
-        if summary.rejected:
-            _partial("tokenize", summary.rejected, latents)
-        return {"latent_shards": summary.as_dict().get("shards")}
-
-    stage("clip", clip_key, _command("clip", captions, "-o", clips, *prof), clip)
-    stage("caption", caption_key, _command("caption", clips, "-o", captioned, *prof), caption)
-    stage("shard", shard_key, _command("shard", captioned, "-o", shards, *prof), shard)
-    stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
+    _data_stages(profile, out, prof, keys, stage)
 
     train_argv = ["train", "--data", latents, "--run-dir", train_dir, "--init", base, *prof, "--resume"]
     train_argv += ["--nproc", request.nproc] if request.nproc else []
@@ -590,7 +543,89 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
     page = stage("review", train_key, _command("review", train_dir), review)["page"]
     validation = train_dir / "validation"
-    prompt = (profile.train.validation_prompts or [pairs[0][1]])[0]
+    after = _next_commands(profile, base, out, model, pairs[0][1])
+    return FinetuneSummary(
+        str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
+    )
+
+
+def _data_stages(
+    profile: RunProfile, out: Path, prof: tuple[str, Path], keys: dict[str, str], stage: Callable[..., dict]
+) -> None:
+    """clip, caption, shard and tokenize, each through `stage` (passed over when its record holds)."""
+    captions = out / CAPTIONS
+    clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
+    clip_key, caption_key, shard_key, data_key = keys.values()
+
+    def clip(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.clip import run as clip_run
+
+        result = clip_run(profile, [str(captions)], clips, **progress)
+        if result.partial:
+            _partial("clip", result.summary["errors"], clips)
+        return {"clips": result.summary.get("clips")}
+
+    def caption(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.caption import run as caption_run
+
+        summary = caption_run(profile, clips, captioned, **progress)
+        if summary.errors:
+            _partial("caption", summary.errors, captioned)
+        return {"captioned": summary.kept}
+
+    def shard(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.data.sharding import run as shard_run
+
+        summary = shard_run(profile, captioned, shards, **progress)
+        if summary.rejected:
+            _partial("shard", summary.rejected, shards)
+        return {"shards": summary.shards}
+
+    def tokenize(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.tokenizers.tokenize import run as tokenize_run
+
+        summary = tokenize_run(profile, shards, latents, **progress)
+        if summary.rejected:
+            _partial("tokenize", summary.rejected, latents)
+        return {"latent_shards": summary.as_dict().get("shards")}
+
+    stage("clip", clip_key, _command("clip", captions, "-o", clips, *prof), clip)
+    stage("caption", caption_key, _command("caption", clips, "-o", captioned, *prof), caption)
+    stage("shard", shard_key, _command("shard", captioned, "-o", shards, *prof), shard)
+    stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
+
+
+def _resolve(request: Request, base: Path, captions: Path) -> RunProfile:
+    """The run's profile: the stages' settings, then what finetune sizes from the buckets and the base,
+    under the user's --set; checked (`_check`) before any stage."""
+    sets = stage_overrides(request, captions)
+    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    sets += sized_settings(profile, request.overrides)
+    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    _check(request, base, sets, profile)
+    return profile
+
+
+def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> dict[str, str]:
+    """What each data stage reads, as a digest, each key holding the one before it."""
+    curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
+    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
+    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
+    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
+    return {
+        "clip": clip_key,
+        "caption": caption_key,
+        "shard": shard_key,
+        "tokenize": _digest(shard_key, dumped["tokenizer"]),
+    }
+
+
+def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None, caption: str) -> list[str]:
+    """What to run with the result: sampling it, merging a LoRA, loading it in diffusers."""
+    from vidforge.infer.weights import find_export
+
+    train_dir = out / "train"
+    prompt = (profile.train.validation_prompts or [caption])[0]
     # an image-to-video model samples from a first frame the user picks
     image = ("--image", "FIRST_FRAME.png") if profile.model.condition_channels else ()
     if profile.train.lora is not None:
@@ -609,6 +644,4 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             )
     else:
         after = [_command("infer", "-c", train_dir, *image, "--prompt", prompt, "-o", out / "samples")]
-    return FinetuneSummary(
-        str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
-    )
+    return after
