@@ -28,6 +28,7 @@ from wan_fixtures import save_tiny_wan_pipeline  # noqa: E402
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.data.media import write_video  # noqa: E402
 from vidforge.data.testing import synthetic_frames  # noqa: E402
+from vidforge.errors import UserInputError  # noqa: E402
 
 RECIPE = (
     "--profile",
@@ -191,3 +192,26 @@ def test_ti2v_recipe_sizes_704x1280_at_24_fps_and_i2v_at_480x832(tmp_path) -> No
         assert profile.data.token_budget == tokens
         assert (profile.infer.frames, profile.infer.height, profile.infer.width) == (frames, *bucket)
         assert profile.infer.fps == profile.curation.fps == fps
+
+
+def test_removing_the_folders_the_stale_message_names_is_enough(tmp_path) -> None:
+    """The message once named clips/ ... latents/ but not RUN/.finetune/, and came back after exactly its
+    `rm -r`: a stage record whose folder is gone is not done."""
+    from vidforge.finetune import _Ledger
+
+    out = tmp_path / "run"
+    ledger = _Ledger(out)
+    for name in ("clip", "caption", "shard", "tokenize"):
+        (
+            out / {"clip": "clips", "caption": "captioned", "shard": "shards", "tokenize": "latents"}[name]
+        ).mkdir(parents=True)
+        ledger.mark(name, "old", f"vidforge {name}", {})
+    keys = {"clip": "old", "caption": "new", "shard": "new", "tokenize": "new"}
+    with pytest.raises(UserInputError) as refused:
+        ledger.refuse_stale(keys, out, out / "train")
+    removed = str(refused.value).split("rm -r ", 1)[1].split(" (and", 1)[0].split()
+    assert removed == [str(out / f) for f in ("captioned", "shards", "latents")]
+    for folder in removed:
+        Path(folder).rmdir()
+    ledger.refuse_stale(keys, out, out / "train")  # no second refusal
+    assert ledger.record("clip") is not None and ledger.record("caption") is None
