@@ -162,10 +162,16 @@ def correctness(ctx: Context, work: Path) -> Iterator[Row]:
     most `shapes.test_timeout_s`): a row per test as it finishes (bench/gpu/pytest_rows.py), passed /
     failed / skipped with the reason and its seconds; tests that never finished (the part's deadline,
     a crash) get a row saying so."""
+    yield from pytest_rows(ctx, work, ["tests/gpu"])
+
+
+def pytest_rows(ctx: Context, work: Path, targets: list[str], step: str = "correctness") -> Iterator[Row]:
+    """`correctness` of the pytest `targets` (paths or node ids under tests/gpu), rows named `step`."""
     s = ctx.shapes
     records = work / "tests.jsonl"
-    log = (ctx.out or work) / "pytest.log"  # the failures' tracebacks: brought back beside the table
-    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider"]
+    # the failures' tracebacks: brought back beside the table
+    log = (ctx.out or work) / ("pytest.log" if step == "correctness" else f"pytest-{step}.log")
+    cmd = [sys.executable, "-m", "pytest", *targets, "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider"]
     cmd += ["-p", "pytest_rows", f"--timeout={s.test_timeout_s}"]
     if s.test_workers > 1 and importlib.util.find_spec("xdist") is not None:  # else one process
         cmd += ["-n", str(s.test_workers)]
@@ -192,9 +198,7 @@ def correctness(ctx: Context, work: Path) -> Iterator[Row]:
                     continue
                 finished.add(record["test"])
                 note = f"{record['seconds']:.1f} s" + (f"; {record['message']}" if record["message"] else "")
-                yield Row(
-                    "correctness", record["test"].removeprefix("tests/gpu/"), record["outcome"], note=note
-                )
+                yield Row(step, record["test"].removeprefix("tests/gpu/"), record["outcome"], note=note)
             read = len(lines)
         if done:
             break
@@ -212,7 +216,7 @@ def correctness(ctx: Context, work: Path) -> Iterator[Row]:
     why = stopped or f"pytest exited {proc.returncode} before it finished"
     for test in collected:
         if test not in finished:
-            yield Row("correctness", test.removeprefix("tests/gpu/"), "not run", note=why)
+            yield Row(step, test.removeprefix("tests/gpu/"), "not run", note=why)
 
 
 def sdpa_kernels(ctx: Context, work: Path) -> Iterator[Row]:

@@ -79,6 +79,26 @@ class Shapes:
     # and each test's limit, so one hung test costs its own row.
     test_workers: int = 1
     test_timeout_s: int = 900
+    # Issue 48's rows (bench/gpu/ahead_steps.py). The 14B-width block stack: Wan2.1-14B's block (hidden
+    # 5120, 40 heads, FFN 13824) at Megatron-Bridge's 37,440 tokens (24 x 60 x 104 latents: 93 frames of
+    # 480x832), a few layers so that one GPU holds its AdamW states.
+    stack_layers: int = 4
+    stack_latent: tuple[int, int, int] = (24, 60, 104)
+    # Wan2.2 TI2V-5B at its published 704x1280, 121 frames (the Wan2.2 VAE's 4x16x16: 31 x 44 x 80 latents
+    # before its 1x2x2 patches, 27,280 tokens); Wan2.1-I2V-14B at 480x832, 81 frames (21 x 60 x 104, 32,760
+    # tokens and CLIP's 257 image tokens), a LoRA fine-tune of the whole depth as a user runs it.
+    ti2v_latent: tuple[int, int, int] = (31, 44, 80)
+    i2v_latent: tuple[int, int, int] = (21, 60, 104)
+    i2v_lora_rank: int = 32
+    # sliding-tile attention's window (tiles per axis) and video sparse attention's kept tiles
+    sparse_window: tuple[int, int, int] = (3, 3, 5)
+    sparse_tile: tuple[int, int, int] = (6, 8, 8)
+    sparse_topk: int = 32
+    # block swap of a LoRA fine-tune of the 1.3B and the offload of its checkpointed blocks' inputs
+    swap_blocks: int = 10
+    # a distilled student's calls (DMD2, 4 levels) against the teacher's published 50 guided steps
+    student_calls: int = 4
+    teacher_steps: int = 50
 
 
 GPU = Shapes(
@@ -128,6 +148,15 @@ SMOKE = Shapes(
         "latents_mean": [0.0] * 4,
         "latents_std": [1.0] * 4,
     },
+    stack_layers=2,
+    stack_latent=(2, 4, 4),
+    ti2v_latent=(2, 4, 4),
+    i2v_latent=(2, 4, 4),
+    i2v_lora_rank=4,
+    sparse_window=(1, 1, 1),
+    sparse_tile=(1, 2, 2),
+    sparse_topk=1,
+    swap_blocks=1,
     test_workers=1,  # every test skips here: one process (test_gpu_suite.py runs the plugin under xdist)
     test_timeout_s=120,
 )

@@ -47,7 +47,14 @@ def test_cpu_smoke_runs_the_steps_and_writes_the_table(tmp_path):
     report = json.loads((tmp_path / "gpu_suite.json").read_text())
     rows = report["rows"]
     assert report["smoke"] and report["steps"] == list(STEPS)
-    assert {r["step"] for r in rows} == {"train" if s.startswith("train_") else s for s in STEPS}
+    assert {r["step"] for r in rows} == {
+        "train" if s in ("train_eager", "train_compiled") else s for s in STEPS
+    }
+    # issue 48's rows (with VIDFORGE_TEST_GPU_SUITE_ALL=1): each measured beside its anchor, float8 training
+    # saying why it cannot run on the CPU
+    for r in rows:
+        if r["step"] in ("train_auto", "stack_14b", "distill", "wan22", "sparse", "swap_offload"):
+            assert (r["value"] is None and "CUDA" in r["note"]) or r["anchor_value"] > 0, r
     assert not [r for r in rows if r["what"] == "step failed"], [
         r for r in rows if r["what"] == "step failed"
     ]
@@ -204,7 +211,8 @@ def test_parts_cover_every_step_once_within_a_device_command():
     steps = [name for part, _ in suite.PARTS.values() for name in part]
     assert sorted(steps) == sorted(suite.STEP_NAMES)
     # each part's budget (the install included) ends inside its 8 or 6 minute command, with 30 s to spare
-    assert suite.PARTS["headline"][1] <= 8 * 60 - 30 and suite.PARTS["rest"][1] <= 6 * 60 - 30
+    assert suite.PARTS["headline"][1] <= 8 * 60 - 30
+    assert all(budget <= 6 * 60 - 30 for name, (_, budget) in suite.PARTS.items() if name != "headline")
     assert suite.parse_only(None, "headline")[:3] == ["train_eager", "infer", "train_compiled"]
     with pytest.raises(ValueError, match="--part: unknown part"):
         suite.parse_only(None, "all")

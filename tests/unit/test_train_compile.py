@@ -33,6 +33,9 @@ PATHS = {
     "packed-none": {},
     "packed-selective": {"train.activation_checkpointing": "selective"},
     "packed-full": {"train.activation_checkpointing": "full"},
+    # one block at op level (torch's selective checkpoint, its policy's cache), one in full
+    "op-level-and-full": {"train.activation_checkpointing": "selective", "train.checkpoint_ratio": 0.5,
+                          "train.checkpoint_ops_ratio": 0.5},
     "plain-full": {"train.activation_checkpointing": "full", "data.packing": False},
     "offload": {"train.activation_offload": 1.0},
     "selective-offload": {"train.activation_checkpointing": "selective", "train.activation_offload": 0.5},

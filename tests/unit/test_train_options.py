@@ -257,14 +257,14 @@ def test_fp8_layers_take_token_counts_that_are_not_multiples_of_16() -> None:
     with pytest.raises(RuntimeError, match="divisible by 16"):
         _fp8_forward_backward(unpadded, text_tokens=29)
     model = build_model(profile.model, device="meta")
-    assert "blocks.0.cross_attn.k" in convert_to_float8(model)
+    assert "blocks.0.cross_attn.k" in convert_to_float8(model, "tensorwise")
     _fp8_forward_backward(model, text_tokens=29)
     # the padding changes no number: torch's CPU float8 matmul takes 29 rows as they are
     torch.manual_seed(0)
     layers = [nn.Sequential(nn.Linear(64, 64)) for _ in range(2)]
     layers[1].load_state_dict(layers[0].state_dict())
     convert_to_float8_training(layers[0], config=Float8LinearConfig())
-    convert_to_float8(layers[1])
+    convert_to_float8(layers[1], "tensorwise")
     x = torch.randn(29, 64)
     (plain_out, plain_grad), (padded_out, padded_grad) = [
         (out := layer(x), torch.autograd.grad(out.square().sum(), layer[0].weight)[0]) for layer in layers

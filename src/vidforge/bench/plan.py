@@ -5,7 +5,8 @@ reasons each is where it is and why the others were rejected.
 Predicted step time of one rank, for `m` micro-batches a step:
 
     compute  = m x (model FLOPs of a micro-batch, forward + backward + recompute) / (cp x tp x pp)
-               / (accelerator peak x bench.achievable_mfu)
+               / (accelerator peak x the rate the GPU suite measured on it, estimate.measured_rates;
+                  bench.achievable_mfu where it has not run or where the user sets it)
     bubble   = compute x (pp - 1) / m                       (1F1B pipeline fill and drain)
     exposed  = time of the collectives on the critical path (TP, CP all-gather / all-to-all, PP)
     hidden   = time of the overlapped ones (FSDP, HSDP, ring CP); only what exceeds compute counts
@@ -28,7 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vidforge.estimate.comm_model import CommTerm, communication
+from vidforge.estimate.measured_rates import achievable_mfu
 from vidforge.estimate.memory_model import GIB, MemoryEstimate, estimate_memory
+from vidforge.estimate.recompute import resolve_auto
 from vidforge.estimate.workload import Workload
 from vidforge.models.flops import forward_flops
 from vidforge.profile import RunProfile
@@ -133,6 +136,13 @@ def evaluate(
     layout = layout or profile.layout
     workload = workload or Workload.from_profile(profile)
     mode = checkpointing or profile.train.activation_checkpointing
+    recompute = None
+    if mode == "auto":  # the memory model's mix of full, op-level and no recompute per block
+        auto = profile.model_copy(
+            update={"train": profile.train.model_copy(update={"activation_checkpointing": mode})}
+        )
+        profile, recompute = resolve_auto(auto, layout, workload)
+        mode = profile.train.activation_checkpointing
     if microbatches is None:
         microbatches = layout.pp_microbatches if layout.pp > 1 else profile.train.grad_accum
     plan = LayoutPlan(layout, mode, microbatches, profile.parallel.cp_impl if layout.cp > 1 else None)
@@ -145,7 +155,7 @@ def evaluate(
     )
     plan.memory = estimate_memory(variant, layout, workload)
     plan.comm = communication(profile, layout, workload, microbatches, mode)
-    peak = profile.cluster.accelerator.peak_bf16_flops * profile.bench.achievable_mfu
+    peak = profile.cluster.accelerator.peak_bf16_flops * achievable_mfu(profile)[0]
     flops = microbatches * _flops_per_microbatch(profile, workload, mode)
     plan.compute_s = flops / (layout.cp * layout.tp * layout.pp) / peak
     plan.bubble_s = plan.compute_s * (layout.pp - 1) / (microbatches * layout.vpp)
@@ -161,6 +171,8 @@ def evaluate(
             f"{profile.bench.memory_headroom:.0%} of {profile.cluster.accelerator.memory_gib:g} GiB"
         )
     plan.why = _reasons(plan, profile, workload, exposed, hidden)
+    if recompute is not None:
+        plan.why.append(recompute.describe())
     return plan
 
 
@@ -192,7 +204,7 @@ def _reasons(
 def _least_recompute(profile: RunProfile, layout: Layout, workload: Workload, micro: int) -> LayoutPlan:
     """The layout with the least activation checkpointing that fits (or the last one tried)."""
     plan = None
-    for mode in CHECKPOINTING:
+    for mode in ("auto",) if profile.train.activation_checkpointing == "auto" else CHECKPOINTING:
         plan = evaluate(profile, layout, mode, workload, micro)
         if plan.valid or plan.memory is None:
             break
@@ -349,12 +361,14 @@ def format_plan(plan: LayoutPlan, profile: RunProfile) -> str:
             f"  {c.dim:<16} {c.bytes / 1e9:9.3g} GB  {c.link} {c.bandwidth_gbs:g} GB/s -> {c.seconds:.3g} s ({tag})   {c.formula}"
         )
     lines.append("")
+    rate, source = achievable_mfu(profile)
     lines.append(
-        f"predicted step: {plan.step_s:.3g} s (compute {plan.compute_s:.3g} s at {profile.bench.achievable_mfu:.0%} of "
+        f"predicted step: {plan.step_s:.3g} s (compute {plan.compute_s:.3g} s at {rate:.0%} of "
         f"{profile.cluster.accelerator.peak_bf16_flops / 1e12:g} TFLOP/s"
         + (f", bubble {plan.bubble_s:.3g} s" if plan.bubble_s else "")
         + f"); {plan.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
     )
+    lines.append(f"  step time's rate: {source}")
     sparse = next(
         (f for f in ("attention_window", "attention_topk") if getattr(profile.model, f) is not None), None
     )

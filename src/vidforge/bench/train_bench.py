@@ -77,6 +77,9 @@ class BenchStep:
     """`vidforge train`'s step on a fixed synthetic batch; calling it runs one whole step."""
 
     def __init__(self, profile: RunProfile) -> None:
+        from vidforge.estimate.recompute import resolve_auto
+
+        profile, _ = resolve_auto(profile)  # train.activation_checkpointing=auto: the memory model's mix
         self.profile = profile
         self.runtime = init_runtime(profile)
         self.runtime.require_layout(profile.cluster)
@@ -193,6 +196,8 @@ class TrainBenchResult:
     measured_memory: dict[str, int] = field(default_factory=dict)
     predicted_memory: dict[str, float] = field(default_factory=dict)
     step_times_s: list[float] = field(default_factory=list)
+    recompute: str = ""
+    """The activation recompute the step ran (auto's mix resolved): blocks in full, at op level, kept."""
     data: str | None = None
     """With `--data`: the shards the real-data steps read."""
     data_step_time_s: float | None = None
@@ -206,10 +211,25 @@ class TrainBenchResult:
         return asdict(self)
 
 
+def recompute_mix(profile: RunProfile) -> str:
+    """How many blocks recompute in full, at op level, and none (`block_policies` of the profile)."""
+    from vidforge.parallel.activation_checkpoint import block_policies
+
+    train = profile.train
+    policies = block_policies(
+        profile.model.layers,
+        train.activation_checkpointing,
+        train.checkpoint_ratio,
+        train.checkpoint_ops_ratio,
+    )
+    return ", ".join(f"{policies.count(p)} {p}" for p in ("full", "ops", "none") if p in policies)
+
+
 def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchResult:
     """Time the step of `profile` (every rank runs this; rank 0's result is the one to report); with
     `data` (shard folders or URLs), also `bench.repeats` steps on real batches, timing their wait."""
     step = BenchStep(profile)
+    profile = step.profile  # train.activation_checkpointing=auto resolved to the mix that runs
     device = step.device
     world = step.dims.world_size
     bench = profile.bench
@@ -257,6 +277,7 @@ def run(profile: RunProfile, data: Sequence[str] | None = None) -> TrainBenchRes
         tokens_per_step=tokens,
         step_time_s=step_time,
         step_time_spread=timing.spread,
+        recompute=recompute_mix(profile),
         tokens_per_s=tokens / step_time,
         mfu=flops / (step_time * world * peak),
         hfu=hardware_flops / (step_time * world * peak),

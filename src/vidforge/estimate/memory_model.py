@@ -337,6 +337,61 @@ def wan_lora_block(
     }
 
 
+TEXT_STREAM = ("cross_attn.k", "cross_attn.v", "attn2.to_k", "attn2.to_v")
+"""Linear layers of a block that read the caption's tokens (the rest read the video's)."""
+IMAGE_STREAM = ("attn2.add_k_proj", "attn2.add_v_proj")
+PER_SAMPLE = ("modulation.proj",)
+ROW_PARALLEL = (".out", "to_out.0", "fc2", "net.2")
+"""Tensor parallel's row-parallel layers: their matmul's output is whole (a partial sum) on every rank."""
+
+
+def op_level_block(
+    cfg: Model,
+    tokens: float,
+    samples: int,
+    text_tokens: int,
+    compute: int,
+    *,
+    tp: int = 1,
+    image_tokens: int = 0,
+    lora_rank: int = 0,
+    adapted: frozenset[str] = frozenset(),
+) -> float | None:
+    """Bytes an op-level checkpointed block (`vidforge.parallel.activation_checkpoint`, `ops`) keeps between
+    its forward and its backward besides its input, for `tokens` tokens of this rank: the output of every
+    matmul (each linear layer's, on the tokens it reads: the video's, the caption's, the image's, or one
+    row a sample for the modulation; a LoRA adapter's two, rank and the layer's width) and of every
+    attention kernel (its output and float32 log-sum-exp per query token), in the compute dtype. None
+    where the block's joint attention (stdit_block=parallel-mm) is not modelled: no op level there."""
+    if cfg.multimodal_block:
+        return None
+    from vidforge.estimate.param_counts import block_linears
+
+    streams = {
+        "video": tokens,
+        "text": samples * text_tokens,
+        "image": samples * image_tokens,
+        "sample": samples,
+    }
+    total = 0.0
+    for name, width in block_linears(cfg):
+        if name.endswith(IMAGE_STREAM) and not image_tokens:
+            continue
+        stream = (
+            "text" if name.endswith(TEXT_STREAM)
+            else "image" if name.endswith(IMAGE_STREAM)
+            else "sample" if name.endswith(PER_SAMPLE)
+            else "video"
+        )  # fmt: skip
+        split = 1 if name.endswith(ROW_PARALLEL) else tp
+        adapter = (lora_rank + width) if name in adapted else 0
+        total += streams[stream] * (width / split + adapter) * compute
+    _, scopes, _, _ = _scopes(cfg)
+    kernels = scopes + 1 + (1 if image_tokens else 0)  # self-attention scopes, cross-attention, image's
+    total += kernels * tokens * (cfg.hidden * compute + 4 * cfg.heads) / tp
+    return total
+
+
 def rope_bytes(cfg: Model, workload: Workload, tokens: int) -> float:
     """The float32 RoPE tables (cos and sin) of one micro-batch."""
     return 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
@@ -389,28 +444,113 @@ def in_flight_microbatches(layout: Layout, schedule: str) -> float:
     return base
 
 
+@dataclass
+class _Rank:
+    """What every term of one rank's estimate reads, and the terms and notes as they are added."""
+
+    profile: RunProfile
+    layout: Layout
+    workload: Workload
+    cfg: Model
+    train: Any
+    par: Any
+    counts: ParameterCounts
+    prec: Precision
+    shards: int
+    blocks: int
+    tp: int
+    block_params: float
+    outside_params: float
+    local_params: float
+    terms: list[Term] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    block_adapters: int = 0
+    """LoRA: one block's adapter parameters (0 without LoRA)."""
+    adapters: float = 0.0
+    """LoRA: the adapter parameters this rank trains on the device."""
+    host_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Activations:
+    """What the activation terms decided, for the weight copies, buffers and the backward's overlap."""
+
+    tokens: int
+    one: BlockActivations
+    recomputed: int
+    op_level: set[int]
+    kept: int
+    offloaded: list[int]
+    stored: float
+    in_flight: float
+    inputs_offloaded: int
+    block_input: float
+
+
 def estimate_memory(
     profile: RunProfile, layout: Layout | None = None, workload: Workload | None = None
 ) -> MemoryEstimate:
     """Device memory of one rank of `layout` (default: the profile's) training on `workload` (default:
-    the profile's bench sample, train.micro_batch clips per rank)."""
-    from vidforge.parallel.activation_checkpoint import checkpointed_indices
-    from vidforge.parallel.activation_offload import offloaded_indices
-
+    the profile's bench sample, train.micro_batch clips per rank), term by term: the weights and their
+    states, the activations, the weight copies held for the backward, the communication buffers, and the
+    backward's overlap of activations and gradients."""
     layout = layout or profile.layout
     workload = workload or Workload.from_profile(profile)
-    cfg, train, par = profile.model, profile.train, profile.parallel
+    cfg = profile.model
     counts: ParameterCounts = parameter_counts(cfg)
     prec = precision_of(profile, layout)
     shards = layout.dp_shard * layout.cp if prec.fsdp else 1
-    blocks = cfg.layers // layout.pp
-    tp = layout.tp
-    block_params = counts.block - counts.block_tp + counts.block_tp / tp
-    outside_params = counts.outside - counts.outside_tp + counts.outside_tp / tp
-    local_params = tp_local_parameters(counts, blocks, tp) / shards
-    notes: list[str] = []
-    terms: list[Term] = []
+    blocks, tp = cfg.layers // layout.pp, layout.tp
+    r = _Rank(
+        profile, layout, workload, cfg, profile.train, profile.parallel, counts, prec, shards, blocks, tp,
+        block_params=counts.block - counts.block_tp + counts.block_tp / tp,
+        outside_params=counts.outside - counts.outside_tp + counts.outside_tp / tp,
+        local_params=tp_local_parameters(counts, blocks, tp) / shards,
+    )  # fmt: skip
+    _state_terms(r)
+    acts = _activation_terms(r)
+    _weight_copy_terms(r, acts)
+    _communication_terms(r, acts)
+    _backward_overlap(r, acts)
+    inputs_bytes = acts.in_flight * acts.inputs_offloaded * acts.block_input
+    offloaded_bytes = acts.in_flight * len(acts.offloaded) * acts.one.total + inputs_bytes
+    return MemoryEstimate(
+        r.terms, r.notes, offloaded_bytes, r.host_bytes, acts.inputs_offloaded, inputs_bytes
+    )
 
+
+def _state_terms(r: _Rank) -> None:
+    """Parameters, gradients, AdamW states and EMA of what trains (LoRA: the frozen base, with fp8 base and
+    block swap, and the adapters), a distillation's fake score and teacher."""
+    (
+        profile,
+        cfg,
+        train,
+        counts,
+        prec,
+        shards,
+        blocks,
+        tp,
+        block_params,
+        outside_params,
+        local_params,
+        terms,
+        notes,
+    ) = (
+        r.profile,
+        r.cfg,
+        r.train,
+        r.counts,
+        r.prec,
+        r.shards,
+        r.blocks,
+        r.tp,
+        r.block_params,
+        r.outside_params,
+        r.local_params,
+        r.terms,
+        r.notes,
+    )
     where = f"({outside_params:,.0f} outside the blocks + {blocks} blocks x {block_params:,.0f}"
     where += f"{' after TP/' + str(tp) if tp > 1 else ''}) / {shards} FSDP shard(s)"
     offload = train.fsdp_cpu_offload and prec.fsdp
@@ -477,7 +617,26 @@ def estimate_memory(
             "live in host memory"
         )
 
-    # --- activations --------------------------------------------------------------------------------
+    r.block_adapters, r.adapters, r.host_bytes = block_adapters, adapters, host_bytes
+
+
+def _activation_terms(r: _Rank) -> _Activations:
+    """What the blocks save for the backward (per block policy: kept, op level, full recompute, offloaded),
+    what lives outside them, and the backward's recompute workspace."""
+    from vidforge.parallel.activation_checkpoint import FULL, OPS, block_policies
+    from vidforge.parallel.activation_offload import offloaded_indices
+
+    layout, workload, cfg, train, par, prec, blocks, tp, terms = (
+        r.layout,
+        r.workload,
+        r.cfg,
+        r.train,
+        r.par,
+        r.prec,
+        r.blocks,
+        r.tp,
+        r.terms,
+    )
     tokens = workload.tokens_per_rank(layout.cp, par.token_slicing)
     all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
     gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
@@ -499,20 +658,43 @@ def estimate_memory(
         lora_rank=train.lora.rank if train.lora is not None else 0,
         adapted=adapted,
     )
-    mode = train.activation_checkpointing
-    checkpointed = set(checkpointed_indices(blocks, mode, train.checkpoint_ratio))
-    # train.activation_offload: these blocks (none of them checkpointed) save theirs in host memory.
-    offloaded = offloaded_indices(blocks, mode, train.checkpoint_ratio, train.activation_offload)
+    mode, ratio, ops_ratio = (
+        train.activation_checkpointing,
+        train.checkpoint_ratio,
+        train.checkpoint_ops_ratio,
+    )
+    policies = block_policies(blocks, mode, ratio, ops_ratio)
+    checkpointed = {i for i, p in enumerate(policies) if p == FULL}
+    op_level = {i for i, p in enumerate(policies) if p == OPS}
+    # train.activation_offload: these blocks (none of them recomputing) save theirs in host memory.
+    offloaded = offloaded_indices(blocks, mode, ratio, train.activation_offload, ops_ratio)
     recomputed = len(checkpointed)
-    kept = blocks - recomputed - len(offloaded)
+    kept = blocks - recomputed - len(op_level) - len(offloaded)
     in_flight = in_flight_microbatches(layout, par.pp_schedule)
     block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
     # train.checkpoint_offload: the checkpointed blocks' inputs wait in host memory too
     inputs_offloaded = recomputed if train.checkpoint_offload else 0
+    ops_kept = 0.0
+    if op_level:
+        ops_kept = (
+            op_level_block(
+                cfg,
+                tokens,
+                workload.samples,
+                workload.text_tokens,
+                prec.compute,
+                tp=tp,
+                image_tokens=workload.image_tokens,
+                lora_rank=train.lora.rank if train.lora is not None else 0,
+                adapted=adapted,
+            )
+            or 0.0
+        )
     stored = kept * one.total + (recomputed - inputs_offloaded) * block_input
+    stored += len(op_level) * (block_input + ops_kept)
     frozen_wan = train.lora is not None and family(cfg.family).table_modulation
     first_norm = 0.0
-    if frozen_wan and 0 not in checkpointed and 0 not in offloaded and layout.pp == 1:
+    if frozen_wan and policies and policies[0] == "none" and 0 not in offloaded and layout.pp == 1:
         # nothing before the first block trains: its first norm's input needs no gradient, so is not kept
         first_norm = (4 * cfg.hidden + 8) * tokens
         stored -= first_norm
@@ -529,6 +711,11 @@ def estimate_memory(
     )
     if recomputed:
         formula += f", {recomputed} checkpointed blocks keep only their input ({_gib(block_input)} each)"
+    if op_level:
+        formula += (
+            f", {len(op_level)} op-level checkpointed blocks keep their input and their matmul and attention "
+            f"outputs ({_gib(block_input + ops_kept)} each)"
+        )
     if inputs_offloaded:
         formula += ", in host memory (train.checkpoint_offload)"
     if first_norm:
@@ -542,6 +729,28 @@ def estimate_memory(
     rope_here = ", RoPE" if kept else ""
     formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss{rope_here}, captions)"
     terms.append(Term("activations", acts, formula))
+    done = _Activations(
+        tokens=tokens,
+        one=one,
+        recomputed=recomputed,
+        op_level=op_level,
+        kept=kept,
+        offloaded=offloaded,
+        stored=stored,
+        in_flight=in_flight,
+        inputs_offloaded=inputs_offloaded,
+        block_input=block_input,
+    )
+    _recompute_term(r, done, bool(checkpointed))
+    return done
+
+
+def _recompute_term(r: _Rank, acts: _Activations, checkpointed: bool) -> None:
+    """What the backward holds besides the saved tensors: the block it recomputes (or brings back from
+    host memory, prefetching the next)."""
+    prec, train, terms, block_adapters = r.prec, r.train, r.terms, r.block_adapters
+    one, op_level, offloaded = acts.one, acts.op_level, acts.offloaded
+    inputs_offloaded, block_input = acts.inputs_offloaded, acts.block_input
     # LoRA under bf16 autocast: the block whose backward runs holds its adapters' bf16 casts as well
     casts = block_adapters * 2 if prec.autocast and train.lora is not None else 0
     also = f" + its adapters' bf16 casts {_gib(casts)}" if casts else ""
@@ -565,7 +774,7 @@ def estimate_memory(
                 f"brought back, and prefetches the previous block's: + 2 x {_gib(block_input)}{also}",
             )
         )
-    elif checkpointed:
+    elif checkpointed or op_level:
         terms.append(
             Term(
                 "recompute",
@@ -574,7 +783,36 @@ def estimate_memory(
             )
         )
 
-    # --- weight copies held for the backward, communication buffers ------------------------------------
+
+def _weight_copy_terms(r: _Rank, acts: _Activations) -> None:
+    """The compute-dtype weight copies autocast keeps for the backward, and the fp8 base's dequantized
+    weight."""
+    (
+        cfg,
+        train,
+        counts,
+        prec,
+        shards,
+        blocks,
+        block_params,
+        outside_params,
+        terms,
+        block_adapters,
+        adapters,
+    ) = (
+        r.cfg,
+        r.train,
+        r.counts,
+        r.prec,
+        r.shards,
+        r.blocks,
+        r.block_params,
+        r.outside_params,
+        r.terms,
+        r.block_adapters,
+        r.adapters,
+    )
+    recomputed, op_level, kept, offloaded = acts.recomputed, acts.op_level, acts.kept, acts.offloaded
     if prec.autocast and train.lora is None:
         # The Linear weights of this rank that autocast casts to bf16 and keeps for the backward: TP's
         # local shards of the layers outside the blocks and of each block that keeps its activations; a
@@ -582,7 +820,7 @@ def estimate_memory(
         linear_outside = counts.linear_weights - cfg.layers * counts.block_linear_weights
         block_share = block_params / counts.block
         outside_share = outside_params / counts.outside if counts.outside else 1.0
-        held = blocks - recomputed + (1 if recomputed else 0)
+        held = kept + len(offloaded) + (1 if recomputed or op_level else 0)
         weights = linear_outside * outside_share + held * counts.block_linear_weights * block_share
         terms.append(
             Term(
@@ -591,7 +829,7 @@ def estimate_memory(
                 f"bf16 autocast casts the Linear weights this rank holds and keeps them for the backward: "
                 f"{linear_outside * outside_share:,.0f} outside the blocks + {held} block(s) x "
                 f"{counts.block_linear_weights * block_share:,.0f}"
-                f"{' (checkpointed blocks: only the one recomputing)' if recomputed else ''} = "
+                f"{' (checkpointed blocks: only the one recomputing)' if recomputed or op_level else ''} = "
                 f"{weights:,.0f} x 2 B",
             )
         )
@@ -617,6 +855,42 @@ def estimate_memory(
                 f"{largest:,.0f} weights x {4 + prec.compute} B",
             )
         )
+
+
+def _communication_terms(r: _Rank, acts: _Activations) -> None:
+    """FSDP's gathered blocks and collective buffers, sequence parallel's and pipeline parallel's."""
+    (
+        profile,
+        layout,
+        workload,
+        cfg,
+        train,
+        par,
+        counts,
+        prec,
+        blocks,
+        tp,
+        block_params,
+        terms,
+        notes,
+        block_adapters,
+    ) = (
+        r.profile,
+        r.layout,
+        r.workload,
+        r.cfg,
+        r.train,
+        r.par,
+        r.counts,
+        r.prec,
+        r.blocks,
+        r.tp,
+        r.block_params,
+        r.terms,
+        r.notes,
+        r.block_adapters,
+    )
+    tokens = acts.tokens
     comm = 0.0
     comm_parts = []
     if prec.fsdp:
@@ -653,6 +927,13 @@ def estimate_memory(
         notes.append(
             "FSDP mixed precision: weights all-gathered and computed in bf16, gradients reduced in float32"
         )
+
+
+def _backward_overlap(r: _Rank, acts: _Activations) -> None:
+    """One micro-batch a step: the backward frees saved tensors as it fills gradients (the peak holds the
+    larger); several: they add up."""
+    layout, train, terms, notes = r.layout, r.train, r.terms, r.notes
+    stored, in_flight = acts.stored, acts.in_flight
     blocks_saved = in_flight * stored
     if layout.pp == 1 and train.grad_accum == 1:
         # The peak of the step is in the backward: at its start every block's saved tensors and no
@@ -674,9 +955,6 @@ def estimate_memory(
             "gradients and activations are added: with several micro-batches a step (or pipeline stages) "
             "the gradients of the earlier ones are held while later ones keep their activations"
         )
-    inputs_bytes = in_flight * inputs_offloaded * block_input
-    offloaded_bytes = in_flight * len(offloaded) * one.total + inputs_bytes
-    return MemoryEstimate(terms, notes, offloaded_bytes, host_bytes, inputs_offloaded, inputs_bytes)
 
 
 def lora_block_bytes(profile: RunProfile, counts: ParameterCounts) -> float:

@@ -152,3 +152,16 @@ def require_model(
         + (f" over {ranks} ranks)" if ranks > 1 else ")"),
         fix,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def block_linears(cfg: Model) -> tuple[tuple[str, int], ...]:
+    """(path in the block, output features) of each linear layer of one block, in order: counted on a
+    model built on the meta device."""
+    from torch import nn
+
+    from vidforge.models import build_model
+
+    model = build_model(cfg.model_copy(update={"layers": 1}), device="meta")  # blocks share one shape
+    block = next(iter(model.blocks.values()))
+    return tuple((name, m.out_features) for name, m in block.named_modules() if isinstance(m, nn.Linear))

@@ -33,14 +33,17 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
 
 from vidforge.errors import UserInputError
-from vidforge.parallel.activation_checkpoint import checkpointed_indices, spread
+from vidforge.parallel.activation_checkpoint import NONE, block_policies, checkpointed_indices, spread
 
 
-def offloaded_indices(num_blocks: int, mode: str, ratio: float, offload: float) -> list[int]:
-    """round(offload x n) blocks, spread evenly over the blocks that do not recompute (capped at how many
-    there are: the profile refuses fractions that add up to more than every block)."""
-    recomputed = set(checkpointed_indices(num_blocks, mode, ratio))
-    free = [i for i in range(num_blocks) if i not in recomputed]
+def offloaded_indices(
+    num_blocks: int, mode: str, ratio: float, offload: float, ops_ratio: float = 0.0
+) -> list[int]:
+    """round(offload x n) blocks, spread evenly over the blocks that do not recompute, in full or at op
+    level (capped at how many there are: the profile refuses fractions that add up to more than every
+    block)."""
+    policies = block_policies(num_blocks, mode, ratio, ops_ratio)
+    free = [i for i, p in enumerate(policies) if p == NONE]
     return [free[i] for i in spread(len(free), min(round(offload * num_blocks), len(free)))]
 
 
@@ -156,6 +159,7 @@ def apply_activation_offload(
     mode: str = "none",
     ratio: float = 0.0,
     checkpoint_offload: bool = False,
+    ops_ratio: float = 0.0,
 ) -> list[int]:
     """Wrap the blocks `offloaded_indices` chooses (given the checkpointing `mode` and `ratio`) in place,
     and with `checkpoint_offload` every checkpointed block too (after `apply_activation_checkpointing`):
@@ -165,9 +169,9 @@ def apply_activation_offload(
     if not 0 <= offload <= 1:
         raise UserInputError(f"train.activation_offload: a fraction of the blocks in [0, 1], got {offload}")
     keys = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else list(range(len(blocks)))
-    chosen = offloaded_indices(len(keys), mode, ratio, offload)
+    chosen = offloaded_indices(len(keys), mode, ratio, offload, ops_ratio)
     if checkpoint_offload:
-        chosen = sorted({*chosen, *checkpointed_indices(len(keys), mode, ratio)})
+        chosen = sorted({*chosen, *checkpointed_indices(len(keys), mode, ratio, ops_ratio)})
     offloader = HostOffloader()  # one for all: the prefetch follows the forward order of every stash
     for i in chosen:
         blocks[keys[i]] = OffloadedBlock(blocks[keys[i]], offloader)

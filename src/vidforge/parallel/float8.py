@@ -1,6 +1,12 @@
-"""FP8 training of the linear layers with torchao's float8 (dynamic tensorwise scaling): the matmuls of
-the converted nn.Linear layers run in float8 on the GPU's FP8 tensor cores; weights, gradients and
-optimizer states stay in high precision.
+"""FP8 training of the linear layers with torchao's float8: the matmuls of the converted nn.Linear layers
+run in float8 on the GPU's FP8 tensor cores; weights, gradients and optimizer states stay in high
+precision (the frozen LoRA base's storage in float8 is another thing: `vidforge.parallel.fp8_base`).
+
+Scaling (`train.fp8_recipe`): `rowwise` (the default) scales each row of the input and each output row of
+the weight on its own (each gradient matmul along its own contraction), with scales rounded down to
+powers of two, so one outlier token or channel costs only its row's precision (torchao's and torchtitan's
+recipe for accuracy); `tensorwise` takes one scale per tensor, the fastest kernel, and the outliers of any
+row set every row's step.
 
 Applied from outside the model, in torchtitan's order: right after the model is built, before
 activation checkpointing, torch.compile and FSDP2 (the checkpoint wrapper and FSDP then wrap the
@@ -17,6 +23,7 @@ so the result is the unpadded one's, at the cost of a copy when the count is not
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import torch
@@ -57,21 +64,29 @@ def float8_eligible(module: nn.Module, fqn: str) -> bool:
     return True
 
 
-def apply_float8(model: nn.Module, device: torch.device) -> list[str]:
-    """Swap the eligible nn.Linear layers of `model` for torchao's Float8Linear in place; returns their
-    names. Call before activation checkpointing, torch.compile and FSDP."""
+def apply_float8(model: nn.Module, device: torch.device, recipe: str = "rowwise") -> list[str]:
+    """Swap the eligible nn.Linear layers of `model` for torchao's Float8Linear in place with `recipe`'s
+    scaling; returns their names. Call before activation checkpointing, torch.compile and FSDP."""
     check_float8_available(device)
-    return convert_to_float8(model)
+    return convert_to_float8(model, recipe)
 
 
-def convert_to_float8(model: nn.Module) -> list[str]:
-    """`apply_float8` without the device check: the conversion itself, with token counts padded to what
-    the float8 matmul takes (see the module docstring)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+def float8_config(recipe: str = "rowwise") -> object:
+    """torchao's Float8LinearConfig for `recipe` (rowwise or tensorwise), token counts padded to what the
+    float8 matmul takes (see the module docstring)."""
+    from torchao.float8 import Float8LinearConfig
+
+    if recipe not in ("rowwise", "tensorwise"):
+        raise UserInputError(f"train.fp8_recipe: expected rowwise or tensorwise, got {recipe!r}")
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
+
+
+def convert_to_float8(model: nn.Module, recipe: str = "rowwise") -> list[str]:
+    """`apply_float8` without the device check: the conversion itself."""
+    from torchao.float8 import convert_to_float8_training
 
     names = [
         name for name, m in model.named_modules() if isinstance(m, nn.Linear) and float8_eligible(m, name)
     ]
-    config = Float8LinearConfig(pad_inner_dim=True)
-    convert_to_float8_training(model, config=config, module_filter_fn=float8_eligible)
+    convert_to_float8_training(model, config=float8_config(recipe), module_filter_fn=float8_eligible)
     return names

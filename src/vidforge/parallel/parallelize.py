@@ -47,18 +47,27 @@ def parallelize(
     if cfg.fp8:
         from vidforge.parallel.float8 import apply_float8
 
-        done.notes.append(f"fp8: {len(apply_float8(model, device))} linear layers in float8")
+        converted = apply_float8(model, device, cfg.fp8_recipe)
+        done.notes.append(f"fp8: {len(converted)} linear layers in float8 ({cfg.fp8_recipe} scaling)")
     if dims.tp_enabled:
         apply_tensor_parallel(model, dims, profile)
     if dims.cp_enabled:
         apply_context_parallel(model, dims, profile.parallel)
-    apply_activation_checkpointing(model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio)
+    policies = apply_activation_checkpointing(
+        model.blocks, cfg.activation_checkpointing, cfg.checkpoint_ratio, cfg.checkpoint_ops_ratio
+    )
+    if cfg.activation_checkpointing == "selective" and policies:
+        done.notes.append(
+            "activation checkpointing: "
+            + ", ".join(f"{policies.count(p)} blocks {p}" for p in ("full", "ops", "none") if p in policies)
+        )
     apply_activation_offload(
         model.blocks,
         cfg.activation_offload,
         cfg.activation_checkpointing,
         cfg.checkpoint_ratio,
         cfg.checkpoint_offload,
+        cfg.checkpoint_ops_ratio,
     )
     if cfg.compile:
         compile_blocks(model.blocks)

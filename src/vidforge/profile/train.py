@@ -118,10 +118,18 @@ class Train(Section):
     bf16 lets the float32 matmuls left use TF32."""
     ema_decay: float = Field(0.999, ge=0, lt=1)
     """Exponential moving average of the weights kept for sampling; 0 disables it."""
-    activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    """Recompute activations in the backward: none, every block (full), or a ratio of blocks (selective)."""
+    activation_checkpointing: Literal["none", "full", "selective", "auto"] = "none"
+    """Recompute activations in the backward: none, every block (full), a ratio of blocks in full and a ratio
+    at op level (selective: checkpoint_ratio, checkpoint_ops_ratio), or auto: the least recompute the memory
+    model finds fits cluster.accelerator (within bench.memory_headroom), per block from full to op level to
+    none (`vidforge.estimate.recompute`; `train --dry-run` and `bench plan` show the choice)."""
     checkpoint_ratio: float = Field(0.5, ge=0, le=1)
-    """With selective checkpointing, the fraction of blocks that recompute."""
+    """With selective checkpointing, the fraction of blocks that recompute in full (keep only their input)."""
+    checkpoint_ops_ratio: float = Field(0.0, ge=0, le=1)
+    """With selective checkpointing, the fraction of blocks that recompute at op level: they keep their
+    matmuls' and attention kernels' outputs and recompute the norms, modulation and elementwise ops
+    between them (torch's selective activation checkpointing), chosen among the blocks not recomputed in
+    full: checkpoint_ratio + checkpoint_ops_ratio <= 1."""
     activation_offload: float = Field(0.0, ge=0, le=1)
     """Fraction of the blocks whose saved activations wait for the backward in pinned CPU memory, copied on
     a side stream and brought back ahead of the backward (Vchitect-2.0). Chosen among the blocks that do
@@ -134,10 +142,13 @@ class Train(Section):
     compile: bool = False
     """torch.compile each block (GPU; on CPU inductor's C++ build of the tiny model takes minutes)."""
     fp8: bool = False
-    """FP8 matmuls in the linear layers (torchao float8, dynamic tensorwise scaling): CUDA GPUs with compute
-    capability >= 8.9 and torchao (the `gpu` extra) only. Layers with a dim not a multiple of 16 and the
-    final layer stay in high precision; token counts that are not are padded with zeros for the matmul
-    (exact). Pays off with train.compile=true on large models."""
+    """FP8 matmuls in the linear layers that train (torchao float8, dynamic scaling by fp8_recipe): CUDA GPUs
+    with compute capability >= 8.9 and torchao (the `gpu` extra) only. Layers with a dim not a multiple of
+    16 and the final layer stay in high precision; token counts that are not are padded with zeros for the
+    matmul (exact). Pays off with train.compile=true on large models."""
+    fp8_recipe: Literal["rowwise", "tensorwise"] = "rowwise"
+    """With fp8: one float8 scale per row of each matmul operand (rowwise, power-of-two scales: an outlier
+    costs only its row's precision) or one per tensor (tensorwise: the fastest kernel)."""
     fsdp_cpu_offload: bool = False
     """Keep FSDP-sharded parameters, gradients and optimizer states in CPU memory (FSDP2's CPUOffloadPolicy,
     pinned on GPUs); the optimizer steps there. With LoRA: tested on two gloo ranks."""
@@ -178,9 +189,17 @@ class Train(Section):
     def _check(self) -> Train:
         if self.warmup_steps >= self.steps and self.steps > 1:
             raise ValueError(f"warmup_steps: must be below train.steps={self.steps}, got {self.warmup_steps}")
-        recomputed = {"none": 0.0, "full": 1.0, "selective": self.checkpoint_ratio}[
+        recomputed = {"none": 0.0, "full": 1.0, "selective": self.checkpoint_ratio, "auto": 0.0}[
             self.activation_checkpointing
         ]
+        if (
+            self.activation_checkpointing == "selective"
+            and self.checkpoint_ratio + self.checkpoint_ops_ratio > 1 + 1e-9
+        ):
+            raise ValueError(
+                f"checkpoint_ops_ratio: {self.checkpoint_ops_ratio:g} of the blocks at op level plus "
+                f"checkpoint_ratio={self.checkpoint_ratio:g} in full exceeds every block: lower one of them"
+            )
         if self.activation_offload > 0 and recomputed + self.activation_offload > 1 + 1e-9:
             # Vchitect-2.0's "combination": a block recomputes or offloads, never both
             raise ValueError(

@@ -125,8 +125,10 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
 def dry_run(profile: RunProfile) -> DryRun:
     """Build one rank per pipeline stage of `profile`'s layout on a fake process group."""
     from vidforge.estimate.memory_model import estimate_memory
+    from vidforge.estimate.recompute import resolve_auto
     from vidforge.estimate.workload import Workload
 
+    profile, recompute = resolve_auto(profile)
     if dist.is_initialized():
         raise RuntimeError("--dry-run builds its own fake process group: run it in a single process")
     layout = profile.layout
@@ -179,5 +181,6 @@ def dry_run(profile: RunProfile) -> DryRun:
         "FSDP's padding of uneven shards)",
         f"activations: vidforge bench plan's memory model for {Workload.from_profile(profile).describe()} "
         "per data-parallel rank (the profile's bench section)",
+        *([recompute.describe()] if recompute is not None else []),
     ]
     return DryRun(profile.name, layout.describe(), dims.world_size, stages, notes)

@@ -25,6 +25,7 @@ from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
 from vidforge.errors import Terminated, UserInputError
 from vidforge.estimate.param_counts import require_model
+from vidforge.estimate.recompute import resolve_auto
 from vidforge.files import output_folder, subfolder, write_text
 from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
@@ -205,6 +206,7 @@ def _set_up(
 ) -> _Session:
     """Everything checked that can refuse the run, then the model, its step, the data and the resumed
     state built."""
+    profile, _ = resolve_auto(profile)  # train.activation_checkpointing=auto: the memory model's mix
     teacher = None
     if profile.train.distill is not None:
         check_layout(profile)
