@@ -67,7 +67,7 @@ def _finetune(videos: Path, base: Path, out: Path, *args: str, sets: tuple[str, 
 
 @pytest.mark.skipif(
     os.environ.get("VIDFORGE_TEST_RECIPES") != "1",
-    reason="opt-in: VIDFORGE_TEST_RECIPES=1 (about 5 min on 2 loaded cores: 3 of tokenize, 40 s a step)",
+    reason="opt-in: VIDFORGE_TEST_RECIPES=1 (2 to 5 min on 2 cores by load: mostly the VAE encoding 49 x 480 x 832)",
 )
 @pytest.mark.slow
 def test_readme_first_recipe_trains_at_480x832x49(wan, tmp_path) -> None:
