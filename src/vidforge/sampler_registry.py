@@ -4,8 +4,9 @@
 training's validation samples, and what the CLI's help names.
 
 Plain data without torch: the profile reads it while it loads, so an impossible pair is refused in one
-line (exit 2) before any model code is imported. A sampler's function is named by its import path and
-imported only when it samples.
+line (exit 2) before any model code is imported. An objective's builder and schedule, and a sampler's
+function, are named by their import paths and imported only when they run (the one table of both:
+`diffusion.from_profile` looks them up here).
 
 A new sampler is a function `(denoise, noise, levels, **options) -> sample` beside its objective's
 others (`levels`: the objective's schedule, decreasing and ending at 0; `denoise(x, level)` the clean
@@ -19,6 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def _load(path: str) -> Callable[..., Any]:
+    module, function = path.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
 @dataclass(frozen=True)
 class Objective:
     name: str
@@ -27,6 +33,17 @@ class Objective:
     """What the help calls it."""
     summary: str
     """What it is, for the profile's documentation of `diffusion.objective`."""
+    build: str
+    """`module:function`, imported when building: `(diffusion section) -> Objective`, with its settings."""
+    levels: str
+    """`module:function`: `(diffusion section) -> (steps + 1,)` its sampling schedule, decreasing levels
+    ending at 0, what its samplers step over."""
+
+    def load_build(self) -> Callable[..., Any]:
+        return _load(self.build)
+
+    def load_levels(self) -> Callable[..., Any]:
+        return _load(self.levels)
 
 
 @dataclass(frozen=True)
@@ -50,8 +67,7 @@ class Sampler:
     noise or the noise its input implies (`diffusion.few_step_noise`)."""
 
     def load(self) -> Callable[..., Any]:
-        module, function = self.function.split(":")
-        return getattr(importlib.import_module(module), function)
+        return _load(self.function)
 
 
 OBJECTIVES: tuple[Objective, ...] = (
@@ -59,12 +75,16 @@ OBJECTIVES: tuple[Objective, ...] = (
         "edm",
         "EDM",
         "Karras et al. (2022), a preconditioned denoiser trained at log-normal noise levels sigma",
+        "vidforge.diffusion.from_profile:edm_objective",
+        "vidforge.diffusion.from_profile:edm_levels",
     ),
     Objective(
         "flow",
         "rectified flow",
         "rectified flow (Wan2.1, SD3): x_t = (1 - t) x0 + t noise, the network predicts the velocity "
         "noise - x0, t drawn by `flow_time_sampling` and shifted by `flow_shift`",
+        "vidforge.diffusion.from_profile:flow_objective",
+        "vidforge.diffusion.from_profile:flow_levels",
     ),
 )
 
@@ -109,6 +129,11 @@ SAMPLERS: tuple[Sampler, ...] = (
 
 OBJECTIVE_NAMES: tuple[str, ...] = tuple(o.name for o in OBJECTIVES)
 SAMPLER_NAMES: tuple[str, ...] = tuple(s.name for s in SAMPLERS)
+
+
+def objective(name: str) -> Objective:
+    """The entry of objective `name` (the profile has checked that it is one)."""
+    return next(o for o in OBJECTIVES if o.name == name)
 
 
 def sampler(name: str) -> Sampler:

@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 from vidforge import sampler_registry
 from vidforge.cli._globals import reflow
 from vidforge.cli.app import app
-from vidforge.diffusion.from_profile import OBJECTIVES
+from vidforge.diffusion.edm import EDM
+from vidforge.diffusion.flow import RectifiedFlow
+from vidforge.diffusion.from_profile import build_objective
 from vidforge.profile.diffusion import Diffusion
 
 SAMPLERS = sampler_registry.SAMPLER_NAMES
@@ -46,7 +48,12 @@ def _help(path: str) -> str:
 
 
 def test_the_profile_takes_the_registry_and_builds_every_objective_of_it():
-    assert set(OBJECTIVE_NAMES) == set(OBJECTIVES)
+    built = {"edm": EDM, "flow": RectifiedFlow}  # the objectives' own classes, by name
+    assert set(OBJECTIVE_NAMES) == set(built)
+    for entry in sampler_registry.OBJECTIVES:  # the one table: its builder and schedule import and run
+        assert isinstance(build_objective(Diffusion(objective=entry.name)), built[entry.name])
+        levels = entry.load_levels()(Diffusion(objective=entry.name, steps=5))
+        assert levels.shape == (6,) and levels[-1] == 0 and bool((levels[:-1] > levels[1:]).all())
     for objective in OBJECTIVE_NAMES:
         fits = sampler_registry.samplers_of(objective)
         assert Diffusion(objective=objective).sampler == fits[0]

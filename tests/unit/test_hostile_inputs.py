@@ -74,6 +74,7 @@ def test_distilling_one_expert_of_two_is_refused_at_load(expert):
 
     data = {
         "model": {"preset": "wan2.2-t2v-a14b"},
+        "diffusion": {"objective": "flow"},  # an expert trains by the flow time (refused at load otherwise)
         "train": {"expert": expert, "validate_every": 0, "distill": {"steps": 4, "teacher": "wan22"}},
     }
     with pytest.raises(ProfileError, match=rf"^profile: train.distill: .*the {expert}-noise expert") as err:

@@ -159,7 +159,7 @@ def test_bad_folders_end_in_one_line_naming_the_file(tmp_path):
         "import", str(src), "-o", out
     )
 
-    assert "--to onnx: diffusers, or vidforge with --merged" in _error(
+    assert "--to onnx: diffusers, vidforge with --merged, or comfyui without --merged" in _error(
         "export", out, "-o", out, "--to", "onnx"
     )
     not_export = tmp_path / "nothing"

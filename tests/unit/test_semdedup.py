@@ -186,3 +186,16 @@ def test_text_log_reads_only_rows_with_their_id(tmp_path) -> None:
     assert dim == 6 and ids.tolist() == ["c0", "c1", "c2", "c1"]
     got = source.take(positions(ids, ["c0", "c1", "c2"]), dim)
     assert np.array_equal(got, v[[0, 3, 2]])
+
+
+def test_a_cluster_compared_in_small_blocks_finds_the_same_pairs() -> None:
+    """A big cluster is compared a few rows at a time (its temporaries bounded, `_PAIR_BLOCK`): the pairs
+    found do not depend on the block, across the member/prober boundary too."""
+    vectors, _ = planted(3000, 32, 600, seed=3)
+    rows = np.arange(len(vectors))
+    ranks = np.random.default_rng(0).permutation(len(vectors))
+    work = semdedup.ClusterWork(0, rows, 1700, vectors, ranks)  # 1700 members, then 1300 probers
+    whole = semdedup.cluster_pairs(work, 0.95, chunk=4096)
+    assert len(whole) > 100
+    for chunk in (64, 1000):
+        assert sorted(semdedup.cluster_pairs(work, 0.95, chunk=chunk)) == sorted(whole)

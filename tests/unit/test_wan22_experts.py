@@ -46,6 +46,14 @@ def test_expert_settings_that_mean_nothing_are_refused_in_one_line() -> None:
             "train.validate_every: the low-noise expert alone",
         ),
         (
+            {
+                "model": {"preset": "wan2.2-t2v-a14b"},
+                "train": {"expert": "high"},
+                "diffusion": {"objective": "edm"},
+            },
+            "diffusion.objective: the high-noise expert trains on its side of model.boundary_ratio",
+        ),
+        (
             {"model": {"preset": "wan2.1-14b"}, "stages": [{"name": "a", "steps": 1, "expert": "low"}]},
             "stages: in stage 'a', train.expert: low names",
         ),
@@ -56,17 +64,18 @@ def test_expert_settings_that_mean_nothing_are_refused_in_one_line() -> None:
 
 
 def test_infer_refuses_what_two_experts_do_not_sample_with_yet() -> None:
-    from vidforge.infer.experts import check_experts_run
+    """The layout rulebook's sampling rules, which `vidforge infer` asks before anything loads."""
+    from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
     from vidforge.profile.loading import validate_profile
 
     profile = validate_profile({"model": {"preset": "wan2.2-t2v-a14b"}, "diffusion": {"objective": "flow"}})
-    check_experts_run(profile, 1)
-    with pytest.raises(UserInputError, match="^--nproc 2: a two-expert model"):
-        check_experts_run(profile, 2)
+    assert sampling_run_problems(profile, SamplingRun(1)) == []
+    (nproc,) = sampling_run_problems(profile, SamplingRun(2))
+    assert nproc.startswith("--nproc 2: a two-expert model")
     cache = profile.infer.cache.model_copy(update={"threshold": 0.1})
     cached = profile.model_copy(update={"infer": profile.infer.model_copy(update={"cache": cache})})
-    with pytest.raises(UserInputError, match="^infer.cache.threshold: step caching"):
-        check_experts_run(cached, 1)
+    (caching,) = sampling_run_problems(cached, SamplingRun(1))
+    assert caching.startswith("infer.cache.threshold: step caching is fitted to one network's outputs")
 
 
 def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:

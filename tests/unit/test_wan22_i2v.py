@@ -121,11 +121,17 @@ def test_the_preset_has_the_published_shapes() -> None:
 
 
 def test_an_image_as_the_first_latent_frame_of_two_experts_is_refused_in_one_line() -> None:
-    from vidforge.errors import UserInputError
-    from vidforge.infer.experts import check_experts_run
+    """I2V-A14B takes its image through condition channels (and needs one); two experts without them
+    cannot take one as a first latent frame: the layout rulebook's sampling rules, asked before anything
+    loads."""
+    from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
     from vidforge.profile.loading import validate_profile
 
     profile = validate_profile({"model": {"preset": "wan2.2-i2v-a14b"}, "diffusion": {"objective": "flow"}})
-    check_experts_run(profile, 1)
-    with pytest.raises(UserInputError, match="^--image: a two-expert model samples from an image through"):
-        check_experts_run(profile, 1, first_frame=True)
+    assert sampling_run_problems(profile, SamplingRun(1, image=True)) == []
+    (needs,) = sampling_run_problems(profile, SamplingRun(1))
+    assert needs.startswith("--image: this wan model is image-to-video") and "\n" not in needs
+    model = {"preset": "wan2.2-i2v-a14b", "condition_channels": 0, "image_dim": 0, "expand_timesteps": True}
+    first_frame = validate_profile({"model": model, "diffusion": {"objective": "flow"}})
+    (refused,) = sampling_run_problems(first_frame, SamplingRun(1, image=True))
+    assert refused.startswith("--image: a two-expert model samples from an image through")

@@ -7,11 +7,9 @@ import torch
 
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion.flow import RectifiedFlow
-from vidforge.errors import UserInputError
-from vidforge.profile import load_profile
+from vidforge.profile import ProfileError, load_profile
 from vidforge.tokens import pack_latents, patchify
 from vidforge.train.loss import DenoisingLoss
-from vidforge.train.step import checked_image_condition
 
 PATCH, C = (1, 2, 2), 4
 
@@ -80,7 +78,9 @@ def test_off_draws_what_it_drew_before() -> None:
     assert torch.equal(off.model_kwargs["noise_level"], before.model_kwargs["noise_level"])
 
 
-def test_refused_where_it_cannot_run() -> None:
+def test_refused_where_it_cannot_run_when_the_profile_loads() -> None:
+    """The layout rulebook refuses, at load, what the step cannot condition: the trainer, the planner and
+    the dry run only ever see profiles that loaded."""
     wan = [
         "model.preset=wan2.2-ti2v-5b",
         "model.patch=[1,2,2]",
@@ -88,13 +88,20 @@ def test_refused_where_it_cannot_run() -> None:
         "model.abs_position=none",
     ]
     wan += ["diffusion.objective=flow", "diffusion.image_condition=0.5"]
-    profile = load_profile(None, wan)
-    assert checked_image_condition(profile, profile.model) == 0.5
+    assert load_profile(None, wan).diffusion.image_condition == 0.5
+    two = ["cluster.cpu_processes=2"]
     for extra, says in [
-        (["model.expand_timesteps=false"], "model.expand_timesteps is off"),
-        (["parallel.cp=2", "cluster.cpu_processes=2"], "without context, pipeline or sequence parallel"),
-        (["parallel.tp=2", "cluster.cpu_processes=2"], "without context, pipeline or sequence parallel"),
+        (["model.expand_timesteps=false"], "diffusion.image_condition: model.expand_timesteps is off"),
+        (["diffusion.objective=edm"], "diffusion.image_condition: needs diffusion.objective=flow"),
+        ([*two, "parallel.cp=2"], "parallel.cp: first-frame conditioning (diffusion.image_condition) trains"),
+        ([*two, "parallel.pp=2"], "parallel.pp: first-frame conditioning (diffusion.image_condition) trains"),
+        ([*two, "parallel.tp=2"], "parallel.sequence_parallel: first-frame conditioning"),
     ]:
-        profile = load_profile(None, [*wan, *extra])
-        with pytest.raises(UserInputError, match=says):
-            checked_image_condition(profile, profile.model)
+        with pytest.raises(ProfileError) as refused:
+            load_profile(None, [*wan, *extra])
+        # the loader names the field by the --set that gave it (`--set parallel.cp=2: ...`)
+        message, (field, words) = str(refused.value), says.split(": ", 1)
+        assert field in message and words in message and "\n" not in message
+        assert "diffusion.image_condition=0" in message  # the other fix
+    # tensor parallel without sequence parallel conditions: the per-token levels are whole on every rank
+    assert load_profile(None, [*wan, *two, "parallel.tp=2", "parallel.sequence_parallel=false"])

@@ -99,20 +99,21 @@ def test_i2v_packed_row_each_sample_equals_diffusers():
 
 
 def test_image_inputs_are_refused_where_they_do_not_belong():
-    """No --image for an image-to-video model, or over several processes: one line each, before anything
-    loads (a text-to-video model gets no condition channels here: `infer.image` refuses its image); and a
-    text-to-video model given condition latents."""
+    """No --image for an image-to-video model, or over several processes: one line each of the layout
+    rulebook's sampling rules, which `vidforge infer` asks before anything loads (a text-to-video model gets
+    no condition channels); and a text-to-video model given condition latents."""
     from vidforge.errors import UserInputError
     from vidforge.infer.image_condition import channel_condition
     from vidforge.profile import load_profile
+    from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
 
     wan = ["model.preset=wan2.1-1.3b", "model.abs_position=none"]
     assert channel_condition(load_profile(None, wan), None, "first.png") is None
     i2v = load_profile(None, [*wan, "model.condition_channels=20", "model.image_dim=1280"])
-    with pytest.raises(UserInputError, match="give the first frame to animate with --image PATH"):
-        channel_condition(i2v, None, None)
-    with pytest.raises(UserInputError, match="drop --nproc"):
-        channel_condition(i2v, None, "first.png", world=2)
+    (needs,) = sampling_run_problems(i2v, SamplingRun(1))
+    assert "give the first frame to animate with --image PATH" in needs
+    (one,) = sampling_run_problems(i2v, SamplingRun(2, image=True))
+    assert one.startswith("--image: image-conditioned sampling runs in one process, not over 2; drop --nproc")
     model = build_model(model_config("wan2.1-1.3b", **TINY), dtype=torch.float64)
     x, condition, t, text, _ = _inputs()
     with pytest.raises(UserInputError, match="model.condition_channels=0"):

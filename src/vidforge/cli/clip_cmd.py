@@ -54,6 +54,8 @@ def clip(
             out_.note_random_weights(
                 [f"embeddings ({resolved.curation.embed_model})"], "set curation.embed_checkpoint"
             )
+        if info.get("random_shot_detector"):
+            out_.note_random_weights(["shot detector (transnetv2)"], "set curation.transnetv2_weights")
         out_.info(f"{info['sources']} source(s), {info['sources'] - info['todo']} already done")
         out_.progress("source", info["sources"] - info["todo"], info["sources"], **info)
         if progress is not None:

@@ -9,6 +9,7 @@ import typer
 
 from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import EXIT_PARTIAL, StageBars, current_output
+from vidforge.cli._terminal import printable
 
 
 def dedup(
@@ -75,7 +76,14 @@ def dedup(
     finally:
         if progress is not None:
             progress.stop()
-    output.result(summary | {"out": str(out)}, title="vidforge dedup")
+    shown = {k: v for k, v in summary.items() if k != "not_finite_ids"}  # named below, escaped
+    output.result(shown | {"out": str(out)}, title="vidforge dedup")
+    if summary["not_finite"]:
+        output.info(
+            f"[yellow]{summary['not_finite']} clip(s) have a stored vector that is not finite (NaN or inf)[/]: "
+            f"compared with nothing and kept ({printable(', '.join(summary['not_finite_ids']))}"
+            f"{', ...' if summary['not_finite'] > 10 else ''}); rerun `vidforge clip` on their sources"
+        )
     if summary["errors"]:
         output.info(f"[yellow]{summary['errors']} cluster(s) failed[/]: rerun to redo them")
         raise typer.Exit(EXIT_PARTIAL)
@@ -92,5 +100,5 @@ def _random_embedders(runs: list[Path]) -> list[str]:
         model = EmbeddingStore.open(run).model  # opened (and checked) by the run that calls this
         name = str(model.get("name"))
         if not model.get("checkpoint") and not name.startswith("local-dir:"):
-            found.append(f"embeddings of {run} ({name})")
+            found.append(printable(f"embeddings of {run} ({name})"))  # the name is data: escaped
     return found

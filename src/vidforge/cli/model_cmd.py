@@ -73,7 +73,11 @@ def export(
     out: OutDir,
     to: Annotated[
         str,
-        typer.Option("--to", help="diffusers (a WanTransformer3DModel folder) or vidforge (with --merged)."),
+        typer.Option(
+            "--to",
+            help="diffusers (a WanTransformer3DModel folder), vidforge (with --merged), or comfyui (a LoRA "
+            "run's adapter as the file ComfyUI's LoraLoader loads).",
+        ),
     ] = "diffusers",
     max_shard_mb: Annotated[
         float, typer.Option("--max-shard-mb", min=0.001, help="Largest safetensors shard, in MiB.")
@@ -89,22 +93,31 @@ def export(
 ) -> None:
     """Write a wan-family export as a diffusers WanTransformer3DModel folder (config.json, safetensors
     shards and their index) that `WanTransformer3DModel.from_pretrained` loads. With --merged, a LoRA
-    run's adapter folded into its base: full weights, as diffusers (wan) or as a vidforge export.
+    run's adapter folded into its base: full weights, as diffusers (wan) or as a vidforge export. With
+    --to comfyui, a LoRA run's adapter as lora_comfyui.safetensors, under the names of ComfyUI's model.
 
     Example: vidforge model export runs/train/export --to diffusers -o Wan2.1-finetuned/transformer
     Example: vidforge model export runs/wan_lora --merged -o runs/wan_lora_merged/transformer
+    Example: vidforge model export runs/wan_lora --to comfyui -o ComfyUI/models/loras/wan_lora
     """
     import tempfile
 
     from vidforge.errors import UserInputError
+    from vidforge.models.comfyui_lora import export_comfyui
     from vidforge.models.weights_folder import export_published
     from vidforge.train.merge_lora import export_merged
 
-    if to not in ("diffusers", "vidforge") or (to == "vidforge" and not merged):
-        raise UserInputError(f"--to {to}: diffusers, or vidforge with --merged")
-    if to == "diffusers":
+    if (
+        to not in ("diffusers", "vidforge", "comfyui")
+        or (to == "vidforge" and not merged)
+        or (to == "comfyui" and merged)
+    ):
+        raise UserInputError(f"--to {to}: diffusers, vidforge with --merged, or comfyui without --merged")
+    if to != "vidforge":
         _refuse_clean_prediction(export_dir)
-    if not merged:
+    if to == "comfyui":
+        written = export_comfyui(export_dir, out)
+    elif not merged:
         _refuse_adapter(export_dir)
         written = export_published(export_dir, out, int(max_shard_mb * 2**20))
     elif to == "vidforge":
@@ -142,21 +155,31 @@ def _refuse_adapter(export_dir: Path) -> None:
     raise UserInputError(
         f"{export_dir}: a LoRA run; {adapter['folder']} already is a diffusers LoRA "
         "(WanPipeline.load_lora_weights loads it as it is); add --merged to fold it into its base and "
-        "write full weights"
+        "write full weights, or --to comfyui for ComfyUI's LoraLoader"
     )
 
 
 def _refuse_clean_prediction(export_dir: Path) -> None:
-    """Diffusers' Wan pipelines read the transformer's output as a velocity: a model trained to output
-    clean latents (diffusion.flow_prediction=clean) would sample noise there."""
+    """Diffusers' and ComfyUI's Wan pipelines read the transformer's output as a velocity: a model (or a
+    LoRA) trained to output clean latents (diffusion.flow_prediction=clean) would sample noise there."""
     from vidforge.errors import UserInputError
+    from vidforge.models import lora
     from vidforge.models.weights_folder import export_profile, find_weights
+    from vidforge.profile import load_profile
 
     found = find_weights(export_dir)
-    if found is None or found.export is None or not (found.export / "profile.yaml").is_file():
-        return  # not an export: export_published says what is wrong with it
-    if export_profile(found.export, []).diffusion.flow_prediction == "clean":
+    if found is not None and found.export is not None and (found.export / "profile.yaml").is_file():
+        trained = export_profile(found.export, [])
+    else:
+        try:  # a LoRA run's adapter, with the profile it trained with beside it
+            folder = lora.read_adapter(export_dir)["folder"]
+        except UserInputError:
+            return  # neither: the export itself says what is wrong with it
+        if not (folder / "profile.yaml").is_file():
+            return
+        trained = load_profile(folder / "profile.yaml")
+    if trained.diffusion.flow_prediction == "clean":
         raise UserInputError(
-            f"{export_dir}: trained with diffusion.flow_prediction=clean, but diffusers' Wan pipelines "
-            "read the output as a velocity; sample it with `vidforge infer` instead"
+            f"{export_dir}: trained with diffusion.flow_prediction=clean, but diffusers' and ComfyUI's Wan "
+            "pipelines read the output as a velocity; sample it with `vidforge infer` instead"
         )

@@ -9,6 +9,7 @@ import typer
 
 from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import current_output
+from vidforge.cli._terminal import printable
 
 
 def search(
@@ -55,17 +56,19 @@ def search(
             (
                 h.rank,
                 f"{h.score:.4f}",
-                h.clip_id,
-                h.run,
-                (h.record or {}).get("path") or (h.record or {}).get("media") or "",
+                printable(
+                    h.clip_id
+                ),  # every value from the runs' data: a planted id must not drive the terminal
+                printable(h.run),
+                printable((h.record or {}).get("path") or (h.record or {}).get("media") or ""),
             )
             for h in hits
         ],
         columns=("rank", "cosine", "clip", "run", "media"),
-        title=f"search: {text if like is None else 'like ' + like}",
+        title=printable(f"search: {text if like is None else 'like ' + like}"),
     )
     if review is not None:
         from vidforge.review.search_page import write_search_page
 
         page = write_search_page(hits, text if like is None else f"like {like}", review)
-        output.info(f"review page: {page}")
+        output.info(f"review page: {printable(page)}")

@@ -111,6 +111,12 @@ def run(
     if dedup is not None:
         cfg = cfg.model_copy(update={"dedup_threshold": dedup})
     out = Path(out)
+    if cfg.detector == "transnetv2" and cfg.transnetv2_weights is not None:
+        from vidforge.curate.transnetv2 import load_model
+
+        load_model(
+            cfg.transnetv2_weights, "curation.transnetv2_weights"
+        )  # a bad file: refused before any work
     sources = expand_inputs(list(inputs), cfg.extensions)
     ledger = UnitLedger(out)
     ledger.recover()
@@ -146,6 +152,7 @@ def run(
                 "todo": len(todo),
                 "stages": [s.name for s in stages],
                 "embedder": _embedder_note(cfg),
+                "random_shot_detector": cfg.detector == "transnetv2" and cfg.transnetv2_weights is None,
             }
         )
     stats = runner.run(stages, ((s, s) for s in todo), commit, monitor) if todo else None

@@ -82,6 +82,11 @@ def example_query(stores: list[EmbeddingStore], clip_id: str, what: str = "vecto
             hit = np.flatnonzero(ids == clip_id)
             if len(hit):
                 vector = np.asarray(vectors[hit[0]], np.float32)
+                if not np.isfinite(vector).all():
+                    raise UserInputError(
+                        f"--like {clip_id}: its stored vector is not finite (NaN or inf) in "
+                        f"{s.folder}; rerun `vidforge clip` on its source"
+                    )
                 if not vector.any():  # a zero text row: the clip has no caption
                     raise UserInputError(
                         f"--like {clip_id}: the clip has no caption to match; drop --captions"

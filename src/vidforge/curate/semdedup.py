@@ -19,11 +19,17 @@ Finding the pairs in N x cluster_size work:
    through the curation executor (`--executor local|ray`) and commit to a unit ledger under OUT, so a
    killed run resumes by cluster; the partition is saved first (OUT/plan.npy) and reused.
 
+Memory: the vectors stay in the stores. The corpus holds the ids, the ranks and a few cluster ids a clip;
+one pass over the stores digests the input (the resume key) and finds rows that are not finite, the
+k-means reads its samples, one more pass assigns every clip to a coarse cell, then a cell's and a
+cluster's rows are read as each is needed (measured: 1M x 512 in docs/benchmarks.md).
+
 Output: OUT/dropped.jsonl (clip_id, run, duplicate_of, duplicate_run, similarity), OUT/summary.json.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,7 +43,7 @@ import numpy as np
 
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
-from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore
+from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore, read_rows
 from vidforge.data.manifest import atomic_path, stable_id, write_json, write_jsonl
 from vidforge.data.units import UNITS_DIR, UnitLedger
 from vidforge.device import select_device
@@ -51,24 +57,71 @@ _WHO_WRITES = {
     AESTHETIC: "dedup the output of `vidforge caption` run on it with curation.caption.aesthetic.enabled=true",
     DURATION: "rerun `vidforge clip` on it to rewrite its store",
 }
-_CHUNK = 1 << 16  # rows per matmul when assigning clips to centroids
+_CHUNK = 1 << 15  # rows per matmul when assigning clips to centroids
 
 
 @dataclass
 class Corpus:
-    """Every clip of the runs, in order: run by run, each in its store's (manifest) order."""
+    """Every clip of the runs, in order: run by run, each in its store's (manifest) order. The vectors stay
+    in the stores: they are read a chunk or a cluster at a time (`chunks`, `exact`), so memory holds a few
+    integers a clip, not its vector (1M x 512 float32 is 2 GB, 10M is 20 GB)."""
 
     runs: list[Path]
     ids: np.ndarray
     run_of: np.ndarray
-    vectors: np.ndarray
     rank: np.ndarray
     """0 for the clip kept first: where two clips are duplicates, the lower rank stays."""
     model: dict[str, Any]
+    dim: int
+    files: list[Path]
+    """The vectors file of every shard, in row order."""
+    starts: np.ndarray
+    """The first row of each of `files`, then the number of rows."""
+    not_finite: np.ndarray
+    """Rows whose stored vector holds a NaN or an infinity: compared with nothing, so never dropped."""
+    digest: str
+    """sha256 of what the result depends on: the ids, the stored vectors' bytes, the keep scores."""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def exact(self, rows: np.ndarray) -> np.ndarray:
+        """float32 unit vectors of `rows` (any order), from the stores: each shard mapped only while its rows
+        are gathered, so the pages read do not stay in this process."""
+        rows = np.asarray(rows, np.int64)
+        out = np.zeros((len(rows), self.dim), np.float32)
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        for p in np.unique(part):
+            at = np.flatnonzero(part == p)
+            out[at] = np.load(self.files[p], mmap_mode="r")[rows[at] - self.starts[p]]
+        return _unit_rows(out)
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """All rows in order as float32 unit vectors, a few thousand at a time."""
+        for raw in _raw_chunks(self.files, self.starts):
+            yield _unit_rows(raw)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """`x` (float32) with each row scaled to unit length in place; a row that is not finite becomes zero."""
+    x[~np.isfinite(x).all(axis=1)] = 0
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x))[:, None]  # no (N, D) temporary, as norm makes
+    np.divide(x, norms, out=x, where=norms > 0)
+    return x
+
+
+_LOAD_ROWS = 1 << 14  # rows read at a time in a pass over the stores (32 MB at 512-d)
+
+
+def _raw_chunks(files: Sequence[Path], starts: np.ndarray) -> Iterator[np.ndarray]:
+    for path, first, end in zip(files, starts[:-1], starts[1:], strict=True):
+        for c in range(0, int(end - first), _LOAD_ROWS):
+            yield np.asarray(read_rows(path, c, min(c + _LOAD_ROWS, int(end - first))), np.float32)
 
 
 def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpus:
-    """The runs' stores as one normalised float32 matrix and the keep rule's ranking."""
+    """The runs' clips: ids, the keep rule's ranking, and one pass over their vectors for the input's
+    digest and the rows that are not finite (the vectors themselves are not kept)."""
     stores = [EmbeddingStore.open(r) for r in runs]
     if not stores:
         raise UserInputError("give at least one RUN (a `vidforge clip` output with embeddings)")
@@ -83,14 +136,13 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                 f"{s.run_dir}: embedded by {s.model.get('name')} ({s.dim}-d), {first.run_dir} by "
                 f"{first.model.get('name')} ({first.dim}-d); dedup runs embedded by the same model"
             )
-    n = sum(s.rows for s in stores)
-    vectors = np.empty((n, first.dim or 0), np.float32)
-    ids, run_of, scores = [], [], []
-    row = 0
+    digest = hashlib.sha256(json.dumps([s.model for s in stores]).encode())
+    ids, run_of, scores, files, sizes = [], [], [], [], []
     for i, s in enumerate(stores):
-        s.vectors(out=vectors[row : row + s.rows])
-        row += s.rows
+        files += [s.folder / f"{sh['name']}.vectors.npy" for sh in s.index["shards"]]
+        sizes += [sh["rows"] for sh in s.index["shards"]]
         ids.append(s.ids())
+        digest.update(np.ascontiguousarray(ids[-1]).tobytes())
         run_of.append(np.full(s.rows, i, np.int32))
         if keep != "first":
             if not s.has_column(KEEP_COLUMNS[keep]):
@@ -99,15 +151,31 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                     f"curation.semantic_dedup.keep={keep}; {_WHO_WRITES[KEEP_COLUMNS[keep]]}, or use keep=first"
                 )
             scores.append(s.column(KEEP_COLUMNS[keep]))
-    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))[:, None]  # no (N, D) temporary, as norm makes
-    np.divide(vectors, norms, out=vectors, where=norms > 0)
+            digest.update(scores[-1].tobytes())
+    starts = np.cumsum([0, *sizes]).astype(np.int64)
+    bad, row = [], 0
+    for raw in _raw_chunks(files, starts):
+        digest.update(raw.tobytes())
+        bad.append(row + np.flatnonzero(~np.isfinite(raw).all(axis=1)))
+        row += len(raw)
+    n = int(starts[-1])
     order = np.arange(n)
     if keep != "first":  # higher score first, then first seen; NaN (not measured) below every score
         order = np.lexsort((order, -np.concatenate(scores)))
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)
-    all_ids = np.concatenate(ids) if ids else np.zeros(0, str)
-    return Corpus([s.run_dir for s in stores], all_ids, np.concatenate(run_of), vectors, rank, first.model)
+    return Corpus(
+        runs=[s.run_dir for s in stores],
+        ids=np.concatenate(ids) if ids else np.zeros(0, str),
+        run_of=np.concatenate(run_of),
+        rank=rank,
+        model=first.model,
+        dim=first.dim or 0,
+        files=files,
+        starts=starts,
+        not_finite=np.concatenate(bad) if bad else np.zeros(0, np.int64),
+        digest=digest.hexdigest(),
+    )
 
 
 # -- the rule on all pairs -------------------------------------------------------------------------------
@@ -184,41 +252,56 @@ def spherical_kmeans(x, k: int, iterations: int, gen):
     return centroids
 
 
-def partition(vectors: np.ndarray, cfg) -> np.ndarray:
+def partition(corpus: Corpus, cfg) -> np.ndarray:
     """(N, probes) cluster ids per clip, nearest first (column 0: the cluster it belongs to); -1 pads a
-    row with fewer candidate clusters than probes. `cfg` is `curation.semantic_dedup`."""
+    row with fewer candidate clusters than probes, and is every cluster of a row that is not finite
+    (compared with nothing). `cfg` is `curation.semantic_dedup`. The vectors are read from the stores as
+    they are needed: the k-means samples, one pass assigning every clip to a coarse cell, then a cell's
+    clips at a time (a few thousand rows in hand, whatever N is)."""
     import torch
 
-    x = torch.from_numpy(vectors).to(select_device(cfg.device, "curation.semantic_dedup.device"))
-    n = len(x)
+    device = select_device(cfg.device, "curation.semantic_dedup.device")
+    n = len(corpus)
     if n == 0:
-        return np.zeros((0, cfg.probes), np.int64)
+        return np.zeros((0, cfg.probes), np.int32)
+
+    def rows_of(rows) -> torch.Tensor:
+        return torch.from_numpy(corpus.exact(np.asarray(rows))).to(device)
+
     gen = torch.Generator().manual_seed(cfg.seed)
     k = max(1, math.ceil(n / cfg.cluster_size))
     k1 = max(1, round(math.sqrt(k)))
-    coarse = spherical_kmeans(x[_sample(n, cfg.sample_per_cluster * k1, gen)], k1, cfg.iterations, gen)
-    near = _nearest(x, coarse, cfg.coarse_probes)
-    cell = near[:, 0]
-    members = [torch.nonzero(cell == c).flatten() for c in range(len(coarse))]
+    coarse = spherical_kmeans(rows_of(_sample(n, cfg.sample_per_cluster * k1, gen)), k1, cfg.iterations, gen)
+    near = np.concatenate(
+        [
+            _nearest(torch.from_numpy(x).to(device), coarse, cfg.coarse_probes).cpu().numpy().astype(np.int32)
+            for x in corpus.chunks()
+        ]
+    )
+    order = np.argsort(near[:, 0], kind="stable")  # each cell's clips in row order
+    bounds = np.searchsorted(near[order, 0], np.arange(len(coarse) + 1))
+    members = [order[bounds[c] : bounds[c + 1]] for c in range(len(coarse))]
     fine, first_of = [], [0]
     for rows in members:
         kc = max(1, round(len(rows) / cfg.cluster_size)) if len(rows) else 0
         if kc:
-            sub = rows[_sample(len(rows), cfg.sample_per_cluster * kc, gen)]
-            fine.append(spherical_kmeans(x[sub], kc, cfg.iterations, gen))
+            sub = rows[_sample(len(rows), cfg.sample_per_cluster * kc, gen).numpy()]
+            fine.append(spherical_kmeans(rows_of(sub), kc, cfg.iterations, gen))
         first_of.append(first_of[-1] + (len(fine[-1]) if kc else 0))
     centroids = torch.cat(fine)
-    probes = torch.full((n, cfg.probes), -1, dtype=torch.int64, device=x.device)
+    probes = np.full((n, cfg.probes), -1, np.int32)
     for rows in members:
         if not len(rows):
             continue
         # The fine centroids of every coarse cell that any member has among its nearest `coarse_probes`:
         # chosen by the cell's centroids alone, a clip near a far side of its cell missed its twin's cluster.
-        cells = torch.unique(near[rows]).tolist()
-        candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=x.device) for d in cells])
-        picked = _nearest(x[rows], centroids[candidates], cfg.probes)
-        probes[rows, : picked.shape[1]] = candidates[picked]
-    return probes.cpu().numpy()
+        cells = np.unique(near[rows]).tolist()
+        candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=device) for d in cells])
+        for s in range(0, len(rows), _CHUNK):
+            picked = _nearest(rows_of(rows[s : s + _CHUNK]), centroids[candidates], cfg.probes)
+            probes[rows[s : s + _CHUNK], : picked.shape[1]] = candidates[picked].cpu().numpy()
+    probes[corpus.not_finite] = -1
+    return probes
 
 
 # -- the work per cluster --------------------------------------------------------------------------------
@@ -241,16 +324,22 @@ class ClusterWork:
         return f"cluster {self.cluster}"
 
 
+_PAIR_BLOCK = 1 << 22  # similarities per block (16 MB of float32): k-means clusters are uneven, a big one
+# compared 4096 rows at a time held several (4096, members) temporaries of hundreds of MB
+
+
 def cluster_pairs(
     work: ClusterWork, threshold: float, chunk: int = 4096, device: str = "cpu"
 ) -> list[tuple[int, int, float]]:
     """Candidates within one cluster: each row (member or prober) against the members ranked above it,
-    and each member against the probers ranked above it (a prober is no column, so the pair is seen once)."""
+    and each member against the probers ranked above it (a prober is no column, so the pair is seen once).
+    Rows go `chunk` at a time, fewer where the cluster has many members (`_PAIR_BLOCK`)."""
     import torch
 
     x = torch.from_numpy(work.vectors).to(device)
     rank = torch.from_numpy(work.ranks).to(device)
     m = work.members
+    chunk = max(64, min(chunk, _PAIR_BLOCK // max(1, m)))
     cols, col_rank = x[:m], rank[:m]
     found = []
     minus_inf = torch.tensor(-math.inf, device=device)
@@ -302,8 +391,8 @@ def _groups(probes: np.ndarray) -> Iterator[tuple[int, np.ndarray, int]]:
     """(cluster, rows: members then probers, members) for every cluster with members."""
     n, p = probes.shape
     flat = probes.ravel()
-    rows = np.repeat(np.arange(n), p)
-    slot = np.tile(np.arange(p), n)
+    rows = np.repeat(np.arange(n, dtype=np.int32), p)  # int32: N x probes of them, 10M clips in 160 MB
+    slot = np.tile(np.arange(p, dtype=np.int16), n)
     keep = flat >= 0
     flat, rows, slot = flat[keep], rows[keep], slot[keep]
     order = np.lexsort((rows, slot != 0, flat))  # by cluster, members first, each by row
@@ -323,10 +412,10 @@ def _unit(cluster: int) -> str:
 
 
 def _fingerprint(corpus: Corpus, cfg) -> str:
-    shards = [EmbeddingStore.open(r).index["shards"] for r in corpus.runs]
-    return stable_id(
-        [str(r.resolve()) for r in corpus.runs], json.dumps(shards), cfg.model_dump_json(), len(corpus.ids)
-    )
+    """What a saved partition and committed clusters were made from: the runs, the digest of their
+    contents (ids, vectors, keep scores: a store rewritten in place under the same index is another
+    input) and the settings."""
+    return stable_id([str(r.resolve()) for r in corpus.runs], corpus.digest, cfg.model_dump_json())
 
 
 def _load_or_plan(out: Path, corpus: Corpus, cfg, ledger: UnitLedger) -> tuple[np.ndarray, bool]:
@@ -338,7 +427,7 @@ def _load_or_plan(out: Path, corpus: Corpus, cfg, ledger: UnitLedger) -> tuple[n
         return np.load(out / PLAN), True
     for path in (out / UNITS_DIR).glob("*.jsonl"):
         path.unlink()  # units of another input or other settings
-    probes = partition(corpus.vectors, cfg)
+    probes = partition(corpus, cfg)
     with atomic_path(out / PLAN) as tmp, open(tmp, "wb") as f:
         np.save(f, probes)
     write_json(saved, {"key": key, "clips": len(corpus.ids), "probes": cfg.probes})
@@ -386,7 +475,7 @@ def run(
             for cluster, rows, members in todo:  # gathered lazily: the executor's backpressure bounds memory
                 yield (
                     _unit(cluster),
-                    ClusterWork(cluster, rows, members, corpus.vectors[rows], corpus.rank[rows]),
+                    ClusterWork(cluster, rows, members, corpus.exact(rows), corpus.rank[rows]),
                 )
 
         def commit(unit: str, items: list[ClusterWork], errors: list[dict[str, Any]]) -> None:
@@ -424,6 +513,9 @@ def run(
         "probes": cfg.probes,
         "seed": cfg.seed,
         "errors": errors,
+        # Clips whose stored vector is not finite: compared with nothing (kept), named so that it is seen.
+        "not_finite": len(corpus.not_finite),
+        "not_finite_ids": [str(corpus.ids[r]) for r in corpus.not_finite[:10]],
         "plan_reused": reused,
         "seconds": {k: round(v, 3) for k, v in seconds.items()}
         | {"total": round(time.perf_counter() - started, 3)},

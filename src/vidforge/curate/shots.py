@@ -1,4 +1,5 @@
-"""Stage 2: shot detection with PySceneDetect's own detectors, fed frame by frame from our single decode.
+"""Stage 2: shot detection with PySceneDetect's own detectors (or TransNetV2, `curate/transnetv2.py`, behind
+the same interface), fed frame by frame from our single decode.
 
 The frames are prepared exactly as PySceneDetect's `detect()` prepares them (BGR, downscaled by its
 auto-downscale factor with linear interpolation, timestamps from the stream), so the cuts equal what
@@ -19,6 +20,11 @@ from vidforge.profile.curation import Curation
 
 def make_detector(cfg: Curation):
     """The profile's detector; unset fields keep PySceneDetect's defaults."""
+    if cfg.detector == "transnetv2":
+        from vidforge.curate.transnetv2 import TransNetV2Detector, load_model
+
+        model, _ = load_model(cfg.transnetv2_weights, "curation.transnetv2_weights")
+        return TransNetV2Detector(model, cfg.transnetv2_threshold)
     common = {} if cfg.min_scene_len is None else {"min_scene_len": cfg.min_scene_len}
     if cfg.detector == "content":
         extra = {} if cfg.content_threshold is None else {"threshold": cfg.content_threshold}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,114 @@ def write_store(
     return folder
 
 
+_REWRITE = "rerun the stage that wrote the store (`vidforge clip` or `vidforge caption`) to rewrite it"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def check_index(path: Path, index: Any) -> dict[str, Any]:
+    """`index` (read from `path`) as a store index: its fields of the right types, shard names that are
+    plain file names (no folder, no `..`: a name read from data never leaves the store's folder), and
+    rows that add up. Returns it; a wrong one is a UserInputError naming `path`."""
+
+    def bad(what: str) -> UserInputError:
+        return UserInputError(f"{path}: {what}; {_REWRITE}")
+
+    if not isinstance(index, dict):
+        raise bad("not a JSON object")
+    for key, kind in (("rows", int), ("shards", list), ("model", dict), ("columns", list)):
+        if not isinstance(index.get(key), kind) or isinstance(index.get(key), bool):
+            raise bad(f"no `{key}` ({kind.__name__})")
+    dim = index.get("dim")
+    if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
+        raise bad(f"`dim` {dim!r} is no positive integer")
+    if not all(isinstance(c, str) and _PLAIN_NAME.fullmatch(c) for c in index["columns"]):
+        raise bad("a column name that is not a plain name")
+    for shard in index["shards"]:
+        name = shard.get("name") if isinstance(shard, dict) else None
+        if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name):
+            raise bad(f"shard name {name!r} is not a plain file name in the store's folder")
+        rows = shard.get("rows")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise bad(f"shard {name}: rows {rows!r} is no count")
+    declared = sum(s["rows"] for s in index["shards"])
+    if declared != index["rows"] or index["rows"] < 0:
+        raise bad(f"`rows` is {index['rows']} but its shards hold {declared}")
+    return index
+
+
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, offset of the data) from an .npy file's header, held to the file's size: nothing is
+    allocated or mapped, so a header claiming millions of rows that the file does not hold is caught here."""
+    if not path.is_file():
+        raise UserInputError(f"{path}: missing; {_REWRITE}")
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError) as err:
+        raise UserInputError(f"{path}: not a readable .npy file ({err}); {_REWRITE}") from None
+    if dtype.hasobject or fortran:
+        raise UserInputError(
+            f"{path}: holds {'objects' if dtype.hasobject else 'a Fortran-order array'}; {_REWRITE}"
+        )
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if path.stat().st_size < need:
+        raise UserInputError(
+            f"{path}: its header declares {shape} {dtype} ({need} bytes) but the file holds "
+            f"{path.stat().st_size}; {_REWRITE}"
+        )
+    return tuple(int(n) for n in shape), dtype, offset
+
+
+def read_rows(path: Path, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of a 2-D .npy file, read (not mapped): a pass over a store of any size keeps
+    only the rows in hand in this process's memory, where mapped pages stay resident until unmapped."""
+    shape, dtype, offset = npy_header(path)
+    stop = min(stop, shape[0])
+    width = int(np.prod(shape[1:], dtype=np.int64))
+    with open(path, "rb") as f:
+        f.seek(offset + start * width * dtype.itemsize)
+        rows = np.fromfile(f, dtype, max(0, stop - start) * width)
+    return rows.reshape(-1, *shape[1:])
+
+
+def check_store(store: EmbeddingStore) -> None:
+    """Every shard's files against the index and each other: ids one row per declared row, vectors
+    (and text vectors) as many rows and the index's width, each column one value a row; all of them
+    files inside the store's folder. Headers only: a store of millions of rows is checked in a
+    millisecond per shard."""
+    folder = store.folder.resolve()
+    dim = store.index.get("dim")
+    text = store.index.get("text_model") is not None
+    whats = ["ids", "vectors", *([TEXT] if text else []), *store.index["columns"]]
+    for shard in store.index["shards"]:
+        name, rows = shard["name"], shard["rows"]
+        for what in whats:
+            path = store.folder / f"{name}.{what}.npy"
+            if path.exists() and not path.resolve().is_relative_to(folder):
+                raise UserInputError(f"{path}: links outside the store's folder {folder}; {_REWRITE}")
+            got, dtype, _ = npy_header(path)
+            if what == "ids":
+                ok = dtype.kind == "U" and got == (rows,)
+            elif what == "vectors" and rows:
+                ok = dtype.kind == "f" and got == (rows, dim)
+            elif what in ("vectors", TEXT):
+                ok = dtype.kind == "f" and len(got) == 2 and got[0] == rows or got == (0,) == (rows,)
+            else:
+                ok = dtype.kind == "f" and got == (rows,)
+            if not ok:
+                width = f" of {dim}-d vectors" if what == "vectors" and dim else ""
+                raise UserInputError(
+                    f"{path}: {dtype} {got}, the store's index declares {rows} row(s){width}; {_REWRITE}"
+                )
+
+
 class RowSource:
     """Shards' arrays seen as one, read by global rows: `take(rows)` gathers any rows, shard by shard."""
 
@@ -213,6 +322,10 @@ class EmbeddingStore:
 
     @classmethod
     def open(cls, run_dir: str | os.PathLike) -> EmbeddingStore:
+        """The store of `run_dir`, held to its own index before anything is read by row: the index's
+        fields, its shard names (plain names in the store's folder), and every shard file's header
+        against the rows and width the index declares (`check_store`). A damaged store is one line
+        naming the file and what is wrong, before any allocation."""
         run_dir = Path(run_dir)
         path = run_dir / EMBEDDINGS_DIR / INDEX
         if not path.is_file():
@@ -220,7 +333,13 @@ class EmbeddingStore:
                 f"{run_dir}: no {EMBEDDINGS_DIR}/{INDEX}; pass a `vidforge clip` output made with "
                 "curation.embed=true (rerun clip on it to write the store)"
             )
-        return cls(run_dir, json.loads(path.read_text(encoding="utf-8")))
+        try:
+            index = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UserInputError(f"{path}: not a JSON store index ({err}); {_REWRITE}") from None
+        store = cls(run_dir, check_index(path, index))
+        check_store(store)
+        return store
 
     @property
     def rows(self) -> int:

@@ -1,11 +1,9 @@
 """The profile's `diffusion` section -> its objective, its schedule and its sampler (the math modules
-themselves import no profile). Which names exist, and which sampler goes with which objective, is
-`vidforge.sampler_registry`'s; the profile's validator has checked the pair."""
+themselves import no profile). Which names exist, which sampler goes with which objective and which of
+the functions here build an objective and its schedule is `vidforge.sampler_registry`'s one table; the
+profile's validator has checked the pair."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
@@ -18,30 +16,27 @@ from vidforge.diffusion.schedule import karras_sigmas
 from vidforge.profile.diffusion import Diffusion
 
 
-class ObjectiveMath(NamedTuple):
-    build: Callable[[Diffusion], Objective]
-    """The objective with the profile's settings."""
-    levels: Callable[[Diffusion], torch.Tensor]
-    """Its sampling schedule: (steps + 1,) decreasing levels ending at 0, what its samplers step over."""
+def edm_objective(d: Diffusion) -> Objective:
+    return EDM(sigma_data=d.sigma_data, p_mean=d.p_mean, p_std=d.p_std)
 
 
-OBJECTIVES: dict[str, ObjectiveMath] = {
-    "edm": ObjectiveMath(
-        lambda d: EDM(sigma_data=d.sigma_data, p_mean=d.p_mean, p_std=d.p_std),
-        lambda d: karras_sigmas(d.steps, d.sigma_min, d.sigma_max, d.rho),
-    ),
-    "flow": ObjectiveMath(
-        lambda d: RectifiedFlow(
-            d.flow_time_sampling, d.flow_logit_mean, d.flow_logit_std, d.flow_shift, d.flow_prediction
-        ),
-        lambda d: flow_sigmas(d.steps, d.flow_shift),
-    ),
-}
+def edm_levels(d: Diffusion) -> torch.Tensor:
+    return karras_sigmas(d.steps, d.sigma_min, d.sigma_max, d.rho)
+
+
+def flow_objective(d: Diffusion) -> Objective:
+    return RectifiedFlow(
+        d.flow_time_sampling, d.flow_logit_mean, d.flow_logit_std, d.flow_shift, d.flow_prediction
+    )
+
+
+def flow_levels(d: Diffusion) -> torch.Tensor:
+    return flow_sigmas(d.steps, d.flow_shift)
 
 
 def build_objective(diffusion: Diffusion) -> Objective:
     """The objective that training optimises and sampling inverts (`diffusion.objective`)."""
-    return OBJECTIVES[diffusion.objective].build(diffusion)
+    return sampler_registry.objective(diffusion.objective).load_build()(diffusion)
 
 
 def sample(
@@ -64,7 +59,7 @@ def sample(
         return entry.load()(
             denoise, noise, diffusion.few_step_levels, objective, draw, diffusion.few_step_noise
         )
-    levels = OBJECTIVES[diffusion.objective].levels(diffusion)
+    levels = sampler_registry.objective(diffusion.objective).load_levels()(diffusion)
     options = {"churn": diffusion.churn, "generator": generator} if entry.stochastic else {}
     return entry.load()(denoise, noise, levels, **options)
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "vidforge": "vidforge.families.vidforge",
     "wan": "vidforge.families.wan",
+    "hunyuan15": "vidforge.families.hunyuan15",
 }
 """Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
 
@@ -108,6 +109,10 @@ class FamilySpec:
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""
+    comfyui_lora: str | None = None
+    """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
+    model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
+    `vidforge model export --to comfyui` (`models.comfyui_lora`). None: ComfyUI has no model of it."""
     media_defaults: tuple[str, ...] = ()
     """The frame rate the family was trained on and samples at, as settings (`curation.fps`, `infer.fps`):
     `vidforge finetune` re-times its clips to it and plays its validation videos at it."""

@@ -132,7 +132,7 @@ class Model(Section):
                     else ""
                 )
                 raise ValueError(
-                    f"{key}: only the {' and '.join(owners)} family has it{here}; set model.family={owners[0]} "
+                    f"{key}: only the {' and '.join(owners)} famil{'ies have' if len(owners) > 1 else 'y has'} it{here}; set model.family={owners[0]} "
                     "or drop it"
                 )
             raise ValueError(f"{key}: unknown field; valid fields here: {', '.join(cls.model_fields)}")

@@ -11,26 +11,14 @@ from pathlib import Path
 
 import torch
 
-from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
 from vidforge.tokenizers.image_condition import load_image, preprocess_image
 from vidforge.tokenizers.interface import VideoTokenizer
 
 
-def first_frame_latent(
-    profile: RunProfile, tokenizer: VideoTokenizer, path: str | Path, world: int = 1
-) -> torch.Tensor:
-    """The normalised latent (1, C, 1, h, w) the sampled videos start from, or a UserInputError where
-    the model or the run cannot take an image."""
-    if not profile.model.expand_timesteps:
-        raise UserInputError(
-            f"--image: model.family={profile.model.family} with model.expand_timesteps off samples from text "
-            "only; drop --image, or sample an image-conditioned model (e.g. Wan2.2 TI2V)"
-        )
-    if world > 1:
-        raise UserInputError(
-            f"--image: image-conditioned sampling runs in one process, not over {world}; drop --nproc"
-        )
+def first_frame_latent(profile: RunProfile, tokenizer: VideoTokenizer, path: str | Path) -> torch.Tensor:
+    """The normalised latent (1, C, 1, h, w) the sampled videos start from (the layout rulebook's
+    `sampling_run_problems` has refused a model or a run that cannot take an image)."""
     cfg = profile.infer
     pixels = preprocess_image(load_image(path), cfg.height, cfg.width, tokenizer.spatial_compression)
     return tokenizer.encode(pixels[:, :, None].to(tokenizer.device)).float().cpu()

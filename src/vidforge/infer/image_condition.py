@@ -51,24 +51,15 @@ class ImageCondition:
 
 
 def channel_condition(
-    profile: RunProfile, tokenizer: VideoTokenizer, image: str | Path | None, world: int = 1
+    profile: RunProfile, tokenizer: VideoTokenizer, image: str | Path | None
 ) -> ImageCondition | None:
     """The conditioning of `image` at the profile's infer size for a model with condition channels; None
-    for any other model (`vidforge.infer.image` owns first-frame conditioning and refusing an image to a
-    text-to-video model). A model that needs an image and got none, or a run over several processes, is
-    refused."""
+    for any other model (`vidforge.infer.image` owns first-frame conditioning). The layout rulebook's
+    `sampling_run_problems` has refused a model that needs an image and got none, and a run over
+    several processes."""
     model = profile.model
-    if not model.condition_channels:
+    if not model.condition_channels or image is None:
         return None
-    if image is None:
-        raise UserInputError(
-            f"--image: this {model.family} model is image-to-video (model.condition_channels="
-            f"{model.condition_channels}); give the first frame to animate with --image PATH"
-        )
-    if world > 1:
-        raise UserInputError(
-            f"--image: image-to-video samples in one process, not over {world}; drop --nproc"
-        )
     build = family(model.family).condition_latents
     if build is None:
         raise ValueError(f"family {model.family}: condition_channels without FamilySpec.condition_latents")

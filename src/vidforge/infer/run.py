@@ -37,7 +37,6 @@ import torch
 from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
-from vidforge.infer.experts import check_experts_run
 from vidforge.infer.image import first_frame_latent
 from vidforge.infer.image_condition import channel_condition
 from vidforge.infer.output import InferResult, SampleWriter
@@ -59,6 +58,7 @@ from vidforge.memory import device_memory_bytes, host_memory_bytes, require
 from vidforge.models.experts import Experts
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
+from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
 from vidforge.sampling.experts import sample_latents_experts
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.shape import check_shape
@@ -133,19 +133,18 @@ def run(
     # a checkpoint trained on GPUs still samples on a machine without one
     runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
     rank, world, device = runtime.rank, runtime.world, str(runtime.device)
-    if world == 1 and prof.infer.tp > 1:  # before anything loads
-        raise UserInputError(
-            f"infer.tp: {prof.infer.tp} ranks hold the model tensor-parallel, but one process runs; "
-            f"use --nproc {prof.infer.tp} (or a multiple), or set infer.tp=1"
-        )
+    # the layout rulebook's refusals of this run (its processes, an image or not), before anything loads
+    refused = sampling_run_problems(prof, SamplingRun(world, image is not None))
+    if refused:
+        raise UserInputError(refused[0])
     tokenizer = build_tokenizer(prof, device=device)
     latent_shape = check_shape(prof, tokenizer)
     # an image-to-video model reads condition channels beside the latents (Wan2.1-I2V), or starts from the
     # image's latent as its first frame (model.expand_timesteps, Wan2.2 TI2V)
-    channels = channel_condition(prof, tokenizer, image, world)
+    channels = channel_condition(prof, tokenizer, image)
     first_frame = None
     if channels is None and image is not None:
-        first_frame = first_frame_latent(prof, tokenizer, image, world)
+        first_frame = first_frame_latent(prof, tokenizer, image)
     check_memory(prof, latent_shape, len(prompts), runtime.device, world)
     # One run writes an output folder at a time: two on one -o both finished, samples.jsonl the last's.
     lock = FolderLock(out) if rank == 0 else None
@@ -156,7 +155,6 @@ def run(
             f"text_encoder: gives {encoder.width}-wide states but the model was trained on text_dim={model.config.text_dim}"
         )
     if isinstance(model, Experts):  # Wan2.2 A14B: the expert and its guidance switched by the step's t
-        check_experts_run(prof, world, first_frame is not None)
         cache = None
         conditioned = channels.forward if channels is not None else None  # I2V-A14B's image
 
@@ -171,11 +169,6 @@ def run(
             log(f"{world} ranks: {plan.describe()}")
         check_plan(plan, prof, lora)
         check_sequence_split(plan, model.config, latent_shape)
-        if prof.infer.cache.threshold > 0:
-            raise UserInputError(
-                f"infer.cache.threshold: step caching runs in one process, not over --nproc {world}; "
-                "set infer.cache.threshold=0 or drop --nproc"
-            )
         sampler = parallel_sampler(model, prof, plan, device, slicing or profile_slicing(prof))
         cache = None  # the ranks' calls are not counted
     else:

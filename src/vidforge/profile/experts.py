@@ -25,6 +25,11 @@ def expert_problems(profile: RunProfile) -> list[str]:
                 "two-expert model (its samples would run it over the other's times too); set "
                 "train.validate_every=0 and sample the run with infer -c DOWNLOAD --lora RUN"
             ]
+        if expert is not None and profile.diffusion.objective != "flow":
+            return [
+                f"diffusion.objective: the {expert}-noise expert trains on its side of model.boundary_ratio, a "
+                "flow time (two experts switch by it); set diffusion.objective=flow"
+            ]
         return []
     problems = []
     if profile.diffusion.guidance_2 is not None:

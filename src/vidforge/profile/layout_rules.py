@@ -8,12 +8,16 @@ loop itself. So when the trainer learns to run a layout, its rule is deleted her
 changes.
 
 Each rule returns `field: what is wrong; what to change`, one line, naming the profile field to change.
+Sampling has rules of its own: the model's layout rules on `vidforge infer --nproc N`'s layout
+(`sampling_layout_problems`), and what a sampling run (`SamplingRun`: its processes, an image or not)
+cannot do with the profile (`sampling_run_problems`), asked by `vidforge infer` before anything loads.
 Pure data: no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from vidforge.profile.parallel import SLIDING_TILE_CP_IMPLS, Layout
 from vidforge.profile.run_profile import RunProfile
@@ -298,6 +302,75 @@ def _fp8(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
+def _image_tp(profile: RunProfile, layout: Layout) -> list[str]:
+    """The image cross-attention (`model.image_dim`: Wan2.1-I2V's add_k_proj/add_v_proj over the image
+    embedding) has no tensor-parallel plan yet; FSDP shards it."""
+    if not profile.model.image_dim or layout.tp == 1:
+        return []
+    return [
+        f"parallel.tp: the image cross-attention (model.image_dim={profile.model.image_dim}) has no "
+        f"tensor-parallel plan yet (tp={layout.tp}); set parallel.tp=1 (training shards it with FSDP)"
+    ]
+
+
+def _distill(profile: RunProfile, layout: Layout) -> list[str]:
+    """DMD2's step (`vidforge.train.distill`) runs its student, teacher and fake score as whole models on
+    whole sequences: one process or data parallel (FSDP, HSDP, tp), no pipeline stages or cp shards."""
+    if profile.train.distill is None:
+        return []
+    return [
+        f"parallel.{name}: train.distill runs one process or data parallel (FSDP, tp), not {what} parallel "
+        f"({name}={degree}); set parallel.{name}=1"
+        for name, what, degree in (("pp", "pipeline", layout.pp), ("cp", "context", layout.cp))
+        if degree > 1
+    ]
+
+
+def _image_condition(profile: RunProfile, layout: Layout) -> list[str]:
+    """First-frame conditioning (`diffusion.image_condition`, Wan2.2 TI2V) gives the first latent frame's
+    tokens level 0: it needs a model with `expand_timesteps` (a level per token), the flow objective (a
+    clean token's level 0 is t = 0 there only) and a student that does not generate from noise alone (no
+    train.distill). The token splits of context, pipeline and sequence parallel carry no per-token level
+    yet (under sequence parallel the rows the tp ranks sum would be each rank's own tokens')."""
+    if not profile.diffusion.image_condition:
+        return []
+    fix = "or set diffusion.image_condition=0"
+    problems = []
+    if not profile.model.expand_timesteps:
+        problems.append(
+            "diffusion.image_condition: model.expand_timesteps is off (a first-frame conditioned model, e.g. "
+            f"Wan2.2 TI2V, has it); {fix}"
+        )
+    if profile.diffusion.objective != "flow":
+        problems.append(f"diffusion.image_condition: needs diffusion.objective=flow; {fix}")
+    if profile.train.distill is not None:
+        problems.append(f"diffusion.image_condition: train.distill distils text-to-video; {fix}")
+    problems += [
+        f"parallel.{name}: first-frame conditioning (diffusion.image_condition) trains without {what} "
+        f"parallel ({name}={degree}); set parallel.{name}=1 {fix}"
+        for name, what, degree in (("cp", "context", layout.cp), ("pp", "pipeline", layout.pp))
+        if degree > 1
+    ]
+    if layout.tp > 1 and profile.parallel.sequence_parallel:
+        problems.append(
+            f"parallel.sequence_parallel: first-frame conditioning (diffusion.image_condition) trains without "
+            f"sequence parallel (tp={layout.tp}); set parallel.sequence_parallel=false {fix}"
+        )
+    return problems
+
+
+def _image_validation(profile: RunProfile, layout: Layout) -> list[str]:
+    """An image-to-video model (`model.condition_channels`, Wan2.1-I2V) samples from a first frame, which
+    validation's prompts lack."""
+    every = profile.train.validate_every
+    if not profile.model.condition_channels or not every:
+        return []
+    return [
+        f"train.validate_every: {every}: an image-to-video model's validation needs a first frame; set "
+        "train.validate_every=0 and sample the export with `vidforge infer --image`"
+    ]
+
+
 RULES: tuple[Rule, ...] = (
     _heads,
     _cp_2d,
@@ -310,6 +383,10 @@ RULES: tuple[Rule, ...] = (
     _sliding_tiles,
     _lora,
     _fp8,
+    _image_tp,
+    _distill,
+    _image_condition,
+    _image_validation,
 )
 
 
@@ -340,10 +417,90 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
 # x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
 # LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
 # own settings gave the degrees.
-SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block, _sliding_tiles)
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block, _sliding_tiles, _image_tp)
 
 
 def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:
     """What keeps `vidforge infer` from sampling with `layout` (pp 1, dp_replicate = the guidance
     branches, cp = the sequence ranks, tp = infer.tp), each as `field: message`."""
     return [p for rule in SAMPLING_RULES for p in rule(profile, layout)]
+
+
+@dataclass(frozen=True)
+class SamplingRun:
+    """What `vidforge infer` is asked to run beside its profile: `world` processes (--nproc), an image to
+    start from or not (--image)."""
+
+    world: int = 1
+    image: bool = False
+
+
+SamplingRule = Callable[["RunProfile", SamplingRun], list[str]]
+
+
+def _one_process(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """What samples in one process only, and infer.tp, which needs as many."""
+    world, problems = run.world, []
+    if world == 1 and profile.infer.tp > 1:
+        problems.append(
+            f"infer.tp: {profile.infer.tp} ranks hold the model tensor-parallel, but one process runs; "
+            f"use --nproc {profile.infer.tp} (or a multiple), or set infer.tp=1"
+        )
+    if world > 1 and profile.model.experts == 2:
+        problems.append(
+            f"--nproc {world}: a two-expert model (model.experts=2) samples in one process; drop --nproc"
+        )
+    if world > 1 and run.image:
+        problems.append(
+            f"--image: image-conditioned sampling runs in one process, not over {world}; drop --nproc"
+        )
+    if world > 1 and profile.infer.cache.threshold > 0:
+        problems.append(
+            f"infer.cache.threshold: step caching runs in one process, not over --nproc {world}; "
+            "set infer.cache.threshold=0 or drop --nproc"
+        )
+    return problems
+
+
+def _image(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """Which models take --image, and how: through condition channels (Wan2.1-I2V, Wan2.2 I2V-A14B),
+    which need one, or as the first latent frame (model.expand_timesteps, Wan2.2 TI2V), one network's."""
+    model = profile.model
+    if model.condition_channels:
+        if run.image:
+            return []
+        return [
+            f"--image: this {model.family} model is image-to-video (model.condition_channels="
+            f"{model.condition_channels}); give the first frame to animate with --image PATH"
+        ]
+    if not run.image:
+        return []
+    if not model.expand_timesteps:
+        return [
+            f"--image: model.family={model.family} with model.expand_timesteps off samples from text only; "
+            "drop --image, or sample an image-conditioned model (e.g. Wan2.2 TI2V)"
+        ]
+    if model.experts == 2:
+        return [
+            "--image: a two-expert model samples from an image through its condition channels "
+            "(model.condition_channels, Wan2.2 I2V-A14B), not through model.expand_timesteps; drop --image"
+        ]
+    return []
+
+
+def _experts_cache(profile: RunProfile, run: SamplingRun) -> list[str]:
+    if profile.model.experts != 2 or profile.infer.cache.threshold <= 0:
+        return []
+    return [
+        "infer.cache.threshold: step caching is fitted to one network's outputs, not to two experts'; "
+        "set infer.cache.threshold=0"
+    ]
+
+
+SAMPLING_RUN_RULES: tuple[SamplingRule, ...] = (_image, _one_process, _experts_cache)
+
+
+def sampling_run_problems(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """What keeps `vidforge infer` from running `run` with `profile`, each as `field: message` (the
+    field a setting or a flag), known before anything loads."""
+    return [p for rule in SAMPLING_RUN_RULES for p in rule(profile, run)]

@@ -89,7 +89,9 @@ def build(
     optimizers = [_adamw(module, cfg.lr, profile, device) for module in modules]
     parts = TrainParts(modules, optimizers, ema, autocast, pipeline, notes)
     if cfg.distill is not None:
-        if teacher is None:  # `vidforge train` passes them; `bench train` and `--dry-run` do not yet
+        # `vidforge train` passes the teacher's weights; the dry run builds on the meta device, where no
+        # weights load and the teacher is the model's shapes; `bench train` has none to give
+        if teacher is None and device.type != "meta":
             raise UserInputError(
                 "train.distill: this command builds no teacher; run `vidforge train` with the profile, or "
                 "drop train.distill (--set train.distill=null) to measure the model alone"

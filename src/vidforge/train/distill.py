@@ -21,7 +21,8 @@ from torch's global CPU generator in one order, so a resumed run draws what an u
 
 The student's schedule is written into the run's profile (`student_profile`: diffusion.sampler=few-step
 over its levels, guidance 1), which the export carries: `vidforge infer` samples the student in its few
-steps without flags. One process or data parallel (FSDP); not context or pipeline parallel.
+steps without flags. One process or data parallel (FSDP); the layout rulebook
+(`vidforge.profile.layout_rules`) refuses context and pipeline parallel when the profile loads.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion.dmd import dmd_gradient, dmd_loss, few_step_noisy
 from vidforge.diffusion.from_profile import student_levels
 from vidforge.diffusion.guidance import guided
-from vidforge.errors import UserInputError
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.profile.diffusion import FEW_STEP
@@ -65,17 +65,6 @@ def student_profile(profile: RunProfile) -> RunProfile:
         "guidance": 1.0,
     }
     return validate_profile(data, "train.distill")
-
-
-def check_layout(profile: RunProfile) -> None:
-    """Refuse, before anything is built, the layouts a distillation does not run under."""
-    layout = profile.parallel
-    for name, size in (("pp", layout.pp), ("cp", layout.cp)):
-        if size > 1:
-            raise UserInputError(
-                f"parallel.{name}: train.distill runs one process or data parallel (FSDP, tp), not "
-                f"{'pipeline' if name == 'pp' else 'context'} parallel; set parallel.{name}=1"
-            )
 
 
 class DistillTrainStep(LocalTrainStep):

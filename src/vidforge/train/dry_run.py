@@ -131,6 +131,9 @@ def dry_run(profile: RunProfile) -> DryRun:
     profile, recompute = resolve_auto(profile)
     if dist.is_initialized():
         raise RuntimeError("--dry-run builds its own fake process group: run it in a single process")
+    from vidforge.train.distill import student_profile
+
+    profile = student_profile(profile)  # a distillation trains with it, as `vidforge train` does
     layout = profile.layout
     dims = ParallelDims(layout, "cpu")
     # torch's DeviceMesh lists every rank of every group it makes, fake ones too: cluster.nodes=100000000

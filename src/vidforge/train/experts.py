@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.diffusion.objective import Objective
 from vidforge.errors import UserInputError
 from vidforge.models.experts import expert_range
@@ -26,12 +25,9 @@ def require_expert(profile: RunProfile) -> None:
 
 def expert_objective(objective: Objective, profile: RunProfile) -> Objective:
     """The run's objective with its training times restricted to `train.expert`'s range (as it is
-    without one)."""
+    without one). The profile's checks (`vidforge.profile.experts`) have refused an objective other than
+    flow, whose times the experts switch by."""
     expert = profile.train.expert
     if expert is None or profile.model.experts != 2:
         return objective
-    if not isinstance(objective, RectifiedFlow):
-        raise UserInputError(
-            "train.expert: two experts switch by the flow time; set diffusion.objective=flow"
-        )
     return dataclasses.replace(objective, t_range=expert_range(profile.model.boundary_ratio, expert))

@@ -31,7 +31,7 @@ from vidforge.parallel.runtime import Runtime, init_runtime
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.build import TrainParts, build
 from vidforge.train.checkpoint import CheckpointManager, run_identity
-from vidforge.train.distill import check_layout, student_profile
+from vidforge.train.distill import student_profile
 from vidforge.train.export import export_weights
 from vidforge.train.init_weights import WeightsInit
 from vidforge.train.lr import learning_rate, resumed_schedule, schedule_state
@@ -209,7 +209,6 @@ def _set_up(
     profile, _ = resolve_auto(profile)  # train.activation_checkpointing=auto: the memory model's mix
     teacher = None
     if profile.train.distill is not None:
-        check_layout(profile)
         profile = student_profile(profile)  # what validation, profile.yaml and the export sample with
         teacher = _teacher(profile.train.distill.teacher, init)
         init = init if init is not None else teacher  # the student starts from the teacher

@@ -149,11 +149,6 @@ class DenoisingLoss:
         level_b = level_b.to(torch.promote_types(clean.dtype, torch.float32))
         clean_first_frame, network_level = None, self.objective.network_level(level)
         if conditioned is not None:
-            if shard is not None:
-                raise UserInputError(
-                    "diffusion.image_condition: first-frame conditioning runs without context parallel; "
-                    "set parallel.cp=1 or diffusion.image_condition=0"
-                )
             clean_first_frame = first_frame_tokens(rows, conditioned)
             level_b = torch.where(clean_first_frame[..., None], torch.zeros_like(level_b), level_b)
             network_level = self.objective.network_level(level_b[..., 0])

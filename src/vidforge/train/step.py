@@ -27,7 +27,6 @@ from torch.profiler import record_function
 
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion import build_objective
-from vidforge.errors import UserInputError
 from vidforge.models import forward_flops
 from vidforge.models.flops import FlopCount
 from vidforge.parallel.activation_checkpoint import recompute_fraction
@@ -81,34 +80,6 @@ class StepResult:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
 
 
-def checked_image_condition(profile: RunProfile, model) -> float:
-    """`diffusion.image_condition`, refused where first-frame conditioning cannot run: a model without
-    `expand_timesteps`, an objective other than flow (a clean token's level 0 is t = 0 there only),
-    distillation, context, pipeline or sequence parallel (their token splits do not carry a per-token level yet: under
-    sequence parallel the rows `_RankTokensConditioning` sums over the tp ranks would be each rank's own
-    tokens')."""
-    chance = profile.diffusion.image_condition
-    if not chance:
-        return 0.0
-    fix = "or set diffusion.image_condition=0"
-    if not model.expand_timesteps:
-        raise UserInputError(
-            f"diffusion.image_condition: model.expand_timesteps is off (a first-frame conditioned model, e.g. "
-            f"Wan2.2 TI2V, has it); {fix}"
-        )
-    if profile.diffusion.objective != "flow":
-        raise UserInputError(f"diffusion.image_condition: needs diffusion.objective=flow; {fix}")
-    if profile.train.distill is not None:  # the student generates from noise alone
-        raise UserInputError(f"diffusion.image_condition: train.distill distils text-to-video; {fix}")
-    layout = profile.parallel
-    if layout.cp > 1 or layout.pp > 1 or (layout.tp > 1 and layout.sequence_parallel):
-        raise UserInputError(
-            f"diffusion.image_condition: first-frame conditioning trains without context, pipeline or "
-            f"sequence parallel; set parallel.cp=1, parallel.pp=1 and parallel.sequence_parallel=false {fix}"
-        )
-    return chance
-
-
 class TrainStep(ABC):
     """The parts of one step that do not depend on how the model is split (see the module docstring)."""
 
@@ -121,14 +92,13 @@ class TrainStep(ABC):
         objective = expert_objective(build_objective(profile.diffusion), profile)
         model = parts.modules[0].config  # the model being trained (a pipeline stage carries the whole config)
         dropout = profile.diffusion.caption_dropout
-        image_condition = checked_image_condition(profile, model)
         self.loss = DenoisingLoss(
             objective,
             dropout,
             tuple(model.patch),
             model.in_channels,
             model.text_dim,
-            image_condition=image_condition,
+            image_condition=profile.diffusion.image_condition,
             condition_channels=model.condition_channels,
         )
         # the logging window's loss per noise level (the loop resets it)

@@ -22,7 +22,6 @@ from torch import nn
 from vidforge.data.shard_index import read_index
 from vidforge.data.shard_reader import SampleError, ShardError, iter_shard
 from vidforge.data.store import is_url
-from vidforge.errors import UserInputError
 from vidforge.files import write_text
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import sample_latents
@@ -55,11 +54,6 @@ def plan_validation(profile: RunProfile, data: Sequence[str | Path], fine_tune: 
     at the end; train.validation_prompts, or the first few distinct captions of the data."""
     cfg = profile.train
     if profile.model.condition_channels:  # sampling needs a first frame per prompt, which prompts lack
-        if cfg.validate_every:
-            raise UserInputError(
-                f"train.validate_every={cfg.validate_every}: an image-to-video model's validation needs a first "
-                "frame; set train.validate_every=0 and sample the export with `vidforge infer --image`"
-            )
         return ValidationPlan(
             0, (), note="validation off: an image-to-video model samples from `infer --image`"
         )

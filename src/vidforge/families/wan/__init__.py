@@ -241,5 +241,7 @@ SPEC = FamilySpec(
     media_defaults=("curation.fps=16", "infer.fps=16"),
     # Wan2.1-I2V's [first frame, zeros...] latents after the first frame's mask (WanImageToVideoPipeline's)
     condition_latents="vidforge.families.wan.image_condition:condition_latents",
+    # the names of ComfyUI's Wan model (the original Wan release's), for `model export --to comfyui`
+    comfyui_lora="vidforge.families.wan.comfyui_names:comfyui_module",
     image_tokens=257,  # Wan2.1-I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches and the class token
 )

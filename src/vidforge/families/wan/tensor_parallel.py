@@ -52,7 +52,6 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from vidforge.errors import UserInputError
 from vidforge.families.wan.network import WanBlock, WanTransformer
 from vidforge.parallel.tensor_parallel import SEQUENCE_DIM, apply_sequence_region, check_tp_model
 
@@ -114,11 +113,6 @@ def apply_wan_tp(model: WanTransformer, tp_mesh: DeviceMesh, *, sequence_paralle
     activation checkpointing, compile and FSDP. Weights are taken from tp rank 0, so a model initialised
     before this call keeps its values."""
     check_tp_model(model, tp_mesh.size())
-    if model.config.image_dim:
-        raise UserInputError(
-            f"parallel.tp={tp_mesh.size()}: Wan2.1-I2V's image cross-attention (add_k_proj/add_v_proj) has no "
-            "tensor-parallel plan yet; set parallel.tp=1 and infer.tp=1 (FSDP shards it)"
-        )
     stream: Placement = Shard(SEQUENCE_DIM) if sequence_parallel else Replicate()
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, _plan(block, stream))

@@ -1,0 +1,47 @@
+"""The hunyuan15 family: HunyuanVideo-1.5 (text- and image-to-video), diffusers'
+`HunyuanVideo15Transformer3DModel` module for module. Its torch-free facts: the model section and the
+published presets (`model`), how a published folder reads (`published`), LoRA's default targets; its code,
+loaded by import path: the network (`network`), the caption layout (`captions`), weight import/export
+(`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
+
+Not built yet: tokenize/shard with its VAE and encoders, sampling (`infer`) against the pipelines, image-
+to-video condition latents, caption dropout, packed rows, context and tensor parallel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidforge.families import FamilySpec
+from vidforge.families.hunyuan15.model import PRESETS, HunyuanVideo15Model
+from vidforge.families.hunyuan15.published import CLASS_NAME, FPS, IMAGE_TOKENS, read_published
+
+# The attention projections of both streams of every double-stream block (and, by the same names, of the
+# caption refiner's blocks), as diffusers names them: the Wan family's choice with the caption stream's
+# added. musubi-tuner adapts every Linear of the double-stream blocks (the feed-forwards and modulation
+# too); train.lora.target_modules names those for a run that wants them.
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+
+
+def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
+    """Full (joint) attention; six modulation vectors for each of the two streams."""
+    return ("full",), 12
+
+
+SPEC = FamilySpec(
+    name="hunyuan15",
+    model=HunyuanVideo15Model,
+    network="vidforge.families.hunyuan15.network:HunyuanVideo15Transformer",
+    presets=PRESETS,
+    tensor_parallel="vidforge.families.hunyuan15.tensor_parallel:apply_tp",
+    tp_rules=((), (), ()),  # nothing split: tp > 1 is refused
+    lora_targets=LORA_TARGETS,
+    block_scopes=block_scopes,
+    read_published=read_published,
+    published_class=CLASS_NAME,
+    import_weights="vidforge.families.hunyuan15.weights:import_weights",
+    export_weights="vidforge.families.hunyuan15.weights:export_weights",
+    load_published="vidforge.families.hunyuan15.weights:load_published",
+    profile_defaults=("diffusion.objective=flow",),
+    image_tokens=IMAGE_TOKENS,
+    media_defaults=(f"curation.fps={FPS}", f"infer.fps={FPS}"),
+)

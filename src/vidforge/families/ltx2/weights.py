@@ -1,0 +1,174 @@
+"""LTX-2 weights between diffusers' folder layout and vidforge's export, one tensor at a time.
+
+The network's parameter names are diffusers' own (`network`), so import (a diffusers transformer or
+pipeline folder -> model.safetensors and config.json) and export (the reverse, a folder
+`LTX2VideoTransformer3DModel.from_pretrained` loads with no missing or unexpected keys) copy tensors by name
+with their bytes untouched (an import may cast on request): import then export gives every tensor back
+bitwise. The published transformer is joint audio-video and the video path reads only its video part
+(`network.video_state`); the audio stream's tensors ride along untouched in their own file beside the
+network's (`AUDIO_WEIGHTS`: model.safetensors holds the network's state and nothing else, as every
+family's export), and the diffusers config entries vidforge's `model` section does not hold (the audio stream's shape) are kept in
+config.json beside it (`diffusers`), so that export writes the published transformer back whole. The
+video path's names and shapes are checked against the network built on the meta device first."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from safetensors import safe_open
+
+from vidforge.errors import UserInputError
+from vidforge.families.ltx2.config import LTX2Model
+from vidforge.families.ltx2.network import LTX2Transformer, is_audio
+from vidforge.families.ltx2.published import CLASS_NAME, CONFIG, model_fields, read_json, transformer_folder
+from vidforge.files import output_folder, write_text
+from vidforge.models.checkpoint import FORMAT, WEIGHTS
+from vidforge.models.safetensors_stream import (
+    DTYPES,
+    StoredTensor,
+    TensorEntry,
+    safetensors_shapes,
+    stored_tensors,
+    write_safetensors,
+)
+
+SINGLE = "diffusion_pytorch_model.safetensors"
+INDEX = "diffusion_pytorch_model.safetensors.index.json"
+CASTS = {None: None, "float32": "F32", "bfloat16": "BF16"}
+DIFFUSERS = "diffusers"  # config.json's key for the published config entries beside `model`
+AUDIO_WEIGHTS = "audio_stream.safetensors"  # an export's audio-stream tensors, beside model.safetensors
+
+
+def diffusers_config(model: LTX2Model, published: dict[str, Any]) -> dict[str, Any]:
+    """diffusers' config.json of the family's `model` section over the published entries it does not hold
+    (the inverse of `published.model_fields`)."""
+    return {
+        **published,
+        "_class_name": CLASS_NAME,
+        "in_channels": model.in_channels,
+        "out_channels": model.in_channels,
+        "num_attention_heads": model.heads,
+        "attention_head_dim": model.head_dim,
+        "cross_attention_dim": model.hidden,
+        "num_layers": model.layers,
+        **({"caption_channels": model.text_dim} if model.caption_projection else {}),
+        "rope_theta": model.rope_theta,
+        "rope_type": model.rope_type,
+        "rope_double_precision": model.rope_double_precision,
+        "pos_embed_max_pos": int(model.rope_base[0]),
+        "base_height": int(model.rope_base[1]),
+        "base_width": int(model.rope_base[2]),
+        "vae_scale_factors": list(model.vae_scale),
+        "causal_offset": model.causal_offset,
+        "gated_attn": model.gated_attention,
+        "cross_attn_mod": model.prompt_modulation,
+        "use_prompt_adaln_single": model.prompt_modulation_per_step,
+        "use_prompt_embeddings": model.caption_projection,
+        "ff_bias": model.ff_bias,
+        "norm_eps": model.eps,
+    }
+
+
+def _checked(model: LTX2Model, stored: dict[str, StoredTensor], folder: Path) -> list[str]:
+    """The tensor names to copy: the network's in its order, then the audio stream's, after checking the
+    stored video names, shapes and dtypes against the network."""
+    with torch.device("meta"):
+        expected = {n: tuple(t.shape) for n, t in LTX2Transformer(model).state_dict().items()}
+    video = {name for name in stored if not is_audio(name)}
+    missing, unexpected = sorted(set(expected) - video), sorted(video - set(expected))
+    if missing or unexpected:
+        raise UserInputError(
+            f"{folder}: the weights do not match its config.json (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); the folder is incomplete or not an LTX-2 transformer"
+        )
+    for name, shape in expected.items():
+        t = stored[name]
+        if t.shape != shape:
+            raise UserInputError(f"{t.file}: {name} has shape {t.shape}, config.json implies {shape}")
+    for name, t in stored.items():
+        if t.dtype not in ("F32", "BF16", "F16"):
+            raise UserInputError(
+                f"{t.file}: {name} is {t.dtype}; vidforge reads float32, bfloat16 or float16"
+            )
+    return list(expected) + sorted(set(stored) - video)
+
+
+def _entries(
+    names: list[str], stored: dict[str, StoredTensor], files: ExitStack, cast: str | None
+) -> list[TensorEntry]:
+    handles: dict[Path, Any] = {}
+
+    def loader(name: str):
+        path = stored[name].file
+
+        def load() -> torch.Tensor:
+            if path not in handles:
+                handles[path] = files.enter_context(safe_open(str(path), framework="pt"))
+            tensor = handles[path].get_tensor(name)
+            return tensor.to(DTYPES[cast]) if cast is not None else tensor
+
+        return load
+
+    return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]
+
+
+def _model(fields: dict[str, Any], where: Path) -> LTX2Model:
+    try:
+        return LTX2Model(**fields)
+    except ValidationError as err:
+        raise UserInputError(f"{where} cannot be represented: {err.errors()[0]['msg']}") from None
+
+
+def write_export(src: Path, out: Path, dtype: str | None = None) -> LTX2Model:
+    """Write the weights and config.json of a vidforge export of the published folder `src` into `out`;
+    `dtype` None keeps every tensor's dtype, "float32" or "bfloat16" casts all of them."""
+    if dtype not in CASTS:
+        raise UserInputError(
+            f"--dtype {dtype}: use float32 or bfloat16 (or leave it out to keep the weights')"
+        )
+    folder = transformer_folder(Path(src))
+    if not (folder / CONFIG).is_file():
+        raise UserInputError(f"{folder}: no config.json; point at an LTX-2 diffusers folder")
+    published = read_json(folder / CONFIG)
+    model = _model(model_fields(published, folder / CONFIG), folder / CONFIG)
+    stored = stored_tensors(folder, SINGLE, INDEX)
+    names = _checked(model, stored, folder)
+    video = [name for name in names if not is_audio(name)]
+    audio = names[len(video) :]
+    out = output_folder(out)
+    with ExitStack() as files:
+        write_safetensors(out / WEIGHTS, _entries(video, stored, files, CASTS[dtype]), {"format": FORMAT})
+        if audio:
+            write_safetensors(
+                out / AUDIO_WEIGHTS, _entries(audio, stored, files, CASTS[dtype]), {"format": "pt"}
+            )
+    kept = {k: v for k, v in published.items() if not k.startswith("_")}
+    config = {"format": FORMAT, "model": model.model_dump(mode="json"), DIFFUSERS: kept}
+    write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
+    return model
+
+
+def export_diffusers(export: Path, out: Path, version: str) -> Path:
+    """Write the vidforge export at `export` as a diffusers LTX2VideoTransformer3DModel folder: config.json
+    (`version` its _diffusers_version) and diffusion_pytorch_model.safetensors, every tensor's bytes as
+    stored."""
+    export = Path(export)
+    data = read_json(export / CONFIG)
+    if data.get("format") != FORMAT or not isinstance(data.get("model"), dict) or DIFFUSERS not in data:
+        raise UserInputError(f"{export / CONFIG}: not a vidforge export of an LTX-2 folder; import one first")
+    model = _model(data["model"], export / CONFIG)
+    stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
+    if (export / AUDIO_WEIGHTS).is_file():
+        stored |= safetensors_shapes(export / AUDIO_WEIGHTS, "import the folder again")
+    names = _checked(model, stored, export)
+    out = output_folder(out)
+    with ExitStack() as files:
+        write_safetensors(out / SINGLE, _entries(names, stored, files, None), {"format": "pt"})
+    config = {**diffusers_config(model, data[DIFFUSERS]), "_diffusers_version": version}
+    write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
+    return out
