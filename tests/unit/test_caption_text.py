@@ -134,3 +134,15 @@ def test_sidecar_json_reads_open_ended_segments(tmp_path):
     captioner = SidecarCaptioner(SidecarSettings())
     [r] = captioner.caption([_item(tmp_path / "v.mp4", 100, 101)])
     assert r.text == "all of it"
+
+
+def test_sidecar_reads_a_txt_beside_the_video_as_finetune_does(tmp_path):
+    """`<video>.txt` (finetune's, finetrainers' and musubi-tuner's caption file) captions every clip of the
+    video; a `.captions.json` beside it, with times, wins."""
+    (tmp_path / "v.mp4").write_bytes(b"")
+    (tmp_path / "v.txt").write_text("a cat on the grass\n")
+    captioner = SidecarCaptioner(SidecarSettings())
+    assert [r.text for r in captioner.caption([_item(tmp_path / "v.mp4", 0, 2)])] == ["a cat on the grass"]
+    (tmp_path / "v.captions.json").write_text(json.dumps([{"start": 0, "end": None, "text": "timed"}]))
+    fresh = SidecarCaptioner(SidecarSettings())
+    assert [r.text for r in fresh.caption([_item(tmp_path / "v.mp4", 0, 2)])] == ["timed"]

@@ -88,7 +88,6 @@ RAW_WRITES_LEFT = {
     "curate/caption_store.py": "appends to the store's shards (curation's)",
     "curate/clip_score.py": "writes a model config for open_clip (curation's)",
     "data/store.py": "the shard cache's fetched part, renamed once its sha256 matches",
-    "finetune.py": "its stage records and profile (recipes')",
 }
 
 

@@ -123,6 +123,22 @@ def finetune(
             help="Sample the prompts every N steps (default: four times over the run and at its end; 0: never).",
         ),
     ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in -o (the default: a rerun always passes over finished stages and resumes "
+            "training; accepted as `train` takes it).",
+        ),
+    ] = False,
+    reschedule: Annotated[
+        bool,
+        typer.Option(
+            "--reschedule",
+            help="On resuming with a changed --steps or lr settings, fit the new schedule from the resumed "
+            "step (train --reschedule) instead of keeping the saved one.",
+        ),
+    ] = False,
     nproc: NprocOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
@@ -157,7 +173,9 @@ def finetune(
         profile=profile,
         overrides=tuple(set_ or ()),
         nproc=nproc,
+        reschedule=reschedule,
     )
+    del resume  # every run resumes
     summary = run(request, _Shown(output))
     data = summary.as_dict()
     lines = [f"vidforge finetune -> {summary.out}"]

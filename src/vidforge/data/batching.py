@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vidforge.data.loader import ShardLoader
+from vidforge.errors import UserInputError
 from vidforge.memory import host_memory_bytes, require
 from vidforge.profile import RunProfile
 from vidforge.tokens import SequenceLayout, pack_latents, token_grid
@@ -36,6 +37,32 @@ def sample_tokens(latent_shape: Sequence[int], patch: Sequence[int]) -> int:
     """Tokens of a latent (C, T, H, W) after the model's patchify: (T/pt)(H/ph)(W/pw)."""
     t, h, w = token_grid(tuple(latent_shape)[-3:], patch)
     return t * h * w
+
+
+def bucket_tokens(profile: RunProfile) -> dict[tuple[int, int, int], int]:
+    """Tokens of a sample at each (frames, height, width) of the profile's frame and resolution buckets:
+    the VAE's compression (tokenizer.temporal/spatial_compression), then the model's patch."""
+    ct, cs = profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+    return {
+        (f, h, w): sample_tokens(((f - 1) // ct + 1, h // cs, w // cs), profile.model.patch)
+        for f in profile.data.frame_buckets
+        for h, w in profile.data.buckets
+    }
+
+
+def require_token_budget(profile: RunProfile) -> None:
+    """A packed run whose every bucket exceeds data.token_budget could never take a step (the packer would
+    skip every sample): refused before anything is built."""
+    if not profile.data.packing:
+        return
+    sizes = bucket_tokens(profile)
+    (f, h, w), smallest = min(sizes.items(), key=lambda kv: kv[1])
+    if smallest > profile.data.token_budget:
+        raise UserInputError(
+            f"data.token_budget={profile.data.token_budget}: no sample fits, the smallest bucket ({f} frames "
+            f"at {h}x{w}) is {smallest} tokens; --set data.token_budget={smallest} (or more), or smaller "
+            "data.buckets / data.frame_buckets"
+        )
 
 
 def first_fit_decreasing(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -161,6 +188,27 @@ class Packer(_Batcher):
         super().__init__(loader)
         self.patch, self.budget, self.buffer_size = tuple(patch), token_budget, buffer
         self.stats = {"batches": 0, "tokens": 0, "capacity": 0, "skipped_too_long": 0}
+        self._skipped_in_row = 0
+        # A whole pass of the data (every rank's samples: an upper bound on this rank's share) skipped in a
+        # row: no sample fits, and a loader repeating its epochs would skip them forever.
+        self._max_skips = max(1, getattr(loader, "epoch_samples", 0) or 1_000_000)
+        self._named: set[str] = set()
+
+    def _skip(self, sample: dict) -> None:
+        tokens = self._length(sample)
+        self.stats["skipped_too_long"] += 1
+        self._skipped_in_row += 1
+        if sample["__key__"] not in self._named and len(self._named) < 100:  # each once, not each epoch
+            self._named.add(sample["__key__"])
+            log.warning(
+                "skipping %s: %d tokens exceed data.token_budget=%d", sample["__key__"], tokens, self.budget
+            )
+        if self._skipped_in_row >= self._max_skips:
+            raise UserInputError(
+                f"data.token_budget={self.budget}: no sample of the data fits ({self._skipped_in_row} skipped "
+                f"in a row, e.g. {sample['__key__']} of {tokens} tokens); --set data.token_budget={tokens} "
+                "or more"
+            )
 
     @property
     def efficiency(self) -> float:
@@ -173,14 +221,9 @@ class Packer(_Batcher):
     def next_batch(self) -> PackedBatch | None:
         while len(self.buffer) < self.buffer_size and not self._ended:
             if self._pull() and self._length(self.buffer[-1]) > self.budget:
-                s = self.buffer.pop()
-                log.warning(
-                    "skipping %s: %d tokens exceed data.token_budget=%d",
-                    s["__key__"],
-                    self._length(s),
-                    self.budget,
-                )
-                self.stats["skipped_too_long"] += 1
+                self._skip(self.buffer.pop())
+            elif self.buffer:
+                self._skipped_in_row = 0
         if not self.buffer:
             return None
         lengths = [self._length(s) for s in self.buffer]

@@ -193,6 +193,11 @@ class ShardLoader:
         self._max_misses = max(1, sum(s.samples for shards in self.shards for s in shards))
 
     @property
+    def epoch_samples(self) -> int:
+        """Samples in one pass over every source, all ranks' together."""
+        return self._max_misses
+
+    @property
     def mean_sample_bytes(self) -> float:
         """A sample's size in its shards on average, by the indexes (what a decoded sample holds, roughly:
         latents are stored as raw .npy)."""

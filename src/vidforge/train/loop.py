@@ -10,7 +10,8 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vidforge.data.batching import build_batcher
+from vidforge.data.batching import build_batcher, require_token_budget
 from vidforge.data.blending import DataParallelSizeChanged
 from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
@@ -48,15 +49,21 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradients stopped being finite."""
 
 
+class WaitInterrupted(Exception):
+    """SIGTERM arrived while the loop waited for its batches (`StopOnSigterm.waiting`)."""
+
+
 class StopOnSigterm:
     """SIGTERM (what SLURM and Kubernetes send before they kill or preempt a job) noted while the loop runs,
     and acted on at the next step boundary: the loop saves a checkpoint there and stops with `Terminated`
     (exit 143 and a resume line) instead of dying with the steps since the last save. Every rank must stop
     at the same step (saving is collective), so `agreed` asks all of them each step: one int all-reduced.
-    The default handler is back once the loop ends."""
+    While the loop waits for data (`waiting`: a packer skipping samples, a slow store) a step boundary may
+    be far off, so the signal interrupts the wait instead. The default handler is back once the loop ends."""
 
     def __init__(self) -> None:
         self.signalled = False
+        self._waiting = False
         self._previous: Any = None
 
     def __enter__(self) -> StopOnSigterm:
@@ -70,6 +77,19 @@ class StopOnSigterm:
 
     def _note(self, signum: int, frame: Any) -> None:
         self.signalled = True
+        if self._waiting:
+            raise WaitInterrupted
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """A wait for batches that SIGTERM interrupts (`WaitInterrupted`), also one signalled before it."""
+        if self.signalled:
+            raise WaitInterrupted
+        self._waiting = True
+        try:
+            yield
+        finally:
+            self._waiting = False
 
     def agreed(self, device: torch.device) -> bool:
         """Whether any rank was signalled (every rank gets the same answer)."""
@@ -124,7 +144,68 @@ def run(
     summary's notes). `fine_tune` (default: started from `init` or training LoRA) turns validation on when
     the profile leaves train.validate_every unset. `labels` (a curriculum's `{"stage": name}`) go into every metrics
     line and every checkpoint's per-rank state."""
-    labels = dict(labels or {})
+    session = _set_up(profile, data, Path(run_dir), resume, init, notice, fine_tune, dict(labels or {}))
+    try:
+        _train(session, progress, on_step, notice)
+    finally:
+        session.close()
+    return _finish(session)
+
+
+@dataclass
+class _Session:
+    """A run as its set-up leaves it: what the loop steps, saves, logs and validates with."""
+
+    profile: RunProfile
+    run_dir: Path
+    runtime: Runtime
+    init: WeightsInit | None
+    labels: dict[str, Any]
+    checkpoints: CheckpointManager
+    parts: TrainParts
+    step_fn: TrainStep
+    batcher: Any
+    schedule: Any
+    step: int
+    extra: dict[str, Any]
+    validation: Any
+    validator: Validator
+    metrics: MetricsLog
+    window: _Window
+    notes: list[str]
+    start_step: int = 0
+    skipped: int = 0
+    saved: int = 0
+    closed: bool = False
+    logged_losses: deque[float] = field(default_factory=lambda: deque(maxlen=FINAL_LOSS_WINDOW))
+
+    def save(self) -> None:
+        _save(self.checkpoints, self.step, self.parts, self.batcher, self.extra)
+        self.saved = self.step
+
+    def close(self) -> None:
+        """Wait for checkpoint writes, close the metrics and the data thread (again: a no-op)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.checkpoints.wait()
+        self.metrics.close()
+        if isinstance(self.batcher, Prefetcher):
+            self.batcher.close()
+
+
+def _set_up(
+    profile: RunProfile,
+    data: Sequence[str | Path],
+    run_dir: Path,
+    resume: bool,
+    init: WeightsInit | None,
+    notice: Callable[[str], None] | None,
+    fine_tune: bool | None,
+    labels: dict[str, Any],
+) -> _Session:
+    """Everything checked that can refuse the run, then the model, its step, the data and the resumed
+    state built."""
     profile, _ = resolve_auto(profile)  # train.activation_checkpointing=auto: the memory model's mix
     teacher = None
     if profile.train.distill is not None:
@@ -132,9 +213,9 @@ def run(
         teacher = _teacher(profile.train.distill.teacher, init)
         init = init if init is not None else teacher  # the student starts from the teacher
     cfg = profile.train
+    require_token_budget(profile)
     runtime = init_runtime(profile)
     runtime.require_layout(profile.cluster)
-    run_dir = Path(run_dir)
     checkpoints = CheckpointManager(run_dir, keep=cfg.keep_checkpoints, use_async=cfg.async_checkpoint)
     latest = checkpoints.latest()
     if latest is not None and not resume:
@@ -175,7 +256,7 @@ def run(
     step_fn = make_train_step(profile, runtime, parts)
     batcher = rank_batcher(profile, runtime, data)
     notes = list(parts.notes)
-    schedule = cfg
+    schedule, step = cfg, 0
     if resume:
         before = len(notes)
         step, saved, threads = _resume(checkpoints, latest, parts, batcher, notes)
@@ -185,11 +266,6 @@ def run(
         if notice is not None and runtime.is_main:
             for line in notes[before:]:
                 notice(line)
-    else:
-        step = 0
-    start_step = step
-    # each checkpoint's rank state
-    extra = {**labels, "run": identity, "schedule": schedule_state(schedule), "threads": recorded_threads()}
     if fine_tune is None:
         fine_tune = init is not None or cfg.lora is not None
     validation = plan_validation(profile, data, fine_tune)
@@ -197,102 +273,153 @@ def run(
         notes.append(validation.note)
         if notice is not None and runtime.is_main:
             notice(validation.note)
-    validator = Validator(profile, validation.prompts)
-    config = profile.model_dump(mode="json")
-    metrics = MetricsLog(run_dir, runtime.is_main, step, cfg.trackers, config)
-    window = _Window(profile, runtime)
-    skipped_in_row = skipped = 0
-    logged_losses: deque[float] = deque(maxlen=FINAL_LOSS_WINDOW)
-    for module in parts.modules:
-        module.train()
+    return _Session(
+        profile=profile,
+        run_dir=run_dir,
+        runtime=runtime,
+        init=init,
+        labels=labels,
+        checkpoints=checkpoints,
+        parts=parts,
+        step_fn=step_fn,
+        batcher=batcher,
+        schedule=schedule,
+        step=step,
+        # each checkpoint's rank state
+        extra={
+            **labels,
+            "run": identity,
+            "schedule": schedule_state(schedule),
+            "threads": recorded_threads(),
+        },
+        validation=validation,
+        validator=Validator(profile, validation.prompts),
+        metrics=MetricsLog(run_dir, runtime.is_main, step, cfg.trackers, profile.model_dump(mode="json")),
+        window=_Window(profile, runtime),
+        notes=notes,
+        start_step=step,
+        saved=step,
+    )
 
+
+def _train(
+    s: _Session,
+    progress: Progress | None,
+    on_step: Callable[[int], None] | None,
+    notice: Callable[[str], None] | None,
+) -> None:
+    """The steps from `s.step` to train.steps: the schedule, the skip policy, logging, checkpoints,
+    validation, and a stop on SIGTERM."""
+    cfg, runtime, step_fn = s.profile.train, s.runtime, s.step_fn
+    skipped_in_row = 0
+    for module in s.parts.modules:
+        module.train()
     with StopOnSigterm() as stop:
-        while step < cfg.steps:
+        while s.step < cfg.steps:
             started = time.perf_counter()
-            step_fn.set_lr(learning_rate(step, schedule))
-            batches = step_fn.next_batches(batcher)
+            step_fn.set_lr(learning_rate(s.step, s.schedule))
+            try:
+                with stop.waiting():
+                    batches = step_fn.next_batches(s.batcher)
+            except WaitInterrupted:
+                _terminate(s, "while waiting for data")
             data_wait = time.perf_counter() - started
             if batches is None:
-                notes.append(f"data ran out at step {step} (data.epochs={profile.data.epochs})")
+                s.notes.append(f"data ran out at step {s.step} (data.epochs={s.profile.data.epochs})")
                 break
             result = step_fn(batches)
-            step += 1
+            s.step += 1
             if on_step is not None and runtime.is_main:
-                on_step(step)
+                on_step(s.step)
             if not result.finite:
                 step_fn.zero_grad()
-                skipped, skipped_in_row = skipped + 1, skipped_in_row + 1
-                what = f"step {step - 1}: loss {result.loss}, gradient norm {result.grad_norm}"
+                s.skipped, skipped_in_row = s.skipped + 1, skipped_in_row + 1
+                what = f"step {s.step - 1}: loss {result.loss}, gradient norm {result.grad_norm}"
                 if cfg.nan_policy == "stop" or skipped_in_row > cfg.max_skipped_steps:
                     raise TrainingDiverged(
                         f"{what}; lower train.lr, keep train.grad_clip on, or set train.nan_policy=skip "
-                        f"(skipped {skipped} step(s) so far)"
+                        f"(skipped {s.skipped} step(s) so far)"
                     )
-                notes.append(f"skipped {what}")
+                s.notes.append(f"skipped {what}")
                 continue
             skipped_in_row = 0
             step_fn.apply()
-            window.add(result, started, data_wait)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                record = {**window.record(step, result, step_fn, batcher), **labels}
-                metrics.write(record)
-                logged_losses.append(record["loss"])
-                if progress is not None and runtime.is_main:
-                    progress(record)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                _save(checkpoints, step, parts, batcher, extra)
-            if validation.due(step, cfg.steps):
-                out = run_dir / "validation" / f"step_{step:08d}"
-                samples = validator(parts.modules[0], parts.ema, out, runtime.rank)
-                metrics.videos(step, samples)
-                if notice is not None and runtime.is_main:
-                    notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
-            if step < cfg.steps and stop.agreed(runtime.device):
-                if step % cfg.save_every and step != cfg.steps:
-                    _save(checkpoints, step, parts, batcher, extra)
-                checkpoints.wait()
-                metrics.close()
-                if isinstance(batcher, Prefetcher):
-                    batcher.close()
-                raise Terminated(
-                    f"terminated (SIGTERM) after step {step}, saved as {checkpoints.path(step)}; rerun the "
-                    "same command with --resume to continue"
-                )
+            s.window.add(result, started, data_wait)
+            _after_step(s, result, progress, notice)
+            if s.step < cfg.steps and stop.agreed(runtime.device):
+                _terminate(s, "")
 
-    if step > start_step and (step % cfg.save_every and step != cfg.steps):
-        _save(checkpoints, step, parts, batcher, extra)
-    checkpoints.wait()
+
+def _after_step(
+    s: _Session, result: StepResult, progress: Progress | None, notice: Callable[[str], None] | None
+) -> None:
+    """A finished step's metrics line, checkpoint and validation, each when due."""
+    cfg, step = s.profile.train, s.step
+    if step % cfg.log_every == 0 or step == cfg.steps:
+        record = {**s.window.record(step, result, s.step_fn, s.batcher), **s.labels}
+        s.metrics.write(record)
+        s.logged_losses.append(record["loss"])
+        if progress is not None and s.runtime.is_main:
+            progress(record)
+    if step % cfg.save_every == 0 or step == cfg.steps:
+        s.save()
+    if s.validation.due(step, cfg.steps):
+        out = s.run_dir / "validation" / f"step_{step:08d}"
+        samples = s.validator(s.parts.modules[0], s.parts.ema, out, s.runtime.rank)
+        s.metrics.videos(step, samples)
+        if notice is not None and s.runtime.is_main:
+            notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
+
+
+def _terminate(s: _Session, where: str) -> None:
+    """SIGTERM: save the steps since the last checkpoint and stop (exit 143). Interrupted in a wait for
+    data, the ranks are not at one boundary, so a collective save is taken only by a lone process."""
+    if s.step > s.saved and (not where or s.runtime.world == 1):
+        s.save()
+    s.close()
+    latest = s.checkpoints.latest()
+    saved = f"saved as {s.checkpoints.path(latest)}" if latest is not None else "no checkpoint yet"
+    raise Terminated(
+        f"terminated (SIGTERM) after step {s.step}{' ' + where if where else ''}, {saved}; rerun the same "
+        "command with --resume to continue"
+    )
+
+
+def _finish(s: _Session) -> TrainSummary:
+    """The last checkpoint and the export; the run's summary."""
+    step = s.step
+    if step > s.saved:
+        s.save()
+    s.checkpoints.wait()
     export_dir = None
     if step > 0:
-        pp_group = parts.pipeline.group if parts.pipeline is not None else None
+        pp_group = s.parts.pipeline.group if s.parts.pipeline is not None else None
         export_dir = export_weights(
-            profile,
-            parts.modules,
-            parts.ema,
-            run_dir / "export",
+            s.profile,
+            s.parts.modules,
+            s.parts.ema,
+            s.run_dir / "export",
             step,
-            runtime.rank,
+            s.runtime.rank,
             pp_group=pp_group,
-            base=str(Path(init.src).resolve()) if init is not None else None,
+            base=str(Path(s.init.src).resolve()) if s.init is not None else None,
         )
-    metrics.close()
-    if isinstance(batcher, Prefetcher):
-        batcher.close()
+    window, losses = s.window, s.logged_losses
     return TrainSummary(
-        run_dir=str(run_dir),
-        start_step=start_step,
+        run_dir=str(s.run_dir),
+        start_step=s.start_step,
         last_step=step,
-        final_loss_mean=sum(logged_losses) / len(logged_losses) if logged_losses else None,
-        final_loss_window=len(logged_losses),
-        skipped_steps=skipped,
+        final_loss_mean=sum(losses) / len(losses) if losses else None,
+        final_loss_window=len(losses),
+        skipped_steps=s.skipped,
         tokens_per_s=window.tokens_per_s,
         step_time_s=window.step_time,
         mfu=window.mfu,
         hfu=window.hfu,
-        peak_memory_gib=_peak_memory_gib(runtime.device),
-        packing_efficiency=getattr(batcher, "efficiency", None),
+        peak_memory_gib=_peak_memory_gib(s.runtime.device),
+        packing_efficiency=getattr(s.batcher, "efficiency", None),
         export_dir=str(export_dir) if export_dir else None,
-        notes=notes,
+        notes=s.notes,
     )
 
 

@@ -1,7 +1,8 @@
 """Captions that came with the source videos, mapped to clips by time overlap.
 
 Two sources: a per-video JSON sidecar `[{start, end, text}]` (seconds, end exclusive) next to each source
-video, as `examples/make_sample_videos.py` writes, or a CSV `path,caption` (optionally with `start,end`
+video, as `examples/make_sample_videos.py` writes (else a `<video>.txt` beside it: one caption for the whole
+video, as `vidforge finetune` takes them), or a CSV `path,caption` (optionally with `start,end`
 columns; without them the caption spans the whole video). A segment captions a clip when it covers at
 least `min_overlap` of the clip's duration; the segment with the largest overlap wins."""
 
@@ -19,6 +20,7 @@ from vidforge.errors import UserInputError
 from vidforge.files import read_csv, read_text
 
 SIDECAR_SUFFIX = ".captions.json"
+TEXT_SUFFIX = ".txt"  # a plain caption of the whole video, beside it
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,11 @@ class SidecarCaptioner:
                 if candidate.is_file():
                     self._json_cache[source] = read_json_sidecar(candidate)
                     break
+            else:  # `<video>.txt`, as finetune, finetrainers and musubi-tuner take captions: the whole video
+                text = src.with_suffix(TEXT_SUFFIX)
+                if text.is_file():
+                    caption = read_text(text, "its caption").strip()
+                    self._json_cache[source] = [Segment(0.0, float("inf"), caption)]
         return self._json_cache[source], "sidecar:json"
 
     def caption_one(self, record: dict[str, Any]) -> CaptionResult:

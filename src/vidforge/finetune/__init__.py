@@ -40,9 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vidforge.errors import UserInputError
+from vidforge.errors import Terminated, UserInputError
 from vidforge.families import family
-from vidforge.files import atomic_file, read_csv, read_text, read_text_inside
+from vidforge.files import atomic_file, read_csv, read_text, read_text_inside, write_text
+from vidforge.finetune import preflight
+from vidforge.finetune.sizing import sized_settings, training_clip
 from vidforge.profile import RunProfile
 from vidforge.profile.loading import dump_profile
 
@@ -77,9 +79,9 @@ SIDECAR_ONLY = (
 )
 # A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
 # diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
-# published fine-tuning lr (1e-5); a short warm-up either way.
-LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=10")
-FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=10")
+# published fine-tuning lr (1e-5). No warm-up until the run's length is known (`sizing`: a short one).
+LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=0")
+FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=0")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class Request:
     nproc: int | None = None
     """Train as this many local ranks (`vidforge train --nproc N`, started by this command); the data
     stages run in this process."""
+    reschedule: bool = False
+    """Resumed training fits the profile's lr schedule from the resumed step (`train --reschedule`)."""
 
 
 @dataclass
@@ -309,13 +313,9 @@ def stage_overrides(request: Request, captions: Path) -> list[str]:
         sets.append(f"train.validation_prompts={json.dumps(list(request.prompts))}")
     if request.validate_every is not None:
         sets.append(f"train.validate_every={request.validate_every}")
+    if request.reschedule:
+        sets.append("train.resume_schedule=refit")
     return sets
-
-
-def training_clip(profile: RunProfile) -> tuple[int, int, int]:
-    """The largest clip the run trains on (frames, height, width): what the memory check sizes."""
-    height, width = max(profile.data.buckets, key=lambda hw: hw[0] * hw[1])
-    return max(profile.data.frame_buckets), height, width
 
 
 def check_fits(profile: RunProfile) -> None:
@@ -375,7 +375,11 @@ class _Ledger:
         self.folder = out / STATE_DIR
 
     def record(self, name: str) -> dict[str, Any] | None:
+        """The stage's record; None when it never finished, or its data folder was removed since (the
+        stale-stage message's advice: removing the folders is all it takes)."""
         path = self.folder / f"{name}.json"
+        if name in DATA_FOLDERS and not (self.folder.parent / DATA_FOLDERS[name]).is_dir():
+            return None
         return json.loads(path.read_text()) if path.is_file() else None
 
     def refuse_stale(self, keys: dict[str, str], out: Path, train_dir: Path) -> None:
@@ -392,11 +396,8 @@ class _Ledger:
                 )
 
     def mark(self, name: str, key: str, command: str, result: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{name}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"key": key, "command": command, "result": result}, indent=1))
-        os.replace(tmp, path)
+        record = {"key": key, "command": command, "result": result}
+        write_text(self.folder / f"{name}.json", json.dumps(record, indent=1))
 
 
 def _partial(name: str, result: Any, out: Path) -> None:
@@ -406,10 +407,23 @@ def _partial(name: str, result: Any, out: Path) -> None:
     )
 
 
+def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> None:
+    """Everything about the settings that can refuse the run, before any stage (`preflight`). Training's
+    world (--nproc N) is what the memory is checked against; the data stages run here, alone."""
+    preflight.check_accelerator(profile)
+    preflight.check_buckets(profile)
+    preflight.check_validation(profile)
+    if request.nproc:
+        from vidforge.parallel.launch import nproc_overrides
+
+        overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
+        check_fits(base_profile(base, request.profile, overrides))
+    else:
+        check_fits(profile)
+
+
 def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     """Run (or resume) the fine-tune `request` describes; see the module's docstring."""
-    from vidforge.infer.weights import find_export
-
     hooks = hooks or Hooks()
     out = request.out.resolve()
     base = request.base.resolve()
@@ -419,37 +433,19 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             "for videos; put the run elsewhere"
         )
     captions = out / CAPTIONS
-    sets = stage_overrides(request, captions)
-    profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    media = family(profile.model.family).media_defaults(profile.model)  # the frame rate it trained at
-    if media:
-        sets += media
-        profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    profile = _resolve(request, base, captions)
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
-    # Training's world (--nproc N) is what the memory is checked against; the data stages run here, alone.
-    if request.nproc:
-        from vidforge.parallel.launch import nproc_overrides
-
-        overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
-        check_fits(base_profile(base, request.profile, overrides))
-    else:
-        check_fits(profile)
+    pairs = preflight.drop_short(pairs, profile, out, hooks.notice)
     dumped = profile.model_dump(mode="json")
-    curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
-    # What each stage reads, each key holding the one before it.
-    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
-    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
-    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
-    data_key = _digest(shard_key, dumped["tokenizer"])
+    keys = _stage_keys(pairs, dumped)
+    clip_key, caption_key, shard_key, data_key = keys.values()
     ledger, stages = _Ledger(out), []
     train_dir = out / "train"
-    ledger.refuse_stale(
-        {"clip": clip_key, "caption": caption_key, "shard": shard_key, "tokenize": data_key}, out, train_dir
-    )
+    ledger.refuse_stale(keys, out, train_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_captions(pairs, captions)
     profile_path = out / PROFILE
-    profile_path.write_text(dump_profile(profile))
+    write_text(profile_path, dump_profile(profile))
     prof = ("--profile", profile_path)
     clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
 
@@ -473,42 +469,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         stages.append(StageRun(name, command, False, result))
         return result
 
-    def clip(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.curate.clip import run as clip_run
-
-        result = clip_run(profile, [str(captions)], clips, **progress)
-        if result.partial:
-            _partial("clip", result.summary["errors"], clips)
-        return {"clips": result.summary.get("clips")}
-
-    def caption(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.curate.caption import run as caption_run
-
-        summary = caption_run(profile, clips, captioned, **progress)
-        if summary.errors:
-            _partial("caption", summary.errors, captioned)
-        return {"captioned": summary.kept}
-
-    def shard(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.data.sharding import run as shard_run
-
-        summary = shard_run(profile, captioned, shards, **progress)
-        if summary.rejected:
-            _partial("shard", summary.rejected, shards)
-        return {"shards": summary.shards}
-
-    def tokenize(progress: dict[str, Any]) -> dict[str, Any]:
-        from vidforge.tokenizers.tokenize import run as tokenize_run
-
-        summary = tokenize_run(profile, shards, latents, **progress)
-        if summary.rejected:
-            _partial("tokenize", summary.rejected, latents)
-        return {"latent_shards": summary.as_dict().get("shards")}
-
-    stage("clip", clip_key, _command("clip", captions, "-o", clips, *prof), clip)
-    stage("caption", caption_key, _command("caption", clips, "-o", captioned, *prof), caption)
-    stage("shard", shard_key, _command("shard", captioned, "-o", shards, *prof), shard)
-    stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
+    _data_stages(profile, out, prof, keys, stage)
 
     train_argv = ["train", "--data", latents, "--run-dir", train_dir, "--init", base, *prof, "--resume"]
     train_argv += ["--nproc", request.nproc] if request.nproc else []
@@ -523,15 +484,19 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
             launch_workers(request.nproc, [str(a) for a in train_argv])
             return {"last_step": exported_step(train_dir / "export"), "export": str(train_dir / "export")}
-        summary = train_run(
-            profile,
-            [str(latents)],
-            train_dir,
-            resume=True,
-            init=WeightsInit(base),
-            notice=hooks.notice,
-            **progress,
-        )
+        try:
+            summary = train_run(
+                profile,
+                [str(latents)],
+                train_dir,
+                resume=True,
+                init=WeightsInit(base),
+                notice=hooks.notice,
+                **progress,
+            )
+        except Terminated as stopped:  # this command resumes by itself: it is the one to rerun
+            said = str(stopped).split("; rerun", 1)[0]
+            raise Terminated(f"{said}; rerun the same `vidforge finetune` command to continue") from None
         return {
             "last_step": summary.last_step,
             "final_loss_mean": summary.final_loss_mean,
@@ -578,7 +543,89 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
     page = stage("review", train_key, _command("review", train_dir), review)["page"]
     validation = train_dir / "validation"
-    prompt = (profile.train.validation_prompts or [pairs[0][1]])[0]
+    after = _next_commands(profile, base, out, model, pairs[0][1])
+    return FinetuneSummary(
+        str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
+    )
+
+
+def _data_stages(
+    profile: RunProfile, out: Path, prof: tuple[str, Path], keys: dict[str, str], stage: Callable[..., dict]
+) -> None:
+    """clip, caption, shard and tokenize, each through `stage` (passed over when its record holds)."""
+    captions = out / CAPTIONS
+    clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
+    clip_key, caption_key, shard_key, data_key = keys.values()
+
+    def clip(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.clip import run as clip_run
+
+        result = clip_run(profile, [str(captions)], clips, **progress)
+        if result.partial:
+            _partial("clip", result.summary["errors"], clips)
+        return {"clips": result.summary.get("clips")}
+
+    def caption(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.curate.caption import run as caption_run
+
+        summary = caption_run(profile, clips, captioned, **progress)
+        if summary.errors:
+            _partial("caption", summary.errors, captioned)
+        return {"captioned": summary.kept}
+
+    def shard(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.data.sharding import run as shard_run
+
+        summary = shard_run(profile, captioned, shards, **progress)
+        if summary.rejected:
+            _partial("shard", summary.rejected, shards)
+        return {"shards": summary.shards}
+
+    def tokenize(progress: dict[str, Any]) -> dict[str, Any]:
+        from vidforge.tokenizers.tokenize import run as tokenize_run
+
+        summary = tokenize_run(profile, shards, latents, **progress)
+        if summary.rejected:
+            _partial("tokenize", summary.rejected, latents)
+        return {"latent_shards": summary.as_dict().get("shards")}
+
+    stage("clip", clip_key, _command("clip", captions, "-o", clips, *prof), clip)
+    stage("caption", caption_key, _command("caption", clips, "-o", captioned, *prof), caption)
+    stage("shard", shard_key, _command("shard", captioned, "-o", shards, *prof), shard)
+    stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
+
+
+def _resolve(request: Request, base: Path, captions: Path) -> RunProfile:
+    """The run's profile: the stages' settings, then what finetune sizes from the buckets and the base,
+    under the user's --set; checked (`_check`) before any stage."""
+    sets = stage_overrides(request, captions)
+    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    sets += sized_settings(profile, request.overrides)
+    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    _check(request, base, sets, profile)
+    return profile
+
+
+def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> dict[str, str]:
+    """What each data stage reads, as a digest, each key holding the one before it."""
+    curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
+    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
+    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
+    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
+    return {
+        "clip": clip_key,
+        "caption": caption_key,
+        "shard": shard_key,
+        "tokenize": _digest(shard_key, dumped["tokenizer"]),
+    }
+
+
+def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None, caption: str) -> list[str]:
+    """What to run with the result: sampling it, merging a LoRA, loading it in diffusers."""
+    from vidforge.infer.weights import find_export
+
+    train_dir = out / "train"
+    prompt = (profile.train.validation_prompts or [caption])[0]
     # an image-to-video model samples from a first frame the user picks
     image = ("--image", "FIRST_FRAME.png") if profile.model.condition_channels else ()
     if profile.train.lora is not None:
@@ -597,6 +644,4 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             )
     else:
         after = [_command("infer", "-c", train_dir, *image, "--prompt", prompt, "-o", out / "samples")]
-    return FinetuneSummary(
-        str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
-    )
+    return after
