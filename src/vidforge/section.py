@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -46,3 +48,11 @@ def _takes_numbers_not_bools(annotation: Any) -> bool:
     )
     # Plain numbers only (`int`, `float | None`): a field that also takes words has its own validator.
     return bool(set(options) & {int, float}) and set(options) <= {int, float, type(None)}
+
+
+def unknown_field(name: str, valid: Sequence[str]) -> str:
+    """The message for a misspelt field or section: the nearest valid name, else every valid one."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.75)  # a typo, not a cousin
+    if close:
+        return f"unknown field; did you mean {close[0]}?"
+    return "unknown field" + (f"; valid fields here: {', '.join(valid)}" if valid else "")

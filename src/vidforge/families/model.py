@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from vidforge.section import Section
+from vidforge.section import Section, unknown_field
 
 
 class Model(Section):
@@ -135,7 +135,7 @@ class Model(Section):
                     f"{key}: only the {' and '.join(owners)} famil{'ies have' if len(owners) > 1 else 'y has'} it{here}; set model.family={owners[0]} "
                     "or drop it"
                 )
-            raise ValueError(f"{key}: unknown field; valid fields here: {', '.join(cls.model_fields)}")
+            raise ValueError(f"{key}: {unknown_field(key, list(cls.model_fields))}")
         return kept
 
     @classmethod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import typing
@@ -16,6 +15,7 @@ from pydantic import ValidationError
 from vidforge.errors import UserInputError
 from vidforge.profile.checks import profile_problems
 from vidforge.profile.run_profile import RunProfile
+from vidforge.section import unknown_field
 
 PROFILE_ENV = "VIDFORGE_PROFILE"
 # Shipped profiles live in the package (the repository's profiles/ links there), so a bare name and the
@@ -161,14 +161,6 @@ def _format_one(error: dict[str, Any]) -> str:
         path = f"{path}.{sub.group(1)}" if path else sub.group(1)
         msg = sub.group(2)
     return f"{path}: {msg}" if path else msg
-
-
-def unknown_field(name: str, valid: Sequence[str]) -> str:
-    """The message for a misspelt field or section: the nearest valid name, else every valid one."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.75)  # a typo, not a cousin
-    if close:
-        return f"unknown field; did you mean {close[0]}?"
-    return "unknown field" + (f"; valid fields here: {', '.join(valid)}" if valid else "")
 
 
 def _valid_fields(loc: Iterable[Any]) -> list[str]:
