@@ -1,0 +1,61 @@
+"""Hostile inputs, round three (issue 46), the writers and readers its first fixes left outside the one
+writer and the one reader (`vidforge.files`): the shard cache's temporary, caption's text-vector logs,
+a source's sidecar and the lists a command reads; and every table a command prints escapes its data."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vidforge import files
+from vidforge.data.shard_entry import ShardEntry
+from vidforge.data.store import Remote, ShardCache
+from vidforge.errors import UserInputError
+
+SECRET = b"the user's own file, outside the cache\n"
+
+
+def _outside(tmp_path: Path) -> Path:
+    target = tmp_path / "outside" / "secret"
+    target.parent.mkdir(exist_ok=True)
+    target.write_bytes(SECRET)
+    return target
+
+
+def test_a_link_planted_at_the_shard_caches_temporary_is_not_written_through(tmp_path):
+    import fsspec
+
+    data = os.urandom(4096)
+    url = f"memory://hostile-owners-{os.getpid()}"
+    fsspec.filesystem("memory").pipe_file(f"{url[len('memory://') :]}/shard-000000.tar", data)
+    entry = ShardEntry("shard-000000.tar", "train", 1, len(data), hashlib.sha256(data).hexdigest())
+    cache = ShardCache(tmp_path / "cache", 1 << 20)
+    cache.folder.mkdir()
+    secret = _outside(tmp_path)
+    final = cache.folder / f"{entry.sha256}.tar"
+    # every predictable name a fetch writes before its rename (this one's and the name the cache used)
+    for name in (files.temporary_name(final), final.with_name(f".{final.name}.{os.getpid()}.part")):
+        name.symlink_to(secret)
+
+    got = cache.fetch(Remote(url), entry)
+
+    assert secret.read_bytes() == SECRET
+    assert got == final and not got.is_symlink() and got.read_bytes() == data
+
+
+def test_a_caption_vector_log_folder_linking_out_is_refused(tmp_path):
+    from vidforge.curate.caption_store import PENDING, TextLog
+    from vidforge.data.embeddings import EMBEDDINGS_DIR
+
+    elsewhere = tmp_path / "outside"
+    elsewhere.mkdir()
+    (tmp_path / "out" / EMBEDDINGS_DIR).mkdir(parents=True)
+    (tmp_path / "out" / EMBEDDINGS_DIR / PENDING).symlink_to(elsewhere)
+    log = TextLog(tmp_path / "out")
+    with pytest.raises(UserInputError, match="symbolic link"):
+        log.append("clip-0", np.ones(4, np.float32))
+    assert list(elsewhere.iterdir()) == []
