@@ -59,3 +59,21 @@ def test_a_caption_vector_log_folder_linking_out_is_refused(tmp_path):
     with pytest.raises(UserInputError, match="symbolic link"):
         log.append("clip-0", np.ones(4, np.float32))
     assert list(elsewhere.iterdir()) == []
+
+
+HOSTILE = ["\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "[link=file:///etc/passwd]click[/link]", "a\u202eexe.txt"]
+SHOWN = ["\\x1b]0;pwned\\x07", "\\x1b[2J\\x1b[H", "[link=file:///etc/passwd]click[/link]", "a\\u202eexe.txt"]
+
+
+def test_every_table_a_command_prints_shows_data_as_text(capsys):
+    """Not only search's: a summary (`Output.result`, clip's, caption's, dedup's) or a command's own table
+    (caption's rejected reasons, profile list) holding a planted clip id prints it as its characters."""
+    from vidforge.cli._output import Output
+
+    output = Output()
+    output.result({"clip_id": HOSTILE[0], "rejected": HOSTILE[1]}, title=HOSTILE[2])
+    output.table([(reason, 1) for reason in HOSTILE], columns=("rejected for", "clips"))
+    printed = capsys.readouterr().out
+    assert not any(c in printed for c in ("\x1b", "\x07", "\u202e")), repr(printed)
+    for shown in SHOWN:
+        assert shown in printed, printed
