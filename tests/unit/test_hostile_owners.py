@@ -77,3 +77,44 @@ def test_every_table_a_command_prints_shows_data_as_text(capsys):
     assert not any(c in printed for c in ("\x1b", "\x07", "\u202e")), repr(printed)
     for shown in SHOWN:
         assert shown in printed, printed
+
+
+@pytest.mark.parametrize("suffix", [".mp4.captions.json", ".txt"])
+def test_a_source_videos_sidecar_linking_out_of_its_folder_is_refused(tmp_path, suffix):
+    """The caption sidecar beside a source video (`<video>.captions.json`, `<video>.txt`) is data: one that
+    links out of the videos' folder was read as the clip's caption (a file outside the input became
+    data); one inside it is read."""
+    from vidforge.curate.caption_checks import check_sidecars
+    from vidforge.curate.captioners.sidecar import SidecarCaptioner
+    from vidforge.profile.caption import SidecarCaptioner as SidecarSettings
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    secret = _outside(tmp_path)
+    secret.write_text('[{"start": 0, "end": 9, "text": "secret"}]' if suffix.endswith("json") else "secret")
+    for name in ("a", "b"):
+        (videos / f"{name}.mp4").write_bytes(b"")
+    (videos / f"a{suffix}").symlink_to(secret)
+    (videos / f"b{suffix}").write_text(secret.read_text())
+    link = videos / f"c{suffix}"  # a link inside the folder is an ordinary file of the input
+    link.symlink_to(videos / f"b{suffix}")
+    (videos / "c.mp4").write_bytes(b"")
+
+    captioner = SidecarCaptioner(SidecarSettings())
+    with pytest.raises(UserInputError, match="symbolic link out of"):
+        captioner.segments_for(str(videos / "a.mp4"))
+    if suffix.endswith(".json"):  # the check before work reads the JSON sidecars
+        with pytest.raises(UserInputError, match="symbolic link out of"):
+            check_sidecars(SidecarSettings(), [{"source": str(videos / "a.mp4")}])
+    for name in ("b", "c"):
+        segments, _ = captioner.segments_for(str(videos / f"{name}.mp4"))
+        assert [s.text for s in segments] == ["secret"]
+
+
+def test_a_list_file_that_is_not_utf8_is_one_line_naming_it(tmp_path):
+    from vidforge.curate.inputs import read_list_file
+
+    listing = tmp_path / "videos.txt"
+    listing.write_bytes(b"caf\xe9.mp4\n")
+    with pytest.raises(UserInputError, match=r"videos.txt: the list file is not UTF-8"):
+        read_list_file(listing)
