@@ -118,3 +118,8 @@ def test_a_list_file_that_is_not_utf8_is_one_line_naming_it(tmp_path):
     listing.write_bytes(b"caf\xe9.mp4\n")
     with pytest.raises(UserInputError, match=r"videos.txt: the list file is not UTF-8"):
         read_list_file(listing)
+
+    from vidforge.cli.infer_cmd import _prompts
+
+    with pytest.raises(UserInputError, match=r"videos.txt: --prompts-file is not UTF-8"):
+        _prompts(None, listing)
