@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from vidforge.errors import UserInputError
-from vidforge.families.ltx2.config import LTX2Model
+from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer, is_audio, video_state
 
 SHAPE = (2, 8, 3, 4, 6)  # (B, C, F, H, W) latents: three latent frames, a non-square grid

@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from wan_fixtures import tiny_tokenizer
 
 from vidforge.errors import UserInputError
-from vidforge.families.ltx2.config import LTX2Model
+from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer
 from vidforge.families.ltx2.published import read_pipeline, read_published
-from vidforge.families.ltx2.weights import export_diffusers, write_export
+from vidforge.families.ltx2.weights import export_weights, write_export
 
 CAPTION_CHANNELS = 16  # the tiny Gemma's hidden size
 GEMMA_LAYERS = 2
@@ -174,11 +174,10 @@ def test_a_folder_the_video_path_is_not_built_for_is_refused(folder, tmp_path):
 def test_import_then_export_gives_the_transformer_back_bitwise(folder, tmp_path):
     """Every tensor (the audio stream's too) and every config entry; diffusers loads the export with no
     missing or unexpected keys, and the network loads the import's video part and equals the reference."""
-    import diffusers
     from diffusers import LTX2VideoTransformer3DModel
 
     write_export(folder, tmp_path / "export")
-    back = export_diffusers(tmp_path / "export", tmp_path / "back", diffusers.__version__)
+    back = export_weights(tmp_path / "export", tmp_path / "back")
     original = load_file(folder / "transformer/diffusion_pytorch_model.safetensors")
     returned = load_file(back / "diffusion_pytorch_model.safetensors")
     assert set(returned) == set(original)
@@ -210,7 +209,6 @@ def test_import_then_export_gives_the_transformer_back_bitwise(folder, tmp_path)
 
 def test_ltx23_transformer_folder_round_trips(tmp_path):
     """A transformer folder alone, LTX-2.3's variant: its entries read into the model section and written back."""
-    import diffusers
     from diffusers import LTX2VideoTransformer3DModel
 
     torch.manual_seed(0)
@@ -228,7 +226,7 @@ def test_ltx23_transformer_folder_round_trips(tmp_path):
         False,
     )
     assert (model.caption_projection, model.ff_bias, model.text_dim) == (False, False, 16)
-    back = export_diffusers(tmp_path / "export", tmp_path / "back", diffusers.__version__)
+    back = export_weights(tmp_path / "export", tmp_path / "back")
     original = load_file(tmp_path / "transformer/diffusion_pytorch_model.safetensors")
     returned = load_file(back / "diffusion_pytorch_model.safetensors")
     assert set(returned) == set(original) and all(torch.equal(returned[k], v) for k, v in original.items())

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.families.ltx2.config import LTX2Model
+from vidforge.families.ltx2.model import LTX2Model
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
@@ -284,6 +284,22 @@ class LTX2Transformer(VideoTransformer):
         self.transformer_blocks = nn.ModuleDict({str(i): Block(config) for i in range(config.layers)})
         self.scale_shift_table = nn.Parameter(torch.randn(2, hidden) / hidden**0.5)
         self.proj_out = nn.Linear(hidden, config.in_channels)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """A fresh model as diffusers initialises one: PyTorch's defaults for Linear (fan-in uniform) and
+        the q/k RMSNorms (ones), the modulation tables N(0, 1/hidden), the prompt modulation's table N(0, 1).
+        Only for training from scratch; a fine-tune loads the published weights over it. Callable again
+        after building on the meta device and materialising with `to_empty`."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.RMSNorm):
+                module.reset_parameters()
+        for name, p in self.named_parameters():
+            if name.endswith("prompt_scale_shift_table"):
+                nn.init.normal_(p)
+            elif name.endswith("scale_shift_table"):
+                nn.init.normal_(p, std=self.config.hidden**-0.5)
 
     @property
     def blocks(self) -> nn.ModuleDict:  # the shared forward's name for the stack; diffusers' is kept
