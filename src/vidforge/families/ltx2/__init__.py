@@ -32,9 +32,15 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
-    """What the network refuses at its first forward, refused at load: packed rows, context parallel and
-    caption dropout (`model.PLAIN_BATCHES` are the settings that avoid them)."""
+    """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
+    and context parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
+    avoid the last two)."""
     problems = []
+    if layout.tp > 1:
+        problems.append(
+            f"parallel.tp: tensor parallel is not built for model.family=ltx2 yet (tp={layout.tp}); set "
+            "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
+        )
     if profile.data.packing:
         problems.append(
             "data.packing: model.family=ltx2 runs plain batches only so far (packed rows are not built); "
