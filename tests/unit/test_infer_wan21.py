@@ -72,7 +72,7 @@ OTHER = {
     "rope_base": [1.0, 2.0, 3.0],
     "vae_scale": [1, 2, 2],
     "causal_offset": 0,
-    "fps": 12.0,
+    "frame_rate": 12.0,
     "gated_attention": True,
     "prompt_modulation": True,
     "prompt_modulation_per_step": False,

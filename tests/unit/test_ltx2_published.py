@@ -12,14 +12,15 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from ltx2_fixtures import CAPTION_CHANNELS, save_tiny_pipeline
+from safetensors.torch import load_file
 
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer
 from vidforge.families.ltx2.published import read_pipeline, read_published
 from vidforge.families.ltx2.weights import export_weights, write_export
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):

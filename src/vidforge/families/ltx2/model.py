@@ -69,8 +69,9 @@ class LTX2Model(Model, FixedBlock, NoImageInputs):
     """The VAE's (t, h, w) compression that maps latent positions to pixel positions (vae_scale_factors)."""
     causal_offset: int = Field(1, ge=0)
     """The causal VAE's first latent frame covers this many pixel frames (causal_offset)."""
-    fps: float = Field(24.0, gt=0)
-    """Frame rate RoPE's time axis assumes, in seconds (the pipeline's frame_rate)."""
+    frame_rate: float = Field(24.0, gt=0)
+    """Frame rate RoPE's time axis assumes, in frames a second (the pipeline's frame_rate; infer.fps and
+    curation.fps follow it)."""
     gated_attention: bool = False
     """Per-head gates 2 sigmoid(Linear(x)) on the attentions' outputs (gated_attn; LTX-2.3)."""
     prompt_modulation: bool = False
@@ -104,7 +105,9 @@ class LTX2Model(Model, FixedBlock, NoImageInputs):
                 "cross-attention off); set it to false"
             )
         if self.patch != (1, 1, 1):
-            raise ValueError(f"patch: LTX-2 is built for its published patch (1, 1, 1), got {list(self.patch)}")
+            raise ValueError(
+                f"patch: LTX-2 is built for its published patch (1, 1, 1), got {list(self.patch)}"
+            )
         if self.mlp_hidden != FF_MULT * self.hidden:
             raise ValueError(
                 f"mlp_hidden: LTX-2's feed-forward is {FF_MULT} x hidden = {FF_MULT * self.hidden}, got "

@@ -10,7 +10,7 @@ computes. The forward is vidforge's (`VideoTransformer.forward`); attention runs
 
 What is LTX-2's and differs from the DiT and Wan:
 - RoPE positions are fractional pixel-space coordinates: each latent position mapped through the VAE's
-  compression (the causal first frame shifted back and clamped at 0), time in seconds at `fps`, the
+  compression (the causal first frame shifted back and clamped at 0), time in seconds at `frame_rate`, the
   patch's midpoint, divided by `rope_base`, then 2p - 1; frequencies theta^linspace(0, 1) * pi/2 over the
   whole width (not per head), applied to q and k before they are split into heads ("interleaved" pairs
   neighbours, "split" pairs the two halves of each head). Tables and rotation run in float32 whatever
@@ -78,7 +78,7 @@ def rope_tables(positions: torch.Tensor, cfg: LTX2Model) -> tuple[torch.Tensor, 
     scale = torch.tensor(cfg.vae_scale, device=positions.device)
     starts = positions.float()
     bounds = torch.stack([starts, starts + 1.0], dim=-1) * scale.view(1, 3, 1)  # (S, 3, [start, end))
-    time = (bounds[:, 0] + cfg.causal_offset - cfg.vae_scale[0]).clamp(min=0) / cfg.fps
+    time = (bounds[:, 0] + cfg.causal_offset - cfg.vae_scale[0]).clamp(min=0) / cfg.frame_rate
     bounds = torch.cat([time[:, None], bounds[:, 1:]], dim=1)
     middle = (bounds[..., 0] + bounds[..., 1]) / 2.0
     grid = torch.stack([middle[:, i] / cfg.rope_base[i] for i in range(3)], dim=-1)  # (S, 3)

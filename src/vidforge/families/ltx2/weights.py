@@ -26,8 +26,8 @@ from safetensors import safe_open
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer, is_audio
-from vidforge.families.model import Model
 from vidforge.families.ltx2.published import CLASS_NAME, CONFIG, model_fields, read_json, transformer_folder
+from vidforge.families.model import Model
 from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import FORMAT, WEIGHTS
 from vidforge.models.safetensors_stream import (
@@ -207,7 +207,11 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
     weight_map: dict[str, str] = {}
     with ExitStack() as files:
         for i, group in enumerate(groups, start=1):
-            name = SINGLE if len(groups) == 1 else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
+            name = (
+                SINGLE
+                if len(groups) == 1
+                else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
+            )
             write_safetensors(out / name, _entries(group, stored, files, None), {"format": "pt"})
             weight_map.update(dict.fromkeys(group, name))
     if len(groups) > 1:
