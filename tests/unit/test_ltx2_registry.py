@@ -126,3 +126,34 @@ def test_the_cli_reads_the_folder(folder, tmp_path):
     result = runner.invoke(app, [*argv, "ltx-2"])
     assert result.exit_code == 2 and "13,041,520,768 params" in result.output, result.output
     assert "per rank" in json.loads(result.output.strip().splitlines()[-1])["message"]
+
+
+def test_init_weights_draws_as_diffusers_initialises():
+    """A network built on the meta device, materialised and `init_weights`-ed, against diffusers' fresh
+    LTX2VideoTransformer3DModel of the same config (LTX-2.3's prompt modulation on): the same video tensors,
+    the norms at one, every Linear within PyTorch's fan-in bound, the tables at diffusers' spread."""
+    torch.manual_seed(0)
+    ref = LTX2VideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=4, attention_head_dim=64, cross_attention_dim=256,
+        caption_channels=32, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=1, cross_attn_mod=True,
+        audio_cross_attn_mod=True,
+    ).state_dict()  # fmt: skip
+    model = LTX2Model(layers=1, hidden=256, heads=4, in_channels=8, text_dim=32, prompt_modulation=True)
+    with torch.device("meta"):
+        network = LTX2Transformer(model)
+    network.to_empty(device="cpu")
+    network.init_weights()
+    ours = network.state_dict()
+    assert {k: v.shape for k, v in ours.items()} == {k: ref[k].shape for k in ours}
+    modules = dict(network.named_modules())
+    for name, tensor in ours.items():
+        owner = modules[name.rpartition(".")[0]]
+        if isinstance(owner, torch.nn.RMSNorm):
+            assert torch.equal(tensor, torch.ones_like(tensor)) and torch.equal(ref[name], tensor), name
+        elif isinstance(owner, torch.nn.Linear):
+            bound = owner.in_features**-0.5
+            assert tensor.abs().max() <= bound and ref[name].abs().max() <= bound, name
+            assert tensor.std() > bound / 3, name  # drawn, not left at what to_empty held
+        else:  # the modulation tables
+            assert abs(tensor.std() / ref[name].std() - 1) < 0.15, name
