@@ -29,6 +29,7 @@ from vidforge.curate.dedup import near_duplicates
 from vidforge.curate.executors import make_executor
 from vidforge.curate.executors.local import usable_cores
 from vidforge.curate.geometry import geometry_record
+from vidforge.curate.gpu_decode import decode_placement
 from vidforge.curate.histograms import clip_thresholds
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import ClipPlan, ClipResult
@@ -153,6 +154,7 @@ def run(
                 "stages": [s.name for s in stages],
                 "embedder": _embedder_note(cfg),
                 "random_shot_detector": cfg.detector == "transnetv2" and cfg.transnetv2_weights is None,
+                "decode_fallback": decode_placement(cfg.decode_device)[1],
             }
         )
     stats = runner.run(stages, ((s, s) for s in todo), commit, monitor) if todo else None
