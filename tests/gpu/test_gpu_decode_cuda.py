@@ -39,8 +39,8 @@ def test_nvdec_analysis_finds_the_cpu_shots(sample_videos, name):
     source = str(sample_videos / f"{name}.mp4")
     shots = {}
     for device in ("cpu", "cuda"):
-        cfg = load_profile(None, [f"curation.decode_device={device}"]).curation
-        a = analyse(source, cfg)
+        cfg = load_profile(None, []).curation
+        a = analyse(source, cfg, gpu=device == "cuda")
         shots[device] = ([(s.start, s.end) for s in a.shots], a.pts.tolist(), a.static.mean())
     assert shots["cuda"][:2] == shots["cpu"][:2]
     assert abs(shots["cuda"][2] - shots["cpu"][2]) < 0.05

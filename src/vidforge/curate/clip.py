@@ -76,6 +76,7 @@ def build_stages(cfg, out: Path, sources: int, executor: str = "local") -> list[
             record_to=record_to,
             samples=samples,
             record_process=record_process,
+            gpu=decode_placement(cfg.decode_device)[0] == "cuda",
         ),
         PlanStage(cfg),
         TranscodeStage(cfg, out / CLIPS_DIR, samples=samples, workers=cfg.transcode_workers),

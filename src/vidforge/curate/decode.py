@@ -17,7 +17,7 @@ from av.video.reformatter import VideoReformatter
 
 from vidforge.curate.container import error_reason, frame_rate, open_source, video_stream
 from vidforge.curate.geometry import display_size, sample_aspect
-from vidforge.curate.gpu_decode import decode_placement, gpu_frames, presentation_pts
+from vidforge.curate.gpu_decode import gpu_frames, presentation_pts
 from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
 from vidforge.curate.recorder_process import RecorderProcess
@@ -33,14 +33,15 @@ def analyse(
     record_to: Path | None = None,
     samples: int = 0,
     record_process: bool = False,
+    gpu: bool = False,
 ) -> Analysis:
     """Decode `source` once: shots, static flags and boundary thumbnails, and with `record_to` every shot
     encoded there (with `samples` thumbnails each for the embedding), by this process or, with
-    `record_process`, by a second one (recorder_process.py). On the GPU (`curation.decode_device`), the
+    `record_process`, by a second one (recorder_process.py). On the GPU (`gpu`: decode_placement), the
     analysis decodes there and nothing is recorded: every clip is cut from the source on the CPU after
     it. ItemError for bad input."""
     detector = make_detector(cfg)
-    on_gpu = decode_placement(cfg.decode_device)[0] == "cuda" and not is_url(source)
+    on_gpu = gpu and not is_url(source)
     recorder = None
     if record_to is not None and not on_gpu:
         kind = RecorderProcess if record_process else ShotRecorder
@@ -212,10 +213,11 @@ class AnalyseStage(Stage):
         record_to: str | None = None,
         samples: int = 0,
         record_process: bool = False,
+        gpu: bool = False,
     ):
         self.cfg, self.workers, self.record_to, self.samples = cfg, workers, record_to, samples
-        self.record_process = record_process
+        self.record_process, self.gpu = record_process, gpu
 
     def process(self, source: str) -> Analysis:
         record_to = Path(self.record_to) if self.record_to else None
-        return analyse(source, self.cfg, record_to, self.samples, self.record_process)
+        return analyse(source, self.cfg, record_to, self.samples, self.record_process, self.gpu)

@@ -15,30 +15,28 @@ from importlib.util import find_spec
 import numpy as np
 
 from vidforge.curate.container import open_source, video_stream
-from vidforge.device import select_device
 from vidforge.errors import UserInputError
 
 BATCH = 32  # frames decoded and downscaled per call: enough to keep NVDEC busy, a few MB of 720p RGB
 
 
 def decode_placement(choice: str) -> tuple[str, str | None]:
-    """(`cuda` or `cpu`, why the CPU decodes although the profile allows the GPU, or None). `auto` with no
-    GPU is the CPU with nothing to say; a GPU without the decoder, or `cuda` asked for without a GPU,
-    falls back with the reason, which the run prints once (a decoder is not worth refusing a run for)."""
+    """(`cuda` or `cpu`, why the CPU decodes although the profile asked for the GPU, or None): `auto` is
+    the GPU when the decoder is installed and a GPU is visible, else the CPU with nothing to say; `cuda`
+    without either falls back with the reason, which the run prints once. Decided once in the driver:
+    without the decoder, torch is not imported (the decode workers start without it)."""
     if choice == "cpu":
         return "cpu", None
+    if find_spec("PyNvVideoCodec") is None:
+        why = "PyNvVideoCodec is not installed (pip install 'vidforge[gpu-decode]')"
+        return "cpu", f"curation.decode_device=cuda: {why}; decoding on the CPU" if choice == "cuda" else None
+    from vidforge.device import select_device
+
     try:
         device = select_device(choice, "curation.decode_device")
     except UserInputError:
         return "cpu", "curation.decode_device=cuda: no GPU is visible; decoding on the CPU"
-    if device.type != "cuda":
-        return "cpu", None
-    if find_spec("PyNvVideoCodec") is None:
-        return "cpu", (
-            f"curation.decode_device={choice}: PyNvVideoCodec is not installed "
-            "(pip install 'vidforge[gpu-decode]'); decoding on the CPU"
-        )
-    return "cuda", None
+    return ("cuda", None) if device.type == "cuda" else ("cpu", None)
 
 
 def presentation_pts(source: str) -> list[int]:

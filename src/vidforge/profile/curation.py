@@ -53,7 +53,8 @@ class Curation(Section):
     decode_device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the analysis decodes (shots, static flags, stitching thumbnails): `cuda` is NVDEC through
     PyNvVideoCodec (`pip install 'vidforge[gpu-decode]'`), frames downscaled on the GPU; `auto` uses it when
-    a GPU and the decoder are there. Without either the CPU decodes and the run says why in one line. On
+    a GPU and the decoder are there (else the CPU, silently); `cuda` without either decodes on the CPU and
+    the run says why in one line. On
     the GPU no shot is recorded while analysing (`record_shots`): the clips are cut on the CPU after."""
 
     # -- 2. shot detection ----------------------------------------------------------------------------
