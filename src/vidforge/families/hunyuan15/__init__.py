@@ -1,10 +1,10 @@
 """The hunyuan15 family: HunyuanVideo-1.5 (text- and image-to-video), diffusers'
 `HunyuanVideo15Transformer3DModel` module for module. Its torch-free facts: the model section and the
 published presets (`model`), how a published folder reads (`published`), LoRA's default targets; its code,
-loaded by import path: the network (`network`), the caption layout (`captions`), weight import/export
-(`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
+loaded by import path: the network (`network`), the caption layout (`captions`) and its encoders
+(`text_encoder`), weight import/export (`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-Not built yet: tokenize/shard with its VAE and encoders, sampling (`infer`) against the pipelines, image-
+Not built yet: sampling (`infer`) against the pipelines, image-
 to-video condition latents, caption dropout, packed rows, context and tensor parallel."""
 
 from __future__ import annotations
@@ -51,4 +51,6 @@ SPEC = FamilySpec(
     image_tokens=IMAGE_TOKENS,
     media_defaults=lambda model: (f"curation.fps={FPS}", f"infer.fps={FPS}"),
     negative_prompt=NEGATIVE_PROMPT,
+    # Qwen2.5-VL's and Glyph-ByT5's states in one caption, as the pipelines' encode_prompt
+    text_encoder="vidforge.families.hunyuan15.text_encoder:build",
 )

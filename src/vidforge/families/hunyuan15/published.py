@@ -32,6 +32,7 @@ NEGATIVE_PROMPT = ""  # encode_prompt's prompt when negative_prompt is None
 FRAMES = 121  # __call__'s num_frames
 STEPS = 50  # __call__'s num_inference_steps
 FPS = 24
+VAE_KIND = "hunyuanvideo15"  # tokenizer.kind of AutoencoderKLHunyuanVideo15
 GUIDANCE = 7.5  # ClassifierFreeGuidance's default guidance_scale, for a folder without guider/
 
 
@@ -205,7 +206,8 @@ def read_pipeline(src: Path) -> Pipeline | None:
 def profile_defaults(pipeline: Pipeline) -> list[str]:
     """`section.field=value` settings that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
-    FlowMatchEuler step), its shift, the guider's scale, the frame rate."""
+    FlowMatchEuler step), its shift, the guider's scale, the frame rate; the folder's VAE and its two
+    caption encoders (the family's own text encoder, which reads them from the folder)."""
     settings = [
         "diffusion.objective=flow",
         "diffusion.flow_prediction=velocity",
@@ -214,6 +216,19 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
     ]
     if pipeline.flow_shift is not None:
         settings.append(f"diffusion.flow_shift={pipeline.flow_shift}")
+    if pipeline.vae is not None:
+        settings += [
+            f"tokenizer.kind={VAE_KIND}",
+            f"tokenizer.path={pipeline.vae}",
+            f"tokenizer.spatial_compression={pipeline.spatial_compression}",
+            f"tokenizer.temporal_compression={pipeline.temporal_compression}",
+        ]
+    if pipeline.mllm is not None and pipeline.glyph is not None:
+        settings += [
+            "text_encoder.kind=family",  # the spec's text_encoder: both encoders as the pipeline runs them
+            f"text_encoder.path={pipeline.root.resolve()}",
+            f"text_encoder.max_length={pipeline.mllm.tokens + pipeline.glyph.tokens}",
+        ]
     return settings
 
 
