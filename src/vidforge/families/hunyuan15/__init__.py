@@ -4,8 +4,8 @@ published presets (`model`), how a published folder reads (`published`), LoRA's 
 loaded by import path: the network (`network`), the caption layout (`captions`) and its encoders
 (`text_encoder`), weight import/export (`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-Not built yet: sampling (`infer`) against the pipelines, image-
-to-video condition latents, caption dropout, packed rows, context and tensor parallel."""
+`infer` of text-to-video samples the pipeline's latents. Not built yet: image-to-video condition latents
+(`infer --image`, tokenize's first frames), caption dropout, packed rows, context and tensor parallel."""
 
 from __future__ import annotations
 

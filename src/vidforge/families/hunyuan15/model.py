@@ -86,6 +86,11 @@ class HunyuanVideo15Model(Model, FixedBlock):
         return self
 
     @property
+    def samples_from_image(self) -> bool:
+        """Text-to-video weights sample from zeros in the condition channels (the pipeline's), I2V from an image."""
+        return self.task == "i2v"
+
+    @property
     def multimodal_block(self) -> bool:
         """The caption is a second stream of every block, read in joint attention (no cross-attention)."""
         return True

@@ -33,6 +33,7 @@ FRAMES = 121  # __call__'s num_frames
 STEPS = 50  # __call__'s num_inference_steps
 FPS = 24
 VAE_KIND = "hunyuanvideo15"  # tokenizer.kind of AutoencoderKLHunyuanVideo15
+SCHEDULE_END = 0.0  # __call__'s sigmas: np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1]
 GUIDANCE = 7.5  # ClassifierFreeGuidance's default guidance_scale, for a folder without guider/
 
 
@@ -206,11 +207,13 @@ def read_pipeline(src: Path) -> Pipeline | None:
 def profile_defaults(pipeline: Pipeline) -> list[str]:
     """`section.field=value` settings that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
-    FlowMatchEuler step), its shift, the guider's scale, the frame rate; the folder's VAE and its two
+    FlowMatchEuler step, the sampler flow-euler), its shift, the guider's scale, the frame rate; the folder's VAE and its two
     caption encoders (the family's own text encoder, which reads them from the folder)."""
     settings = [
         "diffusion.objective=flow",
         "diffusion.flow_prediction=velocity",
+        "diffusion.sampler=flow-euler",  # the folder's FlowMatchEulerDiscreteScheduler
+        f"diffusion.flow_schedule_end={SCHEDULE_END}",
         f"diffusion.guidance={pipeline.guidance}",
         f"infer.fps={pipeline.fps}",
     ]
