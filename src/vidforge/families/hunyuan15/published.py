@@ -18,7 +18,7 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published
-from vidforge.families.hunyuan15.model import FAMILY, default_size
+from vidforge.families.hunyuan15.model import FAMILY, PLAIN_BATCHES, default_size
 
 CLASS_NAME = "HunyuanVideo15Transformer3DModel"
 CONFIG = "config.json"
@@ -216,6 +216,7 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
         f"diffusion.flow_schedule_end={SCHEDULE_END}",
         f"diffusion.guidance={pipeline.guidance}",
         f"infer.fps={pipeline.fps}",
+        *PLAIN_BATCHES,
     ]
     if pipeline.flow_shift is not None:
         settings.append(f"diffusion.flow_shift={pipeline.flow_shift}")
