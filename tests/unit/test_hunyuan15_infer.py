@@ -42,12 +42,17 @@ def test_default_infer_equals_the_t2v_pipeline_and_writes_24_fps(tmp_path, monke
 
 def test_t2v_weights_sample_from_text_and_i2v_weights_need_an_image() -> None:
     """T2V's condition channels are zeros: no --image, and validation samples; I2V needs the first frame."""
+    from vidforge.families import family
     from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
-    from vidforge.profile.loading import validate_profile
+    from vidforge.profile.loading import apply_override, validate_profile
 
-    t2v, i2v = (
-        validate_profile({"model": {"preset": f"hunyuanvideo1.5-480p-{t}"}}, t) for t in ("t2v", "i2v")
-    )
+    def profile(task: str):
+        data: dict = {"model": {"preset": f"hunyuanvideo1.5-480p-{task}"}}
+        for item in family("hunyuan15").profile_defaults:  # what every profile of the family carries
+            apply_override(data, item)
+        return validate_profile(data, task)
+
+    t2v, i2v = profile("t2v"), profile("i2v")
     assert sampling_run_problems(t2v, SamplingRun()) == []
     assert sampling_run_problems(t2v, SamplingRun(image=True)) == [
         "--image: this hunyuan15 model samples from text, its condition channels zeros; drop --image"
