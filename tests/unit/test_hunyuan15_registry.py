@@ -22,7 +22,7 @@ from vidforge.models.weights_folder import (
     published_profile,
 )
 from vidforge.profile import load_profile
-from vidforge.profile.loading import validate_profile
+from vidforge.profile.loading import ProfileError, apply_override, validate_profile
 
 
 @pytest.mark.parametrize("task", ["t2v", "i2v"])
@@ -51,7 +51,12 @@ def test_model_import_and_export_through_the_resolver(task, tmp_path):
 
 def test_presets_are_profiles_of_the_published_size():
     for name in PRESETS:
-        model = validate_profile({"model": {"preset": name}}, name).model
+        data: dict = {"model": {"preset": name}}
+        for item in family("hunyuan15").profile_defaults:  # what every profile of the family carries
+            apply_override(data, item)
+        model = validate_profile(data, name).model
         assert isinstance(model, HunyuanVideo15Model) and model.family == "hunyuan15"
     assert 8.2e9 < count_parameters(model) < 8.4e9
     assert family("hunyuan15").lora_targets
+    with pytest.raises(ProfileError, match="data.packing: model.family=hunyuan15 runs plain batches only"):
+        validate_profile({"model": {"preset": name}, "diffusion": {"objective": "flow"}}, name)

@@ -31,7 +31,7 @@ def flow_objective(d: Diffusion) -> Objective:
 
 
 def flow_levels(d: Diffusion) -> torch.Tensor:
-    return flow_sigmas(d.steps, d.flow_shift)
+    return flow_sigmas(d.steps, d.flow_shift, end=d.flow_schedule_end)
 
 
 def build_objective(diffusion: Diffusion) -> Objective:
@@ -70,7 +70,7 @@ def student_levels(diffusion: Diffusion, steps: int) -> tuple[float, ...]:
     diffusion.flow_shift), the final 0 dropped. EDM: the Karras sigmas of `steps + 1` steps from sigma_max,
     their last two (sigma_min and 0) dropped: a student call at sigma_min would return its input."""
     if diffusion.objective == "flow":
-        levels = flow_sigmas(steps, diffusion.flow_shift)[:-1]
+        levels = flow_sigmas(steps, diffusion.flow_shift, end=diffusion.flow_schedule_end)[:-1]
     else:
         levels = karras_sigmas(steps + 1, diffusion.sigma_min, diffusion.sigma_max, diffusion.rho)[:-2]
     return tuple(float(v) for v in levels)

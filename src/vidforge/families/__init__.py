@@ -119,6 +119,9 @@ class FamilySpec:
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
     (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation
     videos at it; a published folder's profile samples at it."""
+    text_encoder: str | None = None
+    """fn(profile) -> `vidforge.text.encoders.TextEncoderBase`: the family's own caption encoder, as its
+    published pipeline encodes a caption (`text_encoder.kind=family`); None: the family has none."""
     negative_prompt: str | None = None
     """What the unconditional guidance branch reads when `infer.negative_prompt` is empty: None, the
     model's null caption (`drop_text`, which caption dropout trains); a string, that caption encoded, as

@@ -220,6 +220,12 @@ class Model(Section):
         return False
 
     @property
+    def samples_from_image(self) -> bool:
+        """Sampling needs a first frame (`infer --image`): the condition channels are an image's. A family
+        whose text-to-video weights read zeros there (HunyuanVideo-1.5 T2V) says False."""
+        return bool(self.condition_channels)
+
+    @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 

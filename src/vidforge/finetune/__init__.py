@@ -283,7 +283,7 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
     weights = resolve_weights(base, "--base")
     if weights.export is None:
         resolved = published_profile(weights.published, overrides, profile)
-        if resolved.tokenizer.kind == "pixel" or resolved.text_encoder.kind != "t5":
+        if resolved.tokenizer.kind == "pixel" or resolved.text_encoder.kind == "open-clip":
             raise UserInputError(
                 f"--base {base}: a transformer folder alone; pass the whole pipeline folder (beside its vae/ "
                 "and text_encoder/), or name them with --set tokenizer.path=... --set text_encoder.path=..."
@@ -627,7 +627,7 @@ def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None
     train_dir = out / "train"
     prompt = (profile.train.validation_prompts or [caption])[0]
     # an image-to-video model samples from a first frame the user picks
-    image = ("--image", "FIRST_FRAME.png") if profile.model.condition_channels else ()
+    image = ("--image", "FIRST_FRAME.png") if profile.model.samples_from_image else ()
     if profile.train.lora is not None:
         after = [
             _command(

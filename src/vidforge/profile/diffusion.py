@@ -70,6 +70,10 @@ class Diffusion(Section):
     flow_shift: float = Field(1.0, gt=0)
     """Flow time shift t -> s t / (1 + (s - 1) t), in training and sampling: more steps at high noise for
     larger frames (Wan2.1: 3 at 480p, 5 at 720p; 1 leaves t as it is)."""
+    flow_schedule_end: float = Field(0.001, ge=0, lt=1)
+    """Flow sampling's steps: `steps` of `steps + 1` times evenly spaced from 1 to this (the last dropped),
+    then shifted by flow_shift. 0.001: Wan's pipelines' (1000 training timesteps); 0: HunyuanVideo-1.5's
+    pipeline's (linspace(1, 0, steps + 1))."""
     flow_prediction: Literal["velocity", "clean"] = "velocity"
     """What the network outputs under the flow objective: `velocity` noise - x0 (Wan2.1, SD3; what
     published flow weights predict), or `clean` x0 itself (Li & He 2025, "Back to Basics: Let Denoising

@@ -364,7 +364,7 @@ def _image_validation(profile: RunProfile, layout: Layout) -> list[str]:
     """An image-to-video model (`model.condition_channels`, Wan2.1-I2V) samples from a first frame, which
     validation's prompts lack."""
     every = profile.train.validate_every
-    if not profile.model.condition_channels or not every:
+    if not profile.model.samples_from_image or not every:
         return []
     return [
         f"train.validate_every: {every}: an image-to-video model's validation needs a first frame; set "
@@ -473,6 +473,12 @@ def _image(profile: RunProfile, run: SamplingRun) -> list[str]:
     """Which models take --image, and how: through condition channels (Wan2.1-I2V, Wan2.2 I2V-A14B),
     which need one, or as the first latent frame (model.expand_timesteps, Wan2.2 TI2V), one network's."""
     model = profile.model
+    if model.condition_channels and not model.samples_from_image:
+        if not run.image:
+            return []
+        return [
+            f"--image: this {model.family} model samples from text, its condition channels zeros; drop --image"
+        ]
     if model.condition_channels:
         if run.image:
             return []

@@ -12,13 +12,16 @@ from vidforge.section import Section
 class TextEncoder(Section):
     """The text encoder whose per-token hidden states the DiT cross-attends to."""
 
-    kind: Literal["open-clip", "t5"] = "open-clip"
+    kind: Literal["open-clip", "t5", "family"] = "open-clip"
     """`open-clip`: the text tower of an open-clip model (77 tokens). `t5`: a T5 or umT5 encoder through
     `transformers` (long captions, 100-200+ tokens; what real runs use; the folder's config picks T5 or
-    umT5). Wan2.1: `t5` with its pipeline's text_encoder/ (umT5-XXL, 4096 wide) and max_length 512."""
+    umT5). Wan2.1: `t5` with its pipeline's text_encoder/ (umT5-XXL, 4096 wide) and max_length 512.
+    `family`: the model family's own encoder, as its published pipeline encodes a caption (a family that
+    has one names it), read from the published folder at `path` (HunyuanVideo-1.5: Qwen2.5-VL and
+    Glyph-ByT5, max_length the two encoders' tokens, 1000 + 256)."""
     path: str | None = None
-    """Local weights: an open-clip checkpoint file, or a transformers T5 folder (config, weights,
-    tokenizer). null with `open-clip` builds a small random-weight text tower (demo and tests only: its
+    """Local weights: an open-clip checkpoint file, a transformers T5 folder (config, weights,
+    tokenizer), or for `family` the published pipeline folder. null with `open-clip` builds a small random-weight text tower (demo and tests only: its
     embeddings carry no meaning)."""
     tokenizer_path: str | None = None
     """t5 only: the tokenizer's folder when it is not `path` itself (a diffusers pipeline's tokenizer/

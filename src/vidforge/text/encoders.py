@@ -5,7 +5,9 @@ hidden states at padding positions are zeroed so nothing past a caption leaks in
   a small random tower when none is given (demo and tests; the embeddings then mean nothing).
 - `T5TextEncoder`: a T5 or umT5 encoder (and its tokenizer) from a local `transformers` folder; what real
   runs use, since captions of 100-200 tokens overflow CLIP's context. Wan2.1 reads umT5-XXL states of
-  512 tokens (its pipeline folder's text_encoder/ and tokenizer/; `max_length` 512)."""
+  512 tokens (its pipeline folder's text_encoder/ and tokenizer/; `max_length` 512).
+- a family's own encoder (`text_encoder.kind=family`), which its `FamilySpec.text_encoder` names: one
+  whose pipeline encodes a caption some other way (HunyuanVideo-1.5's two encoders in one caption)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from vidforge.device import select_device
 from vidforge.errors import UserInputError
+from vidforge.families import family, load
 from vidforge.profile import RunProfile
 
 
@@ -186,6 +189,13 @@ class T5TextEncoder(TextEncoderBase):
 def build_text_encoder(profile: RunProfile) -> TextEncoderBase:
     """The profile's text encoder (`profile.text_encoder`; the random tower's width defaults to model.text_dim)."""
     cfg = profile.text_encoder
+    if cfg.kind == "family":
+        spec = family(profile.model.family)
+        if spec.text_encoder is None:
+            raise UserInputError(
+                f"text_encoder.kind: the {spec.name} family has no encoder of its own; use t5 or open-clip"
+            )
+        return load(spec.text_encoder)(profile)
     if cfg.kind == "t5":
         if cfg.path is None:
             raise UserInputError(

@@ -133,7 +133,7 @@ class FirstFrameInputs:
 
 
 def first_frame_inputs(profile: RunProfile, tokenizer: VideoTokenizer) -> FirstFrameInputs | None:
-    """`FirstFrameInputs` for the profile's model; None for a text-to-video model (nothing kept)."""
-    if not profile.model.condition_channels:
+    """`FirstFrameInputs` for the profile's model; None for a model that samples from text (nothing kept)."""
+    if not profile.model.samples_from_image:
         return None
     return FirstFrameInputs(profile.model, tokenizer, profile.tokenizer.image_encoder)

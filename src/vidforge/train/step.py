@@ -99,7 +99,8 @@ class TrainStep(ABC):
             model.in_channels,
             model.text_dim,
             image_condition=profile.diffusion.image_condition,
-            condition_channels=model.condition_channels,
+            # the data's first-frame latents; a model that samples from text reads zeros there itself
+            condition_channels=model.condition_channels if model.samples_from_image else 0,
         )
         # the logging window's loss per noise level (the loop resets it)
         self.by_level = LossByLevel(objective)

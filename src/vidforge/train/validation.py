@@ -54,7 +54,7 @@ def plan_validation(profile: RunProfile, data: Sequence[str | Path], fine_tune: 
     """train.validate_every, or for a fine-tune (--init, train.lora) left unset, four validations and one
     at the end; train.validation_prompts, or the first few distinct captions of the data."""
     cfg = profile.train
-    if profile.model.condition_channels:  # sampling needs a first frame per prompt, which prompts lack
+    if profile.model.samples_from_image:  # sampling needs a first frame per prompt, which prompts lack
         return ValidationPlan(
             0, (), note="validation off: an image-to-video model samples from `infer --image`"
         )

@@ -1,18 +1,18 @@
 """The hunyuan15 family: HunyuanVideo-1.5 (text- and image-to-video), diffusers'
 `HunyuanVideo15Transformer3DModel` module for module. Its torch-free facts: the model section and the
 published presets (`model`), how a published folder reads (`published`), LoRA's default targets; its code,
-loaded by import path: the network (`network`), the caption layout (`captions`), weight import/export
-(`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
+loaded by import path: the network (`network`), the caption layout (`captions`) and its encoders
+(`text_encoder`), weight import/export (`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-Not built yet: tokenize/shard with its VAE and encoders, sampling (`infer`) against the pipelines, image-
-to-video condition latents, caption dropout, packed rows, context and tensor parallel."""
+`infer` of text-to-video samples the pipeline's latents. Not built yet: image-to-video condition latents
+(`infer --image`, tokenize's first frames), caption dropout, packed rows, context and tensor parallel."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from vidforge.families import FamilySpec
-from vidforge.families.hunyuan15.model import PRESETS, HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import PLAIN_BATCHES, PRESETS, HunyuanVideo15Model
 from vidforge.families.hunyuan15.published import (
     CLASS_NAME,
     FPS,
@@ -33,6 +33,33 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
     return ("full",), 12
 
 
+def layout_rules(profile: Any, layout: Any) -> list[str]:
+    """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
+    and context parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` avoid the last two)."""
+    problems = []
+    if layout.tp > 1:
+        problems.append(
+            f"parallel.tp: tensor parallel is not built for model.family=hunyuan15 yet (tp={layout.tp}); set "
+            "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
+        )
+    if layout.cp > 1:
+        problems.append(
+            f"parallel.cp: context parallel is not built for model.family=hunyuan15 yet (cp={layout.cp}); set "
+            "parallel.cp=1"
+        )
+    if profile.data.packing:
+        problems.append(
+            "data.packing: model.family=hunyuan15 runs plain batches only so far (packed rows are not built); "
+            "set data.packing=false"
+        )
+    if profile.diffusion.caption_dropout > 0:
+        problems.append(
+            "diffusion.caption_dropout: HunyuanVideo-1.5 trains its unconditional branch on its encoded empty "
+            "prompt, not a dropped caption (not built yet); set diffusion.caption_dropout=0"
+        )
+    return problems
+
+
 SPEC = FamilySpec(
     name="hunyuan15",
     model=HunyuanVideo15Model,
@@ -47,8 +74,11 @@ SPEC = FamilySpec(
     import_weights="vidforge.families.hunyuan15.weights:import_weights",
     export_weights="vidforge.families.hunyuan15.weights:export_weights",
     load_published="vidforge.families.hunyuan15.weights:load_published",
-    profile_defaults=("diffusion.objective=flow",),
+    profile_defaults=("diffusion.objective=flow", *PLAIN_BATCHES),
     image_tokens=IMAGE_TOKENS,
     media_defaults=lambda model: (f"curation.fps={FPS}", f"infer.fps={FPS}"),
     negative_prompt=NEGATIVE_PROMPT,
+    # Qwen2.5-VL's and Glyph-ByT5's states in one caption, as the pipelines' encode_prompt
+    text_encoder="vidforge.families.hunyuan15.text_encoder:build",
+    layout_rules=layout_rules,
 )

@@ -20,6 +20,11 @@ from vidforge.families.model import FixedBlock, Model
 FAMILY = "hunyuan15"
 LATENT_CHANNELS = 32  # AutoencoderKLHunyuanVideo15's latent channels (the transformer's out_channels)
 CONDITION_CHANNELS = LATENT_CHANNELS + 1  # the first frame's latents and its mask (in_channels 65)
+# What the network refuses at its first forward, as settings every profile of the family carries (its
+# presets' `profile_defaults` and a published folder's defaults), so that the rulebook's refusal at load
+# (`layout_rules`) never meets a profile the family gave: packed rows and context parallel (plain batches
+# only so far), and caption dropout (HunyuanVideo-1.5's unconditional branch reads its encoded empty prompt).
+PLAIN_BATCHES = ("data.packing=false", "diffusion.caption_dropout=0")
 
 
 class HunyuanVideo15Model(Model, FixedBlock):
@@ -84,6 +89,11 @@ class HunyuanVideo15Model(Model, FixedBlock):
                 f"{self.text_2_dim}; raise text_dim or lower text_2_dim"
             )
         return self
+
+    @property
+    def samples_from_image(self) -> bool:
+        """Text-to-video weights sample from zeros in the condition channels (the pipeline's), I2V from an image."""
+        return self.task == "i2v"
 
     @property
     def multimodal_block(self) -> bool:

@@ -434,7 +434,7 @@ class HunyuanVideo15Transformer(VideoTransformer):
     ) -> Conditioning:
         """`time`: temb (N, hidden); `text`: the caption stream [glyph, MLLM] (image tokens join in
         `image_conditioning`); `text_mask`: the joint attention's key mask over [video, caption]."""
-        if drop_text is not None:
+        if drop_text is not None and bool(drop_text.any()):  # (guidance's branch reads the encoded "")
             raise UserInputError(
                 "diffusion.caption_dropout: HunyuanVideo-1.5 trains with its encoded empty prompt, not a "
                 "dropped caption (not built yet); set diffusion.caption_dropout=0"

@@ -18,7 +18,7 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published
-from vidforge.families.hunyuan15.model import FAMILY, default_size
+from vidforge.families.hunyuan15.model import FAMILY, PLAIN_BATCHES, default_size
 
 CLASS_NAME = "HunyuanVideo15Transformer3DModel"
 CONFIG = "config.json"
@@ -32,6 +32,8 @@ NEGATIVE_PROMPT = ""  # encode_prompt's prompt when negative_prompt is None
 FRAMES = 121  # __call__'s num_frames
 STEPS = 50  # __call__'s num_inference_steps
 FPS = 24
+VAE_KIND = "hunyuanvideo15"  # tokenizer.kind of AutoencoderKLHunyuanVideo15
+SCHEDULE_END = 0.0  # __call__'s sigmas: np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1]
 GUIDANCE = 7.5  # ClassifierFreeGuidance's default guidance_scale, for a folder without guider/
 
 
@@ -205,15 +207,32 @@ def read_pipeline(src: Path) -> Pipeline | None:
 def profile_defaults(pipeline: Pipeline) -> list[str]:
     """`section.field=value` settings that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
-    FlowMatchEuler step), its shift, the guider's scale, the frame rate."""
+    FlowMatchEuler step, the sampler flow-euler), its shift, the guider's scale, the frame rate; the folder's VAE and its two
+    caption encoders (the family's own text encoder, which reads them from the folder)."""
     settings = [
         "diffusion.objective=flow",
         "diffusion.flow_prediction=velocity",
+        "diffusion.sampler=flow-euler",  # the folder's FlowMatchEulerDiscreteScheduler
+        f"diffusion.flow_schedule_end={SCHEDULE_END}",
         f"diffusion.guidance={pipeline.guidance}",
         f"infer.fps={pipeline.fps}",
+        *PLAIN_BATCHES,
     ]
     if pipeline.flow_shift is not None:
         settings.append(f"diffusion.flow_shift={pipeline.flow_shift}")
+    if pipeline.vae is not None:
+        settings += [
+            f"tokenizer.kind={VAE_KIND}",
+            f"tokenizer.path={pipeline.vae}",
+            f"tokenizer.spatial_compression={pipeline.spatial_compression}",
+            f"tokenizer.temporal_compression={pipeline.temporal_compression}",
+        ]
+    if pipeline.mllm is not None and pipeline.glyph is not None:
+        settings += [
+            "text_encoder.kind=family",  # the spec's text_encoder: both encoders as the pipeline runs them
+            f"text_encoder.path={pipeline.root.resolve()}",
+            f"text_encoder.max_length={pipeline.mllm.tokens + pipeline.glyph.tokens}",
+        ]
     return settings
 
 

@@ -34,6 +34,7 @@ from vidforge.models.safetensors_stream import (
 )
 from vidforge.profile import dump_profile
 from vidforge.profile.loading import validate_profile
+from vidforge.profile.model import with_runtime
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -170,10 +171,15 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
     return out
 
 
-def load_published(src: Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None):
+def load_published(
+    src: Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, runtime: Any = None
+):
     """The network of a published folder without importing it first: built on the meta device, each tensor
-    read, moved (and cast to `dtype` if given) and assigned, so the weights exist once."""
+    read, moved (and cast to `dtype` if given) and assigned, so the weights exist once. `runtime`: a model
+    section whose attention settings (`RUNTIME_FIELDS`) the network runs with."""
     _, model, stored, names = published_source(src)
+    if runtime is not None:
+        model = with_runtime(model, runtime)
     with torch.device("meta"):
         network = HunyuanVideo15Transformer(model)
     state = {}
