@@ -104,6 +104,9 @@ class Request:
     stages run in this process."""
     reschedule: bool = False
     """Resumed training fits the profile's lr schedule from the resumed step (`train --reschedule`)."""
+    dry_run: bool = False
+    """Every check before the first stage (the device, buckets, validation size, short videos, stale
+    stages, the memory fit) and the resolved profile, then the stages listed, none run and nothing written."""
 
 
 @dataclass
@@ -124,6 +127,8 @@ class FinetuneSummary:
     review: str | None
     next: list[str] = field(default_factory=list)
     """What to run with the result: sampling it, loading it in diffusers, merging a LoRA."""
+    plan: dict[str, Any] = field(default_factory=dict)
+    """A dry run's resolved settings and memory fit (`dry_run_plan`); empty for a run."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +137,7 @@ class FinetuneSummary:
             "validation": self.validation,
             "review": self.review,
             "next": list(self.next),
+            **({"dry_run": self.plan} if self.plan else {}),
             "stages": [
                 {"stage": s.name, "skipped": s.skipped, "command": s.command, **s.result} for s in self.stages
             ],
@@ -318,9 +324,10 @@ def stage_overrides(request: Request, captions: Path) -> list[str]:
     return sets
 
 
-def check_fits(profile: RunProfile) -> None:
+def check_fits(profile: RunProfile) -> Any:
     """The training step at the largest bucket fits the profile's accelerator by the memory model, or a
-    UserInputError naming the smallest change that fits (`vidforge bench plan`'s own refusal)."""
+    UserInputError naming the smallest change that fits (`vidforge bench plan`'s own refusal); returns
+    the plan (`vidforge.bench.plan.LayoutPlan`)."""
     from vidforge.bench.fit import clip_sets, variant
     from vidforge.bench.plan import evaluate
     from vidforge.profile.loading import ProfileError
@@ -337,6 +344,32 @@ def check_fits(profile: RunProfile) -> None:
         if change is not None:
             change.sets = _clip_as_data_sets(sized, change.sets)
         raise UserInputError(refusal(plan, change, "finetune"))
+    return plan
+
+
+def dry_run_plan(profile: RunProfile, plan: Any) -> dict[str, Any]:
+    """What a dry run shows of the resolved profile: the settings finetune sized, the recompute
+    `train.activation_checkpointing: auto` resolves to, and the memory model's step at the largest bucket."""
+    from vidforge.estimate.recompute import resolve_auto
+
+    frames, height, width = training_clip(profile)
+    _, choice = resolve_auto(profile)
+    memory = plan.memory.total if plan.memory is not None else None
+    return {
+        "model": f"{profile.model.family} {profile.model.layers} layers x {profile.model.hidden}",
+        "clip": f"{frames}x{height}x{width}",
+        "data.token_budget": profile.data.token_budget,
+        "train.steps": profile.train.steps,
+        "train.warmup_steps": profile.train.warmup_steps,
+        "train.log_every": profile.train.log_every,
+        "train.lora": None if profile.train.lora is None else profile.train.lora.model_dump(mode="json"),
+        "train.activation_checkpointing": profile.train.activation_checkpointing,
+        "recompute": choice.describe() if choice is not None else None,
+        "infer": f"{profile.infer.frames}x{profile.infer.height}x{profile.infer.width} at {profile.infer.fps} fps",
+        "cluster.accelerator": profile.cluster.accelerator.name,
+        "memory_gib": None if memory is None else round(memory / 2**30, 2),
+        "memory_limit_gib": round(plan.capacity_bytes / 2**30, 2),
+    }
 
 
 def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, str]:
@@ -407,19 +440,19 @@ def _partial(name: str, result: Any, out: Path) -> None:
     )
 
 
-def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> None:
+def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> Any:
     """Everything about the settings that can refuse the run, before any stage (`preflight`). Training's
     world (--nproc N) is what the memory is checked against; the data stages run here, alone."""
-    preflight.check_accelerator(profile)
+    if not request.dry_run:  # a dry run plans for the profile's card, wherever it runs
+        preflight.check_accelerator(profile)
     preflight.check_buckets(profile)
     preflight.check_validation(profile)
     if request.nproc:
         from vidforge.parallel.launch import nproc_overrides
 
         overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
-        check_fits(base_profile(base, request.profile, overrides))
-    else:
-        check_fits(profile)
+        return check_fits(base_profile(base, request.profile, overrides))
+    return check_fits(profile)
 
 
 def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
@@ -433,19 +466,20 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             "for videos; put the run elsewhere"
         )
     captions = out / CAPTIONS
-    profile = _resolve(request, base, captions)
+    profile, plan = _resolve(request, base, captions)
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
-    pairs = preflight.drop_short(pairs, profile, out, hooks.notice)
+    pairs = preflight.drop_short(pairs, profile, out, hooks.notice, write=not request.dry_run)
     dumped = profile.model_dump(mode="json")
     keys = _stage_keys(pairs, dumped)
     clip_key, caption_key, shard_key, data_key = keys.values()
     ledger, stages = _Ledger(out), []
     train_dir = out / "train"
     ledger.refuse_stale(keys, out, train_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_captions(pairs, captions)
     profile_path = out / PROFILE
-    write_text(profile_path, dump_profile(profile))
+    if not request.dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+        write_captions(pairs, captions)
+        write_text(profile_path, dump_profile(profile))
     prof = ("--profile", profile_path)
     clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
 
@@ -460,9 +494,9 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
         if record is not None and record.get("key") != key:
             record = None  # training on a changed profile resumes (train keeps its schedule)
         hooks.stage(name, command, record is not None)
-        if record is not None:
-            stages.append(StageRun(name, command, True, record.get("result", {})))
-            return record.get("result", {})
+        if record is not None or request.dry_run:  # a dry run lists the stage, runs none
+            stages.append(StageRun(name, command, record is not None, (record or {}).get("result", {})))
+            return (record or {}).get("result", {})
         with hooks.progress(name, total) as progress:
             result = work(progress)
         ledger.mark(name, key, command, result)
@@ -541,8 +575,10 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
         return {"page": str(review_run(train_dir, None, **progress).page)}
 
-    page = stage("review", train_key, _command("review", train_dir), review)["page"]
+    page = stage("review", train_key, _command("review", train_dir), review).get("page")
     validation = train_dir / "validation"
+    if request.dry_run:
+        return FinetuneSummary(str(out), stages, None, None, None, plan=dry_run_plan(profile, plan))
     after = _next_commands(profile, base, out, model, pairs[0][1])
     return FinetuneSummary(
         str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
@@ -595,15 +631,14 @@ def _data_stages(
     stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
 
 
-def _resolve(request: Request, base: Path, captions: Path) -> RunProfile:
+def _resolve(request: Request, base: Path, captions: Path) -> tuple[RunProfile, Any]:
     """The run's profile: the stages' settings, then what finetune sizes from the buckets and the base,
-    under the user's --set; checked (`_check`) before any stage."""
+    under the user's --set; checked (`_check`) before any stage, with the memory model's plan."""
     sets = stage_overrides(request, captions)
     profile = base_profile(base, request.profile, [*sets, *request.overrides])
     sets += sized_settings(profile, request.overrides)
     profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    _check(request, base, sets, profile)
-    return profile
+    return profile, _check(request, base, sets, profile)
 
 
 def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> dict[str, str]:
