@@ -215,3 +215,21 @@ def test_removing_the_folders_the_stale_message_names_is_enough(tmp_path) -> Non
         Path(folder).rmdir()
     ledger.refuse_stale(keys, out, out / "train")  # no second refusal
     assert ledger.record("clip") is not None and ledger.record("caption") is None
+
+
+def test_a_broken_video_is_named_by_its_source_in_clips_errors_and_the_refusal(wan, tmp_path) -> None:
+    """Issue 44: errors named clip keys rather than the source videos. A file that is no video fails in
+    `clip`: its errors.jsonl record and finetune's one line name that file."""
+    videos = _videos(tmp_path / "videos", (17,), 64, 64)
+    broken = videos / "broken.mp4"
+    broken.write_bytes(b"not a video at all")
+    (videos / "broken.txt").write_text("a broken file")
+    out = tmp_path / "run"
+    argv = ["finetune", str(videos), "--base", str(wan), "-o", str(out), "--profile", "dit1b_1xh200"]
+    sets = (*HERE, "data.buckets=[[64,64]]", "data.frame_buckets=[17]")
+    result = CliRunner().invoke(app, argv + [a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 2, result.output[-3000:]
+    (error,) = [json.loads(line) for line in (out / "clips" / "errors.jsonl").read_text().splitlines()]
+    assert error["source"] == str(broken)
+    assert f"clip: 1 error(s) (see {out / 'clips' / 'errors.jsonl'}), e.g. {broken}: " in result.output
+    assert not (out / "captioned").exists()

@@ -434,10 +434,35 @@ class _Ledger:
 
 
 def _partial(name: str, result: Any, out: Path) -> None:
-    """A data stage that left errors (exit 3 from its own command): the fine-tune stops there."""
+    """A data stage that left errors (exit 3 from its own command): the fine-tune stops there, naming the
+    first failed source video (a later stage's records name clips: found in RUN/clips' manifest)."""
+    first = _first_failed_source(out)
     raise UserInputError(
-        f"{name}: {result} error(s) (see {out / 'errors.jsonl'}); fix or remove those videos and rerun"
+        f"{name}: {result} error(s) (see {out / 'errors.jsonl'})"
+        + (f", e.g. {first}" if first else "")
+        + "; fix or remove those videos and rerun"
     )
+
+
+def _first_failed_source(folder: Path) -> str | None:
+    """`folder`/errors.jsonl's first record as `VIDEO: reason`: its `source`, or the source video of the
+    clip its key or item names."""
+    errors = folder / "errors.jsonl"
+    try:
+        record = json.loads(errors.read_text().splitlines()[0])
+    except (OSError, IndexError, json.JSONDecodeError):
+        return None
+    source = record.get("source")
+    if source is None:
+        names = [str(record[k]) for k in ("key", "item", "id", "clip_id") if k in record]
+        manifest = folder.parent / DATA_FOLDERS["clip"] / "manifest.jsonl"
+        clips = manifest.read_text().splitlines() if manifest.is_file() else []
+        for line in clips:
+            clip = json.loads(line)
+            if any(str(clip.get("clip_id")) in name for name in names):
+                source = clip.get("source")
+                break
+    return f"{source}: {record.get('reason', '')}".strip() if source else None
 
 
 def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> Any:
