@@ -197,7 +197,7 @@ def test_ti2v_recipe_sizes_704x1280_at_24_fps_and_i2v_at_480x832(tmp_path) -> No
 def test_removing_the_folders_the_stale_message_names_is_enough(tmp_path) -> None:
     """The message once named clips/ ... latents/ but not RUN/.finetune/, and came back after exactly its
     `rm -r`: a stage record whose folder is gone is not done."""
-    from vidforge.finetune import _Ledger
+    from vidforge.finetune import StageKey, _Ledger
 
     out = tmp_path / "run"
     ledger = _Ledger(out)
@@ -206,7 +206,10 @@ def test_removing_the_folders_the_stale_message_names_is_enough(tmp_path) -> Non
             out / {"clip": "clips", "caption": "captioned", "shard": "shards", "tokenize": "latents"}[name]
         ).mkdir(parents=True)
         ledger.mark(name, "old", f"vidforge {name}", {})
-    keys = {"clip": "old", "caption": "new", "shard": "new", "tokenize": "new"}
+    keys = {
+        name: StageKey(k, k)
+        for name, k in (("clip", "old"), ("caption", "new"), ("shard", "new"), ("tokenize", "new"))
+    }
     with pytest.raises(UserInputError) as refused:
         ledger.refuse_stale(keys, out, out / "train")
     removed = str(refused.value).split("rm -r ", 1)[1].split(" (and", 1)[0].split()

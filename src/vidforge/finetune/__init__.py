@@ -16,9 +16,10 @@ calls, each writing its own folder under RUN:
 
 A finished stage leaves RUN/.finetune/STAGE.json (its command and the digest of what it read); a rerun of
 the same command passes over it, and an unfinished stage resumes as its own command does (each stage
-skips the units it committed; training resumes from its latest checkpoint). A data stage that finished on
-other videos, captions or settings is refused, naming the folders to remove: its own ledger would keep what
-it made from the old ones. Before any of it, the memory model (`vidforge bench plan`) checks the training
+skips the units it committed; training resumes from its latest checkpoint). Videos added or removed rerun
+the data stages, whose ledgers redo only those videos' units (every other clip is kept); a data stage that
+finished on other settings, or on another version of a video or caption it still reads, is refused, naming
+the folders to remove: its own ledger would keep what it made from the old ones. Before any of it, the memory model (`vidforge bench plan`) checks the training
 step fits the profile's accelerator, and a recipe that does not is refused with the smallest change that
 does.
 
@@ -393,6 +394,26 @@ def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, s
 # --- the stages ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class StageKey:
+    """What a data stage read. `key`: all of it (a change reruns the stage, whose own ledger then redoes
+    only the units whose inputs changed: an added video's clips, say); `settings`: what no unit's name
+    shows; `sources`: per source video, what its units were made from (its size and mtime; its caption).
+    A changed `settings` or source is stale (`_Ledger.refuse_stale`)."""
+
+    key: str
+    settings: str
+    sources: dict[str, Any] = field(default_factory=dict)
+
+    def stale(self, record: dict[str, Any]) -> bool:
+        if "settings" not in record:  # a record from before per-source keys: all or nothing
+            return record.get("key") != self.key
+        old = record.get("sources", {})
+        return record["settings"] != self.settings or any(
+            old[p] != v for p, v in self.sources.items() if p in old
+        )
+
+
 def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -415,12 +436,14 @@ class _Ledger:
             return None
         return json.loads(path.read_text()) if path.is_file() else None
 
-    def refuse_stale(self, keys: dict[str, str], out: Path, train_dir: Path) -> None:
-        """A data stage that finished on other inputs than `keys` says: its own ledger would keep what it
-        made from them (the old captions, say), so it is refused rather than mixed, naming what to remove."""
+    def refuse_stale(self, keys: dict[str, StageKey], out: Path, train_dir: Path) -> None:
+        """A data stage that finished on other settings, or on another version of a video or caption it
+        still reads, is refused rather than mixed, naming what to remove: its own ledger keeps a unit by its
+        name (a source's path, a clip's id) and would keep what it made from the old one. Videos added or
+        removed are not stale: the stage reruns and its ledger redoes only their units."""
         for name, key in keys.items():
             record = self.record(name)
-            if record is not None and record.get("key") != key:
+            if record is not None and key.stale(record):
                 stale = list(DATA_FOLDERS.values())[list(DATA_FOLDERS).index(name) :]
                 raise UserInputError(
                     f"{name}: {out / DATA_FOLDERS[name]} was made from other videos, captions or settings; to "
@@ -428,8 +451,9 @@ class _Ledger:
                     "afresh), or pass a new -o"
                 )
 
-    def mark(self, name: str, key: str, command: str, result: dict[str, Any]) -> None:
-        record = {"key": key, "command": command, "result": result}
+    def mark(self, name: str, key: str, command: str, result: dict[str, Any], **seen: Any) -> None:
+        """`seen`: a data stage's settings digest and per-source inputs (`StageKey`), for `refuse_stale`."""
+        record = {"key": key, "command": command, "result": result, **seen}
         write_text(self.folder / f"{name}.json", json.dumps(record, indent=1))
 
 
@@ -510,11 +534,15 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
     def stage(
         name: str,
-        key: str,
+        key: str | StageKey,
         command: str,
         work: Callable[[dict[str, Any]], dict[str, Any]],
         total: int | None = None,
     ) -> dict:
+        seen = {}
+        if isinstance(key, StageKey):
+            seen = {"settings": key.settings, "sources": key.sources}
+            key = key.key
         record = ledger.record(name)
         if record is not None and record.get("key") != key:
             record = None  # training on a changed profile resumes (train keeps its schedule)
@@ -524,7 +552,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             return (record or {}).get("result", {})
         with hooks.progress(name, total) as progress:
             result = work(progress)
-        ledger.mark(name, key, command, result)
+        ledger.mark(name, key, command, result, **seen)
         stages.append(StageRun(name, command, False, result))
         return result
 
@@ -562,7 +590,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             "export": summary.export_dir,
         }
 
-    train_key = _digest(data_key, dumped, str(base))
+    train_key = _digest(data_key.key, dumped, str(base))
     trained = stage(
         "train",
         train_key,
@@ -611,7 +639,11 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
 
 def _data_stages(
-    profile: RunProfile, out: Path, prof: tuple[str, Path], keys: dict[str, str], stage: Callable[..., dict]
+    profile: RunProfile,
+    out: Path,
+    prof: tuple[str, Path],
+    keys: dict[str, StageKey],
+    stage: Callable[..., dict],
 ) -> None:
     """clip, caption, shard and tokenize, each through `stage` (passed over when its record holds)."""
     captions = out / CAPTIONS
@@ -666,18 +698,19 @@ def _resolve(request: Request, base: Path, captions: Path) -> tuple[RunProfile, 
     return profile, _check(request, base, sets, profile)
 
 
-def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> dict[str, str]:
-    """What each data stage reads, as a digest, each key holding the one before it."""
+def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> dict[str, StageKey]:
+    """What each data stage reads (`StageKey`), each holding the one before it."""
     curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
-    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
-    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
-    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
-    return {
-        "clip": clip_key,
-        "caption": caption_key,
-        "shard": shard_key,
-        "tokenize": _digest(shard_key, dumped["tokenizer"]),
-    }
+    videos = {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for p, _ in pairs}
+    captions = {str(p): text for p, text in pairs}
+    clip = StageKey(_digest(videos, curation), _digest(curation), videos)
+    caption_settings = _digest(clip.settings, dumped["curation"]["caption"])
+    caption = StageKey(_digest(clip.key, captions, caption_settings), caption_settings, captions)
+    shard_settings = _digest(caption_settings, dumped["text_encoder"], dumped["data"])
+    shard = StageKey(_digest(caption.key, shard_settings), shard_settings)
+    tokenize_settings = _digest(shard_settings, dumped["tokenizer"])
+    tokenize = StageKey(_digest(shard.key, tokenize_settings), tokenize_settings)
+    return {"clip": clip, "caption": caption, "shard": shard, "tokenize": tokenize}
 
 
 def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None, caption: str) -> list[str]:
