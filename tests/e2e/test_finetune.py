@@ -278,3 +278,44 @@ def test_a_linked_videos_caption_is_the_one_beside_the_link_and_a_spreadsheets_c
     (linked / "mine.txt").unlink()
     (linked / "captions.csv").write_bytes("\ufeffpath,caption\nmine.mp4,from excel\n".encode())
     assert gather_captions(linked, [".mp4"]) == [(linked / "mine.mp4", "from excel")]
+
+
+@pytest.mark.slow
+def test_a_removed_and_an_added_video_redo_only_their_clips(finetuned, pipeline) -> None:
+    """Issue 44: removing the short videos threw away every clip. The clip stage now reruns on the new set
+    and its ledger redoes only the added video; the other clips' files stay as they were. Last in the
+    module: it changes the run `finetuned` made (and puts the videos back after)."""
+    from vidforge.data.manifest import read_jsonl
+
+    out, _, _ = finetuned
+    videos = out.parent / "videos"
+    clips = out / "clips" / "clips"
+    before = {p.name: p.stat().st_mtime_ns for p in clips.rglob("*") if p.is_file()}
+    kept = {r["clip_id"]: r["source"] for r in read_jsonl(out / "clips" / "manifest.jsonl")}
+    moved = out.parent / "set_aside"
+    moved.mkdir()
+    for name in ("clip2.mp4", "clip2.txt"):
+        (videos / name).rename(moved / name)
+    added = videos / "clip3.mp4"
+    frames = np.zeros((8, 32, 32, 3), np.uint8)
+    frames[:, 16:24, 8:16, 1] = 255
+    write_video(added, frames, fps=8)
+    (videos / "clip3.txt").write_text("a green square\n")
+    try:
+        result = CliRunner().invoke(app, _args(videos, pipeline, out))
+    finally:
+        added.unlink()
+        (videos / "clip3.txt").unlink()
+        for name in ("clip2.mp4", "clip2.txt"):
+            (moved / name).rename(videos / name)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert "clip (running)" in result.output
+    now = {r["clip_id"]: r["source"] for r in read_jsonl(out / "clips" / "manifest.jsonl")}
+    assert sorted(Path(s).name for s in now.values()) == ["clip0.mp4", "clip1.mp4", "clip3.mp4"]
+    unchanged = [cid for cid, source in kept.items() if not source.endswith("clip2.mp4")]
+    assert len(unchanged) == 2 and set(unchanged) <= set(now)
+    files = {p.name: p.stat().st_mtime_ns for p in clips.rglob("*") if p.is_file()}
+    old = [name for name in before if any(cid in name for cid in unchanged)]
+    assert old and all(files[name] == before[name] for name in old)  # not rewritten
+    captioned = read_jsonl(out / "captioned" / "manifest.jsonl")
+    assert sorted(r["caption"] for r in captioned) == sorted([CAPTIONS[0], CAPTIONS[1], "a green square"])

@@ -139,6 +139,14 @@ def finetune(
             "step (train --reschedule) instead of keeping the saved one.",
         ),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check everything that could refuse the run (device, buckets, short videos, validation size, "
+            "memory fit), print the resolved settings and the stages it would run; run none, write nothing.",
+        ),
+    ] = False,
     nproc: NprocOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
@@ -156,6 +164,7 @@ def finetune(
     Example: vidforge finetune clips/ --base /models/Wan2.1-T2V-1.3B-Diffusers -o runs/my_lora --profile dit1b_1xh200 --set data.buckets=[[480,832]] --set data.frame_buckets=[49] --steps 2000
     Example: vidforge finetune clips/ --base runs/wan_lora_merged_vf -o runs/round2 --full --prompt "a cat on the grass"
     Example: vidforge finetune clips/ --base /models/Wan2.1-T2V-1.3B-Diffusers -o runs/my_lora --profile dit1b_1xh200 --nproc 8
+    Example: vidforge finetune clips/ --base /models/Wan2.1-T2V-14B-Diffusers -o runs/wan14b --profile wan14b_4090.yaml --dry-run
     """
     from vidforge.finetune import Request, run
 
@@ -174,13 +183,31 @@ def finetune(
         overrides=tuple(set_ or ()),
         nproc=nproc,
         reschedule=reschedule,
+        dry_run=dry_run,
     )
     del resume  # every run resumes
     summary = run(request, _Shown(output))
     data = summary.as_dict()
+    if dry_run:
+        output.result(data, text=_dry_run_text(summary))
+        return
     lines = [f"vidforge finetune -> {summary.out}"]
     lines += [f"  model: {summary.model}"] if summary.model else []
     lines += [f"  validation videos: {summary.validation}"] if summary.validation else []
     lines += [f"  review page: {summary.review}"] if summary.review else []
     lines += ["  next:", *(f"    {line}" for line in summary.next)] if summary.next else []
     output.result(data, text="\n".join(lines))
+
+
+def _dry_run_text(summary) -> str:
+    plan = summary.plan
+    memory = plan["memory_gib"]
+    lines = [f"vidforge finetune --dry-run -> {summary.out} (nothing run, nothing written)"]
+    lines += [f"  {key}: {value}" for key, value in plan.items() if value is not None and key != "memory_gib"]
+    if memory is not None:
+        lines.append(
+            f"  memory: {memory} GiB of {plan['memory_limit_gib']} GiB a card at {plan['clip']}: fits"
+        )
+    lines.append("  stages it would run:")
+    lines += [f"    {s.name}{' (done before)' if s.skipped else ''}: {s.command}" for s in summary.stages]
+    return "\n".join(lines)

@@ -221,6 +221,9 @@ def run(
     manifest, errors = ledger.finalize()
     wanted = {clip_id_of(r) for r in records}
     manifest = [r for r in manifest if clip_id_of(r) in wanted]
+    # the ledger holds every clip it ever captioned: a clip since gone from CLIPS_DIR (its video removed)
+    # is not shard's to read
+    write_jsonl(out_dir / MANIFEST, manifest)
     embeddings = write_caption_store(out_dir, clips_dir, manifest, cfg)
     rejected = [
         {"clip_id": clip_id_of(r), "media": r.get("media"), "reasons": r["reasons"]}

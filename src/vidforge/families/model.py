@@ -60,7 +60,7 @@ class Model(Section):
     unmasked calls (measured fastest on an H200), elsewhere torch's own choice; a call with a key-padding
     mask runs on a kernel that takes one (memory-efficient first), also when the forced kernel takes none
     (flash: said once). Ignored on CPU."""
-    attention_window: tuple[int, int, int] | list[tuple[int, int, int] | None] | None = Field(
+    attention_window: tuple[int, int, int] | tuple[tuple[int, int, int] | None, ...] | None = Field(
         None, union_mode="left_to_right"
     )
     """Sliding-tile attention (STA, arXiv 2502.04507; `vidforge.models.sliding_tile`) for the full
@@ -177,12 +177,12 @@ class Model(Section):
                 f"attention_tile: tokens per axis (t, h, w), each >= 1, got {list(self.attention_tile)}"
             )
         windows = self.attention_window
-        if isinstance(windows, list) and len(windows) != self.layers:
+        if self._per_layer_windows and len(windows) != self.layers:
             raise ValueError(
                 f"attention_window: a list needs one entry per layer (model.layers={self.layers}), got "
                 f"{len(windows)}; or give one [t, h, w] for every layer"
             )
-        for window in windows if isinstance(windows, list) else [windows]:
+        for window in windows if self._per_layer_windows else [windows]:
             if window is not None and any(k < 1 or k % 2 == 0 for k in window):
                 raise ValueError(
                     f"attention_window: tiles per axis (t, h, w), each odd (centred on the query's tile), got {list(window)}"
@@ -210,9 +210,16 @@ class Model(Section):
     def layer_window(self, layer: int) -> tuple[int, int, int] | None:
         """Sliding-tile window of block `layer` (tiles per axis), or None for full attention."""
         windows = self.attention_window
-        if isinstance(windows, list):
+        if self._per_layer_windows:
             return None if windows[layer] is None else tuple(windows[layer])
         return None if windows is None else tuple(windows)
+
+    @property
+    def _per_layer_windows(self) -> bool:
+        """`attention_window` holds one entry per layer rather than one (t, h, w) for all. Both are tuples
+        (the section is hashed: estimates cache on it), so the entries tell them apart."""
+        windows = self.attention_window
+        return windows is not None and not all(isinstance(k, int) for k in windows)
 
     @property
     def multimodal_block(self) -> bool:

@@ -16,9 +16,10 @@ calls, each writing its own folder under RUN:
 
 A finished stage leaves RUN/.finetune/STAGE.json (its command and the digest of what it read); a rerun of
 the same command passes over it, and an unfinished stage resumes as its own command does (each stage
-skips the units it committed; training resumes from its latest checkpoint). A data stage that finished on
-other videos, captions or settings is refused, naming the folders to remove: its own ledger would keep what
-it made from the old ones. Before any of it, the memory model (`vidforge bench plan`) checks the training
+skips the units it committed; training resumes from its latest checkpoint). Videos added or removed rerun
+the data stages, whose ledgers redo only those videos' units (every other clip is kept); a data stage that
+finished on other settings, or on another version of a video or caption it still reads, is refused, naming
+the folders to remove: its own ledger would keep what it made from the old ones. Before any of it, the memory model (`vidforge bench plan`) checks the training
 step fits the profile's accelerator, and a recipe that does not is refused with the smallest change that
 does.
 
@@ -104,6 +105,9 @@ class Request:
     stages run in this process."""
     reschedule: bool = False
     """Resumed training fits the profile's lr schedule from the resumed step (`train --reschedule`)."""
+    dry_run: bool = False
+    """Every check before the first stage (the device, buckets, validation size, short videos, stale
+    stages, the memory fit) and the resolved profile, then the stages listed, none run and nothing written."""
 
 
 @dataclass
@@ -124,6 +128,8 @@ class FinetuneSummary:
     review: str | None
     next: list[str] = field(default_factory=list)
     """What to run with the result: sampling it, loading it in diffusers, merging a LoRA."""
+    plan: dict[str, Any] = field(default_factory=dict)
+    """A dry run's resolved settings and memory fit (`dry_run_plan`); empty for a run."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +138,7 @@ class FinetuneSummary:
             "validation": self.validation,
             "review": self.review,
             "next": list(self.next),
+            **({"dry_run": self.plan} if self.plan else {}),
             "stages": [
                 {"stage": s.name, "skipped": s.skipped, "command": s.command, **s.result} for s in self.stages
             ],
@@ -318,9 +325,10 @@ def stage_overrides(request: Request, captions: Path) -> list[str]:
     return sets
 
 
-def check_fits(profile: RunProfile) -> None:
+def check_fits(profile: RunProfile) -> Any:
     """The training step at the largest bucket fits the profile's accelerator by the memory model, or a
-    UserInputError naming the smallest change that fits (`vidforge bench plan`'s own refusal)."""
+    UserInputError naming the smallest change that fits (`vidforge bench plan`'s own refusal); returns
+    the plan (`vidforge.bench.plan.LayoutPlan`)."""
     from vidforge.bench.fit import clip_sets, variant
     from vidforge.bench.plan import evaluate
     from vidforge.profile.loading import ProfileError
@@ -337,6 +345,32 @@ def check_fits(profile: RunProfile) -> None:
         if change is not None:
             change.sets = _clip_as_data_sets(sized, change.sets)
         raise UserInputError(refusal(plan, change, "finetune"))
+    return plan
+
+
+def dry_run_plan(profile: RunProfile, plan: Any) -> dict[str, Any]:
+    """What a dry run shows of the resolved profile: the settings finetune sized, the recompute
+    `train.activation_checkpointing: auto` resolves to, and the memory model's step at the largest bucket."""
+    from vidforge.estimate.recompute import resolve_auto
+
+    frames, height, width = training_clip(profile)
+    _, choice = resolve_auto(profile)
+    memory = plan.memory.total if plan.memory is not None else None
+    return {
+        "model": f"{profile.model.family} {profile.model.layers} layers x {profile.model.hidden}",
+        "clip": f"{frames}x{height}x{width}",
+        "data.token_budget": profile.data.token_budget,
+        "train.steps": profile.train.steps,
+        "train.warmup_steps": profile.train.warmup_steps,
+        "train.log_every": profile.train.log_every,
+        "train.lora": None if profile.train.lora is None else profile.train.lora.model_dump(mode="json"),
+        "train.activation_checkpointing": profile.train.activation_checkpointing,
+        "recompute": choice.describe() if choice is not None else None,
+        "infer": f"{profile.infer.frames}x{profile.infer.height}x{profile.infer.width} at {profile.infer.fps} fps",
+        "cluster.accelerator": profile.cluster.accelerator.name,
+        "memory_gib": None if memory is None else round(memory / 2**30, 2),
+        "memory_limit_gib": round(plan.capacity_bytes / 2**30, 2),
+    }
 
 
 def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, str]:
@@ -358,6 +392,26 @@ def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, s
 
 
 # --- the stages ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageKey:
+    """What a data stage read. `key`: all of it (a change reruns the stage, whose own ledger then redoes
+    only the units whose inputs changed: an added video's clips, say); `settings`: what no unit's name
+    shows; `sources`: per source video, what its units were made from (its size and mtime; its caption).
+    A changed `settings` or source is stale (`_Ledger.refuse_stale`)."""
+
+    key: str
+    settings: str
+    sources: dict[str, Any] = field(default_factory=dict)
+
+    def stale(self, record: dict[str, Any]) -> bool:
+        if "settings" not in record:  # a record from before per-source keys: all or nothing
+            return record.get("key") != self.key
+        old = record.get("sources", {})
+        return record["settings"] != self.settings or any(
+            old[p] != v for p, v in self.sources.items() if p in old
+        )
 
 
 def _digest(*parts: Any) -> str:
@@ -382,12 +436,14 @@ class _Ledger:
             return None
         return json.loads(path.read_text()) if path.is_file() else None
 
-    def refuse_stale(self, keys: dict[str, str], out: Path, train_dir: Path) -> None:
-        """A data stage that finished on other inputs than `keys` says: its own ledger would keep what it
-        made from them (the old captions, say), so it is refused rather than mixed, naming what to remove."""
+    def refuse_stale(self, keys: dict[str, StageKey], out: Path, train_dir: Path) -> None:
+        """A data stage that finished on other settings, or on another version of a video or caption it
+        still reads, is refused rather than mixed, naming what to remove: its own ledger keeps a unit by its
+        name (a source's path, a clip's id) and would keep what it made from the old one. Videos added or
+        removed are not stale: the stage reruns and its ledger redoes only their units."""
         for name, key in keys.items():
             record = self.record(name)
-            if record is not None and record.get("key") != key:
+            if record is not None and key.stale(record):
                 stale = list(DATA_FOLDERS.values())[list(DATA_FOLDERS).index(name) :]
                 raise UserInputError(
                     f"{name}: {out / DATA_FOLDERS[name]} was made from other videos, captions or settings; to "
@@ -395,31 +451,57 @@ class _Ledger:
                     "afresh), or pass a new -o"
                 )
 
-    def mark(self, name: str, key: str, command: str, result: dict[str, Any]) -> None:
-        record = {"key": key, "command": command, "result": result}
+    def mark(self, name: str, key: str, command: str, result: dict[str, Any], **seen: Any) -> None:
+        """`seen`: a data stage's settings digest and per-source inputs (`StageKey`), for `refuse_stale`."""
+        record = {"key": key, "command": command, "result": result, **seen}
         write_text(self.folder / f"{name}.json", json.dumps(record, indent=1))
 
 
 def _partial(name: str, result: Any, out: Path) -> None:
-    """A data stage that left errors (exit 3 from its own command): the fine-tune stops there."""
+    """A data stage that left errors (exit 3 from its own command): the fine-tune stops there, naming the
+    first failed source video (a later stage's records name clips: found in RUN/clips' manifest)."""
+    first = _first_failed_source(out)
     raise UserInputError(
-        f"{name}: {result} error(s) (see {out / 'errors.jsonl'}); fix or remove those videos and rerun"
+        f"{name}: {result} error(s) (see {out / 'errors.jsonl'})"
+        + (f", e.g. {first}" if first else "")
+        + "; fix or remove those videos and rerun"
     )
 
 
-def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> None:
+def _first_failed_source(folder: Path) -> str | None:
+    """`folder`/errors.jsonl's first record as `VIDEO: reason`: its `source`, or the source video of the
+    clip its key or item names."""
+    errors = folder / "errors.jsonl"
+    try:
+        record = json.loads(errors.read_text().splitlines()[0])
+    except (OSError, IndexError, json.JSONDecodeError):
+        return None
+    source = record.get("source")
+    if source is None:
+        names = [str(record[k]) for k in ("key", "item", "id", "clip_id") if k in record]
+        manifest = folder.parent / DATA_FOLDERS["clip"] / "manifest.jsonl"
+        clips = manifest.read_text().splitlines() if manifest.is_file() else []
+        for line in clips:
+            clip = json.loads(line)
+            if any(str(clip.get("clip_id")) in name for name in names):
+                source = clip.get("source")
+                break
+    return f"{source}: {record.get('reason', '')}".strip() if source else None
+
+
+def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> Any:
     """Everything about the settings that can refuse the run, before any stage (`preflight`). Training's
     world (--nproc N) is what the memory is checked against; the data stages run here, alone."""
-    preflight.check_accelerator(profile)
+    if not request.dry_run:  # a dry run plans for the profile's card, wherever it runs
+        preflight.check_accelerator(profile)
     preflight.check_buckets(profile)
     preflight.check_validation(profile)
     if request.nproc:
         from vidforge.parallel.launch import nproc_overrides
 
         overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
-        check_fits(base_profile(base, request.profile, overrides))
-    else:
-        check_fits(profile)
+        return check_fits(base_profile(base, request.profile, overrides))
+    return check_fits(profile)
 
 
 def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
@@ -433,39 +515,44 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             "for videos; put the run elsewhere"
         )
     captions = out / CAPTIONS
-    profile = _resolve(request, base, captions)
+    profile, plan = _resolve(request, base, captions)
     pairs = gather_captions(request.videos, profile.curation.extensions, request.captions)
-    pairs = preflight.drop_short(pairs, profile, out, hooks.notice)
+    pairs = preflight.drop_short(pairs, profile, out, hooks.notice, write=not request.dry_run)
     dumped = profile.model_dump(mode="json")
     keys = _stage_keys(pairs, dumped)
     clip_key, caption_key, shard_key, data_key = keys.values()
     ledger, stages = _Ledger(out), []
     train_dir = out / "train"
     ledger.refuse_stale(keys, out, train_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_captions(pairs, captions)
     profile_path = out / PROFILE
-    write_text(profile_path, dump_profile(profile))
+    if not request.dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+        write_captions(pairs, captions)
+        write_text(profile_path, dump_profile(profile))
     prof = ("--profile", profile_path)
     clips, captioned, shards, latents = (out / DATA_FOLDERS[name] for name in DATA_FOLDERS)
 
     def stage(
         name: str,
-        key: str,
+        key: str | StageKey,
         command: str,
         work: Callable[[dict[str, Any]], dict[str, Any]],
         total: int | None = None,
     ) -> dict:
+        seen = {}
+        if isinstance(key, StageKey):
+            seen = {"settings": key.settings, "sources": key.sources}
+            key = key.key
         record = ledger.record(name)
         if record is not None and record.get("key") != key:
             record = None  # training on a changed profile resumes (train keeps its schedule)
         hooks.stage(name, command, record is not None)
-        if record is not None:
-            stages.append(StageRun(name, command, True, record.get("result", {})))
-            return record.get("result", {})
+        if record is not None or request.dry_run:  # a dry run lists the stage, runs none
+            stages.append(StageRun(name, command, record is not None, (record or {}).get("result", {})))
+            return (record or {}).get("result", {})
         with hooks.progress(name, total) as progress:
             result = work(progress)
-        ledger.mark(name, key, command, result)
+        ledger.mark(name, key, command, result, **seen)
         stages.append(StageRun(name, command, False, result))
         return result
 
@@ -503,7 +590,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
             "export": summary.export_dir,
         }
 
-    train_key = _digest(data_key, dumped, str(base))
+    train_key = _digest(data_key.key, dumped, str(base))
     trained = stage(
         "train",
         train_key,
@@ -541,8 +628,10 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
         return {"page": str(review_run(train_dir, None, **progress).page)}
 
-    page = stage("review", train_key, _command("review", train_dir), review)["page"]
+    page = stage("review", train_key, _command("review", train_dir), review).get("page")
     validation = train_dir / "validation"
+    if request.dry_run:
+        return FinetuneSummary(str(out), stages, None, None, None, plan=dry_run_plan(profile, plan))
     after = _next_commands(profile, base, out, model, pairs[0][1])
     return FinetuneSummary(
         str(out), stages, model, str(validation) if validation.is_dir() else None, page, after
@@ -550,7 +639,11 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
 
 
 def _data_stages(
-    profile: RunProfile, out: Path, prof: tuple[str, Path], keys: dict[str, str], stage: Callable[..., dict]
+    profile: RunProfile,
+    out: Path,
+    prof: tuple[str, Path],
+    keys: dict[str, StageKey],
+    stage: Callable[..., dict],
 ) -> None:
     """clip, caption, shard and tokenize, each through `stage` (passed over when its record holds)."""
     captions = out / CAPTIONS
@@ -595,29 +688,29 @@ def _data_stages(
     stage("tokenize", data_key, _command("tokenize", shards, "-o", latents, *prof), tokenize)
 
 
-def _resolve(request: Request, base: Path, captions: Path) -> RunProfile:
+def _resolve(request: Request, base: Path, captions: Path) -> tuple[RunProfile, Any]:
     """The run's profile: the stages' settings, then what finetune sizes from the buckets and the base,
-    under the user's --set; checked (`_check`) before any stage."""
+    under the user's --set; checked (`_check`) before any stage, with the memory model's plan."""
     sets = stage_overrides(request, captions)
     profile = base_profile(base, request.profile, [*sets, *request.overrides])
     sets += sized_settings(profile, request.overrides)
     profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    _check(request, base, sets, profile)
-    return profile
+    return profile, _check(request, base, sets, profile)
 
 
-def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> dict[str, str]:
-    """What each data stage reads, as a digest, each key holding the one before it."""
+def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> dict[str, StageKey]:
+    """What each data stage reads (`StageKey`), each holding the one before it."""
     curation = {k: v for k, v in dumped["curation"].items() if k != "caption"}
-    clip_key = _digest([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p, _ in pairs], curation)
-    caption_key = _digest(clip_key, [text for _, text in pairs], dumped["curation"]["caption"])
-    shard_key = _digest(caption_key, dumped["text_encoder"], dumped["data"])
-    return {
-        "clip": clip_key,
-        "caption": caption_key,
-        "shard": shard_key,
-        "tokenize": _digest(shard_key, dumped["tokenizer"]),
-    }
+    videos = {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for p, _ in pairs}
+    captions = {str(p): text for p, text in pairs}
+    clip = StageKey(_digest(videos, curation), _digest(curation), videos)
+    caption_settings = _digest(clip.settings, dumped["curation"]["caption"])
+    caption = StageKey(_digest(clip.key, captions, caption_settings), caption_settings, captions)
+    shard_settings = _digest(caption_settings, dumped["text_encoder"], dumped["data"])
+    shard = StageKey(_digest(caption.key, shard_settings), shard_settings)
+    tokenize_settings = _digest(shard_settings, dumped["tokenizer"])
+    tokenize = StageKey(_digest(shard.key, tokenize_settings), tokenize_settings)
+    return {"clip": clip, "caption": caption, "shard": shard, "tokenize": tokenize}
 
 
 def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None, caption: str) -> list[str]:

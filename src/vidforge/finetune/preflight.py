@@ -103,9 +103,11 @@ def drop_short(
     profile: RunProfile,
     out: Path,
     notice: Callable[[str], None],
+    write: bool = True,
 ) -> list[tuple[Path, str]]:
     """`pairs` less the videos shorter than the shortest frame bucket at curation.fps (the module's rule),
-    each written to RUN/errors.jsonl as {source, stage: finetune, reason}; refused when none is left."""
+    each written to RUN/errors.jsonl as {source, stage: finetune, reason} (`write`; a dry run only says
+    so); refused when none is left."""
     need = min(profile.data.frame_buckets)
     fps = profile.curation.fps
     kept, short = [], []
@@ -116,7 +118,8 @@ def drop_short(
         else:
             kept.append((video, caption))
     if not short:
-        (out / ERRORS).unlink(missing_ok=True)  # an earlier run's, about videos since lengthened or removed
+        if write:  # an earlier run's, about videos since lengthened or removed
+            (out / ERRORS).unlink(missing_ok=True)
         return kept
     if not kept:
         video, frames = short[0]
@@ -125,13 +128,16 @@ def drop_short(
             f"are all {len(short)} videos); add a shorter bucket, e.g. --set data.frame_buckets=[{need},"
             f"{_shorter_bucket(profile, min(f for _, f in short))}], or give longer videos"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out / ERRORS, "w", encoding="utf-8") as f:
-        for video, frames in short:
-            reason = f"{frames} frames at {fps:g} fps, fewer than data.frame_buckets' shortest {need}"
-            f.write(json.dumps({"source": str(video), "stage": "finetune", "reason": reason}) + "\n")
+    if write:
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_file(out / ERRORS, "w", encoding="utf-8") as f:
+            for video, frames in short:
+                reason = f"{frames} frames at {fps:g} fps, fewer than data.frame_buckets' shortest {need}"
+                f.write(json.dumps({"source": str(video), "stage": "finetune", "reason": reason}) + "\n")
     notice(
-        f"left out {len(short)} video(s) shorter than {need} frames at {fps:g} fps (see {out / ERRORS}), "
+        f"left out {len(short)} video(s) shorter than {need} frames at {fps:g} fps"
+        + (f" (see {out / ERRORS})" if write else "")
+        + ", "
         f"e.g. {short[0][0]}"
     )
     return kept

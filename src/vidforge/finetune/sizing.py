@@ -10,7 +10,10 @@ refuse or starve the run.
   often than the profile says.
 - infer.frames/height/width: the largest trained bucket, so the validation videos show what was trained.
 - infer.fps and curation.fps: the base's own frame rate (a TI2V folder's 24), else its family's
-  (`FamilySpec.media_defaults`): clips are re-timed to it and validation videos play at it."""
+  (`FamilySpec.media_defaults`): clips are re-timed to it and validation videos play at it.
+- train.activation_checkpointing: auto (the least recompute the memory model finds fits the accelerator,
+  `vidforge.estimate.recompute`) where the profile leaves it at none: a user picks the data and the card,
+  not the recompute. A profile that names full or selective (a `bench plan --fit` recipe) keeps it."""
 
 from __future__ import annotations
 
@@ -60,6 +63,8 @@ def sized_settings(profile: RunProfile, overrides: Sequence[str]) -> list[str]:
         "infer.fps": fps,
         "curation.fps": fps,
     }
+    if profile.train.activation_checkpointing == "none":
+        sized["train.activation_checkpointing"] = "auto"
     if "infer.fps" in given(overrides):  # the user's frame rate is the clips' too, unless they say
         sized["curation.fps"] = profile.infer.fps
     user = given(overrides)
