@@ -192,6 +192,8 @@ def test_the_command_line_starts_without_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, vidforge.cli.app; print(sorted(m for m in ('torch', 'diffusers') if m in sys.modules))"
+    code = (
+        "import sys, vidforge.cli.app; print(sorted(m for m in ('torch', 'diffusers') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
