@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vidforge.estimate.module_costs import block_bytes_per_rank
 from vidforge.estimate.param_counts import (
     ParameterCounts,
     lora_adapted,
@@ -641,7 +642,7 @@ def _activation_terms(r: _Rank) -> _Activations:
     all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
     gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
     adapted = lora_adapted(cfg, train.lora) if train.lora is not None else frozenset()
-    one = block_activations(
+    one = measured_block(r, tokens, gathered) or block_activations(
         cfg,
         tokens,
         workload.samples,
@@ -743,6 +744,35 @@ def _activation_terms(r: _Rank) -> _Activations:
     )
     _recompute_term(r, done, bool(checkpointed))
     return done
+
+
+def measured_block(r: _Rank, tokens: float, gathered_kv_tokens: float) -> BlockActivations | None:
+    """What one block saves, read off the family's network (`module_costs.block_bytes_per_rank`): a
+    trained block (no LoRA) of one tensor-parallel rank on a row of one clip, or of equal clips each
+    with its own noise level (plain batches; a packed row of several clips gathers the modulation per
+    token, which `block_activations` counts). None where `block_activations` still counts it: tensor
+    parallel's split, a LoRA's frozen base, a packed row of several clips."""
+    workload, cfg = r.workload, r.cfg
+    packed_rows = workload.per_token_modulation and not workload.token_levels
+    if r.tp > 1 or r.train.lora is not None or packed_rows:
+        return None
+    saved = block_bytes_per_rank(
+        cfg,
+        workload.grid,
+        workload.samples,
+        workload.text_tokens,
+        workload.image_tokens,
+        workload.token_levels,
+        r.prec.compute,
+        tokens,
+    )
+    parts = {"saved for backward (read off the block)": saved}
+    if gathered_kv_tokens:
+        full_scopes = family(cfg.family).block_scopes(cfg)[0].count("full")
+        parts["gathered keys/values (all-gather CP)"] = (
+            full_scopes * 2 * gathered_kv_tokens * cfg.hidden * r.prec.compute
+        )
+    return BlockActivations(parts)
 
 
 def _recompute_term(r: _Rank, acts: _Activations, checkpointed: bool) -> None:

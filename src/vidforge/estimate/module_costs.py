@@ -35,7 +35,8 @@ class _FlashOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and kwargs.get("attn_mask") is None:
+        # a key-padding mask changes no saved shape: flash's varlen kernel keeps the same tensors
+        if func is F.scaled_dot_product_attention:
             q, k, v = args[:3]
             scale = kwargs.get("scale")
             return torch.ops.aten._scaled_dot_product_flash_attention(
@@ -83,3 +84,26 @@ def _block_saved_bytes(
         for hook in hooks:
             hook.remove()
     return sum(saved.values())
+
+
+def block_bytes_per_rank(
+    cfg: Model,
+    grid: Grid,
+    samples: int,
+    text: int,
+    image: int,
+    token_levels: bool,
+    compute: int,
+    tokens: float,
+) -> float:
+    """Bytes one block saves on a rank holding `tokens` video tokens of `samples` clips of token grid
+    `grid` (fewer than the clips' under context parallel), each with `text` caption and `image` image
+    tokens. What a block saves is linear in the tokens (attention keeps a log-sum-exp per token, not the
+    S x S probabilities), so two runs of the module give it: the clip's, and one of twice its frames;
+    their difference is the bytes per video token, the rest (caption, image, per-clip modulation) is per
+    clip."""
+    dtype = torch.bfloat16 if compute == 2 else torch.float32
+    one = block_saved_bytes(cfg, grid, text, image, token_levels, dtype)
+    two = block_saved_bytes(cfg, (2 * grid[0], grid[1], grid[2]), text, image, token_levels, dtype)
+    per_token = (two - one) / (grid[0] * grid[1] * grid[2])
+    return samples * (2 * one - two) + per_token * tokens
