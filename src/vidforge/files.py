@@ -67,11 +67,14 @@ def _create(path: Path) -> int:
 
 
 @contextmanager
-def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike, folder_may_link: bool = False) -> Iterator[Path]:
     """Yield the path of a new, empty temporary file beside `target` (for a library that writes by name:
-    safetensors, PyAV, Pillow); rename it to `target` if the block succeeds, delete it if not."""
+    safetensors, PyAV, Pillow, fsspec); rename it to `target` if the block succeeds, delete it if not.
+    `folder_may_link`: the folder is the user's own setting, not a run's (the shard cache, often a link
+    to a larger disk), so it may be a symbolic link; the file in it is still never followed."""
     target = Path(target)
-    output_folder(target.parent)
+    if not folder_may_link:
+        output_folder(target.parent)
     tmp = temporary_name(target)
     os.close(_create(tmp))
     try:
@@ -109,8 +112,9 @@ def write_bytes(target: str | os.PathLike, data: bytes) -> Path:
     return Path(target)
 
 
-def open_append(target: str | os.PathLike) -> IO[str]:
-    """A log a command appends to (metrics.jsonl): opened with O_NOFOLLOW, in a folder that is no link."""
+def open_append(target: str | os.PathLike, binary: bool = False) -> IO:
+    """A log a command appends to (metrics.jsonl, caption's text-vector logs): opened with O_NOFOLLOW, in a
+    folder that is no link; text (UTF-8) unless `binary`."""
     target = Path(target)
     output_folder(target.parent)
     try:
@@ -119,7 +123,7 @@ def open_append(target: str | os.PathLike) -> IO[str]:
         if target.is_symlink():
             raise UserInputError(planted(target, "a symbolic link")) from None
         raise UserInputError(f"{target}: cannot open it to append ({err.strerror})") from None
-    return open(fd, "a", encoding="utf-8")
+    return open(fd, "ab") if binary else open(fd, "a", encoding="utf-8")
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> int:

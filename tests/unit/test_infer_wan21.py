@@ -66,6 +66,20 @@ OTHER = {
     "rope_axes": [2, 2, 4],
     "task": "i2v",
     "target_size": 480,
+    # ltx2's own fields: another family's, refused on a Wan folder
+    "rope_type": "split",
+    "rope_double_precision": False,
+    "rope_base": [1.0, 2.0, 3.0],
+    "vae_scale": [1, 2, 2],
+    "causal_offset": 0,
+    "frame_rate": 12.0,
+    "gated_attention": True,
+    "prompt_modulation": True,
+    "prompt_modulation_per_step": False,
+    "caption_projection": False,
+    "ff_bias": False,
+    "eps": 1e-5,
+    "audio": True,
 }
 HEIGHT, WIDTH, FRAMES, STEPS = 32, 48, 5, 3
 SETS = [

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from vidforge.errors import UserInputError
-from vidforge.families.ltx2.config import LTX2Model
+from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer, is_audio, video_state
 
 SHAPE = (2, 8, 3, 4, 6)  # (B, C, F, H, W) latents: three latent frames, a non-square grid
@@ -64,7 +64,7 @@ def ours(ref, tmp_path, dtype=torch.float64):
         prompt_modulation=c.cross_attn_mod, prompt_modulation_per_step=c.use_prompt_adaln_single,
         caption_projection=c.use_prompt_embeddings, ff_bias=c.ff_bias,
         rope_base=(c.pos_embed_max_pos, c.base_height, c.base_width), vae_scale=tuple(c.vae_scale_factors),
-        fps=25.0,
+        frame_rate=25.0,
     )  # fmt: skip
     model = LTX2Transformer(config).to(dtype).eval()
     state = load_file(tmp_path / "diffusion_pytorch_model.safetensors")
@@ -190,7 +190,7 @@ def test_output_depends_on_what_the_reference_reads(tmp_path):
     read = dict(inp, text=inp["text"].clone())
     read["text"][1, 0] += 5.0
     assert (out(model, read)[1] - base[1]).abs().max() > 1e-3
-    slower = LTX2Transformer(model.config.model_copy(update={"fps": 12.0})).double().eval()
+    slower = LTX2Transformer(model.config.model_copy(update={"frame_rate": 12.0})).double().eval()
     slower.load_state_dict(model.state_dict())
     assert (out(slower, inp) - base).abs().max() > 1e-6
 

@@ -85,9 +85,6 @@ RAW_WRITES_LEFT = {
     "curate/caption.py": "hard-links a clip into OUT/clips (a link then a rename, no bytes written)",
     "curate/transcode.py": "renames the encoder's finished file (curation's: issue 46 item 13's owner)",
     "curate/encoder.py": "the encoder writes where transcode's atomic_path points (curation's)",
-    "curate/caption_store.py": "appends to the store's shards (curation's)",
-    "curate/clip_score.py": "writes a model config for open_clip (curation's)",
-    "data/store.py": "the shard cache's fetched part, renamed once its sha256 matches",
 }
 
 

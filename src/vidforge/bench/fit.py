@@ -230,8 +230,12 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
             "parallel.tp": "1",
             "parallel.pp": "1",
         }
+        fp8s = (False, True) if lora else (False,)
+        # auto first: the memory model's least recompute per block that fits, kept in the written profile
+        # (train resolves it at the run's own shape); where it fits without offload no fixed mode is faster
+        fitted = {fp8 for fp8 in fp8s if _auto_fits(profile, layout, lora, fp8, clip, found)}
         for mode in ("none", "selective", "full"):
-            for fp8 in (False, True) if lora else (False,):
+            for fp8 in (f for f in fp8s if f not in fitted):
                 sets = {**layout, "train.activation_checkpointing": mode}
                 if lora:
                     sets["train.lora.fp8_base"] = str(fp8).lower()
@@ -275,6 +279,20 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                                 break
     found.sort(key=lambda r: (r.step_s, r.memory_gib))
     return found, EVALUATED[0] - start
+
+
+def _auto_fits(
+    profile: RunProfile, layout: dict[str, str], lora: bool, fp8: bool, clip: str, found: list[Recipe]
+) -> bool:
+    """Whether `train.activation_checkpointing=auto` fits `layout` without offload (appended to `found`)."""
+    sets = {**layout, "train.activation_checkpointing": "auto"}
+    if lora:
+        sets["train.lora.fp8_base"] = str(fp8).lower()
+    recipe = _evaluate(profile, {**sets, "train.activation_offload": "0"}, clip)
+    if recipe is None or not recipe.plan.valid:
+        return False
+    found.append(recipe)
+    return True
 
 
 def _clips(profile: RunProfile) -> list[tuple[int, int, int]]:

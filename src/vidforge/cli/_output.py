@@ -27,6 +27,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from vidforge.cli._terminal import printable
+
 EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR, EXIT_PARTIAL = 0, 1, 2, 3
 EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped on request, resumable
 
@@ -176,13 +178,15 @@ class Output:
             yield lambda done, total: progress.update(task, completed=done, total=total)
 
     def table(self, rows: Sequence[Sequence[Any]], columns: Sequence[str], title: str | None = None) -> None:
+        """Every cell and the title as text (`printable`): a table shows data (clip ids, reasons, paths),
+        which must neither drive the terminal (ESC, BEL) nor be read by rich as markup."""
         if self.json or self.quiet:
             return
-        table = Table(title=title, show_header=any(columns))
+        table = Table(title=None if title is None else printable(title), show_header=any(columns))
         for col in columns:
-            table.add_column(col)
+            table.add_column(printable(col))
         for row in rows:
-            table.add_row(*(_fmt(v) for v in row))
+            table.add_row(*(printable(_fmt(v)) for v in row))
         self.console.print(table)
 
     def error(self, message: str, *, kind: str) -> None:

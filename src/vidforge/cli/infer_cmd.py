@@ -14,6 +14,7 @@ from vidforge import sampler_registry
 from vidforge.cli._options import SetOpt, names_from_the_registry
 from vidforge.cli._output import current_output
 from vidforge.errors import UserInputError
+from vidforge.files import read_text
 
 # The choices --help lists are the registry's (diffusion.sampler's), not a second list.
 Sampler = Enum("Sampler", {name: name for name in sampler_registry.SAMPLER_NAMES}, type=str)
@@ -217,7 +218,8 @@ def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str]:
     if prompts_file is not None:
         if not prompts_file.is_file():
             raise UserInputError(f"--prompts-file {prompts_file}: no such file")
-        prompts += [line.strip() for line in prompts_file.read_text().splitlines() if line.strip()]
+        text = read_text(prompts_file, "--prompts-file")
+        prompts += [line.strip() for line in text.splitlines() if line.strip()]
     return prompts
 
 

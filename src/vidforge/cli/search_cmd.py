@@ -51,21 +51,19 @@ def search(
     runs, text = (args, None) if like is not None else (args[:-1], args[-1])
     output = current_output()
     hits = run_search(profile_from(profile, set_), runs, text=text, like=like, k=k, captions=captions)
-    output.table(
+    output.table(  # the table escapes every cell: the runs' data must not drive the terminal
         [
             (
                 h.rank,
                 f"{h.score:.4f}",
-                printable(
-                    h.clip_id
-                ),  # every value from the runs' data: a planted id must not drive the terminal
-                printable(h.run),
-                printable((h.record or {}).get("path") or (h.record or {}).get("media") or ""),
+                h.clip_id,
+                h.run,
+                (h.record or {}).get("path") or (h.record or {}).get("media") or "",
             )
             for h in hits
         ],
         columns=("rank", "cosine", "clip", "run", "media"),
-        title=printable(f"search: {text if like is None else 'like ' + like}"),
+        title=f"search: {text if like is None else 'like ' + like}",
     )
     if review is not None:
         from vidforge.review.search_page import write_search_page

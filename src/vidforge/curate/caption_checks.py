@@ -94,6 +94,8 @@ def check_sidecars(settings: Any, records: Iterable[dict[str, Any]], some_requir
             if candidate.is_file():
                 try:
                     read_json_sidecar(candidate)
+                except UserInputError:  # already one line naming the file (a link out, not UTF-8)
+                    raise
                 except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
                     raise UserInputError(
                         f"sidecar captions {candidate}: expected a JSON list of {{start, end, text}} ({err}); "

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from vidforge import files
 from vidforge.curate import filters
 from vidforge.curate.annotator import clip_id_of
 from vidforge.data import embeddings as store
@@ -45,11 +46,10 @@ class TextLog:
             return
         vector = np.asarray(vector, np.float32)
         if self.files is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
             self.dim = len(vector)
             # Named by time: where a redone clip is in two logs, the later name holds its vector.
             stem = self.folder / f"{time.time_ns():020d}-{os.getpid()}-d{self.dim}"
-            self.files = (open(f"{stem}.f32", "ab"), open(f"{stem}.ids", "a", encoding="utf-8"))
+            self.files = (files.open_append(f"{stem}.f32", binary=True), files.open_append(f"{stem}.ids"))
         rows, ids = self.files
         if len(vector) != self.dim:
             raise ValueError(f"{clip_id}: a {len(vector)}-d caption vector in a log of {self.dim}-d ones")

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from vidforge.errors import UserInputError
+from vidforge.files import write_text
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 
@@ -79,7 +80,7 @@ def register_tiny_configs() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="vidforge-openclip-configs-"))
     for name, cfg in TINY_CONFIGS.items():
-        (folder / f"{name}.json").write_text(json.dumps(cfg))
+        write_text(folder / f"{name}.json", json.dumps(cfg))
     open_clip.add_model_config(folder)
     _registered = True
 

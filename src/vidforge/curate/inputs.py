@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from vidforge.errors import UserInputError
+from vidforge.files import read_text
 
 LIST_SUFFIXES = (".txt", ".csv", ".lst")
 _GLOB_CHARS = set("*?[")
@@ -58,7 +59,7 @@ def _expand_one(arg: str, exts: set[str]) -> list[str]:
 def read_list_file(path: Path) -> list[str]:
     """Paths from a list file: one per line (# comments), or a CSV whose header has a `path` column.
     Relative entries are relative to the list file's folder."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "the list file")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     if lines and path.suffix.lower() == ".csv" and "path" in next(csv.reader([lines[0]])):
         entries = [row["path"] for row in csv.DictReader(lines) if row.get("path")]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from vidforge import files
 from vidforge.data.shard_entry import INDEX, ShardEntry
 from vidforge.errors import UserInputError
 
@@ -136,6 +137,10 @@ class Remote:
         self._call(lambda: self.fs.rm_file(path) if self.fs.exists(path) else None, name)
 
 
+class _Torn(Exception):
+    """A fetched copy whose sha256 is not the index's."""
+
+
 class ShardCache:
     """Local copies of remote shards, at most `max_bytes` together (least recently used evicted first)."""
 
@@ -157,22 +162,29 @@ class ShardCache:
             return path
         self.stats["misses"] += 1
         self.folder.mkdir(parents=True, exist_ok=True)  # on the first fetch: reading an index writes nothing
-        part = path.with_name(f".{path.name}.{os.getpid()}.part")
         for attempt in range(2):
-            remote.get(entry.name, part)
-            if sha256_file(part) == entry.sha256:
-                os.replace(part, path)  # atomic: another rank reading the cache sees all of it or nothing
-                self._evict(keep=path)
-                return path
-            self.stats["refetched"] += attempt == 0
-            log.warning("%s/%s: sha256 differs from the index, fetching again", remote.url, entry.name)
-        part.unlink(missing_ok=True)
+            try:
+                # The temporary is the one writer's (a link planted at its predictable name is removed,
+                # not written through); renamed once whole and checked, so another rank reading the
+                # cache sees all of it or nothing.
+                with files.atomic_path(path, folder_may_link=True) as part:
+                    remote.get(entry.name, part)
+                    if sha256_file(part) != entry.sha256:
+                        raise _Torn
+            except _Torn:
+                self.stats["refetched"] += attempt == 0
+                log.warning("%s/%s: sha256 differs from the index, fetching again", remote.url, entry.name)
+                continue
+            self._evict(keep=path)
+            return path
         raise ShardError(f"{entry.name}: sha256 of the object differs from the index (fetched twice)")
 
     def _evict(self, keep: Path) -> None:
-        files = sorted(self.folder.glob("*.tar"), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
-        for p in files:
+        # cached shards only: a temporary (a dot name) is another rank's fetch in progress
+        cached = [p for p in self.folder.glob("*.tar") if not p.name.startswith(".")]
+        cached.sort(key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in cached)
+        for p in cached:
             if total <= self.max_bytes:
                 break
             if p != keep:

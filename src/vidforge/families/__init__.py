@@ -29,6 +29,7 @@ REGISTRY: dict[str, str] = {
     "vidforge": "vidforge.families.vidforge",
     "wan": "vidforge.families.wan",
     "hunyuan15": "vidforge.families.hunyuan15",
+    "ltx2": "vidforge.families.ltx2",
 }
 """Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
 
@@ -122,6 +123,11 @@ class FamilySpec:
     """What the unconditional guidance branch reads when `infer.negative_prompt` is empty: None, the
     model's null caption (`drop_text`, which caption dropout trains); a string, that caption encoded, as
     the family's published pipeline does (`vidforge.sampling.negative.negative_caption`)."""
+    layout_rules: Callable[[Any, Any], list[str]] = lambda profile, layout: []
+    """(run profile, layout) -> what the family's network refuses at its first forward with them (packed
+    rows, context parallel, caption dropout it has no code for), each as `field: what is wrong; what to
+    change`: the layout rulebook (`vidforge.profile.layout_rules`) asks it, so such a profile is refused
+    when it loads."""
 
 
 def names() -> list[str]:

@@ -19,7 +19,7 @@ from vidforge.errors import UserInputError
 from vidforge.families import Published, family, load, names, read_published
 from vidforge.models.checkpoint import CONFIG, WEIGHTS, read_config
 from vidforge.profile import RunProfile, load_profile
-from vidforge.profile.loading import validate_profile
+from vidforge.profile.loading import apply_override, validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model
 
 
@@ -73,10 +73,12 @@ def resolve_weights(src: str | os.PathLike, flag: str) -> WeightsFolder:
 
 
 def published_model(published: Published) -> Model:
-    """The published network's `model` section, validated (a shape vidforge cannot build is refused)."""
-    return validate_profile(
-        {"model": published.model}, f"{published.weights / CONFIG} cannot be represented"
-    ).model
+    """The published network's `model` section, validated (a shape vidforge cannot build is refused) in a
+    profile with its family's settings (`profile_defaults`: what every profile of the family carries)."""
+    data: dict = {"model": published.model}
+    for item in family(published.family).profile_defaults:
+        apply_override(data, item)
+    return validate_profile(data, f"{published.weights / CONFIG} cannot be represented").model
 
 
 def published_sets(published: Published) -> list[str]:

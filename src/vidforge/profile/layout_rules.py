@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vidforge.families import family
 from vidforge.profile.parallel import SLIDING_TILE_CP_IMPLS, Layout
 from vidforge.profile.run_profile import RunProfile
 
@@ -371,6 +372,11 @@ def _image_validation(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
+def _family(profile: RunProfile, layout: Layout) -> list[str]:
+    """The model family's own refusals (`FamilySpec.layout_rules`): what its network has no code for."""
+    return family(profile.model.family).layout_rules(profile, layout)
+
+
 RULES: tuple[Rule, ...] = (
     _heads,
     _cp_2d,
@@ -387,6 +393,7 @@ RULES: tuple[Rule, ...] = (
     _distill,
     _image_condition,
     _image_validation,
+    _family,
 )
 
 
@@ -417,7 +424,7 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
 # x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
 # LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
 # own settings gave the degrees.
-SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block, _sliding_tiles, _image_tp)
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block, _sliding_tiles, _image_tp, _family)
 
 
 def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:

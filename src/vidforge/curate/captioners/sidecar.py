@@ -17,7 +17,7 @@ from typing import Any
 
 from vidforge.curate.captioners import CaptionResult, ClipItem
 from vidforge.errors import UserInputError
-from vidforge.files import read_csv, read_text
+from vidforge.files import read_csv, read_text_inside
 
 SIDECAR_SUFFIX = ".captions.json"
 TEXT_SUFFIX = ".txt"  # a plain caption of the whole video, beside it
@@ -50,7 +50,8 @@ def best_segment(segments: list[Segment], start: float, end: float, min_overlap:
 
 
 def read_json_sidecar(path: Path) -> list[Segment]:
-    data = json.loads(read_text(path, "the caption sidecar"))
+    # beside a source video, it is data: a link out of the video's folder is refused, not read
+    data = json.loads(read_text_inside(path, path.parent, "the caption sidecar"))
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a list of {{start, end, text}}")
     return [
@@ -141,7 +142,7 @@ class SidecarCaptioner:
             else:  # `<video>.txt`, as finetune, finetrainers and musubi-tuner take captions: the whole video
                 text = src.with_suffix(TEXT_SUFFIX)
                 if text.is_file():
-                    caption = read_text(text, "its caption").strip()
+                    caption = read_text_inside(text, text.parent, "its caption").strip()
                     self._json_cache[source] = [Segment(0.0, float("inf"), caption)]
         return self._json_cache[source], "sidecar:json"
 

@@ -1,11 +1,83 @@
-"""LTX-2 and LTX-2.3 (Lightricks), the video path: its network (network.py, diffusers'
-LTX2VideoTransformer3DModel's video stream with the audio cross-attention off; LTX-2.3's gated attention,
-prompt modulation and unprojected caption included), its `model` section (config.py), how a published
-folder reads (published.py: shape, flow objective, the scheduler's resolution-dependent shift, VAE
-compression, Gemma 3 and its connector, the pipeline's fps, guidance, size, frames, steps, negative prompt)
-and weight import/export (weights.py, bitwise, the audio stream's tensors carried untouched).
+"""The ltx2 family: LTX-2 and LTX-2.3 (Lightricks), the video path, diffusers' LTX2VideoTransformer3DModel
+with the audio cross-attention off (`isolate_modalities=True`). Its torch-free facts: the model section and
+the published preset (`model`), how a published folder reads (`published`: shape, flow objective, the
+scheduler's resolution-dependent shift, VAE compression, Gemma 3 and its connector, the pipeline's fps,
+guidance, size, frames, steps, negative prompt), LoRA's default targets; its code, loaded by import path:
+the network (`network`), weight import/export (`weights`, bitwise, the audio stream's tensors carried
+untouched) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-Not in `families.REGISTRY` yet: its SPEC (presets, TP plan, LoRA targets, block scopes) and the typed
-model section in the profile's union come with registration; the audio stream, packed rows, caption
-dropout, tokenize with its VAE and connector, and infer against the pipeline (its STG, guidance rescale and
-shift_terminal included) are not built."""
+Not built yet: the audio stream (`model.audio` refused), packed rows, context parallel and caption dropout
+(refused at load: `layout_rules`), tokenize/shard with its VAE and connector, image-to-video, and infer
+against the pipeline (its STG, guidance rescale and shift_terminal included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidforge.families import FamilySpec
+from vidforge.families.ltx2.model import PLAIN_BATCHES, PRESETS, LTX2Model
+from vidforge.families.ltx2.published import CLASS_NAME, NEGATIVE_PROMPT, read_published
+
+# The four projections of both attentions of every block (self-attention and the caption cross-attention),
+# diffusers' names: what Lightricks' LTX-2 trainer (ltx-trainer's LoRA configs) and diffusers' LTX-2 LoRA
+# loader target, the Wan family's choice. diffusion-pipe's LTX adapters also cover the feed-forwards
+# (ff.net.0.proj, ff.net.2): train.lora.target_modules names those for a run that wants them.
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+
+
+def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
+    """Full self-attention over the video tokens; six modulation vectors (nine with the caption's
+    prompt modulation)."""
+    return ("full",), 9 if cfg.prompt_modulation else 6
+
+
+def layout_rules(profile: Any, layout: Any) -> list[str]:
+    """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
+    and context parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
+    avoid the last two)."""
+    problems = []
+    if layout.tp > 1:
+        problems.append(
+            f"parallel.tp: tensor parallel is not built for model.family=ltx2 yet (tp={layout.tp}); set "
+            "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
+        )
+    if profile.data.packing:
+        problems.append(
+            "data.packing: model.family=ltx2 runs plain batches only so far (packed rows are not built); "
+            "set data.packing=false"
+        )
+    if layout.cp > 1:
+        problems.append(
+            f"parallel.cp: context parallel is not built for model.family=ltx2 yet (cp={layout.cp}); set "
+            "parallel.cp=1"
+        )
+    if profile.diffusion.caption_dropout > 0:
+        problems.append(
+            "diffusion.caption_dropout: LTX-2 trains its unconditional branch on its encoded empty prompt, "
+            "not a dropped caption (not built yet); set diffusion.caption_dropout=0"
+        )
+    return problems
+
+
+SPEC = FamilySpec(
+    name="ltx2",
+    model=LTX2Model,
+    network="vidforge.families.ltx2.network:LTX2Transformer",
+    presets=PRESETS,
+    tensor_parallel="vidforge.families.ltx2.tensor_parallel:apply_tp",
+    tp_rules=((), (), ()),  # nothing split: tp > 1 is refused
+    lora_targets=LORA_TARGETS,
+    block_scopes=block_scopes,
+    read_published=read_published,
+    published_class=CLASS_NAME,
+    import_weights="vidforge.families.ltx2.weights:import_weights",
+    export_weights="vidforge.families.ltx2.weights:export_weights",
+    load_published="vidforge.families.ltx2.weights:load_published",
+    profile_defaults=("diffusion.objective=flow", *PLAIN_BATCHES),
+    media_defaults=lambda model: (
+        f"curation.fps={model.frame_rate:g}",
+        f"infer.fps={round(model.frame_rate)}",
+    ),
+    negative_prompt=NEGATIVE_PROMPT,
+    layout_rules=layout_rules,
+)

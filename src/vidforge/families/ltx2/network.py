@@ -10,7 +10,7 @@ computes. The forward is vidforge's (`VideoTransformer.forward`); attention runs
 
 What is LTX-2's and differs from the DiT and Wan:
 - RoPE positions are fractional pixel-space coordinates: each latent position mapped through the VAE's
-  compression (the causal first frame shifted back and clamped at 0), time in seconds at `fps`, the
+  compression (the causal first frame shifted back and clamped at 0), time in seconds at `frame_rate`, the
   patch's midpoint, divided by `rope_base`, then 2p - 1; frequencies theta^linspace(0, 1) * pi/2 over the
   whole width (not per head), applied to q and k before they are split into heads ("interleaved" pairs
   neighbours, "split" pairs the two halves of each head). Tables and rotation run in float32 whatever
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.families.ltx2.config import LTX2Model
+from vidforge.families.ltx2.model import LTX2Model
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning
@@ -78,7 +78,7 @@ def rope_tables(positions: torch.Tensor, cfg: LTX2Model) -> tuple[torch.Tensor, 
     scale = torch.tensor(cfg.vae_scale, device=positions.device)
     starts = positions.float()
     bounds = torch.stack([starts, starts + 1.0], dim=-1) * scale.view(1, 3, 1)  # (S, 3, [start, end))
-    time = (bounds[:, 0] + cfg.causal_offset - cfg.vae_scale[0]).clamp(min=0) / cfg.fps
+    time = (bounds[:, 0] + cfg.causal_offset - cfg.vae_scale[0]).clamp(min=0) / cfg.frame_rate
     bounds = torch.cat([time[:, None], bounds[:, 1:]], dim=1)
     middle = (bounds[..., 0] + bounds[..., 1]) / 2.0
     grid = torch.stack([middle[:, i] / cfg.rope_base[i] for i in range(3)], dim=-1)  # (S, 3)
@@ -284,6 +284,22 @@ class LTX2Transformer(VideoTransformer):
         self.transformer_blocks = nn.ModuleDict({str(i): Block(config) for i in range(config.layers)})
         self.scale_shift_table = nn.Parameter(torch.randn(2, hidden) / hidden**0.5)
         self.proj_out = nn.Linear(hidden, config.in_channels)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """A fresh model as diffusers initialises one: PyTorch's defaults for Linear (fan-in uniform) and
+        the q/k RMSNorms (ones), the modulation tables N(0, 1/hidden), the prompt modulation's table N(0, 1).
+        Only for training from scratch; a fine-tune loads the published weights over it. Callable again
+        after building on the meta device and materialising with `to_empty`."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.RMSNorm):
+                module.reset_parameters()
+        for name, p in self.named_parameters():
+            if name.endswith("prompt_scale_shift_table"):
+                nn.init.normal_(p)
+            elif name.endswith("scale_shift_table"):
+                nn.init.normal_(p, std=self.config.hidden**-0.5)
 
     @property
     def blocks(self) -> nn.ModuleDict:  # the shared forward's name for the stack; diffusers' is kept

@@ -18,7 +18,7 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published
-from vidforge.families.ltx2.config import FAMILY
+from vidforge.families.ltx2.model import FAMILY, PLAIN_BATCHES
 
 CLASS_NAME = "LTX2VideoTransformer3DModel"
 CONFIG = "config.json"
@@ -255,12 +255,13 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
     """`section.field=value` settings that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step), the shift the pipeline samples its default size with, the guidance scale and
-    frame rate."""
+    frame rate, and plain batches without caption dropout (what the network runs so far)."""
     settings = [
         "diffusion.objective=flow",
         "diffusion.flow_prediction=velocity",
         f"diffusion.guidance={pipeline.guidance}",
         f"infer.fps={pipeline.fps}",
+        *PLAIN_BATCHES,
     ]
     if pipeline.shift is not None:
         settings.append(f"diffusion.flow_shift={pipeline.shift.at(pipeline.default_tokens)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ from pydantic import ValidationError
 from safetensors import safe_open
 
 from vidforge.errors import UserInputError
-from vidforge.families.ltx2.config import LTX2Model
+from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer, is_audio
 from vidforge.families.ltx2.published import CLASS_NAME, CONFIG, model_fields, read_json, transformer_folder
+from vidforge.families.model import Model
 from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import FORMAT, WEIGHTS
 from vidforge.models.safetensors_stream import (
@@ -36,6 +38,9 @@ from vidforge.models.safetensors_stream import (
     stored_tensors,
     write_safetensors,
 )
+from vidforge.profile import dump_profile
+from vidforge.profile.loading import validate_profile
+from vidforge.profile.model import with_runtime
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -124,20 +129,28 @@ def _model(fields: dict[str, Any], where: Path) -> LTX2Model:
         raise UserInputError(f"{where} cannot be represented: {err.errors()[0]['msg']}") from None
 
 
-def write_export(src: Path, out: Path, dtype: str | None = None) -> LTX2Model:
-    """Write the weights and config.json of a vidforge export of the published folder `src` into `out`;
-    `dtype` None keeps every tensor's dtype, "float32" or "bfloat16" casts all of them."""
-    if dtype not in CASTS:
-        raise UserInputError(
-            f"--dtype {dtype}: use float32 or bfloat16 (or leave it out to keep the weights')"
-        )
+def published_source(src: Path) -> tuple[Path, dict[str, Any], LTX2Model, dict[str, StoredTensor], list[str]]:
+    """A diffusers transformer (or pipeline) folder checked from its headers: its folder, config, model
+    section, stored tensors and the names to copy (the network's, then the audio stream's)."""
     folder = transformer_folder(Path(src))
     if not (folder / CONFIG).is_file():
         raise UserInputError(f"{folder}: no config.json; point at an LTX-2 diffusers folder")
     published = read_json(folder / CONFIG)
     model = _model(model_fields(published, folder / CONFIG), folder / CONFIG)
     stored = stored_tensors(folder, SINGLE, INDEX)
-    names = _checked(model, stored, folder)
+    return folder, published, model, stored, _checked(model, stored, folder)
+
+
+def write_export(src: Path, out: Path, dtype: str | None = None, model: LTX2Model | None = None) -> LTX2Model:
+    """Write the weights and config.json of a vidforge export of the published folder `src` into `out`;
+    `dtype` None keeps every tensor's dtype, "float32" or "bfloat16" casts all of them. `model`: the
+    section config.json states (the folder's own, with a profile's attention settings), else the folder's."""
+    if dtype not in CASTS:
+        raise UserInputError(
+            f"--dtype {dtype}: use float32 or bfloat16 (or leave it out to keep the weights')"
+        )
+    _, published, found, stored, names = published_source(src)
+    model = found if model is None else model
     video = [name for name in names if not is_audio(name)]
     audio = names[len(video) :]
     out = output_folder(out)
@@ -153,22 +166,80 @@ def write_export(src: Path, out: Path, dtype: str | None = None) -> LTX2Model:
     return model
 
 
-def export_diffusers(export: Path, out: Path, version: str) -> Path:
+def import_weights(src: Path, out: Path, profile: Any, dtype: str | None = None) -> Path:
+    """`vidforge model import`: the export of `src` (`write_export`) with profile.yaml, `profile` with its
+    model section the imported one (the profile's attention kernels kept)."""
+    _, _, model, _, _ = published_source(src)
+    data = profile.model_dump(mode="json")
+    kept = {name: getattr(profile.model, name) for name in ("attention", "sdpa_backend")}
+    data["model"] = {**model.model_dump(mode="json"), **kept}
+    resolved = validate_profile(data, f"{transformer_folder(Path(src)) / CONFIG} in the profile")
+    write_export(src, out, dtype, resolved.model)
+    write_text(Path(out) / "profile.yaml", dump_profile(resolved))
+    return Path(out)
+
+
+def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write the vidforge export at `export` as a diffusers LTX2VideoTransformer3DModel folder: config.json
-    (`version` its _diffusers_version) and diffusion_pytorch_model.safetensors, every tensor's bytes as
-    stored."""
+    and diffusion_pytorch_model.safetensors, or shards of at most `max_shard_bytes` with their index
+    (diffusers' names), every tensor's bytes as stored, the audio stream's beside the video path's."""
     export = Path(export)
-    data = read_json(export / CONFIG)
+    data = read_json(export / CONFIG) if (export / CONFIG).is_file() else {}
     if data.get("format") != FORMAT or not isinstance(data.get("model"), dict) or DIFFUSERS not in data:
-        raise UserInputError(f"{export / CONFIG}: not a vidforge export of an LTX-2 folder; import one first")
+        raise UserInputError(
+            f"{export / CONFIG}: not a vidforge import of an LTX-2 folder (the published transformer's audio "
+            "stream and config entries ride beside an import's weights); export an imported folder"
+        )
     model = _model(data["model"], export / CONFIG)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     if (export / AUDIO_WEIGHTS).is_file():
         stored |= safetensors_shapes(export / AUDIO_WEIGHTS, "import the folder again")
     names = _checked(model, stored, export)
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        if groups[-1] and size + stored[name].nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += stored[name].nbytes
     out = output_folder(out)
+    weight_map: dict[str, str] = {}
     with ExitStack() as files:
-        write_safetensors(out / SINGLE, _entries(names, stored, files, None), {"format": "pt"})
+        for i, group in enumerate(groups, start=1):
+            name = (
+                SINGLE
+                if len(groups) == 1
+                else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
+            )
+            write_safetensors(out / name, _entries(group, stored, files, None), {"format": "pt"})
+            weight_map.update(dict.fromkeys(group, name))
+    if len(groups) > 1:
+        write_text(out / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
+    version = metadata.version("diffusers")
     config = {**diffusers_config(model, data[DIFFUSERS]), "_diffusers_version": version}
     write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
     return out
+
+
+def load_published(
+    src: Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    runtime: Model | None = None,
+) -> LTX2Transformer:
+    """The network of a published folder without importing it first: built on the meta device, each video
+    tensor read, moved (and cast to `dtype` if given) and assigned, so the weights exist once; with
+    `runtime`'s attention settings (`RUNTIME_FIELDS`) if given."""
+    _, _, model, stored, names = published_source(src)
+    if runtime is not None:
+        model = with_runtime(model, runtime)
+    with torch.device("meta"):
+        network = LTX2Transformer(model)
+    state = {}
+    with ExitStack() as files:
+        for entry in _entries([n for n in names if not is_audio(n)], stored, files, None):
+            tensor = entry.load().to(device)
+            state[entry.name] = tensor.to(dtype) if dtype is not None else tensor
+    network.load_state_dict(state, strict=True, assign=True)
+    return network
