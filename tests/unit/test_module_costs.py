@@ -4,6 +4,7 @@ saves against the memory model's op-by-op count of Wan's block (`block_activatio
 saved-tensor hooks on real CPU runs by test_bench_memory)."""
 
 import pytest
+import torch
 
 from vidforge.estimate.memory_model import block_activations
 from vidforge.estimate.module_costs import block_bytes_per_rank
@@ -49,3 +50,14 @@ def test_block_bytes_are_linear_in_the_tokens_of_a_rank():
     caption = block_bytes_per_rank(cfg, GRID, 1, TEXT, 0, False, 2, 0)
     assert caption > 0 and half == pytest.approx((whole + caption) / 2)
     assert whole == block_bytes_per_rank(cfg, GRID, 1, TEXT, 0, False, 2, tokens)
+
+
+def test_costs_are_read_whatever_the_callers_autograd_mode():
+    # a training step counts its FLOPs under no_grad, infer under inference_mode: the meta run still needs
+    # autograd (the backward's FLOPs, the saved tensors)
+    cfg = model_config("small")
+    with torch.inference_mode():
+        flops = forward_flops(cfg, [(2, 4, 4)], 5).train_step()
+        saved = block_bytes_per_rank(cfg, (2, 4, 4), 1, 5, 0, False, 2, 32)
+    assert flops == forward_flops(cfg, [(2, 4, 4)], 5).train_step() > 0
+    assert saved == block_bytes_per_rank(cfg, (2, 4, 4), 1, 5, 0, False, 2, 32) > 0

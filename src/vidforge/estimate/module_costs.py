@@ -67,7 +67,8 @@ def block_saved_bytes(
     (an earlier block trains); `first`: the first block, whose input (the patch embedding's output,
     frozen under LoRA) may not."""
     key = meta_key(cfg, attention="sdpa", sdpa_backend="auto")
-    return _block_saved_bytes(key, tuple(grid), text, image, token_levels, dtype, lora, first)
+    with torch.inference_mode(False), torch.enable_grad():  # whatever the caller's mode (see sample_flops)
+        return _block_saved_bytes(key, tuple(grid), text, image, token_levels, dtype, lora, first)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -130,7 +131,8 @@ def _block_saved_bytes(
     ]
     try:
         args, keywords = meta_inputs(cfg, grid, text, image, token_levels, dtype)
-        with _FlashOnMeta(), created, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hooks_on = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with _FlashOnMeta(), created, hooks_on:
             model(*args, **keywords)
     finally:
         for hook in hooks:

@@ -142,7 +142,11 @@ def _total(counts: dict[str, dict[object, int]], name: str) -> int:
 def sample_flops(cfg: Model, grid: Grid, text: int, image: int, token_levels: bool) -> BlockFlops:
     """FLOPs of one sample (token grid `grid`, `text` caption and `image` image tokens) through the
     model `cfg`, its blocks' and the rest's, counted by FlopCounterMode on the meta device."""
-    return _sample_flops(meta_key(cfg, attention="dense"), tuple(grid), text, image, token_levels)
+    key = meta_key(cfg, attention="dense")
+    # autograd whatever the caller's mode (a training step's no_grad, infer's inference_mode): the network,
+    # its inputs and both passes are built here
+    with torch.inference_mode(False), torch.enable_grad():
+        return _sample_flops(key, tuple(grid), text, image, token_levels)
 
 
 @functools.lru_cache(maxsize=4096)
