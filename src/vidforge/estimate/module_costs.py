@@ -1,21 +1,14 @@
-"""Costs read off the family's network: one block (and what runs outside the blocks) is run on the meta
-device, where no memory is allocated and nothing is computed, so a 14B model at 75K tokens runs in a
-fraction of a second:
+"""The bytes a block saves for its backward, read off the family's network: a one-block copy runs on the
+meta device (no memory allocated, nothing computed: a 14B block at 75K tokens in a fraction of a
+second) under `saved_tensors_hooks`, counting each storage the block creates once (views and tensors
+several ops save count once), and its input; not parameters, nor what every block shares (the
+caption's embedding, the RoPE tables, the timestep's conditioning). Attention runs as FlashAttention
+(`aten._scaled_dot_product_flash_attention`, whose meta kernel gives the tensors the GPU's keeps: q, k,
+v, the output and a float32 log-sum-exp per head and token), not the math fallback a meta tensor would
+otherwise take (which keeps the S x S probabilities). The FLOPs are read the same way (`models.flops`).
 
-- FLOPs: torch's `FlopCounterMode` over a forward and a backward, attributed per module (the block's,
-  its `Attend` modules' (QK^T and PV), and the rest, outside the blocks). Attention runs on the `dense`
-  backend, whose explicit matmuls FlopCounterMode counts as a GPU's fused kernels' useful work (2 x 2 x
-  d per (query, key) pair; the backward 2x), the convention of MFU.
-- Bytes saved for the backward: `saved_tensors_hooks` while the block runs, each storage once (views
-  and tensors several ops save count once), parameters not counted. Attention runs as FlashAttention
-  (`aten._scaled_dot_product_flash_attention`, whose meta kernel gives the shapes the GPU's would:
-  q, k, v, the output and a float32 log-sum-exp per head and token), not the math fallback a meta
-  tensor would otherwise take (which keeps the S x S probabilities).
-
-The network is built with one block: every block of a family is the same module (per-layer differences,
-sliding-tile windows or video sparse attention, are counted by `models.flops` from their attended pairs),
-so the model's cost is the outside once plus `layers` x the block. Results are cached per (model
-section, token grid, caption and image tokens, noise level per token, dtype, LoRA)."""
+Every block of a family is the same module, so one block stands for all. Cached per (model section,
+token grid, caption and image tokens, noise level per token, dtype, LoRA, first block or not)."""
 
 from __future__ import annotations
 
@@ -39,7 +32,7 @@ class _FlashOnMeta(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # a key-padding mask changes no saved shape: flash's varlen kernel keeps the same tensors
-        if func is F.scaled_dot_product_attention:
+        if func is F.scaled_dot_product_attention and args[0].device.type == "meta":
             q, k, v = args[:3]
             scale = kwargs.get("scale")
             return torch.ops.aten._scaled_dot_product_flash_attention(
