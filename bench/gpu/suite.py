@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import ahead_steps as a  # noqa: E402
+import curate_steps as c  # noqa: E402
 import measure_steps as m  # noqa: E402
 from report import Context, Row, markdown  # noqa: E402
 from shapes import GPU, SMOKE  # noqa: E402
@@ -73,6 +74,10 @@ STEPS = {
     ),
     "sparse": (a.sparse, "sliding-tile and video sparse attention (flex) against the dense step"),
     "swap_offload": (a.swap_offload, "block swap and checkpoint offload against the planner's prediction"),
+    "split_embed": (
+        c.split_embed,
+        "vidforge clip's clips/s (NVDEC and CPU decode) against Curator's minimum",
+    ),
 }
 STEP_NAMES = tuple(STEPS)
 
@@ -89,6 +94,8 @@ PARTS: dict[str, tuple[tuple[str, ...], float]] = {
     "rest": (("sdpa_kernels", "attention", "offload", "tokenize", "caption"), 330.0),
     "ahead": (("train_auto", "stack_14b", "fp8_compile", "distill"), 330.0),
     "unmeasured": (("wan22", "sparse", "swap_offload"), 330.0),
+    # Issue 49's curation row: 720p footage generated on the device (~30 s), two clip runs.
+    "curation": (("split_embed",), 240.0),
 }
 
 

@@ -70,16 +70,15 @@ def test_a_ti2v_folder_tokenizes_trains_and_samples_from_text_and_from_an_image(
         assert record["sampler"] == "unipc" and record["frames"] == 5 and ("image" in record) == bool(extra)
     refused = CliRunner().invoke(
         app, ["infer", "-c", str(run), *prompt, "-o", str(tmp_path / "no"), "--image", str(image), *_sets(),
-              "--set", "model.expand_timesteps=false"],
+              "--set", "model.expand_timesteps=false", "--set", "diffusion.image_condition=0"],
     )  # fmt: skip
     # the weights condition on their first frame: infer does not sample them as if they did not
     assert refused.exit_code == 2 and "model.expand_timesteps: " in refused.output
     assert "weights have True, the profile says False" in refused.output
-    # and a text-to-video model refuses an image in one line
-    from vidforge.errors import UserInputError
-    from vidforge.infer.image import first_frame_latent
+    # and a text-to-video model refuses an image in one line (the layout rulebook's sampling rules)
+    from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
     from vidforge.profile.loading import validate_profile
 
     t2v = validate_profile({"model": {"preset": "wan2.1-1.3b"}, "diffusion": {"objective": "flow"}})
-    with pytest.raises(UserInputError, match="^--image: model.family=wan with model.expand_timesteps off"):
-        first_frame_latent(t2v, None, image)
+    (problem,) = sampling_run_problems(t2v, SamplingRun(1, True))
+    assert problem.startswith("--image: model.family=wan with model.expand_timesteps off")

@@ -184,3 +184,14 @@ def test_user_error_from_library_code_exits_2_in_json() -> None:
     result = runner.invoke(_boundary_app(), ["--json", "bad-input"])
     assert result.exit_code == 2
     assert json.loads(result.stdout)["message"] == "--out: exists and is a file; pass a directory"
+
+
+def test_the_command_line_starts_without_torch() -> None:
+    """Every command's module loads torch only when it runs: `vidforge --help`, a refusal of bad input and
+    each curation worker that re-imports the entry point start without torch's seconds of import."""
+    import subprocess
+    import sys
+
+    code = "import sys, vidforge.cli.app; print(sorted(m for m in ('torch', 'diffusers') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr

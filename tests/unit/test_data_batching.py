@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from vidforge.data.batching import Bucketer, Packer, first_fit_decreasing, sample_tokens
+from vidforge.data.batching import Bucketer, Packer, first_fit_decreasing
 from vidforge.data.loader import ShardLoader
 from vidforge.data.testing import make_latent_shards
+from vidforge.data.token_budget import sample_tokens
 
 PATCH = (1, 2, 2)
 # Latent shapes of a realistic mix after an 8x spatial, 4x temporal VAE: buckets 256x256, 192x320,

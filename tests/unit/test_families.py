@@ -177,6 +177,17 @@ def test_a_family_refuses_another_familys_fields_and_other_values_of_its_constan
     assert (
         Model.model_validate({"preset": "wan2.1-1.3b", "architecture": "dit", "image_dim": 0}).family == "wan"
     )
+    # as text or a list, the way a setting arrives from the command line or YAML (a parallel infer run
+    # hands its model section on with 'true' and '0')
+    spelt = {
+        "preset": "wan2.1-1.3b",
+        "adaln_lora_rank": "0",
+        "abs_position": "none",
+        "stdit_block": "sequential",
+    }
+    assert Model.model_validate(spelt).family == "wan"
+    with pytest.raises(ValueError, match="adaln_lora_rank: only the vidforge family has it"):
+        Model.model_validate({**spelt, "adaln_lora_rank": "4"})
 
 
 def test_every_registered_family_builds_its_presets_network() -> None:

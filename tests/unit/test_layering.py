@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the base of every profile section (the families' model sections derive from it too)
     ("errors", "__init__", "sampler_registry", "section"),
     ("families",),  # each family's facts, its code named by import path (the profile reads them)
-    ("profile", "memory", "weights_file", "device", "files"),  # profile: pure data, no torch
+    ("profile", "memory", "weights_file", "device", "files", "token_grid"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
     ("diffusion", "models", "data"),  # diffusion is weightless math; data knows no model
     ("parallel",),  # applied to an unmodified model from outside

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from vidforge.data.batching import bucket_tokens, require_token_budget
+from vidforge.data.token_budget import bucket_tokens, require_token_budget
 from vidforge.errors import UserInputError
 from vidforge.profile import load_profile
 from vidforge.train.loop import StopOnSigterm, WaitInterrupted

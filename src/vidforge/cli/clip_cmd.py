@@ -56,6 +56,8 @@ def clip(
             )
         if info.get("random_shot_detector"):
             out_.note_random_weights(["shot detector (transnetv2)"], "set curation.transnetv2_weights")
+        if info.get("decode_fallback"):
+            out_.info(info["decode_fallback"])
         out_.info(f"{info['sources']} source(s), {info['sources'] - info['todo']} already done")
         out_.progress("source", info["sources"] - info["todo"], info["sources"], **info)
         if progress is not None:

@@ -29,6 +29,7 @@ from vidforge.curate.dedup import near_duplicates
 from vidforge.curate.executors import make_executor
 from vidforge.curate.executors.local import usable_cores
 from vidforge.curate.geometry import geometry_record
+from vidforge.curate.gpu_decode import decode_placement
 from vidforge.curate.histograms import clip_thresholds
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import ClipPlan, ClipResult
@@ -75,6 +76,7 @@ def build_stages(cfg, out: Path, sources: int, executor: str = "local") -> list[
             record_to=record_to,
             samples=samples,
             record_process=record_process,
+            gpu=decode_placement(cfg.decode_device)[0] == "cuda",
         ),
         PlanStage(cfg),
         TranscodeStage(cfg, out / CLIPS_DIR, samples=samples, workers=cfg.transcode_workers),
@@ -153,6 +155,7 @@ def run(
                 "stages": [s.name for s in stages],
                 "embedder": _embedder_note(cfg),
                 "random_shot_detector": cfg.detector == "transnetv2" and cfg.transnetv2_weights is None,
+                "decode_fallback": decode_placement(cfg.decode_device)[1],
             }
         )
     stats = runner.run(stages, ((s, s) for s in todo), commit, monitor) if todo else None

@@ -17,6 +17,8 @@ from av.video.reformatter import VideoReformatter
 
 from vidforge.curate.container import error_reason, frame_rate, open_source, video_stream
 from vidforge.curate.geometry import display_size, sample_aspect
+from vidforge.curate.gpu_decode import gpu_frames, presentation_pts
+from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
 from vidforge.curate.recorder_process import RecorderProcess
 from vidforge.curate.shot_recorder import ShotRecorder
@@ -31,24 +33,48 @@ def analyse(
     record_to: Path | None = None,
     samples: int = 0,
     record_process: bool = False,
+    gpu: bool = False,
 ) -> Analysis:
     """Decode `source` once: shots, static flags and boundary thumbnails, and with `record_to` every shot
     encoded there (with `samples` thumbnails each for the embedding), by this process or, with
-    `record_process`, by a second one (recorder_process.py). ItemError for bad input."""
+    `record_process`, by a second one (recorder_process.py). On the GPU (`gpu`: decode_placement), the
+    analysis decodes there and nothing is recorded: every clip is cut from the source on the CPU after
+    it. ItemError for bad input."""
     detector = make_detector(cfg)
+    on_gpu = gpu and not is_url(source)
     recorder = None
-    if record_to is not None:
+    if record_to is not None and not on_gpu:
         kind = RecorderProcess if record_process else ShotRecorder
         recorder = kind(source, record_to, cfg, detector.event_buffer_length, samples)
     try:
-        return _analyse(source, cfg, detector, recorder)
+        return _analyse(source, cfg, detector, recorder, on_gpu)
     except BaseException:
         if recorder is not None:
             recorder.discard()
         raise
 
 
-def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None) -> Analysis:
+def _cpu_pictures(container, stream):
+    """(pts, frame, BGR at detection size) of each decoded frame, by PyAV on the CPU."""
+    to_bgr = VideoReformatter()  # one swscale context for the source, not one per frame (10x faster)
+    size = None
+    for frame in container.decode(stream):
+        size = size or detection_size(frame.width, frame.height)
+        yield frame.pts, frame, downscale(to_bgr.reformat(frame, format="bgr24").to_ndarray(), size)
+
+
+def _gpu_pictures(source: str, container, stream):
+    """The same from NVDEC (gpu_decode.py): the first frame, decoded by PyAV, gives the rotation and
+    interlacing; the others come as pictures alone (frame None)."""
+    first = next(container.decode(stream), None)
+    if first is None:
+        return
+    size = detection_size(first.width, first.height)
+    for i, (pts, bgr) in enumerate(zip(presentation_pts(source), gpu_frames(source, size), strict=False)):
+        yield pts, first if i == 0 else None, bgr
+
+
+def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None, on_gpu: bool) -> Analysis:
     with open_source(source) as container:
         stream = video_stream(container)
         stream.thread_type = "AUTO"
@@ -59,29 +85,26 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
             Fraction(stream.time_base.numerator, stream.time_base.denominator),
         )
         step = max(1, round(1 / (fps * time_base)))  # pts ticks per frame, for frames without a pts
-        size = None
         shots = ShotDetector(detector, fps, time_base)
         keep_back = cfg.stitch_frames + 16 if cfg.stitch else 0  # detectors report cuts a few frames late
         ring: deque[tuple[int, np.ndarray]] = deque(maxlen=max(1, keep_back))
         boundary: dict[int, np.ndarray] = {}
         collect_until, pts_list, static, rotation, interlaced = -1, [], [], 0, False
         prev_gray, first_pts, index = None, None, 0
-        to_bgr = VideoReformatter()  # one swscale context for the source, not one per frame (10x faster)
+        pictures = _gpu_pictures(source, container, stream) if on_gpu else _cpu_pictures(container, stream)
         try:
-            for frame in container.decode(stream):
-                if frame.pts is None and recorder is not None:
+            for raw_pts, frame, bgr in pictures:
+                if raw_pts is None and recorder is not None:
                     recorder.discard()  # no timestamps to cut by: the clips are cut from the source later
                     recorder = None
-                pts = frame.pts if frame.pts is not None else (pts_list[-1] + step if pts_list else 0)
+                pts = raw_pts if raw_pts is not None else (pts_list[-1] + step if pts_list else 0)
                 if pts_list and pts <= pts_list[-1]:
                     continue  # a repeated or out-of-order timestamp: not a new picture
                 if first_pts is None:
                     first_pts, rotation = pts, int(getattr(frame, "rotation", 0) or 0) % 360
                     interlaced = bool(frame.interlaced_frame)
-                    size = detection_size(frame.width, frame.height)
                     if recorder is not None:
                         recorder.begin(_info(stream, fps, rotation, interlaced), time_base)
-                bgr = downscale(to_bgr.reformat(frame, format="bgr24").to_ndarray(), size)
                 gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)
                 static.append(
                     prev_gray is not None and cv2.absdiff(gray, prev_gray).mean() < cfg.static_threshold
@@ -190,10 +213,11 @@ class AnalyseStage(Stage):
         record_to: str | None = None,
         samples: int = 0,
         record_process: bool = False,
+        gpu: bool = False,
     ):
         self.cfg, self.workers, self.record_to, self.samples = cfg, workers, record_to, samples
-        self.record_process = record_process
+        self.record_process, self.gpu = record_process, gpu
 
     def process(self, source: str) -> Analysis:
         record_to = Path(self.record_to) if self.record_to else None
-        return analyse(source, self.cfg, record_to, self.samples, self.record_process)
+        return analyse(source, self.cfg, record_to, self.samples, self.record_process, self.gpu)

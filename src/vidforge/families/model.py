@@ -123,7 +123,7 @@ class Model(Section):
                 kept[key] = value
                 continue
             owners = [n for n in REGISTRY if key in family(n).model.model_fields]
-            if owners and hasattr(cls, key) and value == getattr(cls, key):
+            if owners and hasattr(cls, key) and _restates(value, getattr(cls, key)):
                 continue  # restates this family's value
             if owners:
                 here = (
@@ -252,6 +252,14 @@ class NoImageInputs:
     expand_timesteps: ClassVar[bool] = False
     condition_channels: ClassVar[int] = 0
     image_dim: ClassVar[int] = 0
+
+
+def _restates(value: Any, fixed: Any) -> bool:
+    """Whether `value` is `fixed` as a profile may spell it: a list for a tuple, `'true'` or `'0'` where a
+    setting arrives as text."""
+    if isinstance(value, (list, tuple)) and isinstance(fixed, (list, tuple)):
+        return len(value) == len(fixed) and all(_restates(v, f) for v, f in zip(value, fixed, strict=True))
+    return value == fixed or str(value).strip().lower() == str(fixed).lower()
 
 
 def section_class(data: Any) -> type[Model]:

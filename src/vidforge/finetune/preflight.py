@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vidforge.data.batching import bucket_tokens
+from vidforge.data.token_budget import bucket_tokens
 from vidforge.errors import UserInputError
 from vidforge.files import atomic_file
 from vidforge.finetune.sizing import training_clip

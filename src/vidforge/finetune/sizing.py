@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vidforge.data.batching import bucket_tokens
+from vidforge.data.token_budget import bucket_tokens
 from vidforge.families import family
 from vidforge.profile import RunProfile
 

@@ -50,6 +50,12 @@ class Curation(Section):
     # -- 1. decode ------------------------------------------------------------------------------------
     decode_threads: int = Field(0, ge=0)
     """Decoder threads per source (PyAV/libavcodec frame and slice threads); 0 lets libavcodec choose."""
+    decode_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the analysis decodes (shots, static flags, stitching thumbnails): `cuda` is NVDEC through
+    PyNvVideoCodec (`pip install 'vidforge[gpu-decode]'`), frames downscaled on the GPU; `auto` uses it when
+    a GPU and the decoder are there (else the CPU, silently); `cuda` without either decodes on the CPU and
+    the run says why in one line. On
+    the GPU no shot is recorded while analysing (`record_shots`): the clips are cut on the CPU after."""
 
     # -- 2. shot detection ----------------------------------------------------------------------------
     detector: Literal["adaptive", "content", "transnetv2"] = "adaptive"

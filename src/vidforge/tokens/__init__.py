@@ -3,9 +3,10 @@
 row (`TokenShard`, `ContextShard`). Models, data and the parallel code all read these; nothing here
 imports a model or a process group."""
 
+from vidforge.token_grid import Grid, token_grid
 from vidforge.tokens.layout import SequenceLayout, grid_positions, pack_latents, unpack_tokens
 from vidforge.tokens.masks import KeyPadding, Segments
-from vidforge.tokens.patchify import Grid, patchify, token_grid, unpatchify
+from vidforge.tokens.patchify import patchify, unpatchify
 from vidforge.tokens.shard import ContextShard, TokenShard
 
 __all__ = [

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from vidforge.token_grid import Grid, token_grid
 from vidforge.tokens.masks import Segments
-from vidforge.tokens.patchify import Grid, patchify, token_grid, unpatchify
+from vidforge.tokens.patchify import patchify, unpatchify
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vidforge.token_grid import Grid
 from vidforge.tokens.layout import SequenceLayout
-from vidforge.tokens.patchify import Grid
 
 SLICINGS = ("chunks", "positions")
 """How `TokenShard` cuts each sample: contiguous t-major chunks, or (h, w) position columns."""

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vidforge.data.batching import build_batcher, require_token_budget
+from vidforge.data.batching import build_batcher
 from vidforge.data.blending import DataParallelSizeChanged
 from vidforge.data.loader import GroupComm, ShardLoader
 from vidforge.data.prefetch import Prefetcher
+from vidforge.data.token_budget import require_token_budget
 from vidforge.errors import Terminated, UserInputError
 from vidforge.estimate.param_counts import require_model
 from vidforge.estimate.recompute import resolve_auto
