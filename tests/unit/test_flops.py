@@ -1,4 +1,6 @@
-"""The analytic FLOP formula against torch's FlopCounterMode, which counts the matmuls actually run."""
+"""The FLOP counts (`models.flops`, read off a one-block copy of the family's network on the meta
+device) against torch's FlopCounterMode over a real forward and backward of the whole network on the
+CPU, every layer, every sample of the batch at once."""
 
 import pytest
 import torch
@@ -28,7 +30,7 @@ def _inputs(cfg, batch=2):
     encoder gives."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, cfg.in_channels, *LATENT, generator=g)
-    levels = (batch, GRID[0] * GRID[1] * GRID[2]) if cfg.expand_timesteps else (batch,)
+    levels = (batch, GRID[0] * GRID[1] * GRID[2]) if cfg.expand_timesteps else (batch,)  # Wan's patch
     args = (x, torch.rand(levels, generator=g), torch.randn(batch, TEXT_LEN, cfg.text_dim, generator=g))
     keywords = {}
     if cfg.condition_channels:
@@ -57,6 +59,18 @@ CASES += [("wan2.1-1.3b", WAN_TINY)]
 # Wan2.2 TI2V (a noise level per token: the timestep MLP and time_proj per token)
 CASES += [("wan2.1-1.3b", {**WAN_TINY, "image_dim": 24, "condition_channels": 8})]
 CASES += [("wan2.1-1.3b", {**WAN_TINY, "expand_timesteps": True})]
+# HunyuanVideo-1.5's double-stream blocks (the caption a second stream, joint attention), its token
+# refiner, glyph captions and image tokens
+HUNYUAN_TINY = {
+    "layers": 2,
+    "hidden": 64,
+    "heads": 4,
+    "mlp_hidden": 128,
+    "refiner_layers": 1,
+    "rope_axes": [4, 6, 6],
+}
+HUNYUAN_TINY |= {"text_dim": 32, "text_2_dim": 16, "text_2_tokens": 4, "image_dim": 24}
+CASES += [("hunyuanvideo1.5-480p-t2v", HUNYUAN_TINY), ("hunyuanvideo1.5-480p-i2v", HUNYUAN_TINY)]
 
 
 @pytest.mark.parametrize(
@@ -70,7 +84,8 @@ def test_formula_matches_flop_counter(preset, variant):
     cfg = model_config(preset, attention="dense", **variant)
     model = build_model(cfg)
     inputs = _inputs(cfg)
-    expected = forward_flops(cfg, [GRID, GRID], TEXT_LEN, token_levels=cfg.expand_timesteps)
+    grid = tuple(n // p for n, p in zip(LATENT, cfg.patch, strict=True))  # HunyuanVideo-1.5's patch is 1
+    expected = forward_flops(cfg, [grid, grid], TEXT_LEN, token_levels=cfg.expand_timesteps)
     forward = _measure(model, inputs, train=False)
     step = _measure(model, inputs, train=True)
     assert forward == pytest.approx(expected.forward, rel=0.02)

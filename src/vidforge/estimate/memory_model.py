@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vidforge.estimate.module_costs import block_bytes_per_rank
 from vidforge.estimate.param_counts import (
     ParameterCounts,
     lora_adapted,
@@ -641,7 +642,7 @@ def _activation_terms(r: _Rank) -> _Activations:
     all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
     gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
     adapted = lora_adapted(cfg, train.lora) if train.lora is not None else frozenset()
-    one = block_activations(
+    one = measured_block(r, tokens, gathered) or block_activations(
         cfg,
         tokens,
         workload.samples,
@@ -692,12 +693,14 @@ def _activation_terms(r: _Rank) -> _Activations:
         )
     stored = kept * one.total + (recomputed - inputs_offloaded) * block_input
     stored += len(op_level) * (block_input + ops_kept)
-    frozen_wan = train.lora is not None and family(cfg.family).table_modulation
     first_norm = 0.0
-    if frozen_wan and policies and policies[0] == "none" and 0 not in offloaded and layout.pp == 1:
-        # nothing before the first block trains: its first norm's input needs no gradient, so is not kept
-        first_norm = (4 * cfg.hidden + 8) * tokens
-        stored -= first_norm
+    first_free = policies and policies[0] == "none" and 0 not in offloaded and layout.pp == 1
+    if train.lora is not None and first_free:
+        # nothing before the first block trains: it keeps less (its first norm keeps no input)
+        first = measured_block(r, tokens, gathered, first=True)
+        if first is not None:
+            first_norm = one.total - first.total
+            stored -= first_norm
     outside = outside_activations(cfg, workload, tokens, prec.compute, frozen=train.lora is not None)
     rope = rope_bytes(cfg, workload, tokens)
     if not kept:  # no block saves the RoPE tables on the device; the blocks' conditioning holds them
@@ -743,6 +746,45 @@ def _activation_terms(r: _Rank) -> _Activations:
     )
     _recompute_term(r, done, bool(checkpointed))
     return done
+
+
+def _lora_key(train: Any) -> tuple[int, tuple[str, ...] | None] | None:
+    lora = train.lora
+    return None if lora is None else (lora.rank, lora.target_modules and tuple(lora.target_modules))
+
+
+def measured_block(
+    r: _Rank, tokens: float, gathered_kv_tokens: float, first: bool = False
+) -> BlockActivations | None:
+    """What one block saves, read off the family's network (`module_costs.block_bytes_per_rank`): a block
+    of one tensor-parallel rank (trained, or a LoRA's frozen base with its adapters) on a row of one clip,
+    or of equal clips each with its own noise level (plain batches; a packed row of several clips
+    gathers the modulation per token, which `block_activations` counts). `first`: the first block, whose
+    input needs no gradient under LoRA. None where `block_activations` still counts it: tensor
+    parallel's split, a packed row of several clips."""
+    workload, cfg = r.workload, r.cfg
+    packed_rows = workload.per_token_modulation and not workload.token_levels
+    if r.tp > 1 or packed_rows:
+        return None
+    saved = block_bytes_per_rank(
+        cfg,
+        workload.grid,
+        workload.samples,
+        workload.text_tokens,
+        workload.image_tokens,
+        workload.token_levels,
+        r.prec.compute,
+        tokens,
+        lora=_lora_key(r.train),
+        first=first,
+    )
+    parts = {"saved for backward (read off the block)": saved}
+    if gathered_kv_tokens:
+        full_scopes = family(cfg.family).block_scopes(cfg)[0].count("full")
+        parts["gathered keys/values (all-gather CP)"] = (
+            full_scopes * 2 * gathered_kv_tokens * cfg.hidden * r.prec.compute
+        )
+    return BlockActivations(parts)
 
 
 def _recompute_term(r: _Rank, acts: _Activations, checkpointed: bool) -> None:

@@ -1,8 +1,8 @@
 """Model families: one package each (`vidforge.families.wan`, `vidforge.families.vidforge`) holding a
 `FamilySpec`, and `REGISTRY`, the one place that lists them. Everything that asks "which family" asks
 `family(name)`: building the network, its presets and the fields it fixes, how a published folder of its
-weights maps to a profile, weight import and export, the tensor-parallel plan, LoRA targets, and the FLOP
-and memory terms that differ between block designs.
+weights maps to a profile, weight import and export, the tensor-parallel plan, LoRA targets. (FLOPs and
+a block's saved bytes are read off the network itself: `models.flops`, `estimate.module_costs`.)
 
 torchtitan's `TrainSpec` and finetrainers' `ModelSpecification` are the examples; unlike theirs a spec
 names its code by import path ("package.module:attribute") instead of holding it, so this package imports
@@ -88,7 +88,10 @@ class FamilySpec:
     """model section -> (the attention scopes a block runs, the modulation chunks it projects) for FLOPs."""
     table_modulation: bool = False
     """The block adds a learned per-block table to one shared projection of the timestep (Wan) instead of
-    projecting it per block, and keeps its norms in float32: FLOP and memory terms differ."""
+    projecting it per block, and keeps its norms in float32. Read only by the memory model's op-by-op
+    formulas that remain (tensor parallel's split, packed rows of several clips, outside the blocks);
+    FLOPs and a block's saved bytes otherwise come from the module (`models.flops`,
+    `estimate.module_costs`)."""
     read_published: Callable[[Path], Published | None] | None = None
     """folder -> its `Published` description, or None when it is not this family's published layout."""
     published_class: str | None = None

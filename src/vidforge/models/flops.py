@@ -1,33 +1,33 @@
-"""Analytic FLOPs of a forward pass and a training step, for any model section and sequence layout.
+"""FLOPs of a forward pass and a training step, for any model section and sequence layout, read off the
+family's network: each sample's token grid, caption and image tokens run through a one-block copy of the
+network on the meta device (no memory, no compute: a 14B model at 75K tokens takes a fraction of a
+second) under torch's `FlopCounterMode`, forward and backward, attributed per module: the block's, its
+`Attend` modules' (QK^T and PV), the rest (outside the blocks). The model's count is the outside once
+plus `layers` x the block; a packed row costs the sum of its samples (attention stays inside each).
+Counts are cached per (model section, grid, caption tokens, image tokens, noise level per token).
 
-Counts matrix multiplies only (2*m*n*k each), as MFU conventionally does and as
-`torch.utils.flop_counter.FlopCounterMode` does: every Linear, and attention's two products (QK^T and
-PV). Attention counts the useful work only: per sample S_i^2 for full attention, per frame and per
-position for spatial and temporal attention, S_i x L_i for cross-attention (and S_i x I_i to an
-image-to-video model's image tokens, beside the caption's); a dense block-diagonal mask
-over a packed row costs more than this. Under sliding-tile attention (`model.attention_window`) a layer's
-full attention counts the (query, key) pairs its windows attend (`sliding_tile.attended_pairs`), under
-video sparse attention (`model.attention_topk`) the pairs of its selected tiles and coarse pass
-(`video_sparse.selected_pairs`), and `FlopCount.skipped_attention` the forward FLOPs full attention
-would have spent beyond them.
-
-A per-token noise level (a first-frame conditioned model's, `model.expand_timesteps`: the condition
-frame's tokens at level 0) runs the timestep MLP and the modulation projection once per token instead of
-once per sample. An image-to-video model (`model.image_dim`) embeds its image tokens (a LayerNorm and a
-two-layer feed-forward, image_dim -> image_dim -> hidden) and each block's cross-attention projects their
-keys and values (add_k_proj, add_v_proj); `model.condition_channels` widens the patch embedding's input.
-
-Backward costs twice the forward for each matmul (the input gradient and the weight gradient), except
-where the input needs no gradient (the patch embedding of data, the first layers of the timestep and
-text MLPs), which cost once. Full activation recompute repeats the blocks' forward.
+Counts matrix multiplies only (2*m*n*k each), as MFU conventionally does: attention runs on the `dense`
+backend, whose explicit matmuls count the useful work of a fused kernel (QK^T and PV: 2 x 2 x d per
+(query, key) pair, the backward twice that). Under sliding-tile attention (`model.attention_window`) a
+layer's full attention counts the (query, key) pairs its windows attend (`sliding_tile.attended_pairs`),
+under video sparse attention (`model.attention_topk`) the pairs of its selected tiles and coarse pass
+(`video_sparse.selected_pairs`), and `FlopCount.skipped_attention` the forward FLOPs full attention would
+have spent beyond them. Full activation recompute repeats the blocks' forward.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
 from vidforge.families import family
+from vidforge.models.attention import Attend
+from vidforge.models.presets import build_model
 from vidforge.models.sliding_tile import attended_pairs
 from vidforge.models.video_sparse import selected_pairs
 from vidforge.profile.model import Model
@@ -41,8 +41,8 @@ class FlopCount:
     """Forward FLOPs by part, and what the backward and recompute rules need."""
 
     parts: dict[str, int] = field(default_factory=dict)
-    """Forward FLOPs: `embed` (patch, timestep, text, shared modulation), `modulation`, `projections`
-    (q/k/v/out of every attention), `attention` (QK^T and PV), `mlp`, `final`."""
+    """Forward FLOPs: `outside` (the embeddings, timestep and caption MLPs, final layer), `blocks` (the
+    blocks' matmuls but attention's), `attention` (QK^T and PV of every block)."""
     no_grad_input: int = 0
     """Forward FLOPs of matmuls whose input needs no gradient: their backward costs 1x, not 2x."""
     blocks: int = 0
@@ -65,6 +65,113 @@ class FlopCount:
             )
         backward = 2 * self.forward - self.no_grad_input
         return self.forward + backward + round(self.blocks * recompute_fraction)
+
+
+SPARSE_FIELDS = ("attention_window", "attention_topk")
+"""Per-layer or data-dependent attention sparsity: counted from attended pairs, not by the module."""
+
+
+@dataclass(frozen=True)
+class BlockFlops:
+    """FLOPs of one sample's forward and backward, read off the module."""
+
+    block: int
+    """Forward FLOPs of one block."""
+    block_attention: int
+    """Of those, its attention kernels' (QK^T and PV, self and cross)."""
+    block_backward: int
+    outside: int
+    """Forward FLOPs outside the blocks (embeddings, timestep and caption MLPs, final layer)."""
+    outside_backward: int
+
+
+_ONE_BLOCK: dict[str, Model] = {}
+"""`meta_key` -> the model section it names (the caches below key on the text, sections are unhashable)."""
+
+
+def meta_key(cfg: Model, **update: object) -> str:
+    """The model section with one block, the attention backend `update` names and no per-layer
+    sparsity (`SPARSE_FIELDS`), as a cache key; `one_block(key)` gives the section back."""
+    one = cfg.model_copy(update={"layers": 1, **{f: None for f in SPARSE_FIELDS}, **update})
+    key = json.dumps(one.model_dump(mode="json"), sort_keys=True)
+    _ONE_BLOCK.setdefault(key, one)
+    return key
+
+
+def one_block(key: str) -> Model:
+    return _ONE_BLOCK[key]
+
+
+@functools.lru_cache(maxsize=8)
+def meta_network(key: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The network of the one-block section `key` on the meta device, in `dtype`."""
+    return build_model(one_block(key), device="meta").to(dtype)
+
+
+def first_block(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    blocks = model.blocks  # every family's network names its stack `blocks`
+    name, block = next(iter(blocks.items())) if isinstance(blocks, torch.nn.ModuleDict) else ("0", blocks[0])
+    prefix = next(n for n, m in model.named_modules() if m is block)
+    return prefix, block
+
+
+def meta_inputs(
+    cfg: Model, grid: Grid, text: int, image: int, token_levels: bool, dtype: torch.dtype
+) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """One sample's forward arguments on the meta device (the shapes `VideoTransformer.forward` takes)."""
+    meta = {"device": "meta", "dtype": dtype}
+    latent = [g * p for g, p in zip(grid, cfg.patch, strict=True)]
+    levels = (1, grid[0] * grid[1] * grid[2]) if token_levels else (1,)
+    args = (
+        torch.empty(1, cfg.in_channels, *latent, **meta),
+        torch.empty(levels, device="meta"),
+        torch.empty(1, text, cfg.text_dim, **meta),
+    )
+    keywords = {}
+    if cfg.condition_channels:
+        keywords["condition"] = torch.empty(1, cfg.condition_channels, *latent, **meta)
+    if cfg.image_dim:
+        keywords["image"] = torch.empty(1, image, cfg.image_dim, **meta)
+    return args, keywords
+
+
+def _total(counts: dict[str, dict[object, int]], name: str) -> int:
+    return sum(counts.get(name, {}).values())
+
+
+def sample_flops(cfg: Model, grid: Grid, text: int, image: int, token_levels: bool) -> BlockFlops:
+    """FLOPs of one sample (token grid `grid`, `text` caption and `image` image tokens) through the
+    model `cfg`, its blocks' and the rest's, counted by FlopCounterMode on the meta device."""
+    key = meta_key(cfg, attention="dense")
+    # autograd whatever the caller's mode (a training step's no_grad, infer's inference_mode): the network,
+    # its inputs and both passes are built here
+    with torch.inference_mode(False), torch.enable_grad():
+        return _sample_flops(key, tuple(grid), text, image, token_levels)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sample_flops(key: str, grid: Grid, text: int, image: int, token_levels: bool) -> BlockFlops:
+    model = meta_network(key, torch.float32)
+    cfg = one_block(key)
+    top = type(model).__name__
+    prefix, block = first_block(model)
+    attends = [f"{top}.{prefix}.{n}" for n, m in block.named_modules() if isinstance(m, Attend)]
+    args, keywords = meta_inputs(cfg, grid, text, image, token_levels, torch.float32)
+    # one counter over both passes: it attributes the backward to modules by the hooks the forward sets
+    with FlopCounterMode(display=False) as counter:
+        out = model(*args, **keywords)
+        fwd = {k: dict(v) for k, v in counter.get_flop_counts().items()}
+        out.float().square().mean().backward()
+        both = counter.get_flop_counts()
+    bwd = {k: {op: n - fwd.get(k, {}).get(op, 0) for op, n in v.items()} for k, v in both.items()}
+    name = f"{top}.{prefix}"
+    return BlockFlops(
+        block=_total(fwd, name),
+        block_attention=sum(_total(fwd, a) for a in attends),
+        block_backward=_total(bwd, name),
+        outside=_total(fwd, "Global") - _total(fwd, name),
+        outside_backward=_total(bwd, "Global") - _total(bwd, name),
+    )
 
 
 def _grids(layout: SequenceLayout | Sequence[Grid]) -> list[Grid]:
@@ -96,12 +203,16 @@ def forward_flops(
 ) -> FlopCount:
     """FLOPs of one forward of the model `cfg` over the samples whose token grids `layout` gives (a
     plain batch of B clips is B equal grids). `text_lens`: caption tokens each sample's text projection
-    and cross-attention process (a plain batch processes the padded length; a packed row the real
-    lengths), one number for all or one per sample. The wan family attends to every caption position,
-    padding included, so its `text_lens` is the padded caption length (512 for Wan2.1) in both cases.
-    `image_lens`: image-embedding tokens each sample's cross-attention also reads (a model with
-    `model.image_dim`; default `image_tokens(cfg)`). `token_levels`: the noise level is per token
-    (`model.expand_timesteps` conditioning on a first frame), not per sample."""
+    and attention to the caption process (a plain batch processes the padded length; a packed row the
+    real lengths), one number for all or one per sample. The wan family attends to every caption
+    position, padding included, so its `text_lens` is the padded caption length (512 for Wan2.1) in both
+    cases. `image_lens`: image-embedding tokens each sample reads (a model with `model.image_dim`;
+    default `image_tokens(cfg)`). `token_levels`: the noise level is per token (`model.expand_timesteps`
+    conditioning on a first frame), not per sample.
+
+    Each sample is run alone through the family's network (`sample_flops`; a packed row costs the sum of
+    its samples, attention staying inside each), and sliding-tile or video sparse attention subtracts
+    the pairs its layers skip from the dense count."""
     grids = _grids(layout)
     n = len(grids)
     lens = _per_sample(text_lens, n, "text_lens")
@@ -110,75 +221,44 @@ def forward_flops(
         raise ValueError(
             f"image_lens: this model has no image embedding (image_dim 0) to read image tokens with; got {images}"
         )
-    d, m, p, r = cfg.hidden, cfg.mlp_hidden, cfg.patch_dim, cfg.adaln_lora_rank
-    seqlens = [t * h * w for t, h, w in grids]
-    s, text, image = sum(seqlens), sum(lens), sum(images)
-    times = s if token_levels else n  # rows of the timestep MLP and the modulation projections
-
-    # Which attention scopes each block runs, and its modulation chunks (the family's block says). A
-    # table-modulated block (Wan) projects the timestep into its modulation vectors once (time_proj) and
-    # adds a learned table per block: no per-block or final-layer modulation matmul.
-    spec = family(cfg.family)
-    scopes, chunks = spec.block_scopes(cfg)
-    table = spec.table_modulation
-
-    def core(scope: str, window: tuple[int, int, int] | None = None, dense: bool = False) -> int:
-        """QK^T and PV of one self-attention: 2 products x 2*d FLOPs per (query, key) pair (`dense`: full
-        attention's, whatever the profile's sparsity)."""
-        if scope == "full" and cfg.attention_topk is not None and not dense:
-            pairs = sum(selected_pairs(g, cfg.attention_tile, cfg.attention_topk) for g in grids)
-        elif scope == "full":
-            pairs = sum(attended_pairs(g, cfg.attention_tile, window) for g in grids)
-        elif scope == "spatial":
-            pairs = sum(t * (h * w) ** 2 for t, h, w in grids)
-        else:
-            pairs = sum(h * w * t * t for t, h, w in grids)
-        return 4 * d * pairs
-
-    patch = 2 * s * (p // cfg.in_channels) * (cfg.in_channels + cfg.condition_channels) * d
-    time_fc1, time_fc2 = 2 * times * TIMESTEP_FREQUENCIES * d, 2 * times * d * d
-    text_fc1, text_fc2 = 2 * text * cfg.text_dim * d, 2 * text * d * d
-    image_ff = 2 * image * cfg.image_dim * (cfg.image_dim + d)  # image_dim -> image_dim -> hidden
-    shared = 2 * times * d * chunks * d if r or table else 0
-    embed = patch + time_fc1 + time_fc2 + text_fc1 + text_fc2 + image_ff + shared
-
-    if table:
-        modulation = 0
-    elif r:
-        modulation = 2 * times * d * r + 2 * times * r * chunks * d
-    else:
-        modulation = 2 * times * d * chunks * d
-    self_proj = 4 * 2 * s * d * d * len(scopes)
-    if cfg.multimodal_block:
-        # No cross-attention: every branch's video queries also attend to the caption and the context
-        # latents, whose keys and values each branch projects with its own text k/v.
-        keys = [x + cfg.context_latents for x in lens]
-        cross_proj = len(scopes) * 2 * (2 * sum(keys) * d * d)
-        text_pairs = len(scopes) * sum(si * ki for si, ki in zip(seqlens, keys, strict=True))
-    else:
-        # q and out from the video tokens, k and v from the caption's and (I2V) from the image's
-        cross_proj = 2 * (2 * s * d * d) + 2 * (2 * (text + image) * d * d)
-        text_pairs = sum(si * (li + ii) for si, li, ii in zip(seqlens, lens, images, strict=True))
-    windows = [cfg.layer_window(i) for i in range(cfg.layers)]
-    attn = [sum(core(sc, w if sc == "full" else None) for sc in scopes) + 4 * d * text_pairs for w in windows]
-    sparse = [w for w in windows if w is not None or cfg.attention_topk is not None]
-    skipped = sum(core("full", dense=True) - core("full", w) for w in sparse if "full" in scopes)
-    mlp = (3 if cfg.mlp_act == "swiglu" else 2) * 2 * s * d * m
-    final = (0 if table else 2 * times * d * 2 * d) + 2 * s * d * p
-
+    counts = [
+        sample_flops(cfg, tuple(g), t, i, token_levels) for g, t, i in zip(grids, lens, images, strict=True)
+    ]
     layers = cfg.layers
+    attention = layers * sum(c.block_attention for c in counts)
+    skipped = _skipped_attention(cfg, grids)
     parts = {
-        "embed": embed,
-        "modulation": layers * modulation,
-        "projections": layers * (self_proj + cross_proj),
-        "attention": sum(attn),
-        "mlp": layers * mlp,
-        "final": final,
+        "outside": sum(c.outside for c in counts),
+        "blocks": layers * sum(c.block - c.block_attention for c in counts),
+        "attention": attention - skipped,
     }
-    blocks = parts["modulation"] + parts["projections"] + parts["attention"] + parts["mlp"]
+    forward = sum(parts.values())
+    backward = sum(c.outside_backward + layers * c.block_backward for c in counts) - 2 * skipped
     return FlopCount(
-        parts=parts, no_grad_input=patch + time_fc1 + text_fc1, blocks=blocks, skipped_attention=skipped
+        parts=parts,
+        no_grad_input=2 * forward - backward,
+        blocks=parts["blocks"] + parts["attention"],
+        skipped_attention=skipped,
     )
+
+
+def _skipped_attention(cfg: Model, grids: list[Grid]) -> int:
+    """Forward FLOPs of QK^T and PV that the layers' sliding-tile windows or video sparse selection skip
+    in the block's full-attention scopes: (dense pairs - attended pairs) x 2 products x 2 x hidden."""
+    windows = [cfg.layer_window(i) for i in range(cfg.layers)]
+    sparse = [w for w in windows if w is not None or cfg.attention_topk is not None]
+    scopes, _ = family(cfg.family).block_scopes(cfg)
+    if not sparse or "full" not in scopes:
+        return 0
+    dense = sum((t * h * w) ** 2 for t, h, w in grids)
+    skipped = 0
+    for window in sparse:
+        if cfg.attention_topk is not None:
+            pairs = sum(selected_pairs(g, cfg.attention_tile, cfg.attention_topk) for g in grids)
+        else:
+            pairs = sum(attended_pairs(g, cfg.attention_tile, window) for g in grids)
+        skipped += scopes.count("full") * 4 * cfg.hidden * (dense - pairs)
+    return skipped
 
 
 def train_step_flops(
