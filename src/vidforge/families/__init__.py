@@ -15,6 +15,7 @@ Adding a family: a package here whose `__init__` holds `SPEC = FamilySpec(...)`,
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,18 @@ class FamilySpec:
     rows, context parallel, caption dropout it has no code for), each as `field: what is wrong; what to
     change`: the layout rulebook (`vidforge.profile.layout_rules`) asks it, so such a profile is refused
     when it loads."""
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A published folder's JSON object file (a config, an index of shards), or a UserInputError naming it:
+    the one reader every family's folder reading and the safetensors streamer use."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path}: expected a JSON object; download it again")
+    return data
 
 
 def names() -> list[str]:

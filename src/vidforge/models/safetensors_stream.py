@@ -13,6 +13,7 @@ import math
 import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from vidforge.errors import UserInputError
+from vidforge.families import read_json
 from vidforge.files import atomic_file
 
 DTYPES: dict[str, torch.dtype] = {
@@ -85,17 +87,6 @@ def write_safetensors(
 
 
 # --- reading tensors by name ------------------------------------------------------------------------
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file (an index of shards), or a UserInputError naming it."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object; download it again")
-    return data
 
 
 @dataclass(frozen=True)
@@ -174,3 +165,24 @@ def stored_tensors(folder: Path, single: str, index: str) -> dict[str, StoredTen
             if key not in found or found[key].file.name != name:
                 raise UserInputError(f"{folder / name}: has no tensor {key} that {index} places there")
     return found
+
+
+def lazy_entries(
+    names: list[str], stored: dict[str, StoredTensor], files: ExitStack, cast: str | None
+) -> list[TensorEntry]:
+    """Entries that read each tensor from its open file (opened once, held by `files`) when written, cast
+    to `cast` when asked: every family's export streams a folder's tensors through these."""
+    handles: dict[Path, Any] = {}
+
+    def loader(name: str):
+        path = stored[name].file
+
+        def load() -> torch.Tensor:
+            if path not in handles:
+                handles[path] = files.enter_context(safe_open(str(path), framework="pt"))
+            tensor = handles[path].get_tensor(name)
+            return tensor.to(DTYPES[cast]) if cast is not None else tensor
+
+        return load
+
+    return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]

@@ -11,13 +11,12 @@ generates at (24 fps, the image-to-video pipeline's example export)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
-from vidforge.families import Published
+from vidforge.families import Published, read_json
 from vidforge.families.hunyuan15.model import FAMILY, PLAIN_BATCHES, default_size
 
 CLASS_NAME = "HunyuanVideo15Transformer3DModel"
@@ -35,16 +34,6 @@ FPS = 24
 VAE_KIND = "hunyuanvideo15"  # tokenizer.kind of AutoencoderKLHunyuanVideo15
 SCHEDULE_END = 0.0  # __call__'s sigmas: np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1]
 GUIDANCE = 7.5  # ClassifierFreeGuidance's default guidance_scale, for a folder without guider/
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object; download it again")
-    return data
 
 
 def transformer_folder(src: Path) -> Path:

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from pydantic import ValidationError
-from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15.model import HunyuanVideo15Model
@@ -26,9 +25,8 @@ from vidforge.families.hunyuan15.published import diffusers_config as published_
 from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import FORMAT, WEIGHTS, write_config
 from vidforge.models.safetensors_stream import (
-    DTYPES,
     StoredTensor,
-    TensorEntry,
+    lazy_entries,
     stored_tensors,
     write_safetensors,
 )
@@ -62,25 +60,6 @@ def _checked(model: HunyuanVideo15Model, stored: dict[str, StoredTensor], folder
     return list(expected)
 
 
-def _entries(
-    names: list[str], stored: dict[str, StoredTensor], files: ExitStack, cast: str | None
-) -> list[TensorEntry]:
-    handles: dict[Path, Any] = {}
-
-    def loader(name: str):
-        path = stored[name].file
-
-        def load() -> torch.Tensor:
-            if path not in handles:
-                handles[path] = files.enter_context(safe_open(str(path), framework="pt"))
-            tensor = handles[path].get_tensor(name)
-            return tensor.to(DTYPES[cast]) if cast is not None else tensor
-
-        return load
-
-    return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]
-
-
 def published_source(src: Path) -> tuple[Path, HunyuanVideo15Model, dict[str, StoredTensor], list[str]]:
     """A diffusers transformer (or pipeline) folder checked from its headers."""
     folder = transformer_folder(Path(src))
@@ -105,7 +84,7 @@ def write_export(src: Path, out: Path, dtype: str | None = None) -> HunyuanVideo
     out = Path(out)
     output_folder(out)
     with ExitStack() as files:
-        write_safetensors(out / WEIGHTS, _entries(names, stored, files, CASTS[dtype]), {"format": FORMAT})
+        write_safetensors(out / WEIGHTS, lazy_entries(names, stored, files, CASTS[dtype]), {"format": FORMAT})
     write_config(out, model)
     return model
 
@@ -161,7 +140,7 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
                 if len(groups) == 1
                 else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
             )
-            write_safetensors(out / name, _entries(group, stored, files, None), {"format": "pt"})
+            write_safetensors(out / name, lazy_entries(group, stored, files, None), {"format": "pt"})
             weight_map.update(dict.fromkeys(group, name))
     if len(groups) > 1:
         write_text(out / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
@@ -184,7 +163,7 @@ def load_published(
         network = HunyuanVideo15Transformer(model)
     state = {}
     with ExitStack() as files:
-        for entry in _entries(names, stored, files, None):
+        for entry in lazy_entries(names, stored, files, None):
             tensor = entry.load().to(device)
             state[entry.name] = tensor.to(dtype) if dtype is not None else tensor
     network.load_state_dict(state, strict=True, assign=True)

@@ -10,14 +10,13 @@ length, the default negative prompt, size, frames, steps, frame rate and guidanc
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
-from vidforge.families import Published
+from vidforge.families import Published, read_json
 from vidforge.families.ltx2.model import FAMILY, PLAIN_BATCHES
 
 CLASS_NAME = "LTX2VideoTransformer3DModel"
@@ -39,16 +38,6 @@ BUILT_FOR: dict[str, Any] = {
     "norm_elementwise_affine": False, "attention_bias": True, "attention_out_bias": True,
     "timestep_scale_multiplier": 1000, "use_keyframes_abs_pos_embedding": False,
 }  # fmt: skip
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object; download it again")
-    return data
 
 
 def transformer_folder(src: Path) -> Path:

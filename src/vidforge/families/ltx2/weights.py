@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from pydantic import ValidationError
-from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
@@ -31,9 +30,8 @@ from vidforge.families.model import Model
 from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import FORMAT, WEIGHTS
 from vidforge.models.safetensors_stream import (
-    DTYPES,
     StoredTensor,
-    TensorEntry,
+    lazy_entries,
     safetensors_shapes,
     stored_tensors,
     write_safetensors,
@@ -103,25 +101,6 @@ def _checked(model: LTX2Model, stored: dict[str, StoredTensor], folder: Path) ->
     return list(expected) + sorted(set(stored) - video)
 
 
-def _entries(
-    names: list[str], stored: dict[str, StoredTensor], files: ExitStack, cast: str | None
-) -> list[TensorEntry]:
-    handles: dict[Path, Any] = {}
-
-    def loader(name: str):
-        path = stored[name].file
-
-        def load() -> torch.Tensor:
-            if path not in handles:
-                handles[path] = files.enter_context(safe_open(str(path), framework="pt"))
-            tensor = handles[path].get_tensor(name)
-            return tensor.to(DTYPES[cast]) if cast is not None else tensor
-
-        return load
-
-    return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]
-
-
 def _model(fields: dict[str, Any], where: Path) -> LTX2Model:
     try:
         return LTX2Model(**fields)
@@ -155,10 +134,10 @@ def write_export(src: Path, out: Path, dtype: str | None = None, model: LTX2Mode
     audio = names[len(video) :]
     out = output_folder(out)
     with ExitStack() as files:
-        write_safetensors(out / WEIGHTS, _entries(video, stored, files, CASTS[dtype]), {"format": FORMAT})
+        write_safetensors(out / WEIGHTS, lazy_entries(video, stored, files, CASTS[dtype]), {"format": FORMAT})
         if audio:
             write_safetensors(
-                out / AUDIO_WEIGHTS, _entries(audio, stored, files, CASTS[dtype]), {"format": "pt"}
+                out / AUDIO_WEIGHTS, lazy_entries(audio, stored, files, CASTS[dtype]), {"format": "pt"}
             )
     kept = {k: v for k, v in published.items() if not k.startswith("_")}
     config = {"format": FORMAT, "model": model.model_dump(mode="json"), DIFFUSERS: kept}
@@ -212,7 +191,7 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
                 if len(groups) == 1
                 else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
             )
-            write_safetensors(out / name, _entries(group, stored, files, None), {"format": "pt"})
+            write_safetensors(out / name, lazy_entries(group, stored, files, None), {"format": "pt"})
             weight_map.update(dict.fromkeys(group, name))
     if len(groups) > 1:
         write_text(out / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
@@ -238,7 +217,7 @@ def load_published(
         network = LTX2Transformer(model)
     state = {}
     with ExitStack() as files:
-        for entry in _entries([n for n in names if not is_audio(n)], stored, files, None):
+        for entry in lazy_entries([n for n in names if not is_audio(n)], stored, files, None):
             tensor = entry.load().to(device)
             state[entry.name] = tensor.to(dtype) if dtype is not None else tensor
     network.load_state_dict(state, strict=True, assign=True)

@@ -10,12 +10,11 @@ and model.image_dim; its pipeline's image_encoder/ (CLIP vision) becomes tokeniz
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from vidforge.errors import UserInputError
-from vidforge.families import FamilySpec, Published
+from vidforge.families import FamilySpec, Published, read_json
 from vidforge.families.wan import experts as wan_experts
 from vidforge.families.wan.model import WanModel
 
@@ -76,16 +75,6 @@ def media_defaults(model: Any) -> tuple[str, ...]:
     """`frame_rate` of a `model` section as settings: finetune re-times clips to it, infer writes it."""
     fps = frame_rate(model.expand_timesteps)
     return (f"curation.fps={fps}", f"infer.fps={fps}")
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserInputError(f"{path}: not readable JSON ({err}); download it again") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object; download it again")
-    return data
 
 
 def transformer_folder(src: Path) -> Path:

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from pydantic import ValidationError
-from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families import wan
@@ -31,9 +30,8 @@ from vidforge.files import output_folder, write_text
 from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
 from vidforge.models.safetensors_stream import (
-    DTYPES,
     StoredTensor,
-    TensorEntry,
+    lazy_entries,
     stored_tensors,
     write_safetensors,
 )
@@ -123,26 +121,6 @@ def _check_against(model: Model, stored: dict[str, StoredTensor], folder: Path) 
     return list(expected)
 
 
-def _entries(
-    names: list[str], stored: dict[str, StoredTensor], files: ExitStack, cast: str | None
-) -> list[TensorEntry]:
-    """Entries that read each tensor from its open file when written (and cast it when asked)."""
-    handles: dict[Path, Any] = {}
-
-    def loader(name: str):
-        t = stored[name]
-        if t.file not in handles:
-            handles[t.file] = files.enter_context(safe_open(str(t.file), framework="pt"))
-
-        def load() -> torch.Tensor:
-            tensor = handles[t.file].get_tensor(name)
-            return tensor.to(DTYPES[cast]) if cast is not None else tensor
-
-        return load
-
-    return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]
-
-
 # --- import and export ------------------------------------------------------------------------------
 
 
@@ -180,7 +158,7 @@ def import_wan(
     resolved = validate_profile(data, f"{folder / CONFIG} in the profile")
     out = output_folder(out)
     with ExitStack() as files:
-        write_safetensors(out / WEIGHTS, _entries(names, stored, files, cast), {"format": FORMAT})
+        write_safetensors(out / WEIGHTS, lazy_entries(names, stored, files, cast), {"format": FORMAT})
     write_config(out, resolved.model)
     write_text(out / "profile.yaml", dump_profile(resolved))
     return out
@@ -202,7 +180,7 @@ def load_diffusers_wan(
     model = build_model(model_cfg, device="meta")
     state = {}
     with ExitStack() as files:
-        for entry in _entries(names, stored, files, None):
+        for entry in lazy_entries(names, stored, files, None):
             tensor = entry.load().to(device)
             state[entry.name] = tensor.to(dtype) if dtype is not None else tensor
     model.load_state_dict(state, strict=True, assign=True)
@@ -247,7 +225,7 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
                 if len(groups) == 1
                 else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
             )
-            write_safetensors(out / name, _entries(group, stored, files, None), {"format": "pt"})
+            write_safetensors(out / name, lazy_entries(group, stored, files, None), {"format": "pt"})
             weight_map.update(dict.fromkeys(group, name))
     if len(groups) > 1:
         total = sum(stored[n].nbytes for n in names)
