@@ -127,6 +127,32 @@ class TextProjection(nn.Module):
         return self.fc2(F.gelu(self.fc1(text), approximate="tanh"))
 
 
+class TimestepMLP(nn.Module):
+    """diffusers' TimestepEmbedding with its parameter names (linear_1, SiLU, linear_2): the published
+    families' timestep MLP, so their weights load by name."""
+
+    def __init__(self, inputs: int, hidden: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(inputs, hidden)
+        self.linear_2 = nn.Linear(hidden, hidden)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(features)))
+
+
+class PixArtTextProjection(nn.Module):
+    """diffusers' PixArtAlphaTextProjection with its parameter names (linear_1, GELU tanh, linear_2): the
+    published families' caption projection (TextProjection above is the vidforge DiT's, fc1/fc2)."""
+
+    def __init__(self, text_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(text_dim, hidden)
+        self.linear_2 = nn.Linear(hidden, hidden)
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.gelu(self.linear_1(text), approximate="tanh"))
+
+
 class Modulation(nn.Module):
     """Adaptive LayerNorm parameters (shift, scale, gate per sub-layer) from the timestep embedding.
 

@@ -39,7 +39,7 @@ from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
-from vidforge.models.layers import Conditioning
+from vidforge.models.layers import Conditioning, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
 from vidforge.tokens import KeyPadding
 
@@ -93,18 +93,6 @@ class RMSNorm(nn.Module):
         if self.weight.dtype in (torch.float16, torch.bfloat16):
             out = out.to(self.weight.dtype)
         return (out * self.weight).to(x.dtype)
-
-
-class TimestepMLP(nn.Module):
-    """diffusers' TimestepEmbedding: linear_1, SiLU, linear_2."""
-
-    def __init__(self, inputs: int, hidden: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(inputs, hidden)
-        self.linear_2 = nn.Linear(hidden, hidden)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.silu(self.linear_1(features)))
 
 
 class FeedForward(nn.Module):

@@ -38,7 +38,7 @@ from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
-from vidforge.models.layers import Conditioning
+from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
 from vidforge.tokens import KeyPadding
 
@@ -125,30 +125,6 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """diffusers' weightless RMSNorm: the mean square in float32, back in x's dtype."""
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     return (x * torch.rsqrt(variance + eps)).to(x.dtype)
-
-
-class TimestepMLP(nn.Module):
-    """diffusers' TimestepEmbedding: linear_1, SiLU, linear_2."""
-
-    def __init__(self, inputs: int, hidden: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(inputs, hidden)
-        self.linear_2 = nn.Linear(hidden, hidden)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.silu(self.linear_1(features)))
-
-
-class CaptionProjection(nn.Module):
-    """diffusers' PixArtAlphaTextProjection (`caption_projection`): linear_1, GELU (tanh), linear_2."""
-
-    def __init__(self, text_dim: int, hidden: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(text_dim, hidden)
-        self.linear_2 = nn.Linear(hidden, hidden)
-
-    def forward(self, text: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.gelu(self.linear_1(text), approximate="tanh"))
 
 
 @dataclass(eq=False)
@@ -276,7 +252,7 @@ class LTX2Transformer(VideoTransformer):
         hidden = config.hidden
         self.proj_in = nn.Linear(config.in_channels, hidden)
         if config.caption_projection:
-            self.caption_projection = CaptionProjection(config.text_dim, hidden)
+            self.caption_projection = PixArtTextProjection(config.text_dim, hidden)
         rows = MODULATION + (PROMPT_MODULATION if config.prompt_modulation else 0)
         self.time_embed = AdaLayerNormSingle(hidden, rows)
         if config.prompt_modulation and config.prompt_modulation_per_step:

@@ -44,7 +44,7 @@ from vidforge.errors import UserInputError
 from vidforge.families.wan import EPS, FREQ_DIM
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
-from vidforge.models.layers import Conditioning
+from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.rope import apply_rope, rope_tables
 from vidforge.models.scopes import Scope, tile_scope
 from vidforge.models.sliding_tile import set_windows
@@ -88,30 +88,6 @@ class PatchEmbedding(nn.Module):
         return F.linear(tokens, self.weight.permute(0, 2, 3, 4, 1).flatten(1), self.bias)
 
 
-class TimestepMLP(nn.Module):
-    """diffusers' TimestepEmbedding: linear_1, SiLU, linear_2."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(FREQ_DIM, hidden)
-        self.linear_2 = nn.Linear(hidden, hidden)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.silu(self.linear_1(features)))
-
-
-class TextProjection(nn.Module):
-    """diffusers' PixArtAlphaTextProjection: linear_1, GELU(tanh), linear_2."""
-
-    def __init__(self, text_dim: int, hidden: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(text_dim, hidden)
-        self.linear_2 = nn.Linear(hidden, hidden)
-
-    def forward(self, text: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.gelu(self.linear_1(text), approximate="tanh"))
-
-
 class ImageEmbedding(nn.Module):
     """diffusers' WanImageEmbedding (Wan2.1-I2V, no position table): LayerNorm, GELU feed-forward of the
     image width, LayerNorm (both norms float32, affine, eps 1e-5: FP32LayerNorm's defaults there)."""
@@ -131,9 +107,9 @@ class ConditionEmbedder(nn.Module):
 
     def __init__(self, hidden: int, text_dim: int, image_dim: int = 0) -> None:
         super().__init__()
-        self.time_embedder = TimestepMLP(hidden)
+        self.time_embedder = TimestepMLP(FREQ_DIM, hidden)
         self.time_proj = nn.Linear(hidden, MODULATION * hidden)
-        self.text_embedder = TextProjection(text_dim, hidden)
+        self.text_embedder = PixArtTextProjection(text_dim, hidden)
         if image_dim:
             self.image_embedder = ImageEmbedding(image_dim, hidden)
 
