@@ -323,7 +323,7 @@ def _train(
                 with stop.waiting():
                     batches = step_fn.next_batches(s.batcher)
             except WaitInterrupted:
-                _terminate(s, "while waiting for data")
+                _terminate(s, in_wait=True)
             data_wait = time.perf_counter() - started
             if batches is None:
                 s.notes.append(f"data ran out at step {s.step} (data.epochs={s.profile.data.epochs})")
@@ -348,7 +348,7 @@ def _train(
             s.window.add(result, started, data_wait)
             _after_step(s, result, progress, notice)
             if s.step < cfg.steps and stop.agreed(runtime.device):
-                _terminate(s, "")
+                _terminate(s, in_wait=False)
 
 
 def _after_step(
@@ -372,17 +372,17 @@ def _after_step(
             notice(f"step {step}: validation videos of {len(samples)} prompt(s) in {out}")
 
 
-def _terminate(s: _Session, where: str) -> None:
-    """SIGTERM: save the steps since the last checkpoint and stop (exit 143). Interrupted in a wait for
-    data, the ranks are not at one boundary, so a collective save is taken only by a lone process."""
-    if s.step > s.saved and (not where or s.runtime.world == 1):
+def _terminate(s: _Session, in_wait: bool) -> None:
+    """SIGTERM: save the steps since the last checkpoint and stop (exit 143), one message wherever the
+    signal landed. Interrupted in a wait for data, the ranks are not at one boundary, so a collective save
+    is taken only by a lone process."""
+    if s.step > s.saved and (not in_wait or s.runtime.world == 1):
         s.save()
     s.close()
     latest = s.checkpoints.latest()
     saved = f"saved as {s.checkpoints.path(latest)}" if latest is not None else "no checkpoint yet"
     raise Terminated(
-        f"terminated (SIGTERM) after step {s.step}{' ' + where if where else ''}, {saved}; rerun the same "
-        "command with --resume to continue"
+        f"terminated (SIGTERM) after step {s.step}, {saved}; rerun the same command with --resume to continue"
     )
 
 
