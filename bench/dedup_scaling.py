@@ -138,7 +138,7 @@ def recall(n: int, dim: int, dup_fraction: float, sets: list[str], work: Path) -
     started = time.perf_counter()
     exact = exact_duplicates(corpus.exact(np.arange(len(corpus))), corpus.rank, threshold)
     exact_s = time.perf_counter() - started
-    want = {str(corpus.ids[r]) for r in exact}
+    want = set(corpus.ids_of(np.array(sorted(exact), np.int64)).tolist())
     got = measure("semantic", run, work / f"recall-{n}-out", sets, 3600)
     found = {r["clip_id"] for r in read_jsonl(work / f"recall-{n}-out" / DROPPED)}
     hit = len(found & want)

@@ -199,3 +199,26 @@ def test_a_cluster_compared_in_small_blocks_finds_the_same_pairs() -> None:
     assert len(whole) > 100
     for chunk in (64, 1000):
         assert sorted(semdedup.cluster_pairs(work, 0.95, chunk=chunk)) == sorted(whole)
+
+
+def test_groups_list_each_clusters_members_then_probers_by_row() -> None:
+    """The cluster grouping (two sorted int32 row arrays, 8 bytes a clip at 2 probes) against a direct
+    listing: cluster ids with gaps, a probed cluster that has no members (skipped), rows that are not
+    finite (-1 everywhere) and rows with fewer candidates than probes (-1 padding)."""
+    rng = np.random.default_rng(0)
+    n, p = 3000, 4
+    probes = np.stack([rng.choice(np.arange(0, 400, 3), p, replace=False) for _ in range(n)]).astype(np.int32)
+    probes[probes == 9] = 10  # a cluster id only probers name, never a member's
+    probes[probes[:, 0] == 10, 0] = 12
+    probes[rng.random(n) < 0.05] = -1
+    probes[rng.random(n) < 0.05, 2:] = -1
+    groups = semdedup._groups(probes)
+    expected = {}
+    for c in sorted(set(probes[:, 0].tolist()) - {-1}):
+        members = [r for r in range(n) if probes[r, 0] == c]
+        probers = [r for r in range(n) if c in probes[r, 1:].tolist()]
+        expected[c] = (members + probers, len(members))
+    got = {int(c): (groups.rows(i).tolist(), int(groups.members[i])) for i, c in enumerate(groups.clusters)}
+    assert got == expected
+    assert 10 not in got and any(10 in row for row in probes[:, 1:].tolist())
+    assert groups.sizes.tolist() == [len(v[0]) for v in expected.values()]

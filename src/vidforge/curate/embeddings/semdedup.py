@@ -67,14 +67,18 @@ class Corpus:
     integers a clip, not its vector (1M x 512 float32 is 2 GB, 10M is 20 GB)."""
 
     runs: list[Path]
-    ids: np.ndarray
-    run_of: np.ndarray
+    run_starts: np.ndarray
+    """The first row of each run, then the number of rows."""
     rank: np.ndarray
-    """0 for the clip kept first: where two clips are duplicates, the lower rank stays."""
+    """0 for the clip kept first: where two clips are duplicates, the lower rank stays (int32: 10M clips in
+    40 MB)."""
     model: dict[str, Any]
     dim: int
     files: list[Path]
     """The vectors file of every shard, in row order."""
+    id_files: list[Path]
+    """The ids file of every shard, in row order: ids are read where a record names a clip (a dropped one,
+    its duplicate), not held (10M ids as U16 are 640 MB)."""
     starts: np.ndarray
     """The first row of each of `files`, then the number of rows."""
     not_finite: np.ndarray
@@ -83,7 +87,21 @@ class Corpus:
     """sha256 of what the result depends on: the ids, the stored vectors' bytes, the keep scores."""
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return int(self.starts[-1])
+
+    def ids_of(self, rows: np.ndarray) -> np.ndarray:
+        """The clip ids of `rows` (any order), from the stores' id files."""
+        rows = np.asarray(rows, np.int64)
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        out = np.empty(len(rows), object)
+        for p in np.unique(part):
+            at = np.flatnonzero(part == p)
+            out[at] = np.load(self.id_files[p], mmap_mode="r")[rows[at] - self.starts[p]]
+        return out.astype(str) if len(out) else np.zeros(0, str)
+
+    def run_of(self, rows: np.ndarray) -> np.ndarray:
+        """The index in `runs` of each of `rows`."""
+        return np.searchsorted(self.run_starts, np.asarray(rows), side="right") - 1
 
     def exact(self, rows: np.ndarray) -> np.ndarray:
         """float32 unit vectors of `rows` (any order), from the stores: each shard mapped only while its rows
@@ -137,13 +155,13 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                 f"{first.model.get('name')} ({first.dim}-d); dedup runs embedded by the same model"
             )
     digest = hashlib.sha256(json.dumps([s.model for s in stores]).encode())
-    ids, run_of, scores, files, sizes = [], [], [], [], []
-    for i, s in enumerate(stores):
+    scores, files, id_files, sizes = [], [], [], []
+    for s in stores:
         files += [s.folder / f"{sh['name']}.vectors.npy" for sh in s.index["shards"]]
+        id_files += [s.folder / f"{sh['name']}.ids.npy" for sh in s.index["shards"]]
         sizes += [sh["rows"] for sh in s.index["shards"]]
-        ids.append(s.ids())
-        digest.update(np.ascontiguousarray(ids[-1]).tobytes())
-        run_of.append(np.full(s.rows, i, np.int32))
+        for sh in s.index["shards"]:  # a shard at a time: the digest's bytes as before, not all ids held
+            digest.update(np.ascontiguousarray(np.load(s.folder / f"{sh['name']}.ids.npy")).tobytes())
         if keep != "first":
             if not s.has_column(KEEP_COLUMNS[keep]):
                 raise UserInputError(
@@ -159,19 +177,18 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
         bad.append(row + np.flatnonzero(~np.isfinite(raw).all(axis=1)))
         row += len(raw)
     n = int(starts[-1])
-    order = np.arange(n)
+    rank = np.arange(n, dtype=np.int32)
     if keep != "first":  # higher score first, then first seen; NaN (not measured) below every score
-        order = np.lexsort((order, -np.concatenate(scores)))
-    rank = np.empty(n, np.int64)
-    rank[order] = np.arange(n)
+        order = np.lexsort((rank, -np.concatenate(scores)))
+        rank[order] = np.arange(n, dtype=np.int32)
     return Corpus(
         runs=[s.run_dir for s in stores],
-        ids=np.concatenate(ids) if ids else np.zeros(0, str),
-        run_of=np.concatenate(run_of),
+        run_starts=np.cumsum([0, *(s.rows for s in stores)]).astype(np.int64),
         rank=rank,
         model=first.model,
         dim=first.dim or 0,
         files=files,
+        id_files=id_files,
         starts=starts,
         not_finite=np.concatenate(bad) if bad else np.zeros(0, np.int64),
         digest=digest.hexdigest(),
@@ -387,21 +404,53 @@ class PairStage(Stage[ClusterWork, ClusterWork]):
         return item
 
 
-def _groups(probes: np.ndarray) -> Iterator[tuple[int, np.ndarray, int]]:
-    """(cluster, rows: members then probers, members) for every cluster with members."""
+@dataclass
+class Groups:
+    """Every cluster with members, as row lists: cluster `clusters[i]`'s rows are its members (by row) then
+    its probers (by row), `members[i]` of them members. Held as two sorted int32 row arrays and bounds (4
+    bytes a clip and 4 a probe), each cluster's list made when its work is gathered."""
+
+    clusters: np.ndarray
+    member_rows: np.ndarray
+    member_span: np.ndarray
+    """(clusters, 2): where each cluster's members lie in `member_rows`."""
+    prober_rows: np.ndarray
+    prober_span: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.clusters)
+
+    @property
+    def members(self) -> np.ndarray:
+        return self.member_span[:, 1] - self.member_span[:, 0]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Rows compared in each cluster (members and probers)."""
+        return self.members + self.prober_span[:, 1] - self.prober_span[:, 0]
+
+    def rows(self, i: int) -> np.ndarray:
+        (m0, m1), (p0, p1) = self.member_span[i], self.prober_span[i]
+        return np.concatenate([self.member_rows[m0:m1], self.prober_rows[p0:p1]])
+
+
+def _groups(probes: np.ndarray) -> Groups:
+    """The clusters of `probes` (N, probes) with their members and probers. Two stable sorts by cluster id
+    (rows stay in row order within a cluster): column 0 for the members, the rest for the probers."""
     n, p = probes.shape
-    flat = probes.ravel()
-    rows = np.repeat(np.arange(n, dtype=np.int32), p)  # int32: N x probes of them, 10M clips in 160 MB
-    slot = np.tile(np.arange(p, dtype=np.int16), n)
-    keep = flat >= 0
-    flat, rows, slot = flat[keep], rows[keep], slot[keep]
-    order = np.lexsort((rows, slot != 0, flat))  # by cluster, members first, each by row
-    flat, rows, slot = flat[order], rows[order], slot[order]
-    bounds = np.flatnonzero(np.diff(flat)) + 1
-    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(flat)], strict=True):
-        members = int(np.sum(slot[start:stop] == 0))
-        if members:
-            yield int(flat[start]), rows[start:stop], members
+    member_rows = np.argsort(probes[:, 0], kind="stable").astype(np.int32)
+    member_of = probes[member_rows, 0]
+    rest = probes[:, 1:].ravel()  # row-major: a cluster's probers come out by row
+    order = np.argsort(rest, kind="stable")
+    prober_of = rest[order]
+    prober_rows = (order // max(1, p - 1)).astype(np.int32)
+    del order, rest
+    clusters = np.unique(member_of[member_of >= 0]).astype(np.int32)
+
+    def span(of: np.ndarray) -> np.ndarray:  # a probed cluster without members lies between two spans
+        return np.stack([np.searchsorted(of, clusters, "left"), np.searchsorted(of, clusters, "right")], 1)
+
+    return Groups(clusters, member_rows, span(member_of), prober_rows, span(prober_of))
 
 
 # -- the command -----------------------------------------------------------------------------------------
@@ -430,7 +479,7 @@ def _load_or_plan(out: Path, corpus: Corpus, cfg, ledger: UnitLedger) -> tuple[n
     probes = partition(corpus, cfg)
     with atomic_path(out / PLAN) as tmp, open(tmp, "wb") as f:
         np.save(f, probes)
-    write_json(saved, {"key": key, "clips": len(corpus.ids), "probes": cfg.probes})
+    write_json(saved, {"key": key, "clips": len(corpus), "probes": cfg.probes})
     return probes, False
 
 
@@ -462,21 +511,22 @@ def run(
         t = time.perf_counter()
         probes, reused = _load_or_plan(out, corpus, cfg, ledger)
         seconds["kmeans"] = time.perf_counter() - t
-        groups = list(_groups(probes))
-        todo = [g for g in groups if not ledger.is_done(_unit(g[0]))]
+        groups = _groups(probes)
+        del probes  # the groups hold what the pairs need
+        todo = [i for i, c in enumerate(groups.clusters.tolist()) if not ledger.is_done(_unit(c))]
         if stop_after is not None:
             todo = todo[:stop_after]
         if on_start is not None:
             on_start(
-                {"clips": len(corpus.ids), "clusters": len(groups), "todo": len(todo), "plan_reused": reused}
+                {"clips": len(corpus), "clusters": len(groups), "todo": len(todo), "plan_reused": reused}
             )
 
         def units() -> Iterator[tuple[str, ClusterWork]]:
-            for cluster, rows, members in todo:  # gathered lazily: the executor's backpressure bounds memory
-                yield (
-                    _unit(cluster),
-                    ClusterWork(cluster, rows, members, corpus.exact(rows), corpus.rank[rows]),
-                )
+            for i in todo:  # gathered lazily: the executor's backpressure bounds memory
+                rows, cluster = groups.rows(i), int(groups.clusters[i])
+                members = int(groups.members[i])
+                ranks = corpus.rank[rows].astype(np.int64)
+                yield _unit(cluster), ClusterWork(cluster, rows, members, corpus.exact(rows), ranks)
 
         def commit(unit: str, items: list[ClusterWork], errors: list[dict[str, Any]]) -> None:
             found = [f for item in items for f in item.found]
@@ -503,11 +553,11 @@ def run(
         ledger.release()
     summary = {
         "runs": [str(r) for r in corpus.runs],
-        "clips": len(corpus.ids),
+        "clips": len(corpus),
         "dropped": len(dropped),
-        "kept": len(corpus.ids) - len(dropped),
+        "kept": len(corpus) - len(dropped),
         "clusters": len(groups),
-        "pairs_compared": int(sum(len(rows) * members for _, rows, members in groups)),
+        "pairs_compared": int(np.sum(groups.sizes.astype(np.int64) * groups.members)),
         "threshold": cfg.threshold,
         "keep": cfg.keep,
         "probes": cfg.probes,
@@ -515,7 +565,7 @@ def run(
         "errors": errors,
         # Clips whose stored vector is not finite: compared with nothing (kept), named so that it is seen.
         "not_finite": len(corpus.not_finite),
-        "not_finite_ids": [str(corpus.ids[r]) for r in corpus.not_finite[:10]],
+        "not_finite_ids": corpus.ids_of(corpus.not_finite[:10]).tolist(),
         "plan_reused": reused,
         "seconds": {k: round(v, 3) for k, v in seconds.items()}
         | {"total": round(time.perf_counter() - started, 3)},
@@ -547,16 +597,20 @@ def _merge(ledger: UnitLedger, corpus: Corpus) -> tuple[dict[int, tuple[int, flo
 
 
 def _write(out: Path, corpus: Corpus, dropped: dict[int, tuple[int, float]]) -> None:
+    rows = np.array(sorted(dropped), np.int64)
+    dups = np.array([dropped[r][0] for r in rows.tolist()], np.int64)
+    ids, dup_ids = corpus.ids_of(rows), corpus.ids_of(dups)
+    runs, dup_runs = corpus.run_of(rows), corpus.run_of(dups)
     write_jsonl(
         out / DROPPED,
         (
             {
-                "clip_id": str(corpus.ids[row]),
-                "run": str(corpus.runs[corpus.run_of[row]]),
-                "duplicate_of": str(corpus.ids[dup]),
-                "duplicate_run": str(corpus.runs[corpus.run_of[dup]]),
-                "similarity": round(sim, 6),
+                "clip_id": str(ids[i]),
+                "run": str(corpus.runs[runs[i]]),
+                "duplicate_of": str(dup_ids[i]),
+                "duplicate_run": str(corpus.runs[dup_runs[i]]),
+                "similarity": round(dropped[row][1], 6),
             }
-            for row, (dup, sim) in sorted(dropped.items())
+            for i, row in enumerate(rows.tolist())
         ),
     )
