@@ -64,7 +64,9 @@ def test_dedup_equals_exact_pairwise_on_synthetic_runs(tmp_path) -> None:
     )
     assert result.exit_code == 0, result.output
     got = _dropped(tmp_path / "out")
-    exact = semdedup.exact_duplicates(vectors, np.arange(len(vectors)), 0.95)  # runs in order: row = rank
+    corpus = semdedup.load_corpus(runs)  # the corpus's own ranks (int32), as the bench's recall passes them
+    assert np.array_equal(corpus.rank, np.arange(len(vectors)))  # runs in order: row = rank
+    exact = semdedup.exact_duplicates(vectors, corpus.rank, 0.95)
     want = {f"c{r:05d}": (f"c{d:05d}", s) for r, (d, s) in exact.items()}
     assert len(want) > 300  # most planted copies are over the threshold, some not
     assert set(got) <= set(want)  # nothing dropped that all-pairs keeps

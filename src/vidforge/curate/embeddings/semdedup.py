@@ -224,7 +224,7 @@ def _best(sims, rank, dim: int):
 
     best = sims.max(dim=dim).values
     at_best = sims == best.unsqueeze(dim)
-    ranks = torch.where(at_best, rank.unsqueeze(1 - dim).expand_as(sims), torch.iinfo(torch.int64).max)
+    ranks = torch.where(at_best, rank.unsqueeze(1 - dim).expand_as(sims), torch.iinfo(rank.dtype).max)
     return best, ranks.argmin(dim=dim)
 
 
