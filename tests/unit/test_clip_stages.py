@@ -217,3 +217,24 @@ def test_decode_workers_auto_is_a_process_per_core_at_most_one_per_source(
 ):
     monkeypatch.setattr(clip_module, "usable_cores", lambda: cores)
     assert clip_module.decode_workers(Curation(decode_workers=setting), sources) == expected
+
+
+@pytest.mark.parametrize(
+    "sets, executor, workers",
+    [
+        ({"stitch": False, "embed": False}, "local", 0),  # one source, no model: the driver analyses it
+        ({"stitch": False, "embed": False}, "ray", 1),  # Ray's actors do the work, never the driver
+        ({"stitch": True, "embed": False}, "local", 1),  # the driver holds torch: a worker forks, not it
+        ({"stitch": False, "embed": True}, "local", 1),
+        ({"stitch": False, "embed": False, "detector": "transnetv2"}, "local", 1),
+        ({"stitch": False, "embed": False, "decode_workers": 1}, "local", 1),  # as given
+    ],
+)
+def test_one_source_without_models_is_analysed_by_the_driver(monkeypatch, tmp_path, sets, executor, workers):
+    """What it saves (a forkserver's imports before the first frame) is measured in docs/benchmarks.md;
+    here, when: one source, the local executor, and nothing in the driver that a fork would break."""
+    monkeypatch.setattr(clip_module, "usable_cores", lambda: 2)
+    cfg = Curation(decode_device="cpu", **sets)
+    assert clip_module.build_stages(cfg, tmp_path, 1, executor)[0].workers == workers
+    if cfg.decode_workers == "auto":  # two sources: a worker each, whatever the driver holds
+        assert clip_module.build_stages(cfg, tmp_path, 2, executor)[0].workers == 2

@@ -72,7 +72,7 @@ def build_stages(cfg, out: Path, sources: int, executor: str = "local") -> list[
     stages: list[Stage] = [
         AnalyseStage(
             cfg,
-            workers=decode_workers(cfg, sources),
+            workers=decode_workers(cfg, sources, alone=executor == "local" and not loads_models(cfg)),
             record_to=record_to,
             samples=samples,
             record_process=record_process,
@@ -88,12 +88,29 @@ def build_stages(cfg, out: Path, sources: int, executor: str = "local") -> list[
     return stages
 
 
-def decode_workers(cfg, sources: int) -> int:
+def decode_workers(cfg, sources: int, alone: bool = False) -> int:
     """`curation.decode_workers` with `auto` resolved: a process per usable core, at most one per source
-    (the stage's unit of work is a whole source)."""
+    (the stage's unit of work is a whole source). One source with `alone` (the local executor, and no
+    model in the driver: `loads_models`) is analysed by the driver itself: a worker would add only the
+    forkserver's start-up (its imports, ~1 s of CPU before the first frame), there being nothing else for
+    the driver to do meanwhile."""
     if cfg.decode_workers != "auto":
         return cfg.decode_workers
+    if alone and sources == 1:
+        return 0
     return max(1, min(usable_cores(), sources))
+
+
+def loads_models(cfg) -> bool:
+    """The run loads torch into the driver (the stitching or embedding model, TransNetV2) or decodes on
+    the GPU: the driver then must not analyse, as the analysis forks (`curation.record_process`) and a
+    fork of a process holding torch's threads or a CUDA context is broken."""
+    return bool(
+        cfg.stitch
+        or cfg.embed
+        or cfg.detector == "transnetv2"
+        or decode_placement(cfg.decode_device)[0] != "cpu"
+    )
 
 
 def run(

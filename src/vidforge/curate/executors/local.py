@@ -94,6 +94,7 @@ class LocalExecutor:
         self.context = multiprocessing.get_context(start_method)
         self._stages: list[Stage] = []
         self._pools: list[Any] = []
+        self._modules: list[str] = []
 
     def run(
         self, stages: list[Stage], units, on_unit: UnitCallback, monitor: Monitor | None = None
@@ -104,17 +105,25 @@ class LocalExecutor:
     def start(self, stages: list[Stage]) -> None:
         # Pools start at their stage's first item: a stage whose items all run in the driver (transcode,
         # when every clip was recorded during analysis) never starts its workers.
+        # The forkserver starts now when the first stage has workers (its start-up then overlaps the
+        # driver's set-up), else at the first pool a later stage needs, if any does.
         self._stages = stages
         self._pools = [None] * len(stages)
-        modules = sorted({type(s).__module__ for s in stages if s.kind == "process" and s.workers > 0})
-        if modules and self.context.get_start_method() == "forkserver":
-            _start_forkserver(self.context, modules)
+        self._modules = sorted({type(s).__module__ for s in stages if s.kind == "process" and s.workers > 0})
+        if stages and stages[0].kind == "process" and stages[0].workers > 0:
+            self._ensure_forkserver()
+
+    def _ensure_forkserver(self) -> None:
+        if self._modules and self.context.get_start_method() == "forkserver":
+            _start_forkserver(self.context, self._modules)
+            self._modules = []  # started: once
 
     def _make_pool(self, stage: Stage):
         if stage.workers == 0:
             return None
         if stage.kind == "thread":
             return ThreadPoolExecutor(max_workers=stage.workers, thread_name_prefix=stage.name)
+        self._ensure_forkserver()
         return ProcessPoolExecutor(
             stage.workers, mp_context=self.context, initializer=_init_worker, initargs=(stage, os.getpid())
         )
