@@ -240,20 +240,20 @@ def read_pipeline(src: Path) -> Pipeline | None:
     )
 
 
-def profile_defaults(pipeline: Pipeline) -> list[str]:
-    """`section.field=value` settings that train and sample the folder's network as published, in the
+def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
+    """Settings (dotted field -> value) that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step), the shift the pipeline samples its default size with, the guidance scale and
     frame rate, and plain batches without caption dropout (what the network runs so far)."""
-    settings = [
-        "diffusion.objective=flow",
-        "diffusion.flow_prediction=velocity",
-        f"diffusion.guidance={pipeline.guidance}",
-        f"infer.fps={pipeline.fps}",
-        *PLAIN_BATCHES,
-    ]
+    settings: dict[str, Any] = {
+        "diffusion.objective": "flow",
+        "diffusion.flow_prediction": "velocity",
+        "diffusion.guidance": pipeline.guidance,
+        "infer.fps": pipeline.fps,
+        **PLAIN_BATCHES,
+    }
     if pipeline.shift is not None:
-        settings.append(f"diffusion.flow_shift={pipeline.shift.at(pipeline.default_tokens)}")
+        settings["diffusion.flow_shift"] = pipeline.shift.at(pipeline.default_tokens)
     return settings
 
 
