@@ -17,12 +17,10 @@ refuse or starve the run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from vidforge.data.token_budget import bucket_tokens
 from vidforge.families import family
 from vidforge.profile import RunProfile
-from vidforge.profile.overrides import Override, as_overrides
+from vidforge.profile.overrides import Override, Settings, as_overrides
 
 WARMUP_MAX = 10
 LOG_POINTS = 20
@@ -45,12 +43,12 @@ def frame_rate(profile: RunProfile) -> int:
     return int(media.get("infer.fps", profile.infer.fps))
 
 
-def given(overrides: Sequence[Override]) -> set[str]:
+def given(overrides: Settings) -> set[str]:
     """The fields the user's --set names (`data.token_budget=...` -> `data.token_budget`)."""
-    return {item.key for item in overrides}
+    return {item.key for item in as_overrides(overrides)}
 
 
-def sized_settings(profile: RunProfile, overrides: Sequence[Override]) -> list[Override]:
+def sized_settings(profile: RunProfile, overrides: Settings) -> list[Override]:
     """The settings above for `profile` (resolved with the user's --set), less those `overrides` name."""
     frames, height, width = training_clip(profile)
     steps, fps = profile.train.steps, frame_rate(profile)
