@@ -25,8 +25,17 @@ def test_an_override_written_as_set_reads_back_to_its_value(value) -> None:
 
 def test_a_typed_path_is_the_profiles_string_unparsed() -> None:
     assert load_profile(None, {"tokenizer.path": HOSTILE}).tokenizer.path == HOSTILE
-    # the command line's text is YAML: unquoted, `#` starts a comment (why code never builds that text)
-    assert load_profile(None, [f"tokenizer.path={HOSTILE}"]).tokenizer.path == "wan"
+
+
+def test_a_set_whose_value_yaml_would_cut_at_a_comment_is_refused_with_the_quoted_fix() -> None:
+    # the command line's text is YAML: unquoted, ` #` starts a comment (why code never builds that text)
+    with pytest.raises(ProfileError) as refused:
+        load_profile(None, ["tokenizer.path=/data/wan #2"])
+    said = str(refused.value)
+    assert "the value would be '/data/wan'" in said and "\n" not in said
+    fix = shlex.split(said.split("quote the value to keep it: ", 1)[1])
+    assert load_profile(None, fix[1:]).tokenizer.path == "/data/wan #2"
+    assert load_profile(None, ["tokenizer.path=/data/wan#2"]).tokenizer.path == "/data/wan#2"
 
 
 def test_a_refused_set_is_named_as_the_user_typed_it() -> None:

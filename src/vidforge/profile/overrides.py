@@ -54,6 +54,12 @@ def parse_set(text: str) -> Override:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if "#" in raw and "#" not in yaml_value(value):  # YAML took ` #...` for a comment and dropped it
+        fix = command_line("--set", set_text(Override(key, raw.strip())))
+        raise ProfileError(
+            f"--set {text!r}: YAML reads ' #' and what follows as a comment (the value would be {value!r}); "
+            f"quote the value to keep it: {fix}"
+        )
     return Override(key, value, text)
 
 
