@@ -3,7 +3,10 @@ read once as YAML, and what vidforge writes back as `--set` reads back to the sa
 
 from __future__ import annotations
 
+import ast
+import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,55 @@ def test_a_later_override_does_not_edit_an_earlier_ones_value() -> None:
     lora = {"rank": 16, "alpha": 16}
     profile = load_profile(None, [Override("train.lora", lora), "train.lora.rank=8"])
     assert profile.train.lora.rank == 8 and lora == {"rank": 16, "alpha": 16}
+
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "vidforge"
+# --set texts a user types: the command line's own module, and the test helpers' settings, which tests pass
+# to the commands as a user would
+TEXT_ALLOWED = {"cli", "data/testing.py"}
+
+
+def _literal(node: ast.AST) -> str | None:
+    """A string literal's text, an f-string's with `{}` for each value."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def _fed(nodes: list[ast.AST]) -> list[ast.AST]:
+    """The expressions that hold settings when code builds them: the items of a list, tuple or set
+    display (not one unpacked into names: `a, b = x, y`), and the arguments of an `append`/`extend`/`insert` or of a profile or override function."""
+    fed: list[ast.AST] = []
+    unpacked = {
+        id(n.value) for n in nodes if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Tuple)
+    }
+    for node in nodes:
+        if isinstance(node, ast.List | ast.Tuple | ast.Set) and id(node) not in unpacked:
+            fed += node.elts
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("append", "extend", "insert") or "profile" in name or "override" in name:
+                fed += [*node.args, *(k.value for k in node.keywords)]
+    return fed
+
+
+def test_src_builds_no_override_text() -> None:
+    """A `section.field=value` string with no space in it, held in a list or passed where settings go, is a
+    setting as text (`[f"curation.fps={fps}"]`), which a YAML read would cut or retype: code passes an
+    Override or a mapping instead. (Messages that name a setting, `model.family=wan: ...`, hold spaces.)"""
+    from vidforge.profile.run_profile import RunProfile
+
+    setting = re.compile(rf"^({'|'.join(RunProfile.model_fields)})(\.[a-z_0-9]+)*=\S*$")
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        if where.split("/")[0] in TEXT_ALLOWED or where in TEXT_ALLOWED:
+            continue
+        for node in _fed(list(ast.walk(ast.parse(path.read_text())))):
+            text = _literal(node)
+            if text is not None and setting.match(text):
+                found.append(f"{where}:{node.lineno}: {text}")
+    assert not found, found
