@@ -6,6 +6,7 @@ override or a whole command is written back as a shell reads it (`set_text`, `co
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from collections.abc import Iterable, Mapping
@@ -36,7 +37,7 @@ class Override:
 
     def __str__(self) -> str:
         """As `--set` takes it: the user's own text, else `key=value` that `parse_set` reads back as is."""
-        return self.given if self.given is not None else f"{self.key}={yaml_value(self.value)}"
+        return self.given if self.given is not None else set_text(self)
 
 
 Settings = Mapping[str, Any] | Iterable[Override | str]
@@ -75,7 +76,12 @@ def as_overrides(settings: Settings | None) -> list[Override]:
 def yaml_value(value: Any) -> str:
     """`value` as the YAML that `parse_set` reads back to it (a string quoted where YAML would read it as
     another value or cut it: `wan #2`, `true`, `1e-4`, `a: b`)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=2**31, allow_unicode=True, sort_keys=False)
+    try:
+        text = yaml.safe_dump(
+            value, default_flow_style=True, width=2**31, allow_unicode=True, sort_keys=False
+        )
+    except yaml.YAMLError:  # a value YAML has no tag for (a tuple): JSON, which YAML reads as a list
+        return json.dumps(value, default=str)
     return text.removesuffix("\n").removesuffix("\n...").strip()
 
 
