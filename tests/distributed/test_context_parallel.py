@@ -221,8 +221,8 @@ def _chunked_ring(group) -> float:
     """Ring attention a few queries at a time (what bounds its memory on long rows) against one
     process's attention over the whole packed row: largest error of the outputs and of the q, k, v
     gradients (each rank's own rows: the ring brings every key gradient home)."""
+    from vidforge.attention.dispatch import attention
     from vidforge.models import SequenceLayout
-    from vidforge.models.attention import attention
     from vidforge.parallel.context_parallel import cp_process_group, shard_of
     from vidforge.parallel.cp_attention import ring_attention
 
@@ -282,8 +282,8 @@ def _fused_ring(group) -> dict:
     through the einsum reference (dense, 3 queries at a time), against one process's dense attention
     over the whole row: for each row kind, the largest error of the output (real tokens) and of the q,
     k, v gradients (this rank's rows) of either ring, and between the two rings."""
+    from vidforge.attention.dispatch import attention
     from vidforge.models import SequenceLayout
-    from vidforge.models.attention import attention
     from vidforge.parallel.context_parallel import cp_process_group, shard_of
     from vidforge.parallel.cp_attention import ring_attention
 

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("families",),  # each family's facts, its code named by import path (the profile reads them)
     ("profile", "memory", "weights_file", "device", "files", "token_grid"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
+    ("attention",),  # the attention dispatcher and its sparse kernels: every network's attention calls it
     ("diffusion", "models", "data"),  # diffusion is weightless math; data knows no model
     ("parallel",),  # applied to an unmodified model from outside
     ("curate", "estimate", "tokenizers"),
