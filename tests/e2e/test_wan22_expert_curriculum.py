@@ -65,7 +65,7 @@ def download(tmp_path_factory):
 
 def test_each_stage_starts_from_its_own_expert_and_infer_samples_both_trained(download, tmp_path) -> None:
     from vidforge.infer.weights import find_weights, load_network
-    from vidforge.models.experts import load_export
+    from vidforge.weights.experts import load_export
 
     pipeline, latents, published = download
     run = tmp_path / "full"

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tokens", "text"),  # token rows as host data; text encoders
     ("attention",),  # the attention dispatcher and its sparse kernels: every network's attention calls it
     ("diffusion", "models", "data"),  # diffusion is weightless math; data knows no model
-    ("parallel",),  # applied to an unmodified model from outside
+    ("parallel", "weights"),  # parallel: applied to an unmodified model from outside; weights: its files
     ("curate", "estimate", "tokenizers"),
     ("family code",),  # each family's network, weights, TP plan, conditioning: loaded by import path
     ("sampling",),  # the sampling loop, its latents and writers: training's validation and infer share it

@@ -13,12 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import WAN, losses, make_latents, train_profile  # noqa: E402
 
 from vidforge.errors import UserInputError  # noqa: E402
-from vidforge.models import build_model, save_model  # noqa: E402
+from vidforge.models import build_model  # noqa: E402
 from vidforge.parallel.runtime import init_runtime  # noqa: E402
 from vidforge.train import loop  # noqa: E402
 from vidforge.train.build import build  # noqa: E402
 from vidforge.train.init_weights import WeightsInit  # noqa: E402
 from vidforge.train.make_step import make_train_step  # noqa: E402
+from vidforge.weights.checkpoint import save_model  # noqa: E402
 
 LORA = ("train.lora={rank: 4, alpha: 8}", "train.lr=1e-2", "train.precision=bf16")
 
@@ -182,9 +183,9 @@ def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, 
 
     from vidforge.cli.app import app
     from vidforge.families.wan.weights import load_diffusers_wan
-    from vidforge.models import load_model
     from vidforge.models.lora import load_adapter
     from vidforge.profile import load_profile
+    from vidforge.weights.checkpoint import load_model
 
     merged = tmp_path / "merged"  # the base comes from the run's record of its --init
     result = CliRunner().invoke(

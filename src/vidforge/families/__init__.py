@@ -57,7 +57,7 @@ class Published:
     index: str = "diffusion_pytorch_model.safetensors.index.json"
     """... or the index of its shards."""
     expert_folders: Mapping[str, Path] = field(default_factory=dict)
-    """A two-expert model's folder of each expert's weights (`models.experts.EXPERTS` names them); empty
+    """A two-expert model's folder of each expert's weights (`weights.experts.EXPERTS` names them); empty
     for one network (in `weights`)."""
 
     def expert_weights(self, expert: str | None) -> Path:

@@ -1,5 +1,5 @@
 """What `vidforge infer -c` samples: a training run's export or a published folder (through
-`vidforge.models.weights_folder`, the one reader of weight folders), its profile, and the network loaded
+`vidforge.weights.weights_folder`, the one reader of weight folders), its profile, and the network loaded
 with its LoRA adapter if given."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from pathlib import Path
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models import weights_folder
-from vidforge.models.checkpoint import CONFIG, config_notes
-from vidforge.models.experts import Experts, load_export, paired_export, trained_expert
-from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
 from vidforge.profile.model import Model
+from vidforge.weights import weights_folder
+from vidforge.weights.checkpoint import CONFIG, config_notes
+from vidforge.weights.experts import Experts, load_export, paired_export, trained_expert
+from vidforge.weights.weights_folder import WeightsFolder
 
 
 def find_weights(checkpoint: str | Path) -> WeightsFolder:
     """The checkpoint as an export (a run directory's export/ or an export folder) or a published
-    folder (`vidforge.models.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
+    folder (`vidforge.weights.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
     found = weights_folder.find_weights(checkpoint)
     if found is not None:
         return found
@@ -120,7 +120,7 @@ def load_network(
 
 def paired_expert(export: Path, trained: nn.Module, device: str, runtime: Model | None = None) -> Experts:
     """A one-expert run's expert with the other expert: the one its curriculum trained
-    (`vidforge.models.experts.record_pair`), else that of the weights it started from (its `--init`)."""
+    (`vidforge.weights.experts.record_pair`), else that of the weights it started from (its `--init`)."""
     expert, base = trained_expert(export)
     pair = paired_export(export)
     if pair is not None:

@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 
 from vidforge.files import output_folder, write_text
-from vidforge.models import build_model, save_model
-from vidforge.models.checkpoint import add_config_notes
-from vidforge.models.experts import record_expert
+from vidforge.models import build_model
 from vidforge.models.lora import save_adapter
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.ema import EMA, Modules, as_module_list
+from vidforge.weights.checkpoint import add_config_notes, save_model
+from vidforge.weights.experts import record_expert
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")

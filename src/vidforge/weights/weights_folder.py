@@ -17,10 +17,10 @@ from pydantic import ValidationError
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published, family, load, names, read_published
-from vidforge.models.checkpoint import CONFIG, WEIGHTS, read_config
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.loading import apply_override, validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model
+from vidforge.weights.checkpoint import CONFIG, WEIGHTS, read_config
 
 
 @dataclass(frozen=True)

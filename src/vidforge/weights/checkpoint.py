@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 from vidforge.files import atomic_path, output_folder, write_text
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.presets import build_model
-from vidforge.models.safetensors_stream import safetensors_shapes
-from vidforge.models.weights_check import check_config_against_weights
 from vidforge.profile.model import Model, with_runtime
+from vidforge.weights.safetensors_stream import safetensors_shapes
+from vidforge.weights.weights_check import check_config_against_weights
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
