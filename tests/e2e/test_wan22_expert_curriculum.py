@@ -98,7 +98,7 @@ def test_a_lora_curriculum_puts_each_stage_adapter_on_its_own_expert(download, t
     """What `infer -c DOWNLOAD --lora RUN` loads (`load_network`) against each stage's adapter on its
     published expert, loaded by hand."""
     from vidforge.infer.weights import find_weights, load_network
-    from vidforge.models.lora import load_adapter
+    from vidforge.lora import load_adapter
 
     pipeline, latents, published = download
     lora = tmp_path / "lora"

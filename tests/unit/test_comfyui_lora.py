@@ -22,9 +22,9 @@ from train_fixtures import WAN, train_profile  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.files import write_text  # noqa: E402
+from vidforge.lora import apply_lora, load_adapter, merge, save_adapter  # noqa: E402
+from vidforge.lora.comfyui import FILE  # noqa: E402
 from vidforge.models import build_model  # noqa: E402
-from vidforge.models.comfyui_lora import FILE  # noqa: E402
-from vidforge.models.lora import apply_lora, load_adapter, merge, save_adapter  # noqa: E402
 from vidforge.profile import dump_profile  # noqa: E402
 from vidforge.profile.model import Model  # noqa: E402
 from vidforge.profile.train import Lora  # noqa: E402

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("profile", "memory", "weights_file", "device", "files", "token_grid"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
     ("attention",),  # the attention dispatcher and its sparse kernels: every network's attention calls it
-    ("diffusion", "models", "data"),  # diffusion is weightless math; data knows no model
+    ("diffusion", "models", "lora", "data"),  # weightless math; networks; their adapters; data
     ("parallel", "weights"),  # parallel: applied to an unmodified model from outside; weights: its files
     ("curate", "estimate", "tokenizers"),
     ("family code",),  # each family's network, weights, TP plan, conditioning: loaded by import path

@@ -103,7 +103,7 @@ def export(
     import tempfile
 
     from vidforge.errors import UserInputError
-    from vidforge.models.comfyui_lora import export_comfyui
+    from vidforge.lora.comfyui import export_comfyui
     from vidforge.train.merge_lora import export_merged
     from vidforge.weights.weights_folder import export_published
 
@@ -145,8 +145,8 @@ def _other_expert(export_dir: Path) -> dict[str, str]:
 
 def _refuse_adapter(export_dir: Path) -> None:
     """A LoRA run's export is an adapter, already in diffusers' LoRA format: nothing to convert alone."""
+    from vidforge import lora
     from vidforge.errors import UserInputError
-    from vidforge.models import lora
 
     try:
         adapter = lora.read_adapter(export_dir)
@@ -162,8 +162,8 @@ def _refuse_adapter(export_dir: Path) -> None:
 def _refuse_clean_prediction(export_dir: Path) -> None:
     """Diffusers' and ComfyUI's Wan pipelines read the transformer's output as a velocity: a model (or a
     LoRA) trained to output clean latents (diffusion.flow_prediction=clean) would sample noise there."""
+    from vidforge import lora
     from vidforge.errors import UserInputError
-    from vidforge.models import lora
     from vidforge.profile import load_profile
     from vidforge.weights.weights_folder import export_profile, find_weights
 

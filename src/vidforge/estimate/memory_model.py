@@ -293,7 +293,7 @@ def wan_lora_block(
       each adapter
           its input, and lora_A's output (rank): the frozen projection keeps nothing, the adapter's
           lora_A needs its input for its weight's gradient. Adapters on one input share it (q, k and v;
-          under autocast too: `vidforge.models.lora` keeps peft from copying it to float32), and
+          under autocast too: `vidforge.lora` keeps peft from copying it to float32), and
           to_out.0's is the attention output the kernel keeps
       each attention
           q and k RMS-normalised across the heads: their float32 inputs (4 x d) and rstd; the kernel's q,

@@ -118,7 +118,7 @@ class FamilySpec:
     comfyui_lora: str | None = None
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
     model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
-    `vidforge model export --to comfyui` (`models.comfyui_lora`). None: ComfyUI has no model of it."""
+    `vidforge model export --to comfyui` (`lora.comfyui`). None: ComfyUI has no model of it."""
     media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
     (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation

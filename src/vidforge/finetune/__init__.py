@@ -277,7 +277,7 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
     """The profile of a fine-tune of `base` as `vidforge infer -c BASE` and `train --init BASE` read it: a
     diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
     `overrides`."""
-    from vidforge.models.lora import is_adapter_folder
+    from vidforge.lora import is_adapter_folder
     from vidforge.weights.weights_folder import export_profile, published_profile, resolve_weights
 
     if not base.exists():

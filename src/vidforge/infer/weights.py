@@ -26,7 +26,7 @@ def find_weights(checkpoint: str | Path) -> WeightsFolder:
     found = weights_folder.find_weights(checkpoint)
     if found is not None:
         return found
-    from vidforge.models.lora import is_adapter_folder
+    from vidforge.lora import is_adapter_folder
 
     path = Path(checkpoint)
     if is_adapter_folder(path) or is_adapter_folder(path / "export"):
@@ -71,7 +71,7 @@ def sampling_profile(
 def adapter_sampling(lora: str | Path) -> list[str]:
     """The sampling settings of a LoRA adapter's run when it distilled a few-step student (train.distill
     wrote diffusion.sampler=few-step into its profile), as overrides of the base's profile; else none."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     path = read_adapter(lora)["folder"] / "profile.yaml"
     if not path.is_file():
@@ -105,7 +105,7 @@ def load_network(
     else:
         model = weights_folder.load_published(weights.published, device=device, runtime=runtime)
     if lora is not None:
-        from vidforge.models.lora import load_adapter
+        from vidforge.lora import load_adapter
 
         if isinstance(model, Experts):  # the adapter goes on the expert its run trained
             expert = adapter_expert(lora)
@@ -150,7 +150,7 @@ def paired_expert(export: Path, trained: nn.Module, device: str, runtime: Model 
 
 def _adapter_pair(lora: str | Path, expert: str) -> Path | None:
     """The other expert's adapter a curriculum recorded beside the LoRA adapter at `lora`; None if none."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     pair = paired_export(read_adapter(lora)["folder"])
     if pair is not None and adapter_expert(pair) == expert:
@@ -162,7 +162,7 @@ def _adapter_pair(lora: str | Path, expert: str) -> Path | None:
 
 def adapter_expert(lora: str | Path) -> str:
     """The expert (`high` or `low`) a LoRA run on a two-expert model trained (its profile's train.expert)."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     path = read_adapter(lora)["folder"] / "profile.yaml"
     expert = load_profile(path).train.expert if path.is_file() else None

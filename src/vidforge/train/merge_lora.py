@@ -7,8 +7,8 @@ from pathlib import Path
 
 from vidforge.errors import UserInputError
 from vidforge.files import write_text
+from vidforge.lora import load_adapter, merge, read_adapter
 from vidforge.models import build_model
-from vidforge.models.lora import load_adapter, merge, read_adapter
 from vidforge.profile import dump_profile, load_profile
 from vidforge.profile.model import Model
 from vidforge.train.export import record_step
