@@ -177,7 +177,7 @@ def _fsdp_checkpointed(model, mesh) -> dict[str, float]:
     """The training composition: ring cp attention, every block checkpointed (recomputed in the
     backward, collectives included), FSDP2 over the cp ranks (dp_shard_cp = cp here) reducing the
     gradients. FSDP averages over its ranks, so the loss backpropagated is cp x `shard_loss`."""
-    from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+    from vidforge.memory_savers.activation_checkpoint import apply_activation_checkpointing
     from vidforge.parallel.context_parallel import apply_cp, per_token, shard_loss, shard_of
     from vidforge.parallel.fsdp import apply_fsdp
 

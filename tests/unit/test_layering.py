@@ -34,7 +34,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("profile", "memory", "weights_file", "device", "files", "token_grid"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
     ("attention",),  # the attention dispatcher and its sparse kernels: every network's attention calls it
-    ("diffusion", "models", "lora", "data"),  # weightless math; networks; their adapters; data
+    # weightless math; networks; their adapters; what trades time for memory; data, which knows no model
+    ("diffusion", "models", "lora", "memory_savers", "data"),
     ("parallel", "weights"),  # parallel: applied to an unmodified model from outside; weights: its files
     ("curate", "estimate", "tokenizers"),
     ("family code",),  # each family's network, weights, TP plan, conditioning: loaded by import path

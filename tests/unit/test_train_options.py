@@ -151,7 +151,7 @@ def test_activation_checkpointing_and_offload_keep_the_losses_and_export_plain_w
 ) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from vidforge.parallel.activation_offload import OffloadedBlock
+    from vidforge.memory_savers.activation_offload import OffloadedBlock
 
     built: list[nn.Module] = []
     from vidforge.train import build as train_build

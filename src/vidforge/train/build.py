@@ -20,9 +20,9 @@ from torch import nn
 
 from vidforge.errors import UserInputError
 from vidforge.lora import apply_lora
+from vidforge.memory_savers.fp8_base import apply_fp8_base
 from vidforge.models import build_model
 from vidforge.models.cpu_draws import cpu_draws
-from vidforge.parallel.fp8_base import apply_fp8_base
 from vidforge.parallel.parallelize import autocast_dtype, compute_dtype, parallelize, reduced_dtype
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime
