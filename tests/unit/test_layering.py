@@ -7,7 +7,7 @@ type-only import is still a dependency of the design).
 A model family's package (`families/<name>/`) sits on two layers. Its spec, the package's `__init__` and
 the modules of the package it imports, is torch-free data the profile reads: the `families` layer, below
 the profile. Every other module of the package (the network, its weights, its tensor-parallel plan, its
-conditioning) is the family's code, on the `family code` layer: it builds on models, parallel and
+conditioning) is the family's code, on the `family code` layer: it builds on models, weights, parallel and
 tokenizers, and is reached only by the "module:attribute" strings of its spec (`families.load`), so no
 module outside the package imports it (nor the spec's modules: the rest of vidforge asks
 `families.family(name)`).
