@@ -63,7 +63,9 @@ def _write_json(directory: Path, config: dict) -> Path:
 def read_config(directory: str | os.PathLike) -> Model:
     path = Path(directory) / CONFIG
     if not path.is_file():
-        raise ValueError(f"{path}: no model config; point at a folder written by vidforge.models.save_model")
+        raise ValueError(
+            f"{path}: no model config; point at a folder written by vidforge.weights.checkpoint.save_model"
+        )
     data = json.loads(path.read_text())
     if data.get("format") != FORMAT or "model" not in data:
         raise ValueError(
