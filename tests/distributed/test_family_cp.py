@@ -127,7 +127,9 @@ def _case(model, inp: dict, group, impl: str, fsdp_mesh=None) -> dict[str, float
 
     cp_model = apply_cp(copy.deepcopy(model), group, impl)
     if fsdp_mesh is not None:
-        apply_fsdp(cp_model, fsdp_mesh, cp_model.blocks, param_dtype=torch.float64, reduce_dtype=torch.float64)
+        apply_fsdp(
+            cp_model, fsdp_mesh, cp_model.blocks, param_dtype=torch.float64, reduce_dtype=torch.float64
+        )
     shard = shard_of(SHAPE, group)
     local, squared_local = _run(cp_model, inp, shard)
     share = shard_loss(squared_local, shard)

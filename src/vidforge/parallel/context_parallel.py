@@ -96,7 +96,15 @@ class ContextParallelAttend(nn.Module):
             )
         if isinstance(mask, JointShard):  # video tokens split, the caption's replicated (MM-DiT)
             return joint_attention(
-                q, k, v, mask, self.group, self.impl, self.inner.backend, self.inner.sdpa_backend, self.regather
+                q,
+                k,
+                v,
+                mask,
+                self.group,
+                self.impl,
+                self.inner.backend,
+                self.inner.sdpa_backend,
+                self.regather,
             )
         extra = {"regather": True} if self.regather else {}
         if self.usp_groups is not None:

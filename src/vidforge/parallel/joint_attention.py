@@ -45,7 +45,9 @@ class JointShard(ContextShard):
         if self.shard.packed:
             raise ValueError("JointShard splits a plain batch's video tokens; packed rows are not built")
         if self.keys.ndim != 2 or self.keys.dtype != torch.bool:
-            raise ValueError(f"JointShard.keys must be (B, L) bool, got {self.keys.dtype} {tuple(self.keys.shape)}")
+            raise ValueError(
+                f"JointShard.keys must be (B, L) bool, got {self.keys.dtype} {tuple(self.keys.shape)}"
+            )
 
 
 def _key_mask(mask: JointShard, video: int) -> KeyPadding:

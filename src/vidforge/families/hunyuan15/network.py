@@ -414,7 +414,9 @@ class HunyuanVideo15Transformer(VideoTransformer):
         """`VideoTransformer.forward`; `condition` None is text-to-video's zeros (the pipeline's)."""
         shard = kwargs.get("shard")
         if kwargs.get("layout") is not None or (shard is not None and shard.packed):
-            raise UserInputError("model.family=hunyuan15 runs plain batches only so far: set data.packing=false")
+            raise UserInputError(
+                "model.family=hunyuan15 runs plain batches only so far: set data.packing=false"
+            )
         if kwargs.get("condition") is None and self.config.condition_channels:
             shape = list(x.shape)
             shape[1 if x.ndim == 5 else 2] = self.config.condition_channels * (
