@@ -11,8 +11,11 @@ pixel-space positions, "split" pairs): each rank's table must come from its toke
 Checked per case: the gathered output equals the single-process output, the ranks' `shard_loss` shares
 sum to the single-process loss, and the parameters' gradients summed over the ranks equal the
 single-process ones; under FSDP2 over the cp ranks (as the trainer composes them) the reduced gradients
-equal them too. float64: the computations differ in summation order only, so 1e-10 bounds rounding
-(a missing key, a wrong RoPE position or a caption counted twice is O(1e-2)). Under FSDP2 1e-6: its mixed
+equal them too. float64: the computations differ in summation order only, so 1e-10 bounds the output
+and loss (a missing key, a wrong RoPE position or a caption counted twice is O(1e-2)). Gradients 1e-8:
+both families rotate q and k in float32 whatever the dtype (the reference's rule), so the rotation's
+backward rounds gradients that differ in the 16th digit to float32, now and then one ulp apart (6e-8
+relative; ~3e-10 seen). Under FSDP2 1e-6: its mixed
 precision casts every block's inputs to param_dtype, the float32 RoPE tables in the conditioning
 included, so there the blocks rotate in float64 and the single process in float32 (differences ~1e-7).
 """
@@ -33,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 SHAPE = (3, 3, 5)  # latent frames, height, width: 45 tokens with patch 1x1x1, odd, so cp=2 pads one
 TOL = 1e-10
+GRAD_TOL = 1e-8
 FSDP_TOL = 1e-6
 
 
@@ -201,10 +205,14 @@ def results():
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_family_under_context_parallel_matches_one_process(results, name) -> None:
-    tol = FSDP_TOL if CASES[name][-1] else TOL
+    fsdp = CASES[name][-1]
+    tol, grad_tol = (FSDP_TOL, FSDP_TOL) if fsdp else (TOL, GRAD_TOL)
     for rank in results:
         errors = rank[name]
-        assert errors["output"] <= tol and errors["loss"] <= tol and errors["grad"] <= tol, (name, errors)
+        assert errors["output"] <= tol and errors["loss"] <= tol and errors["grad"] <= grad_tol, (
+            name,
+            errors,
+        )
         assert errors["grad_scale"] > 0.1  # gradients that are there to compare
 
 
