@@ -162,6 +162,27 @@ def _case(model, inp: dict, group, impl: str, fsdp_mesh=None) -> dict[str, float
     return errors
 
 
+def _sampling(model, group, impl: str) -> float:
+    """Largest difference between context-parallel and single-process sampled latents (text-to-video, 3
+    flow steps with guidance against a negative prompt, as the families' pipelines sample)."""
+    from vidforge.parallel.context_parallel import apply_cp
+    from vidforge.profile import load_profile
+    from vidforge.sampling.latents import sample_latents, sample_latents_cp
+
+    profile = load_profile(None, ["diffusion.objective=flow", "diffusion.steps=3", "diffusion.guidance=3.0"])
+    g = torch.Generator().manual_seed(3)
+    cfg = model.config
+    text = torch.randn(2, 6, cfg.text_dim, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    negative = (torch.randn(1, 6, cfg.text_dim, generator=g, dtype=torch.float64), mask[:1])
+    shape = (cfg.in_channels, *SHAPE)
+    single = sample_latents(model, profile, text, mask, [5, 6], shape, negative)
+    cp = sample_latents_cp(
+        apply_cp(copy.deepcopy(model), group, impl), profile, text, mask, [5, 6], shape, group, negative
+    )
+    return (cp - single).abs().max().item()
+
+
 # name -> (model builder, cp_impl, I2V inputs, per-token levels, under FSDP2)
 CASES = {
     "hunyuan15-t2v-all-gather": (_hunyuan15, "all-gather", False, False, False),
@@ -188,6 +209,9 @@ def _worker(rank: int, world: int) -> dict:
         model = models[build.__name__.strip("_")]
         inp = _inputs(model, image, token_levels)
         results[name] = _case(model, inp, group, impl, mesh if fsdp else None)
+    with torch.no_grad():
+        results["hunyuan15 sampling"] = _sampling(models["hunyuan15"], group, "ulysses")
+        results["ltx2 sampling"] = _sampling(models["ltx2"], group, "ring")
     # the ring would count the replicated caption's keys once per rank: refused
     ring = apply_cp(copy.deepcopy(models["hunyuan15"]), group, "ring")
     try:
@@ -219,3 +243,9 @@ def test_family_under_context_parallel_matches_one_process(results, name) -> Non
 def test_joint_attention_refuses_the_ring(results) -> None:
     for rank in results:
         assert "parallel.cp_impl=ring: joint attention" in rank["hunyuan15 ring"]
+
+
+@pytest.mark.parametrize("family", ["hunyuan15", "ltx2"])
+def test_context_parallel_sampling_matches_one_process(results, family) -> None:
+    for rank in results:
+        assert rank[f"{family} sampling"] <= TOL
