@@ -147,10 +147,23 @@ def test_family_layout_matches_one_process(name, reference, tmp_path) -> None:
         torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize(("family", "impl"), [("hunyuan15", "ring"), ("hunyuan15", "usp")])
-def test_joint_attention_refuses_what_it_cannot_split(family, impl) -> None:
-    """The ring and usp would count the replicated caption's keys once per rank: refused at load."""
+@pytest.mark.parametrize(
+    ("parallel", "says"),
+    [
+        # the ring and usp would count the replicated caption's keys once per rank
+        ({"cp_impl": "ring"}, "parallel.cp_impl: .*not ring; set one of them"),
+        ({"cp_impl": "usp", "cp_ulysses": 1}, "parallel.cp_impl: .*not usp; set one of them"),
+        (
+            {"cp_impl": "all-gather", "cp_regather": True},
+            "parallel.cp_regather: .*set parallel.cp_regather=false",
+        ),
+    ],
+)
+def test_joint_attention_refuses_what_it_cannot_split(parallel, says) -> None:
+    """What HunyuanVideo-1.5's joint attention has no code for under context parallel: refused at load, in
+    one line."""
     from vidforge.profile import ProfileError
 
-    with pytest.raises(ProfileError, match=f"parallel.cp_impl: .*not {impl}; set one of them"):
-        _profile(family, 2, {"cp": 2, "cp_impl": impl, "cp_ulysses": 1})
+    with pytest.raises(ProfileError, match=says) as err:
+        _profile("hunyuan15", 2, {"cp": 2, **parallel})
+    assert "\n" not in str(err.value)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from vidforge.errors import UserInputError
 from vidforge.families import JOINT_CP_IMPLS
 from vidforge.models.attention import attention
-from vidforge.parallel.cp_attention import _regathered, gather_tokens, heads_to_tokens, tokens_to_heads
+from vidforge.parallel.cp_attention import gather_tokens, heads_to_tokens, tokens_to_heads
 from vidforge.tokens import ContextShard, KeyPadding
 
 
@@ -79,21 +79,19 @@ def joint_attention(
 
 
 def _all_gather(q, k, v, mask: JointShard, group, backend, sdpa_backend, regather) -> torch.Tensor:
+    if regather:
+        # Re-gathering in the backward (selective checkpointing of the gather) replays the keys' padding
+        # mask conversion inside SDPA differently from the forward, which torch's checkpoint refuses.
+        raise UserInputError(
+            "parallel.cp_regather: joint attention keeps the gathered video K/V for its backward (re-gathering "
+            "is not built for it); set parallel.cp_regather=false"
+        )
     shard, local = mask.shard, mask.shard.local
     dk = k.shape[-1]
-    caption_k, caption_v = k[:, local:], v[:, local:]
-    keys = _key_mask(mask, shard.total)
-
-    def gathered_attention(q: torch.Tensor, kv_local: torch.Tensor) -> torch.Tensor:
-        kv = shard.assemble(gather_tokens(kv_local, group))  # the real video keys in row order
-        k_video, v_video = kv.split([dk, kv.shape[-1] - dk], dim=-1)
-        k_all, v_all = torch.cat([k_video, caption_k], dim=1), torch.cat([v_video, caption_v], dim=1)
-        return attention(q, k_all, v_all, keys, backend, sdpa_backend)
-
-    kv_local = torch.cat([k[:, :local], v[:, :local]], dim=-1)
-    if regather and torch.is_grad_enabled() and shard.size > 1:
-        return _regathered(gathered_attention, q, kv_local)
-    return gathered_attention(q, kv_local)
+    kv = shard.assemble(gather_tokens(torch.cat([k[:, :local], v[:, :local]], dim=-1), group))
+    k_video, v_video = kv.split([dk, kv.shape[-1] - dk], dim=-1)  # the real video keys in row order
+    k_all, v_all = torch.cat([k_video, k[:, local:]], dim=1), torch.cat([v_video, v[:, local:]], dim=1)
+    return attention(q, k_all, v_all, _key_mask(mask, shard.total), backend, sdpa_backend)
 
 
 def _ulysses(q, k, v, mask: JointShard, group, backend, sdpa_backend) -> torch.Tensor:

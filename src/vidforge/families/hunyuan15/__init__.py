@@ -49,6 +49,11 @@ def layout_rules(profile: Any, layout: Any) -> list[str]:
             f"parallel.cp_impl: HunyuanVideo-1.5's joint attention runs under context parallel with "
             f"{' or '.join(JOINT_CP_IMPLS)}, not {profile.parallel.cp_impl}; set one of them"
         )
+    if layout.cp > 1 and profile.parallel.cp_regather:
+        problems.append(
+            "parallel.cp_regather: HunyuanVideo-1.5's joint attention keeps the gathered video K/V for its "
+            "backward (re-gathering is not built for it); set parallel.cp_regather=false"
+        )
     if profile.data.packing:
         problems.append(
             "data.packing: model.family=hunyuan15 runs plain batches only so far (packed rows are not built); "
