@@ -60,12 +60,13 @@ def _hunyuan15():
     return _perturbed(build_model(cfg, dtype=torch.float64))
 
 
-def _ltx2():
+def _ltx2(rope_type: str = "split"):
+    """LTX-2.3's block (gated attention, prompt modulation) with "split" RoPE; LTX-2's "interleaved" too."""
     from vidforge.families.ltx2.model import LTX2Model
     from vidforge.models import build_model
 
     cfg = LTX2Model(
-        layers=2, hidden=48, heads=2, mlp_hidden=192, in_channels=8, text_dim=16, rope_type="split",
+        layers=2, hidden=48, heads=2, mlp_hidden=192, in_channels=8, text_dim=16, rope_type=rope_type,
         prompt_modulation=True, gated_attention=True,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -183,7 +184,7 @@ def _sampling(model, group, impl: str) -> float:
     return (cp - single).abs().max().item()
 
 
-# name -> (model builder, cp_impl, I2V inputs, per-token levels, under FSDP2)
+# name -> (model builder, cp_impl [and the model's variant], I2V inputs, per-token levels, under FSDP2)
 CASES = {
     "hunyuan15-t2v-all-gather": (_hunyuan15, "all-gather", False, False, False),
     "hunyuan15-i2v-all-gather-fsdp": (_hunyuan15, "all-gather", True, False, True),
@@ -192,6 +193,7 @@ CASES = {
     "ltx2-all-gather": (_ltx2, "all-gather", False, False, False),
     "ltx2-ring-token-levels-fsdp": (_ltx2, "ring", False, True, True),
     "ltx2-ulysses": (_ltx2, "ulysses", False, False, False),
+    "ltx2-interleaved-ring": (_ltx2, "ring interleaved", False, False, False),
 }
 
 
@@ -203,10 +205,11 @@ def _worker(rank: int, world: int) -> dict:
 
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
     group = mesh.get_group()
-    models = {"hunyuan15": _hunyuan15(), "ltx2": _ltx2()}
+    models = {"hunyuan15": _hunyuan15(), "ltx2": _ltx2(), "ltx2 interleaved": _ltx2("interleaved")}
     results = {}
     for name, (build, impl, image, token_levels, fsdp) in CASES.items():
-        model = models[build.__name__.strip("_")]
+        impl, *variant = impl.split()
+        model = models[" ".join([build.__name__.strip("_"), *variant])]
         inp = _inputs(model, image, token_levels)
         results[name] = _case(model, inp, group, impl, mesh if fsdp else None)
     with torch.no_grad():
