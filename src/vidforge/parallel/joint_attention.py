@@ -16,7 +16,8 @@ Gradients: every rank backpropagates its share of the loss (`shard_loss`); the c
 replicated, so its gradients on one rank hold that rank's share only, and the gathers' backwards (a
 reduce-scatter: a sum over ranks) and FSDP's reduction over cp add the shares up to the single-process
 gradient. The ring and usp would need the caption's keys merged into the ring's blocks once (not once
-per rank): not built, so a family that uses joint attention refuses them at load (`JOINT_CP_IMPLS`).
+per rank): not built, so a family that uses joint attention refuses them at load (`JOINT_CP_IMPLS`),
+and parallel.cp_regather with them.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def joint_attention(
 
 def _all_gather(q, k, v, mask: JointShard, group, backend, sdpa_backend, regather) -> torch.Tensor:
     if regather:
-        # Re-gathering in the backward (selective checkpointing of the gather) replays the keys' padding
-        # mask conversion inside SDPA differently from the forward, which torch's checkpoint refuses.
+        # Re-gathering in the backward (the gather under selective checkpointing, `cp_attention._regathered`)
+        # meets an op in the recompute of SDPA's key-padded path that the forward did not record (a copy),
+        # which torch's checkpoint refuses.
         raise UserInputError(
             "parallel.cp_regather: joint attention keeps the gathered video K/V for its backward (re-gathering "
             "is not built for it); set parallel.cp_regather=false"
