@@ -1,7 +1,7 @@
 """Captions from an OpenAI-compatible chat-completions endpoint serving a vision-language model (vLLM,
 SGLang and the like): N evenly spaced frames go as JPEG data-URL images, followed by the prompt.
 
-Requests run on a bounded thread pool (`concurrency`) through the shared chat client (curate/chat.py:
+Requests run on a bounded thread pool (`concurrency`) through the shared chat client (curate/captioning/chat.py:
 timeouts, retries, the API key sent to the configured origin only and never recorded); a request that
 fails for good is that clip's error."""
 
@@ -14,8 +14,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from vidforge.curate.captioners import CaptionResult, ClipItem
-from vidforge.curate.chat import ChatClient
+from vidforge.curate.captioning.captioners import CaptionResult, ClipItem
+from vidforge.curate.captioning.chat import ChatClient
 
 
 def encode_jpeg_data_url(frame: np.ndarray, max_side: int, quality: int) -> str:

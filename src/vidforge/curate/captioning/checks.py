@@ -67,7 +67,11 @@ def check_sidecars(settings: Any, records: Iterable[dict[str, Any]], some_requir
     """The CSV reads with its columns; or, for JSON sidecars, every one next to a source reads, and (when
     `some_required`: no fallback captioner) at least one source has one (a source without one only fails
     its own clips)."""
-    from vidforge.curate.captioners.sidecar import SIDECAR_SUFFIX, read_csv_captions, read_json_sidecar
+    from vidforge.curate.captioning.captioners.sidecar import (
+        SIDECAR_SUFFIX,
+        read_csv_captions,
+        read_json_sidecar,
+    )
 
     if settings.path:
         path = Path(settings.path)

@@ -5,14 +5,18 @@ every resulting clip. Runs beside the model (stitching embeds frames); one item 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from vidforge.curate.duration import apply_duration
+from vidforge.curate.clipping.duration import apply_duration
+from vidforge.curate.clipping.static import static_ratio, static_reason
+from vidforge.curate.clipping.stitch import stitch_shots
 from vidforge.curate.items import Analysis, ClipPlan, RecordedShot, Shot
 from vidforge.curate.stage import Stage
-from vidforge.curate.static import static_ratio, static_reason
-from vidforge.curate.stitch import stitch_shots
 from vidforge.data.manifest import stable_id
 from vidforge.profile.curation import Curation
+
+if TYPE_CHECKING:
+    from vidforge.curate.embeddings.embedder import ImageEmbedder
 
 
 def clip_id(source: str, start: int, end: int) -> str:
@@ -85,7 +89,7 @@ class SourcePlans:
         return self.source
 
 
-class PlanStage(Stage):
+class PlanStage(Stage[Analysis, SourcePlans]):
     """Analysis -> SourcePlans (every clip of the source, kept or rejected). A thread of the driver,
     sharing the embedding model."""
 
@@ -95,11 +99,11 @@ class PlanStage(Stage):
 
     def __init__(self, cfg: Curation):
         self.cfg = cfg
-        self.embedder = None
+        self.embedder: ImageEmbedder | None = None
 
     def setup(self) -> None:
         if self.cfg.stitch:
-            from vidforge.curate.embedding import ImageEmbedder
+            from vidforge.curate.embeddings.embedder import ImageEmbedder
 
             self.embedder = ImageEmbedder.from_profile(self.cfg)
 

@@ -1,4 +1,4 @@
-"""Stage 2: shot detection with PySceneDetect's own detectors (or TransNetV2, `curate/transnetv2.py`, behind
+"""Stage 2: shot detection with PySceneDetect's own detectors (or TransNetV2, `curate/clipping/transnetv2.py`, behind
 the same interface), fed frame by frame from our single decode.
 
 The frames are prepared exactly as PySceneDetect's `detect()` prepares them (BGR, downscaled by its
@@ -21,7 +21,7 @@ from vidforge.profile.curation import Curation
 def make_detector(cfg: Curation):
     """The profile's detector; unset fields keep PySceneDetect's defaults."""
     if cfg.detector == "transnetv2":
-        from vidforge.curate.transnetv2 import TransNetV2Detector, load_model
+        from vidforge.curate.clipping.transnetv2 import TransNetV2Detector, load_model
 
         model, _ = load_model(cfg.transnetv2_weights, "curation.transnetv2_weights")
         return TransNetV2Detector(model, cfg.transnetv2_threshold)

@@ -15,15 +15,15 @@ import cv2
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from vidforge.curate.container import error_reason, frame_rate, open_source, video_stream
-from vidforge.curate.geometry import display_size, sample_aspect
-from vidforge.curate.gpu_decode import gpu_frames, presentation_pts
+from vidforge.curate.clipping.recorder_process import RecorderProcess
+from vidforge.curate.clipping.shot_recorder import ShotRecorder
+from vidforge.curate.clipping.shots import ShotDetector, detection_size, downscale, make_detector
 from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
-from vidforge.curate.recorder_process import RecorderProcess
-from vidforge.curate.shot_recorder import ShotRecorder
-from vidforge.curate.shots import ShotDetector, detection_size, downscale, make_detector
 from vidforge.curate.stage import ItemError, Stage
+from vidforge.curate.video.container import error_reason, frame_rate, open_source, video_stream
+from vidforge.curate.video.geometry import display_size, sample_aspect
+from vidforge.curate.video.gpu_decode import gpu_frames, presentation_pts
 from vidforge.profile.curation import Curation
 
 
@@ -64,7 +64,7 @@ def _cpu_pictures(container, stream):
 
 
 def _gpu_pictures(source: str, container, stream):
-    """The same from NVDEC (gpu_decode.py): the first frame, decoded by PyAV, gives the rotation and
+    """The same from NVDEC (video/gpu_decode.py): the first frame, decoded by PyAV, gives the rotation and
     interlacing; the others come as pictures alone (frame None)."""
     first = next(container.decode(stream), None)
     if first is None:
@@ -162,7 +162,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
 
 
 def _info(stream, fps: Fraction, rotation: int, interlaced: bool) -> VideoInfo:
-    """The stream as displayed (geometry.py); frames and duration are filled in after the decode."""
+    """The stream as displayed (video/geometry.py); frames and duration are filled in after the decode."""
     coded_w, coded_h = int(stream.codec_context.width), int(stream.codec_context.height)
     sar = sample_aspect(stream)
     w, h = display_size(coded_w, coded_h, sar, rotation)
@@ -199,7 +199,7 @@ def _grab(cut_indices, ring, boundary, n, collect_until) -> int:
     return collect_until
 
 
-class AnalyseStage(Stage):
+class AnalyseStage(Stage[str, Analysis]):
     """Source path -> Analysis (and, with `record_to`, its shots encoded). CPU-bound (decode, x264): runs in
     worker processes."""
 

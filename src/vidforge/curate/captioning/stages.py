@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from vidforge.curate import filters
-from vidforge.curate.annotator import CaptionAnnotator, Timings, media_of
-from vidforge.curate.captioners import evenly_spaced
+from vidforge.curate.captioning.annotator import CaptionAnnotator, Timings, media_of
+from vidforge.curate.captioning.captioners import evenly_spaced
 from vidforge.curate.stage import Stage
 from vidforge.profile.caption import Caption
 
@@ -46,11 +46,15 @@ def wanted_frames(cfg: Caption, count: int) -> set[int]:
     return idx
 
 
+ClipRecord = dict[str, Any]
+"""One line of a `vidforge clip` manifest (clip_id, media, source, timing, ...): `decode`'s input."""
+
+
 @dataclass
 class Decoded:
     """A clip record with its decoded frames, or the reason it could not be decoded."""
 
-    record: dict[str, Any]
+    record: ClipRecord
     num_frames: int = 0
     frames: dict[int, np.ndarray] = field(default_factory=dict)
     error: str | None = None
@@ -112,7 +116,7 @@ def decode_record(record: dict[str, Any], cfg: Caption, clips_dir: Path) -> Deco
         return Decoded(record, error=f"{type(err).__name__}: {err}", seconds=time.perf_counter() - t0)
 
 
-class DecodeStage(Stage):
+class DecodeStage(Stage[ClipRecord, Decoded]):
     """Clip record -> `Decoded` (the frames every enabled annotation asks for, decoded once)."""
 
     name = "decode"
@@ -121,11 +125,11 @@ class DecodeStage(Stage):
     def __init__(self, cfg: Caption, clips_dir: str | Path, workers: int = 1):
         self.cfg, self.clips_dir, self.workers = cfg, Path(clips_dir), workers
 
-    def process(self, item: dict[str, Any]) -> Decoded:
+    def process(self, item: ClipRecord) -> Decoded:
         return decode_record(item, self.cfg, self.clips_dir)
 
 
-class AnnotateStage(Stage):
+class AnnotateStage(Stage[Decoded, Annotated]):
     """Batches of `Decoded` -> `Annotated`, one per clip, through one `CaptionAnnotator`."""
 
     name = "annotate"
@@ -153,7 +157,7 @@ class AnnotateStage(Stage):
         return state
 
     def setup(self) -> None:
-        from vidforge.curate.caption_checks import check_inputs
+        from vidforge.curate.captioning.checks import check_inputs
 
         if self.annotator is None:
             check_inputs(self.cfg, [])

@@ -1,7 +1,7 @@
 """H.264 (libx264, yuv420p) MP4 encoding of a run of a source's frames, in display order, through PyAV.
 
-Used by both ways a clip gets made: cut from the source by plan (transcode.py) and recorded shot by shot
-while the source is decoded for analysis (shot_recorder.py). The clip's length need not be known up
+Used by both ways a clip gets made: cut from the source by plan (clipping/transcode.py) and recorded shot by shot
+while the source is decoded for analysis (clipping/shot_recorder.py). The clip's length need not be known up
 front: frames go in as they are decoded."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from vidforge.curate.geometry import Deinterlacer, deinterlacer_for
 from vidforge.curate.items import VideoInfo
+from vidforge.curate.video.geometry import Deinterlacer, deinterlacer_for
 from vidforge.profile.curation import Curation
 
 SAMPLE_SIDE = 256  # longest side of the frames kept for the embedding model (it resizes them anyway)

@@ -24,7 +24,7 @@ import numpy as np
 
 from vidforge import files
 from vidforge.curate import filters
-from vidforge.curate.annotator import clip_id_of
+from vidforge.curate.captioning.annotator import clip_id_of
 from vidforge.data import embeddings as store
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import Caption

@@ -68,22 +68,22 @@ def build_captioner(settings: Any, device: str = "cpu", random_weights: bool = F
     captioner = _backend(settings.backend, settings, device, random_weights)
     if settings.fallback is None:
         return captioner
-    from vidforge.curate.captioners.fallback import FallbackCaptioner
+    from vidforge.curate.captioning.captioners.fallback import FallbackCaptioner
 
     return FallbackCaptioner(captioner, _backend(settings.fallback, settings, device, random_weights))
 
 
 def _backend(backend: str, settings: Any, device: str, random_weights: bool) -> Captioner:
     if backend == "coca":
-        from vidforge.curate.captioners.coca import CocaCaptioner
+        from vidforge.curate.captioning.captioners.coca import CocaCaptioner
 
         return CocaCaptioner(settings.coca, device=device, random_weights=random_weights)
     if backend == "endpoint":
-        from vidforge.curate.captioners.endpoint import EndpointCaptioner
+        from vidforge.curate.captioning.captioners.endpoint import EndpointCaptioner
 
         return EndpointCaptioner(settings.endpoint)
     if backend == "sidecar":
-        from vidforge.curate.captioners.sidecar import SidecarCaptioner
+        from vidforge.curate.captioning.captioners.sidecar import SidecarCaptioner
 
         return SidecarCaptioner(settings.sidecar)
     raise ValueError(f"unknown caption backend {backend!r}")

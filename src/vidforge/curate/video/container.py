@@ -1,6 +1,6 @@
 """Opening a video source with PyAV: a local path or an fsspec URL, its first decodable video stream and
 frame rate, and why a source that does not open failed (empty, truncated, not a video). Decoding
-(decode.py), the recorder's own process (recorder_process.py) and transcoding all open sources here."""
+(clipping/decode.py), the recorder's own process (clipping/recorder_process.py) and transcoding all open sources here."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vidforge.curate.captioners import CaptionResult, ClipItem
+from vidforge.curate.captioning.captioners import CaptionResult, ClipItem
 from vidforge.errors import UserInputError
 from vidforge.files import read_csv, read_text_inside
 

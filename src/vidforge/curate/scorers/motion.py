@@ -9,7 +9,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from vidforge.curate.captioners import evenly_spaced
+from vidforge.curate.captioning.captioners import evenly_spaced
 
 # Farneback parameters: a 3-level pyramid with 15-pixel windows follows motions of a few pixels per
 # frame at 128 px; the rest are OpenCV's documented defaults.

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vidforge.curate.captioners import CaptionResult, ClipItem
-from vidforge.curate.clip_score import OpenClipModel, preprocess_frames
+from vidforge.curate.captioning.captioners import CaptionResult, ClipItem
+from vidforge.curate.scorers.clip_score import OpenClipModel, preprocess_frames
 from vidforge.errors import UserInputError
 
 log = logging.getLogger(__name__)

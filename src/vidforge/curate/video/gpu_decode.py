@@ -1,5 +1,5 @@
 """Decoding a source on the GPU (NVDEC through PyNvVideoCodec, the `gpu-decode` extra) for the analysis
-of decode.py: frames come out as RGB on the device, are downscaled there to PySceneDetect's detection
+of clipping/decode.py: frames come out as RGB on the device, are downscaled there to PySceneDetect's detection
 size in batches, and only that small copy crosses to the host. `curation.decode_device` chooses; where
 no GPU or no decoder is there, the CPU decodes (PyAV) and the run says why in one line.
 
@@ -14,7 +14,7 @@ from importlib.util import find_spec
 
 import numpy as np
 
-from vidforge.curate.container import open_source, video_stream
+from vidforge.curate.video.container import open_source, video_stream
 from vidforge.errors import UserInputError
 
 BATCH = 32  # frames decoded and downscaled per call: enough to keep NVDEC busy, a few MB of 720p RGB

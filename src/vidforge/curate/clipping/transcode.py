@@ -15,10 +15,11 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidforge.curate.container import open_source, video_stream
-from vidforge.curate.encoder import ClipEncoder, output_size, sample_indices
+from vidforge.curate.clipping.plan import SourcePlans
 from vidforge.curate.items import ClipPlan, ClipResult, RecordedShot
 from vidforge.curate.stage import ItemError, Stage
+from vidforge.curate.video.container import open_source, video_stream
+from vidforge.curate.video.encoder import ClipEncoder, output_size, sample_indices
 from vidforge.data.manifest import atomic_path
 from vidforge.profile.curation import Curation
 
@@ -175,7 +176,7 @@ def _frames_from(container, stream, first_pts: int):
     yield from frames
 
 
-class TranscodeStage(Stage):
+class TranscodeStage(Stage[SourcePlans, ClipResult | ClipPlan]):
     """SourcePlans -> [ClipResult | rejected ClipPlan]: recorded shots adopted, the other clips cut in one
     decode pass. CPU-bound (decode + x264): worker processes, parallel across sources."""
 
@@ -196,12 +197,12 @@ class TranscodeStage(Stage):
             ) from None
         Path(self.clips_dir).mkdir(parents=True, exist_ok=True)
 
-    def runs_in_driver(self, plans) -> bool:
+    def runs_in_driver(self, plans: SourcePlans) -> bool:
         """Nothing to cut, only recordings to rename (or nothing kept)."""
         recorded = {(r.start, r.end) for r in plans.recorded}
         return all((p.start, p.end) in recorded for p in plans.plans if p.rejected is None)
 
-    def process(self, plans):
+    def process(self, plans: SourcePlans) -> list[ClipResult | ClipPlan]:
         clips_dir = Path(self.clips_dir)
         kept = [p for p in plans.plans if p.rejected is None]
         adopted, rest = adopt_recorded(kept, plans.recorded, clips_dir, self.cfg)

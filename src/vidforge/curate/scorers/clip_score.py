@@ -61,7 +61,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         },
         "custom_text": True,
     },
-    # `curation.embed_model`'s default (curate/embedding.py): a 2-layer ViT on 64 px images, 2-layer text.
+    # `curation.embed_model`'s default (curate/embeddings/embedder.py): a 2-layer ViT on 64 px images, 2-layer text.
     "vidforge-tiny": {
         "embed_dim": 64,
         "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "head_width": 32, "patch_size": 16},

@@ -367,7 +367,7 @@ def cluster_pairs(
     return found
 
 
-class PairStage(Stage):
+class PairStage(Stage[ClusterWork, ClusterWork]):
     """ClusterWork -> ClusterWork with its candidates (torch matmuls; a thread, one per driver)."""
 
     name = "pairs"

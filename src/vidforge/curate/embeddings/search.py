@@ -40,7 +40,7 @@ def _stores(runs: Sequence[str | os.PathLike]) -> list[EmbeddingStore]:
 def text_query(profile, stores: list[EmbeddingStore], text: str) -> np.ndarray:
     """The text's unit vector from the text tower of the model the stores were embedded by (the profile
     must name that model: another model's space would rank at random)."""
-    from vidforge.curate.embedding import ImageEmbedder
+    from vidforge.curate.embeddings.embedder import ImageEmbedder
 
     cur = profile.curation
     for s in stores:
@@ -56,7 +56,7 @@ def text_query(profile, stores: list[EmbeddingStore], text: str) -> np.ndarray:
 def caption_query(profile, stores: list[EmbeddingStore], text: str) -> np.ndarray:
     """The text's unit vector from the text tower of the caption stage's CLIP model, which must be the
     one that embedded the stores' captions."""
-    from vidforge.curate.annotator import caption_clip_embedder
+    from vidforge.curate.captioning.annotator import caption_clip_embedder
     from vidforge.device import select_device
 
     cfg = profile.curation.caption

@@ -22,8 +22,8 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidforge.curate.encoder import ClipEncoder, sample_indices
 from vidforge.curate.items import RecordedShot, VideoInfo
+from vidforge.curate.video.encoder import ClipEncoder, sample_indices
 from vidforge.data.manifest import TMP_MARK, stable_id
 from vidforge.profile.curation import Curation
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from vidforge.curate import filters
-from vidforge.curate.captioners import ClipItem, build_captioner
-from vidforge.curate.captioners.cleaning import clean_caption
+from vidforge.curate.captioning.captioners import ClipItem, build_captioner
+from vidforge.curate.captioning.captioners.cleaning import clean_caption
 from vidforge.curate.decision import decide
 from vidforge.curate.filters import Clip, Resources
 from vidforge.data.paths import inside, plain_name
@@ -66,12 +66,12 @@ def blank_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def caption_clip_embedder(cfg: Caption, device: str):
-    """`curation.caption.clip`'s model, set up (`curate.clip_score.ClipEmbedder`): the one the aesthetic
+    """`curation.caption.clip`'s model, set up (`curate.scorers.clip_score.ClipEmbedder`): the one the aesthetic
     and clip_score filters read and whose text tower embeds the captions. Random weights (where allowed)
     come from their own seed, so `vidforge search --captions` builds the same text tower as the run."""
     import torch
 
-    from vidforge.curate.clip_score import ClipEmbedder
+    from vidforge.curate.scorers.clip_score import ClipEmbedder
 
     embedder = ClipEmbedder(cfg.clip, device=device, random_weights=cfg.random_weights)
     with torch.random.fork_rng(devices=[]):
@@ -121,7 +121,7 @@ class CaptionAnnotator:
     def setup(self) -> None:
         if self._ready:
             return
-        from vidforge.curate.caption_checks import check_inputs
+        from vidforge.curate.captioning.checks import check_inputs
 
         cfg = self.cfg
         check_inputs(cfg, [])  # every check on the user's input, before any model loads
@@ -144,7 +144,7 @@ class CaptionAnnotator:
         self.captioner.setup()
         self.embedder = self.enhancer = None
         if cfg.enhance.enabled:
-            from vidforge.curate.captioners.enhance import CaptionEnhancer
+            from vidforge.curate.captioning.captioners.enhance import CaptionEnhancer
 
             self.enhancer = CaptionEnhancer(cfg.enhance)
             self.enhancer.setup()

@@ -1,7 +1,7 @@
 """Caption enhancement (NeMo Curator's second caption pass): a text model on an OpenAI-compatible
 chat-completions endpoint rewrites each clip's caption to the length and style the profile asks for
 (`curation.caption.enhance`). Whichever backend wrote the first caption; the annotator keeps it in the
-record beside the rewrite. Requests go through the shared chat client (curate/chat.py) on a bounded
+record beside the rewrite. Requests go through the shared chat client (curate/captioning/chat.py) on a bounded
 thread pool; a rewrite that fails is that clip's error and the clip keeps its first caption."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vidforge.curate.captioners import CaptionResult
-from vidforge.curate.chat import ChatClient
+from vidforge.curate.captioning.captioners import CaptionResult
+from vidforge.curate.captioning.chat import ChatClient
 
 
 def build_request(caption: str, settings: Any) -> dict[str, Any]:

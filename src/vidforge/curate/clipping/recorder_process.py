@@ -89,7 +89,7 @@ class RecorderProcess:
 
 
 def _child(conn, source: str, clips_dir: Path, cfg: Curation, lag: int, samples: int) -> None:
-    from vidforge.curate.shot_recorder import ShotRecorder
+    from vidforge.curate.clipping.shot_recorder import ShotRecorder
 
     recorder = ShotRecorder(source, clips_dir, cfg, lag, samples)
     try:
@@ -119,7 +119,7 @@ def _record(conn, source: str, recorder) -> str:
     """Decode the source and push its frames as the parent's messages allow; 'finish' or 'discard'."""
     import av
 
-    from vidforge.curate.container import frame_rate, open_source, video_stream
+    from vidforge.curate.video.container import frame_rate, open_source, video_stream
 
     with open_source(source) as container:
         stream = video_stream(container)

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from vidforge.curate.items import ClipPlan, ClipResult
 from vidforge.curate.stage import Stage
 from vidforge.device import select_device
 from vidforge.errors import UserInputError
+from vidforge.profile.curation import Curation
 
 TINY = "vidforge-tiny"  # a small CLIP for CPU runs and tests (`clip_score.TINY_CONFIGS`)
 _CACHE: dict[tuple, ImageEmbedder] = {}
@@ -65,7 +67,7 @@ class ImageEmbedder:
         import open_clip
         import torch
 
-        from vidforge.curate.clip_score import register_tiny_configs
+        from vidforge.curate.scorers.clip_score import register_tiny_configs
 
         register_tiny_configs()
         local_dir = model_name.startswith("local-dir:")
@@ -166,7 +168,7 @@ def normalise(v: np.ndarray) -> np.ndarray:
     return (v / norm).astype(np.float32) if norm > 0 else v.astype(np.float32)
 
 
-class EmbedStage(Stage):
+class EmbedStage(Stage[ClipResult | ClipPlan, ClipResult | ClipPlan]):
     """ClipResult -> ClipResult with `embedding` (mean-pooled, normalised, over its K sampled frames).
     A thread of the driver: one model serves every clip; rejected plans pass through."""
 
@@ -177,14 +179,14 @@ class EmbedStage(Stage):
     batch_size = 8
     resources = {"num_cpus": 1}  # noqa: RUF012
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Curation):
         self.cfg = cfg
         self.embedder: ImageEmbedder | None = None
 
     def setup(self) -> None:
         self.embedder = ImageEmbedder.from_profile(self.cfg)
 
-    def process(self, item):
+    def process(self, item: ClipResult | ClipPlan) -> ClipResult | ClipPlan:
         samples = getattr(item, "samples", None)
         if samples is None:
             return item

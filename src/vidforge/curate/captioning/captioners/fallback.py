@@ -5,7 +5,7 @@ the fallback (CoCa or an endpoint) in one batch, so a source that came with capt
 
 from __future__ import annotations
 
-from vidforge.curate.captioners import Captioner, CaptionResult, ClipItem
+from vidforge.curate.captioning.captioners import Captioner, CaptionResult, ClipItem
 
 
 class FallbackCaptioner:
