@@ -6,7 +6,7 @@ guidance, size, frames, steps, negative prompt), LoRA's default targets; its cod
 the network (`network`), weight import/export (`weights`, bitwise, the audio stream's tensors carried
 untouched) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-Not built yet: the audio stream (`model.audio` refused), packed rows, context parallel and caption dropout
+Not built yet: the audio stream (`model.audio` refused), packed rows and caption dropout
 (refused at load: `layout_rules`), tokenize/shard with its VAE and connector, image-to-video, and infer
 against the pipeline (its STG, guidance rescale and shift_terminal included)."""
 
@@ -33,7 +33,7 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
     """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
-    and context parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
+    parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
     avoid the last two)."""
     problems = []
     if layout.tp > 1:
@@ -45,11 +45,6 @@ def layout_rules(profile: Any, layout: Any) -> list[str]:
         problems.append(
             "data.packing: model.family=ltx2 runs plain batches only so far (packed rows are not built); "
             "set data.packing=false"
-        )
-    if layout.cp > 1:
-        problems.append(
-            f"parallel.cp: context parallel is not built for model.family=ltx2 yet (cp={layout.cp}); set "
-            "parallel.cp=1"
         )
     if profile.diffusion.caption_dropout > 0:
         problems.append(

@@ -286,11 +286,11 @@ class LTX2Transformer(VideoTransformer):
         return self.proj_in.weight.dtype
 
     def forward(self, x: torch.Tensor, noise_level: torch.Tensor, text: torch.Tensor, *args, **kwargs):
-        """`VideoTransformer.forward` over plain batches."""
-        if kwargs.get("layout") is not None or kwargs.get("shard") is not None:
-            raise UserInputError(
-                "model.family=ltx2 runs plain batches only so far: set data.packing=false and parallel.cp=1"
-            )
+        """`VideoTransformer.forward` over plain batches (a context-parallel rank's share of one too: RoPE
+        reads the shard's global positions)."""
+        shard = kwargs.get("shard")
+        if kwargs.get("layout") is not None or (shard is not None and shard.packed):
+            raise UserInputError("model.family=ltx2 runs plain batches only so far: set data.packing=false")
         return super().forward(x, noise_level, text, *args, **kwargs)
 
     def conditioning(
@@ -304,7 +304,7 @@ class LTX2Transformer(VideoTransformer):
         """`time`: the embedded timestep the output layer reads, (N, hidden) or per token (rows, S, hidden);
         `shared_modulation`: its 6 (9) x hidden projection every block adds its table to; `text`: the
         (projected) caption; `prompt_time`: the per-step prompt modulation's term."""
-        if drop_text is not None:
+        if drop_text is not None and bool(drop_text.any()):  # the trainer passes all-False without dropout
             raise UserInputError(
                 "diffusion.caption_dropout: LTX-2 trains with its encoded empty prompt, not a dropped caption "
                 "(not built yet); set diffusion.caption_dropout=0"
