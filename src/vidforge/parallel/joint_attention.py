@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from vidforge.attention.dispatch import attention
 from vidforge.errors import UserInputError
 from vidforge.families import JOINT_CP_IMPLS
-from vidforge.models.attention import attention
 from vidforge.parallel.cp_attention import gather_tokens, heads_to_tokens, tokens_to_heads
 from vidforge.tokens import ContextShard, KeyPadding
 
