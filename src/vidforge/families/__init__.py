@@ -135,6 +135,9 @@ class FamilySpec:
     rows, context parallel, caption dropout it has no code for), each as `field: what is wrong; what to
     change`: the layout rulebook (`vidforge.profile.layout_rules`) asks it, so such a profile is refused
     when it loads."""
+    sampling_rules: Callable[[Any, Any], list[str]] = lambda profile, run: []
+    """(run profile, `SamplingRun`) -> what `vidforge infer` of the family's model refuses (a sampling
+    term its pipeline uses that is not built), each as `field: what is wrong; what to change`."""
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def diffusers_config(model: LTX2Model, published: dict[str, Any]) -> dict[str, A
         "use_prompt_embeddings": model.caption_projection,
         "ff_bias": model.ff_bias,
         "norm_eps": model.eps,
+        "perturbed_attn": model.perturbed_attention,
     }
 
 
