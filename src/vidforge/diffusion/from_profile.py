@@ -84,7 +84,10 @@ def student_levels(diffusion: Diffusion, steps: int) -> tuple[float, ...]:
     their last two (sigma_min and 0) dropped: a student call at sigma_min would return its input."""
     if diffusion.objective == "flow":
         levels = flow_sigmas(
-            steps, diffusion.flow_shift, end=diffusion.flow_schedule_end, terminal=diffusion.flow_shift_terminal
+            steps,
+            diffusion.flow_shift,
+            end=diffusion.flow_schedule_end,
+            terminal=diffusion.flow_shift_terminal,
         )[:-1]
     else:
         levels = karras_sigmas(steps + 1, diffusion.sigma_min, diffusion.sigma_max, diffusion.rho)[:-2]

@@ -304,7 +304,7 @@ class LTX2Transformer(VideoTransformer):
         """`time`: the embedded timestep the output layer reads, (N, hidden) or per token (rows, S, hidden);
         `shared_modulation`: its 6 (9) x hidden projection every block adds its table to; `text`: the
         (projected) caption; `prompt_time`: the per-step prompt modulation's term."""
-        if drop_text is not None:
+        if drop_text is not None and bool(drop_text.any()):  # (guidance's branch reads the encoded "")
             raise UserInputError(
                 "diffusion.caption_dropout: LTX-2 trains with its encoded empty prompt, not a dropped caption "
                 "(not built yet); set diffusion.caption_dropout=0"

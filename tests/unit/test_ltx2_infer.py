@@ -1,0 +1,70 @@
+"""`vidforge infer` of an LTX-2 folder in the published layout (tiny random components of the real
+classes) with DEFAULT sampling arguments (`default_parity`: only the size, the steps and the noise given,
+to both) samples LTX2Pipeline's video latents: its Euler steps over linspace(1, 1/steps, steps) shifted
+by the token count's e^mu and stretched to shift_terminal, its CFG 3 on clean estimates with guidance
+rescale 0.7, the encoded empty caption as the negative prompt, Gemma 3 through the text connector; and
+writes 24 fps. vidforge hands the network captions as its encoders store them (float16), so the pipeline's
+connector output is rounded the same way here. The pipeline's joint model is the video path here because the fixture zeroes the
+audio-to-video attention's output (its modality guidance is then a no-op, as the video path has no
+audio), and its default STG changes nothing on a transformer without perturbed_attn; audio is refused."""
+
+import pytest
+import torch
+from default_parity import PROMPT, noise, vidforge_infer
+from diffusers import LTX2Pipeline
+from ltx2_fixtures import save_tiny_pipeline
+
+from vidforge.errors import UserInputError
+
+HEIGHT, WIDTH, FRAMES, STEPS = 64, 96, 9, 3  # latents 2 x 2 x 3: 12 tokens (mu far below base_shift's)
+SETS = [
+    f"infer.height={HEIGHT}",
+    f"infer.width={WIDTH}",
+    f"infer.frames={FRAMES}",
+    f"diffusion.steps={STEPS}",
+]
+
+
+def test_default_infer_equals_the_pipelines_video_and_writes_24_fps(tmp_path, monkeypatch) -> None:
+    folder = save_tiny_pipeline(tmp_path / "pipeline", audio_to_video=False)
+    ours, fps, record = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch)
+    assert (fps, record["negative_prompt"], record["sampler"], record["guidance"]) == (
+        24,
+        "",
+        "flow-euler",
+        3.0,
+    )
+    pipe = LTX2Pipeline.from_pretrained(folder)
+    connect = pipe.connectors.forward
+
+    def stored_as_vidforge_stores_captions(*args, **kwargs):  # float16, zeros where masked (`encode`)
+        video, audio, mask = connect(*args, **kwargs)
+        return (video * mask[..., None]).half().float(), audio, mask
+
+    pipe.connectors.forward = stored_as_vidforge_stores_captions
+    latents = pipe._pack_latents(noise(ours.shape[1:]))  # packed: the pipeline normalises 5-D latents
+    theirs = pipe(
+        prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS,
+        latents=latents, output_type="latent", return_dict=False,
+    )[0]  # fmt: skip
+    vae = pipe.vae  # the pipeline returns denormalised latents; vidforge decodes its normalised ones
+    ours = pipe._denormalize_latents(ours, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    assert ours.shape == (1, 4, 2, 2, 3)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)  # 1.8e-6 measured (float32 caption: 1e-4)
+
+
+def test_audio_and_ltx23_stg_are_refused_in_one_line() -> None:
+    from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
+    from vidforge.profile.loading import apply_override, validate_profile
+
+    def profile(**model):
+        data: dict = {"model": {"preset": "ltx-2", **model}}
+        for item in ("diffusion.objective=flow", "data.packing=false", "diffusion.caption_dropout=0"):
+            apply_override(data, item)
+        return validate_profile(data, "ltx2")
+
+    assert sampling_run_problems(profile(), SamplingRun()) == []
+    (problem,) = sampling_run_problems(profile(perturbed_attention=True), SamplingRun())
+    assert problem.startswith("model.perturbed_attention: this LTX-2.3 model's pipeline samples with")
+    with pytest.raises((UserInputError, ValueError), match="audio: LTX-2's audio stream is not built"):
+        profile(audio=True)
