@@ -68,3 +68,29 @@ def test_audio_and_ltx23_stg_are_refused_in_one_line() -> None:
     assert problem.startswith("model.perturbed_attention: this LTX-2.3 model's pipeline samples with")
     with pytest.raises((UserInputError, ValueError), match="audio: LTX-2's audio stream is not built"):
         profile(audio=True)
+
+
+def test_the_schedule_is_the_schedulers_at_every_size_and_rescale_is_diffusers() -> None:
+    """flow_sigmas by the token rule and shift_terminal equal FlowMatchEulerDiscreteScheduler's sigmas as
+    the pipeline sets them (its calculate_shift's mu) from 12 tokens to 121 frames at 720p; `guided` with
+    a rescale equals diffusers' rescale_noise_cfg of the guided estimate."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, rescale_noise_cfg
+    from ltx2_fixtures import SCHEDULER
+
+    from vidforge.diffusion.flow import token_shift
+    from vidforge.diffusion.flow_samplers import flow_sigmas
+    from vidforge.diffusion.guidance import guided
+
+    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER)
+    for tokens, steps in [(12, 3), (1024, 30), (6144, 30), (16 * 22 * 40, 40)]:
+        mu = calculate_shift(tokens, 1024, 4096, 0.95, 2.05)
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+        ours = flow_sigmas(steps, token_shift((1024, 0.95, 4096, 2.05), tokens), end=0.0, terminal=0.1)
+        torch.testing.assert_close(ours.float(), scheduler.sigmas, rtol=1e-6, atol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    cond, uncond = torch.randn(2, 4, 2, 3, 5, generator=g), torch.randn(2, 4, 2, 3, 5, generator=g)
+    theirs = rescale_noise_cfg(uncond + 3.0 * (cond - uncond), cond, guidance_rescale=0.7)
+    torch.testing.assert_close(guided(cond, uncond, 3.0, 0.7), theirs, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(guided(cond, uncond, 3.0), theirs)

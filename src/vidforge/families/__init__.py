@@ -59,6 +59,9 @@ class Published:
     expert_folders: Mapping[str, Path] = field(default_factory=dict)
     """A two-expert model's folder of each expert's weights (`models.experts.EXPERTS` names them); empty
     for one network (in `weights`)."""
+    unread: Callable[[str], bool] = lambda name: False
+    """Whether a tensor of the published weights is one the family's network does not read (LTX-2's
+    audio stream, beside its video path): `train --init` of the folder leaves those out of its match."""
 
     def expert_weights(self, expert: str | None) -> Path:
         """The folder of `expert`'s weights: `weights` for a one-network folder, or for None."""

@@ -36,6 +36,7 @@ from torch import nn
 
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
+from vidforge.families.ltx2.published import is_audio
 from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
@@ -48,16 +49,9 @@ MODULATION = 6  # (shift, scale, gate) for self-attention and for the feed-forwa
 PROMPT_MODULATION = 3  # (shift, scale, gate) of the caption cross-attention's query (LTX-2.3)
 OUT_EPS = 1e-6  # norm_out's
 
+
 # Names of the audio stream's modules and parameters at any depth of the published state dict: the audio
 # blocks, their time embeddings, caption projection and output, and both cross-modal attentions.
-AUDIO_NAMES = ("audio_", "av_cross_attn_", "video_to_audio_", "video_a2v_")
-
-
-def is_audio(key: str) -> bool:
-    """Whether a published state-dict key belongs to the audio stream (or the cross-modal attention)."""
-    return any(part.startswith(AUDIO_NAMES) for part in key.split("."))
-
-
 def video_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The video path's part of a published LTX2VideoTransformer3DModel state dict."""
     return {key: value for key, value in state.items() if not is_audio(key)}

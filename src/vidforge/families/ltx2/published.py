@@ -46,6 +46,16 @@ BUILT_FOR: dict[str, Any] = {
 }  # fmt: skip
 
 
+# Name parts of the published transformer's audio stream and cross-modal attention: tensors the video
+# path does not read (an import carries them untouched; --init leaves them out of its match).
+AUDIO_NAMES = ("audio_", "av_cross_attn_", "video_to_audio_", "video_a2v_")
+
+
+def is_audio(key: str) -> bool:
+    """Whether a published state-dict key belongs to the audio stream (or the cross-modal attention)."""
+    return any(part.startswith(AUDIO_NAMES) for part in key.split("."))
+
+
 def transformer_folder(src: Path) -> Path:
     """src itself, or src/transformer for a whole pipeline folder."""
     if not (src / CONFIG).is_file() and (src / "transformer" / CONFIG).is_file():
@@ -300,5 +310,11 @@ def read_published(src: Path) -> Published | None:
     if pipeline is None:
         return None
     return Published(
-        FAMILY, Path(src), pipeline.transformer, pipeline.model, profile_defaults(pipeline), "flow"
+        FAMILY,
+        Path(src),
+        pipeline.transformer,
+        pipeline.model,
+        profile_defaults(pipeline),
+        "flow",
+        unread=is_audio,
     )
