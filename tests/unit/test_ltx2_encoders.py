@@ -1,5 +1,5 @@
 """LTX-2's caption encoder and VAE as vidforge builds them from a published folder's profile
-(`text_encoder.kind=family`: Gemma 3 through the text connector; `tokenizer.kind=ltx2`), held bitwise to
+(`text_encoder.kind=family`: Gemma 3 through the text connector; `tokenizer.kind=ltx2video`), held bitwise to
 the loaded LTX2Pipeline's own `encode_prompt` followed by its `connectors` (the video caption and mask the
 transformer reads), and to its VAE encode/decode with the pipeline's latent normalisation."""
 
@@ -43,7 +43,7 @@ def test_captions_are_the_pipelines_encode_prompt_through_its_connectors(publish
 
 def test_vae_is_the_pipelines_with_its_latent_normalisation(published):
     profile, pipe = published
-    assert profile.tokenizer.kind == "ltx2"
+    assert profile.tokenizer.kind == "ltx2video"
     vae = build_tokenizer(profile, "cpu")
     assert (vae.temporal_compression, vae.spatial_compression) == (8, 32)
     video = torch.rand(1, 3, 9, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1

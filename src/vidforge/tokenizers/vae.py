@@ -27,7 +27,7 @@ CLASSES = {
     "hunyuan": "AutoencoderKLHunyuanVideo",
     "hunyuanvideo15": "AutoencoderKLHunyuanVideo15",
     "ltx": "AutoencoderKLLTXVideo",
-    "ltx2": "AutoencoderKLLTX2Video",
+    "ltx2video": "AutoencoderKLLTX2Video",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

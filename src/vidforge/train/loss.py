@@ -179,7 +179,10 @@ class DenoisingLoss:
         if isinstance(batch, BucketBatch):
             return self.objective.at_tokens(math.prod(token_grid(batch.latents.shape[2:], self.patch)))
         if getattr(self.objective, "shift_tokens", None) is not None:
-            raise ValueError("a flow shift by token count (diffusion.flow_shift_tokens) takes plain batches")
+            raise UserInputError(
+                "diffusion.flow_shift_tokens: a shift by each sample's token count takes plain batches; set "
+                "data.packing=false"
+            )
         return self.objective
 
     def image_inputs(

@@ -6,7 +6,7 @@ guidance, size, frames, steps, negative prompt), LoRA's default targets; its cod
 the network (`network`), weight import/export (`weights`, bitwise, the audio stream's tensors carried
 untouched) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-Its caption encoder (`text_encoder`: Gemma 3 through the text connector) and VAE (tokenizer.kind=ltx2)
+Its caption encoder (`text_encoder`: Gemma 3 through the text connector) and VAE (tokenizer.kind=ltx2video)
 shard and tokenize as the pipeline encodes; `infer` samples the pipeline's video latents (its token-count
 shift, shift_terminal and guidance rescale are diffusion settings a published folder's profile carries).
 

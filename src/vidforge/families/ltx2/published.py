@@ -31,7 +31,7 @@ FPS = 24  # __call__'s frame_rate, also what RoPE's time axis is given
 GUIDANCE = 3.0  # __call__'s guidance_scale (its CFG mixes clean estimates, as vidforge's does)
 GUIDANCE_RESCALE = 0.7  # __call__'s guidance_rescale, on the clean estimates
 SCHEDULE_END = 0.0  # __call__'s sigmas: np.linspace(1.0, 1 / steps, steps), linspace(1, 0, steps + 1)[:-1]
-VAE_KIND = "ltx2"  # tokenizer.kind of AutoencoderKLLTX2Video
+VAE_KIND = "ltx2video"  # tokenizer.kind of AutoencoderKLLTX2Video
 # __call__'s other guidance terms by default: STG (stg_scale 1 at block 28) perturbs only a transformer
 # built with perturbed_attn (LTX-2.3; refused at infer, `sampling_rules`), a no-op otherwise; modality
 # guidance (modality_scale 3) moves away from the audio-isolated prediction, which is the video path's
