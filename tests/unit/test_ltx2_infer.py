@@ -53,6 +53,25 @@ def test_default_infer_equals_the_pipelines_video_and_writes_24_fps(tmp_path, mo
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)  # 1.8e-6 measured (float32 caption: 1e-4)
 
 
+def test_a_folders_profile_samples_with_the_pipelines_call_defaults(tmp_path) -> None:
+    """Size, frames, steps, frame rate, guidance and its rescale: `LTX2Pipeline.__call__`'s defaults (its
+    num_frames None means 121 for a checkpoint without a duration head)."""
+    import inspect
+
+    from vidforge.models.weights_folder import find_weights, published_profile
+
+    folder = save_tiny_pipeline(tmp_path / "pipeline")
+    call = {k: p.default for k, p in inspect.signature(LTX2Pipeline.__call__).parameters.items()}
+    prof = published_profile(find_weights(folder).published, [])
+    assert (prof.infer.height, prof.infer.width, prof.diffusion.steps) == (
+        call["height"], call["width"], call["num_inference_steps"],
+    )  # fmt: skip
+    assert (prof.infer.frames, call["num_frames"]) == (121, None)
+    assert (prof.infer.fps, prof.diffusion.guidance, prof.diffusion.guidance_rescale) == (
+        call["frame_rate"], call["guidance_scale"], call["guidance_rescale"],
+    )  # fmt: skip
+
+
 def test_audio_and_ltx23_stg_are_refused_in_one_line() -> None:
     from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
     from vidforge.profile.loading import apply_override, validate_profile

@@ -274,7 +274,8 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
     """`section.field=value` settings that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step, the sampler flow-euler over the pipeline's schedule), the scheduler's shift
-    rule, the guidance scale and rescale, the frame rate, plain batches without caption dropout (what the
+    rule, the guidance scale and rescale, the steps, frame rate, size and frames of `__call__`'s defaults,
+    plain batches without caption dropout (what the
     network runs so far); the folder's VAE and its caption encoder (Gemma 3 and the text connector)."""
     settings = [
         "diffusion.objective=flow",
@@ -283,7 +284,11 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
         f"diffusion.flow_schedule_end={SCHEDULE_END}",
         f"diffusion.guidance={pipeline.guidance}",
         f"diffusion.guidance_rescale={GUIDANCE_RESCALE}",
+        f"diffusion.steps={pipeline.steps}",
         f"infer.fps={pipeline.fps}",
+        f"infer.height={pipeline.size[0]}",
+        f"infer.width={pipeline.size[1]}",
+        f"infer.frames={pipeline.frames}",
         *PLAIN_BATCHES,
     ]
     if pipeline.shift is not None:
