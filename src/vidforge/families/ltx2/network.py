@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.published import is_audio
-from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
@@ -50,8 +50,6 @@ PROMPT_MODULATION = 3  # (shift, scale, gate) of the caption cross-attention's q
 OUT_EPS = 1e-6  # norm_out's
 
 
-# Names of the audio stream's modules and parameters at any depth of the published state dict: the audio
-# blocks, their time embeddings, caption projection and output, and both cross-modal attentions.
 def video_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The video path's part of a published LTX2VideoTransformer3DModel state dict."""
     return {key: value for key, value in state.items() if not is_audio(key)}
