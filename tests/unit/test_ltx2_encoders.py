@@ -8,9 +8,9 @@ import torch
 from diffusers import LTX2Pipeline
 from ltx2_fixtures import save_tiny_pipeline
 
-from vidforge.models.weights_folder import find_weights, published_profile
 from vidforge.text import build_text_encoder
 from vidforge.tokenizers import build_tokenizer
+from vidforge.weights.weights_folder import find_weights, published_profile
 
 CAPTIONS = ["a red square moving right", "", "  a blue circle  "]  # an empty one, one the pipeline strips
 

@@ -22,8 +22,8 @@ from vidforge.data.batching import BucketBatch
 from vidforge.data.media import write_video
 from vidforge.data.testing import synthetic_frames
 from vidforge.diffusion import build_objective
-from vidforge.models.weights_folder import find_weights, load_published, published_profile
 from vidforge.train.loss import DenoisingLoss
+from vidforge.weights.weights_folder import find_weights, load_published, published_profile
 
 CAPTIONS = ("a red square moving right", "a blue square moving left")
 HERE = ("cluster.accelerator=cpu", "curation.decode_workers=0", "curation.transcode_workers=0",

@@ -58,7 +58,7 @@ def test_a_folders_profile_samples_with_the_pipelines_call_defaults(tmp_path) ->
     num_frames None means 121 for a checkpoint without a duration head)."""
     import inspect
 
-    from vidforge.models.weights_folder import find_weights, published_profile
+    from vidforge.weights.weights_folder import find_weights, published_profile
 
     folder = save_tiny_pipeline(tmp_path / "pipeline")
     call = {k: p.default for k, p in inspect.signature(LTX2Pipeline.__call__).parameters.items()}

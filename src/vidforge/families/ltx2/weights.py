@@ -24,8 +24,15 @@ from pydantic import ValidationError
 
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
-from vidforge.families.ltx2.network import LTX2Transformer, is_audio
-from vidforge.families.ltx2.published import CLASS_NAME, CONFIG, model_fields, read_json, transformer_folder
+from vidforge.families.ltx2.network import LTX2Transformer
+from vidforge.families.ltx2.published import (
+    CLASS_NAME,
+    CONFIG,
+    is_audio,
+    model_fields,
+    read_json,
+    transformer_folder,
+)
 from vidforge.families.model import Model
 from vidforge.files import output_folder, write_text
 from vidforge.profile import dump_profile
