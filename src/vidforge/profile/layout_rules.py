@@ -493,7 +493,12 @@ def _experts_cache(profile: RunProfile, run: SamplingRun) -> list[str]:
     ]
 
 
-SAMPLING_RUN_RULES: tuple[SamplingRule, ...] = (_image, _one_process, _experts_cache)
+def _family_sampling(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """The model family's own refusals of a sampling run (`FamilySpec.sampling_rules`)."""
+    return family(profile.model.family).sampling_rules(profile, run)
+
+
+SAMPLING_RUN_RULES: tuple[SamplingRule, ...] = (_image, _one_process, _experts_cache, _family_sampling)
 
 
 def sampling_run_problems(profile: RunProfile, run: SamplingRun) -> list[str]:

@@ -87,6 +87,10 @@ class LTX2Model(Model, FixedBlock, NoImageInputs):
     """The feed-forwards' biases (ff_bias)."""
     eps: float = Field(1e-6, gt=0)
     """The blocks' RMSNorm and q/k RMSNorm epsilon (norm_eps)."""
+    perturbed_attention: bool = False
+    """The self-attentions take spatio-temporal guidance's perturbation (perturbed_attn; LTX-2.3), which the
+    pipeline samples with by default (STG, at block 28): not built, so `vidforge infer` refuses such a
+    model; set false to sample without it. Training is unaffected (the perturbation is sampling's)."""
     audio: bool = False
     """The audio stream: not built (see the module's docstring); refused when set."""
 

@@ -37,6 +37,7 @@ from torch import nn
 from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
+from vidforge.families.ltx2.published import is_audio
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
@@ -47,15 +48,6 @@ TIMESTEP_SCALE = 1000.0  # the pipeline's timestep is 1000 t (timestep_scale_mul
 MODULATION = 6  # (shift, scale, gate) for self-attention and for the feed-forward
 PROMPT_MODULATION = 3  # (shift, scale, gate) of the caption cross-attention's query (LTX-2.3)
 OUT_EPS = 1e-6  # norm_out's
-
-# Names of the audio stream's modules and parameters at any depth of the published state dict: the audio
-# blocks, their time embeddings, caption projection and output, and both cross-modal attentions.
-AUDIO_NAMES = ("audio_", "av_cross_attn_", "video_to_audio_", "video_a2v_")
-
-
-def is_audio(key: str) -> bool:
-    """Whether a published state-dict key belongs to the audio stream (or the cross-modal attention)."""
-    return any(part.startswith(AUDIO_NAMES) for part in key.split("."))
 
 
 def video_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
