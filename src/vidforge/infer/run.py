@@ -3,11 +3,11 @@
 The checkpoint is a training run directory (its `export/`) or an export folder itself; its `profile.yaml`
 is the base profile, so the tokenizer and text encoder are the ones the model was trained with. Or a
 published folder as downloaded (e.g. diffusers' Wan2.1 transformer or pipeline): sampled as published
-(`vidforge.models.weights_folder.published_profile`: for Wan its transformer, rectified flow with UniPC
+(`vidforge.weights.weights_folder.published_profile`: for Wan its transformer, rectified flow with UniPC
 and the scheduler's shift, the pipeline's VAE and umT5).
 
 The jobs live apart: which weights and which profile (`infer.weights`, through
-`vidforge.models.weights_folder`), which sampling loop runs the network (`infer.modes`: two experts,
+`vidforge.weights.weights_folder`), which sampling loop runs the network (`infer.modes`: two experts,
 several ranks as `infer.plan` shares them, or one process), the loop itself (shared with training's
 validation, `vidforge.sampling`), and writing (`infer.output`); this module runs them in order.
 
@@ -48,6 +48,7 @@ from vidforge.memory import device_memory_bytes, host_memory_bytes, require
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
 from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
+from vidforge.profile.overrides import Settings, as_overrides
 from vidforge.sampling.negative import negative_caption, negative_prompt
 from vidforge.sampling.shape import check_shape
 from vidforge.sampling.step_cache import StepCache
@@ -93,7 +94,7 @@ def run(
     prompts: Sequence[str],
     out: str | Path,
     *,
-    overrides: Sequence[str] = (),
+    overrides: Settings = (),
     profile: str | None = None,
     slicing: ScaleFusionSlicing | None = None,
     log: Any = None,
@@ -112,7 +113,7 @@ def run(
 
     check_prompts(prompts)
     if lora is not None:  # a distilled LoRA student samples in its own steps; --set still wins
-        overrides = [*adapter_sampling(lora), *overrides]
+        overrides = [*adapter_sampling(lora), *as_overrides(overrides)]
     weights = find_weights(checkpoint)
     prof = sampling_profile(weights, overrides, profile)
     # a checkpoint trained on GPUs still samples on a machine without one

@@ -1,32 +1,31 @@
 """What `vidforge infer -c` samples: a training run's export or a published folder (through
-`vidforge.models.weights_folder`, the one reader of weight folders), its profile, and the network loaded
+`vidforge.weights.weights_folder`, the one reader of weight folders), its profile, and the network loaded
 with its LoRA adapter if given."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from pathlib import Path
 
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models import weights_folder
-from vidforge.models.checkpoint import CONFIG, config_notes
-from vidforge.models.experts import Experts, load_export, paired_export, trained_expert
-from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
 from vidforge.profile.model import Model
+from vidforge.profile.overrides import Override, Settings, as_overrides
+from vidforge.weights import weights_folder
+from vidforge.weights.checkpoint import CONFIG, config_notes
+from vidforge.weights.experts import Experts, load_export, paired_export, trained_expert
+from vidforge.weights.weights_folder import WeightsFolder
 
 
 def find_weights(checkpoint: str | Path) -> WeightsFolder:
     """The checkpoint as an export (a run directory's export/ or an export folder) or a published
-    folder (`vidforge.models.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
+    folder (`vidforge.weights.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
     found = weights_folder.find_weights(checkpoint)
     if found is not None:
         return found
-    from vidforge.models.lora import is_adapter_folder
+    from vidforge.lora import is_adapter_folder
 
     path = Path(checkpoint)
     if is_adapter_folder(path) or is_adapter_folder(path / "export"):
@@ -49,14 +48,12 @@ def exported_step(export: Path) -> int | None:
     return config_notes(export).get("step")
 
 
-def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
+def checkpoint_profile(export: Path, overrides: Settings, profile: str | None = None) -> RunProfile:
     """The profile the model trained with (or `profile` if given), with `overrides` applied."""
     return weights_folder.export_profile(export, overrides, profile)
 
 
-def sampling_profile(
-    weights: WeightsFolder, overrides: Sequence[str], profile: str | None = None
-) -> RunProfile:
+def sampling_profile(weights: WeightsFolder, overrides: Settings, profile: str | None = None) -> RunProfile:
     """An export's profile (the one it trained with), or a published folder's as published. Its model
     section is the weights' but for the attention settings (`load_network` builds it so); any other
     model field set otherwise is refused (`weights_folder.check_sampled`)."""
@@ -68,10 +65,10 @@ def sampling_profile(
     return prof
 
 
-def adapter_sampling(lora: str | Path) -> list[str]:
+def adapter_sampling(lora: str | Path) -> list[Override]:
     """The sampling settings of a LoRA adapter's run when it distilled a few-step student (train.distill
     wrote diffusion.sampler=few-step into its profile), as overrides of the base's profile; else none."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     path = read_adapter(lora)["folder"] / "profile.yaml"
     if not path.is_file():
@@ -79,13 +76,15 @@ def adapter_sampling(lora: str | Path) -> list[str]:
     diffusion = load_profile(path).diffusion
     if diffusion.sampler != FEW_STEP:
         return []
-    return [
-        f"diffusion.sampler={FEW_STEP}",
-        f"diffusion.few_step_levels={json.dumps(list(diffusion.few_step_levels))}",
-        f"diffusion.few_step_noise={diffusion.few_step_noise}",
-        f"diffusion.steps={diffusion.steps}",
-        f"diffusion.guidance={diffusion.guidance:g}",
-    ]
+    return as_overrides(
+        {
+            "diffusion.sampler": FEW_STEP,
+            "diffusion.few_step_levels": list(diffusion.few_step_levels),
+            "diffusion.few_step_noise": diffusion.few_step_noise,
+            "diffusion.steps": diffusion.steps,
+            "diffusion.guidance": diffusion.guidance,
+        }
+    )
 
 
 def load_network(
@@ -105,7 +104,7 @@ def load_network(
     else:
         model = weights_folder.load_published(weights.published, device=device, runtime=runtime)
     if lora is not None:
-        from vidforge.models.lora import load_adapter
+        from vidforge.lora import load_adapter
 
         if isinstance(model, Experts):  # the adapter goes on the expert its run trained
             expert = adapter_expert(lora)
@@ -120,7 +119,7 @@ def load_network(
 
 def paired_expert(export: Path, trained: nn.Module, device: str, runtime: Model | None = None) -> Experts:
     """A one-expert run's expert with the other expert: the one its curriculum trained
-    (`vidforge.models.experts.record_pair`), else that of the weights it started from (its `--init`)."""
+    (`vidforge.weights.experts.record_pair`), else that of the weights it started from (its `--init`)."""
     expert, base = trained_expert(export)
     pair = paired_export(export)
     if pair is not None:
@@ -150,7 +149,7 @@ def paired_expert(export: Path, trained: nn.Module, device: str, runtime: Model 
 
 def _adapter_pair(lora: str | Path, expert: str) -> Path | None:
     """The other expert's adapter a curriculum recorded beside the LoRA adapter at `lora`; None if none."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     pair = paired_export(read_adapter(lora)["folder"])
     if pair is not None and adapter_expert(pair) == expert:
@@ -162,7 +161,7 @@ def _adapter_pair(lora: str | Path, expert: str) -> Path | None:
 
 def adapter_expert(lora: str | Path) -> str:
     """The expert (`high` or `low`) a LoRA run on a two-expert model trained (its profile's train.expert)."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     path = read_adapter(lora)["folder"] / "profile.yaml"
     expert = load_profile(path).train.expert if path.is_file() else None

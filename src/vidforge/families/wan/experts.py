@@ -20,7 +20,7 @@ from typing import Any
 from vidforge.errors import UserInputError
 
 FOLDERS = {"high": "transformer", "low": "transformer_2"}
-"""Each expert's component folder in a diffusers pipeline download (`models.experts.EXPERTS`' names)."""
+"""Each expert's component folder in a diffusers pipeline download (`weights.experts.EXPERTS`' names)."""
 BOUNDARY_A14B = 0.875  # Wan2.2-T2V-A14B-Diffusers' model_index.json boundary_ratio
 BOUNDARY_I2V_A14B = 0.9  # Wan2.2-I2V-A14B-Diffusers'
 # Wan2.2-T2V-A14B's own config (sample_guide_scale = (3.0, 4.0): low noise, high noise)
@@ -90,6 +90,6 @@ def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
     high, low = (
         (GUIDANCE_I2V, GUIDANCE_I2V) if model.get("condition_channels") else (GUIDANCE_HIGH, GUIDANCE_LOW)
     )
-    defaults = [*published.defaults, f"diffusion.guidance={high}", f"diffusion.guidance_2={low}"]
+    defaults = {**published.defaults, "diffusion.guidance": high, "diffusion.guidance_2": low}
     folders = {expert: src / folder for expert, folder in FOLDERS.items()}
     return dataclasses.replace(published, model=model, defaults=defaults, expert_folders=folders)

@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 from vidforge.files import atomic_path, output_folder, write_text
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.presets import build_model
-from vidforge.models.safetensors_stream import safetensors_shapes
-from vidforge.models.weights_check import check_config_against_weights
 from vidforge.profile.model import Model, with_runtime
+from vidforge.weights.safetensors_stream import safetensors_shapes
+from vidforge.weights.weights_check import check_config_against_weights
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -63,7 +63,9 @@ def _write_json(directory: Path, config: dict) -> Path:
 def read_config(directory: str | os.PathLike) -> Model:
     path = Path(directory) / CONFIG
     if not path.is_file():
-        raise ValueError(f"{path}: no model config; point at a folder written by vidforge.models.save_model")
+        raise ValueError(
+            f"{path}: no model config; point at a folder written by vidforge.weights.checkpoint.save_model"
+        )
     data = json.loads(path.read_text())
     if data.get("format") != FORMAT or "model" not in data:
         raise ValueError(

@@ -9,10 +9,10 @@ by one of:
 - `Segments(q_lens, kv_lens)`: packed sequences in one row (B = 1): query segment i sees only key
   segment i. Self-attention over packed samples, per-frame (spatial) and per-position (temporal)
   attention of ST-DiT, and cross-attention of packed samples to their own captions are all this.
-- `TileMask`: sliding-tile attention (`vidforge.models.sliding_tile`): FlexAttention's block mask under
+- `TileMask`: sliding-tile attention (`vidforge.attention.sliding_tile`): FlexAttention's block mask under
   `flex`, the exact masked reference under `sdpa` and `dense`; `TileRows` the same for some queries of
   a row against all of it (context parallel's all-gather and Ulysses); `TileSelection` the same for
-  video sparse attention's fine pass (`vidforge.models.video_sparse`).
+  video sparse attention's fine pass (`vidforge.attention.video_sparse`).
 
 Backends (`model.attention`): `sdpa` (torch SDPA; packed segments run as batched SDPA calls over runs
 of equal-length segments, so no work is spent on masked blocks; which SDPA kernel each call may use is
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.sliding_tile import TileMask, TileRows, check_backend
+from vidforge.attention.video_sparse import TileSelection
 from vidforge.errors import UserInputError
-from vidforge.models.sliding_tile import TileMask, TileRows, check_backend
-from vidforge.models.video_sparse import TileSelection
 from vidforge.tokens.masks import KeyPadding, Segments
 from vidforge.tokens.shard import ContextShard
 

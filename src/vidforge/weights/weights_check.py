@@ -15,8 +15,8 @@ from pathlib import Path
 
 from vidforge.errors import UserInputError
 from vidforge.models.presets import build_model
-from vidforge.models.safetensors_stream import StoredTensor
 from vidforge.profile.model import Model
+from vidforge.weights.safetensors_stream import StoredTensor
 
 
 def _layer_stack(config: Model) -> tuple[str, dict[str, tuple[int, ...]], list[str], list[str], dict]:

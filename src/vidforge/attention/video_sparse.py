@@ -1,6 +1,6 @@
 """Video sparse attention (VSA, Zhang et al. 2025, arXiv 2505.13389): trainable block-sparse attention
 for the full self-attention of video tokens, on the tiles of sliding-tile attention (`model.attention_tile`,
-tokens in tile-major order: `vidforge.models.sliding_tile`).
+tokens in tile-major order: `vidforge.attention.sliding_tile`).
 
 1. Coarse pass: each tile's queries and keys are mean-pooled, and every query tile scores every key tile
    of its sample (pooled q . pooled k), per head; the `topk` highest key tiles are its selection (all of
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from vidforge.attention.sliding_tile import TileMask, Triple
 from vidforge.errors import UserInputError
-from vidforge.models.sliding_tile import TileMask, Triple
 from vidforge.tokens import Grid
 
 

@@ -224,7 +224,7 @@ def tile_order(grid: Grid, tile: Triple) -> torch.Tensor:
 def tile_mask(grids: Sequence[Grid], tile: Triple, window: Triple | None, order: torch.Tensor) -> TileMask:
     """The TileMask of a row holding samples of `grids` (one grid for a plain batch), their tokens
     permuted by `order` (each sample's `tile_order`, offset to its place in the row); window None: every
-    tile of the sample (video sparse attention's tiling, `vidforge.models.video_sparse`)."""
+    tile of the sample (video sparse attention's tiling, `vidforge.attention.video_sparse`)."""
     tiles, start, stop, sample = [[], [], []], [[], [], []], [[], [], []], []
     for i, grid in enumerate(grids):
         pos = grid_positions(grid)

@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
 
 from vidforge.errors import UserInputError
-from vidforge.parallel.activation_checkpoint import NONE, block_policies, checkpointed_indices, spread
+from vidforge.memory_savers.activation_checkpoint import NONE, block_policies, checkpointed_indices, spread
 
 
 def offloaded_indices(

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models.checkpoint import WEIGHTS, add_config_notes, config_notes, load_model, read_config
 from vidforge.profile.model import Model
+from vidforge.weights.checkpoint import WEIGHTS, add_config_notes, config_notes, load_model, read_config
 
 EXPERTS = ("high", "low")
 """The experts in diffusers' order: `transformer` (t >= boundary), `transformer_2` (t < boundary)."""

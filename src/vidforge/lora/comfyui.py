@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.files import output_folder, write_bytes
-from vidforge.models.lora import PREFIX, WEIGHTS, read_adapter, sorted_header
+from vidforge.lora import PREFIX, WEIGHTS, read_adapter, sorted_header
 
 FILE = "lora_comfyui.safetensors"
 PARTS = (".lora_A.weight", ".lora_B.weight")
