@@ -117,7 +117,8 @@ class FamilySpec:
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""
     comfyui_lora: str | None = None
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
-    model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
+    model of the family (`blocks.0.self_attn.q`), a `models.comfyui_lora.Slot` where ComfyUI's layer is not
+    the network's one for one (a part of a fused qkv), or None for a layer ComfyUI's model lacks: the keys of
     `vidforge model export --to comfyui` (`models.comfyui_lora`). None: ComfyUI has no model of it."""
     media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings

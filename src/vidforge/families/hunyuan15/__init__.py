@@ -81,4 +81,5 @@ SPEC = FamilySpec(
     # Qwen2.5-VL's and Glyph-ByT5's states in one caption, as the pipelines' encode_prompt
     text_encoder="vidforge.families.hunyuan15.text_encoder:build",
     layout_rules=layout_rules,
+    comfyui_lora="vidforge.families.hunyuan15.comfyui_names:comfyui_module",  # ComfyUI's names
 )

@@ -80,4 +80,5 @@ SPEC = FamilySpec(
     ),
     negative_prompt=NEGATIVE_PROMPT,
     layout_rules=layout_rules,
+    comfyui_lora="vidforge.families.ltx2.comfyui_names:comfyui_module",  # ComfyUI's names (the release's)
 )
