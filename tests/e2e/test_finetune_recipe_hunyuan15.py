@@ -105,8 +105,9 @@ def test_readme_hunyuan15_recipe_dry_run_at_the_published_shape(folder, tmp_path
     assert not out.exists()  # nothing run, nothing written
 
 
-def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int) -> None:
-    """The recipe's commands as printed, at a clip of `frames` x `height` x `width`."""
+def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *extra: str) -> None:
+    """The recipe's commands as printed, at a clip of `frames` x `height` x `width` (and `extra` settings
+    for finetune and infer)."""
     import av
 
     from vidforge.models.comfyui_lora import FILE
@@ -121,13 +122,24 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int) ->
     )
     videos = _videos(tmp_path / "videos", frames + 3, height, width)
     argv = ["finetune", str(videos), "--base", str(base), "-o", str(run), "--profile", "dit1b_1xh200"]
-    _invoke(*argv, "--steps", "1", "--validate-every", "0", sets=(*HERE, *size))
+    _invoke(*argv, "--steps", "1", "--validate-every", "0", sets=(*HERE, *size, *extra))
     steps = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1] and np.isfinite(steps[0]["loss"])
 
     samples = tmp_path / "runs" / "hy15_samples"
     argv = ["infer", "-c", str(base), "--lora", str(run / "train"), "--prompt", PROMPT, "-o", str(samples)]
-    _invoke(*argv, "--height", str(height), "--width", str(width), "--frames", str(frames), "--steps", "1")
+    _invoke(
+        *argv,
+        "--height",
+        str(height),
+        "--width",
+        str(width),
+        "--frames",
+        str(frames),
+        "--steps",
+        "1",
+        sets=extra,
+    )
     record = json.loads((samples / "samples.jsonl").read_text().splitlines()[0])
     assert (
         record["guidance"] == 6.0 and record["sampler"] == "flow-euler"
@@ -152,4 +164,4 @@ def test_readme_hunyuan15_recipe_runs_on_a_short_clip(folder, tmp_path) -> None:
     reason="minutes of VAE encoding: set VIDFORGE_TEST_RECIPES=1 to run README's HunyuanVideo-1.5 recipe at 121x480x848",
 )
 def test_readme_hunyuan15_recipe_runs_at_the_published_shape(folder, tmp_path) -> None:
-    _recipe(folder, tmp_path, FRAMES, HEIGHT, WIDTH)
+    _recipe(folder, tmp_path, FRAMES, HEIGHT, WIDTH, "tokenizer.tiling=true")  # the VAE in 256-pixel tiles
