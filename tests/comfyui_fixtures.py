@@ -47,8 +47,8 @@ def trained_adapter_export(model, cfg, lora, base, tmp_path):
     from typer.testing import CliRunner
 
     from vidforge.cli.app import app
-    from vidforge.models.comfyui_lora import FILE
-    from vidforge.models.lora import apply_lora, save_adapter
+    from vidforge.lora import apply_lora, save_adapter
+    from vidforge.lora.comfyui import FILE
 
     apply_lora(model, lora, torch.float32)
     with torch.no_grad():

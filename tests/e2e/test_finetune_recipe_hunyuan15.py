@@ -110,7 +110,7 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *e
     for finetune and infer)."""
     import av
 
-    from vidforge.models.comfyui_lora import FILE
+    from vidforge.lora.comfyui import FILE
 
     export = tmp_path / "runs" / "hy15_export"
     _invoke("model", "import", str(base), "-o", str(export), "--profile", "dit1b_1xh200")

@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from comfyui_fixtures import comfyui_apply, trained_adapter_export  # noqa: E402
 from hunyuan15_fixtures import our_config, reference_transformer  # noqa: E402
 
-from vidforge.models import build_model, load_model, save_model  # noqa: E402
-from vidforge.models.lora import load_adapter, merge  # noqa: E402
+from vidforge.lora import load_adapter, merge  # noqa: E402
+from vidforge.models import build_model  # noqa: E402
 from vidforge.profile.train import Lora  # noqa: E402
+from vidforge.weights.checkpoint import load_model, save_model  # noqa: E402
 
 # Every linear layer of the network (x_embedder.proj is a Conv3d): every row of the tables is used.
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]

@@ -19,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from comfyui_fixtures import comfyui_apply, trained_adapter_export  # noqa: E402
 
 from vidforge.families.ltx2.model import LTX2Model  # noqa: E402
-from vidforge.models import build_model, load_model, save_model  # noqa: E402
-from vidforge.models.lora import WEIGHTS, load_adapter, merge  # noqa: E402
+from vidforge.lora import WEIGHTS, load_adapter, merge  # noqa: E402
+from vidforge.models import build_model  # noqa: E402
 from vidforge.profile.train import Lora  # noqa: E402
+from vidforge.weights.checkpoint import load_model, save_model  # noqa: E402
 
 # Every linear layer of the network (LTX-2.3's head gates and per-step prompt modulation included).
 TARGETS = [

@@ -1,6 +1,6 @@
 """The hunyuan15 network's linear layers as ComfyUI's HunyuanVideo-1.5 model holds them (`comfy/ldm/
 hunyuan_video/model.py`'s `HunyuanVideo` with the 1.5 release's modules, its double-stream blocks `comfy/ldm/
-flux/layers.py`'s `DoubleStreamBlock`): the keys of a LoRA file ComfyUI loads (`vidforge.models.comfyui_lora`).
+flux/layers.py`'s `DoubleStreamBlock`): the keys of a LoRA file ComfyUI loads (`vidforge.lora.comfyui`).
 vidforge's names are diffusers' (`attn.to_q`); ComfyUI's are the release's as its loader renames them
 (`img_mod.lin`, `img_mlp.0`, `time_in.in_layer`), with each attention's q, k and v in one `qkv` projection
 (the release's double blocks keep them apart, ComfyUI's block fuses them): those are `Slot` parts. The
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from vidforge.models.comfyui_lora import Slot
+from vidforge.lora.comfyui import Slot
 
 QKV = 3  # q, k, v: the parts of a fused projection
 

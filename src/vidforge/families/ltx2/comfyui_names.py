@@ -1,6 +1,6 @@
 """The ltx2 network's linear layers by the names ComfyUI's LTX-2 model gives them (`comfy/ldm/lightricks/
 av_model.py`'s `LTXAVModel` over `model.py`'s `LTXVModel`: the names of Lightricks' LTX-2 release, which
-its trainer's LoRAs carry too): the keys of a LoRA file ComfyUI loads (`vidforge.models.comfyui_lora`).
+its trainer's LoRAs carry too): the keys of a LoRA file ComfyUI loads (`vidforge.lora.comfyui`).
 vidforge's names are diffusers'; the release's differ only outside the blocks (`proj_in` is its
 `patchify_proj`, `time_embed` its `adaln_single`), the blocks' attentions and feed-forwards are named alike."""
 
