@@ -159,9 +159,10 @@ def test_readme_hunyuan15_recipe_runs_on_a_short_clip(folder, tmp_path) -> None:
     _recipe(folder, tmp_path, 5, 64, 112)  # 2 x 4 x 7 latent positions
 
 
+@pytest.mark.timeout(2400)  # 8.5 minutes of VAE encoding alone on 2 loaded cores, then 49,290-token steps
 @pytest.mark.skipif(
     os.environ.get("VIDFORGE_TEST_RECIPES") != "1",
     reason="minutes of VAE encoding: set VIDFORGE_TEST_RECIPES=1 to run README's HunyuanVideo-1.5 recipe at 121x480x848",
 )
-def test_readme_hunyuan15_recipe_runs_at_the_published_shape(folder, tmp_path) -> None:
+def test_readme_hunyuan15_recipe_runs_at_121x480x848(folder, tmp_path) -> None:
     _recipe(folder, tmp_path, FRAMES, HEIGHT, WIDTH, "tokenizer.tiling=true")  # the VAE in 256-pixel tiles
