@@ -34,6 +34,10 @@ REGISTRY: dict[str, str] = {
 }
 """Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
 
+JOINT_CP_IMPLS = ("all-gather", "ulysses")
+"""The parallel.cp_impl values that run joint attention over [video, caption] with only the video tokens
+split (`vidforge.parallel.joint_attention`): a family whose blocks attend so refuses the others at load."""
+
 
 @dataclass(frozen=True)
 class Published:
@@ -46,8 +50,8 @@ class Published:
     """The folder holding the network's config and weights (root, or root/transformer)."""
     model: dict[str, Any]
     """The profile's `model` fields for the network as published (preset null)."""
-    defaults: list[str]
-    """`section.field=value` settings that train and sample it as published: the objective and its
+    defaults: Mapping[str, Any]
+    """Settings (dotted field -> value) that train and sample it as published: the objective and its
     shift, the tokenizer and text encoder of the folder (when it has them), the caption length, the
     guidance default. A user's --set wins over every one."""
     objective: str
@@ -59,6 +63,9 @@ class Published:
     expert_folders: Mapping[str, Path] = field(default_factory=dict)
     """A two-expert model's folder of each expert's weights (`weights.experts.EXPERTS` names them); empty
     for one network (in `weights`)."""
+    unread: Callable[[str], bool] = lambda name: False
+    """Whether a tensor of the published weights is one the family's network does not read (LTX-2's
+    audio stream, beside its video path): `train --init` of the folder leaves those out of its match."""
 
     def expert_weights(self, expert: str | None) -> Path:
         """The folder of `expert`'s weights: `weights` for a one-network folder, or for None."""
@@ -106,8 +113,9 @@ class FamilySpec:
     the attention settings of the model section `runtime`, if given)."""
     step_cache_fits: Mapping[tuple[int, int], str] = field(default_factory=dict)
     """(hidden, layers) of a published size -> the name of its step-cache rescale polynomial."""
-    profile_defaults: tuple[str, ...] = ()
-    """Settings a profile of this family's presets needs besides the model section (its objective)."""
+    profile_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Settings (dotted field -> value) a profile of this family's presets needs besides the model section
+    (its objective)."""
     condition_latents: str | None = None
     """Image-to-video (a model with condition_channels > 0): fn(tokenizer, first_frame (B, 3, H, W) in
     [-1, 1], frames) -> the condition latents (B, condition_channels, T, h, w) the network reads beside the
@@ -120,9 +128,9 @@ class FamilySpec:
     model of the family (`blocks.0.self_attn.q`), a `Slot` where ComfyUI's layer is not the network's one
     for one (a part of a fused qkv), or None for a layer ComfyUI's model lacks: the keys of
     `vidforge model export --to comfyui` (`lora.comfyui`). None: ComfyUI has no model of it."""
-    media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
+    media_defaults: Callable[[Any], Mapping[str, Any]] = lambda model: {}
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
-    (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation
+    (`curation.fps`, `infer.fps`: dotted field -> value): `vidforge finetune` re-times its clips to it and plays its validation
     videos at it; a published folder's profile samples at it."""
     text_encoder: str | None = None
     """fn(profile) -> `vidforge.text.encoders.TextEncoderBase`: the family's own caption encoder, as its
@@ -136,6 +144,9 @@ class FamilySpec:
     rows, context parallel, caption dropout it has no code for), each as `field: what is wrong; what to
     change`: the layout rulebook (`vidforge.profile.layout_rules`) asks it, so such a profile is refused
     when it loads."""
+    sampling_rules: Callable[[Any, Any], list[str]] = lambda profile, run: []
+    """(run profile, `SamplingRun`) -> what `vidforge infer` of the family's model refuses (a sampling
+    term its pipeline uses that is not built), each as `field: what is wrong; what to change`."""
 
 
 def read_json(path: Path) -> dict[str, Any]:
