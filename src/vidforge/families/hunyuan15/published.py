@@ -197,7 +197,8 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
     """`section.field=value` settings that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step, the sampler flow-euler), its shift, the guider's scale, the frame rate; the folder's VAE and its two
-    caption encoders (the family's own text encoder, which reads them from the folder)."""
+    caption encoders (the family's own text encoder, which reads them from the folder); an image-to-video
+    folder's image encoder."""
     settings = [
         "diffusion.objective=flow",
         "diffusion.flow_prediction=velocity",
@@ -216,6 +217,8 @@ def profile_defaults(pipeline: Pipeline) -> list[str]:
             f"tokenizer.spatial_compression={pipeline.spatial_compression}",
             f"tokenizer.temporal_compression={pipeline.temporal_compression}",
         ]
+    if pipeline.image is not None and pipeline.model["task"] == "i2v":  # SigLIP, feature_extractor/ beside it
+        settings.append(f"tokenizer.image_encoder={pipeline.image.path}")
     if pipeline.mllm is not None and pipeline.glyph is not None:
         settings += [
             "text_encoder.kind=family",  # the spec's text_encoder: both encoders as the pipeline runs them
