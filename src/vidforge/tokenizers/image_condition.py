@@ -134,7 +134,9 @@ class FirstFrameInputs:
         self.build = load(spec.condition_latents)
         self.tokenizer = tokenizer
         self.channels = model.condition_channels
-        self.encoder = build_image_encoder(model, image_encoder, tokenizer.device) if model.image_dim else None
+        self.encoder = (
+            build_image_encoder(model, image_encoder, tokenizer.device) if model.image_dim else None
+        )
 
     def __call__(self, video: torch.Tensor, first_frames: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
         """video (B, 3, F, H, W) in [-1, 1] and its clips' first frames (H, W, 3) uint8 -> per clip its
