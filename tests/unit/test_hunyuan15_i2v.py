@@ -103,7 +103,8 @@ def test_finetune_keeps_the_pipelines_image_conditioning_and_trains_a_lora_step(
         "--validate-every",
         "0",
     ]
-    result = CliRunner().invoke(app, argv + [a for s in HERE for a in ("--set", s)])
+    sets = (*HERE, "train.lr=0.01")  # a step that moves the adapter visibly
+    result = CliRunner().invoke(app, argv + [a for s in sets for a in ("--set", s)])
     assert result.exit_code == 0, result.output[-3000:]
     monkeypatch.undo()
     steps = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
@@ -140,3 +141,15 @@ def test_finetune_keeps_the_pipelines_image_conditioning_and_trains_a_lora_step(
     assert trained and all(call["condition"] is not None and call["image"] is not None for call in trained)
     embeddings = [torch.from_numpy(s[IMAGE_EMB]).float() for s in stored.values()]
     assert any(torch.equal(trained[0]["image"][0].float(), e) for e in embeddings)
+
+    image = first_frame(tmp_path / "first.png")
+    ours, _, _ = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch, image=image, lora=run / "train")
+    call = {"image": Image.open(image), "prompt": PROMPT, "num_frames": FRAMES, "num_inference_steps": STEPS,
+            "output_type": "latent"}  # fmt: skip
+    plain = pipe(**call, latents=noise(ours.shape[1:])).frames
+    pipe.transformer.load_lora_adapter(
+        str(run / "train" / "export"), weight_name="pytorch_lora_weights.safetensors", prefix="transformer"
+    )
+    theirs = pipe(**call, latents=noise(ours.shape[1:])).frames
+    torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=2e-5)
+    assert (theirs - plain).abs().max() > 1e-3
