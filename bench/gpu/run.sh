@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU suite's entry point (README: "The GPU suite"). In the repository root:
+# The GPU suite's entry point (docs/developer.md: "The GPU suite"). In the repository root:
 #   bash bench/gpu/run.sh gather [--check|--verify]   here: wheels the device image lacks -> .gpu-wheels/
 #   bash bench/gpu/run.sh --cpu-smoke [--out DIR]     here: the whole driver at tiny shapes on the CPU
 #   bash bench/gpu/run.sh [--part headline|rest | --only STEPS] [--out DIR]
