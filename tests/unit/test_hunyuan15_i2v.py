@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from default_parity import PROMPT, noise, vidforge_infer
 from diffusers import HunyuanVideo15ImageToVideoPipeline
-from hunyuan15_fixtures import save_tiny_pipeline
+from hunyuan15_fixtures import inputs, reference_out, save_tiny_pipeline
 from PIL import Image
 
 SIZE, FRAMES, STEPS = 64, 5, 3  # latents 2 x 4 x 4; the tiny transformer's 2x2 patches: 2 x 2 x 2
@@ -110,6 +110,8 @@ def test_finetune_keeps_the_pipelines_image_conditioning_and_trains_a_lora_step(
     steps = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1] and np.isfinite(steps[0]["loss"])
     assert "--image" in result.output  # the next step samples from a first frame
+    assert "HunyuanVideo15ImageToVideoPipeline.from_pretrained(" in result.output
+    assert ".transformer.load_lora_adapter(" in result.output  # the loader its pipeline has
 
     pipe = HunyuanVideo15ImageToVideoPipeline.from_pretrained(folder)
     firsts = _first_frames(run)
@@ -144,12 +146,14 @@ def test_finetune_keeps_the_pipelines_image_conditioning_and_trains_a_lora_step(
 
     image = first_frame(tmp_path / "first.png")
     ours, _, _ = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch, image=image, lora=run / "train")
-    call = {"image": Image.open(image), "prompt": PROMPT, "num_frames": FRAMES, "num_inference_steps": STEPS,
-            "output_type": "latent"}  # fmt: skip
-    plain = pipe(**call, latents=noise(ours.shape[1:])).frames
+    probe = inputs(image=True, dtype=torch.float32)
+    plain = reference_out(pipe.transformer.eval(), probe)
     pipe.transformer.load_lora_adapter(
         str(run / "train" / "export"), weight_name="pytorch_lora_weights.safetensors", prefix="transformer"
     )
-    theirs = pipe(**call, latents=noise(ours.shape[1:])).frames
+    assert (reference_out(pipe.transformer, probe) - plain).abs().max() > 1e-3  # the adapter changes it
+    theirs = pipe(
+        image=Image.open(image), prompt=PROMPT, num_frames=FRAMES, num_inference_steps=STEPS,
+        latents=noise(ours.shape[1:]), output_type="latent",
+    ).frames  # fmt: skip
     torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=2e-5)
-    assert (theirs - plain).abs().max() > 1e-3
