@@ -20,7 +20,9 @@ from vidforge.families.ltx2 import PRESETS
 from vidforge.families.ltx2.model import PLAIN_BATCHES, LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer
 from vidforge.models import build_model, count_parameters
-from vidforge.models.weights_folder import (
+from vidforge.profile import load_profile
+from vidforge.profile.loading import apply_override, validate_profile
+from vidforge.weights.weights_folder import (
     export_model,
     export_published,
     find_weights,
@@ -28,8 +30,6 @@ from vidforge.models.weights_folder import (
     load_published,
     published_profile,
 )
-from vidforge.profile import load_profile
-from vidforge.profile.loading import apply_override, validate_profile
 
 
 @pytest.fixture(scope="module")

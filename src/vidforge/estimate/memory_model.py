@@ -293,7 +293,7 @@ def wan_lora_block(
       each adapter
           its input, and lora_A's output (rank): the frozen projection keeps nothing, the adapter's
           lora_A needs its input for its weight's gradient. Adapters on one input share it (q, k and v;
-          under autocast too: `vidforge.models.lora` keeps peft from copying it to float32), and
+          under autocast too: `vidforge.lora` keeps peft from copying it to float32), and
           to_out.0's is the attention output the kernel keeps
       each attention
           q and k RMS-normalised across the heads: their float32 inputs (4 x d) and rstd; the kernel's q,
@@ -358,7 +358,7 @@ def op_level_block(
     lora_rank: int = 0,
     adapted: frozenset[str] = frozenset(),
 ) -> float | None:
-    """Bytes an op-level checkpointed block (`vidforge.parallel.activation_checkpoint`, `ops`) keeps between
+    """Bytes an op-level checkpointed block (`vidforge.memory_savers.activation_checkpoint`, `ops`) keeps between
     its forward and its backward besides its input, for `tokens` tokens of this rank: the output of every
     matmul (each linear layer's, on the tokens it reads: the video's, the caption's, the image's, or one
     row a sample for the modulation; a LoRA adapter's two, rank and the layer's width) and of every
@@ -624,8 +624,8 @@ def _state_terms(r: _Rank) -> None:
 def _activation_terms(r: _Rank) -> _Activations:
     """What the blocks save for the backward (per block policy: kept, op level, full recompute, offloaded),
     what lives outside them, and the backward's recompute workspace."""
-    from vidforge.parallel.activation_checkpoint import FULL, OPS, block_policies
-    from vidforge.parallel.activation_offload import offloaded_indices
+    from vidforge.memory_savers.activation_checkpoint import FULL, OPS, block_policies
+    from vidforge.memory_savers.activation_offload import offloaded_indices
 
     layout, workload, cfg, train, par, prec, blocks, tp, terms = (
         r.layout,

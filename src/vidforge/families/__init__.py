@@ -57,7 +57,7 @@ class Published:
     index: str = "diffusion_pytorch_model.safetensors.index.json"
     """... or the index of its shards."""
     expert_folders: Mapping[str, Path] = field(default_factory=dict)
-    """A two-expert model's folder of each expert's weights (`models.experts.EXPERTS` names them); empty
+    """A two-expert model's folder of each expert's weights (`weights.experts.EXPERTS` names them); empty
     for one network (in `weights`)."""
 
     def expert_weights(self, expert: str | None) -> Path:
@@ -128,7 +128,7 @@ class FamilySpec:
     comfyui_lora: str | None = None
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
     model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
-    `vidforge model export --to comfyui` (`models.comfyui_lora`). None: ComfyUI has no model of it."""
+    `vidforge model export --to comfyui` (`lora.comfyui`). None: ComfyUI has no model of it."""
     media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
     (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from vidforge.attention.dispatch import Attend, AttentionMask
+from vidforge.attention.sliding_tile import TiledShard
 from vidforge.errors import UserInputError
-from vidforge.models.attention import Attend, AttentionMask
-from vidforge.models.sliding_tile import TiledShard
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
 from vidforge.parallel.usp_attention import UspGroups, usp_attention
 from vidforge.profile.parallel import SLIDING_TILE_CP_IMPLS

@@ -221,7 +221,7 @@ def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
     """Sliding-tile and video sparse attention (model.attention_window, attention_topk): the tile must fit the token grid of the videos
     `vidforge infer` samples (training buckets may be smaller, images among them: a tile wider than a
     grid is one partial tile there). Under context parallel the windows are applied across ranks by
-    all-gather, ring and Ulysses (`vidforge.models.sliding_tile.TiledShard`); usp and the ST-DiT
+    all-gather, ring and Ulysses (`vidforge.attention.sliding_tile.TiledShard`); usp and the ST-DiT
     slicings have no plan for them."""
     model = profile.model
     if model.attention_window is None and model.attention_topk is None:

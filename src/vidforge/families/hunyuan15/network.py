@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15.model import HunyuanVideo15Model
-from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
-from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement

@@ -28,17 +28,17 @@ from vidforge.families.ltx2.network import LTX2Transformer, is_audio
 from vidforge.families.ltx2.published import CLASS_NAME, CONFIG, model_fields, read_json, transformer_folder
 from vidforge.families.model import Model
 from vidforge.files import output_folder, write_text
-from vidforge.models.checkpoint import FORMAT, WEIGHTS
-from vidforge.models.safetensors_stream import (
+from vidforge.profile import dump_profile
+from vidforge.profile.loading import validate_profile
+from vidforge.profile.model import with_runtime
+from vidforge.weights.checkpoint import FORMAT, WEIGHTS
+from vidforge.weights.safetensors_stream import (
     StoredTensor,
     lazy_entries,
     safetensors_shapes,
     stored_tensors,
     write_safetensors,
 )
-from vidforge.profile import dump_profile
-from vidforge.profile.loading import validate_profile
-from vidforge.profile.model import with_runtime
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
