@@ -716,7 +716,7 @@ def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> di
 def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None, caption: str) -> list[str]:
     """What to run with the result: sampling it, merging a LoRA, loading it in diffusers."""
     from vidforge.infer.weights import find_export
-    from vidforge.models.lora import diffusers_loading
+    from vidforge.lora import diffusers_loading
 
     train_dir = out / "train"
     prompt = (profile.train.validation_prompts or [caption])[0]
