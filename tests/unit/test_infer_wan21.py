@@ -80,6 +80,7 @@ OTHER = {
     "ff_bias": False,
     "eps": 1e-5,
     "audio": True,
+    "perturbed_attention": True,
 }
 HEIGHT, WIDTH, FRAMES, STEPS = 32, 48, 5, 3
 SETS = [

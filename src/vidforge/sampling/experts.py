@@ -37,7 +37,9 @@ def sample_latents_experts(
     d = profile.diffusion
     scales = (d.guidance, d.guidance if d.guidance_2 is None else d.guidance_2)
     high, low = (
-        classifier_free_guidance(batched_denoiser(net, profile, text, text_mask, negative, param.dtype), s)
+        classifier_free_guidance(
+            batched_denoiser(net, profile, text, text_mask, negative, param.dtype), s, d.guidance_rescale
+        )
         for net, s in zip(
             (model.high, model.low) if forward is None else (forward(model.high), forward(model.low)),
             scales,

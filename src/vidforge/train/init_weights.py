@@ -86,9 +86,9 @@ class _Safetensors:
                 expert_export(found.export, expert), WEIGHTS, WEIGHTS + ".index.json"
             )
         else:
-            self.stored = stored_tensors(
-                found.published.expert_weights(expert), found.published.single, found.published.index
-            )
+            published = found.published
+            stored = stored_tensors(published.expert_weights(expert), published.single, published.index)
+            self.stored = {name: t for name, t in stored.items() if not published.unread(name)}
         self.shapes = {name: t.shape for name, t in self.stored.items()}
 
     def read(self, into: Mapping[str, torch.Tensor]) -> None:

@@ -24,8 +24,15 @@ from pydantic import ValidationError
 
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
-from vidforge.families.ltx2.network import LTX2Transformer, is_audio
-from vidforge.families.ltx2.published import CLASS_NAME, CONFIG, model_fields, read_json, transformer_folder
+from vidforge.families.ltx2.network import LTX2Transformer
+from vidforge.families.ltx2.published import (
+    CLASS_NAME,
+    CONFIG,
+    is_audio,
+    model_fields,
+    read_json,
+    transformer_folder,
+)
 from vidforge.families.model import Model
 from vidforge.files import output_folder, write_text
 from vidforge.profile import dump_profile
@@ -74,6 +81,7 @@ def diffusers_config(model: LTX2Model, published: dict[str, Any]) -> dict[str, A
         "use_prompt_embeddings": model.caption_projection,
         "ff_bias": model.ff_bias,
         "norm_eps": model.eps,
+        "perturbed_attn": model.perturbed_attention,
     }
 
 
