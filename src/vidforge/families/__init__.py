@@ -87,12 +87,6 @@ class FamilySpec:
     """LoRA's default target modules (train.lora.target_modules left empty)."""
     block_scopes: Callable[[Any], tuple[tuple[str, ...], int]]
     """model section -> (the attention scopes a block runs, the modulation chunks it projects) for FLOPs."""
-    table_modulation: bool = False
-    """The block adds a learned per-block table to one shared projection of the timestep (Wan) instead of
-    projecting it per block, and keeps its norms in float32. Read only by the memory model's op-by-op
-    formulas that remain (tensor parallel's split, packed rows of several clips, outside the blocks);
-    FLOPs and a block's saved bytes otherwise come from the module (`models.flops`,
-    `estimate.module_costs`)."""
     read_published: Callable[[Path], Published | None] | None = None
     """folder -> its `Published` description, or None when it is not this family's published layout."""
     published_class: str | None = None

@@ -232,7 +232,6 @@ SPEC = FamilySpec(
     # diffusers' Wan trainers' choice: the attention projections.
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
-    table_modulation=True,
     read_published=read_published,
     published_class=CLASS_NAME,
     # (Wan2.2 A14B's two experts, or one network through wan_weights' import_wan / load_diffusers_wan)
