@@ -175,10 +175,12 @@ def _saved_bytes(
         created.storages.add(_storage(x))
         return (x, *args[1:])
 
-    hooks += [
-        block.register_forward_pre_hook(enter),
-        block.register_forward_hook(lambda *_: inside.__setitem__(0, False)),
-    ]
+    def leave(_module, _args, out):
+        inside[0] = False
+        # the block's output is the next block's input, counted there (the last one's by the output layer)
+        created.storages.difference_update(_storages(out))
+
+    hooks += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave)]
     try:
         args, keywords = meta_inputs(cfg, grids, packed, text, image, token_levels, dtype)
         hooks_on = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
