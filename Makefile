@@ -31,7 +31,7 @@ lint: install
 	$(BIN)/ruff check src tests examples
 	$(BIN)/ruff format --check src tests examples
 
-# The GPU suite (bench/gpu/, README "The GPU suite"), no install step: on the GPU machine it runs under
+# The GPU suite (bench/gpu/, docs/developer.md "The GPU suite"), no install step: on the GPU machine it runs under
 # the image's python3. Here: GPU_SUITE=gather (the device's locked wheels) or GPU_SUITE=--cpu-smoke;
 # there: GPU_SUITE="--part headline", then GPU_SUITE="--part rest" (one device command each).
 GPU_SUITE ?=

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from vidforge.curate.annotator import CaptionAnnotator
     from vidforge.curate.caption import run
+    from vidforge.curate.captioning.annotator import CaptionAnnotator
     from vidforge.profile import load_profile
 
     work = Path(tempfile.mkdtemp(prefix="vidforge-bench-caption-"))

@@ -1,6 +1,6 @@
 """`vidforge dedup`'s scaling curve: synthetic clip embeddings with planted near-duplicates at 10K, 100K and
 1M (512-d), time and peak memory of the semantic dedup against the greedy one-run dedup
-(`curate/dedup.py`, where it finishes in --greedy-limit seconds), and recall/precision of the dropped
+(`curate/embeddings/greedy_dedup.py`, where it finishes in --greedy-limit seconds), and recall/precision of the dropped
 clips against exact all-pairs dedup (the same rule on all N^2 pairs) on a 50K set.
 
 Data: unit vectors around 256 topics (a topic direction at 0.4 of the noise's norm, so k-means has
@@ -77,7 +77,7 @@ def peak_rss_mb() -> float:
 
 
 def one(kind: str, run: Path, out: Path, sets: list[str], warm: bool = False) -> dict:
-    """One measurement in this process: `semantic` (vidforge dedup) or `greedy` (curate/dedup.py).
+    """One measurement in this process: `semantic` (vidforge dedup) or `greedy` (curate/embeddings/greedy_dedup.py).
     `warm`: torch imported before the clock starts (a fixed cost that would flatten a growth ratio)."""
     from vidforge.profile import load_profile
 
@@ -87,7 +87,7 @@ def one(kind: str, run: Path, out: Path, sets: list[str], warm: bool = False) ->
     profile = load_profile(None, sets)
     started, cpu_started = time.perf_counter(), time.process_time()
     if kind == "semantic":
-        from vidforge.curate.semdedup import run as dedup
+        from vidforge.curate.embeddings.semdedup import run as dedup
 
         summary = dedup(profile, [run], out)
         result = {
@@ -96,7 +96,7 @@ def one(kind: str, run: Path, out: Path, sets: list[str], warm: bool = False) ->
             "phases": summary["seconds"],
         }
     else:
-        from vidforge.curate.dedup import near_duplicates
+        from vidforge.curate.embeddings.greedy_dedup import near_duplicates
         from vidforge.data.embeddings import EmbeddingStore
 
         vectors = EmbeddingStore.open(run).vectors()
@@ -126,7 +126,7 @@ def measure(kind: str, run: Path, out: Path, sets: list[str], limit: float, warm
 
 def recall(n: int, dim: int, dup_fraction: float, sets: list[str], work: Path) -> dict:
     """Dropped clips of `vidforge dedup` against all-pairs on the same n rows."""
-    from vidforge.curate.semdedup import exact_duplicates, load_corpus
+    from vidforge.curate.embeddings.semdedup import exact_duplicates, load_corpus
     from vidforge.data.embeddings import DROPPED
     from vidforge.data.manifest import read_jsonl
     from vidforge.profile import load_profile

@@ -16,8 +16,8 @@ import torch
 from vidforge.data.shard_reader import iter_shard
 from vidforge.diffusion import build_objective
 from vidforge.infer.weights import checkpoint_profile, find_export
-from vidforge.models import load_model
 from vidforge.sampling.latents import batched_denoiser
+from vidforge.weights.checkpoint import load_model
 
 LEVELS = (0.02, 0.1, 0.3, 0.5, 0.7, 0.9, 0.98)
 

@@ -18,7 +18,7 @@ import av
 import cv2
 import numpy as np
 
-from vidforge.curate.shots import detection_size, downscale
+from vidforge.curate.clipping.shots import detection_size, downscale
 from vidforge.data.manifest import read_jsonl
 
 

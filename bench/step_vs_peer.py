@@ -64,7 +64,7 @@ class PeerStep:
     def __init__(self, ours: torch.nn.Module, cfg, precision: str, fused: bool) -> None:
         from diffusers import WanTransformer3DModel
 
-        from vidforge.models.wan_weights import diffusers_config
+        from vidforge.families.wan.weights import diffusers_config
 
         # the config vidforge's export writes for this model section
         self.model = WanTransformer3DModel.from_config(diffusers_config(cfg))

@@ -36,7 +36,11 @@ def tiny_text_encoder():
     return Gemma3ForConditionalGeneration(config)
 
 
-def save_tiny_pipeline(out):
+def save_tiny_pipeline(out, audio_to_video: bool = True):
+    """The tiny pipeline saved at `out`; its VAE's per-channel latent statistics random (the pipeline
+    normalises with them). `audio_to_video=False`: the audio-to-video cross-attention's output projection
+    zeroed, so that the joint model's video output is the video path's (diffusers' isolate_modalities),
+    which is what the pipeline's default sampling can then be held to."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -68,9 +72,9 @@ def save_tiny_pipeline(out):
         tokenizer=tiny_tokenizer(),
         connectors=LTX2TextConnectors(
             caption_channels=CAPTION_CHANNELS, text_proj_in_factor=GEMMA_LAYERS + 1,
-            video_connector_num_attention_heads=4, video_connector_attention_head_dim=8,
+            video_connector_num_attention_heads=2, video_connector_attention_head_dim=8,
             video_connector_num_layers=1, video_connector_num_learnable_registers=None,
-            audio_connector_num_attention_heads=4, audio_connector_attention_head_dim=8,
+            audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=8,
             audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
             connector_rope_base_seq_len=32, rope_type="split",
         ),
@@ -86,5 +90,12 @@ def save_tiny_pipeline(out):
             output_sampling_rate=16000,
         ),
     )  # fmt: skip
+    with torch.no_grad():
+        pipe.vae.latents_mean.copy_(torch.randn(4) * 0.3)
+        pipe.vae.latents_std.copy_(torch.rand(4) + 0.5)
+        if not audio_to_video:
+            for block in pipe.transformer.transformer_blocks:
+                block.audio_to_video_attn.to_out[0].weight.zero_()
+                block.audio_to_video_attn.to_out[0].bias.zero_()
     pipe.save_pretrained(out, safe_serialization=True)
     return out

@@ -7,6 +7,8 @@ folder that travels with the working tree (`carry`); and check that folder for c
     python bench/gpu/gather.py --verify        # check an already gathered folder against the lock, offline
     python bench/gpu/gather.py --lock          # resolve the newest set, download it, rewrite wheels.lock
     python bench/gpu/gather.py --installed     # on the device: check what is importable there
+    python bench/gpu/gather.py --extra gpu-decode [--check|--verify|--lock]
+                                               # an extra's own set (EXTRA_SETS) -> .gpu-wheels-gpu-decode/
 
 The set is pinned in `wheels.lock` (pip's requirements format: name==version --hash=sha256:..., with the
 wheel's file name and size as a comment), so a gather fetches the same bytes every day whatever the
@@ -81,6 +83,14 @@ LEFT_OUT = {
 # Requirements met by another distribution of the same module: scenedetect asks for opencv-python, and
 # the image's opencv-python-headless installs the same `cv2` (without the GUI, which nothing here uses).
 SAME_MODULE = {"opencv-python": "opencv-python-headless"}
+# Extras gathered as sets of their own (`--extra NAME`: wheels-NAME.lock, .gpu-wheels-NAME/), each carried
+# in a device call of its own: PyNvVideoCodec's wheel (27 MB) beside the base set (54 MiB) is over the
+# 64 MiB one call carries. run.sh installs every gathered set into the same site folder, which stays while
+# the machine is held, so a call carrying `.gpu-wheels-gpu-decode` first and then one carrying
+# `.gpu-wheels` find both installed. Each set is walked on top of the image and the base lock.
+EXTRA_SETS = {
+    "gpu-decode": "PyNvVideoCodec (NVDEC) for `vidforge clip` with curation.decode_device=cuda",
+}
 # Image packages carried anyway: the image's version was never read, and vidforge needs a recent one.
 CARRY_ANYWAY = {"typer": "the CLI needs typer >= 0.29 (its own click); the image's version is unrecorded"}
 
@@ -124,6 +134,32 @@ def project_requirements(
     project = tomllib.loads(pyproject.read_text())["project"]
     extra = project["optional-dependencies"]["gpu"] if gpu_extra else []
     return [Requirement(r) for r in (*project["dependencies"], *extra)]
+
+
+def lock_path(extra: str | None = None) -> Path:
+    return LOCK if extra is None else HERE / f"wheels-{extra}.lock"
+
+
+def dest_path(extra: str | None = None) -> Path:
+    return DEST if extra is None else ROOT / f".gpu-wheels-{extra}"
+
+
+def roots(extra: str | None = None, pyproject: Path = ROOT / "pyproject.toml") -> list[Requirement]:
+    """What a set completes: vidforge's dependencies and `gpu` extra, or one extra of EXTRA_SETS."""
+    if extra is None:
+        return project_requirements(pyproject=pyproject)
+    if extra not in EXTRA_SETS:
+        raise ValueError(f"--extra {extra!r}: one of {', '.join(EXTRA_SETS)}")
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return [Requirement(r) for r in project["optional-dependencies"][extra]]
+
+
+def provided(extra: str | None = None) -> dict[str, str | None]:
+    """What a set's walk stops at: the image, and for an extra's set the base lock too (installed first)."""
+    image = image_packages()
+    if extra is None:
+        return image
+    return {**image, **{n: p.version for n, p in read_lock().items()}, "vidforge": None}
 
 
 def image_packages(path: Path = HERE / "image_packages.txt") -> dict[str, str | None]:
@@ -214,13 +250,20 @@ def read_lock(path: Path = LOCK) -> dict[str, Pin]:
     return pins
 
 
-def write_lock(pins: dict[str, Pin], path: Path = LOCK) -> None:
+def write_lock(pins: dict[str, Pin], path: Path = LOCK, extra: str | None = None) -> None:
     total = sum(p.size for p in pins.values())
+    what = (
+        "every runtime dependency of vidforge"
+        if extra is None
+        else f"what the `{extra}` extra adds to wheels.lock"
+    )
+    tail = ", plus vidforge's own wheel (built from the checkout)" if extra is None else ""
+    option = "" if extra is None else f" --extra {extra}"
     header = [
-        "# The device wheel set (bench/gpu/gather.py): every runtime dependency of vidforge that the device",
+        f"# The device wheel set (bench/gpu/gather.py{option}): {what} that the device",
         "# image lacks, for CPython 3.12 on x86-64 Linux, one wheel file each. `gather.py` downloads exactly",
-        "# these (pip checks each sha256); `gather.py --lock` resolves the newest set and rewrites this file.",
-        f"# {len(pins)} wheels, {total / 2**20:.1f} MiB, plus vidforge's own wheel (built from the checkout).",
+        f"# these (pip checks each sha256); `gather.py{option} --lock` resolves the newest set and rewrites this file.",
+        f"# {len(pins)} wheels, {total / 2**20:.1f} MiB{tail}.",
     ]
     lines = [f"{p.requirement}  # {p.filename} {p.size}" for _, p in sorted(pins.items())]
     path.write_text("\n".join(header + lines) + "\n")
@@ -343,9 +386,9 @@ def _download(requirements: list[str], dest: Path) -> None:
         subprocess.run([*cmd, *_pip_target_args(), "-r", str(reqs)], check=True)
 
 
-def gather(dest: Path, lock: Path = LOCK) -> Plan:
+def gather(dest: Path, lock: Path = LOCK, extra: str | None = None) -> Plan:
     """Make `dest` hold exactly the locked wheels (downloading those it lacks; any other wheel goes, so
-    one version of each travels) and vidforge's own, then verify it."""
+    one version of each travels) and, for the base set, vidforge's own, then verify it."""
     pins = read_lock(lock)
     if not pins:
         return Plan(problems=[f"{lock} is missing or empty: python bench/gpu/gather.py --lock writes it"])
@@ -357,14 +400,15 @@ def gather(dest: Path, lock: Path = LOCK) -> Plan:
     missing = [p.requirement for p in pins.values() if not (dest / p.filename).exists()]
     if missing:
         _download(missing, dest)
-    project_wheel(dest)
-    return verify(dest, lock)
+    if extra is None:
+        project_wheel(dest)
+    return verify(dest, lock, extra)
 
 
-def relock(dest: Path, lock: Path = LOCK) -> Plan:
+def relock(dest: Path, lock: Path = LOCK, extra: str | None = None) -> Plan:
     """Resolve the newest complete set from the index, download it, write its pins to `lock`, and move
     the wheels into `dest` (then gather, which finds them there)."""
-    plan = walk(index_source, image_packages(), project_requirements())
+    plan = walk(index_source, provided(extra), roots(extra))
     if plan.problems:
         return plan
     with tempfile.TemporaryDirectory() as tmp:
@@ -374,20 +418,20 @@ def relock(dest: Path, lock: Path = LOCK) -> Plan:
             name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
             dist = plan.carried[name]
             pins[name] = Pin(dist.name, dist.version, sha256_of(wheel), wheel.name, wheel.stat().st_size)
-        write_lock(pins, lock)
+        write_lock(pins, lock, extra)
         dest.mkdir(parents=True, exist_ok=True)
         for wheel in Path(tmp).glob("*.whl"):
             shutil.move(wheel, dest / wheel.name)
-    return gather(dest, lock)
+    return gather(dest, lock, extra)
 
 
-def check(lock: Path = LOCK) -> Plan:
+def check(lock: Path = LOCK, extra: str | None = None) -> Plan:
     """The lock against vidforge's tree, from the index's metadata (no wheel downloads): the walk with
     every carried name at its locked version, so a lock that misses a name, pins a version a specifier
     refuses, or names a file the index no longer serves is a problem; so is a pin nothing needs."""
     pins = read_lock(lock)
     missing = f"not in {lock.name} (python bench/gpu/gather.py --lock)"
-    plan = walk(lock_source(pins), image_packages(), project_requirements(), missing)
+    plan = walk(lock_source(pins), provided(extra), roots(extra), missing)
     for name in sorted(set(pins) - set(plan.carried)):
         if not any(p.startswith(name) for p in plan.problems):
             plan.problems.append(f"{name}: pinned in {lock.name}, but nothing in vidforge's tree needs it")
@@ -395,17 +439,17 @@ def check(lock: Path = LOCK) -> Plan:
     return plan
 
 
-def verify(folder: Path, lock: Path = LOCK) -> Plan:
+def verify(folder: Path, lock: Path = LOCK, extra: str | None = None) -> Plan:
     """The completeness check of a gathered folder, offline: the same walk over its wheels' metadata;
     every wheel the lock's file with the lock's sha256; the folder within the wheels' budget."""
     source, found = folder_source(folder)
-    plan = walk(source, image_packages(), project_requirements(), f"not in {folder}")
+    plan = walk(source, provided(extra), roots(extra), f"not in {folder}")
     for name, wheels in found.items():
         if len(wheels) > 1:
             plan.problems.append(
                 f"{name}: {len(wheels)} wheels ({', '.join(w.name for w in wheels)}); keep one"
             )
-    if "vidforge" not in found:
+    if extra is None and "vidforge" not in found:
         plan.problems.append("vidforge's own wheel is missing (python bench/gpu/gather.py builds it)")
     pins = read_lock(lock)
     if not pins:
@@ -460,19 +504,21 @@ def main(argv: list[str] | None = None) -> int:
         "--lock", action="store_true", help="resolve the newest set, rewrite wheels.lock, gather"
     )
     mode.add_argument("--installed", action="store_true", help="check this Python's installed packages")
-    ap.add_argument("--dest", type=Path, default=DEST, help="the wheels folder (default .gpu-wheels/)")
+    ap.add_argument("--extra", choices=sorted(EXTRA_SETS), help="gather an extra's own set (EXTRA_SETS)")
+    ap.add_argument("--dest", type=Path, help="the wheels folder (default .gpu-wheels/, .gpu-wheels-EXTRA/)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
+    dest, lock = args.dest or dest_path(args.extra), lock_path(args.extra)
     if args.check:
-        plan = check()
+        plan = check(lock, args.extra)
     elif args.lock:
-        plan = relock(args.dest)
+        plan = relock(dest, lock, args.extra)
     elif args.verify:
-        plan = verify(args.dest)
+        plan = verify(dest, lock, args.extra)
     elif args.installed:
         plan = installed()
     else:
-        plan = gather(args.dest)
+        plan = gather(dest, lock, args.extra)
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU suite's entry point (README: "The GPU suite"). In the repository root:
+# The GPU suite's entry point (docs/developer.md: "The GPU suite"). In the repository root:
 #   bash bench/gpu/run.sh gather [--check|--verify]   here: wheels the device image lacks -> .gpu-wheels/
 #   bash bench/gpu/run.sh --cpu-smoke [--out DIR]     here: the whole driver at tiny shapes on the CPU
 #   bash bench/gpu/run.sh [--part headline|rest | --only STEPS] [--out DIR]
@@ -21,12 +21,18 @@ if [[ " $* " != *" --cpu-smoke "* ]]; then
         echo "no CUDA device visible to $PY: run this on the GPU machine, or pass --cpu-smoke" >&2
         exit 2
     fi
-    if [[ -d .gpu-wheels ]]; then
-        # --target keeps the image's packages (its torch above all) untouched; the checkout's src/ goes
-        # first, so the code that travelled is the code that runs even after the wheels were built.
-        site=${GPU_SUITE_SITE:-/tmp/vidforge-site}
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$site" .gpu-wheels/*.whl
+    # --target keeps the image's packages (its torch above all) untouched; the checkout's src/ goes
+    # first, so the code that travelled is the code that runs even after the wheels were built. Every
+    # gathered set that travelled (.gpu-wheels, .gpu-wheels-EXTRA: gather.py's EXTRA_SETS, each carried
+    # in a call of its own) goes into the one site folder, which stays while the machine is held.
+    site=${GPU_SUITE_SITE:-/tmp/vidforge-site}
+    for wheels in .gpu-wheels .gpu-wheels-*; do
+        if [[ -d "$wheels" ]]; then
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target "$site" "$wheels"/*.whl
+        fi
+    done
+    if [[ -d "$site" ]]; then
         export PYTHONPATH="$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
     fi
     "$PY" bench/gpu/gather.py --installed >/dev/null  # names what is missing here, and stops

@@ -84,7 +84,7 @@ STEP_NAMES = tuple(STEPS)
 # name -> (steps, the device command's time budget in seconds, run.sh's offline install included).
 # From the first H200 run (2026-11-26: train eager 87 s, infer 122 s with four sampler pairs where one
 # now runs, train compiled 101 s, pytest of tests/gpu 192 s in one process, now four), for device
-# commands of 8 and 6 minutes with 30 s to spare: README "The GPU suite" gives the command lines.
+# commands of 8 and 6 minutes with 30 s to spare: docs/developer.md, "The GPU suite", gives the command lines.
 # Issue 48's rows do not fit beside them: two more parts, in the order of what their rows decide (whether
 # vidforge is ahead of the peer and of Megatron first; then the paths never measured), each one device
 # command of 6 minutes. Their times on the GPU are not measured yet (the compiled 1.3B pair took 101 s +

@@ -177,7 +177,7 @@ def _fsdp_checkpointed(model, mesh) -> dict[str, float]:
     """The training composition: ring cp attention, every block checkpointed (recomputed in the
     backward, collectives included), FSDP2 over the cp ranks (dp_shard_cp = cp here) reducing the
     gradients. FSDP averages over its ranks, so the loss backpropagated is cp x `shard_loss`."""
-    from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+    from vidforge.memory_savers.activation_checkpoint import apply_activation_checkpointing
     from vidforge.parallel.context_parallel import apply_cp, per_token, shard_loss, shard_of
     from vidforge.parallel.fsdp import apply_fsdp
 
@@ -221,8 +221,8 @@ def _chunked_ring(group) -> float:
     """Ring attention a few queries at a time (what bounds its memory on long rows) against one
     process's attention over the whole packed row: largest error of the outputs and of the q, k, v
     gradients (each rank's own rows: the ring brings every key gradient home)."""
+    from vidforge.attention.dispatch import attention
     from vidforge.models import SequenceLayout
-    from vidforge.models.attention import attention
     from vidforge.parallel.context_parallel import cp_process_group, shard_of
     from vidforge.parallel.cp_attention import ring_attention
 
@@ -281,8 +281,8 @@ def _fused_ring(group) -> dict:
     through the einsum reference (dense, 3 queries at a time), against one process's dense attention
     over the whole row: for each row kind, the largest error of the output (real tokens) and of the q,
     k, v gradients (this rank's rows) of either ring, and between the two rings."""
+    from vidforge.attention.dispatch import attention
     from vidforge.models import SequenceLayout
-    from vidforge.models.attention import attention
     from vidforge.parallel.context_parallel import cp_process_group, shard_of
     from vidforge.parallel.cp_attention import ring_attention
 

@@ -428,8 +428,9 @@ def test_infer_refuses_a_token_grid_its_ranks_cannot_split() -> None:
 
 def _exports(root: Path) -> dict[str, Path]:
     """One exported model per architecture, as `vidforge train` leaves them (weights + config)."""
-    from vidforge.models import build_model, save_model
+    from vidforge.models import build_model
     from vidforge.profile import load_profile
+    from vidforge.weights.checkpoint import save_model
 
     exports = {}
     for name, sets in MODELS.items():

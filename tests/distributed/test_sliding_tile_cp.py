@@ -52,7 +52,7 @@ def _row(kind: str):
 
 def attention_case(kind: str, impl: str, group) -> dict[str, torch.Tensor]:
     """This rank's sliding-tile attention under context parallel, gathered: output and input gradients."""
-    from vidforge.models.attention import Attend
+    from vidforge.attention.dispatch import Attend
     from vidforge.models.scopes import sharded_scopes, tile_scope
     from vidforge.parallel.context_parallel import (
         ContextParallelAttend,

@@ -214,7 +214,7 @@ def _tp2_worker(rank: int, world_size: int) -> dict:
     from vidforge.errors import UserInputError
     from vidforge.families.vidforge.tensor_parallel import apply_tp
     from vidforge.families.wan.tensor_parallel import apply_wan_tp
-    from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
+    from vidforge.memory_savers.activation_checkpoint import apply_activation_checkpointing
     from vidforge.parallel.tensor_parallel import clip_grad_norm_
 
     tp_mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))["tp"]

@@ -50,7 +50,8 @@ def _train(rank: int, world: int, latents: str, teacher: str, run_dir: str) -> N
 def test_fsdp2_distillation_matches_one_process(tmp_path) -> None:
     import json
 
-    from vidforge.models import build_model, load_model, save_model
+    from vidforge.models import build_model
+    from vidforge.weights.checkpoint import load_model, save_model
 
     latents = make_latents(tmp_path / "data", identical=True, samples=4)
     torch.manual_seed(0)

@@ -221,7 +221,7 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
         assert norms[0] == pytest.approx(norms[1], rel=1e-4)
     # Stages / shards gathered into one export == one process's.
     if name.startswith(("pp", "tp2", "wan", "mm")):
-        from vidforge.models import load_model
+        from vidforge.weights.checkpoint import load_model
 
         ours, theirs = load_model(tmp_path / name / "export"), load_model(single_dir / "export")
         mine = dict(ours.named_parameters())
@@ -238,8 +238,9 @@ def test_layout_matches_one_process(name, reference, tmp_path) -> None:
             # 3 AdamW steps of lr 1e-3 from equal weights: reduction-order noise only
             torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-5, msg=key)
     if name in INIT_FROM_CHECKPOINT:
-        from vidforge.models import build_model, load_model
+        from vidforge.models import build_model
         from vidforge.train.init_weights import init_from
+        from vidforge.weights.checkpoint import load_model
 
         profile = train_profile(*STEPS, *REFERENCE_SETS.get(name, ()))
         model = build_model(profile.model)

@@ -79,8 +79,9 @@ def _train(rank: int, world: int, latents: str, base: str, run_dir: str, case: s
 def test_lora_under_fsdp2_matches_one_process(case, tmp_path) -> None:
     from safetensors.torch import load_file
 
-    from vidforge.models import build_model, save_model
-    from vidforge.models.lora import WEIGHTS
+    from vidforge.lora import WEIGHTS
+    from vidforge.models import build_model
+    from vidforge.weights.checkpoint import save_model
 
     latents = make_latents(tmp_path / "data", identical=True, samples=4)
     torch.manual_seed(7)  # a base off the builder's zero-initialised gates (which would keep gradients 0)

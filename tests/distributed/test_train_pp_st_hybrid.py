@@ -32,7 +32,7 @@ STDIT = ("model.architecture=stdit", "data.frame_buckets=[5]", *CLIP)
 
 
 def test_pp2xcp2_st_hybrid_matches_one_process(tmp_path) -> None:
-    from vidforge.models import load_model
+    from vidforge.weights.checkpoint import load_model
 
     latents = make_latents(tmp_path / "data", identical=True, samples=4, sets=STDIT)
     single, layout = tmp_path / "single", tmp_path / "pp2xcp2"

@@ -151,7 +151,7 @@ def test_retry_errors_redoes_failed_clips_only(clips_dir, tmp_path, sample_video
 
 def test_a_clip_whose_annotation_raises_is_an_error_and_the_batch_goes_on(clips_dir, tmp_path, monkeypatch):
     """A failure outside the per-step guards (here: the whole annotate call) costs only its clip."""
-    from vidforge.curate.annotator import CaptionAnnotator
+    from vidforge.curate.captioning.annotator import CaptionAnnotator
 
     victim = _read(clips_dir / "manifest.jsonl")[1]["clip_id"]
     real = CaptionAnnotator.annotate

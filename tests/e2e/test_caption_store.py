@@ -94,13 +94,13 @@ def test_dedup_keep_aesthetic_on_a_caption_output(caption_run, tmp_path) -> None
         assert {r["clip_id"] for r in read_jsonl(out / DROPPED)} == expected
     assert store.has_column(AESTHETIC)
     with pytest.raises(UserInputError, match="vidforge caption"):  # the clip run has no scores
-        from vidforge.curate.semdedup import load_corpus
+        from vidforge.curate.embeddings.semdedup import load_corpus
 
         load_corpus([caption_run.parent / "clips"], keep="aesthetic")
 
 
 def test_search_by_caption_text(caption_run) -> None:
-    from vidforge.curate.search import search
+    from vidforge.curate.embeddings.search import search
 
     manifest = [r for r in read_jsonl(caption_run / "manifest.jsonl") if r["keep"]]
     text = manifest[0]["caption"]

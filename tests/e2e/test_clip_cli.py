@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 
 from vidforge.cli.app import app
 from vidforge.curate import clip
-from vidforge.curate.decode import analyse
-from vidforge.curate.embedding import ImageEmbedder
-from vidforge.curate.stitch import boundary_similarity
+from vidforge.curate.clipping.decode import analyse
+from vidforge.curate.clipping.stitch import boundary_similarity
+from vidforge.curate.embeddings.embedder import ImageEmbedder
 from vidforge.data.embeddings import EmbeddingStore
 from vidforge.profile import load_profile
 

@@ -14,7 +14,7 @@ from curation_fixtures import CLIP_OPEN_SETS
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.curate.gpu_decode import decode_placement
+from vidforge.curate.video.gpu_decode import decode_placement
 
 
 def _clip(source: Path, out: Path, device: str):
@@ -44,7 +44,7 @@ def test_cuda_without_a_gpu_decodes_on_the_cpu_in_one_line_with_the_same_clips(t
 
 
 def test_auto_says_nothing_without_the_decoder_or_a_gpu_and_cuda_names_what_is_missing(monkeypatch):
-    import vidforge.curate.gpu_decode as gd
+    import vidforge.curate.video.gpu_decode as gd
 
     monkeypatch.setattr(gd, "find_spec", lambda name: None)
     assert decode_placement("auto") == ("cpu", None) and decode_placement("cpu") == ("cpu", None)
@@ -65,7 +65,7 @@ def test_the_decode_workers_start_without_torch():
     import subprocess
     import sys
 
-    code = "import sys, vidforge.curate.decode, vidforge.curate.transcode; print('torch' in sys.modules)"
+    code = "import sys, vidforge.curate.clipping.decode, vidforge.curate.clipping.transcode; print('torch' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     )

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from vidforge.cli.app import app
 from vidforge.curate import clip
-from vidforge.curate.embedding import ImageEmbedder
-from vidforge.curate.search import search
+from vidforge.curate.embeddings.embedder import ImageEmbedder
+from vidforge.curate.embeddings.search import search
 from vidforge.data.embeddings import DROPPED, EmbeddingStore, write_store
 from vidforge.data.manifest import read_jsonl
 from vidforge.profile import load_profile

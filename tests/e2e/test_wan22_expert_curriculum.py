@@ -65,7 +65,7 @@ def download(tmp_path_factory):
 
 def test_each_stage_starts_from_its_own_expert_and_infer_samples_both_trained(download, tmp_path) -> None:
     from vidforge.infer.weights import find_weights, load_network
-    from vidforge.models.experts import load_export
+    from vidforge.weights.experts import load_export
 
     pipeline, latents, published = download
     run = tmp_path / "full"
@@ -98,7 +98,7 @@ def test_a_lora_curriculum_puts_each_stage_adapter_on_its_own_expert(download, t
     """What `infer -c DOWNLOAD --lora RUN` loads (`load_network`) against each stage's adapter on its
     published expert, loaded by hand."""
     from vidforge.infer.weights import find_weights, load_network
-    from vidforge.models.lora import load_adapter
+    from vidforge.lora import load_adapter
 
     pipeline, latents, published = download
     lora = tmp_path / "lora"

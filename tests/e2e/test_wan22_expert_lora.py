@@ -58,7 +58,7 @@ def test_a_lora_on_the_low_noise_expert_trains_loads_in_diffusers_and_samples(tm
     from diffusers import WanPipeline
 
     from vidforge.families.wan.weights import load_diffusers_wan
-    from vidforge.models.lora import load_adapter
+    from vidforge.lora import load_adapter
 
     pipe = WanPipeline.from_pretrained(pipeline)
     pipe.load_lora_weights(run / "export", load_into_transformer_2=True)

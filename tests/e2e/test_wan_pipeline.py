@@ -92,7 +92,7 @@ def test_a_wan_pipeline_folder_tokenizes_trains_samples_and_exports(pipeline, tm
     # the trained export, back in diffusers' layout, computes what vidforge's export computes
     _invoke("model", "export", str(run / "export"), "--to", "diffusers", "-o", str(tmp_path / "diffusers"))
     from vidforge.families.wan.weights import load_diffusers_wan
-    from vidforge.models import load_model
+    from vidforge.weights.checkpoint import load_model
 
     ours, theirs = load_model(run / "export"), load_diffusers_wan(tmp_path / "diffusers")
     x, text = torch.randn(1, 4, 2, 4, 4), torch.randn(1, 3, 16)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gpu_device import rel_error
 
-from vidforge.models.attention import attention, flash_attn_available, sdpa_kernels
+from vidforge.attention.dispatch import attention, flash_attn_available, sdpa_kernels
 from vidforge.tokens import KeyPadding, Segments
 
 pytestmark = pytest.mark.gpu

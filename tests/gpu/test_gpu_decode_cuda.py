@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidforge.curate.decode import analyse
-from vidforge.curate.gpu_decode import decode_placement, gpu_frames
+from vidforge.curate.clipping.decode import analyse
+from vidforge.curate.video.gpu_decode import decode_placement, gpu_frames
 from vidforge.profile import load_profile
 
 pytestmark = pytest.mark.gpu
@@ -20,8 +20,8 @@ def _decoder():
 
 
 def test_nvdec_frames_match_pyav_at_detection_size(sample_videos):
-    from vidforge.curate.container import open_source, video_stream
-    from vidforge.curate.decode import _cpu_pictures
+    from vidforge.curate.clipping.decode import _cpu_pictures
+    from vidforge.curate.video.container import open_source, video_stream
 
     source = str(sample_videos / "cuts.mp4")
     with open_source(source) as container:

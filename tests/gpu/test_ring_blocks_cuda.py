@@ -10,7 +10,7 @@ import pytest
 import torch
 from gpu_device import rel_error
 
-from vidforge.models.attention import flash_attn_available
+from vidforge.attention.dispatch import flash_attn_available
 from vidforge.parallel.attention_blocks import BlockKeys, Einsum, attend_blocks, block_kernel
 
 pytestmark = pytest.mark.gpu

@@ -10,9 +10,9 @@ import pytest
 import torch
 from gpu_device import rel_error
 
-from vidforge.models.attention import attention
+from vidforge.attention.dispatch import attention
+from vidforge.attention.video_sparse import TileSelection, select_tiles
 from vidforge.models.scopes import packed_scopes, sharded_scopes, tile_scope
-from vidforge.models.video_sparse import TileSelection, select_tiles
 from vidforge.tokens import SequenceLayout, TokenShard
 
 pytestmark = pytest.mark.gpu

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from vidforge.parallel.activation_checkpoint import checkpointed_indices
-from vidforge.parallel.activation_offload import HostOffloader, OffloadedBlock, offloaded_indices
+from vidforge.memory_savers.activation_checkpoint import checkpointed_indices
+from vidforge.memory_savers.activation_offload import HostOffloader, OffloadedBlock, offloaded_indices
 from vidforge.profile import load_profile
 
 

@@ -1,4 +1,4 @@
-"""Fail-fast input checks of `vidforge caption` (`curate.caption_checks` and each filter's `check`): each
+"""Fail-fast input checks of `vidforge caption` (`curate.captioning.checks` and each filter's `check`): each
 wrong input the user gave is refused with the setting to change, by reading files only (shapes from
 headers, as torch reads them); what only the libraries know (model names, EasyOCR's files) is refused by
 the models' own setup, once, before any clip, naming the setting too."""
@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-from vidforge.curate.aesthetic import AestheticHead
-from vidforge.curate.annotator import CaptionAnnotator
-from vidforge.curate.caption_checks import check_endpoint_url, check_inputs
+from vidforge.curate.captioning.annotator import CaptionAnnotator
+from vidforge.curate.captioning.checks import check_endpoint_url, check_inputs
 from vidforge.curate.filters.aesthetic import head_width
 from vidforge.curate.filters.base import Resources, tensor_shapes
 from vidforge.curate.filters.ocr import OcrFilter
+from vidforge.curate.scorers.aesthetic import AestheticHead
 from vidforge.errors import UserInputError
 from vidforge.profile import load_profile
 

@@ -11,9 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from vidforge.curate.captioners import ClipItem
-from vidforge.curate.captioners.coca import CocaCaptioner, decode_tokens, greedy_generate, merge_captions
-from vidforge.curate.clip_score import TINY_CONFIGS, preprocess_frames
+from vidforge.curate.captioning.captioners import ClipItem
+from vidforge.curate.captioning.captioners.coca import (
+    CocaCaptioner,
+    decode_tokens,
+    greedy_generate,
+    merge_captions,
+)
+from vidforge.curate.scorers.clip_score import TINY_CONFIGS, preprocess_frames
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import CocaCaptioner as CocaSettings
 

@@ -13,8 +13,8 @@ import cv2
 import numpy as np
 import pytest
 
-from vidforge.curate.captioners import ClipItem
-from vidforge.curate.captioners.endpoint import EndpointCaptioner
+from vidforge.curate.captioning.captioners import ClipItem
+from vidforge.curate.captioning.captioners.endpoint import EndpointCaptioner
 from vidforge.profile.caption import VCHITECT_PROMPT
 from vidforge.profile.caption import EndpointCaptioner as EndpointSettings
 

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from vidforge.curate.captioners import ClipItem
-from vidforge.curate.captioners.endpoint import EndpointCaptioner
+from vidforge.curate.captioning.captioners import ClipItem
+from vidforge.curate.captioning.captioners.endpoint import EndpointCaptioner
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import EndpointCaptioner as EndpointSettings
 

@@ -121,7 +121,7 @@ def test_enhancement_prompt_without_the_caption_is_refused():
 
 
 def test_enhancement_url_is_checked_before_any_model_loads(tmp_path, sample_videos, sample_truth):
-    from vidforge.curate.caption_checks import check_inputs
+    from vidforge.curate.captioning.checks import check_inputs
     from vidforge.errors import UserInputError
 
     cfg = load_profile(

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_caption_endpoint import SECRET, server  # noqa: E402, F401  (server: the local VLM fixture)
 
-from vidforge.curate.captioners import ClipItem, build_captioner  # noqa: E402
+from vidforge.curate.captioning.captioners import ClipItem, build_captioner  # noqa: E402
 from vidforge.profile import load_profile  # noqa: E402
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from curation_fixtures import CAPTION_BARE_SETS, make_clips_dir
 
 from vidforge.curate import caption, filters
-from vidforge.curate.captioners import evenly_spaced
+from vidforge.curate.captioning.captioners import evenly_spaced
 from vidforge.curate.filters import Clip, Histogram, Scorer
 from vidforge.curate.histograms import histogram_figure
 from vidforge.data.manifest import read_jsonl

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from vidforge.curate.motion import flow_magnitude, motion_score, pair_starts
+from vidforge.curate.scorers.motion import flow_magnitude, motion_score, pair_starts
 
 
 def _texture(h=192, w=256, seed=0):

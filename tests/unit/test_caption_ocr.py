@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vidforge.curate.ocr import Detection, EasyOcrDetector, TextRule, covered_fraction, judge_text
+from vidforge.curate.scorers.ocr import Detection, EasyOcrDetector, TextRule, covered_fraction, judge_text
 from vidforge.errors import UserInputError
 
 H, W = 100, 200

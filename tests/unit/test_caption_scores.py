@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from vidforge.curate.aesthetic import AestheticHead, AestheticScorer
-from vidforge.curate.clip_score import TINY_CONFIGS, ClipEmbedder, clip_similarity, preprocess_frames
+from vidforge.curate.scorers.aesthetic import AestheticHead, AestheticScorer
+from vidforge.curate.scorers.clip_score import TINY_CONFIGS, ClipEmbedder, clip_similarity, preprocess_frames
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import ClipModel
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from vidforge.curate.captioners import ClipItem, evenly_spaced
-from vidforge.curate.captioners.cleaning import (
+from vidforge.curate.captioning.captioners import ClipItem, evenly_spaced
+from vidforge.curate.captioning.captioners.cleaning import (
     DEGENERATE,
     EMPTY,
     TRUNCATED,
@@ -16,7 +16,7 @@ from vidforge.curate.captioners.cleaning import (
     cut_at_sentence,
     longest_run,
 )
-from vidforge.curate.captioners.sidecar import Segment, SidecarCaptioner, best_segment
+from vidforge.curate.captioning.captioners.sidecar import Segment, SidecarCaptioner, best_segment
 from vidforge.profile.caption import SidecarCaptioner as SidecarSettings
 
 

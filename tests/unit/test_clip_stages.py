@@ -10,15 +10,15 @@ import pytest
 from scenedetect import AdaptiveDetector, ContentDetector, detect
 
 from vidforge.curate import clip as clip_module
-from vidforge.curate.decode import analyse
-from vidforge.curate.dedup import near_duplicates
-from vidforge.curate.duration import apply_duration
+from vidforge.curate.clipping.decode import analyse
+from vidforge.curate.clipping.duration import apply_duration
+from vidforge.curate.clipping.static import static_ratio
+from vidforge.curate.clipping.stitch import stitch_shots
+from vidforge.curate.embeddings.greedy_dedup import near_duplicates
 from vidforge.curate.executors.local import LocalExecutor, usable_cores
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import Shot
 from vidforge.curate.stage import ItemError, Stage
-from vidforge.curate.static import static_ratio
-from vidforge.curate.stitch import stitch_shots
 from vidforge.errors import UserInputError
 from vidforge.profile.curation import Curation
 

@@ -22,12 +22,13 @@ from train_fixtures import WAN, train_profile  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
 from vidforge.files import write_text  # noqa: E402
-from vidforge.models import build_model, load_model, save_model  # noqa: E402
-from vidforge.models.comfyui_lora import FILE  # noqa: E402
-from vidforge.models.lora import apply_lora, load_adapter, merge, save_adapter  # noqa: E402
+from vidforge.lora import apply_lora, load_adapter, merge, save_adapter  # noqa: E402
+from vidforge.lora.comfyui import FILE  # noqa: E402
+from vidforge.models import build_model  # noqa: E402
 from vidforge.profile import dump_profile  # noqa: E402
 from vidforge.profile.model import Model  # noqa: E402
 from vidforge.profile.train import Lora  # noqa: E402
+from vidforge.weights.checkpoint import load_model, save_model  # noqa: E402
 
 # Every linear layer of the wan network: the adapter trains all of them, so every row of the table is used.
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj", "net.0.proj", "net.2"]

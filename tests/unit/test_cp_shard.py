@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from vidforge.attention.dispatch import attention
 from vidforge.models import SequenceLayout, build_model, model_config
-from vidforge.models.attention import attention
 from vidforge.parallel.cp_attention import block_attention, merge_partial
 from vidforge.tokens import ContextShard, TokenShard
 

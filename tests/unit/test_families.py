@@ -78,8 +78,8 @@ def toy(tmp_path, monkeypatch) -> str:
 def test_a_toy_family_in_one_package_and_one_registry_line_builds_trains_and_plans(toy, tmp_path) -> None:
     from vidforge.estimate.memory_model import estimate_memory
     from vidforge.estimate.param_counts import parameter_counts
+    from vidforge.lora import default_targets
     from vidforge.models import build_model, count_parameters, forward_flops
-    from vidforge.models.lora import default_targets
     from vidforge.profile.parallel import Layout
     from vidforge.train import loop
 

@@ -264,7 +264,8 @@ def test_infer_refuses_an_output_folder_another_run_writes(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from train_fixtures import TRAIN_SETS, train_profile
 
-    from vidforge.models import build_model, save_model
+    from vidforge.models import build_model
+    from vidforge.weights.checkpoint import save_model
 
     export = save_model(build_model(train_profile().model), tmp_path / "export")
     out = tmp_path / "out"

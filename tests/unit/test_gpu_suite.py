@@ -263,3 +263,34 @@ def test_check_finds_the_lock_complete_for_the_device_python():
     if gathered.is_dir():  # a folder gathered here is checked too, offline, against the lock
         verified = gather.verify(gathered)
         assert verified.problems == [] and verified.size_bytes <= gather.WHEELS_BUDGET
+
+
+@pytest.mark.parametrize("extra", sorted(gather.EXTRA_SETS))
+def test_an_extra_set_locks_its_own_wheels_within_a_call(extra):
+    """An extra's set (`--extra gpu-decode`: PyNvVideoCodec) read straight from its lock and pyproject:
+    every requirement of the extra pinned at a version it accepts, one device wheel each, none already in
+    wheels.lock, and the set within one call's wheels' budget on its own."""
+    import tomllib
+
+    pins = gather.read_lock(gather.lock_path(extra))
+    extra_reqs = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        extra
+    ]
+    for req in map(Requirement, extra_reqs):
+        pin = pins[canonicalize_name(req.name)]
+        assert req.specifier.contains(pin.version, prereleases=True)
+        assert parse_wheel_filename(pin.filename)[3] & DEVICE_TAGS, f"{pin.filename}: not for the device"
+    assert not set(pins) & set(gather.read_lock())
+    assert sum(p.size for p in pins.values()) <= gather.WHEELS_BUDGET
+    assert gather.dest_path(extra) != gather.DEST
+
+
+def test_verify_of_an_extra_set_asks_for_its_wheels_only(tmp_path):
+    """An empty folder checked as the gpu-decode set lacks PyNvVideoCodec, and not vidforge's own wheel or
+    the base set's wheels (the base set travels in its own call)."""
+    plan = gather.verify(tmp_path, gather.lock_path("gpu-decode"), "gpu-decode")
+    assert any(p.startswith("pynvvideocodec") for p in plan.problems)
+    assert not any("vidforge's own wheel" in p or p.startswith("av") for p in plan.problems)
+    gathered = gather.dest_path("gpu-decode")
+    if gathered.is_dir():  # a folder gathered here is checked too, offline, against its lock
+        assert gather.verify(gathered, gather.lock_path("gpu-decode"), "gpu-decode").problems == []

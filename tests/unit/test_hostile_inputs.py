@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidforge.curate.captioners.sidecar import read_csv_captions, read_json_sidecar
+from vidforge.curate.captioning.captioners.sidecar import read_csv_captions, read_json_sidecar
 from vidforge.data.media import read_image
 from vidforge.errors import UserInputError
 from vidforge.tokenizers.image_condition import load_image

@@ -48,7 +48,7 @@ def test_a_link_planted_at_the_shard_caches_temporary_is_not_written_through(tmp
 
 
 def test_a_caption_vector_log_folder_linking_out_is_refused(tmp_path):
-    from vidforge.curate.caption_store import PENDING, TextLog
+    from vidforge.curate.captioning.store import PENDING, TextLog
     from vidforge.data.embeddings import EMBEDDINGS_DIR
 
     elsewhere = tmp_path / "outside"
@@ -84,8 +84,8 @@ def test_a_source_videos_sidecar_linking_out_of_its_folder_is_refused(tmp_path, 
     """The caption sidecar beside a source video (`<video>.captions.json`, `<video>.txt`) is data: one that
     links out of the videos' folder was read as the clip's caption (a file outside the input became
     data); one inside it is read."""
-    from vidforge.curate.caption_checks import check_sidecars
-    from vidforge.curate.captioners.sidecar import SidecarCaptioner
+    from vidforge.curate.captioning.captioners.sidecar import SidecarCaptioner
+    from vidforge.curate.captioning.checks import check_sidecars
     from vidforge.profile.caption import SidecarCaptioner as SidecarSettings
 
     videos = tmp_path / "videos"

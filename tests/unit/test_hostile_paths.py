@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from vidforge.curate.annotator import media_of
+from vidforge.curate.captioning.annotator import media_of
 from vidforge.data.loader import ShardLoader
 from vidforge.data.manifest import read_jsonl, write_jsonl
 from vidforge.data.paths import UnsafePath, inside

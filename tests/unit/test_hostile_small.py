@@ -62,7 +62,7 @@ def test_a_weights_file_carrying_code_is_one_line_naming_the_field_and_runs_noth
     (which would run the code), and named no profile field."""
     import torch
 
-    from vidforge.curate.aesthetic import load_head
+    from vidforge.curate.scorers.aesthetic import load_head
 
     marker = tmp_path / "ran"
     path = tmp_path / "head.pth"

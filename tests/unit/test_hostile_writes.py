@@ -212,7 +212,8 @@ def test_a_config_claiming_more_layers_than_its_weights_is_refused_before_the_mo
     import time
 
     from vidforge.families.wan import weights as wan_weights
-    from vidforge.models import checkpoint, presets, weights_check
+    from vidforge.models import presets
+    from vidforge.weights import checkpoint, weights_check
 
     src = _copy(published, tmp_path)
     config = json.loads((src / "config.json").read_text())
@@ -234,7 +235,7 @@ def test_a_config_claiming_more_layers_than_its_weights_is_refused_before_the_mo
     # a vidforge export held to its weights the same way when it is loaded
     (src / "config.json").write_text(json.dumps(config))
     assert runner.invoke(app, ["model", "import", str(src), "-o", str(tmp_path / "out")]).exit_code == 0
-    from vidforge.models import load_model
+    from vidforge.weights.checkpoint import load_model
 
     exported = json.loads((tmp_path / "out" / "config.json").read_text())
     exported["model"]["layers"] = 20000

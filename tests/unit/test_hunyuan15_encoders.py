@@ -13,10 +13,10 @@ from hunyuan15_fixtures import SCALING, save_tiny_pipeline
 from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15.captions import join_caption
 from vidforge.families.hunyuan15.text_encoder import glyph_text
-from vidforge.models.weights_folder import find_weights, published_profile
 from vidforge.profile.loading import validate_profile
 from vidforge.text import build_text_encoder
 from vidforge.tokenizers import build_tokenizer
+from vidforge.weights.weights_folder import find_weights, published_profile
 
 # quoted glyph text twice (straight and curly quotes, one repeated), an empty caption, none quoted
 CAPTIONS = ['a shop sign reading "OPEN" beside “SALE” and "OPEN"', "", "a cat walks on the grass"]

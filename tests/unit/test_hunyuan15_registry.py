@@ -14,15 +14,15 @@ from vidforge.families.hunyuan15 import PRESETS
 from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.models import build_model, count_parameters
-from vidforge.models.weights_folder import (
+from vidforge.profile import load_profile
+from vidforge.profile.loading import ProfileError, apply_override, validate_profile
+from vidforge.weights.weights_folder import (
     export_model,
     export_published,
     find_weights,
     import_published,
     published_profile,
 )
-from vidforge.profile import load_profile
-from vidforge.profile.loading import ProfileError, apply_override, validate_profile
 
 
 @pytest.mark.parametrize("task", ["t2v", "i2v"])

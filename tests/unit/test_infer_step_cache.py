@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from vidforge.errors import UserInputError
-from vidforge.models import build_model, model_config, save_model
+from vidforge.models import build_model, model_config
 from vidforge.profile import load_profile
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.step_cache import WAN21_COEFFICIENTS, StepCache, installed, rescale_name
+from vidforge.weights.checkpoint import save_model
 
 SHAPE = (4, 3, 4, 4)  # the tiny preset's latents: 48 tokens
 

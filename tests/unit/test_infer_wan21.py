@@ -80,6 +80,7 @@ OTHER = {
     "ff_bias": False,
     "eps": 1e-5,
     "audio": True,
+    "perturbed_attention": True,
 }
 HEIGHT, WIDTH, FRAMES, STEPS = 32, 48, 5, 3
 SETS = [
@@ -185,8 +186,8 @@ def test_model_import_keeps_the_attention_settings(folders, tmp_path) -> None:
     from typer.testing import CliRunner
 
     from vidforge.cli.app import app
-    from vidforge.models.checkpoint import read_config
     from vidforge.profile import load_profile
+    from vidforge.weights.checkpoint import read_config
 
     sets = ["--set", "model.attention_window=[1,1,1]", "--set", TILE]
     out = tmp_path / "windowed"

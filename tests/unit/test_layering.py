@@ -7,7 +7,7 @@ type-only import is still a dependency of the design).
 A model family's package (`families/<name>/`) sits on two layers. Its spec, the package's `__init__` and
 the modules of the package it imports, is torch-free data the profile reads: the `families` layer, below
 the profile. Every other module of the package (the network, its weights, its tensor-parallel plan, its
-conditioning) is the family's code, on the `family code` layer: it builds on models, parallel and
+conditioning) is the family's code, on the `family code` layer: it builds on models, weights, parallel and
 tokenizers, and is reached only by the "module:attribute" strings of its spec (`families.load`), so no
 module outside the package imports it (nor the spec's modules: the rest of vidforge asks
 `families.family(name)`).
@@ -33,8 +33,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("families",),  # each family's facts, its code named by import path (the profile reads them)
     ("profile", "memory", "weights_file", "device", "files", "token_grid"),  # profile: pure data, no torch
     ("tokens", "text"),  # token rows as host data; text encoders
-    ("diffusion", "models", "data"),  # diffusion is weightless math; data knows no model
-    ("parallel",),  # applied to an unmodified model from outside
+    ("attention",),  # the attention dispatcher and its sparse kernels: every network's attention calls it
+    # weightless math; networks; their adapters; what trades time for memory; data, which knows no model
+    ("diffusion", "models", "lora", "memory_savers", "data"),
+    ("parallel", "weights"),  # parallel: applied to an unmodified model from outside; weights: its files
     ("curate", "estimate", "tokenizers"),
     ("family code",),  # each family's network, weights, TP plan, conditioning: loaded by import path
     ("sampling",),  # the sampling loop, its latents and writers: training's validation and infer share it

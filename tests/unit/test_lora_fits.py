@@ -1,5 +1,5 @@
 """What makes a LoRA run fit a small GPU: the frozen base in float8 (`train.lora.fp8_base`,
-`vidforge.parallel.fp8_base`) and block swap (`train.lora.blocks_to_swap`, `vidforge.parallel.block_swap`),
+`vidforge.memory_savers.fp8_base`) and block swap (`train.lora.blocks_to_swap`, `vidforge.memory_savers.block_swap`),
 each through `vidforge train`'s own build and step (`BenchStep`) on the CPU."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from vidforge.bench.train_bench import BenchStep
-from vidforge.parallel.activation_offload import OffloadedBlock
-from vidforge.parallel.block_swap import SwappedBlock
-from vidforge.parallel.fp8_base import E4M3, Float8BaseLinear, dequantize, max_abs_error, quantize
+from vidforge.memory_savers.activation_offload import OffloadedBlock
+from vidforge.memory_savers.block_swap import SwappedBlock
+from vidforge.memory_savers.fp8_base import E4M3, Float8BaseLinear, dequantize, max_abs_error, quantize
 from vidforge.profile import load_profile
 
 TINY_WAN = [

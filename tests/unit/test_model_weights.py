@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.models import load_model
 from vidforge.profile import load_profile
+from vidforge.weights.checkpoint import load_model
 
 runner = CliRunner()
 FP32_KEPT = tuple(WanTransformer3DModel._keep_in_fp32_modules)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
-from vidforge.models.attention import (
+from vidforge.attention.dispatch import (
     SDPA_BACKENDS,
     Attend,
     attention,
@@ -144,7 +144,7 @@ def test_sdpa_kernel_choice_by_device_and_mask():
 
 def test_sdpa_context_sets_torch_s_kernels_and_says_a_fallback_once(monkeypatch):
     """What torch is told (its enabled kernels and their priority), and the fallback said once."""
-    monkeypatch.setattr(importlib.import_module("vidforge.models.attention"), "_said", set())
+    monkeypatch.setattr(importlib.import_module("vidforge.attention.dispatch"), "_said", set())
     with sdpa_context(sdpa_kernels("auto", HOPPER, masked=False)):
         assert torch._C._get_sdp_priority_order()[0] == SDPBackend.CUDNN_ATTENTION.value
         assert torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
@@ -173,7 +173,7 @@ def test_sdpa_context_sets_torch_s_kernels_and_says_a_fallback_once(monkeypatch)
 def test_the_kernel_choice_compiles_without_a_graph_break(monkeypatch):
     """torch.compile traces the choice, the note and the kernel context whole (dynamo's own counters):
     the note said from the function that made the context sent the whole frame back to eager."""
-    monkeypatch.setattr(importlib.import_module("vidforge.models.attention"), "_said", set())
+    monkeypatch.setattr(importlib.import_module("vidforge.attention.dispatch"), "_said", set())
 
     def call(q, sdpa_backend, masked):
         kernels = sdpa_kernels(sdpa_backend, HOPPER, masked)

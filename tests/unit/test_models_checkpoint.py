@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vidforge.models import build_model, load_model, model_config, save_model
+from vidforge.models import build_model, model_config
+from vidforge.weights.checkpoint import load_model, save_model
 
 
 def test_save_then_load_gives_the_same_model(tmp_path, monkeypatch):

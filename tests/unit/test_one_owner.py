@@ -83,8 +83,8 @@ RAW_WRITES = (
 # Raw writes left, by file, with why; each must still be seen (the list only shrinks).
 RAW_WRITES_LEFT = {
     "curate/caption.py": "hard-links a clip into OUT/clips (a link then a rename, no bytes written)",
-    "curate/transcode.py": "renames the encoder's finished file (curation's: issue 46 item 13's owner)",
-    "curate/encoder.py": "the encoder writes where transcode's atomic_path points (curation's)",
+    "curate/clipping/transcode.py": "renames the encoder's finished file (curation's: issue 46 item 13's owner)",
+    "curate/video/encoder.py": "the encoder writes where transcode's atomic_path points (curation's)",
 }
 
 

@@ -111,7 +111,7 @@ def test_bench_plan_reads_the_folder_through_the_same_resolver(pipeline) -> None
 def test_one_reader_of_weight_folders() -> None:
     """Only the resolver and the families' own modules look inside a published folder."""
     src = Path(__file__).resolve().parents[2] / "src" / "vidforge"
-    own = {"models/weights_folder.py"}
+    own = {"weights/weights_folder.py"}
     calls = ("transformer_folder(", "pipeline_parts(", "read_published(", "model_from_diffusers(")
     found = [
         f"{path.relative_to(src)}: {call}"

@@ -14,7 +14,7 @@ from vidforge.bench.train_bench import BenchStep
 from vidforge.errors import UserInputError
 from vidforge.estimate.memory_model import estimate_memory
 from vidforge.estimate.recompute import choose_recompute, resolve_auto, with_mix
-from vidforge.parallel.activation_checkpoint import OPS_RECOMPUTE_COST, block_policies
+from vidforge.memory_savers.activation_checkpoint import OPS_RECOMPUTE_COST, block_policies
 from vidforge.profile import load_profile
 
 OPS = ["train.activation_checkpointing=selective", "train.checkpoint_ratio=0", "train.checkpoint_ops_ratio=1"]

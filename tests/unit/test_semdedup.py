@@ -1,4 +1,4 @@
-"""`vidforge dedup` (curate/semdedup.py) over embedding stores: the clustered search finds what all-pairs
+"""`vidforge dedup` (curate/embeddings/semdedup.py) over embedding stores: the clustered search finds what all-pairs
 finds (>= 99% of the dropped clips, nothing it does not), gives the same files twice and after a run
 stopped between clusters and on Ray (opt-in), and follows the keep rule; the store's text vectors, row
 lookup and rewrite, and the caption stage's text log."""
@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.curate import semdedup
+from vidforge.curate.embeddings import semdedup
 from vidforge.data.embeddings import AESTHETIC, DROPPED, EmbeddingStore, Gathered, positions, write_store
 from vidforge.data.manifest import read_jsonl
 from vidforge.errors import UserInputError
@@ -168,7 +168,7 @@ def test_store_text_vectors_row_lookup_and_a_smaller_rewrite(tmp_path) -> None:
 
 
 def test_text_log_reads_only_rows_with_their_id(tmp_path) -> None:
-    from vidforge.curate.caption_store import TextLog, _pending
+    from vidforge.curate.captioning.store import TextLog, _pending
 
     v = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
     log = TextLog(tmp_path)

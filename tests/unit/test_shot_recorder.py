@@ -11,9 +11,9 @@ import av
 import numpy as np
 import pytest
 
-from vidforge.curate.encoder import sample_indices
+from vidforge.curate.clipping.shot_recorder import ShotRecorder
 from vidforge.curate.items import VideoInfo
-from vidforge.curate.shot_recorder import ShotRecorder
+from vidforge.curate.video.encoder import sample_indices
 from vidforge.profile.curation import Curation
 
 W, H, FPS = 64, 48, 10

@@ -1,4 +1,4 @@
-"""Sliding-tile attention (vidforge.models.sliding_tile) against an independent dense reference: a boolean
+"""Sliding-tile attention (vidforge.attention.sliding_tile) against an independent dense reference: a boolean
 mask written from each token's (t, h, w) position with FastVideo's clamped-centre rule, and a plain softmax
 in float64, for plain batches and packed rows, forward and backward; the FLOPs it skips against a direct
 count of the masked pairs; the profile's window refused at load where it cannot run."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vidforge.attention.dispatch import attention
+from vidforge.attention.sliding_tile import attended_pairs
 from vidforge.models import build_model, forward_flops, model_config, pack_latents
-from vidforge.models.attention import attention
 from vidforge.models.scopes import batch_scopes, packed_scopes, tile_scope
-from vidforge.models.sliding_tile import attended_pairs
 from vidforge.profile import ProfileError, load_profile
 from vidforge.tokens import SequenceLayout, grid_positions
 

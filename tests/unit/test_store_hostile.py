@@ -16,7 +16,7 @@ from test_semdedup import MODEL, SETS, _dropped, planted
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
-from vidforge.curate import semdedup
+from vidforge.curate.embeddings import semdedup
 from vidforge.data.embeddings import EMBEDDINGS_DIR, INDEX, EmbeddingStore, write_store
 from vidforge.errors import UserInputError
 from vidforge.profile import load_profile

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import killed_at_forward, make_latents, train_profile  # noqa: E402
 
 from vidforge.errors import UserInputError  # noqa: E402
-from vidforge.models import load_model  # noqa: E402
 from vidforge.profile import ProfileError, load_profile  # noqa: E402
 from vidforge.train import curriculum  # noqa: E402
+from vidforge.weights.checkpoint import load_model  # noqa: E402
 
 # Stage "a": 3 steps at the profile's lr; stage "b": 4 steps at a tenth of it, its own data list, a
 # checkpoint every 2 steps (train.save_every=2): killed in b's step 3, it resumes from b's step 2.

@@ -17,11 +17,12 @@ from vidforge.diffusion.edm import EDM
 from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.errors import UserInputError
 from vidforge.infer import run as infer_run
-from vidforge.models import build_model, save_model
+from vidforge.models import build_model
 from vidforge.profile.loading import dump_profile
 from vidforge.tokens import SequenceLayout
 from vidforge.train.loss import TokenBatch
 from vidforge.train.make_step import make_train_step
+from vidforge.weights.checkpoint import save_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import TRAIN_SETS, losses, synthetic_latents, train_profile  # noqa: E402

@@ -11,12 +11,13 @@ from typer.testing import CliRunner
 
 from vidforge.cli.app import app
 from vidforge.errors import UserInputError
-from vidforge.models import build_model, load_model, save_model
+from vidforge.models import build_model
 from vidforge.parallel.dims import ParallelDims
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import load_profile
 from vidforge.train.build import build
 from vidforge.train.init_weights import WeightsInit
+from vidforge.weights.checkpoint import load_model, save_model
 
 SETS = ["model.hidden=32", "model.mlp_hidden=64", "model.heads=2", "model.text_dim=8", "model.in_channels=4"]
 

@@ -136,12 +136,12 @@ def test_resume_with_more_steps_keeps_the_schedule_unless_rescheduled(
 def test_init_from_a_run_checkpoint_reproduces_the_runs_export_exactly(trained) -> None:
     """--init RUN takes its latest checkpoint's EMA weights through DCP: the export's forward, bit for bit;
     --init-raw takes the weights the optimizer left, which the checkpoint also holds."""
-    from vidforge.models import load_model
     from vidforge.parallel.dims import ParallelDims
     from vidforge.parallel.runtime import Runtime
     from vidforge.train.build import build
     from vidforge.train.checkpoint import CheckpointManager
     from vidforge.train.init_weights import WeightsInit
+    from vidforge.weights.checkpoint import load_model
 
     profile = train_profile()
     runtime = Runtime(0, 1, 0, torch.device("cpu"), ParallelDims(profile.layout))
@@ -257,8 +257,8 @@ def test_train_cli_refuses_layouts_it_cannot_run(latents, tmp_path) -> None:
 
 
 def test_sampling_with_guidance_uses_both_branches(trained) -> None:
-    from vidforge.models import load_model
     from vidforge.sampling.latents import sample_latents
+    from vidforge.weights.checkpoint import load_model
 
     model = load_model(trained / "export")
     text = torch.randn(1, 5, model.config.text_dim)

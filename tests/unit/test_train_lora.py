@@ -13,12 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import WAN, losses, make_latents, train_profile  # noqa: E402
 
 from vidforge.errors import UserInputError  # noqa: E402
-from vidforge.models import build_model, save_model  # noqa: E402
+from vidforge.models import build_model  # noqa: E402
 from vidforge.parallel.runtime import init_runtime  # noqa: E402
 from vidforge.train import loop  # noqa: E402
 from vidforge.train.build import build  # noqa: E402
 from vidforge.train.init_weights import WeightsInit  # noqa: E402
 from vidforge.train.make_step import make_train_step  # noqa: E402
+from vidforge.weights.checkpoint import save_model  # noqa: E402
 
 LORA = ("train.lora={rank: 4, alpha: 8}", "train.lr=1e-2", "train.precision=bf16")
 
@@ -127,7 +128,7 @@ def test_a_resumed_lora_run_gives_the_uninterrupted_runs_losses_and_adapter(
 ) -> None:
     from safetensors.torch import load_file
 
-    from vidforge.models.lora import WEIGHTS
+    from vidforge.lora import WEIGHTS
 
     _run(latents, tmp_path / "run", wan_base, steps=2)
     with pytest.raises(UserInputError, match="pass the --init it started from again"):
@@ -155,7 +156,7 @@ def test_the_exported_adapter_loaded_into_diffusers_gives_vidforges_forward(wan_
     from diffusers import WanTransformer3DModel
 
     from vidforge.families.wan.weights import load_diffusers_wan
-    from vidforge.models.lora import load_adapter
+    from vidforge.lora import load_adapter
 
     profile = train_profile(*WAN)
     x, t, text = _wan_inputs(profile)
@@ -182,9 +183,9 @@ def test_the_merged_models_forward_equals_base_plus_adapter(wan_base, lora_run, 
 
     from vidforge.cli.app import app
     from vidforge.families.wan.weights import load_diffusers_wan
-    from vidforge.models import load_model
-    from vidforge.models.lora import load_adapter
+    from vidforge.lora import load_adapter
     from vidforge.profile import load_profile
+    from vidforge.weights.checkpoint import load_model
 
     merged = tmp_path / "merged"  # the base comes from the run's record of its --init
     result = CliRunner().invoke(
@@ -275,7 +276,7 @@ def test_the_memory_model_counts_no_gradients_or_optimizer_states_for_the_frozen
 
     from vidforge.bench.plan import evaluate
     from vidforge.estimate.memory_model import estimate_memory
-    from vidforge.models.lora import default_targets
+    from vidforge.lora import default_targets
     from vidforge.profile import load_profile
 
     sets = [f"model.preset={preset}", "cluster.gpus_per_node=8", "parallel.dp_shard=8", "train.ema_decay=0.9"]
@@ -360,7 +361,7 @@ def test_the_exported_adapter_file_is_the_same_bytes_every_time(lora_run, tmp_pa
 
     from safetensors.torch import load_file
 
-    from vidforge.models.lora import WEIGHTS, save_adapter
+    from vidforge.lora import WEIGHTS, save_adapter
     from vidforge.profile.train import Lora
 
     weights = {

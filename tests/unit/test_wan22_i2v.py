@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vidforge.families import read_published
-from vidforge.models.weights_folder import published_profile
+from vidforge.weights.weights_folder import published_profile
 
 pytest.importorskip("transformers")
 from wan22_i2v_fixtures import BOUNDARY, LATENT, MASK, save_tiny_wan22_i2v_pipeline  # noqa: E402

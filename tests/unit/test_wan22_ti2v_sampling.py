@@ -14,11 +14,11 @@ import torch
 from wan22_ti2v_fixtures import CHANNELS, save_tiny_ti2v_pipeline
 
 from vidforge.infer.image import first_frame_latent
-from vidforge.models.weights_folder import find_weights, load_published, published_profile
 from vidforge.sampling.latents import sample_latents
 from vidforge.text.encoders import build_text_encoder
 from vidforge.tokenizers.base import build_tokenizer
 from vidforge.tokenizers.image_condition import load_image, preprocess_image
+from vidforge.weights.weights_folder import find_weights, load_published, published_profile
 
 pytest.importorskip("transformers")
 

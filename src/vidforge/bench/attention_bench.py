@@ -1,4 +1,4 @@
-"""`vidforge bench attention`: each attention backend of `vidforge.models.attention` at the sequence
+"""`vidforge bench attention`: each attention backend of `vidforge.attention.dispatch` at the sequence
 lengths of `bench.attention_seq_lens`, one sequence of the model's heads x head_dim, forward and
 forward + backward, in TFLOP/s.
 
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vidforge.attention.dispatch import BACKENDS, attention, flash_attn_available
 from vidforge.bench.timing import slowest_rank, time_calls
-from vidforge.models.attention import BACKENDS, attention, flash_attn_available
 from vidforge.parallel.cp_attention import CP_ATTENTION
 from vidforge.parallel.runtime import init_runtime
 from vidforge.profile import RunProfile

@@ -143,7 +143,7 @@ def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
     """The host copies of block swap and activation offload that the compute does not hide, a step: each
     swapped block's weights and each offloaded block's saved tensors cross the host link in the forward
     and again in the backward, beside one block's compute (see the module docstring)."""
-    from vidforge.parallel.activation_offload import offloaded_indices
+    from vidforge.memory_savers.activation_offload import offloaded_indices
 
     if plan.memory is None:
         return 0.0

@@ -8,7 +8,7 @@ when the forward has finished: FSDP2 frees the unsharded weights it gathered by 
 to zero after a block's forward, so only the copies that really stay (the last block's) still count.
 An activation-checkpointed block (non-reentrant) saves its inputs through the same hooks, from outside
 its own checkpoint hooks, so they are counted; what an offloaded block saves goes through
-the offloader's hooks (parallel/activation_offload.py), nested inside these, and is not (it waits in host memory)."""
+the offloader's hooks (memory_savers/activation_offload.py), nested inside these, and is not (it waits in host memory)."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def structural_problems(profile: RunProfile, layout: Layout) -> list[str]:
 
 def _flops_per_microbatch(profile: RunProfile, workload: Workload, checkpointing: str) -> float:
     """Hardware FLOPs of a micro-batch: the model's, plus the recomputed forward of the checkpointed blocks."""
-    from vidforge.parallel.activation_checkpoint import recompute_fraction
+    from vidforge.memory_savers.activation_checkpoint import recompute_fraction
 
     grids = [workload.grid] * workload.samples
     count = forward_flops(

@@ -213,7 +213,7 @@ class TrainBenchResult:
 
 def recompute_mix(profile: RunProfile) -> str:
     """How many blocks recompute in full, at op level, and none (`block_policies` of the profile)."""
-    from vidforge.parallel.activation_checkpoint import block_policies
+    from vidforge.memory_savers.activation_checkpoint import block_policies
 
     train = profile.train
     policies = block_policies(

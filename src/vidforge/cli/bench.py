@@ -506,7 +506,7 @@ def _machine_sets(
     sets: list[str] = []
     if model is not None:
         if Path(model).is_dir():
-            from vidforge.models.weights_folder import published_sets, resolve_weights
+            from vidforge.weights.weights_folder import published_sets, resolve_weights
 
             found = resolve_weights(model, "--model")
             if found.published is None:

@@ -1,4 +1,4 @@
-"""`vidforge dedup RUN... -o OUT`: semantic dedup across runs (calls vidforge.curate.semdedup.run)."""
+"""`vidforge dedup RUN... -o OUT`: semantic dedup across runs (calls vidforge.curate.embeddings.semdedup.run)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def dedup(
 
     Example: vidforge dedup runs/clips-mon runs/clips-tue -o runs/dedup --threshold 0.95
     """
-    from vidforge.curate.semdedup import run
+    from vidforge.curate.embeddings.semdedup import run
 
     overrides = list(set_ or [])
     if threshold is not None:
@@ -91,7 +91,7 @@ def dedup(
 
 def _random_embedders(runs: list[Path]) -> list[str]:
     """The embedders of `runs` that had no trained weights, as their stores recorded them (no checkpoint and
-    no `local-dir:` folder, `vidforge.curate.embedding`'s rule): duplicates among random-weight vectors
+    no `local-dir:` folder, `vidforge.curate.embeddings.embedder`'s rule): duplicates among random-weight vectors
     are duplicates of noise."""
     from vidforge.data.embeddings import EmbeddingStore
 

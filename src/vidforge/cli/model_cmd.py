@@ -43,7 +43,7 @@ def import_(
     Example: vidforge model import Wan2.1-T2V-1.3B-Diffusers -o models/wan13b --profile local_cpu
     """
     from vidforge.errors import UserInputError
-    from vidforge.models import weights_folder
+    from vidforge.weights import weights_folder
 
     found = weights_folder.resolve_weights(src, "model import")
     if found.published is None:
@@ -103,9 +103,9 @@ def export(
     import tempfile
 
     from vidforge.errors import UserInputError
-    from vidforge.models.comfyui_lora import export_comfyui
-    from vidforge.models.weights_folder import export_published
+    from vidforge.lora.comfyui import export_comfyui
     from vidforge.train.merge_lora import export_merged
+    from vidforge.weights.weights_folder import export_published
 
     if (
         to not in ("diffusers", "vidforge", "comfyui")
@@ -133,7 +133,7 @@ def export(
 
 def _other_expert(export_dir: Path) -> dict[str, str]:
     """Of a two-expert export (Wan2.2 A14B), where its low-noise expert is and how to export it too."""
-    from vidforge.models.experts import LOW
+    from vidforge.weights.experts import LOW
 
     for folder in (export_dir, export_dir / "export"):
         if (folder / LOW / "config.json").is_file():
@@ -145,8 +145,8 @@ def _other_expert(export_dir: Path) -> dict[str, str]:
 
 def _refuse_adapter(export_dir: Path) -> None:
     """A LoRA run's export is an adapter, already in diffusers' LoRA format: nothing to convert alone."""
+    from vidforge import lora
     from vidforge.errors import UserInputError
-    from vidforge.models import lora
 
     try:
         adapter = lora.read_adapter(export_dir)
@@ -162,10 +162,10 @@ def _refuse_adapter(export_dir: Path) -> None:
 def _refuse_clean_prediction(export_dir: Path) -> None:
     """Diffusers' and ComfyUI's Wan pipelines read the transformer's output as a velocity: a model (or a
     LoRA) trained to output clean latents (diffusion.flow_prediction=clean) would sample noise there."""
+    from vidforge import lora
     from vidforge.errors import UserInputError
-    from vidforge.models import lora
-    from vidforge.models.weights_folder import export_profile, find_weights
     from vidforge.profile import load_profile
+    from vidforge.weights.weights_folder import export_profile, find_weights
 
     found = find_weights(export_dir)
     if found is not None and found.export is not None and (found.export / "profile.yaml").is_file():

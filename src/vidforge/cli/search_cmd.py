@@ -1,4 +1,4 @@
-"""`vidforge search RUN... "TEXT"` or `--like CLIP_ID`: clips by what they show (vidforge.curate.search)."""
+"""`vidforge search RUN... "TEXT"` or `--like CLIP_ID`: clips by what they show (vidforge.curate.embeddings.search)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def search(
 
     Example: vidforge search runs/clips-mon runs/clips-tue "a dog catching a frisbee" -k 20 --review hits/
     """
-    from vidforge.curate.search import search as run_search
+    from vidforge.curate.embeddings.search import search as run_search
 
     runs, text = (args, None) if like is not None else (args[:-1], args[-1])
     output = current_output()

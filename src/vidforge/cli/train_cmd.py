@@ -152,8 +152,8 @@ def _init_profile(init: Path, profile, sets: list[str], nproc, allow_partial: bo
     """The profile of a published --init folder (its model section, objective, VAE and text encoder
     under the user's profile and --set); None for an export or a checkpoint, whose model the profile
     gives."""
-    from vidforge.models.weights_folder import find_weights, published_profile
     from vidforge.parallel.launch import nproc_overrides
+    from vidforge.weights.weights_folder import find_weights, published_profile
 
     found = find_weights(init) if not (init / "checkpoints").is_dir() else None
     if found is None or found.published is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vidforge.curate import filters
-from vidforge.curate.annotator import (
+from vidforge.curate.captioning.annotator import (
     STAGE,
     TEXT_EMBEDDING,
     CaptionAnnotator,
@@ -39,9 +39,9 @@ from vidforge.curate.annotator import (
     clip_id_of,
     media_of,
 )
-from vidforge.curate.caption_checks import check_inputs
-from vidforge.curate.caption_stages import AnnotateStage, DecodeStage
-from vidforge.curate.caption_store import TextLog, write_caption_store
+from vidforge.curate.captioning.checks import check_inputs
+from vidforge.curate.captioning.stages import Annotated, AnnotateStage, DecodeStage
+from vidforge.curate.captioning.store import TextLog, write_caption_store
 from vidforge.curate.clip import CLIPS_DIR
 from vidforge.curate.decision import decide, reasons
 from vidforge.data.folder_lock import subfolder
@@ -50,6 +50,7 @@ from vidforge.data.paths import UnsafePath
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
+from vidforge.profile.caption import Caption
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,69 @@ def read_clip_manifest(clips_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def pending(
+    records: list[dict[str, Any]], clips_dir: Path, ledger: UnitLedger, retry_errors: bool
+) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """The clips still to caption, by id (a clip the ledger has is skipped unless `retry_errors` and it was
+    committed with errors), and the ids of the errored ones. A clip whose media path leaves CLIPS_DIR is
+    committed here as an error and not returned."""
+    errored = {e["unit"] for e in ledger.entries() if e["kind"] == "error"} if retry_errors else set()
+    todo: dict[str, dict[str, Any]] = {}
+    for r in records:
+        cid = clip_id_of(r)
+        if cid not in todo and (cid in errored or not ledger.is_done(cid)):
+            try:  # refused here: a path from the manifest must name a file inside CLIPS_DIR (and OUT)
+                media_of(r, clips_dir)
+            except UnsafePath as err:
+                ledger.commit(
+                    cid, [], [{"clip_id": cid, "stage": STAGE, "step": "input", "reason": str(err)}]
+                )
+                continue
+            todo[cid] = r
+    return todo, errored
+
+
+@dataclass
+class Committer:
+    """The executor's unit callback: one annotated clip (or its error) into the ledger, its media linked
+    into OUT and its caption's text embedding logged first (a committed clip has it); counts the run's
+    timings and random-weight models as it goes."""
+
+    cfg: Caption
+    clips_dir: Path
+    out_dir: Path
+    ledger: UnitLedger
+    todo: dict[str, dict[str, Any]]
+    text_log: TextLog
+    done: int
+    total: int
+    progress: Callable[[int, int], None] | None = None
+    timings: Timings = field(default_factory=Timings)
+    random_weights: set[str] = field(default_factory=set)
+
+    def __call__(self, cid: str, items: list[Annotated], errors: list[dict[str, Any]]) -> None:
+        if items:
+            [item] = items
+            row, errs = item.row, item.errors
+            for step, (seconds, clips) in item.timings.items():
+                self.timings.add(step, seconds, clips)
+            self.random_weights.update(item.random_weights)
+        else:  # a stage raised or its worker died: this clip's error; the batch goes on
+            row, errs = blank_row(self.todo[cid]), []
+            for e in errors or [{"stage": "annotate", "reason": "no result"}]:
+                errs.append({"clip_id": cid, "stage": STAGE, "step": e["stage"], "reason": e["reason"]})
+            rejected_for = decide(row, self.cfg, failed=[e["step"] for e in errs])
+            row.update(keep=False, reasons=rejected_for, random_weights=self.cfg.random_weights)
+        src = media_of(row, self.clips_dir)
+        if src.is_file():
+            row["media"] = link_media(src, self.out_dir, cid)
+        self.text_log.append(cid, row.pop(TEXT_EMBEDDING, None))  # before the commit: a committed clip has it
+        self.ledger.commit(cid, [row], errs)
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, self.total)
+
+
 def run(
     profile: RunProfile,
     clips_dir: str | os.PathLike,
@@ -150,24 +214,10 @@ def run(
     ledger = UnitLedger(out_dir)
     ledger.recover()
     subfolder(out_dir, CLIPS_DIR)
-    errored = {e["unit"] for e in ledger.entries() if e["kind"] == "error"} if retry_errors else set()
-    todo: dict[str, dict[str, Any]] = {}
-    for r in records:
-        cid = clip_id_of(r)
-        if cid not in todo and (cid in errored or not ledger.is_done(cid)):
-            try:  # refused here: a path from the manifest must name a file inside CLIPS_DIR (and OUT)
-                media_of(r, clips_dir)
-            except UnsafePath as err:
-                ledger.commit(
-                    cid, [], [{"clip_id": cid, "stage": STAGE, "step": "input", "reason": str(err)}]
-                )
-                continue
-            todo[cid] = r
+    todo, errored = pending(records, clips_dir, ledger, retry_errors)
     if todo:
         check_inputs(cfg, todo.values())  # fail fast: before any worker starts or model loads
     total = len({clip_id_of(r) for r in records})
-    done = total - len(todo)
-    timings, random_weights = Timings(), set()
     if on_start is not None:
         on_start(
             {
@@ -179,45 +229,55 @@ def run(
             }
         )
     if progress:
-        progress(done, total)
-
-    def commit(cid: str, items: list[Any], errors: list[dict[str, Any]]) -> None:
-        nonlocal done
-        if items:
-            [item] = items
-            row, errs = item.row, item.errors
-            for step, (seconds, clips) in item.timings.items():
-                timings.add(step, seconds, clips)
-            random_weights.update(item.random_weights)
-        else:  # a stage raised or its worker died: this clip's error; the batch goes on
-            row, errs = blank_row(todo[cid]), []
-            for e in errors or [{"stage": "annotate", "reason": "no result"}]:
-                errs.append({"clip_id": cid, "stage": STAGE, "step": e["stage"], "reason": e["reason"]})
-            reasons = decide(row, cfg, failed=[e["step"] for e in errs])
-            row.update(keep=False, reasons=reasons, random_weights=cfg.random_weights)
-        src = media_of(row, clips_dir)
-        if src.is_file():
-            row["media"] = link_media(src, out_dir, cid)
-        text_log.append(cid, row.pop(TEXT_EMBEDDING, None))  # before the commit: a committed clip has it
-        ledger.commit(cid, [row], errs)
-        done += 1
-        if progress:
-            progress(done, total)
-
+        progress(total - len(todo), total)
+    done = total - len(todo)
+    commit = Committer(cfg, clips_dir, out_dir, ledger, todo, TextLog(out_dir), done, total, progress)
     stats = None
-    text_log = TextLog(out_dir)
-    if todo:
-        options: dict[str, Any] = {"queue_depth": profile.curation.queue_depth}
-        if executor == "ray":
-            options["address"] = ray_address
-        stages = [
-            DecodeStage(cfg, clips_dir, workers=cfg.decode_workers),
-            AnnotateStage(cfg, clips_dir, load_models=executor == "local", annotator=annotator),
-        ]
-        try:
+    try:
+        if todo:
+            options: dict[str, Any] = {"queue_depth": profile.curation.queue_depth}
+            if executor == "ray":
+                options["address"] = ray_address
+            stages = [
+                DecodeStage(cfg, clips_dir, workers=cfg.decode_workers),
+                AnnotateStage(cfg, clips_dir, load_models=executor == "local", annotator=annotator),
+            ]
             stats = make_executor(executor, **options).run(stages, iter(todo.items()), commit, monitor)
-        finally:
-            text_log.close()
+    finally:
+        commit.text_log.close()
+    return write_outputs(
+        cfg,
+        clips_dir,
+        ledger,
+        records,
+        commit,
+        skipped=done,
+        retried=len(errored & set(todo)),
+        executor=executor,
+        stages=[s.summary() for s in (stats.stages if stats else [])],
+        started=started,
+    )
+
+
+def write_outputs(
+    cfg: Caption,
+    clips_dir: Path,
+    ledger: UnitLedger,
+    records: list[dict[str, Any]],
+    commit: Committer,
+    *,
+    skipped: int,
+    retried: int,
+    executor: str,
+    stages: list[dict[str, Any]],
+    started: float,
+) -> CaptionSummary:
+    """OUT's files from the ledger: the manifest (the clips of this CLIPS_DIR, by id), the embedding store,
+    rejected.jsonl, summary.json (with the thresholds and titles `vidforge review` draws by) and the
+    histograms."""
+    from vidforge.curate.histograms import thresholds, titles, write_histograms
+
+    out_dir = commit.out_dir
     manifest, errors = ledger.finalize()
     wanted = {clip_id_of(r) for r in records}
     manifest = [r for r in manifest if clip_id_of(r) in wanted]
@@ -239,19 +299,16 @@ def run(
         kept=sum(bool(r["keep"]) for r in manifest),
         rejected=len(rejected),
         errors=len(errors),
-        skipped=total - len(todo),
-        retried=len(errored & set(todo)),
+        skipped=skipped,
+        retried=retried,
         by_reason=ordered,
-        timings=timings.table(),
-        random_weights=[k for k in ("caption", "clip", *filters.names()) if k in random_weights],
+        timings=commit.timings.table(),
+        random_weights=[k for k in ("caption", "clip", *filters.names()) if k in commit.random_weights],
         out=str(out_dir),
         wall_seconds=round(time.perf_counter() - started, 3),
         executor=executor,
-        stages=[s.summary() for s in (stats.stages if stats else [])],
+        stages=stages,
     )
-    from vidforge.curate.histograms import thresholds, titles, write_histograms
-
-    # The thresholds the run decided by and the panels' titles, so that `vidforge review` draws those.
     write_json(
         out_dir / SUMMARY,
         {
@@ -263,7 +320,6 @@ def run(
             "embeddings": embeddings,
         },
     )
-
     write_histograms(manifest, cfg, out_dir / HISTOGRAMS)
     return summary
 

@@ -24,18 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from vidforge.curate.decode import AnalyseStage
-from vidforge.curate.dedup import near_duplicates
+from vidforge.curate.clipping.decode import AnalyseStage
+from vidforge.curate.clipping.plan import PlanStage
+from vidforge.curate.clipping.transcode import TranscodeStage
+from vidforge.curate.embeddings.greedy_dedup import near_duplicates
 from vidforge.curate.executors import make_executor
 from vidforge.curate.executors.local import usable_cores
-from vidforge.curate.geometry import geometry_record
-from vidforge.curate.gpu_decode import decode_placement
 from vidforge.curate.histograms import clip_thresholds
 from vidforge.curate.inputs import expand_inputs
 from vidforge.curate.items import ClipPlan, ClipResult
-from vidforge.curate.plan import PlanStage
 from vidforge.curate.stage import Stage, StageStats
-from vidforge.curate.transcode import TranscodeStage
+from vidforge.curate.video.geometry import geometry_record
+from vidforge.curate.video.gpu_decode import decode_placement
 from vidforge.data import embeddings as store
 from vidforge.data.folder_lock import subfolder
 from vidforge.data.manifest import atomic_path, write_json, write_jsonl
@@ -82,7 +82,7 @@ def build_stages(cfg, out: Path, sources: int, executor: str = "local") -> list[
         TranscodeStage(cfg, out / CLIPS_DIR, samples=samples, workers=cfg.transcode_workers),
     ]
     if cfg.embed:
-        from vidforge.curate.embedding import EmbedStage
+        from vidforge.curate.embeddings.embedder import EmbedStage
 
         stages.append(EmbedStage(cfg))
     return stages
@@ -114,7 +114,7 @@ def run(
         cfg = cfg.model_copy(update={"dedup_threshold": dedup})
     out = Path(out)
     if cfg.detector == "transnetv2" and cfg.transnetv2_weights is not None:
-        from vidforge.curate.transnetv2 import load_model
+        from vidforge.curate.clipping.transnetv2 import load_model
 
         load_model(
             cfg.transnetv2_weights, "curation.transnetv2_weights"

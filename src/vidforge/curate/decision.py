@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidforge.curate import filters
-from vidforge.curate.captioners.cleaning import DEGENERATE, EMPTY
+from vidforge.curate.captioning.captioners.cleaning import DEGENERATE, EMPTY
 from vidforge.profile.caption import Caption
 
 CAPTION_REASONS = ("caption_empty", "caption_degenerate")

@@ -14,7 +14,7 @@ import numpy as np
 @dataclass
 class VideoInfo:
     """A source's video stream as decoded. `width`/`height` are as displayed, in square pixels (sample
-    aspect and rotation applied: geometry.py); `coded_*` are the decoded frames' own."""
+    aspect and rotation applied: video/geometry.py); `coded_*` are the decoded frames' own."""
 
     width: int
     height: int

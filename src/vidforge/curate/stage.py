@@ -17,7 +17,10 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
+
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 class ItemError(Exception):
@@ -25,8 +28,10 @@ class ItemError(Exception):
     errors file with the stage's name and this one-line reason, and the batch goes on."""
 
 
-class Stage:
-    """Base class. Subclasses set `name`, override `process` (or `process_batch`) and maybe `setup`."""
+class Stage(Generic[In, Out]):
+    """Base class, typed by what it takes and what it hands on (`Stage[Analysis, SourcePlans]`): the
+    stages of a pipeline chain, each one's `Out` the next one's `In` (tests/unit/test_stage_types.py).
+    Subclasses set `name`, override `process` (or `process_batch`) and maybe `setup`."""
 
     name: str = "stage"
     kind: Literal["process", "thread"] = "process"
@@ -48,14 +53,14 @@ class Stage:
     def setup(self) -> None:
         """One-time preparation; raise (UserInputError for something the user must fix) to fail fast."""
 
-    def process(self, item: Any) -> Any:
+    def process(self, item: In) -> Out | list[Out] | None:
         """One item in, an item, None (dropped) or a list (fan-out) out. Override this or process_batch."""
         raise TypeError(f"{type(self).__name__} overrides neither process() nor process_batch()")
 
-    def process_batch(self, items: list[Any]) -> list[Any]:
+    def process_batch(self, items: list[In]) -> list[Out | list[Out] | None]:
         return [self.process(item) for item in items]
 
-    def runs_in_driver(self, item: Any) -> bool:
+    def runs_in_driver(self, item: In) -> bool:
         """True for an item so cheap here that handing it to a worker would cost more than the work (a
         worker process may not even be running yet): the executor runs it in the driver instead."""
         return False
@@ -84,7 +89,7 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def run_batch(stage: Stage, items: list[Any]) -> list[Outcome]:
+def run_batch(stage: Stage[Any, Any], items: list[Any]) -> list[Outcome]:
     """Run a batch in the current worker, turning exceptions into per-item outcomes (a failing batch is
     retried item by item so one bad item does not take its neighbours down)."""
     start = time.perf_counter()

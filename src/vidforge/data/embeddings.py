@@ -12,7 +12,7 @@ Layout of RUN/embeddings/:
 A `vidforge clip` run writes one shard per finished source, as the source commits, so a killed run keeps
 what it finished (each file is renamed into place whole). A `vidforge caption` output writes its store
 when it finalizes: its kept clips' vectors (carried from the clip run's store), their captions' text
-embeddings and aesthetic scores (`curate.caption_store`). Every file is an .npy that `np.load(mmap_mode=
+embeddings and aesthetic scores (`curate.captioning.store`). Every file is an .npy that `np.load(mmap_mode=
 "r")` maps, so a reader of millions of clips touches only the pages it reads.
 
 The output of `vidforge dedup` is read here too (`dropped_ids`): `shard` leaves those clips out."""

@@ -12,7 +12,8 @@ The clean estimate is what the samplers take (`Objective.denoise`); they live in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -25,6 +26,15 @@ CLEAN_LOSS_MIN_T = 0.05  # x-prediction's velocity loss divides by t, at least t
 def shift_time(t: torch.Tensor, shift: float) -> torch.Tensor:
     """t -> s t / (1 + (s - 1) t): SD3's and Wan's timestep shift (s = 1 leaves t as it is)."""
     return shift * t / (1 + (shift - 1) * t)
+
+
+def token_shift(rule: tuple[int, float, int, float], tokens: int) -> float:
+    """The shift e^mu for a sample of `tokens` tokens, mu linear through (n0, mu0) and (n1, mu1) (`rule`):
+    FLUX's and LTX-2's dynamic shifting, computed as diffusers' calculate_shift does; the exponential
+    time shift e^mu / (e^mu + 1/t - 1) is `shift_time` by e^mu."""
+    n0, mu0, n1, mu1 = rule
+    slope = (mu1 - mu0) / (n1 - n0)
+    return math.exp(tokens * slope + (mu0 - slope * n0))
 
 
 def unshift_time(t: torch.Tensor, shift: float) -> torch.Tensor:
@@ -54,6 +64,8 @@ class RectifiedFlow(Objective):
     logit_std: float = 1.0
     shift: float = 1.0
     prediction: Literal["velocity", "clean"] = "velocity"
+    shift_tokens: tuple[int, float, int, float] | None = None
+    """`shift` by the sample's token count (`token_shift`'s rule; `at_tokens`); None: `shift` always."""
     t_range: tuple[float, float] = (0.0, 1.0)
     """The training times' range [low, high) (high 1: [low, 1]): the distribution above restricted to it,
     e.g. one expert's side of a two-expert model's boundary (`vidforge.train.experts`)."""
@@ -67,6 +79,12 @@ class RectifiedFlow(Objective):
             raise ValueError(f"flow t_range: need 0 <= low < high <= 1, got {self.t_range}")
         if self.logit_std <= 0 or self.shift <= 0:
             raise ValueError(f"flow logit_std and shift must be > 0, got {self.logit_std} and {self.shift}")
+
+    def at_tokens(self, tokens: int) -> RectifiedFlow:
+        """This objective for samples of `tokens` tokens: its shift the token rule's, if it has one."""
+        if self.shift_tokens is None:
+            return self
+        return replace(self, shift=token_shift(self.shift_tokens, tokens))
 
     def sample_levels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Training times (n,) in (0, 1), float32 on the CPU: one draw of n numbers either way."""

@@ -33,18 +33,26 @@ TRAIN_TIMESTEPS = 1000  # Wan's and SD3's timestep = 1000 t
 
 
 def flow_sigmas(
-    steps: int, shift: float = 1.0, dtype: torch.dtype = torch.float64, end: float = 1 / TRAIN_TIMESTEPS
+    steps: int,
+    shift: float = 1.0,
+    dtype: torch.dtype = torch.float64,
+    end: float = 1 / TRAIN_TIMESTEPS,
+    terminal: float | None = None,
 ) -> torch.Tensor:
     """(steps + 1,) decreasing times: `steps` of `steps + 1` evenly spaced from 1 down to `end` (the last
     dropped), shifted, then 0. `end` 1/1000, Wan's grid of 1000 training timesteps: diffusers' UniPC with
     use_flow_sigmas, and FlowMatchEulerDiscreteScheduler given these unshifted sigmas; `end` 0: the
-    linspace(1, 0, steps + 1) HunyuanVideo-1.5's pipeline hands its scheduler."""
+    linspace(1, 0, steps + 1) HunyuanVideo-1.5's and LTX-2's pipelines hand their scheduler. `terminal`:
+    the shifted times stretched so the last is `terminal` (1 - t scaled, the scheduler's shift_terminal)."""
     if steps < 1:
         raise ValueError(f"sampling steps must be >= 1, got {steps}")
     if shift <= 0:
         raise ValueError(f"flow shift must be > 0, got {shift}")
     ramp = torch.linspace(1, end, steps + 1, dtype=torch.float64)[:-1]
-    return torch.cat([shift_time(ramp, shift), ramp.new_zeros(1)]).to(dtype)
+    shifted = shift_time(ramp, shift)
+    if terminal is not None:
+        shifted = 1 - (1 - shifted) / ((1 - shifted[-1]) / (1 - terminal))
+    return torch.cat([shifted, ramp.new_zeros(1)]).to(dtype)
 
 
 START_NUDGE = 1e-6  # UniPC starts just below t = 1, where lambda = ln((1 - t) / t) is finite

@@ -9,7 +9,7 @@ import torch
 
 from vidforge import sampler_registry
 from vidforge.diffusion.edm import EDM
-from vidforge.diffusion.flow import RectifiedFlow
+from vidforge.diffusion.flow import RectifiedFlow, token_shift
 from vidforge.diffusion.flow_samplers import flow_sigmas
 from vidforge.diffusion.objective import Denoiser, Objective
 from vidforge.diffusion.schedule import karras_sigmas
@@ -26,12 +26,25 @@ def edm_levels(d: Diffusion) -> torch.Tensor:
 
 def flow_objective(d: Diffusion) -> Objective:
     return RectifiedFlow(
-        d.flow_time_sampling, d.flow_logit_mean, d.flow_logit_std, d.flow_shift, d.flow_prediction
+        d.flow_time_sampling,
+        d.flow_logit_mean,
+        d.flow_logit_std,
+        d.flow_shift,
+        d.flow_prediction,
+        shift_tokens=d.flow_shift_tokens,
     )
 
 
 def flow_levels(d: Diffusion) -> torch.Tensor:
-    return flow_sigmas(d.steps, d.flow_shift, end=d.flow_schedule_end)
+    return flow_sigmas(d.steps, d.flow_shift, end=d.flow_schedule_end, terminal=d.flow_shift_terminal)
+
+
+def at_tokens(diffusion: Diffusion, tokens: int) -> Diffusion:
+    """`diffusion` for samples of `tokens` video tokens: flow_shift the one `flow_shift_tokens` gives
+    (itself without that rule), so that the sampling schedule follows the size as training's times do."""
+    if diffusion.objective != "flow" or diffusion.flow_shift_tokens is None:
+        return diffusion
+    return diffusion.model_copy(update={"flow_shift": token_shift(diffusion.flow_shift_tokens, tokens)})
 
 
 def build_objective(diffusion: Diffusion) -> Objective:
@@ -70,7 +83,12 @@ def student_levels(diffusion: Diffusion, steps: int) -> tuple[float, ...]:
     diffusion.flow_shift), the final 0 dropped. EDM: the Karras sigmas of `steps + 1` steps from sigma_max,
     their last two (sigma_min and 0) dropped: a student call at sigma_min would return its input."""
     if diffusion.objective == "flow":
-        levels = flow_sigmas(steps, diffusion.flow_shift, end=diffusion.flow_schedule_end)[:-1]
+        levels = flow_sigmas(
+            steps,
+            diffusion.flow_shift,
+            end=diffusion.flow_schedule_end,
+            terminal=diffusion.flow_shift_terminal,
+        )[:-1]
     else:
         levels = karras_sigmas(steps + 1, diffusion.sigma_min, diffusion.sigma_max, diffusion.rho)[:-2]
     return tuple(float(v) for v in levels)

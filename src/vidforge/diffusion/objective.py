@@ -40,6 +40,11 @@ class Objective(ABC):
     level_bucket_edges: tuple[float, ...] = ()
     """Edges of the per-noise-level loss buckets in metrics.jsonl."""
 
+    def at_tokens(self, tokens: int) -> Objective:
+        """The objective for samples of `tokens` tokens (a flow shift that follows the size); itself by
+        default."""
+        return self
+
     @abstractmethod
     def sample_levels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Training noise levels (n,), float32 on the CPU (from `generator`, else torch's global one)."""

@@ -142,7 +142,7 @@ def op_level_block(
     lora_rank: int = 0,
     adapted: frozenset[str] = frozenset(),
 ) -> float | None:
-    """Bytes an op-level checkpointed block (`vidforge.parallel.activation_checkpoint`, `ops`) keeps between
+    """Bytes an op-level checkpointed block (`vidforge.memory_savers.activation_checkpoint`, `ops`) keeps between
     its forward and its backward besides its input, for `tokens` tokens of this rank: the output of every
     matmul (each linear layer's, on the tokens it reads: the video's, the caption's, the image's, or one
     row a sample for the modulation; a LoRA adapter's two, rank and the layer's width) and of every
@@ -368,8 +368,8 @@ def _state_terms(r: _Rank) -> None:
 def _activation_terms(r: _Rank) -> _Activations:
     """What the blocks save for the backward (per block policy: kept, op level, full recompute, offloaded),
     what lives outside them, and the backward's recompute workspace."""
-    from vidforge.parallel.activation_checkpoint import FULL, OPS, block_policies
-    from vidforge.parallel.activation_offload import offloaded_indices
+    from vidforge.memory_savers.activation_checkpoint import FULL, OPS, block_policies
+    from vidforge.memory_savers.activation_offload import offloaded_indices
 
     layout, workload, cfg, train, par, prec, blocks, tp, terms = (
         r.layout,

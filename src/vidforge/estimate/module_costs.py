@@ -246,7 +246,7 @@ def _resize(module: nn.Module, name: str, dim: int, tp: int) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _lora_network(key: str, dtype: torch.dtype, lora: tuple[int, tuple[str, ...] | None]) -> torch.nn.Module:
-    from vidforge.models.lora import apply_lora
+    from vidforge.lora import apply_lora
     from vidforge.profile.train import Lora
 
     model = build_model(one_block(key), device="meta")

@@ -123,8 +123,8 @@ def _lora_parameters(
     cfg: Model, rank: int, targets: tuple[str, ...] | None
 ) -> tuple[int, int, frozenset[str]]:
     lora = Lora(rank=rank, target_modules=targets)
+    from vidforge.lora import apply_lora, is_adapter
     from vidforge.models import build_model
-    from vidforge.models.lora import apply_lora, is_adapter
 
     model = build_model(cfg, device="meta")
     apply_lora(model, lora, torch.float32)

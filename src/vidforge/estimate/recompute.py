@@ -2,7 +2,7 @@
 the memory model.
 
 A block recomputes in full (keeps only its input), at op level (keeps its matmul and attention outputs,
-recomputes the cheap ops between them) or not at all (`vidforge.parallel.activation_checkpoint`). Recompute
+recomputes the cheap ops between them) or not at all (`vidforge.memory_savers.activation_checkpoint`). Recompute
 costs time: a full block's forward again (1), an op-level block's elementwise work (`OPS_RECOMPUTE_COST`
 of that). Of the mixes of `f` full, `o` op-level and `n - f - o` kept blocks whose predicted memory fits
 `cluster.accelerator.memory_gib x bench.memory_headroom`, auto takes the one of least cost `f + c x o`
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from vidforge.estimate.memory_model import GIB, estimate_memory
 from vidforge.estimate.workload import Workload
-from vidforge.parallel.activation_checkpoint import OPS_RECOMPUTE_COST
+from vidforge.memory_savers.activation_checkpoint import OPS_RECOMPUTE_COST
 from vidforge.profile import RunProfile
 from vidforge.profile.parallel import Layout
 

@@ -34,6 +34,10 @@ REGISTRY: dict[str, str] = {
 }
 """Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
 
+JOINT_CP_IMPLS = ("all-gather", "ulysses")
+"""The parallel.cp_impl values that run joint attention over [video, caption] with only the video tokens
+split (`vidforge.parallel.joint_attention`): a family whose blocks attend so refuses the others at load."""
+
 
 @dataclass(frozen=True)
 class Published:
@@ -57,8 +61,11 @@ class Published:
     index: str = "diffusion_pytorch_model.safetensors.index.json"
     """... or the index of its shards."""
     expert_folders: Mapping[str, Path] = field(default_factory=dict)
-    """A two-expert model's folder of each expert's weights (`models.experts.EXPERTS` names them); empty
+    """A two-expert model's folder of each expert's weights (`weights.experts.EXPERTS` names them); empty
     for one network (in `weights`)."""
+    unread: Callable[[str], bool] = lambda name: False
+    """Whether a tensor of the published weights is one the family's network does not read (LTX-2's
+    audio stream, beside its video path): `train --init` of the folder leaves those out of its match."""
 
     def expert_weights(self, expert: str | None) -> Path:
         """The folder of `expert`'s weights: `weights` for a one-network folder, or for None."""
@@ -112,7 +119,7 @@ class FamilySpec:
     comfyui_lora: str | None = None
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
     model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
-    `vidforge model export --to comfyui` (`models.comfyui_lora`). None: ComfyUI has no model of it."""
+    `vidforge model export --to comfyui` (`lora.comfyui`). None: ComfyUI has no model of it."""
     media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
     (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation
@@ -129,6 +136,9 @@ class FamilySpec:
     rows, context parallel, caption dropout it has no code for), each as `field: what is wrong; what to
     change`: the layout rulebook (`vidforge.profile.layout_rules`) asks it, so such a profile is refused
     when it loads."""
+    sampling_rules: Callable[[Any, Any], list[str]] = lambda profile, run: []
+    """(run profile, `SamplingRun`) -> what `vidforge infer` of the family's model refuses (a sampling
+    term its pipeline uses that is not built), each as `field: what is wrong; what to change`."""
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -63,14 +63,14 @@ class Model(Section):
     attention_window: tuple[int, int, int] | tuple[tuple[int, int, int] | None, ...] | None = Field(
         None, union_mode="left_to_right"
     )
-    """Sliding-tile attention (STA, arXiv 2502.04507; `vidforge.models.sliding_tile`) for the full
+    """Sliding-tile attention (STA, arXiv 2502.04507; `vidforge.attention.sliding_tile`) for the full
     self-attention of video tokens: each query tile attends to the key tiles within this window, in tiles
     per axis (t, h, w), odd (centred on the query's tile, slid inward at the grid's edges). One window for
     every layer, or a list with one entry per layer (null: full attention in that layer). Runs on
     attention=flex (GPU block mask) or sdpa/dense (exact masked reference); text cross-attention is
     untouched. null (the default): full attention everywhere."""
     attention_topk: int | None = Field(None, ge=1)
-    """Video sparse attention (VSA, arXiv 2505.13389; `vidforge.models.video_sparse`) for the full
+    """Video sparse attention (VSA, arXiv 2505.13389; `vidforge.attention.video_sparse`) for the full
     self-attention of video tokens in every layer: a coarse pass scores each query tile against every key
     tile of its sample (mean-pooled q and k, per head) and the fine pass attends exactly to the keys of
     its `attention_topk` best key tiles. Trainable (the gradients flow through the fine pass); the tiles

@@ -277,8 +277,8 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
     """The profile of a fine-tune of `base` as `vidforge infer -c BASE` and `train --init BASE` read it: a
     diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
     `overrides`."""
-    from vidforge.models.lora import is_adapter_folder
-    from vidforge.models.weights_folder import export_profile, published_profile, resolve_weights
+    from vidforge.lora import is_adapter_folder
+    from vidforge.weights.weights_folder import export_profile, published_profile, resolve_weights
 
     if not base.exists():
         raise UserInputError(f"--base {base}: no such folder; a diffusers Wan folder or a vidforge run")
@@ -602,7 +602,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     if profile.train.lora is None and family(profile.model.family).export_weights is not None:
 
         def export(progress: dict[str, Any]) -> dict[str, Any]:  # a full fine-tune, in the published layout
-            from vidforge.models.weights_folder import export_published
+            from vidforge.weights.weights_folder import export_published
 
             written = export_published(train_dir / "export", out / "diffusers" / "transformer", 5 * 2**30)
             return {"diffusers": str(written)}

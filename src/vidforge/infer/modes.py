@@ -19,12 +19,12 @@ from vidforge.infer.plan import (
     parallel_sampler,
     profile_slicing,
 )
-from vidforge.models.experts import Experts
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
 from vidforge.sampling.experts import sample_latents_experts
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.step_cache import StepCache, rescale_name
+from vidforge.weights.experts import Experts
 
 
 def choose_sampler(

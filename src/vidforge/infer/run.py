@@ -3,11 +3,11 @@
 The checkpoint is a training run directory (its `export/`) or an export folder itself; its `profile.yaml`
 is the base profile, so the tokenizer and text encoder are the ones the model was trained with. Or a
 published folder as downloaded (e.g. diffusers' Wan2.1 transformer or pipeline): sampled as published
-(`vidforge.models.weights_folder.published_profile`: for Wan its transformer, rectified flow with UniPC
+(`vidforge.weights.weights_folder.published_profile`: for Wan its transformer, rectified flow with UniPC
 and the scheduler's shift, the pipeline's VAE and umT5).
 
 The jobs live apart: which weights and which profile (`infer.weights`, through
-`vidforge.models.weights_folder`), which sampling loop runs the network (`infer.modes`: two experts,
+`vidforge.weights.weights_folder`), which sampling loop runs the network (`infer.modes`: two experts,
 several ranks as `infer.plan` shares them, or one process), the loop itself (shared with training's
 validation, `vidforge.sampling`), and writing (`infer.output`); this module runs them in order.
 

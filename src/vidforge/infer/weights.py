@@ -1,5 +1,5 @@
 """What `vidforge infer -c` samples: a training run's export or a published folder (through
-`vidforge.models.weights_folder`, the one reader of weight folders), its profile, and the network loaded
+`vidforge.weights.weights_folder`, the one reader of weight folders), its profile, and the network loaded
 with its LoRA adapter if given."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ from pathlib import Path
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models import weights_folder
-from vidforge.models.checkpoint import CONFIG, config_notes
-from vidforge.models.experts import Experts, load_export, paired_export, trained_expert
-from vidforge.models.weights_folder import WeightsFolder
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
 from vidforge.profile.model import Model
+from vidforge.weights import weights_folder
+from vidforge.weights.checkpoint import CONFIG, config_notes
+from vidforge.weights.experts import Experts, load_export, paired_export, trained_expert
+from vidforge.weights.weights_folder import WeightsFolder
 
 
 def find_weights(checkpoint: str | Path) -> WeightsFolder:
     """The checkpoint as an export (a run directory's export/ or an export folder) or a published
-    folder (`vidforge.models.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
+    folder (`vidforge.weights.weights_folder`); a LoRA adapter or anything else is a UserInputError."""
     found = weights_folder.find_weights(checkpoint)
     if found is not None:
         return found
-    from vidforge.models.lora import is_adapter_folder
+    from vidforge.lora import is_adapter_folder
 
     path = Path(checkpoint)
     if is_adapter_folder(path) or is_adapter_folder(path / "export"):
@@ -71,7 +71,7 @@ def sampling_profile(
 def adapter_sampling(lora: str | Path) -> list[str]:
     """The sampling settings of a LoRA adapter's run when it distilled a few-step student (train.distill
     wrote diffusion.sampler=few-step into its profile), as overrides of the base's profile; else none."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     path = read_adapter(lora)["folder"] / "profile.yaml"
     if not path.is_file():
@@ -105,7 +105,7 @@ def load_network(
     else:
         model = weights_folder.load_published(weights.published, device=device, runtime=runtime)
     if lora is not None:
-        from vidforge.models.lora import load_adapter
+        from vidforge.lora import load_adapter
 
         if isinstance(model, Experts):  # the adapter goes on the expert its run trained
             expert = adapter_expert(lora)
@@ -120,7 +120,7 @@ def load_network(
 
 def paired_expert(export: Path, trained: nn.Module, device: str, runtime: Model | None = None) -> Experts:
     """A one-expert run's expert with the other expert: the one its curriculum trained
-    (`vidforge.models.experts.record_pair`), else that of the weights it started from (its `--init`)."""
+    (`vidforge.weights.experts.record_pair`), else that of the weights it started from (its `--init`)."""
     expert, base = trained_expert(export)
     pair = paired_export(export)
     if pair is not None:
@@ -150,7 +150,7 @@ def paired_expert(export: Path, trained: nn.Module, device: str, runtime: Model 
 
 def _adapter_pair(lora: str | Path, expert: str) -> Path | None:
     """The other expert's adapter a curriculum recorded beside the LoRA adapter at `lora`; None if none."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     pair = paired_export(read_adapter(lora)["folder"])
     if pair is not None and adapter_expert(pair) == expert:
@@ -162,7 +162,7 @@ def _adapter_pair(lora: str | Path, expert: str) -> Path | None:
 
 def adapter_expert(lora: str | Path) -> str:
     """The expert (`high` or `low`) a LoRA run on a two-expert model trained (its profile's train.expert)."""
-    from vidforge.models.lora import read_adapter
+    from vidforge.lora import read_adapter
 
     path = read_adapter(lora)["folder"] / "profile.yaml"
     expert = load_profile(path).train.expert if path.is_file() else None

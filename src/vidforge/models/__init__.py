@@ -1,8 +1,7 @@
-"""What every family's network is built from and measured by: the forward interface, layers, RoPE, the
-attention dispatcher, packing, FLOPs, presets, checkpoints (each family's own network is in its package)."""
+"""What every family's network is built from and measured by: the forward interface, layers, RoPE, attention
+scopes, packing, FLOPs, presets (each family's own network is in its package; the attention kernels it calls
+are `vidforge.attention`, its weights' files `vidforge.weights`)."""
 
-from vidforge.models.attention import Attend, attention
-from vidforge.models.checkpoint import load_model, save_model
 from vidforge.models.flops import FlopCount, forward_flops, train_step_flops
 from vidforge.models.layers import Conditioning
 from vidforge.models.presets import build_model, count_parameters, model_config
@@ -18,21 +17,17 @@ from vidforge.tokens import (
 )
 
 __all__ = [
-    "Attend",
     "Conditioning",
     "FlopCount",
     "KeyPadding",
     "Segments",
     "SequenceLayout",
-    "attention",
     "build_model",
     "count_parameters",
     "forward_flops",
-    "load_model",
     "model_config",
     "pack_latents",
     "patchify",
-    "save_model",
     "token_grid",
     "train_step_flops",
     "unpack_tokens",

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from vidforge.attention.dispatch import Attend
+from vidforge.attention.sliding_tile import attended_pairs
+from vidforge.attention.video_sparse import selected_pairs
 from vidforge.families import family
-from vidforge.models.attention import Attend
 from vidforge.models.presets import build_model
-from vidforge.models.sliding_tile import attended_pairs
-from vidforge.models.video_sparse import selected_pairs
 from vidforge.profile.model import Model
 from vidforge.tokens import Grid, SequenceLayout
 

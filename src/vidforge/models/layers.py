@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
+from vidforge.attention.video_sparse import select_tiles
 from vidforge.errors import UserInputError
-from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.rope import apply_rope
 from vidforge.models.scopes import Scope, tile_scope
-from vidforge.models.video_sparse import select_tiles
 
 
 @dataclass(eq=False)

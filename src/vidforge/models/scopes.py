@@ -19,8 +19,8 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from vidforge.models.attention import AttentionMask
-from vidforge.models.sliding_tile import TiledShard, Triple, tile_mask, tile_order
+from vidforge.attention.dispatch import AttentionMask
+from vidforge.attention.sliding_tile import TiledShard, Triple, tile_mask, tile_order
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
 
 SCOPES = ("full", "spatial", "temporal")
@@ -94,7 +94,7 @@ _TILED: WeakKeyDictionary[Scope, dict[tuple[Triple, Triple], Scope]] = WeakKeyDi
 
 
 def tile_scope(full: Scope, tile: Triple, window: Triple | None, device: torch.device) -> Scope:
-    """Sliding-tile attention over the tokens of the `full` scope (`vidforge.models.sliding_tile`): the
+    """Sliding-tile attention over the tokens of the `full` scope (`vidforge.attention.sliding_tile`): the
     row permuted into tile-major order, sample by sample, and a `TileMask` for the dispatcher (window
     None: every tile, the tiling video sparse attention selects from)."""
     built = _TILED.setdefault(full, {})

@@ -287,7 +287,7 @@ def block_kernel(
     if masked or backend == "dense" or sdpa_backend == "math" or (cuda and q.dtype == torch.float64):
         return Einsum(query_chunk)
     if backend == "flash":
-        from vidforge.models.attention import flash_attn_available
+        from vidforge.attention.dispatch import flash_attn_available
 
         if not flash_attn_available() or not cuda or q.dtype not in (torch.float16, torch.bfloat16):
             raise UserInputError(

@@ -8,12 +8,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vidforge.diffusion.guidance import BatchedDenoiser
+from vidforge.diffusion.guidance import BatchedDenoiser, guided
 from vidforge.diffusion.objective import Denoiser
 from vidforge.errors import UserInputError
 
 
-def parallel_classifier_free_guidance(batched: BatchedDenoiser, scale: float, group) -> Denoiser:
+def parallel_classifier_free_guidance(
+    batched: BatchedDenoiser, scale: float, group, rescale: float = 0.0
+) -> Denoiser:
     """CFG-parallel: like `classifier_free_guidance`, but the conditional branch runs on rank 0 of the
     two-rank process `group` and the unconditional branch on rank 1 (each with the batch x itself, not
     doubled); one all-gather exchanges the answers and both ranks mix them in the same order, so both
@@ -39,6 +41,6 @@ def parallel_classifier_free_guidance(batched: BatchedDenoiser, scale: float, gr
         both = torch.empty((2 * b, *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
         gather(both, mine.detach().contiguous(), group=group)  # inference only: no autograd through it
         cond_out, uncond_out = both[:b], both[b:]
-        return uncond_out + scale * (cond_out - uncond_out)
+        return guided(cond_out, uncond_out, scale, rescale)
 
     return denoise

@@ -10,7 +10,9 @@ How a model runs under context parallel:
    positions, RoPE and per-token conditioning to the rank's tokens and hands full attention a
    `ContextShard` mask, which the installed attention evaluates with `parallel.cp_impl`
    (`vidforge.parallel.cp_attention`: all-gather, ring or ulysses; `vidforge.parallel.usp_attention`:
-   usp, Ulysses inside the cp group's sub-groups and the ring across them).
+   usp, Ulysses inside the cp group's sub-groups and the ring across them). A joint attention over
+   [video, caption] (MM-DiT) hands a `JointShard` instead: only its video tokens are split
+   (`vidforge.parallel.joint_attention`).
 3. The output is the rank's tokens; `gather_row(out, shard, group)` assembles the full row where it is
    needed (sampling), while training keeps it local. A training step draws sigma, caption dropout and
    noise identically on every cp rank of a data-parallel group, splits clean latents and noise with
@@ -31,10 +33,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from vidforge.attention.dispatch import Attend, AttentionMask
+from vidforge.attention.sliding_tile import TiledShard
 from vidforge.errors import UserInputError
-from vidforge.models.attention import Attend, AttentionMask
-from vidforge.models.sliding_tile import TiledShard
 from vidforge.parallel.cp_attention import CP_ATTENTION, gather_tokens
+from vidforge.parallel.joint_attention import JointShard, joint_attention
 from vidforge.parallel.usp_attention import UspGroups, usp_attention
 from vidforge.profile.parallel import SLIDING_TILE_CP_IMPLS
 from vidforge.tokens import ContextShard, Grid, SequenceLayout, TokenShard
@@ -90,6 +93,18 @@ class ContextParallelAttend(nn.Module):
                 f"the TokenShard is rank {shard.rank} of {shard.size}, but this process is rank "
                 f"{dist.get_rank(self.group)} of a cp group of {dist.get_world_size(self.group)}: "
                 "make the shard with shard_of(..., cp_mesh)"
+            )
+        if isinstance(mask, JointShard):  # video tokens split, the caption's replicated (MM-DiT)
+            return joint_attention(
+                q,
+                k,
+                v,
+                mask,
+                self.group,
+                self.impl,
+                self.inner.backend,
+                self.inner.sdpa_backend,
+                self.regather,
             )
         extra = {"regather": True} if self.regather else {}
         if self.usp_groups is not None:

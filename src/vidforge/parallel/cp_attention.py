@@ -21,7 +21,7 @@ this rank's output (B, local, H, D); all are differentiable on CPU (gloo) and GP
 Pads (see `TokenShard`) are never keys: the all-gather and Ulysses paths drop them when ordering keys,
 the ring masks them. Pad queries attend to their own sample, so their outputs are finite.
 
-Sliding-tile attention (`tiles`, a `vidforge.models.sliding_tile.TiledShard`): all-gather and Ulysses
+Sliding-tile attention (`tiles`, a `vidforge.attention.sliding_tile.TiledShard`): all-gather and Ulysses
 attend their queries to the gathered row under the windows' mask (`TileRows`: FlexAttention's block
 mask under `flex`, the masked reference otherwise); the ring runs every block on the einsum kernel under
 its slice of the mask (`MaskedKeys`), a query row with no key in a block giving output 0 and
@@ -37,9 +37,9 @@ import math
 import torch
 import torch.distributed as dist
 
+from vidforge.attention.dispatch import attention
+from vidforge.attention.sliding_tile import TiledShard
 from vidforge.errors import UserInputError
-from vidforge.models.attention import attention
-from vidforge.models.sliding_tile import TiledShard
 from vidforge.parallel.attention_blocks import (
     BlockKernel,
     BlockKeys,

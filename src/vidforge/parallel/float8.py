@@ -1,6 +1,6 @@
 """FP8 training of the linear layers with torchao's float8: the matmuls of the converted nn.Linear layers
 run in float8 on the GPU's FP8 tensor cores; weights, gradients and optimizer states stay in high
-precision (the frozen LoRA base's storage in float8 is another thing: `vidforge.parallel.fp8_base`).
+precision (the frozen LoRA base's storage in float8 is another thing: `vidforge.memory_savers.fp8_base`).
 
 Scaling (`train.fp8_recipe`): `rowwise` (the default) scales each row of the input and each output row of
 the weight on its own (each gradient matmul along its own contraction), with scales rounded down to

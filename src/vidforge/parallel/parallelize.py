@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vidforge.parallel.activation_checkpoint import apply_activation_checkpointing
-from vidforge.parallel.activation_offload import apply_activation_offload
-from vidforge.parallel.block_swap import apply_block_swap, swapped_indices
+from vidforge.memory_savers.activation_checkpoint import apply_activation_checkpointing
+from vidforge.memory_savers.activation_offload import apply_activation_offload
+from vidforge.memory_savers.block_swap import apply_block_swap, swapped_indices
 from vidforge.parallel.dims import ParallelDims
 from vidforge.parallel.fsdp import apply_fsdp
 from vidforge.profile import RunProfile
@@ -105,7 +105,7 @@ def compile_blocks(blocks: nn.ModuleDict) -> None:
     block is compiled inside its wrapper, whose saved-tensor hooks dynamo cannot trace (they would break
     the graph and run the whole block eagerly) but which see the compiled graph's saved tensors all the
     same. Blocks share one compiled graph: their parameters are graph inputs, not guarded constants."""
-    from vidforge.parallel.activation_offload import OffloadedBlock
+    from vidforge.memory_savers.activation_offload import OffloadedBlock
 
     for key, block in blocks.items():
         if isinstance(block, OffloadedBlock):

@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
-from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.scopes import Scope, batch_scopes, packed_scopes
 from vidforge.parallel.context_parallel import ContextParallelAttend, CpGroup, cp_process_group
 from vidforge.parallel.stdit_parallel import _a2a, attend_in, install_st_attend

@@ -43,7 +43,7 @@ class CocaCaptioner(Section):
 
 class ChatEndpoint(Section):
     """An OpenAI-compatible chat-completions server (vLLM, SGLang...): where it is and how it is called.
-    Shared by the `endpoint` captioner and caption enhancement (one HTTP client: curate/chat.py)."""
+    Shared by the `endpoint` captioner and caption enhancement (one HTTP client: curate/captioning/chat.py)."""
 
     url: str = "http://127.0.0.1:8000/v1"
     """Base URL of the server; requests go to `<url>/chat/completions`."""

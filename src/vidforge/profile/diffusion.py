@@ -50,6 +50,10 @@ class Diffusion(Section):
     """EDM S_churn: stochasticity added per step (0 is deterministic); only the heun sampler takes it."""
     guidance: float = Field(5.0, ge=0)
     """Classifier-free guidance scale; 1 disables the unconditional branch."""
+    guidance_rescale: float = Field(0.0, ge=0, le=1)
+    """Guidance rescale (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps Are Flawed"):
+    the guided clean estimate mixed by this weight with itself scaled to the conditional estimate's
+    standard deviation (per sample), as diffusers' guidance_rescale (LTX-2: 0.7). 0: off."""
     guidance_2: float | None = Field(None, ge=0)
     """A two-expert model (model.experts=2) only: the low-noise expert's guidance scale (diffusers'
     guidance_scale_2; Wan2.2 T2V-A14B: 3 against the high-noise expert's 4). None: `guidance` for both."""
@@ -70,6 +74,14 @@ class Diffusion(Section):
     flow_shift: float = Field(1.0, gt=0)
     """Flow time shift t -> s t / (1 + (s - 1) t), in training and sampling: more steps at high noise for
     larger frames (Wan2.1: 3 at 480p, 5 at 720p; 1 leaves t as it is)."""
+    flow_shift_tokens: tuple[int, float, int, float] | None = None
+    """Flow shift by each sample's video token count (FLUX's and LTX-2's dynamic shifting), in training
+    and sampling, in place of flow_shift: [n0, mu0, n1, mu1], the shift e^mu with mu linear in the tokens
+    through (n0, mu0) and (n1, mu1) (LTX-2: [1024, 0.95, 4096, 2.05]). In training it makes the
+    logit-normal times LTX-Video-Trainer's shifted logit-normal (mean mu). null: flow_shift at every size."""
+    flow_shift_terminal: float | None = Field(None, gt=0, lt=1)
+    """Sampling: the shifted times stretched (1 - t scaled) so that the last step's is this (diffusers'
+    shift_terminal; LTX-2: 0.1). null: not stretched."""
     flow_schedule_end: float = Field(0.001, ge=0, lt=1)
     """Flow sampling's steps: `steps` of `steps + 1` times evenly spaced from 1 to this (the last dropped),
     then shifted by flow_shift. 0.001: Wan's pipelines' (1000 training timesteps); 0: HunyuanVideo-1.5's
@@ -114,6 +126,11 @@ class Diffusion(Section):
             raise ValueError(
                 f"flow_prediction: only the flow objective has it (EDM preconditions its own output); "
                 f"set diffusion.objective=flow or drop flow_prediction={self.flow_prediction}"
+            )
+        if self.flow_shift_tokens is not None and self.flow_shift_tokens[0] == self.flow_shift_tokens[2]:
+            raise ValueError(
+                "flow_shift_tokens: [n0, mu0, n1, mu1] needs two token counts n0 != n1, got "
+                f"{list(self.flow_shift_tokens)}"
             )
         if self.sigma_min >= self.sigma_max:
             raise ValueError(

@@ -201,27 +201,11 @@ def _pipeline(profile: RunProfile, layout: Layout) -> list[str]:
     return problems
 
 
-def _mm_block(profile: RunProfile, layout: Layout) -> list[str]:
-    """The multimodal parallel block (stdit_block=parallel-mm) has no tensor- or context-parallel plan
-    yet: its joint attention appends each sample's text keys to every group's video keys."""
-    if not profile.model.multimodal_block:
-        return []
-    return [
-        f"parallel.{name}: model.stdit_block=parallel-mm has no {what} plan yet ({name}={degree}); "
-        f"set parallel.{name}=1 or model.stdit_block=parallel"
-        for name, what, degree in (
-            ("tp", "tensor-parallel", layout.tp),
-            ("cp", "context-parallel", layout.cp),
-        )
-        if degree > 1
-    ]
-
-
 def _sliding_tiles(profile: RunProfile, layout: Layout) -> list[str]:
     """Sliding-tile and video sparse attention (model.attention_window, attention_topk): the tile must fit the token grid of the videos
     `vidforge infer` samples (training buckets may be smaller, images among them: a tile wider than a
     grid is one partial tile there). Under context parallel the windows are applied across ranks by
-    all-gather, ring and Ulysses (`vidforge.models.sliding_tile.TiledShard`); usp and the ST-DiT
+    all-gather, ring and Ulysses (`vidforge.attention.sliding_tile.TiledShard`); usp and the ST-DiT
     slicings have no plan for them."""
     model = profile.model
     if model.attention_window is None and model.attention_topk is None:
@@ -385,7 +369,6 @@ RULES: tuple[Rule, ...] = (
     _st_spatial,
     _stages,
     _pipeline,
-    _mm_block,
     _sliding_tiles,
     _lora,
     _fp8,
@@ -424,7 +407,7 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
 # x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
 # LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
 # own settings gave the degrees.
-SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _mm_block, _sliding_tiles, _image_tp, _family)
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _sliding_tiles, _image_tp, _family)
 
 
 def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:
@@ -510,7 +493,12 @@ def _experts_cache(profile: RunProfile, run: SamplingRun) -> list[str]:
     ]
 
 
-SAMPLING_RUN_RULES: tuple[SamplingRule, ...] = (_image, _one_process, _experts_cache)
+def _family_sampling(profile: RunProfile, run: SamplingRun) -> list[str]:
+    """The model family's own refusals of a sampling run (`FamilySpec.sampling_rules`)."""
+    return family(profile.model.family).sampling_rules(profile, run)
+
+
+SAMPLING_RUN_RULES: tuple[SamplingRule, ...] = (_image, _one_process, _experts_cache, _family_sampling)
 
 
 def sampling_run_problems(profile: RunProfile, run: SamplingRun) -> list[str]:

@@ -70,9 +70,9 @@ class Finetune(Section):
 class Tokenizer(Section):
     """The video tokenizer of `vidforge tokenize` and `infer` (diffusers causal 3D VAE or the pixel tokenizer)."""
 
-    kind: Literal["pixel", "wan", "cogvideox", "hunyuan", "hunyuanvideo15", "ltx"] = "pixel"
+    kind: Literal["pixel", "wan", "cogvideox", "hunyuan", "hunyuanvideo15", "ltx", "ltx2video"] = "pixel"
     """`pixel`: weight-free space-to-depth (demo, tests). `wan`: diffusers AutoencoderKLWan; `cogvideox`,
-    `hunyuan`, `hunyuanvideo15` (HunyuanVideo-1.5's), `ltx`: the diffusers causal 3D VAEs of those models."""
+    `hunyuan`, `hunyuanvideo15` (HunyuanVideo-1.5's), `ltx`, `ltx2video` (LTX-2's): the diffusers causal 3D VAEs of those models."""
     path: str | None = None
     """Local diffusers model folder (the one `save_pretrained` writes, with config.json and weights)."""
     config: str | None = None

@@ -26,12 +26,12 @@ class Lora(Section):
     fp8_base: bool = False
     """Store the blocks' frozen linear weights in float8 e4m3 with a float32 scale (`fp8_scaling`), half of
     bf16's bytes; each layer computes in the compute dtype from its weight dequantized on the fly
-    (`vidforge.parallel.fp8_base`). The adapters, norms, embeddings and the final layer keep their dtype."""
+    (`vidforge.memory_savers.fp8_base`). The adapters, norms, embeddings and the final layer keep their dtype."""
     fp8_scaling: Literal["row", "tensor"] = "row"
     """With fp8_base: one scale per output row (the smaller error) or one per weight."""
     blocks_to_swap: int = Field(0, ge=0)
     """Transformer blocks whose frozen weights wait in pinned host memory and come to the device one block
-    ahead of their use, on a side stream (`vidforge.parallel.block_swap`); the last blocks of the model.
+    ahead of their use, on a side stream (`vidforge.memory_savers.block_swap`); the last blocks of the model.
     Under FSDP2 each rank's shards of them (with their adapters, which step on the host) wait there, each
     block all-gathered one ahead (`vidforge.parallel.fsdp.apply_fsdp`)."""
 
@@ -69,7 +69,7 @@ class Distill(Section):
     the batch's latents noised to that level (false)."""
     fp8_teacher: bool = False
     """Store the frozen teacher's block linear weights in float8 e4m3 (row scales), half of bf16's bytes
-    (`vidforge.parallel.fp8_base`)."""
+    (`vidforge.memory_savers.fp8_base`)."""
 
     @model_validator(mode="after")
     def _check(self) -> Distill:

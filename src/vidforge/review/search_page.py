@@ -10,7 +10,7 @@ from vidforge.review.page import Page
 
 
 def write_search_page(hits, query: str, out: str | Path) -> Path:
-    """index.html (with thumbnails) under `out` for `hits` (vidforge.curate.search.Hit, best first)."""
+    """index.html (with thumbnails) under `out` for `hits` (vidforge.curate.embeddings.search.Hit, best first)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     items = []

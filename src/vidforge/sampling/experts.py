@@ -1,4 +1,4 @@
-"""Sampling a two-expert model (`vidforge.models.experts.Experts`, Wan2.2 A14B) as diffusers' WanPipeline
+"""Sampling a two-expert model (`vidforge.weights.experts.Experts`, Wan2.2 A14B) as diffusers' WanPipeline
 does: at each step the expert of the step's time runs (the high-noise one while the timestep is >=
 model.boundary_ratio x 1000), under its own guidance scale (`diffusion.guidance`, and
 `diffusion.guidance_2` for the low-noise expert, `guidance` when unset). An image-to-video pair (Wan2.2
@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from vidforge.diffusion import classifier_free_guidance, sample
-from vidforge.models.experts import Experts
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import batched_denoiser, initial_noise
+from vidforge.weights.experts import Experts
 
 
 @torch.no_grad()
@@ -37,7 +37,9 @@ def sample_latents_experts(
     d = profile.diffusion
     scales = (d.guidance, d.guidance if d.guidance_2 is None else d.guidance_2)
     high, low = (
-        classifier_free_guidance(batched_denoiser(net, profile, text, text_mask, negative, param.dtype), s)
+        classifier_free_guidance(
+            batched_denoiser(net, profile, text, text_mask, negative, param.dtype), s, d.guidance_rescale
+        )
         for net, s in zip(
             (model.high, model.low) if forward is None else (forward(model.high), forward(model.low)),
             scales,

@@ -3,13 +3,16 @@ the profile's sampler. Shared by `vidforge infer` and the training loop's valida
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from vidforge.diffusion import build_objective, classifier_free_guidance, sample
+from vidforge.diffusion.from_profile import at_tokens
 from vidforge.diffusion.guidance import BatchedDenoiser
+from vidforge.errors import UserInputError
 from vidforge.parallel.cfg_parallel import parallel_classifier_free_guidance
 from vidforge.parallel.context_parallel import (
     ContextParallelAttend,
@@ -63,8 +66,9 @@ def sample_latents(
     denoiser = guided_denoiser(network, profile, text, text_mask, negative, cfg_group, param.dtype)
     noise = initial_noise(seeds, latent_shape).to(param.device)
     generator = torch.Generator(device=param.device).manual_seed(int(seeds[0]))  # churn noise, if any
+    tokens = math.prod(token_grid(tuple(latent_shape)[1:], tuple(model.config.patch)))
     with installed(model, cache):
-        latents = sample(denoiser, noise, profile.diffusion, generator=generator)
+        latents = sample(denoiser, noise, at_tokens(profile.diffusion, tokens), generator=generator)
     return latents if first_frame is None else with_first_frame(latents, first_frame)
 
 
@@ -80,9 +84,10 @@ def guided_denoiser(
     """The sampler's denoiser D(x; sigma): `batched_denoiser` under classifier-free guidance (in one
     batch, or over `cfg_group`'s two ranks)."""
     batched = batched_denoiser(network_fn, profile, text, text_mask, negative, dtype)
+    d = profile.diffusion
     if cfg_group is not None:
-        return parallel_classifier_free_guidance(batched, profile.diffusion.guidance, cfg_group)
-    return classifier_free_guidance(batched, profile.diffusion.guidance)
+        return parallel_classifier_free_guidance(batched, d.guidance, cfg_group, d.guidance_rescale)
+    return classifier_free_guidance(batched, d.guidance, d.guidance_rescale)
 
 
 def batched_denoiser(
@@ -164,6 +169,11 @@ def sample_latents_cp(
         raise ValueError(
             "sample_latents_cp needs a context-parallel model: call apply_cp(model, cp_mesh, impl)"
         )
+    if profile.diffusion.guidance_rescale:
+        raise UserInputError(
+            "diffusion.guidance_rescale: it scales by each whole sample's standard deviation, and context-"
+            "parallel sampling holds a share of each sample's tokens; set it to 0 or sample without cp"
+        )
     group = cp_process_group(cp_mesh)
     config = model.config
     param = next(model.parameters())
@@ -178,6 +188,7 @@ def sample_latents_cp(
     denoiser = guided_denoiser(forward, profile, text.to(device), text_mask, negative, cfg_pg, param.dtype)
     noise = shard.split(patchify(initial_noise(seeds, latent_shape), config.patch).to(device))
     generator = torch.Generator(device=device).manual_seed(int(seeds[0]) + 1_000_003 * shard.rank)
-    local = sample(denoiser, noise, profile.diffusion, generator=generator)
+    per_sample = math.prod(token_grid(tuple(latent_shape)[1:], config.patch))
+    local = sample(denoiser, noise, at_tokens(profile.diffusion, per_sample), generator=generator)
     tokens = gather_row(local, shard, group)
     return unpatchify(tokens, shard.grid, config.patch, config.in_channels)

@@ -1,9 +1,9 @@
 """diffusers causal 3D VAEs as video tokenizers: Wan (AutoencoderKLWan, the default), CogVideoX, HunyuanVideo,
-HunyuanVideo-1.5 and LTX-Video, loaded from a local diffusers folder or built with random weights from a JSON config.
+HunyuanVideo-1.5, LTX-Video and LTX-2, loaded from a local diffusers folder or built with random weights from a JSON config.
 
 Latents are the posterior mode (deterministic), normalised as the models' pipelines expect:
 (z - latents_mean) x scaling_factor / latents_std, each term where the VAE defines it (Wan: mean and std
-per channel; LTX: mean, std and a scaling factor; CogVideoX and both HunyuanVideos: a scaling factor).
+per channel; LTX and LTX-2: mean, std and a scaling factor; CogVideoX and both HunyuanVideos: a scaling factor).
 
 Memory: the VAEs work through a clip causally in temporal chunks themselves (Wan: 4 frames at a time
 with a feature cache); spatial tiling (diffusers' own, blended at the seams) bounds activations at high
@@ -27,6 +27,7 @@ CLASSES = {
     "hunyuan": "AutoencoderKLHunyuanVideo",
     "hunyuanvideo15": "AutoencoderKLHunyuanVideo15",
     "ltx": "AutoencoderKLLTXVideo",
+    "ltx2video": "AutoencoderKLLTX2Video",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,4 +1,4 @@
-"""Which keys a query may see, as host-side data the attention dispatcher (`vidforge.models.attention`)
+"""Which keys a query may see, as host-side data the attention dispatcher (`vidforge.attention.dispatch`)
 and the context-parallel code read: padding of captions, and block-diagonal segments of packed samples."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Order of construction (torchtitan's): model -> pipeline split (pp > 1: this rank
 per module: float8 linears -> tensor parallel -> context parallel -> activation checkpointing -> compile
 -> FSDP2 (`vidforge.parallel.parallelize`) -> EMA and one AdamW per module over its (sharded) parameters.
 With `--init`, the weights are loaded into the whole model right after it is built; with `train.lora`,
-the model is then frozen and given its adapters (`vidforge.models.lora`), before any split or sharding.
+the model is then frozen and given its adapters (`vidforge.lora`), before any split or sharding.
 Under `train.distill` two more networks are built the same way from the teacher's weights: the frozen
 teacher and the fake score (its own adapters under LoRA, its own AdamW), each parallelized alone.
 """
@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from vidforge.errors import UserInputError
+from vidforge.lora import apply_lora
+from vidforge.memory_savers.fp8_base import apply_fp8_base
 from vidforge.models import build_model
 from vidforge.models.cpu_draws import cpu_draws
-from vidforge.models.lora import apply_lora
-from vidforge.parallel.fp8_base import apply_fp8_base
 from vidforge.parallel.parallelize import autocast_dtype, compute_dtype, parallelize, reduced_dtype
 from vidforge.parallel.pipeline import PipelineRunner
 from vidforge.parallel.runtime import Runtime

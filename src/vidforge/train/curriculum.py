@@ -13,7 +13,7 @@ Layout of a curriculum's run directory:
 A two-expert model (Wan2.2 A14B) trains one expert a stage (each stage's `expert`, train.expert): a stage
 starts from its own expert's latest stage, or from --init's weights of that expert when it is the first
 to train it, never from the other expert's. Each stage's export records the other expert's latest stage
-export (`vidforge.models.experts.record_pair`), so the last stage's export samples with both trained
+export (`vidforge.weights.experts.record_pair`), so the last stage's export samples with both trained
 experts (`infer -c RUN`, or `infer -c DOWNLOAD --lora RUN` for LoRA).
 `--resume` skips the complete stages and resumes the first incomplete one from its latest checkpoint (or
 starts it from the previous stage when it had saved none)."""
@@ -31,12 +31,12 @@ import torch.distributed as dist
 
 from vidforge.data.manifest import atomic_path
 from vidforge.files import write_text
-from vidforge.models.experts import record_pair
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.profile.checks import apply_stage
 from vidforge.profile.stages import Stage
 from vidforge.train import loop
 from vidforge.train.init_weights import WeightsInit
+from vidforge.weights.experts import record_pair
 
 STAGES = "stages"
 DONE = "STAGE_COMPLETE"

@@ -84,7 +84,7 @@ def _build_rank(profile: RunProfile, rank: int) -> tuple[int, int, float, float,
         runtime = Runtime(rank, dims.world_size, 0, torch.device("meta"), dims)
         parts = build(profile, runtime)
         make_train_step(profile, runtime, parts)
-        from vidforge.parallel.block_swap import SwappedBlock
+        from vidforge.memory_savers.block_swap import SwappedBlock
         from vidforge.parallel.fsdp import on_host
 
         params, trainable, param_bytes, blocks = 0, 0, 0.0, []

@@ -10,8 +10,8 @@ import dataclasses
 
 from vidforge.diffusion.objective import Objective
 from vidforge.errors import UserInputError
-from vidforge.models.experts import expert_range
 from vidforge.profile import RunProfile
+from vidforge.weights.experts import expert_range
 
 
 def require_expert(profile: RunProfile) -> None:

@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 
 from vidforge.files import output_folder, write_text
-from vidforge.models import build_model, save_model
-from vidforge.models.checkpoint import add_config_notes
-from vidforge.models.experts import record_expert
-from vidforge.models.lora import save_adapter
+from vidforge.lora import save_adapter
+from vidforge.models import build_model
 from vidforge.profile import RunProfile, dump_profile
 from vidforge.train.ema import EMA, Modules, as_module_list
+from vidforge.weights.checkpoint import add_config_notes, save_model
+from vidforge.weights.experts import record_expert
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -72,7 +72,7 @@ def export_weights(
     modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this.
     `step`, the training step the weights are from, goes into config.json (`step`) so that the samples
     drawn from the export say which step they came from. A LoRA run (train.lora) exports its adapters
-    alone (`vidforge.models.lora.save_adapter`), recording `base`, the --init it was trained on."""
+    alone (`vidforge.lora.save_adapter`), recording `base`, the --init it was trained on."""
     lora = profile.train.lora
     weights = local_weights(modules, ema, frozen=lora is None)
     if pp_group is not None:

@@ -1,7 +1,7 @@
 """`vidforge train --init SRC`: start training from published or earlier weights (a new optimizer, step 0).
 
 SRC is a vidforge export (`RUN/export`: model.safetensors), a published folder of a registered family
-(`vidforge.models.weights_folder`: e.g. Wan2.1's diffusers transformer or whole pipeline download, whose
+(`vidforge.weights.weights_folder`: e.g. Wan2.1's diffusers transformer or whole pipeline download, whose
 tensor names are the wan family's own; `vidforge train` then takes its profile from the folder), or a training checkpoint (`RUN/checkpoints/step_N`, or RUN itself: its latest complete
 one). A checkpoint hands on its EMA weights where it has an EMA (what the run's export holds and infer
 samples from, so `--init RUN` starts where `--init RUN/export` would), its raw weights with `raw`; it is
@@ -26,13 +26,13 @@ from safetensors import safe_open
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.models.checkpoint import WEIGHTS
-from vidforge.models.experts import expert_export
-from vidforge.models.safetensors_stream import stored_tensors
-from vidforge.models.weights_folder import WeightsFolder, find_weights
 from vidforge.train import safe_dcp
 from vidforge.train.checkpoint import MARKER, latest_checkpoint
 from vidforge.train.export import clean_name
+from vidforge.weights.checkpoint import WEIGHTS
+from vidforge.weights.experts import expert_export
+from vidforge.weights.safetensors_stream import stored_tensors
+from vidforge.weights.weights_folder import WeightsFolder, find_weights
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,9 @@ class _Safetensors:
                 expert_export(found.export, expert), WEIGHTS, WEIGHTS + ".index.json"
             )
         else:
-            self.stored = stored_tensors(
-                found.published.expert_weights(expert), found.published.single, found.published.index
-            )
+            published = found.published
+            stored = stored_tensors(published.expert_weights(expert), published.single, published.index)
+            self.stored = {name: t for name, t in stored.items() if not published.unread(name)}
         self.shapes = {name: t.shape for name, t in self.stored.items()}
 
     def read(self, into: Mapping[str, torch.Tensor]) -> None:

@@ -19,6 +19,7 @@ objective's `error_scale` (1 for most).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,7 +127,7 @@ class DenoisingLoss:
         (context parallel) only this rank's tokens, drawn from the same full-shape noise."""
         self._check_text_width(batch.text_emb.shape[-1])
         n = batch.text_emb.shape[0]
-        level = self.objective.sample_levels(n).to(device)
+        level = self._objective_of(batch).sample_levels(n).to(device)
         drop_text = (torch.rand(n) < self.caption_dropout).to(device)
         conditioned = (torch.rand(n) < self.image_condition).to(device) if self.image_condition else None
         self._check_channels(_channels(batch, self.patch))
@@ -171,6 +172,18 @@ class DenoisingLoss:
             error_scale=self.objective.error_scale(level_b),
             clean_first_frame=clean_first_frame,
         )
+
+    def _objective_of(self, batch: PackedBatch | BucketBatch) -> Objective:
+        """The objective at the batch's tokens per sample (a flow shift that follows the size: one shape
+        per plain batch; a packed row's samples differ, and such an objective is refused there)."""
+        if isinstance(batch, BucketBatch):
+            return self.objective.at_tokens(math.prod(token_grid(batch.latents.shape[2:], self.patch)))
+        if getattr(self.objective, "shift_tokens", None) is not None:
+            raise UserInputError(
+                "diffusion.flow_shift_tokens: a shift by each sample's token count takes plain batches; set "
+                "data.packing=false"
+            )
+        return self.objective
 
     def image_inputs(
         self, batch: PackedBatch | BucketBatch, device: torch.device, shard: TokenShard | None = None

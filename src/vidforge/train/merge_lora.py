@@ -7,12 +7,13 @@ from pathlib import Path
 
 from vidforge.errors import UserInputError
 from vidforge.files import write_text
-from vidforge.models import build_model, save_model
-from vidforge.models.lora import load_adapter, merge, read_adapter
+from vidforge.lora import load_adapter, merge, read_adapter
+from vidforge.models import build_model
 from vidforge.profile import dump_profile, load_profile
 from vidforge.profile.model import Model
 from vidforge.train.export import record_step
 from vidforge.train.init_weights import init_from
+from vidforge.weights.checkpoint import save_model
 
 
 def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:

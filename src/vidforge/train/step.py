@@ -27,9 +27,9 @@ from torch.profiler import record_function
 
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion import build_objective
+from vidforge.memory_savers.activation_checkpoint import recompute_fraction
 from vidforge.models import forward_flops
 from vidforge.models.flops import FlopCount
-from vidforge.parallel.activation_checkpoint import recompute_fraction
 from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.train.build import TrainParts

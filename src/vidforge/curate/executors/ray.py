@@ -97,8 +97,9 @@ class RayExecutor:
         try:
             return ray.get(handle)
         except ray.exceptions.RayActorError as err:
-            self._actors[index].remove(actor)
-            self._actors[index].append(self._new_actor(self._stages[index]))
+            if actor in self._actors[index]:  # its other in-flight batches fail too: replace it once
+                self._actors[index].remove(actor)
+                self._actors[index].append(self._new_actor(self._stages[index]))
             raise WorkerLost(str(err).splitlines()[0]) from None
 
     def rebalance(self, stats: list[StageStats]) -> None:

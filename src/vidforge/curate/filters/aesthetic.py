@@ -1,4 +1,4 @@
-"""The aesthetic filter: LAION's aesthetic head on the clip's CLIP image embeddings (`curate.aesthetic`),
+"""The aesthetic filter: LAION's aesthetic head on the clip's CLIP image embeddings (`curate.scorers.aesthetic`),
 the mean over frames; clips below `curation.caption.aesthetic.min_score` are rejected."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class AestheticFilter(Scorer):
             )
 
     def setup(self, resources: Resources) -> None:
-        from vidforge.curate.aesthetic import AestheticScorer
+        from vidforge.curate.scorers.aesthetic import AestheticScorer
 
         self.model = AestheticScorer(
             self.settings.head, device=resources.device, random_weights=resources.random_weights

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from vidforge.curate.captioners import ClipItem
+from vidforge.curate.captioning.captioners import ClipItem
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import Caption
 from vidforge.section import Section
@@ -49,7 +49,7 @@ class Clip:
 @dataclass
 class Resources:
     """What `setup` gets: where models run, whether missing weights may be random, and the shared CLIP
-    embedder (`curate.clip_score.ClipEmbedder`, set up; None when no enabled scorer `uses_clip`)."""
+    embedder (`curate.scorers.clip_score.ClipEmbedder`, set up; None when no enabled scorer `uses_clip`)."""
 
     device: str
     random_weights: bool
@@ -157,7 +157,7 @@ def check_weights_file(path: str | None, random_weights: bool, field: str) -> No
 
 
 def open_clip_config(model: str, checkpoint: str | None, random_weights: bool, field: str) -> dict | None:
-    """Check the files an open-clip model is loaded from (`curate.clip_score.load_open_clip`) and return
+    """Check the files an open-clip model is loaded from (`curate.scorers.clip_score.load_open_clip`) and return
     its config when the user gave it (a `local-dir:` folder's `open_clip_config.json`); None for a
     built-in name, whose config and existence only open-clip knows (the model's setup checks them)."""
     if model.startswith("local-dir:"):

@@ -1,5 +1,5 @@
 """The caption-video match: cosine similarity of the caption's CLIP text embedding and the clip's frame
-embeddings, averaged over frames (`curate.clip_score`); clips below
+embeddings, averaged over frames (`curate.scorers.clip_score`); clips below
 `curation.caption.clip_score.min_score` are rejected."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class ClipScoreFilter(Scorer):
     reads_text = True
 
     def score_clip(self, clip: Clip) -> dict[str, Any]:
-        from vidforge.curate.clip_score import clip_similarity
+        from vidforge.curate.scorers.clip_score import clip_similarity
 
         if clip.embeddings is None or clip.text_embedding is None:
             return {}

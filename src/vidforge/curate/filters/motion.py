@@ -1,5 +1,5 @@
 """The motion filter: mean dense optical flow over evenly spaced pairs of consecutive frames
-(`curate.motion`: Farneback, or RAFT from local weights); clips below
+(`curate.scorers.motion`: Farneback, or RAFT from local weights); clips below
 `curation.caption.motion.min_score` are too static, above `max_score` too shaky."""
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ class MotionFilter(Scorer):
             check_weights_file(self.settings.raft_weights, False, "curation.caption.motion.raft_weights")
 
     def frames(self, count: int) -> set[int]:
-        from vidforge.curate.motion import pair_starts
+        from vidforge.curate.scorers.motion import pair_starts
 
         return {t + d for t in pair_starts(count, self.settings.pairs) for d in (0, 1)}
 
     def setup(self, resources: Resources) -> None:
         self.flow = None
         if self.settings.method != "farneback":
-            from vidforge.curate.motion import RaftFlow
+            from vidforge.curate.scorers.motion import RaftFlow
 
             self.flow = RaftFlow(self.settings.method, self.settings.raft_weights, device=resources.device)
             self.flow.setup()
 
     def score_clip(self, clip: Clip) -> dict[str, Any]:
-        from vidforge.curate.motion import motion_score, pair_starts
+        from vidforge.curate.scorers.motion import motion_score, pair_starts
 
         item = clip.item
         pairs = [

@@ -1,12 +1,12 @@
 """The on-screen text filter: EasyOCR on evenly spaced frames, judged by Vchitect-2.0's rule
-(`curate.ocr`); clips with more than `curation.caption.ocr.max_texty_frames` texty frames are rejected."""
+(`curate.scorers.ocr`); clips with more than `curation.caption.ocr.max_texty_frames` texty frames are rejected."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from vidforge.curate.captioners import evenly_spaced
+from vidforge.curate.captioning.captioners import evenly_spaced
 from vidforge.curate.filters.base import Clip, Histogram, Resources, Scorer
 from vidforge.errors import UserInputError
 from vidforge.profile.caption import Caption, Ocr
@@ -35,7 +35,7 @@ class OcrFilter(Scorer):
         return set(evenly_spaced(count, self.settings.frames))
 
     def setup(self, resources: Resources) -> None:
-        from vidforge.curate.ocr import EasyOcrDetector, TextRule
+        from vidforge.curate.scorers.ocr import EasyOcrDetector, TextRule
 
         self.detector = EasyOcrDetector(
             self.settings.model_dir, self.settings.languages, device=resources.device
@@ -44,7 +44,7 @@ class OcrFilter(Scorer):
         self.rule = TextRule.from_settings(self.settings)
 
     def score_clip(self, clip: Clip) -> dict[str, Any]:
-        from vidforge.curate.ocr import judge_text
+        from vidforge.curate.scorers.ocr import judge_text
 
         frames = clip.item.sample(self.settings.frames)
         verdict = judge_text(self.detector.detect_many(frames), [f.shape[:2] for f in frames], self.rule)

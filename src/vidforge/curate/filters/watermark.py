@@ -1,12 +1,12 @@
 """The watermark filter (Vchitect-2.0): LAION's watermark classifier on evenly spaced frames
-(`curate.watermark`), the highest frame's probability; clips above
+(`curate.scorers.watermark`), the highest frame's probability; clips above
 `curation.caption.watermark.max_score` are rejected."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from vidforge.curate.captioners import evenly_spaced
+from vidforge.curate.captioning.captioners import evenly_spaced
 from vidforge.curate.filters.base import Clip, Histogram, Resources, Scorer, check_weights_file
 from vidforge.profile.caption import Caption, Watermark
 
@@ -24,7 +24,7 @@ class WatermarkFilter(Scorer):
         return set(evenly_spaced(count, self.settings.frames))
 
     def setup(self, resources: Resources) -> None:
-        from vidforge.curate.watermark import WatermarkClassifier
+        from vidforge.curate.scorers.watermark import WatermarkClassifier
 
         self.model = WatermarkClassifier(
             self.settings, device=resources.device, random_weights=resources.random_weights

@@ -4,14 +4,15 @@ published presets (`model`), how a published folder reads (`published`), LoRA's 
 loaded by import path: the network (`network`), the caption layout (`captions`) and its encoders
 (`text_encoder`), weight import/export (`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-`infer` of text-to-video samples the pipeline's latents. Not built yet: image-to-video condition latents
-(`infer --image`, tokenize's first frames), caption dropout, packed rows, context and tensor parallel."""
+`infer` of text-to-video samples the pipeline's latents. Context parallel splits the video tokens only
+(cp_impl all-gather or ulysses). Not built yet: image-to-video condition latents (`infer --image`,
+tokenize's first frames), caption dropout, packed rows, tensor parallel."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from vidforge.families import FamilySpec
+from vidforge.families import JOINT_CP_IMPLS, FamilySpec
 from vidforge.families.hunyuan15.model import PLAIN_BATCHES, PRESETS, HunyuanVideo15Model
 from vidforge.families.hunyuan15.published import (
     CLASS_NAME,
@@ -35,17 +36,23 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
     """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
-    and context parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` avoid the last two)."""
+    parallel, a cp_impl its joint attention does not run, packed rows and caption dropout
+    (`model.PLAIN_BATCHES` avoid the last two)."""
     problems = []
     if layout.tp > 1:
         problems.append(
             f"parallel.tp: tensor parallel is not built for model.family=hunyuan15 yet (tp={layout.tp}); set "
             "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
         )
-    if layout.cp > 1:
+    if layout.cp > 1 and profile.parallel.cp_impl not in JOINT_CP_IMPLS:
         problems.append(
-            f"parallel.cp: context parallel is not built for model.family=hunyuan15 yet (cp={layout.cp}); set "
-            "parallel.cp=1"
+            f"parallel.cp_impl: HunyuanVideo-1.5's joint attention runs under context parallel with "
+            f"{' or '.join(JOINT_CP_IMPLS)}, not {profile.parallel.cp_impl}; set one of them"
+        )
+    if layout.cp > 1 and profile.parallel.cp_regather:
+        problems.append(
+            "parallel.cp_regather: HunyuanVideo-1.5's joint attention keeps the gathered video K/V for its "
+            "backward (re-gathering is not built for it); set parallel.cp_regather=false"
         )
     if profile.data.packing:
         problems.append(

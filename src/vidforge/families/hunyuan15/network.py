@@ -5,7 +5,8 @@ The forward is vidforge's (`VideoTransformer.forward`): latents (B, C, T, H, W) 
 a grid, the condition latents beside them (`condition`: the first frame's latents and mask; None is the
 text-to-video pipeline's zeros) and the SigLIP image embedding (`image`; None is text-to-video: the
 reference then masks the image tokens out, so leaving them out is the same). Attention runs through
-vidforge's dispatcher (`Attend`).
+vidforge's dispatcher (`Attend`). Under context parallel (`shard`, plain batches) a rank holds its share of
+the video tokens and the whole caption stream (`joint_keys`).
 
 What is HunyuanVideo-1.5's and differs from the DiT and Wan:
 - Double-stream blocks (MM-DiT): the caption tokens are a second residual stream with their own
@@ -35,13 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15.model import HunyuanVideo15Model
-from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
-from vidforge.tokens import KeyPadding
+from vidforge.parallel.joint_attention import JointShard
+from vidforge.tokens import ContextShard, KeyPadding
 
 FREQ_DIM = 256  # sinusoidal features of the timestep
 TIMESTEP_SCALE = 1000.0  # the pipeline's timestep is 1000 t
@@ -114,6 +116,17 @@ class FeedForward(nn.Module):
 
 def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.unflatten(-1, (-1, head_dim))
+
+
+def joint_keys(place: TokenPlacement, caption: torch.Tensor) -> AttentionMask:
+    """The joint attention's mask over [video, caption] given the caption's valid keys (N, L): every video
+    token is a key. Under context parallel (the rank holds part of the video tokens, all of the caption) a
+    `JointShard`, which the installed cp attention evaluates (`vidforge.parallel.joint_attention`)."""
+    full = place.scopes["full"].mask
+    if isinstance(full, ContextShard):
+        return JointShard("full", full.shard, caption)
+    video = torch.ones((caption.shape[0], place.positions.shape[0]), dtype=torch.bool, device=caption.device)
+    return KeyPadding(torch.cat([video, caption], dim=1))
 
 
 # --- the caption's embedders ---------------------------------------------------------------------
@@ -399,10 +412,10 @@ class HunyuanVideo15Transformer(VideoTransformer):
 
     def forward(self, x: torch.Tensor, noise_level: torch.Tensor, text: torch.Tensor, *args, **kwargs):
         """`VideoTransformer.forward`; `condition` None is text-to-video's zeros (the pipeline's)."""
-        if kwargs.get("layout") is not None or kwargs.get("shard") is not None:
+        shard = kwargs.get("shard")
+        if kwargs.get("layout") is not None or (shard is not None and shard.packed):
             raise UserInputError(
-                "model.family=hunyuan15 runs plain batches only so far: set data.packing=false and "
-                "parallel.cp=1"
+                "model.family=hunyuan15 runs plain batches only so far: set data.packing=false"
             )
         if kwargs.get("condition") is None and self.config.condition_channels:
             shape = list(x.shape)
@@ -444,8 +457,7 @@ class HunyuanVideo15Transformer(VideoTransformer):
             ],
             dim=1,
         )
-        video = torch.ones((text.shape[0], place.positions.shape[0]), dtype=torch.bool, device=text.device)
-        keys = KeyPadding(torch.cat([video, glyph_mask, mllm_mask], dim=1))
+        keys = joint_keys(place, torch.cat([glyph_mask, mllm_mask], dim=1))
         rope = rope_tables(place.positions, cfg.rope_axes, cfg.rope_theta)
         return Conditioning(temb, None, stream, keys, rope, place.scopes, place.token_sample, place.positions)
 
@@ -461,15 +473,14 @@ class HunyuanVideo15Transformer(VideoTransformer):
         if cond.image is None:
             return cond
         valid = torch.ones(cond.image.shape[:2], dtype=torch.bool, device=cond.image.device)
-        video, caption = cond.text_mask.mask.split(
-            [cond.text_mask.mask.shape[1] - cond.text.shape[1], cond.text.shape[1]], dim=1
-        )
-        return replace(
-            cond,
-            text=torch.cat([cond.image, cond.text], dim=1),
-            text_mask=KeyPadding(torch.cat([video, valid, caption], dim=1)),
-            image=None,
-        )
+        if isinstance(cond.text_mask, JointShard):
+            keys = replace(cond.text_mask, keys=torch.cat([valid, cond.text_mask.keys], dim=1))
+        else:
+            video, caption = cond.text_mask.mask.split(
+                [cond.text_mask.mask.shape[1] - cond.text.shape[1], cond.text.shape[1]], dim=1
+            )
+            keys = KeyPadding(torch.cat([video, valid, caption], dim=1))
+        return replace(cond, text=torch.cat([cond.image, cond.text], dim=1), text_mask=keys, image=None)
 
     def embed(self, tokens: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         return torch.cat([self.x_embedder(tokens), cond.text.to(tokens.dtype)], dim=1)

@@ -23,16 +23,16 @@ from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.families.hunyuan15.published import CONFIG, model_fields, read_json, transformer_folder
 from vidforge.families.hunyuan15.published import diffusers_config as published_config
 from vidforge.files import output_folder, write_text
-from vidforge.models.checkpoint import FORMAT, WEIGHTS, write_config
-from vidforge.models.safetensors_stream import (
+from vidforge.profile import dump_profile
+from vidforge.profile.loading import validate_profile
+from vidforge.profile.model import with_runtime
+from vidforge.weights.checkpoint import FORMAT, WEIGHTS, write_config
+from vidforge.weights.safetensors_stream import (
     StoredTensor,
     lazy_entries,
     stored_tensors,
     write_safetensors,
 )
-from vidforge.profile import dump_profile
-from vidforge.profile.loading import validate_profile
-from vidforge.profile.model import with_runtime
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"

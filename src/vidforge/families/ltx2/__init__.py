@@ -6,9 +6,13 @@ guidance, size, frames, steps, negative prompt), LoRA's default targets; its cod
 the network (`network`), weight import/export (`weights`, bitwise, the audio stream's tensors carried
 untouched) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-Not built yet: the audio stream (`model.audio` refused), packed rows, context parallel and caption dropout
-(refused at load: `layout_rules`), tokenize/shard with its VAE and connector, image-to-video, and infer
-against the pipeline (its STG, guidance rescale and shift_terminal included)."""
+Its caption encoder (`text_encoder`: Gemma 3 through the text connector) and VAE (tokenizer.kind=ltx2video)
+shard and tokenize as the pipeline encodes; `infer` samples the pipeline's video latents (its token-count
+shift, shift_terminal and guidance rescale are diffusion settings a published folder's profile carries).
+
+Not built yet: the audio stream (`model.audio` refused), packed rows and caption dropout
+(refused at load: `layout_rules`), image-to-video, and spatio-temporal guidance (LTX-2.3's perturbed
+attention: refused at infer, `sampling_rules`)."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
     """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
-    and context parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
+    parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
     avoid the last two)."""
     problems = []
     if layout.tp > 1:
@@ -46,17 +50,24 @@ def layout_rules(profile: Any, layout: Any) -> list[str]:
             "data.packing: model.family=ltx2 runs plain batches only so far (packed rows are not built); "
             "set data.packing=false"
         )
-    if layout.cp > 1:
-        problems.append(
-            f"parallel.cp: context parallel is not built for model.family=ltx2 yet (cp={layout.cp}); set "
-            "parallel.cp=1"
-        )
     if profile.diffusion.caption_dropout > 0:
         problems.append(
             "diffusion.caption_dropout: LTX-2 trains its unconditional branch on its encoded empty prompt, "
             "not a dropped caption (not built yet); set diffusion.caption_dropout=0"
         )
     return problems
+
+
+def sampling_rules(profile: Any, run: Any) -> list[str]:
+    """The pipeline's default spatio-temporal guidance (STG, stg_scale 1 at block 28) perturbs a
+    transformer built with perturbed_attn (LTX-2.3); it is not built, so such a model is refused rather
+    than sampled differently from its pipeline (for LTX-2.0 STG changes nothing: no refusal)."""
+    if not profile.model.perturbed_attention:
+        return []
+    return [
+        "model.perturbed_attention: this LTX-2.3 model's pipeline samples with spatio-temporal guidance "
+        "(STG), which vidforge does not build; set model.perturbed_attention=false to sample without it"
+    ]
 
 
 SPEC = FamilySpec(
@@ -79,5 +90,8 @@ SPEC = FamilySpec(
         f"infer.fps={round(model.frame_rate)}",
     ),
     negative_prompt=NEGATIVE_PROMPT,
+    # Gemma 3's stacked states through the text connector, as the pipeline's encode_prompt and connectors
+    text_encoder="vidforge.families.ltx2.text_encoder:build",
     layout_rules=layout_rules,
+    sampling_rules=sampling_rules,
 )

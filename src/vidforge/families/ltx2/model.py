@@ -24,7 +24,7 @@ FF_MULT = 4  # diffusers' FeedForward in every block: gelu-approximate, 4x the w
 
 # What the network refuses at its first forward, stated as settings every profile of the family carries
 # (its presets' `profile_defaults` and a published folder's defaults), so that the rulebook's refusal at
-# load (`layout_rules`) never meets a profile the family gave: packed rows and context parallel (plain
+# load (`layout_rules`) never meets a profile the family gave: packed rows (plain
 # batches only so far), and caption dropout (LTX-2 trains the unconditional branch on its encoded empty
 # prompt, which is not built).
 PLAIN_BATCHES = ("data.packing=false", "diffusion.caption_dropout=0")
@@ -87,6 +87,10 @@ class LTX2Model(Model, FixedBlock, NoImageInputs):
     """The feed-forwards' biases (ff_bias)."""
     eps: float = Field(1e-6, gt=0)
     """The blocks' RMSNorm and q/k RMSNorm epsilon (norm_eps)."""
+    perturbed_attention: bool = False
+    """The self-attentions take spatio-temporal guidance's perturbation (perturbed_attn; LTX-2.3), which the
+    pipeline samples with by default (STG, at block 28): not built, so `vidforge infer` refuses such a
+    model; set false to sample without it. Training is unaffected (the perturbation is sampling's)."""
     audio: bool = False
     """The audio stream: not built (see the module's docstring); refused when set."""
 

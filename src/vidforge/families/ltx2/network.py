@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
-from vidforge.models.attention import Attend, AttentionMask
+from vidforge.families.ltx2.published import is_audio
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
@@ -47,15 +48,6 @@ TIMESTEP_SCALE = 1000.0  # the pipeline's timestep is 1000 t (timestep_scale_mul
 MODULATION = 6  # (shift, scale, gate) for self-attention and for the feed-forward
 PROMPT_MODULATION = 3  # (shift, scale, gate) of the caption cross-attention's query (LTX-2.3)
 OUT_EPS = 1e-6  # norm_out's
-
-# Names of the audio stream's modules and parameters at any depth of the published state dict: the audio
-# blocks, their time embeddings, caption projection and output, and both cross-modal attentions.
-AUDIO_NAMES = ("audio_", "av_cross_attn_", "video_to_audio_", "video_a2v_")
-
-
-def is_audio(key: str) -> bool:
-    """Whether a published state-dict key belongs to the audio stream (or the cross-modal attention)."""
-    return any(part.startswith(AUDIO_NAMES) for part in key.split("."))
 
 
 def video_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -286,11 +278,11 @@ class LTX2Transformer(VideoTransformer):
         return self.proj_in.weight.dtype
 
     def forward(self, x: torch.Tensor, noise_level: torch.Tensor, text: torch.Tensor, *args, **kwargs):
-        """`VideoTransformer.forward` over plain batches."""
-        if kwargs.get("layout") is not None or kwargs.get("shard") is not None:
-            raise UserInputError(
-                "model.family=ltx2 runs plain batches only so far: set data.packing=false and parallel.cp=1"
-            )
+        """`VideoTransformer.forward` over plain batches (a context-parallel rank's share of one too: RoPE
+        reads the shard's global positions)."""
+        shard = kwargs.get("shard")
+        if kwargs.get("layout") is not None or (shard is not None and shard.packed):
+            raise UserInputError("model.family=ltx2 runs plain batches only so far: set data.packing=false")
         return super().forward(x, noise_level, text, *args, **kwargs)
 
     def conditioning(
@@ -304,7 +296,7 @@ class LTX2Transformer(VideoTransformer):
         """`time`: the embedded timestep the output layer reads, (N, hidden) or per token (rows, S, hidden);
         `shared_modulation`: its 6 (9) x hidden projection every block adds its table to; `text`: the
         (projected) caption; `prompt_time`: the per-step prompt modulation's term."""
-        if drop_text is not None:
+        if drop_text is not None and bool(drop_text.any()):  # the trainer passes all-False without dropout
             raise UserInputError(
                 "diffusion.caption_dropout: LTX-2 trains with its encoded empty prompt, not a dropped caption "
                 "(not built yet); set diffusion.caption_dropout=0"

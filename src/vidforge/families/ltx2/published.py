@@ -28,8 +28,14 @@ NEGATIVE_PROMPT = ""  # encode_prompt's negative prompt when none is given
 HEIGHT, WIDTH, FRAMES = 512, 768, 121  # __call__'s defaults (a checkpoint without a duration head)
 STEPS = 30
 FPS = 24  # __call__'s frame_rate, also what RoPE's time axis is given
-GUIDANCE = 3.0  # __call__'s guidance_scale; its STG (1.0 at block 28), guidance_rescale 0.7 and
-# modality guidance are not represented in the profile (see the package's docstring)
+GUIDANCE = 3.0  # __call__'s guidance_scale (its CFG mixes clean estimates, as vidforge's does)
+GUIDANCE_RESCALE = 0.7  # __call__'s guidance_rescale, on the clean estimates
+SCHEDULE_END = 0.0  # __call__'s sigmas: np.linspace(1.0, 1 / steps, steps), linspace(1, 0, steps + 1)[:-1]
+VAE_KIND = "ltx2video"  # tokenizer.kind of AutoencoderKLLTX2Video
+# __call__'s other guidance terms by default: STG (stg_scale 1 at block 28) perturbs only a transformer
+# built with perturbed_attn (LTX-2.3; refused at infer, `sampling_rules`), a no-op otherwise; modality
+# guidance (modality_scale 3) moves away from the audio-isolated prediction, which is the video path's
+# own (no audio stream): a no-op here.
 
 # Transformer config entries the video path is built for, with the value it is built for: a folder with
 # another is refused naming the entry.
@@ -38,6 +44,16 @@ BUILT_FOR: dict[str, Any] = {
     "norm_elementwise_affine": False, "attention_bias": True, "attention_out_bias": True,
     "timestep_scale_multiplier": 1000, "use_keyframes_abs_pos_embedding": False,
 }  # fmt: skip
+
+
+# Name parts of the published transformer's audio stream and cross-modal attention: tensors the video
+# path does not read (an import carries them untouched; --init leaves them out of its match).
+AUDIO_NAMES = ("audio_", "av_cross_attn_", "video_to_audio_", "video_a2v_")
+
+
+def is_audio(key: str) -> bool:
+    """Whether a published state-dict key belongs to the audio stream (or the cross-modal attention)."""
+    return any(part.startswith(AUDIO_NAMES) for part in key.split("."))
 
 
 def transformer_folder(src: Path) -> Path:
@@ -97,6 +113,7 @@ def model_fields(config: dict[str, Any], where: Path) -> dict[str, Any]:
         "caption_projection": config.get("use_prompt_embeddings", True),
         "ff_bias": config.get("ff_bias", True),
         "eps": config.get("norm_eps", 1e-6),
+        "perturbed_attention": config.get("perturbed_attn", False),
     }
 
 
@@ -123,6 +140,19 @@ class Shift:
         slope = (self.max_shift - self.base_shift) / (self.max_seq_len - self.base_seq_len)
         mu = self.base_shift + slope * (tokens - self.base_seq_len)
         return math.exp(mu) if self.exponential else mu
+
+    def settings(self, default_tokens: int) -> list[str]:
+        """The profile's diffusion settings for this rule: the exponential dynamic shift as
+        `flow_shift_tokens` (the shift follows each sample's token count, in training too: LTX-Video-
+        Trainer's shifted logit-normal is this shift of the logit-normal), else the constant shift at the
+        pipeline's default size; the terminal stretch."""
+        settings = [f"diffusion.flow_shift={self.at(default_tokens)}"]
+        if self.dynamic and self.exponential:
+            rule = [self.base_seq_len, self.base_shift, self.max_seq_len, self.max_shift]
+            settings.append(f"diffusion.flow_shift_tokens=[{','.join(str(v) for v in rule)}]")
+        if self.terminal is not None:
+            settings.append(f"diffusion.flow_shift_terminal={self.terminal}")
+        return settings
 
 
 def read_shift(config: dict[str, Any]) -> Shift:
@@ -243,17 +273,39 @@ def read_pipeline(src: Path) -> Pipeline | None:
 def profile_defaults(pipeline: Pipeline) -> list[str]:
     """`section.field=value` settings that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
-    FlowMatchEuler step), the shift the pipeline samples its default size with, the guidance scale and
-    frame rate, and plain batches without caption dropout (what the network runs so far)."""
+    FlowMatchEuler step, the sampler flow-euler over the pipeline's schedule), the scheduler's shift
+    rule, the guidance scale and rescale, the steps, frame rate, size and frames of `__call__`'s defaults,
+    plain batches without caption dropout (what the
+    network runs so far); the folder's VAE and its caption encoder (Gemma 3 and the text connector)."""
     settings = [
         "diffusion.objective=flow",
         "diffusion.flow_prediction=velocity",
+        "diffusion.sampler=flow-euler",  # the folder's FlowMatchEulerDiscreteScheduler
+        f"diffusion.flow_schedule_end={SCHEDULE_END}",
         f"diffusion.guidance={pipeline.guidance}",
+        f"diffusion.guidance_rescale={GUIDANCE_RESCALE}",
+        f"diffusion.steps={pipeline.steps}",
         f"infer.fps={pipeline.fps}",
+        f"infer.height={pipeline.size[0]}",
+        f"infer.width={pipeline.size[1]}",
+        f"infer.frames={pipeline.frames}",
         *PLAIN_BATCHES,
     ]
     if pipeline.shift is not None:
-        settings.append(f"diffusion.flow_shift={pipeline.shift.at(pipeline.default_tokens)}")
+        settings += pipeline.shift.settings(pipeline.default_tokens)
+    if pipeline.vae is not None:
+        settings += [
+            f"tokenizer.kind={VAE_KIND}",
+            f"tokenizer.path={pipeline.vae}",
+            f"tokenizer.spatial_compression={pipeline.spatial_compression}",
+            f"tokenizer.temporal_compression={pipeline.temporal_compression}",
+        ]
+    if None not in (pipeline.text_encoder, pipeline.tokenizer, pipeline.connectors):
+        settings += [
+            "text_encoder.kind=family",  # the spec's text_encoder: Gemma 3 and the connector
+            f"text_encoder.path={pipeline.root.resolve()}",
+            f"text_encoder.max_length={pipeline.caption_tokens}",
+        ]
     return settings
 
 
@@ -263,5 +315,11 @@ def read_published(src: Path) -> Published | None:
     if pipeline is None:
         return None
     return Published(
-        FAMILY, Path(src), pipeline.transformer, pipeline.model, profile_defaults(pipeline), "flow"
+        FAMILY,
+        Path(src),
+        pipeline.transformer,
+        pipeline.model,
+        profile_defaults(pipeline),
+        "flow",
+        unread=is_audio,
     )

@@ -24,21 +24,28 @@ from pydantic import ValidationError
 
 from vidforge.errors import UserInputError
 from vidforge.families.ltx2.model import LTX2Model
-from vidforge.families.ltx2.network import LTX2Transformer, is_audio
-from vidforge.families.ltx2.published import CLASS_NAME, CONFIG, model_fields, read_json, transformer_folder
+from vidforge.families.ltx2.network import LTX2Transformer
+from vidforge.families.ltx2.published import (
+    CLASS_NAME,
+    CONFIG,
+    is_audio,
+    model_fields,
+    read_json,
+    transformer_folder,
+)
 from vidforge.families.model import Model
 from vidforge.files import output_folder, write_text
-from vidforge.models.checkpoint import FORMAT, WEIGHTS
-from vidforge.models.safetensors_stream import (
+from vidforge.profile import dump_profile
+from vidforge.profile.loading import validate_profile
+from vidforge.profile.model import with_runtime
+from vidforge.weights.checkpoint import FORMAT, WEIGHTS
+from vidforge.weights.safetensors_stream import (
     StoredTensor,
     lazy_entries,
     safetensors_shapes,
     stored_tensors,
     write_safetensors,
 )
-from vidforge.profile import dump_profile
-from vidforge.profile.loading import validate_profile
-from vidforge.profile.model import with_runtime
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -74,6 +81,7 @@ def diffusers_config(model: LTX2Model, published: dict[str, Any]) -> dict[str, A
         "use_prompt_embeddings": model.caption_projection,
         "ff_bias": model.ff_bias,
         "norm_eps": model.eps,
+        "perturbed_attn": model.perturbed_attention,
     }
 
 

@@ -114,6 +114,22 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
     return ("spatial", "temporal"), 12
 
 
+def layout_rules(profile: Any, layout: Any) -> list[str]:
+    """The multimodal parallel block (stdit_block=parallel-mm) has no tensor- or context-parallel plan
+    yet: its joint attention appends each sample's text keys to every group's video keys."""
+    if not profile.model.multimodal_block:
+        return []
+    return [
+        f"parallel.{name}: model.stdit_block=parallel-mm has no {what} plan yet ({name}={degree}); "
+        f"set parallel.{name}=1 or model.stdit_block=parallel"
+        for name, what, degree in (
+            ("tp", "tensor-parallel", layout.tp),
+            ("cp", "context-parallel", layout.cp),
+        )
+        if degree > 1
+    ]
+
+
 SPEC = FamilySpec(
     name="vidforge",
     model=VidforgeModel,
@@ -133,4 +149,5 @@ SPEC = FamilySpec(
     # The attention projections (the LoRA paper's choice).
     lora_targets=("q", "k", "v", "out"),
     block_scopes=block_scopes,
+    layout_rules=layout_rules,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vidforge.models.attention import Attend
+from vidforge.attention.dispatch import Attend
 from vidforge.models.layers import MLP, Conditioning, CrossAttention, Modulation, SelfAttention, modulate
 from vidforge.profile.model import Model
 

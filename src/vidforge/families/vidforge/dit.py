@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.sliding_tile import set_windows
 from vidforge.families.vidforge.blocks import DiTBlock
 from vidforge.families.vidforge.mmblock import MMParallelBlock
 from vidforge.families.vidforge.stdit import ParallelSTDiTBlock, STDiTBlock
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, FinalLayer, Modulation, TextProjection, TimestepEmbedding
 from vidforge.models.rope import rope_tables, sincos_position_embedding
-from vidforge.models.sliding_tile import set_windows
 from vidforge.models.token_inputs import TokenPlacement
 from vidforge.profile.model import Model
 from vidforge.tokens import KeyPadding, Segments

@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import AttentionMask
 from vidforge.errors import UserInputError
 from vidforge.families.vidforge.blocks import _attend, _norm
-from vidforge.models.attention import AttentionMask
 from vidforge.models.layers import MLP, Conditioning, Modulation, SelfAttention, modulate
 from vidforge.models.rope import axis_dims
 from vidforge.models.scopes import Scope

@@ -1,6 +1,6 @@
 """The wan network's linear layers by the names ComfyUI's Wan model gives them (`comfy/ldm/wan/model.py`'s
 `WanModel`, the original Wan2.1/2.2 release's names, for T2V, I2V and TI2V alike): the keys of a LoRA file
-ComfyUI loads (`vidforge.models.comfyui_lora`). vidforge's names are diffusers' (`attn1.to_q`), ComfyUI's
+ComfyUI loads (`vidforge.lora.comfyui`). vidforge's names are diffusers' (`attn1.to_q`), ComfyUI's
 the release's (`self_attn.q`)."""
 
 from __future__ import annotations

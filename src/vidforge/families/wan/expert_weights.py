@@ -12,9 +12,9 @@ import torch
 from vidforge.families.wan import read_json
 from vidforge.families.wan.experts import FOLDERS, boundary_of
 from vidforge.families.wan.weights import import_wan, load_diffusers_wan
-from vidforge.models.experts import LOW, Experts
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
+from vidforge.weights.experts import LOW, Experts
 
 
 def import_wan_experts(

@@ -20,7 +20,7 @@ from typing import Any
 from vidforge.errors import UserInputError
 
 FOLDERS = {"high": "transformer", "low": "transformer_2"}
-"""Each expert's component folder in a diffusers pipeline download (`models.experts.EXPERTS`' names)."""
+"""Each expert's component folder in a diffusers pipeline download (`weights.experts.EXPERTS`' names)."""
 BOUNDARY_A14B = 0.875  # Wan2.2-T2V-A14B-Diffusers' model_index.json boundary_ratio
 BOUNDARY_I2V_A14B = 0.9  # Wan2.2-I2V-A14B-Diffusers'
 # Wan2.2-T2V-A14B's own config (sample_guide_scale = (3.0, 4.0): low noise, high noise)

@@ -40,16 +40,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vidforge.attention.dispatch import Attend, AttentionMask
+from vidforge.attention.sliding_tile import set_windows
+from vidforge.attention.video_sparse import select_tiles
 from vidforge.errors import UserInputError
 from vidforge.families.wan import EPS, FREQ_DIM
-from vidforge.models.attention import Attend, AttentionMask
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.rope import apply_rope, rope_tables
 from vidforge.models.scopes import Scope, tile_scope
-from vidforge.models.sliding_tile import set_windows
 from vidforge.models.token_inputs import TokenPlacement
-from vidforge.models.video_sparse import select_tiles
 from vidforge.profile.model import Model
 from vidforge.tokens import Segments
 

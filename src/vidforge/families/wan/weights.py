@@ -27,18 +27,18 @@ from pydantic import ValidationError
 from vidforge.errors import UserInputError
 from vidforge.families import wan
 from vidforge.files import output_folder, write_text
-from vidforge.models.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.models.presets import build_model
-from vidforge.models.safetensors_stream import (
+from vidforge.profile import RunProfile, dump_profile
+from vidforge.profile.loading import validate_profile
+from vidforge.profile.model import RUNTIME_FIELDS, Model, with_runtime
+from vidforge.weights.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
+from vidforge.weights.safetensors_stream import (
     StoredTensor,
     lazy_entries,
     stored_tensors,
     write_safetensors,
 )
-from vidforge.models.weights_check import check_config_against_weights
-from vidforge.profile import RunProfile, dump_profile
-from vidforge.profile.loading import validate_profile
-from vidforge.profile.model import RUNTIME_FIELDS, Model, with_runtime
+from vidforge.weights.weights_check import check_config_against_weights
 
 SINGLE = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"

@@ -1,0 +1,153 @@
+"""Shot recording in a second process, so one source's analysis and encoding run on two cores.
+
+A source is one unit of work; alone on a machine (a single long video), its decode + detection and its
+x264 encode shared one process, and a thread cannot take the encode (PyAV's encode re-takes the GIL per
+call). `RecorderProcess` stands where `ShotRecorder` stands in `decode._analyse`, with its interface,
+and runs the real ShotRecorder in a child process that decodes the source a second time on its own.
+
+The child does exactly what the in-process recorder would: the analysing parent sends, in order, each
+cut it would have handed the recorder and a `push` marker for each frame; the child decodes the same
+frames (the same timestamp rules), and before pushing frame i into its ShotRecorder it applies every
+message up to the parent's `push i`, so each cut reaches the recorder at the same point of its frame
+sequence as in one process and the recordings are the same files. Cuts are the parent's: detection
+runs as before, so they stay PySceneDetect's. The cost is a second decode, so `clip` uses this only when
+a core would otherwise idle (`curation.record_process`)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from vidforge.curate.items import RecordedShot, VideoInfo
+from vidforge.profile.curation import Curation
+
+log = logging.getLogger(__name__)
+
+
+class RecorderProcess:
+    """ShotRecorder's interface (`begin`, `cut`, `push`, `finish`, `discard`), recorded by a child."""
+
+    def __init__(self, source: str, clips_dir: Path, cfg: Curation, lag: int, samples: int):
+        self.source = source
+        # Forked before the parent opens the source (no decoder threads in the parent to copy).
+        context = multiprocessing.get_context("fork")
+        self._conn, child = context.Pipe()
+        self._proc = context.Process(
+            target=_child, args=(child, source, clips_dir, cfg, lag, samples), daemon=True
+        )
+        self._proc.start()
+        child.close()
+        self._closed = False
+
+    def begin(self, info: VideoInfo, time_base: Fraction) -> None:
+        self._send(("begin", info, time_base))
+
+    def cut(self, index: int) -> None:
+        self._send(("cut", index))
+
+    def push(self, index: int, frame: Any) -> None:
+        self._send(("push", index))
+
+    def finish(self) -> list[RecordedShot]:
+        self._send(("finish",))
+        try:
+            kind, value = self._conn.recv()
+        except EOFError:
+            kind, value = "error", "the recording process died"
+        self._close()
+        if kind == "error":  # the clips are then cut from the source, as when nothing was recorded
+            log.warning(
+                "%s: recording shots in a second process failed (%s); cutting from the source",
+                self.source,
+                value,
+            )
+            return []
+        return value
+
+    def discard(self) -> None:
+        if not self._closed:
+            self._send(("discard",))
+            try:
+                self._conn.recv()  # its files are gone once it answers
+            except EOFError:
+                pass
+            self._close()
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self._conn.send(message)
+        except (BrokenPipeError, OSError):
+            pass  # the child failed: finish() says why
+
+    def _close(self) -> None:
+        self._closed = True
+        self._conn.close()
+        self._proc.join(timeout=30)
+
+
+def _child(conn, source: str, clips_dir: Path, cfg: Curation, lag: int, samples: int) -> None:
+    from vidforge.curate.clipping.shot_recorder import ShotRecorder
+
+    recorder = ShotRecorder(source, clips_dir, cfg, lag, samples)
+    try:
+        message = conn.recv()
+        if message[0] != "begin":
+            recorder.discard()
+            conn.send(("discarded", None))
+            return
+        recorder.begin(message[1], message[2])
+        outcome = _record(conn, source, recorder)
+        if outcome == "discard":
+            recorder.discard()
+            conn.send(("discarded", None))
+        else:
+            conn.send(("done", recorder.finish()))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which records the source's error
+        recorder.discard()
+        try:
+            conn.send(("error", f"{type(err).__name__}: {err}"))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+def _record(conn, source: str, recorder) -> str:
+    """Decode the source and push its frames as the parent's messages allow; 'finish' or 'discard'."""
+    import av
+
+    from vidforge.curate.video.container import frame_rate, open_source, video_stream
+
+    with open_source(source) as container:
+        stream = video_stream(container)
+        stream.thread_type = "AUTO"
+        step = max(1, round(1 / (frame_rate(stream) * stream.time_base)))
+        last_pts, index = None, 0
+        try:
+            for frame in container.decode(stream):
+                # The same timestamp rules as decode._analyse: a frame without one follows the last.
+                pts = frame.pts if frame.pts is not None else (last_pts + step if last_pts is not None else 0)
+                if last_pts is not None and pts <= last_pts:
+                    continue
+                last_pts = pts
+                while True:  # every message the parent sent before its push of this frame
+                    message = conn.recv()
+                    if message[0] == "cut":
+                        recorder.cut(message[1])
+                    elif message[0] == "push":
+                        break
+                    else:
+                        return message[0]
+                recorder.push(index, frame)
+                index += 1
+        except av.FFmpegError:
+            pass  # a damaged tail: the parent stopped where this decode stops
+    while True:  # the final cuts, then the end
+        message = conn.recv()
+        if message[0] == "cut":
+            recorder.cut(message[1])
+        elif message[0] != "push":
+            return message[0]
