@@ -374,7 +374,11 @@ def plan(
     """
     from vidforge.bench.plan import evaluate, format_plan, format_ranking, rank_layouts
 
-    given = [*_machine_sets(model, clip, gpus, accelerator), *(set_ or [])]
+    given = [*_machine_sets(model, gpus, accelerator), *(set_ or [])]
+    if clip is not None:  # in the latents of the model's VAE, so the model's family is read first
+        given += _clip_sets(
+            profile_from(profile, given), clip, from_folder=model is not None and Path(model).is_dir()
+        )
     resolved = profile_from(profile, given)
     output = current_output()
     if fit:
@@ -499,10 +503,8 @@ def expert_sets(model: dict) -> list[str]:
     return ["train.expert=high"] if model.get("experts", 1) == 2 else []
 
 
-def _machine_sets(
-    model: str | None, clip: str | None, gpus: int | None, accelerator: str | None
-) -> list[str]:
-    """--model, --clip, --gpus and --accelerator as the --set lines they stand for."""
+def _machine_sets(model: str | None, gpus: int | None, accelerator: str | None) -> list[str]:
+    """--model, --gpus and --accelerator as the --set lines they stand for (--clip: `_clip_sets`)."""
     sets: list[str] = []
     if model is not None:
         if Path(model).is_dir():
@@ -524,26 +526,6 @@ def _machine_sets(
             if model in PRESETS:  # the family's objective
                 spec = family(PRESETS[model]["family"])
                 sets += [*spec.profile_defaults, *expert_sets(PRESETS[model])]
-    if clip is not None:
-        parts = clip.lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise UserInputError(f"--clip {clip}: give FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832")
-        frames, height, width = map(int, parts)
-        if not (1 <= frames <= MAX_CLIP[0] and (frames - 1) % 4 == 0) or not all(
-            8 <= n <= MAX_CLIP[1] and n % 8 == 0 for n in (height, width)
-        ):
-            raise UserInputError(
-                f"--clip {clip}: frames must be 4k+1 (Wan's VAE) up to {MAX_CLIP[0]}, height and width "
-                f"multiples of 8 up to {MAX_CLIP[1]}, e.g. 81x480x832"
-            )
-        # Wan's VAE (4x temporal, 8x spatial), stated as the tokenizer's so the plan's clip is the one asked
-        sets += [
-            "tokenizer.temporal_compression=4",
-            "tokenizer.spatial_compression=8",
-            f"bench.latent_frames={(frames - 1) // 4 + 1}",
-            f"bench.latent_height={height // 8}",
-            f"bench.latent_width={width // 8}",
-        ]
     if gpus is not None:
         from vidforge.bench.fit import MAX_GPUS
 
@@ -555,3 +537,31 @@ def _machine_sets(
     if accelerator is not None:
         sets += [f"cluster.accelerator={accelerator}"]
     return sets
+
+
+def _clip_sets(resolved: Any, clip: str, from_folder: bool) -> list[str]:
+    """--clip FRAMESxHEIGHTxWIDTH as the planner's latents under the VAE of the model planned: a published
+    folder's (its tokenizer settings), else the family's for its presets (`FamilySpec.vae_compression`),
+    else the profile's tokenizer; stated as the tokenizer's so the plan's clip is the one asked."""
+    from vidforge.bench.fit import latent_sets
+    from vidforge.families import family
+
+    parts = clip.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise UserInputError(f"--clip {clip}: give FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832")
+    frames, height, width = map(int, parts)
+    vae = family(resolved.model.family).vae_compression
+    if vae is None or from_folder:
+        ct, cs = resolved.tokenizer.temporal_compression, resolved.tokenizer.spatial_compression
+    else:
+        ct, cs = vae(resolved.model)
+    if not (1 <= frames <= MAX_CLIP[0] and (frames - 1) % ct == 0) or not all(
+        cs <= n <= MAX_CLIP[1] and n % cs == 0 for n in (height, width)
+    ):
+        raise UserInputError(
+            f"--clip {clip}: frames must be {ct}k+1 (the model's VAE) up to {MAX_CLIP[0]}, height and width "
+            f"multiples of {cs} up to {MAX_CLIP[1]}, e.g. {ct * 20 + 1}x{cs * (480 // cs)}x{cs * (832 // cs)}"
+        )
+    sets = latent_sets((frames, height, width), ct, cs)
+    tokenizer = [f"tokenizer.temporal_compression={ct}", f"tokenizer.spatial_compression={cs}"]
+    return tokenizer + [f"{k}={v}" for k, v in sets.items()]

@@ -456,8 +456,8 @@ def _activation_terms(r: _Rank) -> _Activations:
         formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
     shared_here = ", the conditioning every block reads" if kept else ""
     formula += (
-        f"; + {_gib(outside)} outside the blocks (the inputs, embedders and output layer{shared_here} read off "
-        "the network, the loss's float32 error)"
+        f"; + {_gib(outside)} outside the blocks (the inputs, embedders and output layer{shared_here}, read off "
+        "the network; the loss's float32 error)"
     )
     terms.append(Term("activations", acts, formula))
     done = _Activations(

@@ -120,6 +120,10 @@ class FamilySpec:
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
     model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
     `vidforge model export --to comfyui` (`lora.comfyui`). None: ComfyUI has no model of it."""
+    vae_compression: Callable[[Any], tuple[int, int]] | None = None
+    """model section -> (temporal, spatial) compression of the VAE the family's published pipeline pairs
+    with that model: a clip in pixels as latents (`bench plan --clip`; frames (k x temporal) + 1, sides
+    multiples of spatial). None: the profile's tokenizer says."""
     media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
     (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation
