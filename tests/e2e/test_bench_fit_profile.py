@@ -80,7 +80,10 @@ def test_a_clip_that_does_not_fit_exits_2_in_the_datas_terms(folder, tmp_path) -
     result = _fit(folder, "--set", "cluster.accelerator.memory_gib=0.01", "-o", str(tmp_path / "r.yaml"))
     assert result.exit_code == 2, result.output
     error = result.output.strip().splitlines()[-1]
-    assert "nothing fits the clip 81x480x832" in error and '--set "data.frame_buckets=[' in error
+    assert (
+        "nothing fits the clip 81x480x832" in error
+        and "--set 'data.frame_buckets=[33]' --set 'data.buckets=[[320, 576]]'" in error
+    )
     assert "bench.latent" not in error and not (tmp_path / "r.yaml").exists()
 
 

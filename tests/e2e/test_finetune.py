@@ -222,11 +222,11 @@ def test_a_refusals_shorter_clip_is_named_in_the_datas_terms() -> None:
     from vidforge.profile import load_profile
 
     profile = load_profile(None, ["tokenizer.spatial_compression=8", "data.buckets=[[480,832]]"])
-    sets = {"bench.latent_frames": "13", "bench.latent_height": "40", "parallel.dp_shard": "1"}
+    sets = {"bench.latent_frames": 13, "bench.latent_height": 40, "parallel.dp_shard": 1}
     assert _clip_as_data_sets(profile, sets) == {
-        "data.frame_buckets": "[49]",
-        "data.buckets": "[[320,832]]",
-        "parallel.dp_shard": "1",
+        "data.frame_buckets": [49],
+        "data.buckets": [[320, 832]],
+        "parallel.dp_shard": 1,
     }
 
 

@@ -41,7 +41,7 @@ def test_fit_lists_recipes_that_fit_fastest_first() -> None:
         assert again.valid and again.memory.total <= again.capacity_bytes
         assert again.memory.total == recipe.plan.memory.total
     # one GPU: the recipes are LoRA's memory knobs on the one process
-    assert all(r.sets["parallel.dp_shard"] == "1" and r.sets["parallel.cp"] == "1" for r in report.recipes)
+    assert all(r.sets["parallel.dp_shard"] == 1 and r.sets["parallel.cp"] == 1 for r in report.recipes)
 
 
 def test_fit_falls_back_to_a_smaller_clip_when_none_fits() -> None:
@@ -53,7 +53,7 @@ def test_fit_falls_back_to_a_smaller_clip_when_none_fits() -> None:
     report = fit(profile)
     assert report.clip == "81x320x576" and report.notes
     first = report.recipes[0]
-    assert (first.sets["bench.latent_height"], first.sets["bench.latent_width"]) == ("40", "72")
+    assert (first.sets["bench.latent_height"], first.sets["bench.latent_width"]) == (40, 72)
     assert evaluate(variant(profile, first.sets)).valid
 
 

@@ -44,12 +44,13 @@ def test_t2v_weights_sample_from_text_and_i2v_weights_need_an_image() -> None:
     """T2V's condition channels are zeros: no --image, and validation samples; I2V needs the first frame."""
     from vidforge.families import family
     from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
-    from vidforge.profile.loading import apply_override, validate_profile
+    from vidforge.profile.loading import apply_overrides, validate_profile
 
     def profile(task: str):
         data: dict = {"model": {"preset": f"hunyuanvideo1.5-480p-{task}"}}
-        for item in family("hunyuan15").profile_defaults:  # what every profile of the family carries
-            apply_override(data, item)
+        apply_overrides(
+            data, family("hunyuan15").profile_defaults
+        )  # what every profile of the family carries
         return validate_profile(data, task)
 
     t2v, i2v = profile("t2v"), profile("i2v")

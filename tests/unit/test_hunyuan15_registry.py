@@ -15,7 +15,7 @@ from vidforge.families.hunyuan15.model import HunyuanVideo15Model
 from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 from vidforge.models import build_model, count_parameters
 from vidforge.profile import load_profile
-from vidforge.profile.loading import ProfileError, apply_override, validate_profile
+from vidforge.profile.loading import ProfileError, apply_overrides, validate_profile
 from vidforge.weights.weights_folder import (
     export_model,
     export_published,
@@ -52,8 +52,9 @@ def test_model_import_and_export_through_the_resolver(task, tmp_path):
 def test_presets_are_profiles_of_the_published_size():
     for name in PRESETS:
         data: dict = {"model": {"preset": name}}
-        for item in family("hunyuan15").profile_defaults:  # what every profile of the family carries
-            apply_override(data, item)
+        apply_overrides(
+            data, family("hunyuan15").profile_defaults
+        )  # what every profile of the family carries
         model = validate_profile(data, name).model
         assert isinstance(model, HunyuanVideo15Model) and model.family == "hunyuan15"
     assert 8.2e9 < count_parameters(model) < 8.4e9

@@ -21,7 +21,7 @@ from vidforge.families.ltx2.model import PLAIN_BATCHES, LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer
 from vidforge.models import build_model, count_parameters
 from vidforge.profile import load_profile
-from vidforge.profile.loading import apply_override, validate_profile
+from vidforge.profile.loading import apply_override, apply_overrides, validate_profile
 from vidforge.weights.weights_folder import (
     export_model,
     export_published,
@@ -77,8 +77,7 @@ def test_model_import_and_export_through_the_resolver(folder, tmp_path):
 def test_the_preset_is_a_profile_of_the_published_size():
     for name in PRESETS:
         data: dict = {"model": {"preset": name}}
-        for item in family("ltx2").profile_defaults:
-            apply_override(data, item)
+        apply_overrides(data, family("ltx2").profile_defaults)
         model = validate_profile(data, name).model
         assert isinstance(model, LTX2Model) and model.family == "ltx2"
         with torch.device("meta"):
@@ -99,8 +98,8 @@ def test_the_preset_is_a_profile_of_the_published_size():
 )
 def test_what_the_network_refuses_is_refused_at_load_in_one_line(setting, says):
     data: dict = {"model": {"preset": "ltx-2"}, "cluster": {"gpus_per_node": 2}}
-    for item in (*PLAIN_BATCHES, setting):
-        apply_override(data, item)
+    apply_overrides(data, PLAIN_BATCHES)
+    apply_override(data, setting)
     with pytest.raises(UserInputError) as err:
         validate_profile(data, "profile")
     assert says in str(err.value) and "\n" not in str(err.value)

@@ -202,9 +202,10 @@ def test_init_of_an_expert_loads_its_own_folder(pipeline, tmp_path) -> None:
 
 def test_bench_plans_one_expert_of_a_two_expert_preset() -> None:
     from vidforge.cli.bench import _machine_sets
+    from vidforge.profile import Override
 
-    assert "train.expert=high" in _machine_sets("wan2.2-t2v-a14b", None, None, None)
-    assert not any(s.startswith("train.expert") for s in _machine_sets("wan2.1-14b", None, None, None))
+    assert Override("train.expert", "high") in _machine_sets("wan2.2-t2v-a14b", None, None, None)
+    assert not any(s.key == "train.expert" for s in _machine_sets("wan2.1-14b", None, None, None))
 
 
 def test_the_planner_counts_the_one_expert_a_run_trains() -> None:

@@ -70,7 +70,7 @@ def test_the_folder_reads_as_ti2v_with_its_wan22_vae(folder) -> None:
     # and a finetune of it re-times its clips to 24 fps (the family's media defaults of this model)
     from vidforge.families import family
 
-    assert family("wan").media_defaults(profile.model) == ("curation.fps=24", "infer.fps=24")
+    assert family("wan").media_defaults(profile.model) == {"curation.fps": 24, "infer.fps": 24}
 
 
 def test_vae_latents_are_the_pipelines_normalisation_and_the_first_frame_is_causal(folder) -> None:

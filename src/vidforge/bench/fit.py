@@ -25,14 +25,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from vidforge.bench.plan import LayoutPlan, divisors, evaluate
 from vidforge.errors import UserInputError
 from vidforge.estimate.memory_model import GIB, lora_block_bytes
 from vidforge.estimate.param_counts import parameter_counts
 from vidforge.profile import RunProfile
-from vidforge.profile.loading import ProfileError, apply_override, validate_profile
+from vidforge.profile.loading import ProfileError, apply_overrides, validate_profile
+from vidforge.profile.overrides import as_overrides, command_line, set_text, yaml_value
 
 FALLBACK_FRAMES = (81, 49, 33, 17)
 FALLBACK_SIZES = ((720, 1280), (480, 832), (320, 576))
@@ -43,8 +42,8 @@ count is a cluster: `bench plan --rank`)."""
 
 @dataclass
 class Recipe:
-    sets: dict[str, str]
-    """The `--set` lines of the recipe (field: value as typed)."""
+    sets: dict[str, Any]
+    """The recipe's settings (dotted field -> value), each a `--set` line to paste (`set_lines`)."""
     plan: LayoutPlan
     swap_s: float = 0.0
     """The exposed time of the host copies (block swap, activation offload) a step."""
@@ -71,9 +70,9 @@ class Recipe:
     def set_lines(self) -> list[str]:
         """The recipe's `--set` lines in a run's terms: a clip other than the one asked as the training
         buckets (`data_sets`) instead of the planner's synthetic sample (bench.latent_*)."""
-        return [f"--set {quoted(f'{k}={v}')}" for k, v in self.user_sets().items()]
+        return set_lines(self.user_sets())
 
-    def user_sets(self) -> dict[str, str]:
+    def user_sets(self) -> dict[str, Any]:
         planner = {k: v for k, v in self.sets.items() if k.startswith("bench.latent_")}
         rest = {k: v for k, v in self.sets.items() if k not in planner}
         return {**data_sets(clip_of(self.clip)), **rest} if planner and self.clip else rest
@@ -114,9 +113,9 @@ class FitReport:
         }
 
 
-def quoted(item: str) -> str:
-    """A `--set` value as a shell reads it back unchanged."""
-    return f'"{item}"' if any(c in item for c in " {}[]") else item
+def set_lines(sets: dict[str, Any]) -> list[str]:
+    """`sets` as `--set key=value` arguments a shell reads back unchanged, one string each."""
+    return [command_line("--set", set_text(item)) for item in as_overrides(sets)]
 
 
 def clip_of(label: str) -> tuple[int, int, int]:
@@ -125,18 +124,18 @@ def clip_of(label: str) -> tuple[int, int, int]:
     return frames, height, width
 
 
-def data_sets(clip: tuple[int, int, int]) -> dict[str, str]:
+def data_sets(clip: tuple[int, int, int]) -> dict[str, Any]:
     """A clip in pixels as the training buckets a run trains it at: the one frame count, the one size."""
     frames, height, width = clip
-    return {"data.frame_buckets": f"[{frames}]", "data.buckets": f"[[{height},{width}]]"}
+    return {"data.frame_buckets": [frames], "data.buckets": [[height, width]]}
 
 
-def variant(profile: RunProfile, sets: dict[str, str]) -> RunProfile:
+def variant(profile: RunProfile, sets: dict[str, Any]) -> RunProfile:
     """`profile` with `sets` applied and validated as `--set` lines are (ProfileError when refused)."""
     data = profile.model_dump(mode="json")
-    for key, value in sets.items():
-        apply_override(data, f"{key}={value}")
-    return validate_profile(data, "bench plan --fit", [f"{k}={v}" for k, v in sets.items()])
+    overrides = as_overrides(sets)
+    apply_overrides(data, overrides)
+    return validate_profile(data, "bench plan --fit", overrides)
 
 
 def host_copies_exposed_s(profile: RunProfile, plan: LayoutPlan) -> float:
@@ -182,7 +181,7 @@ EVALUATED = [0]
 """Recipes evaluated so far in this process (what `fit` reports as tried)."""
 
 
-def _evaluate(profile: RunProfile, sets: dict[str, str], clip: str) -> Recipe | None:
+def _evaluate(profile: RunProfile, sets: dict[str, Any], clip: str) -> Recipe | None:
     EVALUATED[0] += 1
     try:
         candidate = variant(profile, sets)
@@ -203,12 +202,12 @@ def _evaluate(profile: RunProfile, sets: dict[str, str], clip: str) -> Recipe | 
     return recipe
 
 
-def _least_that_fits(profile: RunProfile, sets: dict[str, str], key: str, values: list, clip: str):
+def _least_that_fits(profile: RunProfile, sets: dict[str, Any], key: str, values: list, clip: str):
     """The recipe with the smallest of `values` for `key` that fits (memory falls as it grows): a bisection."""
     lo, hi, best = 0, len(values) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        recipe = _evaluate(profile, {**sets, key: str(values[mid])}, clip)
+        recipe = _evaluate(profile, {**sets, key: values[mid]}, clip)
         if recipe is not None and recipe.plan.valid:
             best, hi = recipe, mid - 1
         else:
@@ -224,11 +223,11 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
     start = EVALUATED[0]
     for shard in divisors(world):
         layout = {
-            "parallel.dp_shard": str(shard),
-            "parallel.cp": str(world // shard),
-            "parallel.dp_replicate": "1",
-            "parallel.tp": "1",
-            "parallel.pp": "1",
+            "parallel.dp_shard": shard,
+            "parallel.cp": world // shard,
+            "parallel.dp_replicate": 1,
+            "parallel.tp": 1,
+            "parallel.pp": 1,
         }
         fp8s = (False, True) if lora else (False,)
         # auto first: the memory model's least recompute per block that fits, kept in the written profile
@@ -238,8 +237,8 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
             for fp8 in (f for f in fp8s if f not in fitted):
                 sets = {**layout, "train.activation_checkpointing": mode}
                 if lora:
-                    sets["train.lora.fp8_base"] = str(fp8).lower()
-                plain = _evaluate(profile, {**sets, "train.activation_offload": "0"}, clip)
+                    sets["train.lora.fp8_base"] = fp8
+                plain = _evaluate(profile, {**sets, "train.activation_offload": 0}, clip)
                 if plain is None:
                     continue
                 if plain.plan.valid:
@@ -257,7 +256,7 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                 inputs = [False, True] if mode != "none" else [False]
                 if mode != "none":
                     recipe = _least_that_fits(
-                        profile, {**sets, "train.checkpoint_offload": "true"}, "train.activation_offload",
+                        profile, {**sets, "train.checkpoint_offload": True}, "train.activation_offload",
                         [0.0, *offloads], clip,
                     )  # fmt: skip
                     if recipe is not None:
@@ -265,11 +264,11 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
                         continue
                 if lora:  # the fewest swapped blocks that fit, at each offload (least first)
                     for offload_inputs in inputs:
-                        extra = {"train.checkpoint_offload": "true"} if offload_inputs else {}
+                        extra = {"train.checkpoint_offload": True} if offload_inputs else {}
                         for offload in [0.0, *offloads]:
                             recipe = _least_that_fits(
                                 profile,
-                                {**sets, **extra, "train.activation_offload": str(offload)},
+                                {**sets, **extra, "train.activation_offload": offload},
                                 "train.lora.blocks_to_swap",
                                 list(range(1, layers + 1)),
                                 clip,
@@ -282,13 +281,13 @@ def recipes_for_clip(profile: RunProfile, world: int, clip: str) -> tuple[list[R
 
 
 def _auto_fits(
-    profile: RunProfile, layout: dict[str, str], lora: bool, fp8: bool, clip: str, found: list[Recipe]
+    profile: RunProfile, layout: dict[str, Any], lora: bool, fp8: bool, clip: str, found: list[Recipe]
 ) -> bool:
     """Whether `train.activation_checkpointing=auto` fits `layout` without offload (appended to `found`)."""
     sets = {**layout, "train.activation_checkpointing": "auto"}
     if lora:
-        sets["train.lora.fp8_base"] = str(fp8).lower()
-    recipe = _evaluate(profile, {**sets, "train.activation_offload": "0"}, clip)
+        sets["train.lora.fp8_base"] = fp8
+    recipe = _evaluate(profile, {**sets, "train.activation_offload": 0}, clip)
     if recipe is None or not recipe.plan.valid:
         return False
     found.append(recipe)
@@ -308,18 +307,18 @@ def _clips(profile: RunProfile) -> list[tuple[int, int, int]]:
     return sorted(clips, key=lambda c: (-(c[0] * c[1] * c[2]), c != own))
 
 
-def clip_sets(profile: RunProfile, clip: tuple[int, int, int]) -> dict[str, str]:
+def clip_sets(profile: RunProfile, clip: tuple[int, int, int]) -> dict[str, int]:
     return latent_sets(clip, profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression)
 
 
-def latent_sets(clip: tuple[int, int, int], temporal: int, spatial: int) -> dict[str, str]:
+def latent_sets(clip: tuple[int, int, int], temporal: int, spatial: int) -> dict[str, int]:
     """A clip in pixels (frames, height, width) as the planner's latents under a VAE compressing
     `temporal` x `spatial` x `spatial` (its first frame alone: frames (k x temporal) + 1 -> k + 1)."""
     frames, h, w = clip
     return {
-        "bench.latent_frames": str((frames - 1) // temporal + 1),
-        "bench.latent_height": str(h // spatial),
-        "bench.latent_width": str(w // spatial),
+        "bench.latent_frames": (frames - 1) // temporal + 1,
+        "bench.latent_height": h // spatial,
+        "bench.latent_width": w // spatial,
     }
 
 
@@ -372,8 +371,8 @@ def smallest_change(profile: RunProfile, plan: LayoutPlan) -> Recipe | None:
             node = node.get(part) if isinstance(node, dict) else None
         return node
 
-    def changed(r: Recipe) -> dict[str, str]:
-        return {k: v for k, v in r.sets.items() if yaml.safe_load(v) != value(k)}  # as --set parses it
+    def changed(r: Recipe) -> dict[str, Any]:
+        return {k: v for k, v in r.sets.items() if v != value(k)}
 
     best = min(report.recipes, key=lambda r: (len(changed(r)), r.step_s))
     return Recipe(changed(best), best.plan, best.swap_s, best.clip)
@@ -388,9 +387,9 @@ def refusal(plan: LayoutPlan, change: Recipe | None, command: str = "bench plan"
         if change
         else "nothing fits these GPUs at this clip or smaller; use more or larger GPUs"
     )
-    planner = [f"{k}={v}" for k, v in (change.sets if change else {}).items() if k.startswith("bench.")]
+    planner = {k: v for k, v in (change.sets if change else {}).items() if k.startswith("bench.")}
     if planner:  # the clip as `bench plan` sizes it, to plan the change again
-        fix += f"; to plan it: --set {' --set '.join(planner)}"
+        fix += f"; to plan it: {' '.join(set_lines(planner))}"
     return f"{command}: {plan.problems[-1]}; {fix}"
 
 
@@ -406,7 +405,7 @@ def format_fit(report: FitReport, top: int = 8) -> str:
         )
     for i, r in enumerate(report.recipes[:top], 1):
         knobs = ", ".join(
-            f"{k.split('.')[-1]}={v}"
+            f"{k.split('.')[-1]}={yaml_value(v)}"
             for k, v in r.sets.items()
             if not k.startswith(("bench.", "parallel.tp", "parallel.pp", "parallel.dp_replicate"))
         )

@@ -9,6 +9,7 @@ import typer
 
 from vidforge import sampler_registry
 from vidforge.profile import PROFILE_ENV, RunProfile, load_profile
+from vidforge.profile.overrides import Override, as_overrides
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,11 +59,19 @@ NprocOpt = Annotated[
 ]
 
 
-def profile_from(profile: str | None, overrides: list[str] | None, nproc: int | None = None) -> RunProfile:
-    """The run-profile with the user's overrides, then `--nproc`'s world size (which wins)."""
+def parse_sets(sets: list[str] | None) -> list[Override]:
+    """The user's `--set` texts, read once into typed overrides (what every layer below takes)."""
+    return as_overrides(sets or ())
+
+
+def profile_from(
+    profile: str | None, overrides: list[str] | list[Override] | None, nproc: int | None = None
+) -> RunProfile:
+    """The run-profile with the user's overrides (`--set` texts, or already typed), then `--nproc`'s
+    world size (which wins)."""
     from vidforge.parallel.launch import nproc_overrides
 
-    return load_profile(profile, [*(overrides or ()), *nproc_overrides(nproc)])
+    return load_profile(profile, [*as_overrides(overrides), *nproc_overrides(nproc)])
 
 
 def names_from_the_registry(command: Callable[P, R]) -> Callable[P, R]:

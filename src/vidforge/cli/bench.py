@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from vidforge import sampler_registry
-from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, names_from_the_registry, profile_from
+from vidforge.cli._options import (
+    NprocOpt,
+    ProfileOpt,
+    SetOpt,
+    names_from_the_registry,
+    parse_sets,
+    profile_from,
+)
 from vidforge.cli._output import current_output
 from vidforge.errors import UserInputError
 from vidforge.files import write_text
+from vidforge.profile.overrides import Override, as_overrides, command_line, set_args
 
 MAX_CLIP = (1025, 4096)
 """The largest --clip planned: frames, and pixels a side (a minute at 16 fps; 4K)."""
@@ -374,7 +381,7 @@ def plan(
     """
     from vidforge.bench.plan import evaluate, format_plan, format_ranking, rank_layouts
 
-    given = [*_machine_sets(model, gpus, accelerator), *(set_ or [])]
+    given = [*_machine_sets(model, gpus, accelerator), *parse_sets(set_)]
     if clip is not None:  # in the latents of the model's VAE, so the model's family is read first
         given += _clip_sets(
             profile_from(profile, given), clip, from_folder=model is not None and Path(model).is_dir()
@@ -409,10 +416,10 @@ def plan(
     output.result(result, text=text)
 
 
-def _fit(resolved, given: list[str], model: str | None, out: Path | None) -> None:
+def _fit(resolved, given: list[Override], model: str | None, out: Path | None) -> None:
     """`bench plan --fit`: the recipes that fit, and with -o the fastest one as a profile and the command
     that runs it; exit 2 when the clip asked does not fit, naming the largest one that does."""
-    from vidforge.bench.fit import MAX_GPUS, clip_of, data_sets, format_fit, quoted, recipe_profile
+    from vidforge.bench.fit import MAX_GPUS, clip_of, data_sets, format_fit, recipe_profile, set_lines
     from vidforge.bench.fit import fit as fit_recipes
 
     world = resolved.cluster.world_size
@@ -438,7 +445,7 @@ def _fit(resolved, given: list[str], model: str | None, out: Path | None) -> Non
             f"bench plan --fit: {report.notes[-1]}; use more or larger GPUs (--gpus, --accelerator)"
         )
     if not fits:
-        smaller = " ".join(f"--set {quoted(f'{k}={v}')}" for k, v in data_sets(clip_of(report.clip)).items())
+        smaller = " ".join(set_lines(data_sets(clip_of(report.clip))))
         raise UserInputError(
             f"bench plan --fit: nothing fits the clip {report.requested_clip} on {report.machine}; the largest "
             f"clip that fits is {report.clip}: train it with {smaller} (plan it with --clip {report.clip})"
@@ -447,7 +454,6 @@ def _fit(resolved, given: list[str], model: str | None, out: Path | None) -> Non
 
 def _write_recipe(profile, out: Path, model: str | None) -> str:
     """Write `profile` to `out`, headed by what it is; the lines that say where and how to run it."""
-    from vidforge.bench.fit import quoted
     from vidforge.profile.loading import dump_profile
 
     folder = model if model is not None and Path(model).is_dir() else None
@@ -464,12 +470,16 @@ def _write_recipe(profile, out: Path, model: str | None) -> str:
     write_text(out, "\n".join(header) + "\n" + dump_profile(profile))
     run = f"runs/{out.stem}"
     lines = [f"wrote {out}; run it:"]
-    keep = " ".join(_finetune_keeps(profile))
+    keep = _finetune_keeps(profile)
     lines.append(
-        f"  vidforge finetune VIDEOS --base {quoted(base)} -o {run} --profile {quoted(str(out))} {keep}".rstrip()
+        "  "
+        + command_line("vidforge", "finetune", "VIDEOS", "--base", base, "-o", run, "--profile", out, *keep)
     )
     lines.append(
-        f"  vidforge train --data LATENTS --run-dir {run} --init {quoted(base)} --profile {quoted(str(out))}"
+        "  "
+        + command_line(
+            "vidforge", "train", "--data", "LATENTS", "--run-dir", run, "--init", base, "--profile", out
+        )
     )
     if folder is None:
         lines.append(
@@ -481,31 +491,29 @@ def _write_recipe(profile, out: Path, model: str | None) -> str:
 def _finetune_keeps(profile) -> list[str]:
     """What `vidforge finetune --profile` needs besides the profile to train its recipe: finetune sets its
     own LoRA (or full) defaults over a profile, so `--full` for a full fine-tune, and the recipe's LoRA
-    fields those defaults would change, as --set lines (which win over them)."""
-    from vidforge.bench.fit import quoted, variant
+    fields those defaults would change, as --set arguments (which win over them)."""
+    from vidforge.bench.fit import variant
     from vidforge.finetune import LORA_DEFAULTS
 
     if profile.train.lora is None:
         return ["--full"]
-    defaults = dict(item.split("=", 1) for item in LORA_DEFAULTS if item.startswith("train.lora"))
+    defaults = {k: v for k, v in LORA_DEFAULTS.items() if k.startswith("train.lora")}
     after = variant(profile, defaults).train.lora
     given, default = (
         profile.train.lora.model_dump(mode="json"),
         after.model_dump(mode="json") if after else {},
     )
-    return [
-        f"--set {quoted(f'train.lora.{k}={json.dumps(v)}')}" for k, v in given.items() if v != default.get(k)
-    ]
+    return set_args({f"train.lora.{k}": v for k, v in given.items() if v != default.get(k)})
 
 
-def expert_sets(model: dict) -> list[str]:
+def expert_sets(model: dict) -> list[Override]:
     """A two-expert model trains one expert a run: the plan's (either expert: one shape, one cost)."""
-    return ["train.expert=high"] if model.get("experts", 1) == 2 else []
+    return [Override("train.expert", "high")] if model.get("experts", 1) == 2 else []
 
 
-def _machine_sets(model: str | None, gpus: int | None, accelerator: str | None) -> list[str]:
-    """--model, --gpus and --accelerator as the --set lines they stand for (--clip: `_clip_sets`)."""
-    sets: list[str] = []
+def _machine_sets(model: str | None, gpus: int | None, accelerator: str | None) -> list[Override]:
+    """--model, --gpus and --accelerator as the settings they stand for (--clip: `_clip_sets`)."""
+    sets: list[Override] = []
     if model is not None:
         if Path(model).is_dir():
             from vidforge.weights.weights_folder import published_sets, resolve_weights
@@ -516,16 +524,16 @@ def _machine_sets(model: str | None, gpus: int | None, accelerator: str | None) 
                     f"--model {model}: a vidforge export; plan its profile with --profile EXPORT/profile.yaml"
                 )
             # the folder's model replaces the profile's model section (whose fields would otherwise win)
-            sets += ["model={}", *published_sets(found.published)]
+            sets += [Override("model", {}), *published_sets(found.published)]
             sets += expert_sets(found.published.model)
         else:
             from vidforge.families import family
             from vidforge.profile import PRESETS
 
-            sets += [f"model={{preset: {model}}}"]  # the preset's model, not the profile's fields over it
+            sets += [Override("model", {"preset": model})]  # the preset's model, not the profile's fields
             if model in PRESETS:  # the family's objective
                 spec = family(PRESETS[model]["family"])
-                sets += [*spec.profile_defaults, *expert_sets(PRESETS[model])]
+                sets += [*as_overrides(spec.profile_defaults), *expert_sets(PRESETS[model])]
     if gpus is not None:
         from vidforge.bench.fit import MAX_GPUS
 
@@ -533,13 +541,13 @@ def _machine_sets(model: str | None, gpus: int | None, accelerator: str | None) 
             raise UserInputError(
                 f"--gpus {gpus}: one machine has at most {MAX_GPUS}; plan a cluster with --profile and --rank"
             )
-        sets += ["cluster.nodes=1", f"cluster.gpus_per_node={gpus}"]
+        sets += as_overrides({"cluster.nodes": 1, "cluster.gpus_per_node": gpus})
     if accelerator is not None:
-        sets += [f"cluster.accelerator={accelerator}"]
+        sets += [Override("cluster.accelerator", accelerator)]
     return sets
 
 
-def _clip_sets(resolved: Any, clip: str, from_folder: bool) -> list[str]:
+def _clip_sets(resolved: Any, clip: str, from_folder: bool) -> list[Override]:
     """--clip FRAMESxHEIGHTxWIDTH as the planner's latents under the VAE of the model planned: a published
     folder's (its tokenizer settings), else the family's for its presets (`FamilySpec.vae_compression`),
     else the profile's tokenizer; stated as the tokenizer's so the plan's clip is the one asked."""
@@ -562,6 +570,5 @@ def _clip_sets(resolved: Any, clip: str, from_folder: bool) -> list[str]:
             f"--clip {clip}: frames must be {ct}k+1 (the model's VAE) up to {MAX_CLIP[0]}, height and width "
             f"multiples of {cs} up to {MAX_CLIP[1]}, e.g. {ct * 20 + 1}x{cs * (480 // cs)}x{cs * (832 // cs)}"
         )
-    sets = latent_sets((frames, height, width), ct, cs)
-    tokenizer = [f"tokenizer.temporal_compression={ct}", f"tokenizer.spatial_compression={cs}"]
-    return tokenizer + [f"{k}={v}" for k, v in sets.items()]
+    tokenizer = {"tokenizer.temporal_compression": ct, "tokenizer.spatial_compression": cs}
+    return as_overrides({**tokenizer, **latent_sets((frames, height, width), ct, cs)})

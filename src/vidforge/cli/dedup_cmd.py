@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
+from vidforge.cli._options import ProfileOpt, SetOpt, parse_sets, profile_from
 from vidforge.cli._output import EXIT_PARTIAL, StageBars, current_output
 from vidforge.cli._terminal import printable
+from vidforge.profile.overrides import as_overrides
 
 
 def dedup(
@@ -46,11 +47,8 @@ def dedup(
     """
     from vidforge.curate.embeddings.semdedup import run
 
-    overrides = list(set_ or [])
-    if threshold is not None:
-        overrides.append(f"curation.semantic_dedup.threshold={threshold}")
-    if keep is not None:
-        overrides.append(f"curation.semantic_dedup.keep={keep}")
+    flags = {"curation.semantic_dedup.threshold": threshold, "curation.semantic_dedup.keep": keep}
+    overrides = [*parse_sets(set_), *as_overrides({k: v for k, v in flags.items() if v is not None})]
     resolved = profile_from(profile, overrides)
     output = current_output()
     progress = StageBars(output) if output.show_progress else None

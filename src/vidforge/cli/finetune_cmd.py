@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt
+from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, parse_sets
 from vidforge.cli._output import Output, StageBars, current_output
 from vidforge.finetune import Hooks
 
@@ -180,7 +180,7 @@ def finetune(
         prompts=tuple(prompt or ()),
         validate_every=validate_every,
         profile=profile,
-        overrides=tuple(set_ or ()),
+        overrides=tuple(parse_sets(set_)),
         nproc=nproc,
         reschedule=reschedule,
         dry_run=dry_run,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import nullcontext
 from enum import Enum
 from pathlib import Path
@@ -11,10 +10,11 @@ from typing import Annotated
 import typer
 
 from vidforge import sampler_registry
-from vidforge.cli._options import SetOpt, names_from_the_registry
+from vidforge.cli._options import SetOpt, names_from_the_registry, parse_sets
 from vidforge.cli._output import current_output
 from vidforge.errors import UserInputError
 from vidforge.files import read_text
+from vidforge.profile.overrides import as_overrides
 
 # The choices --help lists are the registry's (diffusion.sampler's), not a second list.
 Sampler = Enum("Sampler", {name: name for name in sampler_registry.SAMPLER_NAMES}, type=str)
@@ -183,14 +183,13 @@ def infer(
         "diffusion.guidance": guidance,
         "diffusion.sampler": sampler.value if sampler else None,
         "infer.seed": seed,
-        # quoted: an override's value is read as YAML, and a prompt may hold `:` or `,`
-        "infer.negative_prompt": json.dumps(negative_prompt) if negative_prompt is not None else None,
+        "infer.negative_prompt": negative_prompt,
         "infer.height": height,
         "infer.width": width,
         "infer.frames": frames,
         "infer.tp": tp,
     }
-    overrides = [*(set_ or ()), *(f"{field}={value}" for field, value in flags.items() if value is not None)]
+    overrides = [*parse_sets(set_), *as_overrides({k: v for k, v in flags.items() if v is not None})]
     output = current_output()
     what = f"sampling {len(prompts)} prompt(s) from {checkpoint}: loading the model, then denoising"
     with output.working(what) if is_rank_zero() else nullcontext():

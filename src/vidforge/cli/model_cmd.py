@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import ProfileOpt, SetOpt
+from vidforge.cli._options import ProfileOpt, SetOpt, parse_sets
 from vidforge.cli._output import current_output
+from vidforge.profile.overrides import command_line
 
 OutDir = Annotated[Path, typer.Option("--out", "-o", help="Folder to write (created).")]
 
@@ -50,13 +51,24 @@ def import_(
         raise UserInputError(
             f"model import {src}: already a vidforge export ({found.export}); train or sample it as it is"
         )
-    resolved = weights_folder.published_profile(found.published, set_ or [], profile)
+    resolved = weights_folder.published_profile(found.published, parse_sets(set_), profile)
     written = weights_folder.import_published(found.published, out, resolved, dtype)
     current_output().result(
         {
             "export": str(written),
-            "sample": f"vidforge infer -c {written} --prompt TEXT -o OUT",
-            "fine-tune": f"vidforge train --init {written} --profile {written}/profile.yaml --data LATENTS --run-dir RUN",
+            "sample": command_line("vidforge", "infer", "-c", written, "--prompt", "TEXT", "-o", "OUT"),
+            "fine-tune": command_line(
+                "vidforge",
+                "train",
+                "--init",
+                written,
+                "--profile",
+                written / "profile.yaml",
+                "--data",
+                "LATENTS",
+                "--run-dir",
+                "RUN",
+            ),  # fmt: skip
         },
         title="vidforge model import",
     )
@@ -138,7 +150,8 @@ def _other_expert(export_dir: Path) -> dict[str, str]:
     for folder in (export_dir, export_dir / "export"):
         if (folder / LOW / "config.json").is_file():
             return {
-                "low_noise": f"not written; vidforge model export {folder / LOW} -o PIPELINE/transformer_2"
+                "low_noise": "not written; "
+                + command_line("vidforge", "model", "export", folder / LOW, "-o", "PIPELINE/transformer_2")
             }
     return {}
 

@@ -7,8 +7,16 @@ from typing import Annotated
 
 import typer
 
-from vidforge.cli._options import NprocOpt, ProfileOpt, SetOpt, names_from_the_registry, profile_from
+from vidforge.cli._options import (
+    NprocOpt,
+    ProfileOpt,
+    SetOpt,
+    names_from_the_registry,
+    parse_sets,
+    profile_from,
+)
 from vidforge.cli._output import current_output
+from vidforge.profile.overrides import Override, as_overrides
 
 
 @names_from_the_registry
@@ -83,7 +91,7 @@ def train(
     from vidforge.errors import UserInputError
     from vidforge.parallel.launch import start_ranks
 
-    sets = [*(set_ or []), *(["train.resume_schedule=refit"] if reschedule else [])]
+    sets = [*parse_sets(set_), *(as_overrides({"train.resume_schedule": "refit"}) if reschedule else [])]
     resolved = _init_profile(init, profile, sets, nproc, allow_partial) if init is not None else None
     if resolved is None:
         resolved = profile_from(profile, sets, nproc)
@@ -148,7 +156,7 @@ def train(
     output.result(rows, title="vidforge train")
 
 
-def _init_profile(init: Path, profile, sets: list[str], nproc, allow_partial: bool):
+def _init_profile(init: Path, profile, sets: list[Override], nproc, allow_partial: bool):
     """The profile of a published --init folder (its model section, objective, VAE and text encoder
     under the user's profile and --set); None for an export or a checkpoint, whose model the profile
     gives."""

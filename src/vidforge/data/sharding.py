@@ -34,6 +34,7 @@ from vidforge.data.store import staged, upload
 from vidforge.data.units import ERRORS, MANIFEST, UnitLedger
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
+from vidforge.profile.overrides import command_line
 
 
 @dataclass
@@ -127,7 +128,7 @@ def _kept_records(annotated_dir: Path, dropped: set[str] = frozenset()) -> list[
     ):  # e.g. `vidforge clip`'s manifest: `path`, no caption
         raise UserInputError(
             f"{annotated_dir}: its records have no captions (`media` paths); "
-            f"run `vidforge caption {annotated_dir} -o CAPTIONED` first and shard CAPTIONED"
+            f"run `{command_line('vidforge', 'caption', annotated_dir, '-o', 'CAPTIONED')}` first and shard CAPTIONED"
         )
     return [r for r in records if r.get("keep", True) is True and r.get("clip_id") not in dropped]
 

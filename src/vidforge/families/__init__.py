@@ -50,8 +50,8 @@ class Published:
     """The folder holding the network's config and weights (root, or root/transformer)."""
     model: dict[str, Any]
     """The profile's `model` fields for the network as published (preset null)."""
-    defaults: list[str]
-    """`section.field=value` settings that train and sample it as published: the objective and its
+    defaults: Mapping[str, Any]
+    """Settings (dotted field -> value) that train and sample it as published: the objective and its
     shift, the tokenizer and text encoder of the folder (when it has them), the caption length, the
     guidance default. A user's --set wins over every one."""
     objective: str
@@ -107,8 +107,9 @@ class FamilySpec:
     the attention settings of the model section `runtime`, if given)."""
     step_cache_fits: Mapping[tuple[int, int], str] = field(default_factory=dict)
     """(hidden, layers) of a published size -> the name of its step-cache rescale polynomial."""
-    profile_defaults: tuple[str, ...] = ()
-    """Settings a profile of this family's presets needs besides the model section (its objective)."""
+    profile_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Settings (dotted field -> value) a profile of this family's presets needs besides the model section
+    (its objective)."""
     condition_latents: str | None = None
     """Image-to-video (a model with condition_channels > 0): fn(tokenizer, first_frame (B, 3, H, W) in
     [-1, 1], frames) -> the condition latents (B, condition_channels, T, h, w) the network reads beside the
@@ -124,9 +125,9 @@ class FamilySpec:
     """model section -> (temporal, spatial) compression of the VAE the family's published pipeline pairs
     with that model: a clip in pixels as latents (`bench plan --clip`; frames (k x temporal) + 1, sides
     multiples of spatial). None: the profile's tokenizer says."""
-    media_defaults: Callable[[Any], tuple[str, ...]] = lambda model: ()
+    media_defaults: Callable[[Any], Mapping[str, Any]] = lambda model: {}
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
-    (`curation.fps`, `infer.fps`): `vidforge finetune` re-times its clips to it and plays its validation
+    (`curation.fps`, `infer.fps`: dotted field -> value): `vidforge finetune` re-times its clips to it and plays its validation
     videos at it; a published folder's profile samples at it."""
     text_encoder: str | None = None
     """fn(profile) -> `vidforge.text.encoders.TextEncoderBase`: the family's own caption encoder, as its

@@ -34,7 +34,6 @@ import csv
 import hashlib
 import json
 import os
-import shlex
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from vidforge.finetune import preflight
 from vidforge.finetune.sizing import sized_settings, training_clip
 from vidforge.profile import RunProfile
 from vidforge.profile.loading import dump_profile
+from vidforge.profile.overrides import Override, Settings, as_overrides, command_line
 
 STATE_DIR = ".finetune"
 CAPTIONS = "captions.csv"
@@ -58,31 +58,31 @@ TABLE_SUFFIXES = (".csv", ".jsonl")
 DATA_FOLDERS = {"clip": "clips", "caption": "captioned", "shard": "shards", "tokenize": "latents"}
 
 # The clip stage with nothing cut and nothing filtered: one clip a video, as a user's fine-tuning set comes.
-AS_THEY_ARE = (
-    "curation.detector=content",
-    "curation.content_threshold=1000000",  # above any frame difference (at most 255): no shot is cut
-    "curation.stitch=false",
-    "curation.static_max_ratio=1",
-    "curation.min_seconds=0",
-    "curation.max_seconds=1000000",
-    "curation.embed=false",  # embeddings serve stitching and dedup, neither of which runs here
-)
+AS_THEY_ARE = {
+    "curation.detector": "content",
+    "curation.content_threshold": 1000000,  # above any frame difference (at most 255): no shot is cut
+    "curation.stitch": False,
+    "curation.static_max_ratio": 1,
+    "curation.min_seconds": 0,
+    "curation.max_seconds": 1000000,
+    "curation.embed": False,  # embeddings serve stitching and dedup, neither of which runs here
+}
 # The caption stage as the captions' reader alone: a user's captions are the point, not a filter's say.
-SIDECAR_ONLY = (
-    "curation.caption.backend=sidecar",
-    "curation.caption.fallback=null",
-    "curation.caption.aesthetic.enabled=false",
-    "curation.caption.ocr.enabled=false",
-    "curation.caption.watermark.enabled=false",
-    "curation.caption.motion.enabled=false",
-    "curation.caption.clip_score.enabled=false",
-    "curation.caption.reject_flagged_captions=false",
-)
+SIDECAR_ONLY = {
+    "curation.caption.backend": "sidecar",
+    "curation.caption.fallback": None,
+    "curation.caption.aesthetic.enabled": False,
+    "curation.caption.ocr.enabled": False,
+    "curation.caption.watermark.enabled": False,
+    "curation.caption.motion.enabled": False,
+    "curation.caption.clip_score.enabled": False,
+    "curation.caption.reject_flagged_captions": False,
+}
 # A fine-tune's training defaults (the user's --set wins): LoRA as finetrainers, musubi-tuner and
 # diffusion-pipe default to (rank 16 on the attention projections, lr 1e-4), a full fine-tune at Wan's
 # published fine-tuning lr (1e-5). No warm-up until the run's length is known (`sizing`: a short one).
-LORA_DEFAULTS = ("train.lora={rank: 16, alpha: 16}", "train.lr=1e-4", "train.warmup_steps=0")
-FULL_DEFAULTS = ("train.lora=null", "train.lr=1e-5", "train.warmup_steps=0")
+LORA_DEFAULTS = {"train.lora": {"rank": 16, "alpha": 16}, "train.lr": 1e-4, "train.warmup_steps": 0}
+FULL_DEFAULTS = {"train.lora": None, "train.lr": 1e-5, "train.warmup_steps": 0}
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ class Request:
     prompts: tuple[str, ...] = ()
     validate_every: int | None = None
     profile: str | None = None
-    overrides: tuple[str, ...] = ()
+    overrides: tuple[Override | str, ...] = ()
+    """The user's --set, typed (a str is read as `--set` reads it)."""
     nproc: int | None = None
     """Train as this many local ranks (`vidforge train --nproc N`, started by this command); the data
     stages run in this process."""
@@ -273,7 +274,7 @@ def write_captions(pairs: Sequence[tuple[Path, str]], path: Path) -> None:
 # --- the profile ---------------------------------------------------------------------------------------
 
 
-def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> RunProfile:
+def base_profile(base: Path, profile: str | None, overrides: Settings) -> RunProfile:
     """The profile of a fine-tune of `base` as `vidforge infer -c BASE` and `train --init BASE` read it: a
     diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
     `overrides`."""
@@ -310,19 +311,20 @@ def base_profile(base: Path, profile: str | None, overrides: Sequence[str]) -> R
     return resolved
 
 
-def stage_overrides(request: Request, captions: Path) -> list[str]:
+def stage_overrides(request: Request, captions: Path) -> list[Override]:
     """What the finetune sets for its stages, before the user's --set (which wins)."""
-    sets = [*(() if request.cut else AS_THEY_ARE), *SIDECAR_ONLY, f"curation.caption.sidecar.path={captions}"]
-    sets += FULL_DEFAULTS if request.full else LORA_DEFAULTS
+    sets: dict[str, Any] = {**({} if request.cut else AS_THEY_ARE), **SIDECAR_ONLY}
+    sets["curation.caption.sidecar.path"] = str(captions)
+    sets.update(FULL_DEFAULTS if request.full else LORA_DEFAULTS)
     if request.steps is not None:
-        sets.append(f"train.steps={request.steps}")
+        sets["train.steps"] = request.steps
     if request.prompts:
-        sets.append(f"train.validation_prompts={json.dumps(list(request.prompts))}")
+        sets["train.validation_prompts"] = list(request.prompts)
     if request.validate_every is not None:
-        sets.append(f"train.validate_every={request.validate_every}")
+        sets["train.validate_every"] = request.validate_every
     if request.reschedule:
-        sets.append("train.resume_schedule=refit")
-    return sets
+        sets["train.resume_schedule"] = "refit"
+    return as_overrides(sets)
 
 
 def check_fits(profile: RunProfile) -> Any:
@@ -373,7 +375,7 @@ def dry_run_plan(profile: RunProfile, plan: Any) -> dict[str, Any]:
     }
 
 
-def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, str]:
+def _clip_as_data_sets(profile: RunProfile, sets: dict[str, Any]) -> dict[str, Any]:
     """A recipe's smaller clip (bench.latent_*, what the planner sizes) as the data settings a fine-tune
     trains it at (data.frame_buckets, data.buckets in pixels)."""
     latent = {
@@ -388,7 +390,7 @@ def _clip_as_data_sets(profile: RunProfile, sets: dict[str, str]) -> dict[str, s
     if "frames" in latent:
         frames = (latent["frames"] - 1) * ct + 1
     height, width = latent.get("height", height // cs) * cs, latent.get("width", width // cs) * cs
-    return {"data.frame_buckets": f"[{frames}]", "data.buckets": f"[[{height},{width}]]", **sets}
+    return {"data.frame_buckets": [frames], "data.buckets": [[height, width]], **sets}
 
 
 # --- the stages ----------------------------------------------------------------------------------------
@@ -419,7 +421,7 @@ def _digest(*parts: Any) -> str:
 
 
 def _command(*argv: Any) -> str:
-    return shlex.join(["vidforge", *map(str, argv)])
+    return command_line("vidforge", *argv)
 
 
 class _Ledger:
@@ -447,8 +449,8 @@ class _Ledger:
                 stale = list(DATA_FOLDERS.values())[list(DATA_FOLDERS).index(name) :]
                 raise UserInputError(
                     f"{name}: {out / DATA_FOLDERS[name]} was made from other videos, captions or settings; to "
-                    f"redo it: rm -r {' '.join(str(out / f) for f in stale)} (and {train_dir} to train "
-                    "afresh), or pass a new -o"
+                    f"redo it: {command_line('rm', '-r', *(out / f for f in stale))} (and {train_dir} to "
+                    "train afresh), or pass a new -o"
                 )
 
     def mark(self, name: str, key: str, command: str, result: dict[str, Any], **seen: Any) -> None:
@@ -489,7 +491,7 @@ def _first_failed_source(folder: Path) -> str | None:
     return f"{source}: {record.get('reason', '')}".strip() if source else None
 
 
-def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfile) -> Any:
+def _check(request: Request, base: Path, sets: Sequence[Override], profile: RunProfile) -> Any:
     """Everything about the settings that can refuse the run, before any stage (`preflight`). Training's
     world (--nproc N) is what the memory is checked against; the data stages run here, alone."""
     if not request.dry_run:  # a dry run plans for the profile's card, wherever it runs
@@ -499,7 +501,7 @@ def _check(request: Request, base: Path, sets: Sequence[str], profile: RunProfil
     if request.nproc:
         from vidforge.parallel.launch import nproc_overrides
 
-        overrides = [*sets, *request.overrides, *nproc_overrides(request.nproc)]
+        overrides = [*sets, *as_overrides(request.overrides), *nproc_overrides(request.nproc)]
         return check_fits(base_profile(base, request.profile, overrides))
     return check_fits(profile)
 
@@ -691,10 +693,10 @@ def _data_stages(
 def _resolve(request: Request, base: Path, captions: Path) -> tuple[RunProfile, Any]:
     """The run's profile: the stages' settings, then what finetune sizes from the buckets and the base,
     under the user's --set; checked (`_check`) before any stage, with the memory model's plan."""
-    sets = stage_overrides(request, captions)
-    profile = base_profile(base, request.profile, [*sets, *request.overrides])
-    sets += sized_settings(profile, request.overrides)
-    profile = base_profile(base, request.profile, [*sets, *request.overrides])
+    sets, user = stage_overrides(request, captions), as_overrides(request.overrides)
+    profile = base_profile(base, request.profile, [*sets, *user])
+    sets += sized_settings(profile, user)
+    profile = base_profile(base, request.profile, [*sets, *user])
     return profile, _check(request, base, sets, profile)
 
 

@@ -17,11 +17,10 @@ refuse or starve the run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from vidforge.data.token_budget import bucket_tokens
 from vidforge.families import family
 from vidforge.profile import RunProfile
+from vidforge.profile.overrides import Override, Settings, as_overrides
 
 WARMUP_MAX = 10
 LOG_POINTS = 20
@@ -40,16 +39,16 @@ def frame_rate(profile: RunProfile) -> int:
 
     if profile.infer.fps != Infer.model_fields["fps"].default:
         return profile.infer.fps
-    media = dict(s.split("=", 1) for s in family(profile.model.family).media_defaults(profile.model))
-    return int(float(media.get("infer.fps", profile.infer.fps)))
+    media = family(profile.model.family).media_defaults(profile.model)
+    return int(media.get("infer.fps", profile.infer.fps))
 
 
-def given(overrides: Sequence[str]) -> set[str]:
+def given(overrides: Settings) -> set[str]:
     """The fields the user's --set names (`data.token_budget=...` -> `data.token_budget`)."""
-    return {s.split("=", 1)[0].strip() for s in overrides}
+    return {item.key for item in as_overrides(overrides)}
 
 
-def sized_settings(profile: RunProfile, overrides: Sequence[str]) -> list[str]:
+def sized_settings(profile: RunProfile, overrides: Settings) -> list[Override]:
     """The settings above for `profile` (resolved with the user's --set), less those `overrides` name."""
     frames, height, width = training_clip(profile)
     steps, fps = profile.train.steps, frame_rate(profile)
@@ -68,4 +67,4 @@ def sized_settings(profile: RunProfile, overrides: Sequence[str]) -> list[str]:
     if "infer.fps" in given(overrides):  # the user's frame rate is the clips' too, unless they say
         sized["curation.fps"] = profile.infer.fps
     user = given(overrides)
-    return [f"{key}={value}" for key, value in sized.items() if key not in user]
+    return as_overrides({key: value for key, value in sized.items() if key not in user})

@@ -48,6 +48,7 @@ from vidforge.memory import device_memory_bytes, host_memory_bytes, require
 from vidforge.parallel.scalefusion import ScaleFusionSlicing
 from vidforge.profile import RunProfile
 from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
+from vidforge.profile.overrides import Settings, as_overrides
 from vidforge.sampling.negative import negative_caption, negative_prompt
 from vidforge.sampling.shape import check_shape
 from vidforge.sampling.step_cache import StepCache
@@ -93,7 +94,7 @@ def run(
     prompts: Sequence[str],
     out: str | Path,
     *,
-    overrides: Sequence[str] = (),
+    overrides: Settings = (),
     profile: str | None = None,
     slicing: ScaleFusionSlicing | None = None,
     log: Any = None,
@@ -112,7 +113,7 @@ def run(
 
     check_prompts(prompts)
     if lora is not None:  # a distilled LoRA student samples in its own steps; --set still wins
-        overrides = [*adapter_sampling(lora), *overrides]
+        overrides = [*adapter_sampling(lora), *as_overrides(overrides)]
     weights = find_weights(checkpoint)
     prof = sampling_profile(weights, overrides, profile)
     # a checkpoint trained on GPUs still samples on a machine without one

@@ -4,8 +4,6 @@ with its LoRA adapter if given."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from pathlib import Path
 
 from torch import nn
@@ -14,6 +12,7 @@ from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.diffusion import FEW_STEP
 from vidforge.profile.model import Model
+from vidforge.profile.overrides import Override, Settings, as_overrides
 from vidforge.weights import weights_folder
 from vidforge.weights.checkpoint import CONFIG, config_notes
 from vidforge.weights.experts import Experts, load_export, paired_export, trained_expert
@@ -49,14 +48,12 @@ def exported_step(export: Path) -> int | None:
     return config_notes(export).get("step")
 
 
-def checkpoint_profile(export: Path, overrides: Sequence[str], profile: str | None = None) -> RunProfile:
+def checkpoint_profile(export: Path, overrides: Settings, profile: str | None = None) -> RunProfile:
     """The profile the model trained with (or `profile` if given), with `overrides` applied."""
     return weights_folder.export_profile(export, overrides, profile)
 
 
-def sampling_profile(
-    weights: WeightsFolder, overrides: Sequence[str], profile: str | None = None
-) -> RunProfile:
+def sampling_profile(weights: WeightsFolder, overrides: Settings, profile: str | None = None) -> RunProfile:
     """An export's profile (the one it trained with), or a published folder's as published. Its model
     section is the weights' but for the attention settings (`load_network` builds it so); any other
     model field set otherwise is refused (`weights_folder.check_sampled`)."""
@@ -68,7 +65,7 @@ def sampling_profile(
     return prof
 
 
-def adapter_sampling(lora: str | Path) -> list[str]:
+def adapter_sampling(lora: str | Path) -> list[Override]:
     """The sampling settings of a LoRA adapter's run when it distilled a few-step student (train.distill
     wrote diffusion.sampler=few-step into its profile), as overrides of the base's profile; else none."""
     from vidforge.lora import read_adapter
@@ -79,13 +76,15 @@ def adapter_sampling(lora: str | Path) -> list[str]:
     diffusion = load_profile(path).diffusion
     if diffusion.sampler != FEW_STEP:
         return []
-    return [
-        f"diffusion.sampler={FEW_STEP}",
-        f"diffusion.few_step_levels={json.dumps(list(diffusion.few_step_levels))}",
-        f"diffusion.few_step_noise={diffusion.few_step_noise}",
-        f"diffusion.steps={diffusion.steps}",
-        f"diffusion.guidance={diffusion.guidance:g}",
-    ]
+    return as_overrides(
+        {
+            "diffusion.sampler": FEW_STEP,
+            "diffusion.few_step_levels": list(diffusion.few_step_levels),
+            "diffusion.few_step_noise": diffusion.few_step_noise,
+            "diffusion.steps": diffusion.steps,
+            "diffusion.guidance": diffusion.guidance,
+        }
+    )
 
 
 def load_network(

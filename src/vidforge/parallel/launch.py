@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vidforge.files import write_text
+from vidforge.profile.overrides import Override, as_overrides
 
 if TYPE_CHECKING:
     from vidforge.profile.cluster import Cluster
@@ -56,12 +57,12 @@ def slurm_to_torch_env() -> bool:
     return True
 
 
-def nproc_overrides(nproc: int | None) -> list[str]:
+def nproc_overrides(nproc: int | None) -> list[Override]:
     """Profile overrides that make the world `nproc` ranks on this one node. Both per-node counts are set:
     the accelerator kind (which of them counts) may itself come from the profile or another override."""
     if nproc is None:
         return []
-    return ["cluster.nodes=1", f"cluster.cpu_processes={nproc}", f"cluster.gpus_per_node={nproc}"]
+    return as_overrides({"cluster.nodes": 1, "cluster.cpu_processes": nproc, "cluster.gpus_per_node": nproc})
 
 
 def start_advice(cluster: Cluster, ranks: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import typing
@@ -12,8 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from vidforge.errors import UserInputError
 from vidforge.profile.checks import profile_problems
+from vidforge.profile.overrides import Override, ProfileError, Settings, as_overrides, parse_set
 from vidforge.profile.run_profile import RunProfile
 from vidforge.section import unknown_field
 
@@ -23,10 +24,6 @@ PROFILE_ENV = "VIDFORGE_PROFILE"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
 PROFILE_DIRS = (Path("profiles"), SHIPPED_DIR)
 DEFAULT_NAME = "local_cpu"
-
-
-class ProfileError(UserInputError):
-    """A profile the user must change. The message is one line: where, what, and what to do."""
 
 
 def shipped_profiles() -> list[Path]:
@@ -53,8 +50,9 @@ def resolve_profile_path(profile: str | os.PathLike | None) -> Path:
     raise ProfileError(f"profile not found: {chosen}; pass --profile PATH or a shipped name ({names})")
 
 
-def load_profile(profile: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> RunProfile:
-    """Read a profile, apply `section.field=value` overrides, validate. Raises ProfileError."""
+def load_profile(profile: str | os.PathLike | None = None, overrides: Settings = ()) -> RunProfile:
+    """Read a profile, apply `overrides` (typed, or `--set` texts: `overrides.Settings`), validate. Raises
+    ProfileError."""
     path = resolve_profile_path(profile)
     where = str(path)
     try:
@@ -69,13 +67,13 @@ def load_profile(profile: str | os.PathLike | None = None, overrides: Sequence[s
         )
     data: dict[str, Any] = loaded or {}
     data.setdefault("name", path.stem)
-    for item in overrides:
-        apply_override(data, item)
-    return validate_profile(data, where, overrides)
+    items = as_overrides(overrides)
+    apply_overrides(data, items)
+    return validate_profile(data, where, items)
 
 
 def validate_profile(
-    data: dict[str, Any], where: str = "profile", overrides: Sequence[str] = ()
+    data: dict[str, Any], where: str = "profile", overrides: Sequence[Override] = ()
 ) -> RunProfile:
     """The validated profile; ProfileError naming, for each problem, where it came from: the `--set`
     that gave the field its value, else the file (`where`)."""
@@ -91,9 +89,9 @@ def validate_profile(
     return profile
 
 
-def _attribute(problems: list[str], where: str, overrides: Sequence[str]) -> str:
+def _attribute(problems: list[str], where: str, overrides: Sequence[Override]) -> str:
     """`--set k=v: field: message` for problems in an overridden field, `where: ...` for the rest."""
-    items = {item.partition("=")[0]: item for item in overrides}  # a later --set of a key wins
+    items = {item.key: item for item in overrides}  # a later --set of a key wins
     from_set, from_file = [], []
     for problem in problems:
         field, _, message = problem.partition(": ")
@@ -114,17 +112,16 @@ def _attribute(problems: list[str], where: str, overrides: Sequence[str]) -> str
     return "; ".join(from_set + file_part)
 
 
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """Set `section.field=value` (nested to any depth) in the raw data. The value is read as YAML, so
-    `3` is an int, `true` a bool, `[1,2,2]` a list; the schema then checks the type."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ProfileError(f"--set {item!r}: expected section.field=value, e.g. --set parallel.tp=2")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    *parents, leaf = key.split(".")
+def apply_overrides(data: dict[str, Any], overrides: Settings) -> None:
+    """Apply `overrides` (`overrides.Settings`) in order to the raw data; the schema then checks them."""
+    for item in as_overrides(overrides):
+        apply_override(data, item)
+
+
+def apply_override(data: dict[str, Any], item: Override | str) -> None:
+    """Set `item`'s field (nested to any depth) in the raw data; a str is a `--set` as typed."""
+    override = item if isinstance(item, Override) else parse_set(item)
+    *parents, leaf = override.key.split(".")
     node = data
     for part in parents:
         child = node.get(part)
@@ -134,7 +131,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             child = {}
         node[part] = child
         node = child
-    node[leaf] = value
+    node[leaf] = copy.deepcopy(override.value)  # the data is edited in place by later overrides
 
 
 def _expand_accelerator(name: str) -> dict[str, Any]:

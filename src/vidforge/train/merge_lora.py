@@ -25,7 +25,7 @@ def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None 
     if base is None:
         raise UserInputError(f"--base: {adapter} does not record the base it trained on; pass --base BASE")
     # the run's profile, less train.lora: these are full weights, to sample or fine-tune further
-    trained = load_profile(record["folder"] / "profile.yaml", ["train.lora=null"])
+    trained = load_profile(record["folder"] / "profile.yaml", {"train.lora": None})
     model = build_model(Model.model_validate(record["model"]), device="cpu")
     # of a two-expert base, the expert the adapter trained on
     init_from(model, Path(base), allow_partial=False, expert=trained.train.expert)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +17,9 @@ from pydantic import ValidationError
 from vidforge.errors import UserInputError
 from vidforge.families import Published, family, load, names, read_published
 from vidforge.profile import RunProfile, load_profile
-from vidforge.profile.loading import apply_override, validate_profile
+from vidforge.profile.loading import apply_overrides, validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model
+from vidforge.profile.overrides import Override, Settings, as_overrides
 from vidforge.weights.checkpoint import CONFIG, WEIGHTS, read_config
 
 
@@ -76,26 +76,24 @@ def published_model(published: Published) -> Model:
     """The published network's `model` section, validated (a shape vidforge cannot build is refused) in a
     profile with its family's settings (`profile_defaults`: what every profile of the family carries)."""
     data: dict = {"model": published.model}
-    for item in family(published.family).profile_defaults:
-        apply_override(data, item)
+    apply_overrides(data, family(published.family).profile_defaults)
     return validate_profile(data, f"{published.weights / CONFIG} cannot be represented").model
 
 
-def published_sets(published: Published) -> list[str]:
-    """The `section.field=value` settings of a published folder: its whole model section (preset null,
-    every field, the attention settings (`RUNTIME_FIELDS`) left to the profile), then its family's
-    defaults (objective, tokenizer, text encoder, caption length, sampling)."""
-    return model_sets(published_model(published)) + list(published.defaults)
+def published_sets(published: Published) -> list[Override]:
+    """The settings of a published folder: its whole model section (preset null, every field, the
+    attention settings (`RUNTIME_FIELDS`) left to the profile), then its family's defaults (objective,
+    tokenizer, text encoder, caption length, sampling)."""
+    return model_sets(published_model(published)) + as_overrides(published.defaults)
 
 
-def model_sets(model: Model) -> list[str]:
-    """`model` as `section.field=value` settings: preset null and every field the weights fix (not the
-    attention settings, `RUNTIME_FIELDS`, which stay the profile's), the constants of its family
-    (`fixed_fields`) restated so that another family's fields of the profile do not linger."""
+def model_sets(model: Model) -> list[Override]:
+    """`model` as settings: preset null and every field the weights fix (not the attention settings,
+    `RUNTIME_FIELDS`, which stay the profile's), the constants of its family (`fixed_fields`) restated so
+    that another family's fields of the profile do not linger."""
     fields = {**model.fixed_fields(), **model.model_dump(mode="json")}
-    sets = ["model.preset=null"]
-    return sets + [
-        f"model.{k}={json.dumps(v)}" for k, v in fields.items() if k not in RUNTIME_FIELDS and k != "preset"
+    return [Override("model.preset", None)] + [
+        Override(f"model.{k}", v) for k, v in fields.items() if k not in RUNTIME_FIELDS and k != "preset"
     ]
 
 
@@ -166,20 +164,20 @@ def weights_model(weights: WeightsFolder) -> Model:
 
 def published_profile(
     published: Published,
-    overrides: Sequence[str] = (),
+    overrides: Settings = (),
     profile: str | os.PathLike | None = None,
     shapes: bool = True,
 ) -> RunProfile:
     """The profile that trains and samples a published folder as published: `profile` (default
     local_cpu) with the folder's settings (`published_sets`), then `overrides`, which win but may not
     contradict the weights (`check_published`)."""
-    prof = load_profile(profile, [*published_sets(published), *overrides])
+    prof = load_profile(profile, [*published_sets(published), *as_overrides(overrides)])
     check_published(prof, published, shapes)
     return prof
 
 
 def export_profile(
-    export: Path, overrides: Sequence[str] = (), profile: str | os.PathLike | None = None
+    export: Path, overrides: Settings = (), profile: str | os.PathLike | None = None
 ) -> RunProfile:
     """The profile an export trained with (its profile.yaml, or `profile` if given, with the export's model
     fields but the attention settings) with `overrides`; its model section must describe the export's
@@ -189,7 +187,7 @@ def export_profile(
     if profile is None:
         prof = load_profile(export / "profile.yaml", overrides)
     else:
-        prof = load_profile(profile, [*model_sets(export_model(export)), *overrides])
+        prof = load_profile(profile, [*model_sets(export_model(export)), *as_overrides(overrides)])
     check_shapes(prof.model, export_model(export), str(export))
     return prof
 

@@ -82,9 +82,9 @@ SPEC = FamilySpec(
     import_weights="vidforge.families.hunyuan15.weights:import_weights",
     export_weights="vidforge.families.hunyuan15.weights:export_weights",
     load_published="vidforge.families.hunyuan15.weights:load_published",
-    profile_defaults=("diffusion.objective=flow", *PLAIN_BATCHES),
+    profile_defaults={"diffusion.objective": "flow", **PLAIN_BATCHES},
     image_tokens=IMAGE_TOKENS,
-    media_defaults=lambda model: (f"curation.fps={FPS}", f"infer.fps={FPS}"),
+    media_defaults=lambda model: {"curation.fps": FPS, "infer.fps": FPS},
     negative_prompt=NEGATIVE_PROMPT,
     # Qwen2.5-VL's and Glyph-ByT5's states in one caption, as the pipelines' encode_prompt
     text_encoder="vidforge.families.hunyuan15.text_encoder:build",

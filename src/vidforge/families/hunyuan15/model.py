@@ -24,7 +24,7 @@ CONDITION_CHANNELS = LATENT_CHANNELS + 1  # the first frame's latents and its ma
 # presets' `profile_defaults` and a published folder's defaults), so that the rulebook's refusal at load
 # (`layout_rules`) never meets a profile the family gave: packed rows (plain batches
 # only so far), and caption dropout (HunyuanVideo-1.5's unconditional branch reads its encoded empty prompt).
-PLAIN_BATCHES = ("data.packing=false", "diffusion.caption_dropout=0")
+PLAIN_BATCHES = {"data.packing": False, "diffusion.caption_dropout": 0}
 
 
 class HunyuanVideo15Model(Model, FixedBlock):

@@ -193,35 +193,32 @@ def read_pipeline(src: Path) -> Pipeline | None:
     )
 
 
-def profile_defaults(pipeline: Pipeline) -> list[str]:
-    """`section.field=value` settings that train and sample the folder's network as published, in the
+def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
+    """Settings (dotted field -> value) that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step, the sampler flow-euler), its shift, the guider's scale, the frame rate; the folder's VAE and its two
     caption encoders (the family's own text encoder, which reads them from the folder)."""
-    settings = [
-        "diffusion.objective=flow",
-        "diffusion.flow_prediction=velocity",
-        "diffusion.sampler=flow-euler",  # the folder's FlowMatchEulerDiscreteScheduler
-        f"diffusion.flow_schedule_end={SCHEDULE_END}",
-        f"diffusion.guidance={pipeline.guidance}",
-        f"infer.fps={pipeline.fps}",
-        *PLAIN_BATCHES,
-    ]
+    settings: dict[str, Any] = {
+        "diffusion.objective": "flow",
+        "diffusion.flow_prediction": "velocity",
+        "diffusion.sampler": "flow-euler",  # the folder's FlowMatchEulerDiscreteScheduler
+        "diffusion.flow_schedule_end": SCHEDULE_END,
+        "diffusion.guidance": pipeline.guidance,
+        "infer.fps": pipeline.fps,
+        **PLAIN_BATCHES,
+    }
     if pipeline.flow_shift is not None:
-        settings.append(f"diffusion.flow_shift={pipeline.flow_shift}")
+        settings["diffusion.flow_shift"] = pipeline.flow_shift
     if pipeline.vae is not None:
-        settings += [
-            f"tokenizer.kind={VAE_KIND}",
-            f"tokenizer.path={pipeline.vae}",
-            f"tokenizer.spatial_compression={pipeline.spatial_compression}",
-            f"tokenizer.temporal_compression={pipeline.temporal_compression}",
-        ]
+        settings["tokenizer.kind"] = VAE_KIND
+        settings["tokenizer.path"] = str(pipeline.vae)
+        settings["tokenizer.spatial_compression"] = pipeline.spatial_compression
+        settings["tokenizer.temporal_compression"] = pipeline.temporal_compression
     if pipeline.mllm is not None and pipeline.glyph is not None:
-        settings += [
-            "text_encoder.kind=family",  # the spec's text_encoder: both encoders as the pipeline runs them
-            f"text_encoder.path={pipeline.root.resolve()}",
-            f"text_encoder.max_length={pipeline.mllm.tokens + pipeline.glyph.tokens}",
-        ]
+        # the spec's text_encoder: both encoders as the pipeline runs them
+        settings["text_encoder.kind"] = "family"
+        settings["text_encoder.path"] = str(pipeline.root.resolve())
+        settings["text_encoder.max_length"] = pipeline.mllm.tokens + pipeline.glyph.tokens
     return settings
 
 

@@ -85,11 +85,8 @@ SPEC = FamilySpec(
     import_weights="vidforge.families.ltx2.weights:import_weights",
     export_weights="vidforge.families.ltx2.weights:export_weights",
     load_published="vidforge.families.ltx2.weights:load_published",
-    profile_defaults=("diffusion.objective=flow", *PLAIN_BATCHES),
-    media_defaults=lambda model: (
-        f"curation.fps={model.frame_rate:g}",
-        f"infer.fps={round(model.frame_rate)}",
-    ),
+    profile_defaults={"diffusion.objective": "flow", **PLAIN_BATCHES},
+    media_defaults=lambda model: {"curation.fps": model.frame_rate, "infer.fps": round(model.frame_rate)},
     negative_prompt=NEGATIVE_PROMPT,
     # Gemma 3's stacked states through the text connector, as the pipeline's encode_prompt and connectors
     text_encoder="vidforge.families.ltx2.text_encoder:build",

@@ -27,7 +27,7 @@ FF_MULT = 4  # diffusers' FeedForward in every block: gelu-approximate, 4x the w
 # load (`layout_rules`) never meets a profile the family gave: packed rows (plain
 # batches only so far), and caption dropout (LTX-2 trains the unconditional branch on its encoded empty
 # prompt, which is not built).
-PLAIN_BATCHES = ("data.packing=false", "diffusion.caption_dropout=0")
+PLAIN_BATCHES = {"data.packing": False, "diffusion.caption_dropout": 0}
 
 
 class LTX2Model(Model, FixedBlock, NoImageInputs):

@@ -141,17 +141,17 @@ class Shift:
         mu = self.base_shift + slope * (tokens - self.base_seq_len)
         return math.exp(mu) if self.exponential else mu
 
-    def settings(self, default_tokens: int) -> list[str]:
+    def settings(self, default_tokens: int) -> dict[str, Any]:
         """The profile's diffusion settings for this rule: the exponential dynamic shift as
         `flow_shift_tokens` (the shift follows each sample's token count, in training too: LTX-Video-
         Trainer's shifted logit-normal is this shift of the logit-normal), else the constant shift at the
         pipeline's default size; the terminal stretch."""
-        settings = [f"diffusion.flow_shift={self.at(default_tokens)}"]
+        settings: dict[str, Any] = {"diffusion.flow_shift": self.at(default_tokens)}
         if self.dynamic and self.exponential:
             rule = [self.base_seq_len, self.base_shift, self.max_seq_len, self.max_shift]
-            settings.append(f"diffusion.flow_shift_tokens=[{','.join(str(v) for v in rule)}]")
+            settings["diffusion.flow_shift_tokens"] = rule
         if self.terminal is not None:
-            settings.append(f"diffusion.flow_shift_terminal={self.terminal}")
+            settings["diffusion.flow_shift_terminal"] = self.terminal
         return settings
 
 
@@ -270,42 +270,39 @@ def read_pipeline(src: Path) -> Pipeline | None:
     )
 
 
-def profile_defaults(pipeline: Pipeline) -> list[str]:
-    """`section.field=value` settings that train and sample the folder's network as published, in the
+def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
+    """Settings (dotted field -> value) that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step, the sampler flow-euler over the pipeline's schedule), the scheduler's shift
     rule, the guidance scale and rescale, the steps, frame rate, size and frames of `__call__`'s defaults,
     plain batches without caption dropout (what the
     network runs so far); the folder's VAE and its caption encoder (Gemma 3 and the text connector)."""
-    settings = [
-        "diffusion.objective=flow",
-        "diffusion.flow_prediction=velocity",
-        "diffusion.sampler=flow-euler",  # the folder's FlowMatchEulerDiscreteScheduler
-        f"diffusion.flow_schedule_end={SCHEDULE_END}",
-        f"diffusion.guidance={pipeline.guidance}",
-        f"diffusion.guidance_rescale={GUIDANCE_RESCALE}",
-        f"diffusion.steps={pipeline.steps}",
-        f"infer.fps={pipeline.fps}",
-        f"infer.height={pipeline.size[0]}",
-        f"infer.width={pipeline.size[1]}",
-        f"infer.frames={pipeline.frames}",
-        *PLAIN_BATCHES,
-    ]
+    settings: dict[str, Any] = {
+        "diffusion.objective": "flow",
+        "diffusion.flow_prediction": "velocity",
+        "diffusion.sampler": "flow-euler",  # the folder's FlowMatchEulerDiscreteScheduler
+        "diffusion.flow_schedule_end": SCHEDULE_END,
+        "diffusion.guidance": pipeline.guidance,
+        "diffusion.guidance_rescale": GUIDANCE_RESCALE,
+        "diffusion.steps": pipeline.steps,
+        "infer.fps": pipeline.fps,
+        "infer.height": pipeline.size[0],
+        "infer.width": pipeline.size[1],
+        "infer.frames": pipeline.frames,
+        **PLAIN_BATCHES,
+    }
     if pipeline.shift is not None:
-        settings += pipeline.shift.settings(pipeline.default_tokens)
+        settings.update(pipeline.shift.settings(pipeline.default_tokens))
     if pipeline.vae is not None:
-        settings += [
-            f"tokenizer.kind={VAE_KIND}",
-            f"tokenizer.path={pipeline.vae}",
-            f"tokenizer.spatial_compression={pipeline.spatial_compression}",
-            f"tokenizer.temporal_compression={pipeline.temporal_compression}",
-        ]
+        settings["tokenizer.kind"] = VAE_KIND
+        settings["tokenizer.path"] = str(pipeline.vae)
+        settings["tokenizer.spatial_compression"] = pipeline.spatial_compression
+        settings["tokenizer.temporal_compression"] = pipeline.temporal_compression
     if None not in (pipeline.text_encoder, pipeline.tokenizer, pipeline.connectors):
-        settings += [
-            "text_encoder.kind=family",  # the spec's text_encoder: Gemma 3 and the connector
-            f"text_encoder.path={pipeline.root.resolve()}",
-            f"text_encoder.max_length={pipeline.caption_tokens}",
-        ]
+        # the spec's text_encoder: Gemma 3 and the connector
+        settings["text_encoder.kind"] = "family"
+        settings["text_encoder.path"] = str(pipeline.root.resolve())
+        settings["text_encoder.max_length"] = pipeline.caption_tokens
     return settings
 
 

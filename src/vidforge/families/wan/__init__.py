@@ -63,7 +63,7 @@ PRESETS["wan2.2-ti2v-5b"] = {
 # What a TI2V folder (model_index.json's expand_timesteps) trains with besides Wan2.1's: half of a
 # fine-tune's clips conditioned on their first frame so that the one network keeps both of its tasks (set
 # diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
-TI2V_DEFAULTS = ("diffusion.image_condition=0.5",)
+TI2V_DEFAULTS = {"diffusion.image_condition": 0.5}
 
 
 def frame_rate(expand_timesteps: bool) -> int:
@@ -71,10 +71,10 @@ def frame_rate(expand_timesteps: bool) -> int:
     return FPS_TI2V if expand_timesteps else FPS
 
 
-def media_defaults(model: Any) -> tuple[str, ...]:
+def media_defaults(model: Any) -> dict[str, Any]:
     """`frame_rate` of a `model` section as settings: finetune re-times clips to it, infer writes it."""
     fps = frame_rate(model.expand_timesteps)
-    return (f"curation.fps={fps}", f"infer.fps={fps}")
+    return {"curation.fps": fps, "infer.fps": fps}
 
 
 def transformer_folder(src: Path) -> Path:
@@ -177,38 +177,34 @@ def read_published(src: Path) -> Published | None:
     if not (folder / CONFIG).is_file() or read_json(folder / CONFIG).get("_class_name") != CLASS_NAME:
         return None
     model = model_fields(read_json(folder / CONFIG), folder / CONFIG)
-    defaults = [
-        "diffusion.objective=flow",
-        "diffusion.flow_prediction=velocity",
-        f"diffusion.guidance={GUIDANCE}",
-    ]
+    defaults: dict[str, Any] = {
+        "diffusion.objective": "flow",
+        "diffusion.flow_prediction": "velocity",
+        "diffusion.guidance": GUIDANCE,
+    }
     parts = {name: path.resolve() for name, path in pipeline_parts(src).items()}
     scheduler = parts.get("scheduler")
     if scheduler is not None and (scheduler / "scheduler_config.json").is_file():
         shift = read_json(scheduler / "scheduler_config.json").get("flow_shift")
         if shift is not None:
-            defaults.append(f"diffusion.flow_shift={float(shift)}")
+            defaults["diffusion.flow_shift"] = float(shift)
     if "vae" in parts:
-        defaults += [
-            "tokenizer.kind=wan",
-            f"tokenizer.path={parts['vae']}",
-            f"tokenizer.spatial_compression={_vae_compression(parts['vae'])}",
-            f"tokenizer.temporal_compression={_vae_temporal_compression(parts['vae'])}",
-        ]
+        defaults["tokenizer.kind"] = "wan"
+        defaults["tokenizer.path"] = str(parts["vae"])
+        defaults["tokenizer.spatial_compression"] = _vae_compression(parts["vae"])
+        defaults["tokenizer.temporal_compression"] = _vae_temporal_compression(parts["vae"])
     if "text_encoder" in parts:
-        defaults += [
-            "text_encoder.kind=t5",
-            f"text_encoder.path={parts['text_encoder']}",
-            f"text_encoder.max_length={CAPTION_TOKENS}",
-        ]
+        defaults["text_encoder.kind"] = "t5"
+        defaults["text_encoder.path"] = str(parts["text_encoder"])
+        defaults["text_encoder.max_length"] = CAPTION_TOKENS
         if "tokenizer" in parts:
-            defaults.append(f"text_encoder.tokenizer_path={parts['tokenizer']}")
+            defaults["text_encoder.tokenizer_path"] = str(parts["tokenizer"])
     if "image_encoder" in parts:  # Wan2.1-I2V's CLIP
-        defaults.append(f"tokenizer.image_encoder={parts['image_encoder']}")
+        defaults["tokenizer.image_encoder"] = str(parts["image_encoder"])
     if expands_timesteps(src):
         model["expand_timesteps"] = True
-        defaults += TI2V_DEFAULTS
-    defaults.append(f"infer.fps={frame_rate(bool(model.get('expand_timesteps')))}")
+        defaults.update(TI2V_DEFAULTS)
+    defaults["infer.fps"] = frame_rate(bool(model.get("expand_timesteps")))
     published = Published("wan", src, folder, model, defaults, "flow")
     return wan_experts.read_experts(src, published, read_json, model_fields)  # Wan2.2 A14B's two
 
@@ -243,7 +239,7 @@ SPEC = FamilySpec(
     load_published="vidforge.families.wan.expert_weights:load_wan_experts",
     # TeaCache's fits of Wan2.1's published sizes (`vidforge.sampling.step_cache`)
     step_cache_fits={(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"},
-    profile_defaults=("diffusion.objective=flow",),
+    profile_defaults={"diffusion.objective": "flow"},
     # 16 fps video (24 for TI2V-5B), as the pipelines' model cards write it; musubi-tuner asks for 16 fps
     # clips of Wan2.1
     media_defaults=media_defaults,

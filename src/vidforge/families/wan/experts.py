@@ -90,6 +90,6 @@ def read_experts(src: Path, published: Any, read_json, model_fields) -> Any:
     high, low = (
         (GUIDANCE_I2V, GUIDANCE_I2V) if model.get("condition_channels") else (GUIDANCE_HIGH, GUIDANCE_LOW)
     )
-    defaults = [*published.defaults, f"diffusion.guidance={high}", f"diffusion.guidance_2={low}"]
+    defaults = {**published.defaults, "diffusion.guidance": high, "diffusion.guidance_2": low}
     folders = {expert: src / folder for expert, folder in FOLDERS.items()}
     return dataclasses.replace(published, model=model, defaults=defaults, expert_folders=folders)
