@@ -114,6 +114,16 @@ class FamilySpec:
     """Image-to-video (a model with condition_channels > 0): fn(tokenizer, first_frame (B, 3, H, W) in
     [-1, 1], frames) -> the condition latents (B, condition_channels, T, h, w) the network reads beside the
     noisy latents, as the family's published pipeline builds them."""
+    image_encoder: str | None = None
+    """Image-to-video with `image_dim`: "module:Class" of the family's image encoder, built as
+    Class(path (tokenizer.image_encoder), device) with `.width` and `.encode(images)` -> (B, L, width)
+    float32, as the family's pipeline embeds an image; None: CLIP's penultimate states (Wan2.1-I2V,
+    `tokenizers.image_condition.ImageEncoder`)."""
+    image_fit: str = "resize"
+    """How the family's pipeline fits `infer --image` to the video's size: "resize" (diffusers'
+    VideoProcessor.preprocess stretches it; the image encoder sees the image as given, Wan) or "crop"
+    (resized to cover the size and centre-cropped first, and the image encoder sees that crop:
+    HunyuanVideo-1.5)."""
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""
