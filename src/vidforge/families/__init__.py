@@ -94,12 +94,6 @@ class FamilySpec:
     """LoRA's default target modules (train.lora.target_modules left empty)."""
     block_scopes: Callable[[Any], tuple[tuple[str, ...], int]]
     """model section -> (the attention scopes a block runs, the modulation chunks it projects) for FLOPs."""
-    table_modulation: bool = False
-    """The block adds a learned per-block table to one shared projection of the timestep (Wan) instead of
-    projecting it per block, and keeps its norms in float32. Read only by the memory model's op-by-op
-    formulas that remain (tensor parallel's split, packed rows of several clips, outside the blocks);
-    FLOPs and a block's saved bytes otherwise come from the module (`models.flops`,
-    `estimate.module_costs`)."""
     read_published: Callable[[Path], Published | None] | None = None
     """folder -> its `Published` description, or None when it is not this family's published layout."""
     published_class: str | None = None
@@ -137,6 +131,10 @@ class FamilySpec:
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
     model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
     `vidforge model export --to comfyui` (`lora.comfyui`). None: ComfyUI has no model of it."""
+    vae_compression: Callable[[Any], tuple[int, int]] | None = None
+    """model section -> (temporal, spatial) compression of the VAE the family's published pipeline pairs
+    with that model: a clip in pixels as latents (`bench plan --clip`; frames (k x temporal) + 1, sides
+    multiples of spatial). None: the profile's tokenizer says."""
     media_defaults: Callable[[Any], Mapping[str, Any]] = lambda model: {}
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
     (`curation.fps`, `infer.fps`: dotted field -> value): `vidforge finetune` re-times its clips to it and plays its validation

@@ -77,6 +77,7 @@ SPEC = FamilySpec(
     tp_rules=((), (), ()),  # nothing split: tp > 1 is refused
     lora_targets=LORA_TARGETS,
     block_scopes=block_scopes,
+    vae_compression=lambda model: (4, 16),  # AutoencoderKLHunyuanVideo15's
     read_published=read_published,
     published_class=CLASS_NAME,
     import_weights="vidforge.families.hunyuan15.weights:import_weights",
