@@ -1,4 +1,4 @@
-"""README's HunyuanVideo-1.5 recipe (`docs/recipes/hunyuan15.md`: import, finetune, infer, export for ComfyUI)
+"""README's HunyuanVideo-1.5 recipe ("Fine-tune HunyuanVideo-1.5": import, finetune, infer, export for ComfyUI)
 at the published 480p text-to-video shape: 121 frames of 480x848 (HunyuanVideo15Pipeline's defaults: 121
 frames, the transformer's target_size 640 at 16:9), 24 fps. By default `vidforge finetune --dry-run` of the
 recipe as printed on a folder whose configs say the published 8.3B transformer (54 blocks of 2048, patch
