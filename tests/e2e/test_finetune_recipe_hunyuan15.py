@@ -34,11 +34,9 @@ RECIPE = ("--profile", "dit1b_1xh200", "--set", f"data.buckets=[[{HEIGHT},{WIDTH
           f"data.frame_buckets=[{FRAMES}]")  # fmt: skip
 # 121 frames through the 4x temporal, 16x spatial VAE and the 1x1x1 patch: 31 x 30 x 53
 TOKENS = ((FRAMES - 1) // 4 + 1) * (HEIGHT // 16) * (WIDTH // 16)
-# This machine has no GPU. train.precision=fp32: in bf16 on the CPU (no autocast) the network's glyph
-# projection meets the float32 caption with a bf16 LayerNorm and fails (families/hunyuan15/network.py,
-# GlyphProjection: the caption is not cast to the weights' dtype).
+# This machine has no GPU; the recipe's profile trains in bf16 here as on the H200
 HERE = ("cluster.accelerator=cpu", "curation.decode_workers=0", "curation.transcode_workers=0",
-        "curation.caption.decode_workers=0", "data.prefetch=0", "train.precision=fp32")  # fmt: skip
+        "curation.caption.decode_workers=0", "data.prefetch=0")  # fmt: skip
 # diffusers' convert_hunyuan_video1_5_to_diffusers.py, TRANSFORMER_CONFIGS["480p_t2v"]; the VAE's and the
 # encoders' published widths (Qwen2.5-VL-7B's text model, Glyph-SDXL-v2's ByT5)
 PUBLISHED = {
