@@ -13,11 +13,11 @@ PROMPT = "a red square moving right"
 
 
 def vidforge_infer(
-    folder: Path, out: Path, sets: list[str], monkeypatch, image: Path | None = None
+    folder: Path, out: Path, sets: list[str], monkeypatch, image: Path | None = None, lora: Path | None = None
 ) -> tuple[torch.Tensor, float, dict]:
-    """(the latents `vidforge infer -c folder` decodes (1, C, T, H, W), the written MP4's frame rate, its
-    samples.jsonl record) for PROMPT at infer.seed 0. The latents are read on their way to the real
-    decoder."""
+    """(the latents `vidforge infer -c folder [--lora lora]` decodes (1, C, T, H, W), the written MP4's frame
+    rate, its samples.jsonl record) for PROMPT at infer.seed 0. The latents are read on their way to the
+    real decoder."""
     import json
 
     import av
@@ -33,7 +33,7 @@ def vidforge_infer(
         return decode(tokenizer, latents)
 
     monkeypatch.setattr(output, "decode", recording)
-    result = run(folder, [PROMPT], out, overrides=sets, image=image)
+    result = run(folder, [PROMPT], out, overrides=sets, image=image, lora=lora)
     with av.open(result.videos[0]) as container:
         fps = float(container.streams.video[0].average_rate)
     record = json.loads((out / "samples.jsonl").read_text().splitlines()[0])

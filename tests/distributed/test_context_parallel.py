@@ -254,7 +254,7 @@ def _regather_saving(group) -> tuple[int, float]:
     import torch.distributed as dist
 
     from vidforge.bench.measure import saved_activations
-    from vidforge.estimate.memory_model import block_activations
+    from vidforge.estimate.memory_model import gathered_kv_bytes
     from vidforge.models import model_config
     from vidforge.parallel.context_parallel import cp_process_group
     from vidforge.parallel.cp_attention import all_gather_attention
@@ -273,8 +273,7 @@ def _regather_saving(group) -> tuple[int, float]:
         kept.append(saved.bytes)
         out.sum().backward()  # the re-gather's collective runs here, on every rank
     cfg = model_config("tiny", hidden=heads * dim, heads=heads)
-    part = block_activations(cfg, shard.local, 1, 0, 4, gathered_kv_tokens=shard.local * (size - 1))
-    return kept[0] - kept[1], part.parts["gathered keys/values (all-gather CP)"]
+    return kept[0] - kept[1], gathered_kv_bytes(cfg, shard.local * (size - 1), 4)
 
 
 def _fused_ring(group) -> dict:

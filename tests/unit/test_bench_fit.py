@@ -91,7 +91,7 @@ def test_model_plans_the_preset_itself_under_any_profile() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
     assert data["recipes"] and data["clip"] == "81x480x832"
-    sets = _machine_sets("wan2.1-14b", "81x480x832", 1, "rtx4090")
+    sets = _machine_sets("wan2.1-14b", 1, "rtx4090")
     assert load_profile(None, sets).model == load_profile("dit1b_1xh200", sets).model
 
 

@@ -1,8 +1,7 @@
 """`vidforge model export RUN --to comfyui`: a LoRA run's adapter as the file ComfyUI loads. Held to
 ComfyUI's own rules, restated here from its source (ComfyUI is not on PyPI): the parameter names of its
-Wan model (`comfy/ldm/wan/model.py`), the keys its loader maps to them (`comfy/lora.py`,
-`model_lora_keys_unet`) and how it applies a pair (`comfy/weight_adapter/lora.py`, `LoRAAdapter.load` and
-`calculate_weight`). The base weights are written under ComfyUI's names and brought to vidforge's by
+Wan model (`comfy/ldm/wan/model.py`), the keys its loader maps to them and how it applies a pair
+(`tests/comfyui_fixtures.py`). The base weights are written under ComfyUI's names and brought to vidforge's by
 diffusers' converter of the original Wan layout (`convert_wan_transformer_to_diffusers`), so the name map
 under test is checked against two tables it shares nothing with."""
 
@@ -18,6 +17,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from comfyui_fixtures import comfyui_apply  # noqa: E402
 from train_fixtures import WAN, train_profile  # noqa: E402
 
 from vidforge.cli.app import app  # noqa: E402
@@ -84,37 +84,6 @@ class ComfyWan(nn.Module):  # WanModel(model_type="t2v" | "i2v")
                 nn.LayerNorm(CLIP_DIM), nn.Linear(CLIP_DIM, CLIP_DIM), nn.GELU(), nn.Linear(CLIP_DIM, dim),
                 nn.LayerNorm(dim),
             )  # fmt: skip
-
-
-def comfyui_key_map(state: dict[str, torch.Tensor]) -> dict[str, str]:
-    """comfy/lora.py, model_lora_keys_unet: the generic format, every `diffusion_model.X.weight` answers
-    to `diffusion_model.X` (and `lora_unet_X` with dots as underscores)."""
-    key_map = {}
-    for k in state:
-        if k.startswith("diffusion_model.") and k.endswith(".weight"):
-            key_map["lora_unet_" + k[len("diffusion_model.") : -len(".weight")].replace(".", "_")] = k
-            key_map[k[: -len(".weight")]] = k
-    return key_map
-
-
-def comfyui_apply(state: dict[str, torch.Tensor], lora: dict[str, torch.Tensor]) -> tuple[dict, set]:
-    """comfy/lora.py load_lora + comfy/weight_adapter/lora.py LoRAAdapter: for each mapped x, up =
-    x.lora_B.weight, down = x.lora_A.weight, alpha = x.alpha; W += alpha / down.shape[0] * up @ down
-    (both flattened past dim 1, reshaped to W). The state patched, and the LoRA keys it loaded."""
-    patched, loaded = dict(state), set()
-    for x, target in comfyui_key_map(state).items():
-        up, down = f"{x}.lora_B.weight", f"{x}.lora_A.weight"
-        if up not in lora:
-            continue
-        alpha = lora[f"{x}.alpha"].item() if f"{x}.alpha" in lora else None
-        loaded |= {up, down} | ({f"{x}.alpha"} if alpha is not None else set())
-        scale = alpha / lora[down].shape[0] if alpha is not None else 1.0
-        diff = lora[up].flatten(1) @ lora[down].flatten(1)
-        assert diff.numel() == patched[target].numel(), (
-            f"{x}: {tuple(diff.shape)} for {tuple(patched[target].shape)}"
-        )
-        patched[target] = patched[target] + scale * diff.reshape(patched[target].shape)
-    return patched, loaded
 
 
 def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

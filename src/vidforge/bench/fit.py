@@ -308,12 +308,17 @@ def _clips(profile: RunProfile) -> list[tuple[int, int, int]]:
 
 
 def clip_sets(profile: RunProfile, clip: tuple[int, int, int]) -> dict[str, int]:
-    ct, cs = profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+    return latent_sets(clip, profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression)
+
+
+def latent_sets(clip: tuple[int, int, int], temporal: int, spatial: int) -> dict[str, int]:
+    """A clip in pixels (frames, height, width) as the planner's latents under a VAE compressing
+    `temporal` x `spatial` x `spatial` (its first frame alone: frames (k x temporal) + 1 -> k + 1)."""
     frames, h, w = clip
     return {
-        "bench.latent_frames": (frames - 1) // ct + 1,
-        "bench.latent_height": h // cs,
-        "bench.latent_width": w // cs,
+        "bench.latent_frames": (frames - 1) // temporal + 1,
+        "bench.latent_height": h // spatial,
+        "bench.latent_width": w // spatial,
     }
 
 

@@ -381,7 +381,11 @@ def plan(
     """
     from vidforge.bench.plan import evaluate, format_plan, format_ranking, rank_layouts
 
-    given = [*_machine_sets(model, clip, gpus, accelerator), *parse_sets(set_)]
+    given = [*_machine_sets(model, gpus, accelerator), *parse_sets(set_)]
+    if clip is not None:  # in the latents of the model's VAE, so the model's family is read first
+        given += _clip_sets(
+            profile_from(profile, given), clip, from_folder=model is not None and Path(model).is_dir()
+        )
     resolved = profile_from(profile, given)
     output = current_output()
     if fit:
@@ -507,10 +511,8 @@ def expert_sets(model: dict) -> list[Override]:
     return [Override("train.expert", "high")] if model.get("experts", 1) == 2 else []
 
 
-def _machine_sets(
-    model: str | None, clip: str | None, gpus: int | None, accelerator: str | None
-) -> list[Override]:
-    """--model, --clip, --gpus and --accelerator as the settings they stand for."""
+def _machine_sets(model: str | None, gpus: int | None, accelerator: str | None) -> list[Override]:
+    """--model, --gpus and --accelerator as the settings they stand for (--clip: `_clip_sets`)."""
     sets: list[Override] = []
     if model is not None:
         if Path(model).is_dir():
@@ -532,28 +534,6 @@ def _machine_sets(
             if model in PRESETS:  # the family's objective
                 spec = family(PRESETS[model]["family"])
                 sets += [*as_overrides(spec.profile_defaults), *expert_sets(PRESETS[model])]
-    if clip is not None:
-        parts = clip.lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise UserInputError(f"--clip {clip}: give FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832")
-        frames, height, width = map(int, parts)
-        if not (1 <= frames <= MAX_CLIP[0] and (frames - 1) % 4 == 0) or not all(
-            8 <= n <= MAX_CLIP[1] and n % 8 == 0 for n in (height, width)
-        ):
-            raise UserInputError(
-                f"--clip {clip}: frames must be 4k+1 (Wan's VAE) up to {MAX_CLIP[0]}, height and width "
-                f"multiples of 8 up to {MAX_CLIP[1]}, e.g. 81x480x832"
-            )
-        # Wan's VAE (4x temporal, 8x spatial), stated as the tokenizer's so the plan's clip is the one asked
-        sets += as_overrides(
-            {
-                "tokenizer.temporal_compression": 4,
-                "tokenizer.spatial_compression": 8,
-                "bench.latent_frames": (frames - 1) // 4 + 1,
-                "bench.latent_height": height // 8,
-                "bench.latent_width": width // 8,
-            }
-        )
     if gpus is not None:
         from vidforge.bench.fit import MAX_GPUS
 
@@ -565,3 +545,30 @@ def _machine_sets(
     if accelerator is not None:
         sets += [Override("cluster.accelerator", accelerator)]
     return sets
+
+
+def _clip_sets(resolved: Any, clip: str, from_folder: bool) -> list[Override]:
+    """--clip FRAMESxHEIGHTxWIDTH as the planner's latents under the VAE of the model planned: a published
+    folder's (its tokenizer settings), else the family's for its presets (`FamilySpec.vae_compression`),
+    else the profile's tokenizer; stated as the tokenizer's so the plan's clip is the one asked."""
+    from vidforge.bench.fit import latent_sets
+    from vidforge.families import family
+
+    parts = clip.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise UserInputError(f"--clip {clip}: give FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832")
+    frames, height, width = map(int, parts)
+    vae = family(resolved.model.family).vae_compression
+    if vae is None or from_folder:
+        ct, cs = resolved.tokenizer.temporal_compression, resolved.tokenizer.spatial_compression
+    else:
+        ct, cs = vae(resolved.model)
+    if not (1 <= frames <= MAX_CLIP[0] and (frames - 1) % ct == 0) or not all(
+        cs <= n <= MAX_CLIP[1] and n % cs == 0 for n in (height, width)
+    ):
+        raise UserInputError(
+            f"--clip {clip}: frames must be {ct}k+1 (the model's VAE) up to {MAX_CLIP[0]}, height and width "
+            f"multiples of {cs} up to {MAX_CLIP[1]}, e.g. {ct * 20 + 1}x{cs * (480 // cs)}x{cs * (832 // cs)}"
+        )
+    tokenizer = {"tokenizer.temporal_compression": ct, "tokenizer.spatial_compression": cs}
+    return as_overrides({**tokenizer, **latent_sets((frames, height, width), ct, cs)})

@@ -167,8 +167,8 @@ def _refuse_adapter(export_dir: Path) -> None:
         return
     raise UserInputError(
         f"{export_dir}: a LoRA run; {adapter['folder']} already is a diffusers LoRA "
-        "(WanPipeline.load_lora_weights loads it as it is); add --merged to fold it into its base and "
-        "write full weights, or --to comfyui for ComfyUI's LoraLoader"
+        "(the pipeline's load_lora_weights, or its transformer's load_lora_adapter, loads it as it is); "
+        "add --merged to fold it into its base and write full weights, or --to comfyui for ComfyUI's LoraLoader"
     )
 
 

@@ -3,35 +3,11 @@ EMA, activations (with or without activation checkpointing), the compute-dtype w
 keeps, and communication buffers. Every term carries the arithmetic that produced it, so a plan can be
 read and checked by hand.
 
-Activations follow what autograd saves in vidforge's blocks (counted op by op with
-`torch.autograd.graph.saved_tensors_hooks`, see `vidforge.bench.measure`), per token of a rank:
-
-  each sub-layer (self-attention, cross-attention, MLP; DiT has 3, sequential ST-DiT 4, parallel ST-DiT 3)
-      4 x d     its LayerNorm input and output, the modulated input, the output the gate multiplies
-      2         LayerNorm mean and rstd
-  each self-attention scope (DiT 1, ST-DiT 2, parallel ST-DiT 3)
-      9 x d     q and k projections before and after RMSNorm and RoPE, q/k/v as SDPA takes them, its
-                output; 4 of the 9 in float32 under bf16 (RMSNorm and RoPE compute in float32)
-      3 x heads RMSNorm rstd of q and k, the attention log-sum-exp (float32)
-  cross-attention
-      3 x d     the query projection before and after RMSNorm (2 in float32 under bf16), its output
-      2 x heads RMSNorm rstd, log-sum-exp (float32)
-      + 2 x d + heads with image tokens (model.image_dim): that attention's output and log-sum-exp, and
-                the sum of the two outputs to_out reads; per image token its keys and values and the
-                float32 input of norm_added_k and its rstd
-  MLP          2 x mlp_hidden (GELU: fc1 output and the GELU output) or 4 x mlp_hidden (SwiGLU)
-  several samples packed in a row
-               + (chunks + sub-layers) x d: the modulation gathered per token (9 or 12 chunks of d,
-               kept whole since the gates are views of it) and each sub-layer's 1 + scale; a row of
-               one sample broadcasts its modulation (nothing per token)
-
-in the compute dtype (4 bytes in fp32, 2 in bf16) unless noted. The wan family (`wan_block_norms`)
-differs around the norms: Wan computes them, the modulation and the residual adds in float32 whatever
-the compute dtype, and its cross-attention has no modulation and no gate. Outside the blocks: the final layer
-(3 x d + 2), the patch embedding's input and the float32 loss (2 x patch_dim), the RoPE tables, and per
-clip the caption's projections (5 x text_tokens x d per block for cross-attention's keys and values) and
-an image-to-video clip's image embedding. A noise level per token (`Workload.token_levels`) makes the
-modulation per token (as packing does) and runs the timestep MLP per token.
+Activations are read off the family's network (`vidforge.estimate.module_costs`): what one block saves
+for its backward (one tensor-parallel rank's shard of it, on the rank's tokens, trained or a LoRA's
+frozen base with its adapters), and what lives outside the blocks (the model's inputs, the embedders,
+the output layer, the conditioning every block reads), by saved-tensor hooks on a meta-device forward;
++ the objective's float32 error (4 x patch_dim per token) the loss keeps.
 
 Layouts (mesh pp x dp_replicate x dp_shard x cp x tp): FSDP shards parameters, gradients, optimizer and
 EMA over dp_shard x cp (context-parallel ranks hold the same weights); tensor parallel splits the
@@ -46,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vidforge.estimate.module_costs import block_bytes_per_rank
+from vidforge.estimate.module_costs import saved_per_rank
 from vidforge.estimate.param_counts import (
     ParameterCounts,
     lora_adapted,
@@ -56,7 +32,6 @@ from vidforge.estimate.param_counts import (
 )
 from vidforge.estimate.workload import Workload
 from vidforge.families import family
-from vidforge.models.flops import TIMESTEP_FREQUENCIES
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout
@@ -129,18 +104,6 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.3g} GiB"
 
 
-def _scopes(cfg: Model) -> tuple[int, int, int, int]:
-    """(sub-layers, self-attention scopes, full-attention scopes, modulation chunks) of one block: the
-    scopes and chunks the family's block runs (`FamilySpec.block_scopes`); its modulated sub-layers (a
-    DiT's self-attention, cross-attention and MLP; a sequential ST-DiT's spatial and temporal attention
-    each; a parallel-mm block's joint attention and MLP)."""
-    scopes, chunks = family(cfg.family).block_scopes(cfg)
-    sublayers = 3
-    if cfg.architecture == "stdit" and cfg.stdit_block != "parallel":
-        sublayers = 2 if cfg.stdit_block == "parallel-mm" else 4
-    return sublayers, len(scopes), scopes.count("full"), chunks
-
-
 @dataclass(frozen=True)
 class BlockActivations:
     """Bytes one block saves for its backward, on one rank, by part."""
@@ -152,190 +115,11 @@ class BlockActivations:
         return sum(self.parts.values())
 
 
-def block_activations(
-    cfg: Model,
-    tokens: int,
-    samples: int,
-    text_tokens: int,
-    compute: int,
-    *,
-    tp: int = 1,
-    sequence_parallel: bool = True,
-    per_token_modulation: bool = False,
-    image_tokens: int = 0,
-    gathered_kv_tokens: int = 0,
-    key_groups: int = 1,
-    frozen: bool = False,
-    frozen_mlp: bool = False,
-    lora_rank: int = 0,
-    adapted: frozenset[str] = frozenset(),
-) -> BlockActivations:
-    """What one block saves for `tokens` tokens of this rank (after the context-parallel split) of
-    `samples` clips. `gathered_kv_tokens`: tokens of other context-parallel ranks whose keys and values an
-    all-gather CP keeps per full-attention layer. `image_tokens`: image-embedding tokens per clip that
-    cross-attention also reads (`model.image_dim`). `key_groups`: attention groups of one clip over all
-    scopes (frames + positions + 1); the multimodal block appends the caption's keys to each.
-    `frozen`: a LoRA base, whose modulation, gates and norm weights need no gradient, so the products with
-    them keep neither the norm's output, nor the gated output, nor the normalised q and k; `frozen_mlp`:
-    the MLP has no adapters either, so its second projection keeps no input (counted on the CPU with
-    saved-tensor hooks, as the rest). A frozen Wan block is counted by `wan_lora_block` (`lora_rank`,
-    `adapted`)."""
-    if frozen and family(cfg.family).table_modulation:  # a frozen block of Wan's layout
-        parts = wan_lora_block(
-            cfg,
-            tokens,
-            samples * text_tokens,
-            compute,
-            lora_rank,
-            adapted,
-            per_token_modulation,
-            samples * image_tokens,
-        )
-        if gathered_kv_tokens:
-            parts["gathered keys/values (all-gather CP)"] = 2 * gathered_kv_tokens * cfg.hidden * compute
-        return BlockActivations(parts)
-    d, m, h = cfg.hidden, cfg.mlp_hidden, cfg.heads
-    sublayers, scopes, full_scopes, chunks = _scopes(cfg)
-    f32 = 4
-    low = 4 if compute == 2 else 0  # of the 9 per-scope tensors, how many are float32 under bf16
-    norm_tp = tp if sequence_parallel else 1
-    # LayerNorm input and output, the modulated input the projections read, the gated output; under
-    # sequence parallel the first two and the gated output are this rank's tokens, the modulated input
-    # is saved all-gathered (the whole sequence), and without it all four are whole.
-    per_norm_local = (1 if frozen else 3) * d * compute + 2 * compute
-    gathered_input = d * compute
-    # Several samples in a row: the modulation gathered per token (chunks x d, kept whole because the gates
-    # are views of it) and each sub-layer's (1 + scale). A row of one sample broadcasts its one modulation
-    # row instead (`Conditioning.per_token`): nothing per token.
-    modulation = (chunks + sublayers) * d * compute if per_token_modulation else 0
-    # a frozen base: the RMSNorms' weight products keep no normalised q or k (2 of the float32 tensors of
-    # a self-attention scope, 1 of cross-attention's)
-    kept, low = (7, max(low - 2, 0)) if frozen else (9, low)
-    attn_scope = ((kept - low) * compute + low * f32) * d + 3 * h * f32
-    cross_low = (1 if frozen else 2) if compute == 2 else 0
-    cross_kept = 2 if frozen else 3
-    cross = ((cross_kept - cross_low) * compute + cross_low * f32) * d + 2 * h * f32
-    mlp = ((4 if cfg.mlp_act == "swiglu" else 2) - (1 if frozen_mlp else 0)) * m * compute
-    text = 5 * samples * text_tokens * d * compute / tp
-    if image_tokens:
-        # the image attention's output, the sum to_out reads, the log-sum-exp; per image token its keys
-        # and values, and norm_added_k's float32 input and rstd
-        cross += 2 * d * compute + h * f32
-        text += samples * image_tokens * ((2 * compute + f32) * d + f32) / tp
-    if family(cfg.family).table_modulation:
-        local, modulation = wan_block_norms(cfg, compute, per_token_modulation, frozen)
-        norms = local * tokens / norm_tp + sublayers * gathered_input * tokens
-    else:
-        norms = (sublayers * per_norm_local + modulation) * tokens / norm_tp
-        norms += sublayers * gathered_input * tokens
-    parts = {
-        "norms, modulation, gates": norms,
-        "self-attention": scopes * attn_scope * tokens / tp,
-        "cross-attention": cross * tokens / tp + text,
-        "mlp": mlp * tokens / tp,
-    }
-    if cfg.multimodal_block:
-        del parts["cross-attention"]
-        keys = samples * (text_tokens + cfg.context_latents)
-        # The text norm's input and output, and per branch the text k/v outputs and normalised keys; then
-        # each group's key row holds its caption's keys and values again.
-        parts["caption keys (joint attention)"] = (3 + 3 * scopes + 2 * key_groups) * keys * d * compute
-    if gathered_kv_tokens:
-        parts["gathered keys/values (all-gather CP)"] = (
-            full_scopes * 2 * gathered_kv_tokens * d * compute / tp
-        )
-    return BlockActivations(parts)
-
-
-def chunks_of(cfg: Model) -> int:
-    """Modulation vectors a block of the model's family projects (`FamilySpec.block_scopes`)."""
-    return family(cfg.family).block_scopes(cfg)[1]
-
-
-def wan_block_norms(
-    cfg: Model, compute: int, per_token_modulation: bool, frozen: bool = False
-) -> tuple[float, float]:
-    """Bytes per token a Wan block saves around its norms, besides each sub-layer's input that the
-    projections read (counted as the DiT's `gathered_input`), and of those the per-token modulation.
-
-    Self-attention and feed-forward: the float32 norm input (x.float()) and output, mean and rstd, and
-    the output the gate multiplies (attention's in the compute dtype, the feed-forward's float32).
-    Cross-attention: the float32 input of its LayerNorm, mean and rstd (nothing without the norm).
-    Several samples in a row, or a noise level per token: the six float32 modulation vectors per token and
-    two (1 + scale).
-    A frozen (LoRA) base: neither the norm outputs nor the gated outputs (no modulation gradient)."""
-    d, f32 = cfg.hidden, 4
-    norm = (1 if frozen else 2) * f32 * d + 2 * f32
-    cross = f32 * d + 2 * f32 if cfg.cross_attn_norm else 0
-    modulation = (chunks_of(cfg) + 2) * d * f32 if per_token_modulation else 0
-    gated = 0 if frozen else compute * d + f32 * d
-    return norm + cross + norm + gated + modulation, modulation
-
-
-def wan_lora_block(
-    cfg: Model,
-    tokens: float,
-    text: float,
-    compute: int,
-    rank: int,
-    adapted: frozenset[str],
-    per_token_modulation: bool,
-    image: float = 0,
-) -> dict[str, float]:
-    """Bytes a Wan block with a frozen base and LoRA adapters on the layers `adapted` (`lora_adapted`:
-    by default to_q, to_k, to_v and to_out.0 of both attentions) saves for its backward, by part, for
-    `tokens` video tokens, `text` caption tokens and `image` image tokens in all (as counted on the CPU
-    with saved-tensor hooks, op by op):
-
-      each norm (self-attention's, the feed-forward's, cross-attention's with cross_attn_norm)
-          its float32 input (4 x d) and mean and rstd; the (1 + scale) and gate products keep only the
-          frozen modulation, never the norm's output
-      each adapter
-          its input, and lora_A's output (rank): the frozen projection keeps nothing, the adapter's
-          lora_A needs its input for its weight's gradient. Adapters on one input share it (q, k and v;
-          under autocast too: `vidforge.lora` keeps peft from copying it to float32), and
-          to_out.0's is the attention output the kernel keeps
-      each attention
-          q and k RMS-normalised across the heads: their float32 inputs (4 x d) and rstd; the kernel's q,
-          k, v, output and float32 log-sum-exp (heads)
-      feed-forward
-          GELU's input (mlp_hidden); with adapters, fc1's input and fc2's (the GELU output)
-      image tokens (model.image_dim)
-          the kernel's image keys and values, its output and log-sum-exp per video token; to_out.0's
-          adapter then reads the sum of the two attentions' outputs, a tensor of its own
-
-    in the compute dtype unless noted."""
-    d, m, h, f32, c = cfg.hidden, cfg.mlp_hidden, cfg.heads, 4, compute
-
-    def inputs(layers: list[str], width: int) -> float:
-        """What the adapters on these layers, which read one input, keep of it."""
-        n = sum(name in adapted for name in layers)
-        return min(n, 1) * width * c + n * rank * c
-
-    def out(layer: str) -> float:  # to_out.0 reads the attention output, which the kernel keeps
-        return rank * c if layer in adapted else 0
-
-    norm = f32 * d + 2 * f32
-    qk_norm = f32 * d + f32
-    modulation = (chunks_of(cfg) + 2) * d * f32 if per_token_modulation else 0
-    norms = (3 if cfg.cross_attn_norm else 2) * norm + modulation
-    self_attention = inputs(["attn1.to_q", "attn1.to_k", "attn1.to_v"], d) + out("attn1.to_out.0")
-    self_attention += 2 * qk_norm + 4 * c * d + f32 * h
-    # cross-attention: q from the video tokens, k and v from the caption's
-    cross_tokens = inputs(["attn2.to_q"], d) + out("attn2.to_out.0") + qk_norm + 2 * c * d + f32 * h
-    cross_text = inputs(["attn2.to_k", "attn2.to_v"], d) + qk_norm + 2 * c * d
-    mlp = inputs(["ffn.net.0.proj"], d) + m * c + inputs(["ffn.net.2"], m)
-    cross_image = 0.0
-    if image:
-        cross_tokens += c * d + f32 * h + (c * d if "attn2.to_out.0" in adapted else 0)
-        added = {"attn2.add_k_proj", "attn2.add_v_proj"} & adapted
-        cross_image = inputs(sorted(added), d) + (qk_norm if "attn2.add_k_proj" in added else 0) + 2 * c * d
-    return {
-        "norms, modulation, gates": norms * tokens,
-        "self-attention": self_attention * tokens,
-        "cross-attention": cross_tokens * tokens + cross_text * text + cross_image * image,
-        "mlp": mlp * tokens,
-    }
+def gathered_kv_bytes(cfg: Model, gathered_tokens: float, compute: int, tp: int = 1) -> float:
+    """Keys and values of `gathered_tokens` tokens of other context-parallel ranks that all-gather CP
+    keeps for the backward in every full-attention scope of a block (this tp rank's heads)."""
+    full_scopes = family(cfg.family).block_scopes(cfg)[0].count("full")
+    return full_scopes * 2 * gathered_tokens * cfg.hidden * compute / tp
 
 
 TEXT_STREAM = ("cross_attn.k", "cross_attn.v", "attn2.to_k", "attn2.to_v")
@@ -387,50 +171,10 @@ def op_level_block(
         split = 1 if name.endswith(ROW_PARALLEL) else tp
         adapter = (lora_rank + width) if name in adapted else 0
         total += streams[stream] * (width / split + adapter) * compute
-    _, scopes, _, _ = _scopes(cfg)
+    scopes = len(family(cfg.family).block_scopes(cfg)[0])
     kernels = scopes + 1 + (1 if image_tokens else 0)  # self-attention scopes, cross-attention, image's
     total += kernels * tokens * (cfg.hidden * compute + 4 * cfg.heads) / tp
     return total
-
-
-def rope_bytes(cfg: Model, workload: Workload, tokens: int) -> float:
-    """The float32 RoPE tables (cos and sin) of one micro-batch."""
-    return 2 * (tokens if workload.packed else workload.tokens_per_sample) * (cfg.head_dim // 2) * 4
-
-
-def outside_activations(
-    cfg: Model, workload: Workload, tokens: int, compute: int, frozen: bool = False
-) -> float:
-    """Final layer, patch embedding input, float32 loss, RoPE tables, caption and timestep MLPs (the
-    timestep's per token under `Workload.token_levels`: its sinusoids, the SiLU's input and the two
-    projections' after it), an image-to-video clip's image embedding. A frozen Wan (LoRA) keeps only the
-    final norm's float32 input, mean and rstd, the loss's float32 error and the RoPE tables: its frozen
-    projections, embeddings and MLPs keep no input."""
-    d, p = cfg.hidden, cfg.patch_dim
-    per_token = workload.per_token_modulation
-    rope = rope_bytes(cfg, workload, tokens)
-    table = family(cfg.family).table_modulation  # Wan's block layout (FamilySpec.table_modulation)
-    if frozen and table:
-        return (4 * d + 8 + 4 * p) * tokens + rope
-    if table:  # float32 norm input and output, the projection's input; per-token 1 + scale
-        final = ((2 * 4 + compute + (4 if per_token else 0)) * d + 8) * tokens
-    else:
-        final = ((4 if per_token else 3) * d + 4) * compute * tokens  # per-token 1 + scale
-    # the patch embedding reads the latents' and the condition's channels; the loss is on the latents'
-    io = (p // cfg.in_channels * (cfg.in_channels + cfg.condition_channels) * compute + 4 * p) * tokens
-    if workload.token_levels:
-        # per token: the sinusoids, linear_1's output and linear_2's input, time_proj's input, and the
-        # embedding itself (the float32 input of time_proj's SiLU)
-        time, per_sample_time = ((TIMESTEP_FREQUENCIES + 3 * d) * compute + 4 * d) * tokens, 0
-    else:
-        time, per_sample_time = 0, TIMESTEP_FREQUENCIES + 2 * d
-    captions = workload.samples * (workload.text_tokens * (cfg.text_dim + 2 * d) + per_sample_time) * compute
-    # the image embedding: its float32 input (image_dim), the feed-forward's input, GELU's input and the
-    # second layer's (image_dim each); three float32 tensors of the width around its last LayerNorm and
-    # the output the blocks' key and value projections read; both LayerNorms' means and rstds
-    image_dim, images = cfg.image_dim, workload.samples * workload.image_tokens
-    images *= (4 + 3 * compute) * image_dim + (3 * 4 + compute) * d + 4 * 4
-    return final + io + rope + captions + time + images
 
 
 def in_flight_microbatches(layout: Layout, schedule: str) -> float:
@@ -642,23 +386,7 @@ def _activation_terms(r: _Rank) -> _Activations:
     all_gather = layout.cp > 1 and par.cp_impl == "all-gather"
     gathered = tokens * (layout.cp - 1) if all_gather and not par.cp_regather else 0
     adapted = lora_adapted(cfg, train.lora) if train.lora is not None else frozenset()
-    one = measured_block(r, tokens, gathered) or block_activations(
-        cfg,
-        tokens,
-        workload.samples,
-        workload.text_tokens,
-        prec.compute,
-        tp=tp,
-        sequence_parallel=par.sequence_parallel,
-        per_token_modulation=workload.per_token_modulation,
-        image_tokens=workload.image_tokens,
-        gathered_kv_tokens=gathered,
-        key_groups=workload.grid[0] + workload.grid[1] * workload.grid[2] + 1,
-        frozen=train.lora is not None,
-        frozen_mlp=train.lora is not None and not any(n.startswith(("mlp.", "ffn.")) for n in adapted),
-        lora_rank=train.lora.rank if train.lora is not None else 0,
-        adapted=adapted,
-    )
+    one, outside, shared = saved_activations(r, tokens, gathered)
     mode, ratio, ops_ratio = (
         train.activation_checkpointing,
         train.checkpoint_ratio,
@@ -697,15 +425,12 @@ def _activation_terms(r: _Rank) -> _Activations:
     first_free = policies and policies[0] == "none" and 0 not in offloaded and layout.pp == 1
     if train.lora is not None and first_free:
         # nothing before the first block trains: it keeps less (its first norm keeps no input)
-        first = measured_block(r, tokens, gathered, first=True)
-        if first is not None:
-            first_norm = one.total - first.total
-            stored -= first_norm
-    outside = outside_activations(cfg, workload, tokens, prec.compute, frozen=train.lora is not None)
-    rope = rope_bytes(cfg, workload, tokens)
-    if not kept:  # no block saves the RoPE tables on the device; the blocks' conditioning holds them
-        outside -= rope
-        terms.append(Term("rope tables", rope, "float32 cos and sin, held for the recompute or backward"))
+        first_norm = one.total - saved_activations(r, tokens, gathered, first=True)[0].total
+        stored -= first_norm
+    if kept:  # saved by the blocks that keep theirs
+        outside += shared
+    else:  # no block saves it, the blocks' conditioning holds it for the recompute and backward
+        terms.append(Term("shared conditioning", shared, "the caption's embedding, RoPE tables, timestep's"))
     acts = in_flight * stored + outside
     detail = ", ".join(f"{k} {_gib(v)}" for k, v in one.parts.items())
     formula = (
@@ -729,8 +454,11 @@ def _activation_terms(r: _Rank) -> _Activations:
         formula += f", {len(offloaded)} offloaded blocks keep theirs in host memory"
     if in_flight != 1:
         formula += f"; x {in_flight:g} micro-batches in flight ({par.pp_schedule})"
-    rope_here = ", RoPE" if kept else ""
-    formula += f"; + {_gib(outside)} outside the blocks (final layer, patch input, loss{rope_here}, captions)"
+    shared_here = ", the conditioning every block reads" if kept else ""
+    formula += (
+        f"; + {_gib(outside)} outside the blocks (the inputs, embedders and output layer{shared_here}, read off "
+        "the network; the loss's float32 error)"
+    )
     terms.append(Term("activations", acts, formula))
     done = _Activations(
         tokens=tokens,
@@ -753,23 +481,21 @@ def _lora_key(train: Any) -> tuple[int, tuple[str, ...] | None] | None:
     return None if lora is None else (lora.rank, lora.target_modules and tuple(lora.target_modules))
 
 
-def measured_block(
+def saved_activations(
     r: _Rank, tokens: float, gathered_kv_tokens: float, first: bool = False
-) -> BlockActivations | None:
-    """What one block saves, read off the family's network (`module_costs.block_bytes_per_rank`): a block
-    of one tensor-parallel rank (trained, or a LoRA's frozen base with its adapters) on a row of one clip,
-    or of equal clips each with its own noise level (plain batches; a packed row of several clips
-    gathers the modulation per token, which `block_activations` counts). `first`: the first block, whose
-    input needs no gradient under LoRA. None where `block_activations` still counts it: tensor
-    parallel's split, a packed row of several clips."""
+) -> tuple[BlockActivations, float, float]:
+    """What one block saves on this rank, what lives outside the blocks, and what every block reads and
+    none makes (the caption's embedding, the RoPE tables, the timestep's conditioning), read off the family's network
+    (`module_costs.saved_per_rank`: a block of one tensor-parallel rank, trained or a LoRA's frozen base
+    with its adapters, on the rank's tokens of a plain batch or a packed row), + all-gather CP's gathered
+    keys and values and the loss's float32 error (4 bytes a latent value of a token). `first`: the first
+    block, whose input needs no gradient under LoRA."""
     workload, cfg = r.workload, r.cfg
-    packed_rows = workload.per_token_modulation and not workload.token_levels
-    if r.tp > 1 or packed_rows:
-        return None
-    saved = block_bytes_per_rank(
+    saved = saved_per_rank(
         cfg,
         workload.grid,
         workload.samples,
+        workload.packed,
         workload.text_tokens,
         workload.image_tokens,
         workload.token_levels,
@@ -777,14 +503,16 @@ def measured_block(
         tokens,
         lora=_lora_key(r.train),
         first=first,
+        tp=r.tp,
+        sequence_parallel=r.par.sequence_parallel,
     )
-    parts = {"saved for backward (read off the block)": saved}
+    parts = {"saved for backward (read off the block)": saved.block}
     if gathered_kv_tokens:
-        full_scopes = family(cfg.family).block_scopes(cfg)[0].count("full")
-        parts["gathered keys/values (all-gather CP)"] = (
-            full_scopes * 2 * gathered_kv_tokens * cfg.hidden * r.prec.compute
+        parts["gathered keys/values (all-gather CP)"] = gathered_kv_bytes(
+            cfg, gathered_kv_tokens, r.prec.compute, r.tp
         )
-    return BlockActivations(parts)
+    loss = 4 * cfg.patch_dim * tokens
+    return BlockActivations(parts), saved.outside + loss, saved.shared
 
 
 def _recompute_term(r: _Rank, acts: _Activations, checkpointed: bool) -> None:

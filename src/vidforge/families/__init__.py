@@ -94,12 +94,6 @@ class FamilySpec:
     """LoRA's default target modules (train.lora.target_modules left empty)."""
     block_scopes: Callable[[Any], tuple[tuple[str, ...], int]]
     """model section -> (the attention scopes a block runs, the modulation chunks it projects) for FLOPs."""
-    table_modulation: bool = False
-    """The block adds a learned per-block table to one shared projection of the timestep (Wan) instead of
-    projecting it per block, and keeps its norms in float32. Read only by the memory model's op-by-op
-    formulas that remain (tensor parallel's split, packed rows of several clips, outside the blocks);
-    FLOPs and a block's saved bytes otherwise come from the module (`models.flops`,
-    `estimate.module_costs`)."""
     read_published: Callable[[Path], Published | None] | None = None
     """folder -> its `Published` description, or None when it is not this family's published layout."""
     published_class: str | None = None
@@ -120,13 +114,28 @@ class FamilySpec:
     """Image-to-video (a model with condition_channels > 0): fn(tokenizer, first_frame (B, 3, H, W) in
     [-1, 1], frames) -> the condition latents (B, condition_channels, T, h, w) the network reads beside the
     noisy latents, as the family's published pipeline builds them."""
+    image_encoder: str | None = None
+    """Image-to-video with `image_dim`: "module:Class" of the family's image encoder, built as
+    Class(path (tokenizer.image_encoder), device) with `.width` and `.encode(images)` -> (B, L, width)
+    float32, as the family's pipeline embeds an image; None: CLIP's penultimate states (Wan2.1-I2V,
+    `tokenizers.image_condition.ImageEncoder`)."""
+    image_fit: str = "resize"
+    """How the family's pipeline fits `infer --image` to the video's size: "resize" (diffusers'
+    VideoProcessor.preprocess stretches it; the image encoder sees the image as given, Wan) or "crop"
+    (resized to cover the size and centre-cropped first, and the image encoder sees that crop:
+    HunyuanVideo-1.5)."""
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""
     comfyui_lora: str | None = None
     """fn(module name in the network, e.g. `blocks.0.attn1.to_q`) -> the name of that layer in ComfyUI's
-    model of the family (`blocks.0.self_attn.q`), or None for a layer ComfyUI's model lacks: the keys of
+    model of the family (`blocks.0.self_attn.q`), a `Slot` where ComfyUI's layer is not the network's one
+    for one (a part of a fused qkv), or None for a layer ComfyUI's model lacks: the keys of
     `vidforge model export --to comfyui` (`lora.comfyui`). None: ComfyUI has no model of it."""
+    vae_compression: Callable[[Any], tuple[int, int]] | None = None
+    """model section -> (temporal, spatial) compression of the VAE the family's published pipeline pairs
+    with that model: a clip in pixels as latents (`bench plan --clip`; frames (k x temporal) + 1, sides
+    multiples of spatial). None: the profile's tokenizer says."""
     media_defaults: Callable[[Any], Mapping[str, Any]] = lambda model: {}
     """model section -> the frame rate a model of that shape was trained on and samples at, as settings
     (`curation.fps`, `infer.fps`: dotted field -> value): `vidforge finetune` re-times its clips to it and plays its validation

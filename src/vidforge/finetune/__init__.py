@@ -718,6 +718,7 @@ def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> di
 def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None, caption: str) -> list[str]:
     """What to run with the result: sampling it, merging a LoRA, loading it in diffusers."""
     from vidforge.infer.weights import find_export
+    from vidforge.lora import diffusers_loading
 
     train_dir = out / "train"
     prompt = (profile.train.validation_prompts or [caption])[0]
@@ -733,9 +734,9 @@ def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None
         if find_export(base) is None:
             index = Path(base) / "model_index.json"  # a pipeline folder names its class
             pipeline = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
+            pipeline = pipeline or "WanPipeline"
             after.append(
-                f"diffusers: {pipeline or 'WanPipeline'}.from_pretrained({str(base)!r})"
-                f".load_lora_weights({model!r})"
+                f"diffusers: {pipeline}.from_pretrained({str(base)!r}){diffusers_loading(pipeline, model)}"
             )
     else:
         after = [_command("infer", "-c", train_dir, *image, "--prompt", prompt, "-o", out / "samples")]

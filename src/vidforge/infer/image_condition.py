@@ -17,7 +17,7 @@ from torch import nn
 from vidforge.errors import UserInputError
 from vidforge.families import family, load
 from vidforge.profile import RunProfile
-from vidforge.tokenizers.image_condition import ImageEncoder, load_image, preprocess_image
+from vidforge.tokenizers.image_condition import build_image_encoder, fit_image, load_image
 from vidforge.tokenizers.interface import VideoTokenizer
 
 
@@ -64,8 +64,13 @@ def channel_condition(
     if build is None:
         raise ValueError(f"family {model.family}: condition_channels without FamilySpec.condition_latents")
     cfg = profile.infer
-    picture = load_image(image)
-    first = preprocess_image(picture, cfg.height, cfg.width, tokenizer.spatial_compression)
+    first, seen = fit_image(
+        load_image(image),
+        cfg.height,
+        cfg.width,
+        tokenizer.spatial_compression,
+        family(model.family).image_fit,
+    )
     latents = load(build)(tokenizer, first.to(tokenizer.device), cfg.frames).cpu()
     if latents.shape[1] != model.condition_channels:
         raise UserInputError(
@@ -74,16 +79,6 @@ def channel_condition(
         )
     embedding = None
     if model.image_dim:
-        if profile.tokenizer.image_encoder is None:
-            raise UserInputError(
-                f"tokenizer.image_encoder: the model reads a {model.image_dim}-wide image embedding; set it to "
-                "the CLIP vision folder (a Wan2.1-I2V pipeline's image_encoder/)"
-            )
-        encoder = ImageEncoder(profile.tokenizer.image_encoder, tokenizer.device)
-        if encoder.width != model.image_dim:
-            raise UserInputError(
-                f"tokenizer.image_encoder: gives {encoder.width}-wide states but the model reads "
-                f"model.image_dim={model.image_dim}; use the image encoder the model was trained with"
-            )
-        embedding = encoder.encode([picture]).cpu()
+        encoder = build_image_encoder(model, profile.tokenizer.image_encoder, tokenizer.device)
+        embedding = encoder.encode([seen]).cpu()
     return ImageCondition(latents, embedding)

@@ -152,6 +152,17 @@ def save_adapter(
     return out
 
 
+def diffusers_loading(pipeline: str, folder: str | None) -> str:
+    """The call that loads the adapter in `folder` into diffusers' pipeline class `pipeline`: its
+    `load_lora_weights`, or for a pipeline without one (HunyuanVideo-1.5's) its transformer's
+    `load_lora_adapter`, which `load_lora_weights` runs for the others."""
+    import diffusers
+
+    if hasattr(getattr(diffusers, pipeline, None), "load_lora_weights") or not hasattr(diffusers, pipeline):
+        return f".load_lora_weights({folder!r})"
+    return f".transformer.load_lora_adapter({folder!r}, weight_name={WEIGHTS!r}, prefix={PREFIX!r})"
+
+
 def _jsonable(value: Any) -> bool:
     try:
         json.dumps(value)

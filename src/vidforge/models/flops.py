@@ -116,22 +116,37 @@ def first_block(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
 
 
 def meta_inputs(
-    cfg: Model, grid: Grid, text: int, image: int, token_levels: bool, dtype: torch.dtype
-) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-    """One sample's forward arguments on the meta device (the shapes `VideoTransformer.forward` takes)."""
+    cfg: Model,
+    grids: Sequence[Grid],
+    packed: bool,
+    text: int,
+    image: int,
+    token_levels: bool,
+    dtype: torch.dtype,
+) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
+    """The forward arguments of one row on the meta device (the shapes `VideoTransformer.forward` takes):
+    one clip of token grid `grids[0]`, or with `packed` the clips of `grids` packed into one row of patch
+    tokens with its `SequenceLayout`; each clip with `text` caption and `image` image tokens."""
     meta = {"device": "meta", "dtype": dtype}
-    latent = [g * p for g, p in zip(grid, cfg.patch, strict=True)]
-    levels = (1, grid[0] * grid[1] * grid[2]) if token_levels else (1,)
-    args = (
-        torch.empty(1, cfg.in_channels, *latent, **meta),
-        torch.empty(levels, device="meta"),
-        torch.empty(1, text, cfg.text_dim, **meta),
-    )
-    keywords = {}
+    samples, tokens = len(grids), sum(t * h * w for t, h, w in grids)
+    levels = (1, tokens) if token_levels else (samples,)
+    keywords: dict[str, object] = {}
+    if packed:
+        features = cfg.patch[0] * cfg.patch[1] * cfg.patch[2]
+        x = torch.empty(1, tokens, cfg.in_channels * features, **meta)
+        condition = (1, tokens, cfg.condition_channels * features)
+        keywords["layout"] = SequenceLayout(tuple(tuple(g) for g in grids))
+    else:
+        if samples != 1:
+            raise ValueError(f"meta_inputs: one clip a row unless packed, got {samples} grids")
+        latent = [g * p for g, p in zip(grids[0], cfg.patch, strict=True)]
+        x = torch.empty(1, cfg.in_channels, *latent, **meta)
+        condition = (1, cfg.condition_channels, *latent)
+    args = (x, torch.empty(levels, device="meta"), torch.empty(samples, text, cfg.text_dim, **meta))
     if cfg.condition_channels:
-        keywords["condition"] = torch.empty(1, cfg.condition_channels, *latent, **meta)
+        keywords["condition"] = torch.empty(condition, **meta)
     if cfg.image_dim:
-        keywords["image"] = torch.empty(1, image, cfg.image_dim, **meta)
+        keywords["image"] = torch.empty(samples, image, cfg.image_dim, **meta)
     return args, keywords
 
 
@@ -156,7 +171,7 @@ def _sample_flops(key: str, grid: Grid, text: int, image: int, token_levels: boo
     top = type(model).__name__
     prefix, block = first_block(model)
     attends = [f"{top}.{prefix}.{n}" for n, m in block.named_modules() if isinstance(m, Attend)]
-    args, keywords = meta_inputs(cfg, grid, text, image, token_levels, torch.float32)
+    args, keywords = meta_inputs(cfg, (grid,), False, text, image, token_levels, torch.float32)
     # one counter over both passes: it attributes the backward to modules by the hooks the forward sets
     with FlopCounterMode(display=False) as counter:
         out = model(*args, **keywords)

@@ -54,6 +54,39 @@ def preprocess_image(image: Any, height: int, width: int, spatial_compression: i
     return processor.preprocess(image, height=height, width=width).float()
 
 
+def fit_image(
+    image: Any, height: int, width: int, spatial_compression: int, fit: str = "resize"
+) -> tuple[torch.Tensor, Any]:
+    """(the image as `preprocess_image` makes it at height x width, the image the image encoder reads) as
+    the family's pipeline fits it (`FamilySpec.image_fit`): "resize" stretches it and encodes it as given;
+    "crop" resizes it to cover the size, centre-crops it (diffusers' VideoProcessor.resize, resize_mode
+    "crop") and encodes the crop."""
+    if fit == "crop":
+        from diffusers.video_processor import VideoProcessor
+
+        processor = VideoProcessor(vae_scale_factor=spatial_compression)
+        image = processor.resize(image, height=height, width=width, resize_mode="crop")
+    return preprocess_image(image, height, width, spatial_compression), image
+
+
+def build_image_encoder(model: Model, path: str | None, device: torch.device | str) -> Any:
+    """The image encoder a model with `image_dim` reads (its family's, `FamilySpec.image_encoder`; CLIP's
+    by default) from `path` (tokenizer.image_encoder), checked against model.image_dim."""
+    if path is None:
+        raise UserInputError(
+            f"tokenizer.image_encoder: the model reads a {model.image_dim}-wide image embedding; set it to "
+            "the image encoder folder of its published pipeline (its image_encoder/)"
+        )
+    name = family(model.family).image_encoder
+    encoder = (ImageEncoder if name is None else load(name))(path, device)
+    if encoder.width != model.image_dim:
+        raise UserInputError(
+            f"tokenizer.image_encoder: gives {encoder.width}-wide states but the model reads "
+            f"model.image_dim={model.image_dim}; use the image encoder the model was trained with"
+        )
+    return encoder
+
+
 class ImageEncoder:
     """A CLIP vision tower (`path`: a diffusers I2V pipeline's `image_encoder/`) and its image processor
     (its preprocessor config in `path`, or in `image_processor/` beside it, the pipeline's layout):
@@ -101,19 +134,9 @@ class FirstFrameInputs:
         self.build = load(spec.condition_latents)
         self.tokenizer = tokenizer
         self.channels = model.condition_channels
-        self.encoder = None
-        if model.image_dim:
-            if image_encoder is None:
-                raise UserInputError(
-                    f"tokenizer.image_encoder: the model reads a {model.image_dim}-wide image embedding of each "
-                    "clip's first frame; set it to the CLIP vision folder (a Wan2.1-I2V pipeline's image_encoder/)"
-                )
-            self.encoder = ImageEncoder(image_encoder, tokenizer.device)
-            if self.encoder.width != model.image_dim:
-                raise UserInputError(
-                    f"tokenizer.image_encoder: gives {self.encoder.width}-wide states, the model reads "
-                    f"model.image_dim={model.image_dim}; use the image encoder the model was trained with"
-                )
+        self.encoder = (
+            build_image_encoder(model, image_encoder, tokenizer.device) if model.image_dim else None
+        )
 
     def __call__(self, video: torch.Tensor, first_frames: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
         """video (B, 3, F, H, W) in [-1, 1] and its clips' first frames (H, W, 3) uint8 -> per clip its

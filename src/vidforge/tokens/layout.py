@@ -65,8 +65,10 @@ class SequenceLayout:
 
     def sample_index(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """(S,) index of the sample each token belongs to."""
-        return torch.repeat_interleave(
-            torch.arange(self.num_samples, device=device), torch.tensor(self.seqlens, device=device)
+        return torch.repeat_interleave(  # output_size: no device sync, and the meta device can run it
+            torch.arange(self.num_samples, device=device),
+            torch.tensor(self.seqlens, device=device),
+            output_size=self.total,
         )
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:

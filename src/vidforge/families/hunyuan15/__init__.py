@@ -4,9 +4,10 @@ published presets (`model`), how a published folder reads (`published`), LoRA's 
 loaded by import path: the network (`network`), the caption layout (`captions`) and its encoders
 (`text_encoder`), weight import/export (`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
 
-`infer` of text-to-video samples the pipeline's latents. Context parallel splits the video tokens only
-(cp_impl all-gather or ulysses). Not built yet: image-to-video condition latents (`infer --image`,
-tokenize's first frames), caption dropout, packed rows, tensor parallel."""
+`infer` samples the pipelines' latents, text-to-video and image-to-video (`image_condition`: the first
+frame's condition latents and SigLIP's embedding, which tokenize keeps for training too). Context parallel
+splits the video tokens only (cp_impl all-gather or ulysses). Not built yet: caption dropout, packed rows,
+tensor parallel."""
 
 from __future__ import annotations
 
@@ -76,16 +77,22 @@ SPEC = FamilySpec(
     tp_rules=((), (), ()),  # nothing split: tp > 1 is refused
     lora_targets=LORA_TARGETS,
     block_scopes=block_scopes,
+    vae_compression=lambda model: (4, 16),  # AutoencoderKLHunyuanVideo15's
     read_published=read_published,
     published_class=CLASS_NAME,
     import_weights="vidforge.families.hunyuan15.weights:import_weights",
     export_weights="vidforge.families.hunyuan15.weights:export_weights",
     load_published="vidforge.families.hunyuan15.weights:load_published",
     profile_defaults={"diffusion.objective": "flow", **PLAIN_BATCHES},
+    # the first frame's latents and mask, SigLIP's states of the image cropped to the video's size
+    condition_latents="vidforge.families.hunyuan15.image_condition:condition_latents",
+    image_encoder="vidforge.families.hunyuan15.image_condition:SiglipImageEncoder",
+    image_fit="crop",
     image_tokens=IMAGE_TOKENS,
     media_defaults=lambda model: {"curation.fps": FPS, "infer.fps": FPS},
     negative_prompt=NEGATIVE_PROMPT,
     # Qwen2.5-VL's and Glyph-ByT5's states in one caption, as the pipelines' encode_prompt
     text_encoder="vidforge.families.hunyuan15.text_encoder:build",
     layout_rules=layout_rules,
+    comfyui_lora="vidforge.families.hunyuan15.comfyui_names:comfyui_module",  # ComfyUI's names
 )

@@ -450,10 +450,11 @@ class HunyuanVideo15Transformer(VideoTransformer):
         dtype = self.param_dtype
         temb = self.time_embed.timestep_embedder(sinusoids.to(dtype))
         types = self.cond_type_embed.weight
+        # the pipeline hands the transformer its captions in the weights' dtype (stored ones are float16)
         stream = torch.cat(
             [
-                self.context_embedder_2(glyph) + types[GLYPH],
-                self.context_embedder(mllm, sinusoids, mllm_mask) + types[MLLM],
+                self.context_embedder_2(glyph.to(dtype)) + types[GLYPH],
+                self.context_embedder(mllm.to(dtype), sinusoids, mllm_mask) + types[MLLM],
             ],
             dim=1,
         )
@@ -464,7 +465,7 @@ class HunyuanVideo15Transformer(VideoTransformer):
     def image_conditioning(self, place: TokenPlacement, image: torch.Tensor) -> tuple[torch.Tensor, None]:
         """The image tokens, projected, as the caption stream's first part (image_mask stays None: the
         `conditioning` hook below puts them into the stream and the key mask)."""
-        return self.image_embedder(image) + self.cond_type_embed.weight[IMAGE], None
+        return self.image_embedder(image.to(self.param_dtype)) + self.cond_type_embed.weight[IMAGE], None
 
     def condition(self, noise_level, text, text_mask=None, drop_text=None, *, image=None, **where):
         """`VideoTransformer.condition`, then the image tokens (I2V) put in front of the caption stream,

@@ -197,7 +197,8 @@ def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
     """Settings (dotted field -> value) that train and sample the folder's network as published, in the
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step, the sampler flow-euler), its shift, the guider's scale, the frame rate; the folder's VAE and its two
-    caption encoders (the family's own text encoder, which reads them from the folder)."""
+    caption encoders (the family's own text encoder, which reads them from the folder); an image-to-video
+    folder's image encoder."""
     settings: dict[str, Any] = {
         "diffusion.objective": "flow",
         "diffusion.flow_prediction": "velocity",
@@ -214,6 +215,8 @@ def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
         settings["tokenizer.path"] = str(pipeline.vae)
         settings["tokenizer.spatial_compression"] = pipeline.spatial_compression
         settings["tokenizer.temporal_compression"] = pipeline.temporal_compression
+    if pipeline.image is not None and pipeline.model["task"] == "i2v":  # SigLIP, feature_extractor/ beside it
+        settings["tokenizer.image_encoder"] = str(pipeline.image.path)
     if pipeline.mllm is not None and pipeline.glyph is not None:
         # the spec's text_encoder: both encoders as the pipeline runs them
         settings["text_encoder.kind"] = "family"

@@ -79,6 +79,7 @@ SPEC = FamilySpec(
     tp_rules=((), (), ()),  # nothing split: tp > 1 is refused
     lora_targets=LORA_TARGETS,
     block_scopes=block_scopes,
+    vae_compression=lambda model: model.vae_scale[:2],  # (8, 32): frames, then height (= width)
     read_published=read_published,
     published_class=CLASS_NAME,
     import_weights="vidforge.families.ltx2.weights:import_weights",
@@ -91,4 +92,5 @@ SPEC = FamilySpec(
     text_encoder="vidforge.families.ltx2.text_encoder:build",
     layout_rules=layout_rules,
     sampling_rules=sampling_rules,
+    comfyui_lora="vidforge.families.ltx2.comfyui_names:comfyui_module",  # ComfyUI's names (the release's)
 )

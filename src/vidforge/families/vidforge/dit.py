@@ -149,10 +149,12 @@ class DiT(VideoTransformer):
         if place.query_lens is not None:
             # Packed: keep only real caption tokens, one key segment per sample (every rank holds a
             # chunk, >= 1 token and maybe only padding, of every sample under context parallel).
-            if text_mask is None:
-                text_mask = torch.ones(text.shape[:2], dtype=torch.bool, device=text.device)
-            text_lens = text_mask.sum(dim=1).tolist()
-            text_tokens = self.text_embed(text[text_mask]).unsqueeze(0)
+            if text_mask is None:  # every caption token is real: the lengths need no device sync
+                text_lens = [text.shape[1]] * text.shape[0]
+                text_tokens = self.text_embed(text.flatten(0, 1)).unsqueeze(0)
+            else:
+                text_lens = text_mask.sum(dim=1).tolist()
+                text_tokens = self.text_embed(text[text_mask]).unsqueeze(0)
             cross_mask = Segments(place.query_lens, text_lens)
         else:
             text_tokens = self.text_embed(text)

@@ -228,7 +228,9 @@ SPEC = FamilySpec(
     # diffusers' Wan trainers' choice: the attention projections.
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
-    table_modulation=True,
+    # Wan2.1's VAE 4 x 8 x 8; Wan2.2's 4 x 16 x 16, which only TI2V-5B (the one Wan with per-token noise
+    # levels, expand_timesteps) is paired with
+    vae_compression=lambda model: (4, 16 if model.expand_timesteps else 8),
     read_published=read_published,
     published_class=CLASS_NAME,
     # (Wan2.2 A14B's two experts, or one network through wan_weights' import_wan / load_diffusers_wan)
