@@ -131,7 +131,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_family_layout_matches_one_process(name, reference, tmp_path) -> None:
-    from vidforge.models import load_model
+    from vidforge.weights.checkpoint import load_model
 
     family, ranks, parallel = LAYOUTS[name]
     latents, single_dir = reference(family)

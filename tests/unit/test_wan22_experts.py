@@ -204,8 +204,8 @@ def test_bench_plans_one_expert_of_a_two_expert_preset() -> None:
     from vidforge.cli.bench import _machine_sets
     from vidforge.profile import Override
 
-    assert Override("train.expert", "high") in _machine_sets("wan2.2-t2v-a14b", None, None, None)
-    assert not any(s.key == "train.expert" for s in _machine_sets("wan2.1-14b", None, None, None))
+    assert Override("train.expert", "high") in _machine_sets("wan2.2-t2v-a14b", None, None)
+    assert not any(s.key == "train.expert" for s in _machine_sets("wan2.1-14b", None, None))
 
 
 def test_the_planner_counts_the_one_expert_a_run_trains() -> None:
