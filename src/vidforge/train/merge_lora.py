@@ -13,7 +13,7 @@ from vidforge.profile import dump_profile, load_profile
 from vidforge.profile.model import Model
 from vidforge.train.export import record_step
 from vidforge.train.init_weights import init_from
-from vidforge.weights.checkpoint import save_model
+from vidforge.weights.checkpoint import add_config_notes, save_model
 
 
 def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
@@ -33,5 +33,8 @@ def export_merged(adapter: str | Path, out: str | Path, base: str | Path | None 
     out = Path(out)
     save_model(model, out)
     record_step(out, record["step"])
+    # the weights' origin: a family whose export carries more than the network's (LTX-2's audio stream
+    # and published config entries) takes the rest from it
+    add_config_notes(out, base=str(Path(base).resolve()))
     write_text(out / "profile.yaml", dump_profile(trained))
     return out

@@ -8,7 +8,9 @@ bitwise. The published transformer is joint audio-video and the video path reads
 (`network.video_state`); the audio stream's tensors ride along untouched in their own file beside the
 network's (`AUDIO_WEIGHTS`: model.safetensors holds the network's state and nothing else, as every
 family's export), and the diffusers config entries vidforge's `model` section does not hold (the audio stream's shape) are kept in
-config.json beside it (`diffusers`), so that export writes the published transformer back whole. The
+config.json beside it (`diffusers`), so that export writes the published transformer back whole. An
+export without them (a LoRA merged into its base, `vidforge model export --merged`) takes both from the
+base its config.json records. The
 video path's names and shapes are checked against the network built on the meta device first."""
 
 from __future__ import annotations
@@ -166,21 +168,41 @@ def import_weights(src: Path, out: Path, profile: Any, dtype: str | None = None)
     return Path(out)
 
 
+def _published_parts(export: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, StoredTensor]]:
+    """(the published config entries, the audio stream's stored tensors) an export is written back with:
+    an import's own (beside its weights), else those of the base its config.json records (`base`: a LoRA
+    merged into it, `vidforge model export --merged`), an import or a published folder."""
+    if DIFFUSERS in data:
+        audio = export / AUDIO_WEIGHTS
+        if not audio.is_file():
+            return data[DIFFUSERS], {}
+        return data[DIFFUSERS], safetensors_shapes(audio, "import the folder again")
+    if not data.get("base"):
+        raise UserInputError(
+            f"{export / CONFIG}: not a vidforge import of an LTX-2 folder nor weights that record their base "
+            "(the published transformer's audio stream and config entries come from it); export an imported "
+            "folder or a LoRA run with --merged"
+        )
+    base = Path(data["base"])
+    config = read_json(base / CONFIG) if (base / CONFIG).is_file() else {}
+    if config.get("format") == FORMAT and DIFFUSERS in config:
+        return _published_parts(base, config)
+    _, published, _, stored, names = published_source(base)
+    kept = {k: v for k, v in published.items() if not k.startswith("_")}
+    return kept, {name: stored[name] for name in names if is_audio(name)}
+
+
 def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write the vidforge export at `export` as a diffusers LTX2VideoTransformer3DModel folder: config.json
     and diffusion_pytorch_model.safetensors, or shards of at most `max_shard_bytes` with their index
     (diffusers' names), every tensor's bytes as stored, the audio stream's beside the video path's."""
     export = Path(export)
     data = read_json(export / CONFIG) if (export / CONFIG).is_file() else {}
-    if data.get("format") != FORMAT or not isinstance(data.get("model"), dict) or DIFFUSERS not in data:
-        raise UserInputError(
-            f"{export / CONFIG}: not a vidforge import of an LTX-2 folder (the published transformer's audio "
-            "stream and config entries ride beside an import's weights); export an imported folder"
-        )
+    if data.get("format") != FORMAT or not isinstance(data.get("model"), dict):
+        raise UserInputError(f"{export / CONFIG}: not a vidforge export's config; point at a vidforge export")
     model = _model(data["model"], export / CONFIG)
-    stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
-    if (export / AUDIO_WEIGHTS).is_file():
-        stored |= safetensors_shapes(export / AUDIO_WEIGHTS, "import the folder again")
+    published, audio = _published_parts(export, data)
+    stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json") | audio
     names = _checked(model, stored, export)
     groups: list[list[str]] = [[]]
     size = 0
@@ -204,7 +226,7 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
     if len(groups) > 1:
         write_text(out / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
     version = metadata.version("diffusers")
-    config = {**diffusers_config(model, data[DIFFUSERS]), "_diffusers_version": version}
+    config = {**diffusers_config(model, published), "_diffusers_version": version}
     write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
     return out
 
