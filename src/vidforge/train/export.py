@@ -72,7 +72,8 @@ def export_weights(
     modules with `pp_group` the pipeline group whose ranks hold the other stages. Every rank calls this.
     `step`, the training step the weights are from, goes into config.json (`step`) so that the samples
     drawn from the export say which step they came from. A LoRA run (train.lora) exports its adapters
-    alone (`vidforge.lora.save_adapter`), recording `base`, the --init it was trained on."""
+    alone (`vidforge.lora.save_adapter`), recording `base`, the --init it was trained on; full weights record
+    it in config.json too."""
     lora = profile.train.lora
     weights = local_weights(modules, ema, frozen=lora is None)
     if pp_group is not None:
@@ -92,6 +93,8 @@ def export_weights(
             plain.load_state_dict(weights, strict=True)
             save_model(plain, out)
             record_step(out, step)
+            if base is not None:  # the weights' origin: LTX-2's published export takes its audio stream
+                add_config_notes(out, base=base)  # and config entries from it
             if profile.train.expert is not None:  # one expert of two: infer pairs it with the other
                 record_expert(out, profile.train.expert, base)
         write_text(out / "profile.yaml", dump_profile(profile))
