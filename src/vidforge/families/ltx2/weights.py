@@ -171,7 +171,8 @@ def import_weights(src: Path, out: Path, profile: Any, dtype: str | None = None)
 def _published_parts(export: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, StoredTensor]]:
     """(the published config entries, the audio stream's stored tensors) an export is written back with:
     an import's own (beside its weights), else those of the base its config.json records (`base`: a LoRA
-    merged into it, `vidforge model export --merged`), an import or a published folder."""
+    merged into it, `vidforge model export --merged`, or a full fine-tune's --init), an import or a
+    published folder."""
     if DIFFUSERS in data:
         audio = export / AUDIO_WEIGHTS
         if not audio.is_file():
