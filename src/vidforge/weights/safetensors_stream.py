@@ -23,7 +23,11 @@ from safetensors import SafetensorError, safe_open
 
 from vidforge.errors import UserInputError
 from vidforge.families import read_json
-from vidforge.files import atomic_file
+from vidforge.files import atomic_file, output_folder, write_text
+
+# diffusers' names for a model folder's weights: one file, or shards listed by an index
+DIFFUSERS_SINGLE = "diffusion_pytorch_model.safetensors"
+DIFFUSERS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -186,3 +190,46 @@ def lazy_entries(
         return load
 
     return [TensorEntry(n, cast or stored[n].dtype, stored[n].shape, loader(n)) for n in names]
+
+
+def _shard_groups(names: list[str], stored: Mapping[str, StoredTensor], max_bytes: int) -> list[list[str]]:
+    """Consecutive groups of tensors of at most `max_bytes` each (a larger tensor alone)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        nbytes = stored[name].nbytes
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def write_diffusers_folder(
+    out: str | os.PathLike,
+    names: list[str],
+    stored: Mapping[str, StoredTensor],
+    config: dict[str, Any],
+    max_shard_bytes: int,
+) -> Path:
+    """A diffusers model folder of `names` (read lazily from `stored`, under their own names): one
+    safetensors file, or shards of at most `max_shard_bytes` with their index, and `config.json`."""
+    out = output_folder(Path(out))
+    groups = _shard_groups(names, stored, max_shard_bytes)
+    weight_map: dict[str, str] = {}
+    with ExitStack() as files:
+        for i, group in enumerate(groups, start=1):
+            name = (
+                DIFFUSERS_SINGLE
+                if len(groups) == 1
+                else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
+            )
+            write_safetensors(out / name, lazy_entries(group, stored, files, None), {"format": "pt"})
+            weight_map.update(dict.fromkeys(group, name))
+    if len(groups) > 1:
+        total = sum(stored[n].nbytes for n in names)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        write_text(out / DIFFUSERS_INDEX, json.dumps(index, indent=2) + "\n")
+    write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
+    return out

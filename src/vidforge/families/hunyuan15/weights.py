@@ -8,7 +8,6 @@ back bitwise. Names and shapes are checked against the network built on the meta
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +30,7 @@ from vidforge.weights.safetensors_stream import (
     StoredTensor,
     lazy_entries,
     stored_tensors,
+    write_diffusers_folder,
     write_safetensors,
 )
 
@@ -121,33 +121,8 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
     model = read_export(export)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     names = _checked(model, stored, export)
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name in names:
-        nbytes = stored[name].nbytes
-        if groups[-1] and size + nbytes > max_shard_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
-    out = Path(out)
-    output_folder(out)
-    weight_map: dict[str, str] = {}
-    with ExitStack() as files:
-        for i, group in enumerate(groups, start=1):
-            name = (
-                SINGLE
-                if len(groups) == 1
-                else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
-            )
-            write_safetensors(out / name, lazy_entries(group, stored, files, None), {"format": "pt"})
-            weight_map.update(dict.fromkeys(group, name))
-    if len(groups) > 1:
-        write_text(out / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
-    write_text(
-        out / CONFIG, json.dumps(published_config(model, metadata.version("diffusers")), indent=2) + "\n"
-    )
-    return out
+    config = published_config(model, metadata.version("diffusers"))
+    return write_diffusers_folder(out, names, stored, config, max_shard_bytes)
 
 
 def load_published(

@@ -46,6 +46,7 @@ from vidforge.weights.safetensors_stream import (
     lazy_entries,
     safetensors_shapes,
     stored_tensors,
+    write_diffusers_folder,
     write_safetensors,
 )
 
@@ -205,31 +206,8 @@ def export_weights(export: Path, out: Path, max_shard_bytes: int = 5 * 2**30) ->
     published, audio = _published_parts(export, data)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json") | audio
     names = _checked(model, stored, export)
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name in names:
-        if groups[-1] and size + stored[name].nbytes > max_shard_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += stored[name].nbytes
-    out = output_folder(out)
-    weight_map: dict[str, str] = {}
-    with ExitStack() as files:
-        for i, group in enumerate(groups, start=1):
-            name = (
-                SINGLE
-                if len(groups) == 1
-                else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
-            )
-            write_safetensors(out / name, lazy_entries(group, stored, files, None), {"format": "pt"})
-            weight_map.update(dict.fromkeys(group, name))
-    if len(groups) > 1:
-        write_text(out / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
-    version = metadata.version("diffusers")
-    config = {**diffusers_config(model, published), "_diffusers_version": version}
-    write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
-    return out
+    config = {**diffusers_config(model, published), "_diffusers_version": metadata.version("diffusers")}
+    return write_diffusers_folder(out, names, stored, config, max_shard_bytes)
 
 
 def load_published(

@@ -14,7 +14,6 @@ Anything wrong with the input raises `UserInputError` naming the file and what t
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import ExitStack
 from importlib import metadata
@@ -36,6 +35,7 @@ from vidforge.weights.safetensors_stream import (
     StoredTensor,
     lazy_entries,
     stored_tensors,
+    write_diffusers_folder,
     write_safetensors,
 )
 from vidforge.weights.weights_check import check_config_against_weights
@@ -187,20 +187,6 @@ def load_diffusers_wan(
     return model
 
 
-def _shards(names: list[str], stored: dict[str, StoredTensor], max_bytes: int) -> list[list[str]]:
-    """Consecutive groups of tensors of at most `max_bytes` each (a larger tensor alone)."""
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name in names:
-        nbytes = stored[name].nbytes
-        if groups[-1] and size + nbytes > max_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
-    return groups
-
-
 def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write the vidforge export at `export` (a wan model) as a diffusers WanTransformer3DModel folder:
     config.json and diffusion_pytorch_model.safetensors, or shards of at most `max_shard_bytes` with
@@ -215,21 +201,4 @@ def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_byte
     config = diffusers_config(model)
     stored = stored_tensors(export, WEIGHTS, f"{WEIGHTS}.index.json")
     names = _check_against(model, stored, export)
-    out = output_folder(out)
-    groups = _shards(names, stored, max_shard_bytes)
-    weight_map: dict[str, str] = {}
-    with ExitStack() as files:
-        for i, group in enumerate(groups, start=1):
-            name = (
-                SINGLE
-                if len(groups) == 1
-                else f"diffusion_pytorch_model-{i:05d}-of-{len(groups):05d}.safetensors"
-            )
-            write_safetensors(out / name, lazy_entries(group, stored, files, None), {"format": "pt"})
-            weight_map.update(dict.fromkeys(group, name))
-    if len(groups) > 1:
-        total = sum(stored[n].nbytes for n in names)
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        write_text(out / INDEX, json.dumps(index, indent=2) + "\n")
-    write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
-    return out
+    return write_diffusers_folder(out, names, stored, config, max_shard_bytes)
