@@ -88,36 +88,51 @@ def build_image_encoder(model: Model, path: str | None, device: torch.device | s
 
 
 class ImageEncoder:
-    """A CLIP vision tower (`path`: a diffusers I2V pipeline's `image_encoder/`) and its image processor
-    (its preprocessor config in `path`, or in `image_processor/` beside it, the pipeline's layout):
-    `encode(images)` -> (B, L, width) float32, the penultimate hidden states."""
+    """A vision tower (`path`: a diffusers I2V pipeline's `image_encoder/`) and its image processor (its
+    preprocessor config in `path`, or in `PROCESSOR_FOLDER/` beside it, the pipeline's layout):
+    `encode(images)` -> (B, L, width) float32. This class is CLIP's, read as WanImageToVideoPipeline's
+    `encode_image` reads it (the penultimate hidden states); a family whose pipeline uses another tower
+    subclasses it (HunyuanVideo-1.5's SigLIP) and names it in `FamilySpec.image_encoder`."""
+
+    TOWER = "CLIP"
+    PROCESSOR_FOLDER = IMAGE_PROCESSOR
+    PIPELINE = f"a Wan2.1-I2V diffusers pipeline's {IMAGE_ENCODER}/"
 
     def __init__(
         self, path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
     ) -> None:
-        from transformers import CLIPImageProcessor, CLIPVisionModel
-
         path = Path(path)
-        processor = path if (path / PROCESSOR_CONFIG).is_file() else path.parent / IMAGE_PROCESSOR
+        processor = path if (path / PROCESSOR_CONFIG).is_file() else path.parent / self.PROCESSOR_FOLDER
         if not (path / "config.json").is_file() or not (processor / PROCESSOR_CONFIG).is_file():
             raise UserInputError(
-                f"tokenizer.image_encoder={path}: not a CLIP vision folder with its {PROCESSOR_CONFIG} (in it or "
-                f"in {IMAGE_PROCESSOR}/ beside it); point at a Wan2.1-I2V diffusers pipeline's {IMAGE_ENCODER}/"
+                f"tokenizer.image_encoder={path}: not a {self.TOWER} vision folder with its {PROCESSOR_CONFIG} "
+                f"(in it or in {self.PROCESSOR_FOLDER}/ beside it); point at {self.PIPELINE}"
             )
-        self.processor = CLIPImageProcessor.from_pretrained(str(processor))
-        self.model = CLIPVisionModel.from_pretrained(str(path), torch_dtype=dtype)
+        processor_class, model_class = self._classes()
+        self.processor = processor_class.from_pretrained(str(processor))
+        self.model = model_class.from_pretrained(str(path), dtype=dtype)
         self.model.eval().requires_grad_(False).to(device)
         self.device = torch.device(device)
         self.width = int(self.model.config.hidden_size)
+
+    def _classes(self) -> tuple[Any, Any]:
+        from transformers import CLIPImageProcessor, CLIPVisionModel
+
+        return CLIPImageProcessor, CLIPVisionModel
+
+    def _pixels(self, images: list[Any]) -> Any:
+        return self.processor(images=images, return_tensors="pt")
+
+    def _states(self, inputs: Any) -> torch.Tensor:
+        return self.model(**inputs, output_hidden_states=True).hidden_states[-2]
 
     @torch.inference_mode()
     def encode(self, images: list[Any]) -> torch.Tensor:
         """Images (PIL, or (H, W, 3) uint8 arrays) -> (B, L, width) float32."""
         images = [np.ascontiguousarray(i) if isinstance(i, np.ndarray) else i for i in images]
-        inputs = self.processor(images=images, return_tensors="pt").to(self.device)
+        inputs = self._pixels(images).to(self.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
-        hidden = self.model(**inputs, output_hidden_states=True).hidden_states[-2]
-        return hidden.float()
+        return self._states(inputs).float()
 
 
 class FirstFrameInputs:

@@ -8,17 +8,12 @@ family's spec (`condition_latents`, `image_encoder`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from vidforge.errors import UserInputError
+from vidforge.tokenizers.image_condition import ImageEncoder
 from vidforge.tokenizers.interface import VideoTokenizer
-
-PROCESSOR = "feature_extractor"  # the pipeline's folder of SiglipImageProcessor's config
-PROCESSOR_CONFIG = "preprocessor_config.json"
 
 
 def condition_latents(tokenizer: VideoTokenizer, first_frame: torch.Tensor, frames: int) -> torch.Tensor:
@@ -36,35 +31,24 @@ def condition_latents(tokenizer: VideoTokenizer, first_frame: torch.Tensor, fram
     return condition
 
 
-class SiglipImageEncoder:
-    """SigLIP's vision tower (`path`: the pipeline's image_encoder/) and its image processor (its config in
-    `path`, or in feature_extractor/ beside it, the pipeline's layout): `encode(images)` -> (B, L, width)
-    float32, the last hidden states."""
+class SiglipImageEncoder(ImageEncoder):
+    """SigLIP's vision tower (`path`: the pipeline's image_encoder/) and its image processor (in
+    feature_extractor/ beside it, the pipeline's layout), read as the pipeline's `encode_image` reads it:
+    the last hidden states of the image resized and converted to RGB by the processor."""
 
-    def __init__(
-        self, path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-    ) -> None:
+    TOWER = "SigLIP"
+    PROCESSOR_FOLDER = "feature_extractor"
+    PIPELINE = "a HunyuanVideo-1.5 I2V pipeline's image_encoder/"
+
+    def _classes(self) -> tuple[Any, Any]:
         from transformers import SiglipImageProcessor, SiglipVisionModel
 
-        path = Path(path)
-        processor = path if (path / PROCESSOR_CONFIG).is_file() else path.parent / PROCESSOR
-        if not (path / "config.json").is_file() or not (processor / PROCESSOR_CONFIG).is_file():
-            raise UserInputError(
-                f"tokenizer.image_encoder={path}: not a SigLIP vision folder with its {PROCESSOR_CONFIG} (in it "
-                f"or in {PROCESSOR}/ beside it); point at a HunyuanVideo-1.5 I2V pipeline's image_encoder/"
-            )
-        self.processor = SiglipImageProcessor.from_pretrained(str(processor))
-        self.model = SiglipVisionModel.from_pretrained(str(path), dtype=dtype)
-        self.model.eval().requires_grad_(False).to(device)
-        self.device = torch.device(device)
-        self.width = int(self.model.config.hidden_size)
+        return SiglipImageProcessor, SiglipVisionModel
 
-    @torch.inference_mode()
-    def encode(self, images: list[Any]) -> torch.Tensor:
-        """Images (PIL, or (H, W, 3) uint8 arrays) -> (B, L, width) float32."""
-        images = [np.ascontiguousarray(i) if isinstance(i, np.ndarray) else i for i in images]
-        pixels = self.processor.preprocess(
+    def _pixels(self, images: list[Any]) -> Any:
+        return self.processor.preprocess(
             images=images, do_resize=True, return_tensors="pt", do_convert_rgb=True
         )
-        pixels = pixels.to(device=self.device, dtype=self.model.dtype)
-        return self.model(**pixels).last_hidden_state.float()
+
+    def _states(self, inputs: Any) -> torch.Tensor:
+        return self.model(**inputs).last_hidden_state
