@@ -27,6 +27,8 @@ from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import with_runtime
 from vidforge.weights.checkpoint import FORMAT, WEIGHTS, write_config
 from vidforge.weights.safetensors_stream import (
+    DIFFUSERS_INDEX,
+    DIFFUSERS_SINGLE,
     StoredTensor,
     lazy_entries,
     stored_tensors,
@@ -34,8 +36,6 @@ from vidforge.weights.safetensors_stream import (
     write_safetensors,
 )
 
-SINGLE = "diffusion_pytorch_model.safetensors"
-INDEX = "diffusion_pytorch_model.safetensors.index.json"
 CASTS = {None: None, "float32": "F32", "bfloat16": "BF16"}
 
 
@@ -69,7 +69,7 @@ def published_source(src: Path) -> tuple[Path, HunyuanVideo15Model, dict[str, St
         model = HunyuanVideo15Model(**model_fields(read_json(folder / CONFIG), folder / CONFIG))
     except ValidationError as err:
         raise UserInputError(f"{folder / CONFIG} cannot be represented: {err.errors()[0]['msg']}") from None
-    stored = stored_tensors(folder, SINGLE, INDEX)
+    stored = stored_tensors(folder, DIFFUSERS_SINGLE, DIFFUSERS_INDEX)
     return folder, model, stored, _checked(model, stored, folder)
 
 

@@ -42,6 +42,8 @@ from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import with_runtime
 from vidforge.weights.checkpoint import FORMAT, WEIGHTS
 from vidforge.weights.safetensors_stream import (
+    DIFFUSERS_INDEX,
+    DIFFUSERS_SINGLE,
     StoredTensor,
     lazy_entries,
     safetensors_shapes,
@@ -50,8 +52,6 @@ from vidforge.weights.safetensors_stream import (
     write_safetensors,
 )
 
-SINGLE = "diffusion_pytorch_model.safetensors"
-INDEX = "diffusion_pytorch_model.safetensors.index.json"
 CASTS = {None: None, "float32": "F32", "bfloat16": "BF16"}
 DIFFUSERS = "diffusers"  # config.json's key for the published config entries beside `model`
 AUDIO_WEIGHTS = "audio_stream.safetensors"  # an export's audio-stream tensors, beside model.safetensors
@@ -127,7 +127,7 @@ def published_source(src: Path) -> tuple[Path, dict[str, Any], LTX2Model, dict[s
         raise UserInputError(f"{folder}: no config.json; point at an LTX-2 diffusers folder")
     published = read_json(folder / CONFIG)
     model = _model(model_fields(published, folder / CONFIG), folder / CONFIG)
-    stored = stored_tensors(folder, SINGLE, INDEX)
+    stored = stored_tensors(folder, DIFFUSERS_SINGLE, DIFFUSERS_INDEX)
     return folder, published, model, stored, _checked(model, stored, folder)
 
 

@@ -32,6 +32,8 @@ from vidforge.profile.loading import validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model, with_runtime
 from vidforge.weights.checkpoint import CONFIG, FORMAT, WEIGHTS, read_config, write_config
 from vidforge.weights.safetensors_stream import (
+    DIFFUSERS_INDEX,
+    DIFFUSERS_SINGLE,
     StoredTensor,
     lazy_entries,
     stored_tensors,
@@ -40,8 +42,6 @@ from vidforge.weights.safetensors_stream import (
 )
 from vidforge.weights.weights_check import check_config_against_weights
 
-SINGLE = "diffusion_pytorch_model.safetensors"
-INDEX = "diffusion_pytorch_model.safetensors.index.json"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 # Keys diffusers itself ignores when loading a Wan transformer (`_keys_to_ignore_on_load_unexpected`).
 IGNORED = ("norm_added_q",)
@@ -131,7 +131,7 @@ def _diffusers_source(src: str | os.PathLike) -> tuple[Path, Model, dict[str, St
     if not (folder / CONFIG).is_file():
         raise UserInputError(f"{folder}: no config.json; point at a diffusers Wan transformer folder")
     model = model_from_diffusers(wan.read_json(folder / CONFIG), folder / CONFIG)
-    stored = stored_tensors(folder, SINGLE, INDEX)
+    stored = stored_tensors(folder, DIFFUSERS_SINGLE, DIFFUSERS_INDEX)
     return folder, model, stored, _check_against(model, stored, folder)
 
 
