@@ -9,7 +9,7 @@ other rows with per-copy noise, at cosine about 0.94-0.995 to their original (so
 threshold). Each size runs in its own process (its peak RSS is its own), the store written first.
 
 Usage: python bench/dedup_scaling.py [--sizes 10000,100000,1000000] [--dim 512] [--recall-n 50000]
-       [--greedy-limit 300] [--probes 4] [--cluster-size 1000]
+       [--greedy-limit 300] [--probes 4] [--cluster-size 1000] [--dedup-limit 3600]
        python bench/dedup_scaling.py --pair 100000,1000000 [--repeats 2]
 Prints one JSON object per measurement and a markdown table at the end.
 
@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=None)
     ap.add_argument("--cluster-size", type=int, default=None)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--dedup-limit", type=float, default=3600, help="seconds a size's dedup may run")
     ap.add_argument("--pair", default=None, help="SMALL,LARGE: interleaved timing pair (see above)")
     ap.add_argument("--repeats", type=int, default=2, help="--pair: runs of each size")
     ap.add_argument("--one", choices=["semantic", "greedy"], help=argparse.SUPPRESS)
@@ -229,7 +230,7 @@ def main() -> None:
             write_synthetic_store(run, n, args.dim, args.dup_fraction)
         write_s = time.perf_counter() - started
         shutil.rmtree(work / f"n{n}-out", ignore_errors=True)  # a dedup resumes from what it finds there
-        sem = measure("semantic", run, work / f"n{n}-out", sets, 3600)
+        sem = measure("semantic", run, work / f"n{n}-out", sets, args.dedup_limit)
         greedy = measure("greedy", run, work / f"n{n}-greedy", sets, args.greedy_limit)
         row = {"n": n, "store_write_s": round(write_s, 1), "semantic": sem, "greedy": greedy}
         rows.append(row)
