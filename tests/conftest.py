@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,53 @@ def browser():
 def sample_truth(sample_videos) -> dict[str, dict]:
     """{name: ground truth} of the sample videos."""
     return json.loads((sample_videos / "truth.json").read_text())
+
+
+def _listing(root: Path) -> dict[str, tuple[int, int]]:
+    """{relative path: (size, mtime_ns)} of every file under `root`."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def _saved_once(tmp_path_factory, save: Callable[[Path, object], Path]) -> Callable[[object], Path]:
+    """get(key) -> the folder `save(folder, key)` wrote, written on a worker's first call for that key and
+    handed out again after; each time checked unchanged since (a test that wrote into the shared folder
+    fails the next one that asks for it, naming the files, instead of passing it a different folder)."""
+    saved: dict[object, tuple[Path, dict]] = {}
+
+    def get(key):
+        if key not in saved:
+            folder = save(tmp_path_factory.mktemp("published") / "pipeline", key)
+            saved[key] = folder, _listing(folder)
+        folder, listing = saved[key]
+        now = _listing(folder)
+        changed = sorted(k for k in listing.keys() | now.keys() if listing.get(k) != now.get(k))
+        assert not changed, f"a test changed the shared folder {folder}: {changed[:5]}"
+        return folder
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hunyuan15_folder(tmp_path_factory) -> Callable[[str], Path]:
+    """folder(task="t2v") -> HunyuanVideo-1.5's tiny published folder, "t2v" (HunyuanVideo15Pipeline's) or
+    "i2v" (the image-to-video pipeline's), saved by diffusers (tests/hunyuan15_fixtures.py) once per worker
+    and shared by every test that asks. Read-only: copy it before changing anything in it."""
+    from hunyuan15_fixtures import save_tiny_pipeline
+
+    get = _saved_once(tmp_path_factory, lambda folder, task: save_tiny_pipeline(folder, task))
+    return lambda task="t2v": get(task)
+
+
+@pytest.fixture(scope="session")
+def ltx2_folder(tmp_path_factory) -> Callable[[bool], Path]:
+    """folder(audio_to_video=True) -> LTX-2's tiny published folder (tests/ltx2_fixtures.py; False: the
+    audio-to-video attention zeroed, the video path alone), saved by diffusers once per worker and shared
+    by every test that asks. Read-only: copy it before changing anything in it."""
+    from ltx2_fixtures import save_tiny_pipeline
+
+    get = _saved_once(tmp_path_factory, lambda folder, a2v: save_tiny_pipeline(folder, audio_to_video=a2v))
+    return lambda audio_to_video=True: get(audio_to_video)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers import HunyuanVideo15Pipeline
 from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import extract_glyph_texts
-from hunyuan15_fixtures import SCALING, save_tiny_pipeline
+from hunyuan15_fixtures import SCALING
 
 from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15.captions import join_caption
@@ -23,8 +23,8 @@ CAPTIONS = ['a shop sign reading "OPEN" beside “SALE” and "OPEN"', "", "a ca
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    root = save_tiny_pipeline(tmp_path_factory.mktemp("hunyuan15_encoders") / "pipeline")
+def published(hunyuan15_folder):
+    root = hunyuan15_folder()
     sets = ["text_encoder.device=cpu", "tokenizer.device=cpu"]
     return published_profile(find_weights(root).published, sets), HunyuanVideo15Pipeline.from_pretrained(root)
 

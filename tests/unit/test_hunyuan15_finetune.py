@@ -10,7 +10,6 @@ import tarfile
 import numpy as np
 import torch
 from diffusers import HunyuanVideo15Pipeline
-from hunyuan15_fixtures import save_tiny_pipeline
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
@@ -34,8 +33,10 @@ def _samples(tar_path):
     return samples
 
 
-def test_finetune_shards_with_the_pipelines_encoders_and_trains_a_lora_step(tmp_path) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline")
+def test_finetune_shards_with_the_pipelines_encoders_and_trains_a_lora_step(
+    tmp_path, hunyuan15_folder
+) -> None:
+    folder = hunyuan15_folder()
     videos = tmp_path / "videos"
     videos.mkdir()
     for i, caption in enumerate(CAPTIONS):

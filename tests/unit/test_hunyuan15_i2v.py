@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from default_parity import PROMPT, noise, vidforge_infer
 from diffusers import HunyuanVideo15ImageToVideoPipeline
-from hunyuan15_fixtures import inputs, reference_out, save_tiny_pipeline
+from hunyuan15_fixtures import inputs, reference_out
 from PIL import Image
 
 SIZE, FRAMES, STEPS = 64, 5, 3  # latents 2 x 4 x 4; the tiny transformer's 2x2 patches: 2 x 2 x 2
@@ -24,8 +24,8 @@ def first_frame(path):
     return path
 
 
-def test_default_infer_equals_the_i2v_pipeline(tmp_path, monkeypatch) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline", task="i2v")
+def test_default_infer_equals_the_i2v_pipeline(tmp_path, monkeypatch, hunyuan15_folder) -> None:
+    folder = hunyuan15_folder("i2v")
     image = first_frame(tmp_path / "first.png")
     pipe = HunyuanVideo15ImageToVideoPipeline.from_pretrained(folder)
     picture = Image.open(image)
@@ -59,7 +59,7 @@ def _first_frames(run) -> dict[str, np.ndarray]:
 
 
 def test_finetune_keeps_the_pipelines_image_conditioning_and_trains_a_lora_step(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, hunyuan15_folder
 ) -> None:
     """tokenize keeps each clip's condition latents and SigLIP states as the I2V pipeline computes them on its
     first frame; LoRA trains a step that reads them."""
@@ -76,7 +76,7 @@ def test_finetune_keeps_the_pipelines_image_conditioning_and_trains_a_lora_step(
     from vidforge.data.testing import synthetic_frames
     from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
 
-    folder = save_tiny_pipeline(tmp_path / "pipeline", task="i2v")
+    folder = hunyuan15_folder("i2v")
     videos = tmp_path / "videos"
     videos.mkdir()
     for i in range(2):

@@ -7,7 +7,7 @@ encoders, zeros in the condition channels; and writes 24 fps."""
 import torch
 from default_parity import PROMPT, noise, vidforge_infer
 from diffusers import HunyuanVideo15Pipeline
-from hunyuan15_fixtures import GUIDANCE, save_tiny_pipeline
+from hunyuan15_fixtures import GUIDANCE
 
 HEIGHT, WIDTH, FRAMES, STEPS = (
     64,
@@ -23,8 +23,10 @@ SETS = [
 ]
 
 
-def test_default_infer_equals_the_t2v_pipeline_and_writes_24_fps(tmp_path, monkeypatch) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline")
+def test_default_infer_equals_the_t2v_pipeline_and_writes_24_fps(
+    tmp_path, monkeypatch, hunyuan15_folder
+) -> None:
+    folder = hunyuan15_folder()
     ours, fps, record = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch)
     assert (fps, record["negative_prompt"], record["sampler"], record["guidance"]) == (
         24,

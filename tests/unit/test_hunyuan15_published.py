@@ -12,7 +12,7 @@ from diffusers import (
     HunyuanVideo15Pipeline,
     HunyuanVideo15Transformer3DModel,
 )
-from hunyuan15_fixtures import FLOW_SHIFT, GUIDANCE, SCALING, our_config, save_tiny_pipeline
+from hunyuan15_fixtures import FLOW_SHIFT, GUIDANCE, SCALING, our_config
 from safetensors import safe_open
 
 from vidforge.errors import UserInputError
@@ -26,9 +26,9 @@ PIPELINES = {"t2v": HunyuanVideo15Pipeline, "i2v": HunyuanVideo15ImageToVideoPip
 
 
 @pytest.fixture(scope="module", params=["t2v", "i2v"])
-def folder(request, tmp_path_factory):
+def folder(request, hunyuan15_folder):
     task = request.param
-    root = save_tiny_pipeline(tmp_path_factory.mktemp(f"hunyuan15_{task}") / "pipeline", task)
+    root = hunyuan15_folder(task)
     return task, root, PIPELINES[task].from_pretrained(root)
 
 

@@ -6,7 +6,7 @@ profiles and build the published size."""
 import pytest
 import torch
 from diffusers import HunyuanVideo15Transformer3DModel
-from hunyuan15_fixtures import FLOW_SHIFT, GUIDANCE, save_tiny_pipeline
+from hunyuan15_fixtures import FLOW_SHIFT, GUIDANCE
 from safetensors import safe_open
 
 from vidforge.families import family
@@ -26,8 +26,8 @@ from vidforge.weights.weights_folder import (
 
 
 @pytest.mark.parametrize("task", ["t2v", "i2v"])
-def test_model_import_and_export_through_the_resolver(task, tmp_path):
-    root = save_tiny_pipeline(tmp_path / "download", task)
+def test_model_import_and_export_through_the_resolver(task, tmp_path, hunyuan15_folder):
+    root = hunyuan15_folder(task)
     published = find_weights(root).published
     assert published.family == "hunyuan15" and published.objective == "flow"
     profile = published_profile(published)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from default_parity import PROMPT, noise, vidforge_infer
 from diffusers import HunyuanVideo15Pipeline, HunyuanVideo15Transformer3DModel
-from hunyuan15_fixtures import caption, inputs, reference_out, save_tiny_pipeline
+from hunyuan15_fixtures import caption, inputs, reference_out
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
@@ -27,10 +27,10 @@ RANK, ALPHA = 4, 8  # alpha / rank = 2: a loader that read no alpha would scale 
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(tmp_path_factory, hunyuan15_folder):
     """(the tiny pipeline folder, a folder of two captioned clips)."""
     root = tmp_path_factory.mktemp("hunyuan15_training")
-    folder = save_tiny_pipeline(root / "pipeline")
+    folder = hunyuan15_folder()
     videos = root / "videos"
     videos.mkdir()
     for i, text in enumerate(('a shop sign reading "OPEN"', "a blue square moving left")):

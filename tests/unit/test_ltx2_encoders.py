@@ -6,7 +6,6 @@ transformer reads), and to its VAE encode/decode with the pipeline's latent norm
 import pytest
 import torch
 from diffusers import LTX2Pipeline
-from ltx2_fixtures import save_tiny_pipeline
 
 from vidforge.text import build_text_encoder
 from vidforge.tokenizers import build_tokenizer
@@ -16,8 +15,8 @@ CAPTIONS = ["a red square moving right", "", "  a blue circle  "]  # an empty on
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    root = save_tiny_pipeline(tmp_path_factory.mktemp("ltx2_encoders") / "pipeline")
+def published(ltx2_folder):
+    root = ltx2_folder()
     sets = ["text_encoder.device=cpu", "tokenizer.device=cpu"]
     return published_profile(find_weights(root).published, sets), LTX2Pipeline.from_pretrained(root)
 

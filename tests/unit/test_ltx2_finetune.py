@@ -14,7 +14,6 @@ import tarfile
 import numpy as np
 import torch
 from diffusers import LTX2Pipeline, LTX2VideoTransformer3DModel
-from ltx2_fixtures import save_tiny_pipeline
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
@@ -37,8 +36,8 @@ def trainer_times(n: int, tokens: int) -> torch.Tensor:
     return torch.sigmoid(torch.randn(n) * 1.0 + mu)
 
 
-def test_a_training_draw_and_loss_are_ltx_trainers_flow_objective(tmp_path) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline")
+def test_a_training_draw_and_loss_are_ltx_trainers_flow_objective(ltx2_folder) -> None:
+    folder = ltx2_folder()
     published = find_weights(folder).published
     profile = published_profile(published, [])
     loss = DenoisingLoss(build_objective(profile.diffusion), 0.0, (1, 1, 1), 4, 16)
@@ -81,8 +80,8 @@ def _samples(tar_path):
     return samples
 
 
-def test_finetune_shards_with_the_pipelines_encoders_and_trains_a_lora_step(tmp_path) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline")
+def test_finetune_shards_with_the_pipelines_encoders_and_trains_a_lora_step(tmp_path, ltx2_folder) -> None:
+    folder = ltx2_folder()
     videos = tmp_path / "videos"
     videos.mkdir()
     for i, caption in enumerate(CAPTIONS):

@@ -8,7 +8,6 @@ import json
 
 import torch
 from diffusers import LTX2VideoTransformer3DModel
-from ltx2_fixtures import save_tiny_pipeline
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
@@ -39,8 +38,10 @@ def _video(transformer, x: torch.Tensor, t: torch.Tensor, text, mask, grid) -> t
     return video
 
 
-def test_full_training_steps_on_the_flow_loss_and_exports_to_diffusers(tmp_path, monkeypatch) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline")
+def test_full_training_steps_on_the_flow_loss_and_exports_to_diffusers(
+    tmp_path, monkeypatch, ltx2_folder
+) -> None:
+    folder = ltx2_folder()
     videos = tmp_path / "videos"
     videos.mkdir()
     for i, text in enumerate(("a red square moving right", "a blue square moving left")):

@@ -12,7 +12,6 @@ import pytest
 import torch
 from default_parity import PROMPT, noise, vidforge_infer
 from diffusers import LTX2Pipeline
-from ltx2_fixtures import save_tiny_pipeline
 
 from vidforge.errors import UserInputError
 
@@ -25,8 +24,10 @@ SETS = [
 ]
 
 
-def test_default_infer_equals_the_pipelines_video_and_writes_24_fps(tmp_path, monkeypatch) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline", audio_to_video=False)
+def test_default_infer_equals_the_pipelines_video_and_writes_24_fps(
+    tmp_path, monkeypatch, ltx2_folder
+) -> None:
+    folder = ltx2_folder(audio_to_video=False)
     ours, fps, record = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch)
     assert (fps, record["negative_prompt"], record["sampler"], record["guidance"]) == (
         24,
@@ -53,14 +54,14 @@ def test_default_infer_equals_the_pipelines_video_and_writes_24_fps(tmp_path, mo
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)  # 1.8e-6 measured (float32 caption: 1e-4)
 
 
-def test_a_folders_profile_samples_with_the_pipelines_call_defaults(tmp_path) -> None:
+def test_a_folders_profile_samples_with_the_pipelines_call_defaults(ltx2_folder) -> None:
     """Size, frames, steps, frame rate, guidance and its rescale: `LTX2Pipeline.__call__`'s defaults (its
     num_frames None means 121 for a checkpoint without a duration head)."""
     import inspect
 
     from vidforge.weights.weights_folder import find_weights, published_profile
 
-    folder = save_tiny_pipeline(tmp_path / "pipeline")
+    folder = ltx2_folder()
     call = {k: p.default for k, p in inspect.signature(LTX2Pipeline.__call__).parameters.items()}
     prof = published_profile(find_weights(folder).published, [])
     assert (prof.infer.height, prof.infer.width, prof.diffusion.steps) == (

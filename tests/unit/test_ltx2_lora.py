@@ -8,7 +8,6 @@ tests/unit/test_ltx2_infer.py holds the pipeline's default sampling to)."""
 import torch
 from default_parity import PROMPT, noise, vidforge_infer
 from diffusers import LTX2Pipeline, LTX2VideoTransformer3DModel
-from ltx2_fixtures import save_tiny_pipeline
 from typer.testing import CliRunner
 
 from vidforge.cli.app import app
@@ -49,8 +48,10 @@ def _video(transformer, seed: int = 0) -> torch.Tensor:
     return video
 
 
-def test_a_lora_loads_into_the_pipeline_and_samples_as_vidforge_does(tmp_path, monkeypatch) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline", audio_to_video=False)
+def test_a_lora_loads_into_the_pipeline_and_samples_as_vidforge_does(
+    tmp_path, monkeypatch, ltx2_folder
+) -> None:
+    folder = ltx2_folder(audio_to_video=False)
     videos = tmp_path / "videos"
     videos.mkdir()
     for i, text in enumerate(("a red square moving right", "a blue square moving left")):

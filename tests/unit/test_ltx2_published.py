@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from ltx2_fixtures import CAPTION_CHANNELS, save_tiny_pipeline
+from ltx2_fixtures import CAPTION_CHANNELS
 from safetensors.torch import load_file
 
 from vidforge.errors import UserInputError
@@ -23,8 +23,8 @@ from vidforge.families.ltx2.weights import export_weights, write_export
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_pipeline(tmp_path_factory.mktemp("ltx2") / "LTX-2")
+def folder(ltx2_folder):
+    return ltx2_folder()
 
 
 def test_facts_equal_what_the_pipeline_computes(folder):

@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 from diffusers import LTX2VideoTransformer3DModel
-from ltx2_fixtures import save_tiny_pipeline
 from safetensors import safe_open
 from typer.testing import CliRunner
 
@@ -17,8 +16,9 @@ from vidforge.cli.app import app
 from vidforge.errors import UserInputError
 from vidforge.families import family
 from vidforge.families.ltx2 import PRESETS
-from vidforge.families.ltx2.model import PLAIN_BATCHES, LTX2Model
+from vidforge.families.ltx2.model import LTX2Model
 from vidforge.families.ltx2.network import LTX2Transformer
+from vidforge.families.plain_batches import PLAIN_BATCHES
 from vidforge.models import build_model, count_parameters
 from vidforge.profile import load_profile
 from vidforge.profile.loading import apply_override, apply_overrides, validate_profile
@@ -33,8 +33,8 @@ from vidforge.weights.weights_folder import (
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_pipeline(tmp_path_factory.mktemp("ltx2reg") / "LTX-2")
+def folder(ltx2_folder):
+    return ltx2_folder()
 
 
 def _tensors(path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidforge.families import JOINT_CP_IMPLS, FamilySpec
-from vidforge.families.hunyuan15.model import PLAIN_BATCHES, PRESETS, HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import PRESETS, TITLE, HunyuanVideo15Model
 from vidforge.families.hunyuan15.published import (
     CLASS_NAME,
     FPS,
@@ -22,6 +22,7 @@ from vidforge.families.hunyuan15.published import (
     NEGATIVE_PROMPT,
     read_published,
 )
+from vidforge.families.plain_batches import PLAIN_BATCHES, plain_batch_problems
 
 # The attention projections of both streams of every double-stream block (and, by the same names, of the
 # caption refiner's blocks), as diffusers names them: the Wan family's choice with the caption stream's
@@ -38,7 +39,7 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 def layout_rules(profile: Any, layout: Any) -> list[str]:
     """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
     parallel, a cp_impl its joint attention does not run, packed rows and caption dropout
-    (`model.PLAIN_BATCHES` avoid the last two)."""
+    (`plain_batches.PLAIN_BATCHES` avoid the last two)."""
     problems = []
     if layout.tp > 1:
         problems.append(
@@ -55,17 +56,7 @@ def layout_rules(profile: Any, layout: Any) -> list[str]:
             "parallel.cp_regather: HunyuanVideo-1.5's joint attention keeps the gathered video K/V for its "
             "backward (re-gathering is not built for it); set parallel.cp_regather=false"
         )
-    if profile.data.packing:
-        problems.append(
-            "data.packing: model.family=hunyuan15 runs plain batches only so far (packed rows are not built); "
-            "set data.packing=false"
-        )
-    if profile.diffusion.caption_dropout > 0:
-        problems.append(
-            "diffusion.caption_dropout: HunyuanVideo-1.5 trains its unconditional branch on its encoded empty "
-            "prompt, not a dropped caption (not built yet); set diffusion.caption_dropout=0"
-        )
-    return problems
+    return problems + plain_batch_problems(profile, "hunyuan15", TITLE)
 
 
 SPEC = FamilySpec(

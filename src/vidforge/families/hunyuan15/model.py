@@ -20,11 +20,7 @@ from vidforge.families.model import FixedBlock, Model
 FAMILY = "hunyuan15"
 LATENT_CHANNELS = 32  # AutoencoderKLHunyuanVideo15's latent channels (the transformer's out_channels)
 CONDITION_CHANNELS = LATENT_CHANNELS + 1  # the first frame's latents and its mask (in_channels 65)
-# What the network refuses at its first forward, as settings every profile of the family carries (its
-# presets' `profile_defaults` and a published folder's defaults), so that the rulebook's refusal at load
-# (`layout_rules`) never meets a profile the family gave: packed rows (plain batches
-# only so far), and caption dropout (HunyuanVideo-1.5's unconditional branch reads its encoded empty prompt).
-PLAIN_BATCHES = {"data.packing": False, "diffusion.caption_dropout": 0}
+TITLE = "HunyuanVideo-1.5"  # the published name, in messages
 
 
 class HunyuanVideo15Model(Model, FixedBlock):

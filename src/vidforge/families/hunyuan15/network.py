@@ -38,7 +38,8 @@ from torch import nn
 
 from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
-from vidforge.families.hunyuan15.model import HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import FAMILY, TITLE, HunyuanVideo15Model
+from vidforge.families.plain_batches import caption_dropout_refusal, packing_refusal
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
@@ -414,9 +415,7 @@ class HunyuanVideo15Transformer(VideoTransformer):
         """`VideoTransformer.forward`; `condition` None is text-to-video's zeros (the pipeline's)."""
         shard = kwargs.get("shard")
         if kwargs.get("layout") is not None or (shard is not None and shard.packed):
-            raise UserInputError(
-                "model.family=hunyuan15 runs plain batches only so far: set data.packing=false"
-            )
+            raise UserInputError(packing_refusal(FAMILY))
         if kwargs.get("condition") is None and self.config.condition_channels:
             shape = list(x.shape)
             shape[1 if x.ndim == 5 else 2] = self.config.condition_channels * (
@@ -436,10 +435,7 @@ class HunyuanVideo15Transformer(VideoTransformer):
         """`time`: temb (N, hidden); `text`: the caption stream [glyph, MLLM] (image tokens join in
         `image_conditioning`); `text_mask`: the joint attention's key mask over [video, caption]."""
         if drop_text is not None and bool(drop_text.any()):  # (guidance's branch reads the encoded "")
-            raise UserInputError(
-                "diffusion.caption_dropout: HunyuanVideo-1.5 trains with its encoded empty prompt, not a "
-                "dropped caption (not built yet); set diffusion.caption_dropout=0"
-            )
+            raise UserInputError(caption_dropout_refusal(TITLE))
         cfg = self.config
         if text_mask is None:
             text_mask = torch.ones(text.shape[:2], dtype=torch.bool, device=text.device)

@@ -17,7 +17,8 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published, read_json
-from vidforge.families.hunyuan15.model import FAMILY, PLAIN_BATCHES, default_size
+from vidforge.families.hunyuan15.model import FAMILY, default_size
+from vidforge.families.plain_batches import PLAIN_BATCHES
 
 CLASS_NAME = "HunyuanVideo15Transformer3DModel"
 CONFIG = "config.json"

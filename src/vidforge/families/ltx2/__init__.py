@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from vidforge.families import FamilySpec
-from vidforge.families.ltx2.model import PLAIN_BATCHES, PRESETS, LTX2Model
+from vidforge.families.ltx2.model import PRESETS, TITLE, LTX2Model
 from vidforge.families.ltx2.published import CLASS_NAME, NEGATIVE_PROMPT, read_published
+from vidforge.families.plain_batches import PLAIN_BATCHES, plain_batch_problems
 
 # The four projections of both attentions of every block (self-attention and the caption cross-attention),
 # diffusers' names: what Lightricks' LTX-2 trainer (ltx-trainer's LoRA configs) and diffusers' LTX-2 LoRA
@@ -37,25 +38,15 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
     """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
-    parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
-    avoid the last two)."""
+    parallel, packed rows and caption dropout (`plain_batches.PLAIN_BATCHES` are the settings
+    that avoid the last two)."""
     problems = []
     if layout.tp > 1:
         problems.append(
             f"parallel.tp: tensor parallel is not built for model.family=ltx2 yet (tp={layout.tp}); set "
             "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
         )
-    if profile.data.packing:
-        problems.append(
-            "data.packing: model.family=ltx2 runs plain batches only so far (packed rows are not built); "
-            "set data.packing=false"
-        )
-    if profile.diffusion.caption_dropout > 0:
-        problems.append(
-            "diffusion.caption_dropout: LTX-2 trains its unconditional branch on its encoded empty prompt, "
-            "not a dropped caption (not built yet); set diffusion.caption_dropout=0"
-        )
-    return problems
+    return problems + plain_batch_problems(profile, "ltx2", TITLE)
 
 
 def sampling_rules(profile: Any, run: Any) -> list[str]:

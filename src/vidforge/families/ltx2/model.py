@@ -22,12 +22,7 @@ FAMILY = "ltx2"
 LATENT_CHANNELS = 128  # AutoencoderKLLTX2Video's latent channels (the transformer's in/out_channels)
 FF_MULT = 4  # diffusers' FeedForward in every block: gelu-approximate, 4x the width (no config entry)
 
-# What the network refuses at its first forward, stated as settings every profile of the family carries
-# (its presets' `profile_defaults` and a published folder's defaults), so that the rulebook's refusal at
-# load (`layout_rules`) never meets a profile the family gave: packed rows (plain
-# batches only so far), and caption dropout (LTX-2 trains the unconditional branch on its encoded empty
-# prompt, which is not built).
-PLAIN_BATCHES = {"data.packing": False, "diffusion.caption_dropout": 0}
+TITLE = "LTX-2"  # the published name, in messages
 
 
 class LTX2Model(Model, FixedBlock, NoImageInputs):

@@ -36,8 +36,9 @@ from torch import nn
 
 from vidforge.attention.dispatch import Attend, AttentionMask
 from vidforge.errors import UserInputError
-from vidforge.families.ltx2.model import LTX2Model
+from vidforge.families.ltx2.model import FAMILY, TITLE, LTX2Model
 from vidforge.families.ltx2.published import is_audio
+from vidforge.families.plain_batches import caption_dropout_refusal, packing_refusal
 from vidforge.models.backbone import VideoTransformer
 from vidforge.models.layers import Conditioning, PixArtTextProjection, TimestepMLP
 from vidforge.models.token_inputs import TokenPlacement
@@ -282,7 +283,7 @@ class LTX2Transformer(VideoTransformer):
         reads the shard's global positions)."""
         shard = kwargs.get("shard")
         if kwargs.get("layout") is not None or (shard is not None and shard.packed):
-            raise UserInputError("model.family=ltx2 runs plain batches only so far: set data.packing=false")
+            raise UserInputError(packing_refusal(FAMILY))
         return super().forward(x, noise_level, text, *args, **kwargs)
 
     def conditioning(
@@ -297,10 +298,7 @@ class LTX2Transformer(VideoTransformer):
         `shared_modulation`: its 6 (9) x hidden projection every block adds its table to; `text`: the
         (projected) caption; `prompt_time`: the per-step prompt modulation's term."""
         if drop_text is not None and bool(drop_text.any()):  # the trainer passes all-False without dropout
-            raise UserInputError(
-                "diffusion.caption_dropout: LTX-2 trains with its encoded empty prompt, not a dropped caption "
-                "(not built yet); set diffusion.caption_dropout=0"
-            )
+            raise UserInputError(caption_dropout_refusal(TITLE))
         sinusoids = timestep_sinusoids((noise_level * TIMESTEP_SCALE).flatten())
         temb, embedded = self.time_embed(sinusoids, self.param_dtype)
         if noise_level.ndim == 2:  # per token

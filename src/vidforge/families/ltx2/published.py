@@ -17,7 +17,8 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published, read_json
-from vidforge.families.ltx2.model import FAMILY, PLAIN_BATCHES
+from vidforge.families.ltx2.model import FAMILY
+from vidforge.families.plain_batches import PLAIN_BATCHES
 
 CLASS_NAME = "LTX2VideoTransformer3DModel"
 CONFIG = "config.json"
