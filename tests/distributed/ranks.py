@@ -8,6 +8,12 @@ processes). It runs after `dist.init_process_group("gloo")` and before `destroy_
 its return value must be picklable (tensors are fine: return `.detach().clone()`). A failure on any
 rank fails the call with that rank's traceback. Every process uses one torch thread: on a 2-core
 machine, N processes x several OpenMP threads each is many times slower than one thread each.
+
+The ranks are forked from a server process that imported torch and vidforge's training code once per test
+process (multiprocessing's forkserver, `PRELOAD`), rather than started bare (spawn): a bare rank spent
+5-8 CPU seconds importing before its first op (torch, the training loop, the planner's torch._dynamo), more
+than many of these tests' work, and `make test` starts hundreds of ranks. A rank still gets the caller's
+environment as it is at the call, as a spawned one did.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# What the fork server imports once (a module that is missing is skipped): what most ranks import anyway.
+PRELOAD = ["torch", "torch.distributed", "vidforge.train.loop", "vidforge.bench.plan"]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -30,7 +39,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, collected) -> None:
+def _entry(
+    rank: int, world_size: int, port: int, env: dict, fn: Callable, args: tuple, queue, collected
+) -> None:
+    os.environ.clear()  # the caller's environment now, not the fork server's from its start
+    os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -56,11 +69,16 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
     """fn(rank, world_size, *args) on `world_size` gloo ranks; returns the results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
     queue, collected = ctx.Queue(), ctx.Event()
     port = _free_port()
     procs = [
-        ctx.Process(target=_entry, args=(rank, world_size, port, fn, args, queue, collected), daemon=True)
+        ctx.Process(
+            target=_entry,
+            args=(rank, world_size, port, dict(os.environ), fn, args, queue, collected),
+            daemon=True,
+        )
         for rank in range(world_size)
     ]
     for p in procs:
