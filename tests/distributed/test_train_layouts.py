@@ -25,7 +25,9 @@ from planned_layouts import Miniature, planned_miniatures  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 from train_fixtures import WAN, losses, make_latents, probe_forward, train_profile  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# About 6 minutes under `make test` (its layouts 17-52 s each): the longest of the multi-process files, so
+# it starts first among them (tests/conftest.py) rather than alone at the end.
+pytestmark = [pytest.mark.slow(minutes=6), pytest.mark.distributed]
 
 STEPS = ("train.steps=3", "train.ema_decay=0", "model.heads=4", "data.token_budget=432")
 
