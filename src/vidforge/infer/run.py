@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from vidforge.data.folder_lock import FolderLock
@@ -194,12 +193,10 @@ def sample_batches(
     size = prof.infer.batch_size
     for first in range(0, len(prompts), size):
         chunk = list(prompts[first : first + size])
-        emb, mask = encoder.encode(chunk)
+        emb, mask = encoder.encode_to_sample(chunk)
         seeds = [prof.infer.seed + first + i for i in range(len(chunk))]
         before = (cache.calls, cache.skipped) if cache is not None else (0, 0)
-        latents = sampler(
-            torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask), seeds, latent_shape, negative
-        )
+        latents = sampler(emb, mask, seeds, latent_shape, negative)
         # every video of a batch took its batch's calls (one decision a call, see sampling.step_cache)
         batch_calls = cache.calls - before[0] if cache is not None else None
         batch_skipped = cache.skipped - before[1] if cache is not None else None
