@@ -75,13 +75,6 @@ def test_a_lora_loads_into_the_pipeline_and_samples_as_vidforge_does(tmp_path, m
 
     ours, _, record = vidforge_infer(folder, tmp_path / "out", SIZE, monkeypatch, lora=run / "train")
     assert record["lora"] == str((run / "train").resolve())
-    connect = pipe.connectors.forward
-
-    def stored_as_vidforge_stores_captions(*args, **kwargs):  # float16, zeros where masked (`encode`)
-        video, audio, mask = connect(*args, **kwargs)
-        return (video * mask[..., None]).half().float(), audio, mask
-
-    pipe.connectors.forward = stored_as_vidforge_stores_captions
     theirs = pipe(
         prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS,
         latents=pipe._pack_latents(noise(ours.shape[1:])), output_type="latent", return_dict=False,
