@@ -124,6 +124,11 @@ class FamilySpec:
     VideoProcessor.preprocess stretches it; the image encoder sees the image as given, Wan) or "crop"
     (resized to cover the size and centre-cropped first, and the image encoder sees that crop:
     HunyuanVideo-1.5)."""
+    image_size: Callable[[Any, int, int, int], tuple[int, int]] | None = None
+    """(model section, image height, image width, the VAE's spatial compression) -> the video's (height,
+    width) the family's image-to-video pipeline samples an image at when given no size (HunyuanVideo-1.5:
+    its bucket closest to the image's aspect); `infer --image` without infer.height/width takes it. None:
+    the profile's size."""
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""

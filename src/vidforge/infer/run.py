@@ -38,7 +38,7 @@ from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
 from vidforge.infer.image import first_frame_latent
-from vidforge.infer.image_condition import ImageCondition, channel_condition
+from vidforge.infer.image_condition import ImageCondition, channel_condition, image_size_sets
 from vidforge.infer.modes import choose_sampler
 from vidforge.infer.output import InferResult, SampleWriter, sample_settings, summary_note
 from vidforge.infer.plan import Sampler
@@ -115,6 +115,9 @@ def run(
         overrides = [*adapter_sampling(lora), *as_overrides(overrides)]
     weights = find_weights(checkpoint)
     prof = sampling_profile(weights, overrides, profile)
+    if image is not None and profile is None:  # the size the family's pipeline picks for it, unless given
+        sized = image_size_sets(prof, image, overrides)
+        prof = sampling_profile(weights, [*sized, *as_overrides(overrides)], profile) if sized else prof
     # a checkpoint trained on GPUs still samples on a machine without one
     runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
     rank, world, device = runtime.rank, runtime.world, str(runtime.device)

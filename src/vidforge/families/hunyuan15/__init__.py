@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidforge.families import JOINT_CP_IMPLS, FamilySpec
-from vidforge.families.hunyuan15.model import PLAIN_BATCHES, PRESETS, HunyuanVideo15Model
+from vidforge.families.hunyuan15.model import PLAIN_BATCHES, PRESETS, HunyuanVideo15Model, default_size
 from vidforge.families.hunyuan15.published import (
     CLASS_NAME,
     FPS,
@@ -88,6 +88,10 @@ SPEC = FamilySpec(
     condition_latents="vidforge.families.hunyuan15.image_condition:condition_latents",
     image_encoder="vidforge.families.hunyuan15.image_condition:SiglipImageEncoder",
     image_fit="crop",
+    # HunyuanVideo15ImageToVideoPipeline takes no size: its bucket closest to the image's aspect
+    image_size=lambda model, height, width, spatial: default_size(
+        model.target_size, (width, height), spatial
+    ),
     image_tokens=IMAGE_TOKENS,
     media_defaults=lambda model: {"curation.fps": FPS, "infer.fps": FPS},
     negative_prompt=NEGATIVE_PROMPT,
