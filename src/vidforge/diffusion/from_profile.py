@@ -87,7 +87,9 @@ def student_levels(diffusion: Diffusion, steps: int, tokens: int | None = None) 
     if diffusion.objective == "flow":
         if diffusion.flow_shift_tokens is not None:
             if tokens is None:
-                raise ValueError("student_levels: diffusion.flow_shift_tokens needs the samples' tokens")
+                raise ValueError(
+                    "student_levels: a token-count shift (flow_shift_tokens) needs the samples' tokens"
+                )
             diffusion = at_tokens(diffusion, tokens)
         levels = flow_sigmas(
             steps,
