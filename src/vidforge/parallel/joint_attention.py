@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -69,6 +69,10 @@ class JointShard(ContextShard):
     says which of the L replicated tokens after them are keys (the caption's padding masked out)."""
 
     keys: torch.Tensor
+    made_from: tuple | None = field(default=None, repr=False)
+    """(keys, order, counts): `caption_order` and the keys it was made from. A field, so that copies
+    (FSDP's input casting rebuilds the mask with `dataclasses.replace`) keep it; a copy with other keys
+    makes its own."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,13 +82,16 @@ class JointShard(ContextShard):
             raise ValueError(
                 f"JointShard.keys must be (B, L) bool, got {self.keys.dtype} {tuple(self.keys.shape)}"
             )
+        if self.made_from is None or self.made_from[0] is not self.keys:
+            order = torch.argsort((~self.keys).to(torch.int8), dim=1, stable=True)
+            self.made_from = (self.keys, order, tuple(self.keys.sum(dim=1).tolist()))
 
-    @functools.cached_property
+    @property
     def caption_order(self) -> tuple[torch.Tensor, tuple[int, ...]]:
         """(B, L): the caption tokens' positions, each row's keys first (in order), and each row's number
-        of keys: the ring's caption block as a prefix of keys. Made once for all the blocks' layers."""
-        order = torch.argsort((~self.keys).to(torch.int8), dim=1, stable=True)
-        return order, tuple(self.keys.sum(dim=1).tolist())
+        of keys: the ring's caption block as a prefix of keys. Made with the mask, outside the (compiled,
+        checkpointed) blocks, once for all of them."""
+        return self.made_from[1], self.made_from[2]
 
 
 def _key_mask(mask: JointShard, video: int) -> KeyPadding:
@@ -197,6 +204,8 @@ def _video_keys(shard: TokenShard, source: int) -> PrefixKeys:
 
 
 def _usp(q, k, v, mask: JointShard, backend, sdpa_backend, groups: UspGroups | None) -> torch.Tensor:
+    """Ulysses over `groups.ulysses` (its ranks' video tokens, H/u heads, in `GroupShard` order; the
+    caption's q, k, v sliced to those heads), the joint ring over `groups.ring`, and back."""
     shard, local = mask.shard, mask.shard.local
     inner = ulysses_degree(shard, q.shape[2], groups)
     if inner == 1:
@@ -226,81 +235,56 @@ class _JointRing(torch.autograd.Function):
         out, lse = caption.forward(kernel, q, k_caption, v_caption, scale)  # its own keys: nothing to send
         out, lse = ring_forward(Ring(group), q, k, v, video_keys, kernel, scale, out, lse)
         ctx.save_for_backward(q, k, v, k_caption, v_caption, out, lse)
-        ctx.caption, ctx.video_keys, ctx.group, ctx.kernel, ctx.scale = (
-            caption,
-            video_keys,
-            group,
-            kernel,
-            scale,
-        )
+        ctx.ring = (caption, video_keys, group, kernel, scale)
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, k_caption, v_caption, out, lse = ctx.saved_tensors
-        lse = finite_lse(lse)
-        dq, dk, dv = ring_backward(
-            Ring(ctx.group), grad_out, q, k, v, out, lse, ctx.video_keys, ctx.kernel, ctx.scale
-        )
-        dq_c, dk_c, dv_c = ctx.caption.backward(
-            ctx.kernel, grad_out, q, k_caption, v_caption, out, lse, ctx.scale
-        )
-        grads = (dq + dq_c, dk, dv, dk_c, dv_c)
-        return (
-            *(g.to(t.dtype) for g, t in zip(grads, (q, k, v, k_caption, v_caption), strict=True)),
-            None,
-            None,
-            None,
-            None,
-        )
+        caption, video_keys, group, kernel, scale = ctx.ring
+        lse = finite_lse(lse)  # every query has a key somewhere in the row
+        dq, dk, dv = ring_backward(Ring(group), grad_out, q, k, v, out, lse, video_keys, kernel, scale)
+        dq_c, dk_c, dv_c = caption.backward(kernel, grad_out, q, k_caption, v_caption, out, lse, scale)
+        grads = [
+            g.to(t.dtype)
+            for g, t in zip((dq + dq_c, dk, dv, dk_c, dv_c), (q, k, v, k_caption, v_caption), strict=True)
+        ]
+        return (*grads, None, None, None, None)
 
 
 @dataclass(frozen=True)
 class _CaptionBlock:
     """The caption's keys as one block per group of batch rows with the same number of keys (`PrefixKeys`
-    takes one count): (rows, count) pairs, rows a slice (every row) or an index."""
+    takes one count): (rows, keys) pairs, rows a slice (every row) or an index."""
 
-    groups: tuple[tuple[slice | torch.Tensor, int], ...]
+    groups: tuple[tuple[slice | torch.Tensor, PrefixKeys], ...]
 
     @classmethod
     def of(cls, counts: tuple[int, ...], device: torch.device) -> _CaptionBlock:
         if len(set(counts)) == 1:
-            return cls(((slice(None), counts[0]),))
+            return cls(((slice(None), PrefixKeys(counts[0])),))
         rows = {c: [b for b, n in enumerate(counts) if n == c] for c in counts}
-        return cls(tuple((torch.tensor(r, device=device), c) for c, r in rows.items()))
+        return cls(tuple((torch.tensor(r, device=device), PrefixKeys(c)) for c, r in rows.items()))
 
-    def forward(self, kernel, q, k, v, scale):
-        if len(self.groups) == 1:
-            return block_forward(kernel, q, k, v, PrefixKeys(self.groups[0][1]), scale)
-        out = lse = None
-        for rows, count in self.groups:
-            part, part_lse = block_forward(kernel, q[rows], k[rows], v[rows], PrefixKeys(count), scale)
-            if out is None:
-                out = part.new_empty((*q.shape[:3], part.shape[-1]))
-                lse = part_lse.new_empty((q.shape[0], *part_lse.shape[1:]))
-            out[rows], lse[rows] = part, part_lse
-        return out, lse
+    def forward(self, kernel, q, k, v, scale) -> tuple[torch.Tensor, ...]:
+        """(out, lse) of q against the caption block, in the compute dtype."""
+        parts = [block_forward(kernel, q[r], k[r], v[r], keys, scale) for r, keys in self.groups]
+        return self._rows(parts, q.shape[0])
 
-    def backward(self, kernel, grad_out, q, k, v, out, lse, scale):
-        if len(self.groups) == 1:
-            return block_backward(kernel, grad_out, q, k, v, out, lse, PrefixKeys(self.groups[0][1]), scale)
-        grads = None
-        for rows, count in self.groups:
-            part = block_backward(
-                kernel,
-                grad_out[rows],
-                q[rows],
-                k[rows],
-                v[rows],
-                out[rows],
-                lse[rows],
-                PrefixKeys(count),
-                scale,
-            )
-            if grads is None:
-                grads = [
-                    g.new_zeros((t.shape[0], *g.shape[1:])) for g, t in zip(part, (q, k, v), strict=True)
-                ]
-            for full, g in zip(grads, part, strict=True):
-                full[rows] = g
-        return grads
+    def backward(self, kernel, grad_out, q, k, v, out, lse, scale) -> tuple[torch.Tensor, ...]:
+        """The caption block's dq, dk, dv, given the merged output and log-sum-exp."""
+        parts = [
+            block_backward(kernel, grad_out[r], q[r], k[r], v[r], out[r], lse[r], keys, scale)
+            for r, keys in self.groups
+        ]
+        return self._rows(parts, q.shape[0])
+
+    def _rows(self, parts: list, batch: int) -> tuple[torch.Tensor, ...]:
+        """Each group's tensors put back at its rows of the batch."""
+        if len(parts) == 1:
+            return tuple(parts[0])
+        full = [t.new_empty((batch, *t.shape[1:])) for t in parts[0]]
+        for (rows, _), part in zip(self.groups, parts, strict=True):
+            for whole, t in zip(full, part, strict=True):
+                whole[rows] = t
+        return tuple(full)
