@@ -27,8 +27,9 @@ Gradients: every rank backpropagates its share of the loss (`shard_loss`); the c
 replicated, so its gradients on one rank hold that rank's share only, and the collectives' backwards (a
 reduce-scatter, or the ring's key gradients travelling to their owner: sums over ranks) and FSDP's
 reduction over cp add the shares up to the single-process gradient. parallel.cp_regather is refused:
-the all-gather's re-gathered backward meets a copy in SDPA's key-padded recompute that the forward did not
-record (`_all_gather`), and the other implementations gather nothing to re-gather.
+the all-gather's re-gathered backward (`cp_attention._regathered`) meets a copy (aten._to_copy, SDPA's
+boolean key mask) in its recompute that the forward did not record, and the other implementations gather
+nothing to re-gather.
 """
 
 from __future__ import annotations
