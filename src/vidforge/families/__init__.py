@@ -124,6 +124,13 @@ class FamilySpec:
     VideoProcessor.preprocess stretches it; the image encoder sees the image as given, Wan) or "crop"
     (resized to cover the size and centre-cropped first, and the image encoder sees that crop:
     HunyuanVideo-1.5)."""
+    image_resample: str = "lanczos"
+    """The PIL filter the family's pipeline resizes `infer --image` with (its VideoProcessor's `resample`:
+    diffusers' default lanczos, LTX-2's bilinear)."""
+    image_crf: int = 0
+    """The H.264 CRF at which the family's pipeline re-compresses `infer --image` before fitting and
+    encoding it, so that the image looks like the compressed video frames the model was trained on
+    (LTX-2: 33, diffusers' `apply_image_conditioning_crf`); 0: the image as given."""
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""
