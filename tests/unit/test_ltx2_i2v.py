@@ -150,8 +150,9 @@ def test_the_first_latent_frame_is_the_images_and_contradictions_are_refused_at_
     """Training conditions on a clip's own first latent frame (tokenize stores nothing more): LTX-2's
     causal VAE encodes it from the first pixel frame alone, so it is the latent `infer --image` starts from.
     A profile that turns first-frame conditioning off for LTX-2, or trains it where it cannot run, is
-    refused at load in one line."""
+    refused at load in one line; sampling from an image is refused where sampling from text is."""
     from vidforge.profile import ProfileError
+    from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
     from vidforge.profile.loading import apply_override, validate_profile
     from vidforge.tokenizers import build_tokenizer
     from vidforge.weights.weights_folder import find_weights, published_profile
@@ -171,6 +172,11 @@ def test_the_first_latent_frame_is_the_images_and_contradictions_are_refused_at_
         return validate_profile(data, "ltx2")
 
     assert load("diffusion.image_condition=0.5").model.expand_timesteps
+    # sampling from an image is refused where sampling from text is: LTX-2.3's STG, several processes
+    assert sampling_run_problems(load(), SamplingRun(image=True)) == []
+    (stg,) = sampling_run_problems(load("model.perturbed_attention=true"), SamplingRun(image=True))
+    (nproc,) = sampling_run_problems(load(), SamplingRun(world=2, image=True))
+    assert stg.startswith("model.perturbed_attention:") and nproc.startswith("--image: image-conditioned")
     for sets, says in [
         (["model.expand_timesteps=false"], "model.expand_timesteps: only the wan family has it (the ltx2"),
         (["diffusion.image_condition=0.5", "diffusion.objective=edm"], "diffusion.image_condition: needs"),
