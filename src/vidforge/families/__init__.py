@@ -34,10 +34,6 @@ REGISTRY: dict[str, str] = {
 }
 """Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
 
-JOINT_CP_IMPLS = ("all-gather", "ulysses")
-"""The parallel.cp_impl values that run joint attention over [video, caption] with only the video tokens
-split (`vidforge.parallel.joint_attention`): a family whose blocks attend so refuses the others at load."""
-
 
 @dataclass(frozen=True)
 class Published:
