@@ -1,5 +1,6 @@
 """`vidforge train` of HunyuanVideo-1.5 (image-to-video: condition latents and image tokens) and of LTX-2's
-video path under context parallel with FSDP2 over the cp ranks, and under FSDP2 data parallel, against
+video path under context parallel with FSDP2 over the cp ranks, under FSDP2 data parallel, and under
+tensor parallel (the families' plans, `families/*/tensor_parallel.py`, without sequence parallel), against
 one process: the same data, the same initial weights and the same noise, so each step's loss and the
 exported weights must agree; what differs is how the model, its tokens and its gradients are split.
 Every sample is the same clip (one a shard), so data-parallel ranks see what the single process sees.
@@ -61,6 +62,8 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "hunyuan15-fsdp2": ("hunyuan15", 2, {"dp_shard": 2}),
         "ltx2-cp2-ulysses": ("ltx2", 2, {"cp": 2, "cp_impl": "ulysses"}),
         "ltx2-fsdp2": ("ltx2", 2, {"dp_shard": 2}),
+        "hunyuan15-tp2": ("hunyuan15", 2, {"tp": 2, "sequence_parallel": False}),
+        "ltx2-tp2": ("ltx2", 2, {"tp": 2, "sequence_parallel": False}),
     }
 
 

@@ -115,6 +115,36 @@ class ReplicatedParallel(ParallelStyle):
         return distribute_module(module, device_mesh, None, self._input, self._output)
 
 
+class HeadsSpanningRMSNorm(nn.Module):
+    """`nn.RMSNorm` over a feature dimension split across the tp ranks: the mean square of the whole
+    row's features (all-reduced), each rank's shard of the weight."""
+
+    def __init__(self, norm: nn.RMSNorm, mesh: DeviceMesh) -> None:
+        super().__init__()
+        (self.features,) = norm.normalized_shape
+        self.eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+        self.weight = nn.Parameter(distribute_tensor(norm.weight.detach(), mesh, [Shard(0)]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        squares = x.float().square().sum(dim=-1, keepdim=True)
+        # The sum over ranks as DTensor collectives (torch.compile traces them; it cannot trace
+        # torch.distributed.nn's autograd all_reduce): each rank's mean feeds only its own features, so
+        # the gradients reaching it differ by rank and are declared Partial, summed on the way back.
+        partial_sums = DTensor.from_local(squares, self.weight.device_mesh, (Partial(),), run_check=False)
+        total = partial_sums.redistribute(placements=(Replicate(),)).to_local(grad_placements=(Partial(),))
+        mean = total / self.features
+        return (x.float() * torch.rsqrt(mean + self.eps)).type_as(x) * self.weight.to_local()
+
+    def __deepcopy__(self, memo: dict) -> HeadsSpanningRMSNorm:
+        # The weight's mesh (and its process group) cannot be copied: copies of the model (EMA, evaluation)
+        # share it.
+        clone = object.__new__(HeadsSpanningRMSNorm)
+        nn.Module.__init__(clone)
+        clone.features, clone.eps = self.features, self.eps
+        clone.weight = nn.Parameter(self.weight.detach().clone(), requires_grad=self.weight.requires_grad)
+        return clone
+
+
 # --- sequence-parallel region ---------------------------------------------------------------------------
 
 
