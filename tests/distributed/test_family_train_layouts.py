@@ -170,3 +170,17 @@ def test_joint_attention_refuses_what_it_cannot_split(parallel, says) -> None:
     with pytest.raises(ProfileError, match=says) as err:
         _profile("hunyuan15", 2, {"cp": 2, **parallel})
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_tensor_parallel_refuses_sequence_parallel_at_load(family) -> None:
+    """Neither family's tensor-parallel plan has sequence parallel (parallel.sequence_parallel defaults to
+    true): refused when the profile loads, in one line naming the fix; without it tp=2 loads."""
+    from vidforge.profile import ProfileError
+
+    with pytest.raises(
+        ProfileError, match="parallel.sequence_parallel: .*set parallel.sequence_parallel=false"
+    ) as err:
+        _profile(family, 2, {"tp": 2})
+    assert "\n" not in str(err.value)
+    assert _profile(family, 2, {"tp": 2, "sequence_parallel": False}).parallel.tp == 2

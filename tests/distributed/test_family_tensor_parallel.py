@@ -1,0 +1,109 @@
+"""HunyuanVideo-1.5 and LTX-2 (the video path) under their tensor-parallel plans (`families/hunyuan15/
+tensor_parallel.py`, `families/ltx2/tensor_parallel.py`) on 2 gloo ranks against one process, at the
+module level: every rank builds the same tiny float64 network and plain batch (test_family_cp.py's), takes
+one process's output, loss, gradients and the weights after one SGD step as the reference, then runs the
+same on a tensor-parallel copy (gradients and weights as `full_tensor()`, partial gradients reduced first,
+as the trainer does).
+
+The cases cover what each plan has to get right: HunyuanVideo-1.5 image-to-video (joint attention over
+[video, image, caption], both streams' projections and feed-forwards split, per-head q/k norms whose
+replicated weights get a gradient from each rank's heads); LTX-2.3's block (gated attention: one gate per
+head, prompt modulation) with "split" RoPE (a table per head: a rank takes its heads' rows) and with
+"interleaved" RoPE (a table per feature: a rank takes its columns), its q/k RMSNorm across all heads
+(statistics all-reduced). A rank rotating with another rank's angles, a norm over a rank's share alone or
+a missing gradient reduction is O(1e-2) off. Tolerance float32-sized (1e-5, as the Wan plan's test):
+the heads-spanning norm and both families' rotations compute in float32 whatever the dtype. The same
+plans under `vidforge train` (three steps, the exported weights) are test_family_train_layouts.py's
+opt-in tp2 layouts."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ranks import run_ranks  # noqa: E402
+from test_family_cp import SHAPE, _hunyuan15, _inputs, _ltx2  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+TOL = 1e-5
+CASES = ("hunyuan15-i2v", "ltx2-split", "ltx2-interleaved")
+
+
+def _build(case: str):
+    if case == "hunyuan15-i2v":
+        model = _hunyuan15()
+        return model, _inputs(model, image=True, token_levels=False)
+    model = _ltx2(case.removeprefix("ltx2-"))
+    return model, _inputs(model, image=False, token_levels=False)
+
+
+def _step(model, inp: dict) -> dict[str, object]:
+    """Output, loss and every gradient of one forward/backward, and the weights after an SGD step."""
+    from torch.distributed.tensor import DTensor
+
+    from vidforge.parallel.tensor_parallel import reduce_partial_grads
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+    kwargs = {k: inp[k] for k in ("text_mask", "condition", "image") if k in inp}
+    out = model(inp["x"], inp["noise_level"], inp["text"], grid=SHAPE, **kwargs)
+    loss = (out - inp["target"]).square().mean()
+    loss.backward()
+    reduce_partial_grads(model.parameters())
+    grads = {name: full(p.grad) for name, p in model.named_parameters()}
+    # SGD: its update is proportional to the gradient (AdamW's first step is its sign, which float32-sized
+    # noise flips where a gradient is ~0); AdamW under the trainer is test_family_train_layouts.py's
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    optimizer.step()
+    weights = {name: full(p) for name, p in model.named_parameters()}
+    return {"out": full(out), "loss": full(loss), "grads": grads, "weights": weights}
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+
+
+def _worker(rank: int, world_size: int) -> dict[str, dict[str, float]]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from vidforge.families import family, load
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    errors = {}
+    for case in CASES:
+        model, inp = _build(case)
+        want = _step(copy.deepcopy(model), inp)
+        load(family(model.config.family).tensor_parallel)(model, mesh["tp"], sequence_parallel=False)
+        got = _step(model, inp)
+        assert got["grads"].keys() == want["grads"].keys()
+        errors[case] = {
+            "out": _relative(got["out"], want["out"]),
+            "loss": _relative(got["loss"], want["loss"]),
+            **{f"grad {k}": _relative(got["grads"][k], v) for k, v in want["grads"].items()},
+            **{f"weight {k}": _relative(got["weights"][k], v) for k, v in want["weights"].items()},
+        }
+        errors[case]["split weights"] = sum(
+            type(p).__name__ == "DTensor" for p in model.parameters()
+        )  # the plan did split something
+    return errors
+
+
+@pytest.fixture(scope="module")
+def tp2() -> list[dict[str, dict[str, float]]]:
+    return run_ranks(_worker, 2)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_family_tp2_step_matches_one_process(tp2, case: str) -> None:
+    for rank in tp2:
+        errors = dict(rank[case])
+        assert errors.pop("split weights") > 0
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < TOL, f"{case}: {worst} off by {errors[worst]:.2e} (relative)"
