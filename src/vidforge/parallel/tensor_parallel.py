@@ -116,14 +116,17 @@ class ReplicatedParallel(ParallelStyle):
 
 
 class HeadsSpanningRMSNorm(nn.Module):
-    """`nn.RMSNorm` over a feature dimension split across the tp ranks: the mean square of the whole
-    row's features (all-reduced), each rank's shard of the weight."""
+    """`nn.RMSNorm` over a feature dimension split across the tp ranks (q/k norms across all heads, as Wan's
+    and LTX-2's, behind column-parallel projections): the mean square of the whole row's features
+    (all-reduced), each rank's shard of the weight. Built from the norm's `weight` (whole, sharded here as
+    the projection's columns, so checkpoints and the export see the whole weight) and its epsilon (None:
+    float32's, as `nn.RMSNorm`'s default for float32)."""
 
-    def __init__(self, norm: nn.RMSNorm, mesh: DeviceMesh) -> None:
+    def __init__(self, weight: torch.Tensor, epsilon: float | None, mesh: DeviceMesh) -> None:
         super().__init__()
-        (self.features,) = norm.normalized_shape
-        self.eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
-        self.weight = nn.Parameter(distribute_tensor(norm.weight.detach(), mesh, [Shard(0)]))
+        (self.features,) = weight.shape
+        self.epsilon = epsilon if epsilon is not None else torch.finfo(torch.float32).eps
+        self.weight = nn.Parameter(distribute_tensor(weight.detach(), mesh, [Shard(0)]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         squares = x.float().square().sum(dim=-1, keepdim=True)
@@ -133,14 +136,14 @@ class HeadsSpanningRMSNorm(nn.Module):
         partial_sums = DTensor.from_local(squares, self.weight.device_mesh, (Partial(),), run_check=False)
         total = partial_sums.redistribute(placements=(Replicate(),)).to_local(grad_placements=(Partial(),))
         mean = total / self.features
-        return (x.float() * torch.rsqrt(mean + self.eps)).type_as(x) * self.weight.to_local()
+        return (x.float() * torch.rsqrt(mean + self.epsilon)).type_as(x) * self.weight.to_local()
 
     def __deepcopy__(self, memo: dict) -> HeadsSpanningRMSNorm:
         # The weight's mesh (and its process group) cannot be copied: copies of the model (EMA, evaluation)
         # share it.
         clone = object.__new__(HeadsSpanningRMSNorm)
         nn.Module.__init__(clone)
-        clone.features, clone.eps = self.features, self.eps
+        clone.features, clone.epsilon = self.features, self.epsilon
         clone.weight = nn.Parameter(self.weight.detach().clone(), requires_grad=self.weight.requires_grad)
         return clone
 

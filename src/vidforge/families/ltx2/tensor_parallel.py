@@ -75,6 +75,6 @@ def apply_tp(model: LTX2Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: 
         parallelize_module(block, tp_mesh, plan)
         for attn in (block.attn1, block.attn2):
             attn.register_forward_pre_hook(partial(_replicated_inputs, tp_mesh))
-            attn.norm_q = HeadsSpanningRMSNorm(attn.norm_q, tp_mesh)
-            attn.norm_k = HeadsSpanningRMSNorm(attn.norm_k, tp_mesh)
+            attn.norm_q = HeadsSpanningRMSNorm(attn.norm_q.weight, attn.norm_q.eps, tp_mesh)
+            attn.norm_k = HeadsSpanningRMSNorm(attn.norm_k.weight, attn.norm_k.eps, tp_mesh)
             attn.tp_rank = tp_mesh.get_local_rank()

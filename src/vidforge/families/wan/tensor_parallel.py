@@ -91,7 +91,7 @@ def apply_wan_tp(model: WanTransformer, tp_mesh: DeviceMesh, *, sequence_paralle
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, _plan(block, stream))
         for attn in (block.attn1, block.attn2):
-            attn.norm_q = HeadsSpanningRMSNorm(attn.norm_q, tp_mesh)
-            attn.norm_k = HeadsSpanningRMSNorm(attn.norm_k, tp_mesh)
+            attn.norm_q = HeadsSpanningRMSNorm(attn.norm_q.weight, attn.norm_q.eps, tp_mesh)
+            attn.norm_k = HeadsSpanningRMSNorm(attn.norm_k.weight, attn.norm_k.eps, tp_mesh)
     if sequence_parallel:
         apply_sequence_region(list(model.blocks.values()), tp_mesh, sum_per_sample_grads=True)
