@@ -119,13 +119,13 @@ class HeadsSpanningRMSNorm(nn.Module):
     """`nn.RMSNorm` over a feature dimension split across the tp ranks (q/k norms across all heads, as Wan's
     and LTX-2's, behind column-parallel projections): the mean square of the whole row's features
     (all-reduced), each rank's shard of the weight. Built from the norm's `weight` (whole, sharded here as
-    the projection's columns, so checkpoints and the export see the whole weight) and its epsilon (None:
-    float32's, as `nn.RMSNorm`'s default for float32)."""
+    the projection's columns, so checkpoints and the export see the whole weight) and its epsilon (both
+    families build their norms with one)."""
 
-    def __init__(self, weight: torch.Tensor, epsilon: float | None, mesh: DeviceMesh) -> None:
+    def __init__(self, weight: torch.Tensor, epsilon: float, mesh: DeviceMesh) -> None:
         super().__init__()
         (self.features,) = weight.shape
-        self.epsilon = epsilon if epsilon is not None else torch.finfo(torch.float32).eps
+        self.epsilon = epsilon
         self.weight = nn.Parameter(distribute_tensor(weight.detach(), mesh, [Shard(0)]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
