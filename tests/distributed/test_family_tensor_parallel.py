@@ -72,6 +72,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _worker(rank: int, world_size: int) -> dict[str, dict[str, float]]:
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
 
     from vidforge.families import family, load
 
@@ -89,9 +90,10 @@ def _worker(rank: int, world_size: int) -> dict[str, dict[str, float]]:
             **{f"grad {k}": _relative(got["grads"][k], v) for k, v in want["grads"].items()},
             **{f"weight {k}": _relative(got["weights"][k], v) for k, v in want["weights"].items()},
         }
-        errors[case]["split weights"] = sum(
-            type(p).__name__ == "DTensor" for p in model.parameters()
-        )  # the plan did split something
+        # what a rank holds, for the memory model's reading of the family's `tp_rules`
+        errors[case]["rank parameters"] = sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()
+        )
     return errors
 
 
@@ -104,6 +106,19 @@ def tp2() -> list[dict[str, dict[str, float]]]:
 def test_family_tp2_step_matches_one_process(tp2, case: str) -> None:
     for rank in tp2:
         errors = dict(rank[case])
-        assert errors.pop("split weights") > 0
+        errors.pop("rank parameters")
         worst = max(errors, key=errors.get)
         assert errors[worst] < TOL, f"{case}: {worst} off by {errors[worst]:.2e} (relative)"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_family_tp_rules_count_what_the_plan_splits(tp2, case: str) -> None:
+    """The memory model's parameters a rank holds (from the family's `tp_rules`) are what the plan left on
+    each rank."""
+    from vidforge.estimate.param_counts import parameter_counts, tp_local_parameters
+
+    cfg = _build(case)[0].config
+    counts = parameter_counts(cfg)
+    assert counts.block_tp > 0  # the rules split something
+    for rank in tp2:
+        assert rank[case]["rank parameters"] == tp_local_parameters(counts, cfg.layers, 2)
