@@ -1,7 +1,8 @@
 """Tensor and sequence parallel pieces every family's plan is made of (each family's plan is in its
-package: `families/vidforge/tensor_parallel.py`, `families/wan/tensor_parallel.py`): the parallel styles
-DTensor lacks (a column-wise Linear whose output is all-gathered, a replicated module whose gradient is
-left partial), the sequence-parallel region, the checks before sharding, and the reductions of partial
+package: `families/<name>/tensor_parallel.py`): the parallel styles DTensor lacks (a column-wise Linear
+whose output is all-gathered, a replicated module whose gradient is left partial), the RMSNorm over a
+width split across the ranks (`HeadsSpanningRMSNorm`: Wan's and LTX-2's q/k norms), the sequence-parallel
+region, the checks before sharding, and the reductions of partial
 gradients that FSDP does not do.
 
 Sequence parallel (`parallel.sequence_parallel`): between sub-layers the residual stream of a block holds
