@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import fields
-from functools import partial
+from functools import cache, partial
 
 import torch
 from torch import nn
@@ -164,20 +164,30 @@ def _gather_sequence(h: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return part.redistribute(placements=(Replicate(),)).to_local()
 
 
-class _RankTokensConditioning(Conditioning):
+class _RankTokens:
     """A block's conditioning under sequence parallel when the block adds learned per-sample rows of its
-    own to the modulation before broadcasting it (Wan's `scale_shift_table`): those rows meet only this
-    rank's tokens, so their gradient, and the modulation's, is this rank's part. `per_token` sums it over
-    the tp ranks (identity forward, all-reduce of the (N, F) rows' gradient backward), which makes the
-    table's and the time projection's gradients complete on every rank."""
+    own to the modulation before broadcasting it (Wan's and LTX-2's `scale_shift_table`): those rows meet
+    only this rank's tokens, so their gradient, and the modulation's, is this rank's part. `per_token` sums
+    it over the tp ranks (identity forward, all-reduce of the (N, F) rows' gradient backward), which makes
+    the table's and the time projection's gradients complete on every rank. Mixed into the family's own
+    `Conditioning` class (`_rank_tokens`), so its extra fields (LTX-2's `prompt_time`) come along."""
 
-    def __init__(self, cond: Conditioning, mesh: DeviceMesh) -> None:
-        super().__init__(**{f.name: getattr(cond, f.name) for f in fields(cond)})
-        self.mesh = mesh
+    mesh: DeviceMesh
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:
         rows = DTensor.from_local(values, self.mesh, (Replicate(),), run_check=False)
         return super().per_token(rows.to_local(grad_placements=(Partial(),)))
+
+
+@cache
+def _rank_tokens_class(base: type[Conditioning]) -> type[Conditioning]:
+    return type(f"RankTokens{base.__name__}", (_RankTokens, base), {})
+
+
+def _rank_tokens(cond: Conditioning, mesh: DeviceMesh) -> Conditioning:
+    rank_tokens = _rank_tokens_class(type(cond))(**{f.name: getattr(cond, f.name) for f in fields(cond)})
+    rank_tokens.mesh = mesh
+    return rank_tokens
 
 
 def _sequence_parallel_inputs(
@@ -201,7 +211,14 @@ def _sequence_parallel_inputs(
     start = mesh.get_local_rank() * local
     cond = cond.token_slice(start, start + local)
     if sum_rows:
-        cond = _RankTokensConditioning(cond, mesh)
+        if cond.time.ndim == 3:
+            # per-token rows are a rank's own slice: summing their gradients over the ranks would add
+            # other tokens' into them (not built: the table's gradient would need its own sum)
+            raise UserInputError(
+                f"parallel.sequence_parallel: a noise level per token (first-frame conditioning) has no "
+                f"sequence-parallel plan for these blocks (tp={tp}); set parallel.sequence_parallel=false"
+            )
+        cond = _rank_tokens(cond, mesh)
     return (h, cond, *args[2:]), kwargs
 
 
@@ -213,7 +230,7 @@ def apply_sequence_region(blocks: list[nn.Module], mesh: DeviceMesh, *, sum_per_
     """Make `blocks` (a model's or a pipeline stage's, in order) the sequence-parallel region: the first
     slices the row (its tokens must divide by tp), each block sees its rank's tokens and conditioning, the
     last all-gathers its output. `sum_per_sample_grads`: reduce the gradient of what blocks broadcast with
-    `Conditioning.per_token` over the tp ranks (`_RankTokensConditioning`); the DiT's modulation Linear
+    `Conditioning.per_token` over the tp ranks (`_RankTokens`); the DiT's modulation Linear
     does this in its own reduce-scatter (`GatheredColwiseParallel(partial_grad=True)`) instead."""
     for i, block in enumerate(blocks):
         block.register_forward_pre_hook(

@@ -4,7 +4,7 @@ the published preset (`model`), how a published folder reads (`published`: shape
 scheduler's resolution-dependent shift, VAE compression, Gemma 3 and its connector, the pipeline's fps,
 guidance, size, frames, steps, negative prompt), LoRA's default targets; its code, loaded by import path:
 the network (`network`), weight import/export (`weights`, bitwise, the audio stream's tensors carried
-untouched) and the tensor-parallel plan (`tensor_parallel`, without sequence parallel).
+untouched) and the tensor- and sequence-parallel plan (`tensor_parallel`).
 
 Its caption encoder (`text_encoder`: Gemma 3 through the text connector) and VAE (tokenizer.kind=ltx2video)
 shard and tokenize as the pipeline encodes; `infer` samples the pipeline's video latents (its token-count
@@ -35,22 +35,10 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
     return ("full",), 9 if cfg.prompt_modulation else 6
 
 
-def no_sequence_parallel(tp: int) -> str:
-    """The refusal of sequence parallel, which this family's tensor-parallel plan lacks (`tensor_parallel`
-    says why): at load and where the plan is applied."""
-    return (
-        f"parallel.sequence_parallel: model.family=ltx2 has no sequence-parallel plan (tp={tp}); set "
-        "parallel.sequence_parallel=false (tensor parallel then runs on whole rows)"
-    )
-
-
 def layout_rules(profile: Any, layout: Any) -> list[str]:
-    """What the network refuses at its first forward (or the TP plan when applied), refused at load: sequence
-    parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
-    avoid the last two)."""
+    """What the network refuses at its first forward, refused at load: packed rows and caption dropout
+    (`model.PLAIN_BATCHES` are the settings that avoid them)."""
     problems = []
-    if layout.tp > 1 and profile.parallel.sequence_parallel:
-        problems.append(no_sequence_parallel(layout.tp))
     if profile.data.packing:
         problems.append(
             "data.packing: model.family=ltx2 runs plain batches only so far (packed rows are not built); "

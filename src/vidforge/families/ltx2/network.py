@@ -227,8 +227,10 @@ class Block(nn.Module):
             self.prompt_scale_shift_table = nn.Parameter(torch.randn(2, cfg.hidden))
 
     def forward(self, h: torch.Tensor, cond: LTX2Conditioning) -> torch.Tensor:
-        temb = cond.per_token(cond.shared_modulation)
-        params = (self.scale_shift_table[None, None] + temb.unflatten(-1, (self.rows, -1))).unbind(dim=2)
+        # the table joins the per-sample rows before they meet the tokens (Wan's order), so that sequence
+        # parallel's `per_token` sums its gradient over the ranks' tokens as well
+        rows = cond.per_token(self.scale_shift_table.flatten() + cond.shared_modulation)
+        params = rows.unflatten(-1, (self.rows, -1)).unbind(dim=2)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = params[:MODULATION]
         x = rms_norm(h, self.eps) * (1 + scale_msa) + shift_msa
         h = h + self.attn1(x, x, cond.scopes["full"].mask, cond.rope) * gate_msa

@@ -1,5 +1,6 @@
-"""Tensor parallel for the ltx2 family (LTX-2's video transformer, `vidforge.families.ltx2.network`), on the
-`tp` mesh: the Megatron split of every block, as Wan's (`vidforge.families.wan.tensor_parallel`).
+"""Tensor and sequence parallel for the ltx2 family (LTX-2's video transformer,
+`vidforge.families.ltx2.network`), on the `tp` mesh: the Megatron split of every block, as Wan's
+(`vidforge.families.wan.tensor_parallel`).
 
 Inside every block: both attentions' to_q/to_k/to_v (and LTX-2.3's per-head gate logits, `gated_attention`)
 and the feed-forward's first projection are column-parallel (a rank computes its heads and its slice of
@@ -20,11 +21,18 @@ Two things span the heads before they split:
 
 Everything else (the weightless norms on the residual stream, the per-block modulation tables, the time
 and caption embedders, the output layer) stays replicated on the tp ranks, with gradients that are
-complete on every rank because they act on replicated data.
+complete on every rank because they act on replicated data (without sequence parallel; with it, below).
 
-Sequence parallel is not built for this family (the per-block table is added to the time projection after
-it is broadcast to the tokens, so its gradient under SP would be a rank's tokens' only): refused at load
-(`layout_rules`) and here.
+Sequence parallel (`parallel.sequence_parallel`), as Wan's: between sub-layers the residual stream holds
+S/tp tokens per rank (`apply_sequence_region` slices the row at the first block and gathers it after the
+last; S must divide by tp). Each attention's query input is all-gathered once where the attention starts
+(the caption, its cross-attention's context, is whole on every rank), the feed-forward's first
+projection gathers its input, and the row-parallel outputs are reduce-scattered back to the rank's
+tokens. Attention, RoPE and the heads-spanning norms see whole rows, exactly as without SP. The block's
+weightless norms hold no parameters; its `scale_shift_table` joins the time projection's rows before
+they meet the tokens, and those rows' gradient is summed over the ranks where they do
+(`sum_per_sample_grads`), which makes the table's, the time embedder's and LTX-2.3's query modulation's
+gradients complete. The caption's prompt modulation acts on the whole caption: complete already.
 """
 
 from __future__ import annotations
@@ -33,48 +41,55 @@ from functools import partial
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from vidforge.errors import UserInputError
-from vidforge.families.ltx2 import no_sequence_parallel
 from vidforge.families.ltx2.network import Attention, LTX2Transformer
-from vidforge.parallel.tensor_parallel import HeadsSpanningRMSNorm, check_tp_model
+from vidforge.parallel.tensor_parallel import (
+    SEQUENCE_DIM,
+    HeadsSpanningRMSNorm,
+    apply_sequence_region,
+    check_tp_model,
+)
 
 
-def _replicated_inputs(mesh: DeviceMesh, module: nn.Module, args: tuple) -> tuple:
-    """Forward pre-hook of an attention called as attn(x, context, mask, rope): x and context as replicated
-    DTensors, one object when they are one tensor."""
+def _replicated_inputs(mesh: DeviceMesh, stream: Placement, module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook of an attention called as attn(x, context, mask, rope): x (the residual stream's,
+    `stream`: gathered under SP) and context as replicated DTensors, one object when x is the context."""
     x, context, *rest = args
-    query = DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+    query = DTensor.from_local(x, mesh, (stream,), run_check=False).redistribute(placements=(Replicate(),))
     keys = query if context is x else DTensor.from_local(context, mesh, (Replicate(),), run_check=False)
     return (query, keys, *rest)
 
 
-def _attention_plan(attn: Attention, prefix: str) -> dict[str, ParallelStyle]:
+def _attention_plan(attn: Attention, prefix: str, stream: Placement) -> dict[str, ParallelStyle]:
     plan: dict[str, ParallelStyle] = {
         f"{prefix}.{name}": ColwiseParallel() for name in ("to_q", "to_k", "to_v")
     }
     if attn.to_gate_logits is not None:  # one logit per head: a rank's heads'
         plan[f"{prefix}.to_gate_logits"] = ColwiseParallel()
-    plan[f"{prefix}.to_out.0"] = RowwiseParallel()
+    plan[f"{prefix}.to_out.0"] = RowwiseParallel(output_layouts=stream)
     return plan
 
 
 def apply_tp(model: LTX2Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
-    """Tensor parallel over the 1-D `tp_mesh`, in place, before activation checkpointing, compile and FSDP.
-    Weights are taken from tp rank 0, so a model initialised before this call keeps its values."""
-    tp = tp_mesh.size()
-    if sequence_parallel:
-        raise UserInputError(no_sequence_parallel(tp))
-    check_tp_model(model, tp)
+    """Tensor (and, with `sequence_parallel`, sequence) parallel over the 1-D `tp_mesh`, in place, before
+    activation checkpointing, compile and FSDP. Weights are taken from tp rank 0, so a model initialised
+    before this call keeps its values."""
+    check_tp_model(model, tp_mesh.size())
+    stream: Placement = Shard(SEQUENCE_DIM) if sequence_parallel else Replicate()
     for block in model.blocks.values():
-        plan = _attention_plan(block.attn1, "attn1") | _attention_plan(block.attn2, "attn2")
-        plan |= {"ff.net.0.proj": ColwiseParallel(), "ff.net.2": RowwiseParallel()}
+        plan = _attention_plan(block.attn1, "attn1", stream) | _attention_plan(block.attn2, "attn2", stream)
+        plan |= {
+            "ff.net.0.proj": ColwiseParallel(input_layouts=stream),
+            "ff.net.2": RowwiseParallel(output_layouts=stream),
+        }
         parallelize_module(block, tp_mesh, plan)
         for attn in (block.attn1, block.attn2):
-            attn.register_forward_pre_hook(partial(_replicated_inputs, tp_mesh))
+            attn.register_forward_pre_hook(partial(_replicated_inputs, tp_mesh, stream))
             attn.norm_q = HeadsSpanningRMSNorm(attn.norm_q.weight, attn.norm_q.eps, tp_mesh)
             attn.norm_k = HeadsSpanningRMSNorm(attn.norm_k.weight, attn.norm_k.eps, tp_mesh)
             attn.tp_rank = tp_mesh.get_local_rank()
+    if sequence_parallel:
+        apply_sequence_region(list(model.blocks.values()), tp_mesh, sum_per_sample_grads=True)
