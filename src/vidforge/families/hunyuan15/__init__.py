@@ -82,9 +82,10 @@ SPEC = FamilySpec(
     presets=PRESETS,
     tensor_parallel="vidforge.families.hunyuan15.tensor_parallel:apply_tp",
     tp_rules=(
-        ("norm1.", "norm1_context.", "norm_q", "norm_k", "norm_added_q", "norm_added_k"),
+        ("norm_q", "norm_k", "norm_added_q", "norm_added_k"),
         ("to_out.0", "to_add_out", "ff.net.2", "ff_context.net.2"),
         (),
+        ("norm1.linear", "norm1_context.linear"),  # each stream's modulation: split, gathered again
     ),
     lora_targets=LORA_TARGETS,
     block_scopes=block_scopes,

@@ -12,9 +12,12 @@ all-reduced); each stream's feed-forward splits the same way (`net.0.proj` colum
 The video and the caption each enter the attention once as a replicated DTensor, so the three
 projections that read one share one all-reduce of its gradient.
 
+Each stream's modulation (`norm1.linear`, `norm1_context.linear`: hidden -> 6 hidden, a third of a
+block's weights) is column-parallel with its per-sample output all-gathered again
+(`GatheredColwiseParallel`, as the vidforge family's): tiny to compute and to gather, large to hold.
 Everything else stays replicated on the tp ranks, with gradients that are complete on every rank because
-it acts on replicated data: the two streams' modulation (`norm1.linear`, `norm1_context.linear`, per
-sample), the LayerNorms, the caption's embedders and token refiner, the time embedding, the output layer.
+it acts on replicated data: the LayerNorms, the caption's embedders and token refiner, the time
+embedding, the output layer.
 
 Sequence parallel is not built for this family: the residual stream is [video, caption] in one row, which
 an even split along the sequence would cut across the two streams. Refused at load (`layout_rules`) and
@@ -39,7 +42,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from vidforge.errors import UserInputError
 from vidforge.families.hunyuan15 import no_sequence_parallel
 from vidforge.families.hunyuan15.network import HunyuanVideo15Transformer
-from vidforge.parallel.tensor_parallel import check_tp_model
+from vidforge.parallel.tensor_parallel import GatheredColwiseParallel, check_tp_model
 
 HEADS_DIM = 2  # q and k are (B, S, heads, head_dim) where the norms see them
 
@@ -67,7 +70,11 @@ def block_plan() -> dict[str, ParallelStyle]:
     }
     for ff in ("ff", "ff_context"):
         plan |= {f"{ff}.net.0.proj": ColwiseParallel(), f"{ff}.net.2": RowwiseParallel()}
-    return plan
+    # each stream's modulation (hidden -> 6 hidden, a third of the block's weights): split by columns, its
+    # per-sample output gathered again (complete gradients: it acts on the replicated time embedding)
+    return plan | {
+        f"{norm}.linear": GatheredColwiseParallel(partial_grad=False) for norm in ("norm1", "norm1_context")
+    }
 
 
 def apply_tp(model: HunyuanVideo15Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
