@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-import cv2
 import numpy as np
 import pytest
 from scenedetect import AdaptiveDetector, ContentDetector, detect
@@ -13,7 +12,6 @@ from scenedetect import AdaptiveDetector, ContentDetector, detect
 from vidforge.curate import clip as clip_module
 from vidforge.curate.clipping.decode import analyse
 from vidforge.curate.clipping.duration import apply_duration
-from vidforge.curate.clipping.shots import downscale
 from vidforge.curate.clipping.static import static_ratio
 from vidforge.curate.clipping.stitch import stitch_shots
 from vidforge.curate.embeddings.greedy_dedup import near_duplicates
@@ -34,25 +32,6 @@ def test_cuts_equal_scenedetect_detect(sample_videos, detector):
         theirs = [start.frame_num for start, _ in detect(path, reference())][1:]
         ours = [shot.start for shot in analyse(path, cfg).shots][1:]
         assert ours == theirs, name
-
-
-@pytest.mark.parametrize(
-    ("source", "size"),
-    [
-        ((1280, 720), (256, 144)),  # odd whole factors: the strided copy
-        ((3840, 2160), (256, 144)),
-        ((1280, 720), (256, 240)),  # 5 across, 3 down
-        ((1920, 1080), (256, 144)),  # 7.5: cv2 itself
-        ((1024, 576), (256, 144)),  # 4: even, cv2 itself
-    ],
-)
-def test_downscale_equals_cv2_linear_resize(source, size):
-    """Detection frames are PySceneDetect's: cv2's INTER_LINEAR resize, bit for bit, on noise (where any
-    interpolation difference shows)."""
-    bgr = np.random.default_rng(0).integers(0, 256, (source[1], source[0], 3), dtype=np.uint8)
-    ours = downscale(bgr, size)
-    assert ours.flags.c_contiguous
-    np.testing.assert_array_equal(ours, cv2.resize(bgr, size, interpolation=cv2.INTER_LINEAR))
 
 
 def test_detector_settings_reach_the_detector(sample_videos):

@@ -85,20 +85,6 @@ class ShotDetector:
 
 
 def downscale(bgr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """`cv2.resize(bgr, size, interpolation=INTER_LINEAR)`, as PySceneDetect downscales. When both sides
-    shrink by an odd whole factor k (1280x720 and 3840x2160 to 256x144) each output pixel's source
-    position, (i + 0.5) * k - 0.5, is a whole pixel, so linear interpolation reads that one pixel with
-    weight 1: a strided copy gives the same array at a small part of the cost."""
-    width, height = size
     if (bgr.shape[1], bgr.shape[0]) == size:
         return bgr
-    kx, ky = _odd_factor(bgr.shape[1], width), _odd_factor(bgr.shape[0], height)
-    if kx and ky:
-        return np.ascontiguousarray(bgr[(ky - 1) // 2 :: ky, (kx - 1) // 2 :: kx])
     return cv2.resize(bgr, size, interpolation=cv2.INTER_LINEAR)
-
-
-def _odd_factor(source: int, target: int) -> int:
-    """k when source == k * target for an odd k, else 0."""
-    k, rest = divmod(source, target)
-    return k if rest == 0 and k % 2 == 1 else 0
