@@ -27,6 +27,9 @@ from typing import IO
 from vidforge.errors import UserInputError
 
 TMP_MARK = ".tmp-"
+FINETUNE_TRAIN = "train"
+"""A `vidforge finetune` run's train stage: the `vidforge train` run folder inside it (its weights in
+export/), where readers of a run's weights look besides the folder itself and its export/."""
 
 
 def planted(path: Path, what: str) -> str:

@@ -4,8 +4,9 @@ takes the single-process loss and gradients as the reference, then runs the cont
 its share of the video tokens (`TokenShard`: 3 x 3 x 5 = 45 tokens a sample, so rank 1 holds a pad).
 
 HunyuanVideo-1.5 attends over [video, caption] (and the image tokens in front of the caption for I2V):
-only the video tokens are split, the caption stream is on every rank (`parallel.joint_attention`,
-all-gather and Ulysses). LTX-2 is full self-attention over the video with its own RoPE (fractional
+only the video tokens are split, the caption stream is on every rank (`parallel.joint_attention`:
+all-gather, Ulysses, the ring, whose caption keys must enter every softmax once, and, on 4 ranks with
+VIDFORGE_TEST_ALL_LAYOUTS=1, usp: Ulysses 2 x ring 2, which pads 3 of the 45 tokens). LTX-2 is full self-attention over the video with its own RoPE (fractional
 pixel-space positions, "split" pairs): each rank's table must come from its tokens' global positions.
 
 Checked per case: the gathered output equals the single-process output, the ranks' `shard_loss` shares
@@ -23,6 +24,7 @@ included, so there the blocks rotate in float64 and the single process in float3
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -184,12 +186,58 @@ def _sampling(model, group, impl: str) -> float:
     return (cp - single).abs().max().item()
 
 
+def _joint_ring_attention(group) -> dict[str, float]:
+    """The joint ring alone on the einsum kernel (`model.attention=dense`; the model cases run the CPU flash
+    kernel): random q, k, v over [45 video tokens, 9 caption tokens], row 1's caption keys with holes, against
+    softmax attention written out; output and the gradients of q, k, v (the caption's summed over ranks, each
+    rank weighing its copy of the caption's output 1/cp)."""
+    import torch.distributed as dist
+
+    from vidforge.parallel.context_parallel import shard_of
+    from vidforge.parallel.joint_attention import JointShard, joint_attention
+
+    g = torch.Generator().manual_seed(4)
+    video, length = SHAPE[0] * SHAPE[1] * SHAPE[2], 9
+    q, k, v, weight = (
+        torch.randn(2, video + length, 2, 8, generator=g, dtype=torch.float64) for _ in range(4)
+    )
+    keys = torch.ones(2, length, dtype=torch.bool)
+    keys[1, [1, 4, 5, 8]] = False
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    scores = torch.einsum("bqhd,bkhd->bhqk", full[0], full[1]) / 8**0.5
+    seen = torch.cat([torch.ones(2, video, dtype=torch.bool), keys], dim=1)[:, None, None]
+    out = torch.einsum("bhqk,bkhd->bqhd", scores.masked_fill(~seen, float("-inf")).softmax(-1), full[2])
+    (out * weight).sum().backward()
+
+    shard = shard_of(SHAPE, group)
+
+    def mine(x):  # this rank's video tokens, then the caption
+        return torch.cat([shard.split(x[:, :video]), x[:, video:]], dim=1)
+
+    local = [mine(x).detach().requires_grad_() for x in (q, k, v)]
+    got = joint_attention(*local, JointShard("full", shard, keys), group, "ring", backend="dense")
+    share = weight[:, video:] / shard.size
+    (
+        (got[:, : shard.local] * shard.split(weight[:, :video])).sum() + (got[:, shard.local :] * share).sum()
+    ).backward()
+    valid = torch.cat([shard.valid(), torch.ones(length, dtype=torch.bool)])
+    errors = {"output": (got - mine(out))[:, valid].abs().max().item()}
+    for name, x, reference in zip("qkv", local, full, strict=True):
+        caption = x.grad[:, shard.local :].contiguous()
+        dist.all_reduce(caption, group=group)
+        grad = torch.cat([x.grad[:, : shard.local], caption], dim=1)
+        errors[f"grad {name}"] = (grad - mine(reference.grad))[:, valid].abs().max().item()
+    errors["grad_scale"] = min(x.grad.abs().max().item() for x in full)
+    return errors
+
+
 # name -> (model builder, cp_impl [and the model's variant], I2V inputs, per-token levels, under FSDP2)
 CASES = {
     "hunyuan15-t2v-all-gather": (_hunyuan15, "all-gather", False, False, False),
     "hunyuan15-i2v-all-gather-fsdp": (_hunyuan15, "all-gather", True, False, True),
     "hunyuan15-t2v-ulysses": (_hunyuan15, "ulysses", False, False, False),
     "hunyuan15-i2v-ulysses-fsdp": (_hunyuan15, "ulysses", True, False, True),
+    "hunyuan15-i2v-ring": (_hunyuan15, "ring", True, False, False),
     "ltx2-all-gather": (_ltx2, "all-gather", False, False, False),
     "ltx2-ring-token-levels-fsdp": (_ltx2, "ring", False, True, True),
     "ltx2-ulysses": (_ltx2, "ulysses", False, False, False),
@@ -200,9 +248,6 @@ CASES = {
 def _worker(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from vidforge.errors import UserInputError
-    from vidforge.parallel.context_parallel import apply_cp, shard_of
-
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
     group = mesh.get_group()
     models = {"hunyuan15": _hunyuan15(), "ltx2": _ltx2(), "ltx2 interleaved": _ltx2("interleaved")}
@@ -212,16 +257,11 @@ def _worker(rank: int, world: int) -> dict:
         model = models[" ".join([build.__name__.strip("_"), *variant])]
         inp = _inputs(model, image, token_levels)
         results[name] = _case(model, inp, group, impl, mesh if fsdp else None)
+    results["joint ring attention"] = _joint_ring_attention(group)
     with torch.no_grad():
         results["hunyuan15 sampling"] = _sampling(models["hunyuan15"], group, "ulysses")
+        results["hunyuan15 ring sampling"] = _sampling(models["hunyuan15"], group, "ring")
         results["ltx2 sampling"] = _sampling(models["ltx2"], group, "ring")
-    # the ring would count the replicated caption's keys once per rank: refused
-    ring = apply_cp(copy.deepcopy(models["hunyuan15"]), group, "ring")
-    try:
-        _run(ring, _inputs(ring, False, False), shard_of(SHAPE, group))
-        results["hunyuan15 ring"] = "ran"
-    except UserInputError as err:
-        results["hunyuan15 ring"] = str(err)
     return results
 
 
@@ -243,12 +283,63 @@ def test_family_under_context_parallel_matches_one_process(results, name) -> Non
         assert errors["grad_scale"] > 0.1  # gradients that are there to compare
 
 
-def test_joint_attention_refuses_the_ring(results) -> None:
-    for rank in results:
-        assert "parallel.cp_impl=ring: joint attention" in rank["hunyuan15 ring"]
-
-
-@pytest.mark.parametrize("family", ["hunyuan15", "ltx2"])
+@pytest.mark.parametrize("family", ["hunyuan15", "hunyuan15 ring", "ltx2"])
 def test_context_parallel_sampling_matches_one_process(results, family) -> None:
     for rank in results:
         assert rank[f"{family} sampling"] <= TOL
+
+
+def test_joint_ring_on_the_einsum_kernel_equals_attention(results) -> None:
+    for rank in results:
+        errors = rank["joint ring attention"]
+        assert max(errors[key] for key in ("output", "grad q", "grad k", "grad v")) <= TOL, errors
+        assert errors["grad_scale"] > 0.1
+
+
+# usp on 4 ranks: Ulysses over pairs of consecutive ranks, the ring across the pairs (the 2D groups the
+# trainer makes, `ParallelDims.cp_2d_groups`); a spawn of 4 more processes, so opt-in.
+USP_CASES = {
+    "hunyuan15-t2v-usp": (False, False),
+    "hunyuan15-i2v-usp-fsdp": (True, True),
+}
+
+
+def _usp_worker(rank: int, world: int) -> dict:
+    from vidforge.parallel.context_parallel import apply_cp
+    from vidforge.parallel.dims import ParallelDims
+    from vidforge.parallel.usp_attention import UspGroups
+    from vidforge.profile.parallel import Layout
+
+    dims = ParallelDims(Layout(pp=1, dp_replicate=1, dp_shard=1, cp=world, tp=1))
+    groups = UspGroups(*dims.cp_2d_groups(2))
+    cp_mesh = dims.mesh["cp"]
+    model = _hunyuan15()
+    results = {}
+    for name, (image, fsdp) in USP_CASES.items():
+        # installed first: the case's own apply_cp finds usp installed and keeps it
+        installed = apply_cp(copy.deepcopy(model), cp_mesh, "usp", usp_groups=groups)
+        results[name] = _case(
+            installed, _inputs(model, image, False), cp_mesh.get_group(), "usp", cp_mesh if fsdp else None
+        )
+    with torch.no_grad():
+        results["sampling"] = _sampling(
+            apply_cp(copy.deepcopy(model), cp_mesh, "usp", usp_groups=groups), cp_mesh.get_group(), "usp"
+        )
+    return results
+
+
+@pytest.mark.skipif(
+    os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") != "1", reason="4 more ranks: set VIDFORGE_TEST_ALL_LAYOUTS=1"
+)
+def test_hunyuan15_under_usp_matches_one_process() -> None:
+    results = run_ranks(_usp_worker, 4)
+    for rank in results:
+        for name, (_, fsdp) in USP_CASES.items():
+            errors = rank[name]
+            tol, grad_tol = (FSDP_TOL, FSDP_TOL) if fsdp else (TOL, GRAD_TOL)
+            assert errors["output"] <= tol and errors["loss"] <= tol and errors["grad"] <= grad_tol, (
+                name,
+                errors,
+            )
+            assert errors["grad_scale"] > 0.1
+        assert rank["sampling"] <= TOL

@@ -59,6 +59,8 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
     LAYOUTS |= {
         "hunyuan15-cp2-all-gather": ("hunyuan15", 2, {"cp": 2, "cp_impl": "all-gather"}),
         "hunyuan15-fsdp2": ("hunyuan15", 2, {"dp_shard": 2}),
+        "hunyuan15-cp2-ring": ("hunyuan15", 2, {"cp": 2, "cp_impl": "ring"}),
+        "hunyuan15-cp4-usp": ("hunyuan15", 4, {"cp": 4, "cp_impl": "usp", "cp_ulysses": 2}),
         "ltx2-cp2-ulysses": ("ltx2", 2, {"cp": 2, "cp_impl": "ulysses"}),
         "ltx2-fsdp2": ("ltx2", 2, {"dp_shard": 2}),
     }
@@ -148,22 +150,24 @@ def test_family_layout_matches_one_process(name, reference, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("parallel", "says"),
+    "parallel",
     [
-        # the ring and usp would count the replicated caption's keys once per rank
-        ({"cp_impl": "ring"}, "parallel.cp_impl: .*not ring; set one of them"),
-        ({"cp_impl": "usp", "cp_ulysses": 1}, "parallel.cp_impl: .*not usp; set one of them"),
-        (
-            {"cp_impl": "all-gather", "cp_regather": True},
-            "parallel.cp_regather: .*set parallel.cp_regather=false",
-        ),
+        {"cp": 2, "cp_impl": "ring"},
+        {"cp": 4, "cp_impl": "usp", "cp_ulysses": 2},
+        {"cp": 2, "cp_impl": "ulysses"},
     ],
 )
-def test_joint_attention_refuses_what_it_cannot_split(parallel, says) -> None:
+def test_joint_attention_loads_under_every_full_attention_cp(parallel) -> None:
+    """HunyuanVideo-1.5's joint attention runs under all-gather, ring, ulysses and usp (the caption's keys
+    once in every softmax: `parallel.joint_attention`)."""
+    assert _profile("hunyuan15", parallel["cp"], parallel).parallel.cp_impl == parallel["cp_impl"]
+
+
+def test_joint_attention_refuses_regather() -> None:
     """What HunyuanVideo-1.5's joint attention has no code for under context parallel: refused at load, in
     one line."""
     from vidforge.profile import ProfileError
 
-    with pytest.raises(ProfileError, match=says) as err:
-        _profile("hunyuan15", 2, {"cp": 2, **parallel})
+    with pytest.raises(ProfileError, match="parallel.cp_regather: .*set parallel.cp_regather=false") as err:
+        _profile("hunyuan15", 2, {"cp": 2, "cp_impl": "all-gather", "cp_regather": True})
     assert "\n" not in str(err.value)

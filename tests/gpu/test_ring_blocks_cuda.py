@@ -2,7 +2,8 @@
 flash-attn where installed), on the device in bf16, against the einsum reference in float64 on the CPU:
 a ring's arithmetic in one process (`attend_blocks`: blocks merged by log-sum-exp, the backward of each
 block from the merged output), for packed pieces with pads and a sample without keys in one block, and
-for a plain batch whose block ends in pads."""
+for a plain batch whose block ends in pads, and for joint attention's blocks (`PrefixKeys`: a caption
+block and video blocks of other lengths than the queries, every query seeing a prefix of each)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from gpu_device import rel_error
 
 from vidforge.attention.dispatch import flash_attn_available
-from vidforge.parallel.attention_blocks import BlockKeys, Einsum, attend_blocks, block_kernel
+from vidforge.parallel.attention_blocks import BlockKeys, Einsum, PrefixKeys, attend_blocks, block_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -21,6 +22,11 @@ ROWS = {  # per block: which keys each piece of queries sees (BlockKeys), and th
     "packed": ((BlockKeys((40, 17, 88), (39, 0, 88)), BlockKeys((40, 17, 88), (40, 17, 87))), 1),
     "plain": ((BlockKeys((128,), (128,)), BlockKeys((128,), (120,))), 2),
 }
+# Joint attention's blocks, each a prefix seen by 160 queries (96 video tokens and the caption): the caption
+# (77 keys of 100), a rank's video block, the last rank's with pads.
+ROWS["joint"] = ((PrefixKeys(77), PrefixKeys(96), PrefixKeys(90)), 2)
+KEY_LENGTHS = {"joint": (100, 96, 96)}
+QUERIES = {"joint": 160}
 
 
 @pytest.mark.parametrize("row", list(ROWS))
@@ -30,9 +36,13 @@ def test_ring_block_kernel_matches_the_float64_einsum(device, backend, kernel, r
         pytest.skip("flash-attn is not installed on this machine")
     blocks, batch = ROWS[row]
     g = torch.Generator().manual_seed(0)
-    shape = (batch, blocks[0].length, HEADS, DIM)
-    q, grad = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(2))
-    kv = [[torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(2)] for _ in blocks]
+    queries = QUERIES.get(row) or blocks[0].length
+    q, grad = (torch.randn((batch, queries, HEADS, DIM), generator=g, dtype=torch.float64) for _ in range(2))
+    lengths = KEY_LENGTHS.get(row) or [queries] * len(blocks)
+    kv = [
+        [torch.randn((batch, n, HEADS, DIM), generator=g, dtype=torch.float64) for _ in range(2)]
+        for n in lengths
+    ]
     ref = attend_blocks(
         Einsum(2048), q, [(k, v, keys) for (k, v), keys in zip(kv, blocks, strict=True)], grad
     )

@@ -9,7 +9,14 @@ import math
 import pytest
 import torch
 
-from vidforge.parallel.attention_blocks import BlockKeys, CpuFlash, Einsum, attend_blocks, block_kernel
+from vidforge.parallel.attention_blocks import (
+    BlockKeys,
+    CpuFlash,
+    Einsum,
+    PrefixKeys,
+    attend_blocks,
+    block_kernel,
+)
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
@@ -77,6 +84,32 @@ def test_blocks_merged_and_differentiated_equal_one_softmax(kernel, blocks, batc
     (their key gradients are 0, as autograd's)."""
     mine, reference = _ring_simulated(kernel, blocks, batch)
     for got, want in zip(mine, reference, strict=True):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("kernel", [CpuFlash(), Einsum(query_chunk=4)], ids=["cpu-flash", "einsum"])
+def test_prefix_blocks_of_other_lengths_equal_one_softmax(kernel):
+    """Joint attention's blocks (`PrefixKeys`): 6 queries against blocks of 5, 4 and 7 keys of which every
+    query sees the first 3, none and all; merged and differentiated as the ring does, equal to one softmax
+    over the seen keys (the unseen ones' gradients 0)."""
+    g = torch.Generator().manual_seed(2)
+    lengths, counts = (5, 4, 7), (3, 0, 7)
+    q, weight = (torch.randn(2, 6, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    ks = [torch.randn(2, n, 2, 8, generator=g, dtype=torch.float64) for n in lengths]
+    vs = [torch.randn(2, n, 2, 8, generator=g, dtype=torch.float64) for n in lengths]
+    blocks = [(k, v, PrefixKeys(c)) for k, v, c in zip(ks, vs, counts, strict=True)]
+    out, dq, dks, dvs = attend_blocks(kernel, q, blocks, weight)
+
+    leaves = [t.clone().requires_grad_() for t in (q, *ks, *vs)]
+    qr, kr, vr = leaves[0], leaves[1:4], leaves[4:]
+    seen = torch.cat([torch.arange(n) < c for n, c in zip(lengths, counts, strict=True)])
+    scores = torch.einsum("bqhd,bkhd->bhqk", qr, torch.cat(kr, 1)) / math.sqrt(8)
+    probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), -1)
+    reference = torch.einsum("bhqk,bkhd->bqhd", probs, torch.cat(vr, 1))
+    (reference * weight).sum().backward()
+    torch.testing.assert_close(out, reference.detach(), **TOL)
+    torch.testing.assert_close(dq, qr.grad, **TOL)
+    for got, want in zip([*dks, *dvs], [t.grad for t in (*kr, *vr)], strict=True):
         torch.testing.assert_close(got, want, **TOL)
 
 

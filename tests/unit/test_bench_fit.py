@@ -142,3 +142,33 @@ def test_wan14b_lora_with_a_bf16_base_fits_two_24gb_cards_with_block_swap_under_
     # the swapped shards wait on the host: half of 10 bf16 blocks, and their adapters' AdamW states
     block = 351_394_304 * 2  # bytes of one Wan2.1-14B block in bf16
     assert plan.memory.host_bytes > 10 * block / 2
+
+
+def test_every_fallback_clip_is_one_each_familys_models_take() -> None:
+    """The smaller clips --fit falls back to, for every preset of every registered family (as --model names
+    it, at a clip larger than them all): frames (k x temporal) + 1, sides multiples of the spatial
+    compression times the patch, under the VAE the family's pipeline pairs with the model."""
+    from vidforge.bench.fit import FALLBACK_SIZES, candidate_clips
+    from vidforge.cli.bench import _machine_sets
+    from vidforge.families import family, names
+
+    big = [
+        "bench.latent_frames=31",
+        "bench.latent_height=96",
+        "bench.latent_width=160",
+    ]  # 121 x 768 x 1280 at 8x
+    checked = set()
+    for name in names():
+        spec = family(name)
+        for preset in spec.presets:
+            profile = load_profile("dit1b_1xh200", [*_machine_sets(preset, 1, "h100"), *big])
+            ct, cs = profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+            vt, vs = spec.vae_compression(profile.model) if spec.vae_compression else (ct, cs)
+            _, ph, pw = profile.model.patch
+            fallbacks = candidate_clips(profile)[1:]
+            assert len(fallbacks) >= len(FALLBACK_SIZES), preset
+            for frames, h, w in fallbacks:
+                assert (frames - 1) % vt == 0 and (frames - 1) % ct == 0, (preset, frames)
+                assert h % (vs * ph) == 0 and w % (vs * pw) == 0 and h % cs == 0, (preset, h, w)
+            checked.add(name)
+    assert checked == set(names())

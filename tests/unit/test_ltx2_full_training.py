@@ -2,7 +2,8 @@
 folder (tests/ltx2_fixtures.py) steps on the flow objective, step 1's loss equal to that objective computed
 directly in float64 with diffusers' LTX2VideoTransformer3DModel (audio isolated) on the same batch, noise
 and shifted logit-normal time the trainer drew; the diffusers folder it exports loads in `from_pretrained`
-with the outputs of vidforge's trained network, which the steps moved away from the base's."""
+with the outputs of vidforge's trained network, which the steps moved away from the base's; and a full
+fine-tune from that fine-tune's export exports too (the published parts found down the chain of bases)."""
 
 import json
 
@@ -89,3 +90,25 @@ def test_full_training_steps_on_the_flow_loss_and_exports_to_diffusers(tmp_path,
         trained = load_model(run / "train" / "export").eval()(drawn.x.float(), **drawn.model_kwargs)
     torch.testing.assert_close(_video(exported, *inp), trained, rtol=1e-5, atol=1e-5)
     assert (trained - _video(ref.float(), *inp)).abs().max() > 1e-3
+    _fine_tune_of_the_export_exports(run, tmp_path)
+
+
+def _fine_tune_of_the_export_exports(run, tmp_path) -> None:
+    """A full fine-tune --init the first one's export (which records the pipeline as its base) exports with
+    the audio stream and config entries of the published folder two bases down."""
+    second = tmp_path / "second"
+    argv = ["train", "--data", run / "latents", "--run-dir", second, "--init", run / "train" / "export"]
+    argv += ["--profile", run / "train" / "profile.yaml", "--set", "train.steps=1"]
+    result = CliRunner().invoke(app, [str(a) for a in argv])
+    assert result.exit_code == 0, result.output[-3000:]
+    out = tmp_path / "second_diffusers"
+    result = CliRunner().invoke(
+        app, ["model", "export", str(second / "export"), "--to", "diffusers", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output[-3000:]
+    exported = LTX2VideoTransformer3DModel.from_pretrained(out).state_dict()
+    trained = load_model(second / "export").state_dict()
+    assert trained.keys() < exported.keys()  # and the audio stream's
+    assert all(torch.equal(exported[name], tensor) for name, tensor in trained.items())
+    first = LTX2VideoTransformer3DModel.from_pretrained(run / "diffusers" / "transformer").state_dict()
+    assert any(not torch.equal(first[name], tensor) for name, tensor in trained.items())

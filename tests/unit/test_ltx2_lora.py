@@ -1,6 +1,6 @@
 """An LTX-2 LoRA `vidforge finetune` trains, back in diffusers: the adapter folder loads with the call
 finetune prints (`LTX2Pipeline.load_lora_weights`), changes the pipeline's video, and the pipeline then
-samples the latents `vidforge infer --lora` samples; `vidforge model export --merged` loads in
+samples the latents `vidforge infer --lora RUN` (the finetune's folder) samples; `vidforge model export --merged` loads in
 `LTX2VideoTransformer3DModel.from_pretrained` with the adapted transformer's outputs. The fixture zeroes
 the audio-to-video attention's output, so the joint model's video is the video path's (as
 tests/unit/test_ltx2_infer.py holds the pipeline's default sampling to)."""
@@ -73,15 +73,10 @@ def test_a_lora_loads_into_the_pipeline_and_samples_as_vidforge_does(tmp_path, m
     assert len(loaded) == 2 * 2 * 4 * 2  # lora_A and B on q, k, v, out of self- and cross-attention, 2 blocks
     assert (_video(pipe.transformer) - plain).abs().max() > 1e-3  # the adapter changes it
 
-    ours, _, record = vidforge_infer(folder, tmp_path / "out", SIZE, monkeypatch, lora=run / "train")
-    assert record["lora"] == str((run / "train").resolve())
-    connect = pipe.connectors.forward
-
-    def stored_as_vidforge_stores_captions(*args, **kwargs):  # float16, zeros where masked (`encode`)
-        video, audio, mask = connect(*args, **kwargs)
-        return (video * mask[..., None]).half().float(), audio, mask
-
-    pipe.connectors.forward = stored_as_vidforge_stores_captions
+    ours, _, record = vidforge_infer(
+        folder, tmp_path / "out", SIZE, monkeypatch, lora=run
+    )  # the run's folder
+    assert record["lora"] == str(run.resolve())
     theirs = pipe(
         prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS,
         latents=pipe._pack_latents(noise(ours.shape[1:])), output_type="latent", return_dict=False,

@@ -100,3 +100,38 @@ def test_tiled_encoding_equals_untiled_within_tolerance(wan_dir, wan):
     # measured error is ~0.04 (bigger tiles and overlaps shrink it).
     rel = float((z_tiled - z).norm() / z.norm())
     assert rel < 0.1, rel
+
+
+TIMESTEP_VAES = {  # tiny LTX VAEs whose decoders read a timestep (LTX-Video 0.9.1 on; LTX-2's is off)
+    "ltx": {"latent_channels": 4, "block_out_channels": (8,) * 4, "decoder_block_out_channels": (8,) * 4,
+            "layers_per_block": (1,) * 5, "decoder_layers_per_block": (1,) * 5,
+            "decoder_inject_noise": (False,) * 5, "upsample_residual": (False,) * 4, "upsample_factor": (1,) * 4},
+    "ltx2video": {"latent_channels": 4, "block_out_channels": (8,) * 3, "decoder_block_out_channels": (8,) * 3,
+                  "layers_per_block": (1,) * 4, "decoder_layers_per_block": (1,) * 4,
+                  "spatio_temporal_scaling": (True,) * 3, "decoder_spatio_temporal_scaling": (True,) * 3,
+                  "decoder_inject_noise": (False,) * 4, "downsample_type": ("spatiotemporal",) * 3,
+                  "upsample_type": ("spatiotemporal",) * 3, "upsample_residual": (False,) * 3,
+                  "upsample_factor": (1,) * 3},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(TIMESTEP_VAES))
+def test_a_timestep_conditioned_ltx_vae_decodes_as_its_pipeline_does_by_default(kind) -> None:
+    """The pipeline's default decode_timestep 0.0, its decode_noise_scale None (= decode_timestep: no noise
+    mixed in), handed to the VAE's decode as the timestep."""
+    import inspect
+
+    from diffusers import LTX2Pipeline, LTXPipeline
+
+    pipeline = {"ltx": LTXPipeline, "ltx2video": LTX2Pipeline}[kind]
+    call = inspect.signature(pipeline.__call__).parameters
+    assert (call["decode_timestep"].default, call["decode_noise_scale"].default) == (0.0, None)
+    tokenizer = DiffusersVAE(kind, config={**TIMESTEP_VAES[kind], "timestep_conditioning": True})
+    with torch.no_grad():  # a time embedding that is not zero, so that the timestep matters
+        for p in tokenizer.vae.decoder.time_embedder.parameters():
+            p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    latents = torch.randn(1, 4, 2, 2, 3, generator=torch.Generator().manual_seed(0))
+    z = tokenizer._denorm(latents)
+    theirs = tokenizer.vae.decode(z, torch.tensor([0.0]), return_dict=False)[0]
+    torch.testing.assert_close(tokenizer.decode(latents), theirs, rtol=0, atol=0)
+    assert (theirs - tokenizer.vae.decode(z, torch.tensor([0.5])).sample).abs().max() > 1e-4

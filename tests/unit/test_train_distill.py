@@ -163,6 +163,37 @@ def test_the_students_default_flow_levels_for_4_steps_are_wans_grid_shifted(shif
     assert student_levels(diffusion, 4) == pytest.approx(expected, abs=1e-12)
 
 
+def test_the_students_default_levels_are_the_teachers_sampling_times_under_a_token_count_shift() -> None:
+    """diffusion.flow_shift_tokens (LTX-2's shift by the sample's token count): the student's levels are
+    the times the teacher's sampler calls the network at, sampling infer's size in the student's steps."""
+    from vidforge.sampling.latents import sample_latents
+    from vidforge.sampling.shape import check_shape
+    from vidforge.tokenizers.base import build_tokenizer
+    from vidforge.train.distill import student_profile
+
+    sets = (*SMALL, "diffusion.objective=flow", "diffusion.sampler=flow-euler", "diffusion.flow_schedule_end=0",
+            "diffusion.flow_shift_tokens=[16,0.5,256,2.0]", "diffusion.flow_shift_terminal=0.1",
+            "infer.frames=9", "infer.height=64", "infer.width=96")  # fmt: skip  # LTX-2's schedule
+    teacher = train_profile(*sets, "diffusion.steps=3", "diffusion.guidance=1")
+    model = build_model(teacher.model).eval()
+    seen: list[float] = []
+
+    def recording(x, noise_level, *args, **kwargs):
+        seen.append(float(noise_level.flatten()[0]))
+        return model(x, noise_level, *args, **kwargs)
+
+    shape = check_shape(teacher, build_tokenizer(teacher))
+    text, mask = torch.zeros(1, 4, teacher.model.text_dim), torch.ones(1, 4, dtype=torch.bool)
+    with torch.no_grad():
+        sample_latents(model, teacher, text, mask, [0], shape, forward=recording)
+    student = student_profile(train_profile(*sets, "train.distill.steps=3")).diffusion
+    assert len(seen) == 3 and seen[0] == 1.0
+    assert student.few_step_levels == pytest.approx(seen, rel=1e-6)
+    assert student_profile(train_profile(*sets[:-3], "train.distill.steps=3")).diffusion.few_step_levels != (
+        pytest.approx(seen, rel=1e-6)
+    )  # another infer size, another shift
+
+
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory) -> Path:
     """A teacher export: the small DiT at random weights (the mechanics need no trained one), perturbed

@@ -382,3 +382,22 @@ def test_the_exported_adapter_file_is_the_same_bytes_every_time(lora_run, tmp_pa
     header = _json.loads(first[8 : 8 + n])
     assert list(header) == sorted(header) and list(header["__metadata__"]) == sorted(header["__metadata__"])
     assert load_file(files[0]).keys() == load_file(lora_run / "export" / WEIGHTS).keys()
+
+
+def test_an_adapter_is_found_in_a_finetune_runs_train_export_else_the_error_names_where_it_looked(
+    lora_run, tmp_path
+) -> None:
+    """`--lora RUN` of a `vidforge finetune` run: its train stage's export (RUN/train/export)."""
+    import shutil
+
+    from vidforge.lora import read_adapter
+
+    run = tmp_path / "finetune"
+    shutil.copytree(lora_run, run / "train")
+    assert read_adapter(run)["folder"] == run / "train" / "export"
+    with pytest.raises(UserInputError) as err:
+        read_adapter(tmp_path / "empty")
+    message = str(err.value)
+    assert "\n" not in message
+    for place in ("empty/export", "empty/train/export", f"{tmp_path / 'empty'};"):
+        assert place in message, place

@@ -14,8 +14,8 @@ for every GPU of the machine, stays within bench.memory_headroom of cluster.host
 recipes that differ only in how many blocks swap (or how much is offloaded), only the least that fits is
 listed: more is never faster.
 
-When nothing fits the clip, shorter clips (49, 33, 17 frames), then smaller frames (480x832, 320x576)
-are tried, and the recipes of the largest clip that fits are listed with it; that change is said in the
+When nothing fits the clip, shorter clips (49, 33, 17 frames), then smaller frames (480x832, 320x576,
+rounded down to what the model's VAE and patch take) are tried, and the recipes of the largest clip that fits are listed with it; that change is said in the
 settings a run trains with (`data.frame_buckets`, `data.buckets`), not the planner's `bench.latent_*`.
 `recipe_profile` is the chosen recipe as a whole profile (`bench plan --fit -o FILE`)."""
 
@@ -29,6 +29,7 @@ from vidforge.bench.plan import LayoutPlan, divisors, evaluate
 from vidforge.errors import UserInputError
 from vidforge.estimate.memory_model import GIB, lora_block_bytes
 from vidforge.estimate.param_counts import parameter_counts
+from vidforge.families import family
 from vidforge.profile import RunProfile
 from vidforge.profile.loading import ProfileError, apply_overrides, validate_profile
 from vidforge.profile.overrides import as_overrides, command_line, set_text, yaml_value
@@ -294,16 +295,23 @@ def _auto_fits(
     return True
 
 
-def _clips(profile: RunProfile) -> list[tuple[int, int, int]]:
-    """The profile's clip in pixels (frames, height, width), then the smaller fallbacks, most tokens first."""
-    b, tok = profile.bench, profile.tokenizer
+def candidate_clips(profile: RunProfile) -> list[tuple[int, int, int]]:
+    """The profile's clip in pixels (frames, height, width), then the smaller fallbacks, most tokens first.
+    A fallback is rounded down to what the model takes: frames (k x temporal) + 1, sides multiples of the
+    spatial compression times the patch, under the profile's tokenizer and the VAE the family's published
+    pipeline pairs with the model (`FamilySpec.vae_compression`; LTX-2's 32 turns 720 into 704)."""
+    b, tok, (_, ph, pw) = profile.bench, profile.tokenizer, profile.model.patch
     ct, cs = tok.temporal_compression, tok.spatial_compression
     own = ((b.latent_frames - 1) * ct + 1, b.latent_height * cs, b.latent_width * cs)
+    vae = family(profile.model.family).vae_compression
+    vt, vs = vae(profile.model) if vae is not None else (ct, cs)
+    step_t, step_h, step_w = math.lcm(ct, vt), math.lcm(cs, vs) * ph, math.lcm(cs, vs) * pw
     clips = {own}
     for frames in FALLBACK_FRAMES:
         for h, w in FALLBACK_SIZES:
+            h, w = step_h * (h // step_h), step_w * (w // step_w)
             if frames <= own[0] and h * w <= own[1] * own[2]:
-                clips.add((min(frames, own[0]), h, w))
+                clips.add((1 + step_t * ((min(frames, own[0]) - 1) // step_t), h, w))
     return sorted(clips, key=lambda c: (-(c[0] * c[1] * c[2]), c != own))
 
 
@@ -329,7 +337,7 @@ def fit(profile: RunProfile, world: int | None = None) -> FitReport:
     acc = profile.cluster.accelerator
     machine = f"{world} x {acc.name} ({acc.memory_gib:g} GiB)"
     model = profile.model.preset or "custom"
-    clips = _clips(profile)
+    clips = candidate_clips(profile)
     requested = "x".join(map(str, clips[0]))
     tried = 0
     for clip in clips:

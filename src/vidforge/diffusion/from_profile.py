@@ -77,12 +77,20 @@ def sample(
     return entry.load()(denoise, noise, levels, **options)
 
 
-def student_levels(diffusion: Diffusion, steps: int) -> tuple[float, ...]:
+def student_levels(diffusion: Diffusion, steps: int, tokens: int | None = None) -> tuple[float, ...]:
     """A few-step student's default noise levels: the objective's own sampling schedule, `steps` levels
     from where sampling starts. Flow: the times of `steps` sampling steps from 1 (shifted by
-    diffusion.flow_shift), the final 0 dropped. EDM: the Karras sigmas of `steps + 1` steps from sigma_max,
-    their last two (sigma_min and 0) dropped: a student call at sigma_min would return its input."""
+    diffusion.flow_shift, or by the shift diffusion.flow_shift_tokens gives samples of `tokens` video
+    tokens, as the teacher's sampler does: `at_tokens`), the final 0 dropped. EDM: the Karras sigmas of
+    `steps + 1` steps from sigma_max, their last two (sigma_min and 0) dropped: a student call at
+    sigma_min would return its input."""
     if diffusion.objective == "flow":
+        if diffusion.flow_shift_tokens is not None:
+            if tokens is None:
+                raise ValueError(
+                    "student_levels: a token-count shift (flow_shift_tokens) needs the samples' tokens"
+                )
+            diffusion = at_tokens(diffusion, tokens)
         levels = flow_sigmas(
             steps,
             diffusion.flow_shift,

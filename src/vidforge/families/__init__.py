@@ -34,10 +34,6 @@ REGISTRY: dict[str, str] = {
 }
 """Family name (the profile's `model.family`) -> the module whose `SPEC` describes it."""
 
-JOINT_CP_IMPLS = ("all-gather", "ulysses")
-"""The parallel.cp_impl values that run joint attention over [video, caption] with only the video tokens
-split (`vidforge.parallel.joint_attention`): a family whose blocks attend so refuses the others at load."""
-
 
 @dataclass(frozen=True)
 class Published:
@@ -124,6 +120,18 @@ class FamilySpec:
     VideoProcessor.preprocess stretches it; the image encoder sees the image as given, Wan) or "crop"
     (resized to cover the size and centre-cropped first, and the image encoder sees that crop:
     HunyuanVideo-1.5)."""
+    image_size: Callable[[Any, int, int, int], tuple[int, int]] | None = None
+    """(model section, image height, image width, the VAE's spatial compression) -> the video's (height,
+    width) the family's image-to-video pipeline samples an image at when given no size (HunyuanVideo-1.5:
+    its bucket closest to the image's aspect); `infer --image` without infer.height/width takes it. None:
+    the profile's size."""
+    image_resample: str = "lanczos"
+    """The PIL filter the family's pipeline resizes `infer --image` with (its VideoProcessor's `resample`:
+    diffusers' default lanczos, LTX-2's bilinear)."""
+    image_crf: int = 0
+    """The H.264 CRF at which the family's pipeline re-compresses `infer --image` before fitting and
+    encoding it, so that the image looks like the compressed video frames the model was trained on
+    (LTX-2: 33, diffusers' `apply_image_conditioning_crf`); 0: the image as given."""
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""

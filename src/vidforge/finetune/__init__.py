@@ -42,7 +42,7 @@ from typing import Any
 
 from vidforge.errors import Terminated, UserInputError
 from vidforge.families import family
-from vidforge.files import atomic_file, read_csv, read_text, read_text_inside, write_text
+from vidforge.files import FINETUNE_TRAIN, atomic_file, read_csv, read_text, read_text_inside, write_text
 from vidforge.finetune import preflight
 from vidforge.finetune.sizing import sized_settings, training_clip
 from vidforge.profile import RunProfile
@@ -278,12 +278,12 @@ def base_profile(base: Path, profile: str | None, overrides: Settings) -> RunPro
     """The profile of a fine-tune of `base` as `vidforge infer -c BASE` and `train --init BASE` read it: a
     diffusers folder's transformer, VAE and text encoder, or a vidforge run's own profile; then
     `overrides`."""
-    from vidforge.lora import is_adapter_folder
+    from vidforge.lora import find_adapter
     from vidforge.weights.weights_folder import export_profile, published_profile, resolve_weights
 
     if not base.exists():
         raise UserInputError(f"--base {base}: no such folder; a diffusers Wan folder or a vidforge run")
-    if is_adapter_folder(base) or is_adapter_folder(base / "export"):
+    if find_adapter(base) is not None:
         raise UserInputError(
             f"--base {base}: a LoRA run, not a model; fine-tune its merged weights (vidforge model export "
             f"{base} --merged --to vidforge -o MERGED, then --base MERGED) or its own base"
@@ -524,7 +524,7 @@ def run(request: Request, hooks: Hooks | None = None) -> FinetuneSummary:
     keys = _stage_keys(pairs, dumped)
     clip_key, caption_key, shard_key, data_key = keys.values()
     ledger, stages = _Ledger(out), []
-    train_dir = out / "train"
+    train_dir = out / FINETUNE_TRAIN
     ledger.refuse_stale(keys, out, train_dir)
     profile_path = out / PROFILE
     if not request.dry_run:
@@ -720,7 +720,7 @@ def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None
     from vidforge.infer.weights import find_export
     from vidforge.lora import diffusers_loading
 
-    train_dir = out / "train"
+    train_dir = out / FINETUNE_TRAIN
     prompt = (profile.train.validation_prompts or [caption])[0]
     # an image-to-video model samples from a first frame the user picks
     image = ("--image", "FIRST_FRAME.png") if profile.model.samples_from_image else ()

@@ -17,6 +17,7 @@ from torch import nn
 from vidforge.errors import UserInputError
 from vidforge.families import family, load
 from vidforge.profile import RunProfile
+from vidforge.profile.overrides import Override, Settings, as_overrides
 from vidforge.tokenizers.image_condition import build_image_encoder, fit_image, load_image
 from vidforge.tokenizers.interface import VideoTokenizer
 
@@ -50,6 +51,20 @@ class ImageCondition:
         return forward
 
 
+SIZE = ("infer.height", "infer.width")
+
+
+def image_size_sets(prof: RunProfile, image: str | Path, overrides: Settings) -> list[Override]:
+    """The video size the model family's image-to-video pipeline picks for `image` (`FamilySpec.image_size`)
+    as the overrides that set it; none when the family has no such rule or `overrides` set a size."""
+    rule = family(prof.model.family).image_size
+    if rule is None or any(o.key in (*SIZE, "infer") for o in as_overrides(overrides)):
+        return []
+    width, height = load_image(image).size
+    size = rule(prof.model, height, width, prof.tokenizer.spatial_compression)
+    return as_overrides(dict(zip(SIZE, size, strict=True)))
+
+
 def channel_condition(
     profile: RunProfile, tokenizer: VideoTokenizer, image: str | Path | None
 ) -> ImageCondition | None:
@@ -64,13 +79,8 @@ def channel_condition(
     if build is None:
         raise ValueError(f"family {model.family}: condition_channels without FamilySpec.condition_latents")
     cfg = profile.infer
-    first, seen = fit_image(
-        load_image(image),
-        cfg.height,
-        cfg.width,
-        tokenizer.spatial_compression,
-        family(model.family).image_fit,
-    )
+    spec = family(model.family)
+    first, seen = fit_image(load_image(image), cfg.height, cfg.width, tokenizer.spatial_compression, spec)
     latents = load(build)(tokenizer, first.to(tokenizer.device), cfg.frames).cpu()
     if latents.shape[1] != model.condition_channels:
         raise UserInputError(

@@ -32,14 +32,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from vidforge.data.folder_lock import FolderLock
 from vidforge.errors import UserInputError
 from vidforge.estimate.param_counts import require_model
 from vidforge.infer.image import first_frame_latent
-from vidforge.infer.image_condition import ImageCondition, channel_condition
+from vidforge.infer.image_condition import ImageCondition, channel_condition, image_size_sets
 from vidforge.infer.modes import choose_sampler
 from vidforge.infer.output import InferResult, SampleWriter, sample_settings, summary_note
 from vidforge.infer.plan import Sampler
@@ -116,6 +115,9 @@ def run(
         overrides = [*adapter_sampling(lora), *as_overrides(overrides)]
     weights = find_weights(checkpoint)
     prof = sampling_profile(weights, overrides, profile)
+    if image is not None and profile is None:  # the size the family's pipeline picks for it, unless given
+        sized = image_size_sets(prof, image, overrides)
+        prof = sampling_profile(weights, [*sized, *as_overrides(overrides)], profile) if sized else prof
     # a checkpoint trained on GPUs still samples on a machine without one
     runtime = init_runtime(prof, device="auto" if prof.cluster.accelerator.kind == "cuda" else "cpu")
     rank, world, device = runtime.rank, runtime.world, str(runtime.device)
@@ -194,12 +196,10 @@ def sample_batches(
     size = prof.infer.batch_size
     for first in range(0, len(prompts), size):
         chunk = list(prompts[first : first + size])
-        emb, mask = encoder.encode(chunk)
+        emb, mask = encoder.encode_to_sample(chunk)
         seeds = [prof.infer.seed + first + i for i in range(len(chunk))]
         before = (cache.calls, cache.skipped) if cache is not None else (0, 0)
-        latents = sampler(
-            torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask), seeds, latent_shape, negative
-        )
+        latents = sampler(emb, mask, seeds, latent_shape, negative)
         # every video of a batch took its batch's calls (one decision a call, see sampling.step_cache)
         batch_calls = cache.calls - before[0] if cache is not None else None
         batch_skipped = cache.skipped - before[1] if cache is not None else None

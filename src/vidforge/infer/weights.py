@@ -25,10 +25,9 @@ def find_weights(checkpoint: str | Path) -> WeightsFolder:
     found = weights_folder.find_weights(checkpoint)
     if found is not None:
         return found
-    from vidforge.lora import is_adapter_folder
+    from vidforge.lora import find_adapter
 
-    path = Path(checkpoint)
-    if is_adapter_folder(path) or is_adapter_folder(path / "export"):
+    if find_adapter(checkpoint) is not None:
         raise UserInputError(
             f"--checkpoint {checkpoint}: a LoRA adapter, not a model; pass its base as --checkpoint and this "
             "folder as --lora"

@@ -11,7 +11,9 @@ slicing: neighbouring segments of equal (queries, keys) lengths run as one batch
 the dispatcher runs packed `Segments`, and a segment without keys in the block (a sample with fewer
 tokens than the ring has ranks) is skipped, with output 0 and log-sum-exp -inf. So no fused kernel is
 handed a mask or a bias, plain and packed rows take the same kernels, and full attention needs no causal
-block (is_causal=False throughout).
+block (is_causal=False throughout). Joint attention's blocks (a rank's video tokens, or the caption,
+against queries of both) are no segment of the queries' layout: every query sees a prefix of the block
+(`PrefixKeys`), the keys sliced.
 
 Kernels, in the order `block_kernel` picks them:
 
@@ -105,6 +107,20 @@ class MaskedKeys:
     einsum kernel takes it."""
 
     rows: Callable[[slice], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PrefixKeys:
+    """Every query sees the first `count` keys of the block, whatever its length, the queries' layout
+    aside: joint attention (`vidforge.parallel.joint_attention`), whose queries are video and caption
+    tokens and whose blocks are a rank's video tokens or the caption. No mask: the fused kernels take
+    the keys sliced."""
+
+    count: int
+
+
+_EVERY_KEY = MaskedKeys(lambda rows: torch.ones((1, 1), dtype=torch.bool))
+"""The einsum kernel's mask for a block whose every key every query sees (broadcast over the scores)."""
 
 
 @functools.lru_cache(maxsize=4096)  # packed rows differ step to step: bounded
@@ -351,12 +367,14 @@ def block_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    keys: BlockKeys | MaskedKeys,
+    keys: BlockKeys | MaskedKeys | PrefixKeys,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (B, L, H, D) to the block k, v (B, L, H, D) where `keys` allows: the
     block-normalised output (B, L, H, Dv) and its log-sum-exp (B, H, L), in the compute dtype. A query
     with no key in the block gets output 0 and log-sum-exp -inf."""
+    if isinstance(keys, PrefixKeys):
+        return _prefix_forward(kernel, q, k, v, keys.count, scale)
     if isinstance(kernel, Einsum):
         return _einsum_forward(kernel, q, k, v, keys, scale)
     if isinstance(keys, MaskedKeys):
@@ -386,12 +404,14 @@ def block_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    keys: BlockKeys | MaskedKeys,
+    keys: BlockKeys | MaskedKeys | PrefixKeys,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This block's share of the gradients, given the gradient `dout` (B, L, H, Dv) of the merged
     output `out` and the merged log-sum-exp `lse` (B, H, L, finite): dq (B, L, H, D) and the block's dk,
     dv (zero where no query sees the key), in the compute dtype."""
+    if isinstance(keys, PrefixKeys):
+        return _prefix_backward(kernel, dout, q, k, v, out, lse, keys.count, scale)
     if isinstance(kernel, Einsum):
         return _einsum_backward(kernel, dout, q, k, v, out, lse, keys, scale)
     if isinstance(keys, MaskedKeys):
@@ -416,6 +436,38 @@ def block_backward(
         for full, grad, length in zip((dq, dk, dv), grads, (run.q_len, kv, kv), strict=True):
             place = full[:, run.start : run.end].unflatten(1, (run.count, run.q_len))[:, :, :length]
             place += grad.unflatten(0, (b, run.count))
+    return dq, dk, dv
+
+
+def _prefix_forward(kernel: BlockKernel, q, k, v, count: int, scale: float):
+    """`block_forward` under `PrefixKeys(count)`: the kernel on the first `count` keys, all seen."""
+    dtype = compute_dtype(q)
+    if count == 0:
+        out = q.new_zeros((*q.shape[:3], v.shape[-1]), dtype=dtype)
+        return out, q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=dtype)
+    k, v = k[:, :count], v[:, :count]
+    if isinstance(kernel, Einsum):
+        return _einsum_forward(kernel, q, k, v, _EVERY_KEY, scale)
+    out, lse = kernel.forward(q, k, v, scale)
+    return out.to(dtype), lse.to(dtype)
+
+
+def _prefix_backward(kernel: BlockKernel, dout, q, k, v, out, lse, count: int, scale: float):
+    """`block_backward` under `PrefixKeys(count)`: the keys past `count` get no gradient."""
+    dtype = compute_dtype(q)
+    dq = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=dtype, device=v.device)
+    if count == 0:
+        return dq, dk, dv
+    seen = (k[:, :count], v[:, :count])
+    if isinstance(kernel, Einsum):
+        grads = _einsum_backward(kernel, dout, q, *seen, out, lse, _EVERY_KEY, scale)
+    else:  # the fused kernels take dout and out in q's dtype, the log-sum-exp dense
+        grads = kernel.backward(dout.to(q.dtype), q, *seen, out.to(q.dtype), lse.contiguous(), scale)
+    dq += grads[0]
+    dk[:, :count] += grads[1]
+    dv[:, :count] += grads[2]
     return dq, dk, dv
 
 

@@ -105,6 +105,7 @@ class ContextParallelAttend(nn.Module):
                 self.inner.backend,
                 self.inner.sdpa_backend,
                 self.regather,
+                self.usp_groups,
             )
         extra = {"regather": True} if self.regather else {}
         if self.usp_groups is not None:

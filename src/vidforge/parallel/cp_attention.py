@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,7 @@ from vidforge.parallel.attention_blocks import (
     BlockKernel,
     BlockKeys,
     MaskedKeys,
+    PrefixKeys,
     block_backward,
     block_forward,
     block_kernel,
@@ -262,7 +264,7 @@ def tokens_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 # --- ring ---------------------------------------------------------------------------------------------
 
 
-class _Ring:
+class Ring:
     """Point-to-point neighbours of this rank in the cp group: send to rank+1, receive from rank-1."""
 
     def __init__(self, group: dist.ProcessGroup) -> None:
@@ -307,25 +309,66 @@ RING_QUERY_CHUNK = 2048
 local) scores, which for whole blocks of a long sequence would not fit (9k local tokens x 24 heads is
 8 GB in float32). The fused kernels never hold the scores and take the whole block."""
 
+KeysOf = Callable[[int], BlockKeys | MaskedKeys | PrefixKeys]
+"""Rank `source` -> which of its block's keys each of this rank's queries sees."""
+
+
+def ring_forward(
+    ring: Ring, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_of: KeysOf, kernel: BlockKernel,
+    scale: float, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The ring's forward: q against every rank's k, v block (they travel the ring), each block merged by
+    log-sum-exp into (out, lse), which may hold blocks merged before (None: none yet). Compute dtype."""
+    dk = k.shape[-1]
+    block = torch.cat([k, v], dim=-1).contiguous()  # travels in the input dtype
+    for step in range(ring.size):
+        source = (ring.rank - step) % ring.size
+        if step + 1 < ring.size:  # overlap: the next block is on its way while this one computes
+            incoming, requests = ring.shift(block, tag=0)
+        kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
+        part = block_forward(kernel, q, kb, vb, keys_of(source), scale)
+        out, lse = part if out is None else merge_partial(out, lse, *part)
+        if step + 1 < ring.size:
+            _wait(requests)
+            block = incoming
+    return out, lse
+
+
+def ring_backward(
+    ring: Ring, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, keys_of: KeysOf, kernel: BlockKernel, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The ring's backward from the merged output `out` and log-sum-exp `lse` (finite): the ring blocks'
+    share of dq, and the gradients of this rank's k and v (every rank's queries' share), compute dtype."""
+    dk = k.shape[-1]
+    block = torch.cat([k, v], dim=-1).contiguous()
+    grad_block = block.new_zeros(block.shape, dtype=out.dtype)  # the block in hand's gradient so far
+    grad_requests: list = []
+    dq = torch.zeros(q.shape, dtype=out.dtype, device=q.device)
+    for step in range(ring.size):
+        source = (ring.rank - step) % ring.size
+        if step + 1 < ring.size:
+            incoming, requests = ring.shift(block, tag=1)
+        kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
+        dq_b, dk_b, dv_b = block_backward(kernel, grad_out, q, kb, vb, out, lse, keys_of(source), scale)
+        dq += dq_b
+        # The accumulator arrived (overlapped with the compute above) from the previous rank with
+        # this block; add to it and pass it on: after the last step it reaches the block's owner.
+        _wait(grad_requests)
+        grad_block, grad_requests = ring.shift(grad_block + torch.cat([dk_b, dv_b], dim=-1), tag=2)
+        if step + 1 < ring.size:
+            _wait(requests)
+            block = incoming
+    _wait(grad_requests)
+    grad_k, grad_v = grad_block.split([dk, grad_block.shape[-1] - dk], dim=-1)
+    return dq, grad_k, grad_v
+
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, keys_of, group: dist.ProcessGroup, kernel: BlockKernel):
-        ring = _Ring(group)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        dk = k.shape[-1]
-        block = torch.cat([k, v], dim=-1).contiguous()  # travels in the input dtype
-        out = lse = None
-        for step in range(ring.size):
-            source = (ring.rank - step) % ring.size
-            if step + 1 < ring.size:  # overlap: the next block is on its way while this one computes
-                incoming, requests = ring.shift(block, tag=0)
-            kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            part = block_forward(kernel, q, kb, vb, keys_of(source), scale)
-            out, lse = part if out is None else merge_partial(out, lse, *part)
-            if step + 1 < ring.size:
-                _wait(requests)
-                block = incoming
+        out, lse = ring_forward(Ring(group), q, k, v, keys_of, kernel, scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.keys_of, ctx.group, ctx.scale, ctx.kernel = keys_of, group, scale, kernel
         return out.to(q.dtype)
@@ -333,30 +376,10 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        ring, scale = _Ring(ctx.group), ctx.scale
         merged_lse = finite_lse(lse)  # every query has a key somewhere in the row
-        dk = k.shape[-1]
-        block = torch.cat([k, v], dim=-1).contiguous()
-        grad_block = block.new_zeros(block.shape, dtype=out.dtype)  # the block in hand's gradient so far
-        grad_requests: list = []
-        dq = torch.zeros(q.shape, dtype=out.dtype, device=q.device)
-        for step in range(ring.size):
-            source = (ring.rank - step) % ring.size
-            if step + 1 < ring.size:
-                incoming, requests = ring.shift(block, tag=1)
-            kb, vb = block.split([dk, block.shape[-1] - dk], dim=-1)
-            keys = ctx.keys_of(source)
-            dq_b, dk_b, dv_b = block_backward(ctx.kernel, grad_out, q, kb, vb, out, merged_lse, keys, scale)
-            dq += dq_b
-            # The accumulator arrived (overlapped with the compute above) from the previous rank with
-            # this block; add to it and pass it on: after the last step it reaches the block's owner.
-            _wait(grad_requests)
-            grad_block, grad_requests = ring.shift(grad_block + torch.cat([dk_b, dv_b], dim=-1), tag=2)
-            if step + 1 < ring.size:
-                _wait(requests)
-                block = incoming
-        _wait(grad_requests)
-        grad_k, grad_v = grad_block.split([dk, grad_block.shape[-1] - dk], dim=-1)
+        dq, grad_k, grad_v = ring_backward(
+            Ring(ctx.group), grad_out, q, k, v, out, merged_lse, ctx.keys_of, ctx.kernel, ctx.scale
+        )
         return dq.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
 
 

@@ -97,6 +97,26 @@ class UspGroups:
     ring: dist.ProcessGroup
 
 
+def ulysses_degree(shard: TokenShard, heads: int, groups: UspGroups | None) -> int:
+    """The Ulysses group's size, after checking that the groups split the shard's cp ranks and the heads."""
+    if groups is None:
+        raise UserInputError(
+            "parallel.cp_impl=usp needs the Ulysses and ring groups (ParallelDims.cp_2d_groups)"
+        )
+    inner = dist.get_world_size(groups.ulysses)
+    if inner * dist.get_world_size(groups.ring) != shard.size:
+        raise UserInputError(
+            f"parallel.cp_ulysses={inner} x the ring's {dist.get_world_size(groups.ring)} ranks must equal "
+            f"the cp={shard.size} the TokenShard splits over; make the groups with ParallelDims.cp_2d_groups"
+        )
+    if heads % inner:
+        raise UserInputError(
+            f"parallel.cp_impl=usp splits the {heads} attention heads (per tensor-parallel rank) over "
+            f"cp_ulysses={inner} ranks; make model.heads / parallel.tp divisible by parallel.cp_ulysses"
+        )
+    return inner
+
+
 def usp_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -110,21 +130,7 @@ def usp_attention(
     """2D context-parallel attention (see the module docstring): q, k, v are this rank's tokens
     (B, local, H, D) of the row `shard` splits over `group` (the whole cp group); `groups` its Ulysses
     and ring sub-groups. Returns this rank's output (B, local, H, Dv)."""
-    if groups is None:
-        raise UserInputError(
-            "parallel.cp_impl=usp needs the Ulysses and ring groups (ParallelDims.cp_2d_groups)"
-        )
-    inner = dist.get_world_size(groups.ulysses)
-    if inner * dist.get_world_size(groups.ring) != shard.size:
-        raise UserInputError(
-            f"parallel.cp_ulysses={inner} x the ring's {dist.get_world_size(groups.ring)} ranks must equal "
-            f"the cp={shard.size} the TokenShard splits over; make the groups with ParallelDims.cp_2d_groups"
-        )
-    if q.shape[2] % inner:
-        raise UserInputError(
-            f"parallel.cp_impl=usp splits the {q.shape[2]} attention heads (per tensor-parallel rank) over "
-            f"cp_ulysses={inner} ranks; make model.heads / parallel.tp divisible by parallel.cp_ulysses"
-        )
+    inner = ulysses_degree(shard, q.shape[2], groups)
     if inner == 1:
         return ring_attention(q, k, v, shard, groups.ring, backend, sdpa_backend)
     if inner == shard.size:

@@ -53,7 +53,8 @@ class Distill(Section):
     levels: tuple[float, ...] | None = None
     """The student's noise levels (sigma, or flow time), decreasing from where sampling starts; None: the
     objective's sampling schedule (`vidforge.diffusion.from_profile.student_levels`: flow times from 1,
-    shifted by diffusion.flow_shift; EDM's Karras sigmas from sigma_max, short of sigma_min)."""
+    shifted by diffusion.flow_shift, or by flow_shift_tokens' shift at infer's size; EDM's Karras sigmas
+    from sigma_max, short of sigma_min)."""
     guidance: float = Field(5.0, ge=0)
     """Classifier-free guidance of the teacher (the real score); the student learns the guided
     distribution and samples without guidance."""

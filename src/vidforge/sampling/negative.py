@@ -4,7 +4,6 @@ Wan's pipelines encode the empty caption), or else the model's learned null capt
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from vidforge.families import family
@@ -22,5 +21,4 @@ def negative_caption(profile: RunProfile, encoder) -> tuple[torch.Tensor, torch.
     prompt = negative_prompt(profile)
     if prompt is None:
         return None
-    emb, mask = encoder.encode([prompt])
-    return torch.from_numpy(np.asarray(emb, dtype=np.float32)), torch.from_numpy(np.asarray(mask))
+    return encoder.encode_to_sample([prompt])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from vidforge.errors import UserInputError
@@ -30,6 +31,16 @@ def check_shape(profile: RunProfile, tokenizer: VideoTokenizer) -> tuple[int, in
             f"tokenizer: gives {shape[0]} latent channels but the model takes model.in_channels={profile.model.in_channels}"
         )
     return shape
+
+
+def sampled_tokens(profile: RunProfile) -> int:
+    """The video tokens of a sample at infer's frames x height x width: its latent grid under the profile's
+    tokenizer compression (which a VAE tokenizer is checked against) in the model's patches, the count a
+    token-count shift (`diffusion.flow_shift_tokens`) reads. (A size that does not fit is `check_shape`'s
+    to refuse.)"""
+    cfg, ct, cs = profile.infer, profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+    latents = (1 + (cfg.frames - 1) // ct, cfg.height // cs, cfg.width // cs)
+    return math.prod(n // p for n, p in zip(latents, profile.model.patch, strict=True))
 
 
 def slug(text: str, limit: int = 40) -> str:

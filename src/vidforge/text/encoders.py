@@ -1,5 +1,7 @@
-"""Caption encoders. Each returns per-token hidden states (B, L, D) as float16 and a bool mask (B, L); the
-hidden states at padding positions are zeroed so nothing past a caption leaks into cross-attention.
+"""Caption encoders. Each returns per-token hidden states (B, L, D) and a bool mask (B, L): float16 for
+the shards (`encode`: half the bytes of a caption store), float32 for sampling (`encode_to_sample`: the
+encoder's own float32 or bfloat16 states exactly, as the diffusers pipelines hand them to the transformer).
+The hidden states at padding positions are zeroed so nothing past a caption leaks into cross-attention.
 
 - `OpenClipTextEncoder`: an open-clip model's text tower (77-token context), from a local checkpoint, or
   a small random tower when none is given (demo and tests; the embeddings then mean nothing).
@@ -27,7 +29,8 @@ from vidforge.profile import RunProfile
 
 
 class TextEncoderBase(ABC):
-    """Common shape of the encoders: `encode(captions) -> (hidden float16 (B, L, D), mask bool (B, L))`."""
+    """Common shape of the encoders: `encode(captions) -> (hidden float16 (B, L, D), mask bool (B, L))`,
+    `encode_to_sample(captions)`: the same as float32 tensors."""
 
     width: int
     max_length: int
@@ -40,18 +43,23 @@ class TextEncoderBase(ABC):
         """Hidden states (B, L, D) and mask (B, L) of one batch of captions."""
 
     @torch.inference_mode()
-    def encode(self, captions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, captions: list[str], dtype: type = np.float16) -> tuple[np.ndarray, np.ndarray]:
+        """(hidden (B, L, D) as `dtype`, mask (B, L)); float16 is what shards store."""
         hidden_parts, mask_parts = [], []
         for start in range(0, len(captions), self.batch_size):
             hidden, mask = self._encode_batch([c or "" for c in captions[start : start + self.batch_size]])
             hidden = hidden.float() * mask[..., None]
-            hidden_parts.append(hidden.to(torch.float16).cpu().numpy())
+            hidden_parts.append(hidden.cpu().numpy().astype(dtype, copy=False))
             mask_parts.append(mask.bool().cpu().numpy())
         if not hidden_parts:
-            return np.zeros((0, self.max_length, self.width), np.float16), np.zeros(
-                (0, self.max_length), bool
-            )
+            return np.zeros((0, self.max_length, self.width), dtype), np.zeros((0, self.max_length), bool)
         return np.concatenate(hidden_parts), np.concatenate(mask_parts)
+
+    def encode_to_sample(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a sampler reads: (hidden float32 (B, L, D), mask bool (B, L)), not rounded to float16 as
+        training's stored captions are, so infer equals the pipeline that runs the same encoder."""
+        hidden, mask = self.encode(captions, np.float32)
+        return torch.from_numpy(hidden), torch.from_numpy(mask)
 
     random_weights = False
     """True for a tower built without a checkpoint (demos, tests): its embeddings carry no meaning."""

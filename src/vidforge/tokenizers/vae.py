@@ -4,6 +4,8 @@ HunyuanVideo-1.5, LTX-Video and LTX-2, loaded from a local diffusers folder or b
 Latents are the posterior mode (deterministic), normalised as the models' pipelines expect:
 (z - latents_mean) x scaling_factor / latents_std, each term where the VAE defines it (Wan: mean and std
 per channel; LTX and LTX-2: mean, std and a scaling factor; CogVideoX and both HunyuanVideos: a scaling factor).
+An LTX VAE whose decoder reads a timestep (`timestep_conditioning`: LTX-Video 0.9.1 on; LTX-2's published
+VAE has it off) decodes as its pipelines do by default: at timestep 0, no noise mixed in.
 
 Memory: the VAEs work through a clip causally in temporal chunks themselves (Wan: 4 frames at a time
 with a feature cache); spatial tiling (diffusers' own, blended at the seams) bounds activations at high
@@ -144,6 +146,10 @@ class DiffusersVAE(VideoTokenizer):
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         z = self._denorm(latents.to(self.device).float()).to(self.dtype)
+        if self.vae.config.get("timestep_conditioning"):
+            # An LTX VAE whose decoder reads a timestep: the LTX and LTX-2 pipelines' default, decode_timestep
+            # 0.0 with decode_noise_scale equal to it (the latents decoded without noise mixed in).
+            return self.vae.decode(z, torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)).sample.float()
         return self.vae.decode(z).sample.float()
 
     def describe(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from vidforge.parallel.runtime import Runtime
 from vidforge.profile import RunProfile
 from vidforge.profile.diffusion import FEW_STEP
 from vidforge.profile.loading import validate_profile
+from vidforge.sampling.shape import sampled_tokens
 from vidforge.tokens import unpatchify
 from vidforge.train.build import TrainParts
 from vidforge.train.loss import TokenBatch
@@ -51,12 +52,13 @@ from vidforge.train.step import Batch, LocalTrainStep, StepLosses, clip_module
 
 def student_profile(profile: RunProfile) -> RunProfile:
     """The profile with its sampling set to the student's: diffusion.sampler=few-step over the levels of
-    train.distill (its own, or the objective's schedule at its step count), without guidance. Applying it
-    twice changes nothing."""
+        train.distill (its own, or the objective's schedule at its step count and at infer's size, whose
+    token count shifts it as the teacher's sampler under diffusion.flow_shift_tokens), without guidance. Applying it
+        twice changes nothing."""
     distill = profile.train.distill
     if distill is None:
         return profile
-    levels = distill.levels or student_levels(profile.diffusion, distill.steps)
+    levels = distill.levels or student_levels(profile.diffusion, distill.steps, sampled_tokens(profile))
     data = profile.model_dump(mode="json")
     data["diffusion"] |= {
         "sampler": FEW_STEP,

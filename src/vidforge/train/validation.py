@@ -135,8 +135,7 @@ class Validator:
         shape = check_shape(profile, self._tokenizer)
         if self._text is None:
             encoder = build_text_encoder(profile)
-            emb, mask = encoder.encode(prompts)
-            self._text = torch.from_numpy(emb.astype(np.float32)), torch.from_numpy(mask)
+            self._text = encoder.encode_to_sample(prompts)
             self._negative = negative_caption(profile, encoder)
         backup = [p.detach().clone() for p in model.parameters()] if ema is not None else None
         if ema is not None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidforge.families import JOINT_CP_IMPLS, FamilySpec
-from vidforge.families.hunyuan15.model import PLAIN_BATCHES, PRESETS, HunyuanVideo15Model
+from vidforge.families import FamilySpec
+from vidforge.families.hunyuan15.model import PLAIN_BATCHES, PRESETS, HunyuanVideo15Model, default_size
 from vidforge.families.hunyuan15.published import (
     CLASS_NAME,
     FPS,
@@ -37,7 +37,7 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
     """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
-    parallel, a cp_impl its joint attention does not run, packed rows and caption dropout
+    parallel, re-gathering K/V under context parallel, packed rows and caption dropout
     (`model.PLAIN_BATCHES` avoid the last two)."""
     problems = []
     if layout.tp > 1:
@@ -45,15 +45,10 @@ def layout_rules(profile: Any, layout: Any) -> list[str]:
             f"parallel.tp: tensor parallel is not built for model.family=hunyuan15 yet (tp={layout.tp}); set "
             "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
         )
-    if layout.cp > 1 and profile.parallel.cp_impl not in JOINT_CP_IMPLS:
-        problems.append(
-            f"parallel.cp_impl: HunyuanVideo-1.5's joint attention runs under context parallel with "
-            f"{' or '.join(JOINT_CP_IMPLS)}, not {profile.parallel.cp_impl}; set one of them"
-        )
     if layout.cp > 1 and profile.parallel.cp_regather:
         problems.append(
-            "parallel.cp_regather: HunyuanVideo-1.5's joint attention keeps the gathered video K/V for its "
-            "backward (re-gathering is not built for it); set parallel.cp_regather=false"
+            "parallel.cp_regather: HunyuanVideo-1.5's joint attention does not re-gather the video K/V in its "
+            "backward (not built); set parallel.cp_regather=false"
         )
     if profile.data.packing:
         problems.append(
@@ -88,6 +83,10 @@ SPEC = FamilySpec(
     condition_latents="vidforge.families.hunyuan15.image_condition:condition_latents",
     image_encoder="vidforge.families.hunyuan15.image_condition:SiglipImageEncoder",
     image_fit="crop",
+    # HunyuanVideo15ImageToVideoPipeline takes no size: its bucket closest to the image's aspect
+    image_size=lambda model, height, width, spatial: default_size(
+        model.target_size, (width, height), spatial
+    ),
     image_tokens=IMAGE_TOKENS,
     media_defaults=lambda model: {"curation.fps": FPS, "infer.fps": FPS},
     negative_prompt=NEGATIVE_PROMPT,

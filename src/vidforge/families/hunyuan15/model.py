@@ -119,7 +119,8 @@ PRESETS: dict[str, dict[str, object]] = {
 
 
 def default_size(target_size: int, aspect: tuple[int, int] = (16, 9), patch: int = 16) -> tuple[int, int]:
-    """(height, width) the pipeline samples at when given none: of its buckets (sizes in multiples of the VAE's
+    """(height, width) the pipeline samples at when given none (text-to-video: 16:9; image-to-video: the
+    image's aspect, width:height): of its buckets (sizes in multiples of the VAE's
     `patch` pixels holding about (target_size / patch)^2 patches, aspect at most 4), the closest to
     `aspect` (width:height) among those no taller (no wider, for a tall aspect), as
     HunyuanVideo15ImageProcessor.calculate_default_height_width picks."""

@@ -9,8 +9,8 @@ bitwise. The published transformer is joint audio-video and the video path reads
 network's (`AUDIO_WEIGHTS`: model.safetensors holds the network's state and nothing else, as every
 family's export), and the diffusers config entries vidforge's `model` section does not hold (the audio stream's shape) are kept in
 config.json beside it (`diffusers`), so that export writes the published transformer back whole. An
-export without them (a LoRA merged into its base, `vidforge model export --merged`) takes both from the
-base its config.json records. The
+export without them (a LoRA merged into its base, `vidforge model export --merged`, a full fine-tune) takes
+both from the base its config.json records, or that base's base. The
 video path's names and shapes are checked against the network built on the meta device first."""
 
 from __future__ import annotations
@@ -169,11 +169,13 @@ def import_weights(src: Path, out: Path, profile: Any, dtype: str | None = None)
     return Path(out)
 
 
-def _published_parts(export: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, StoredTensor]]:
+def _published_parts(
+    export: Path, data: dict[str, Any], seen: frozenset[Path] = frozenset()
+) -> tuple[dict[str, Any], dict[str, StoredTensor]]:
     """(the published config entries, the audio stream's stored tensors) an export is written back with:
     an import's own (beside its weights), else those of the base its config.json records (`base`: a LoRA
-    merged into it, `vidforge model export --merged`, or a full fine-tune's --init), an import or a
-    published folder."""
+    merged into it, `vidforge model export --merged`, or a full fine-tune's --init), followed down the
+    chain of vidforge exports (a fine-tune of a fine-tune) to an import or a published folder."""
     if DIFFUSERS in data:
         audio = export / AUDIO_WEIGHTS
         if not audio.is_file():
@@ -186,9 +188,13 @@ def _published_parts(export: Path, data: dict[str, Any]) -> tuple[dict[str, Any]
             "folder or a LoRA run with --merged"
         )
     base = Path(data["base"])
+    if base.resolve() in seen:
+        raise UserInputError(
+            f"{export / CONFIG}: its chain of bases loops back to {base}; record the published folder or its import as base"
+        )
     config = read_json(base / CONFIG) if (base / CONFIG).is_file() else {}
-    if config.get("format") == FORMAT and DIFFUSERS in config:
-        return _published_parts(base, config)
+    if config.get("format") == FORMAT:
+        return _published_parts(base, config, seen | {base.resolve()})
     _, published, _, stored, names = published_source(base)
     kept = {k: v for k, v in published.items() if not k.startswith("_")}
     return kept, {name: stored[name] for name in names if is_audio(name)}
