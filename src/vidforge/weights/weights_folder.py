@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published, family, load, names, read_published
+from vidforge.files import weights_places
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.loading import apply_overrides, validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model
@@ -38,10 +39,10 @@ class WeightsFolder:
 
 
 def find_weights(src: str | os.PathLike) -> WeightsFolder | None:
-    """`src` as an export (checked first: the folder or its export/) or a published folder; None when
-    it is neither (the caller says what it accepts)."""
+    """`src` as an export (checked first: a run's export, or the folder itself: `files.weights_places`) or
+    a published folder; None when it is neither (the caller says what it accepts)."""
     path = Path(src)
-    for candidate in (path / "export", path):
+    for candidate in weights_places(path):
         if (candidate / WEIGHTS).is_file():
             return WeightsFolder(path, export=candidate)
     published = read_published(path) if path.is_dir() else None
@@ -65,9 +66,9 @@ def resolve_weights(src: str | os.PathLike, flag: str) -> WeightsFolder:
         )
     if found is None:
         raise UserInputError(
-            f"{flag} {src}: no {WEIGHTS} in it or in its export/, and not a published model folder (a "
-            "diffusers transformer or pipeline download); point at a `vidforge train` run directory that "
-            "finished, an export folder, or the downloaded model folder"
+            f"{flag} {src}: no {WEIGHTS} in {', '.join(map(str, weights_places(path)))}, and not a published "
+            "model folder (a diffusers transformer or pipeline download); point at a `vidforge train` or "
+            "`vidforge finetune` run directory that finished, an export folder, or the downloaded model folder"
         )
     return found
 
