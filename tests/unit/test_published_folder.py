@@ -144,3 +144,21 @@ def test_a_finetune_runs_weights_are_its_train_stages_export_else_the_error_name
     assert "\n" not in message and message.startswith("--checkpoint ")
     for place in ("empty/export", "empty/train/export", f"{tmp_path / 'empty'},"):
         assert place in message, place
+
+
+def test_model_export_of_a_finetune_run_writes_its_train_stages_export(pipeline, imported, tmp_path) -> None:
+    """`model export RUN --to diffusers` of a full `vidforge finetune` run: diffusers loads the weights the
+    published folder holds."""
+    from diffusers import WanTransformer3DModel
+
+    from vidforge.files import FINETUNE_TRAIN
+    from vidforge.infer.weights import find_export
+
+    run = tmp_path / "finetune"
+    shutil.copytree(find_export(imported), run / FINETUNE_TRAIN / "export")
+    out = tmp_path / "transformer"
+    result = CliRunner().invoke(app, ["model", "export", str(run), "--to", "diffusers", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    theirs = WanTransformer3DModel.from_pretrained(pipeline / "transformer").state_dict()
+    exported = WanTransformer3DModel.from_pretrained(out).state_dict()
+    assert exported.keys() == theirs.keys() and all(torch.equal(t, theirs[n]) for n, t in exported.items())

@@ -193,6 +193,12 @@ def export_profile(
     return prof
 
 
+def export_folder(src: str | os.PathLike) -> Path:
+    """The export `src` names (`files.weights_places`: a run's export, or the folder itself) by its
+    config.json; `src` itself when none has one (reading it then names the missing file)."""
+    return next((place for place in weights_places(src) if (place / CONFIG).is_file()), Path(src))
+
+
 def export_model(export: Path) -> Model:
     """An export's model section (its config.json), or a UserInputError naming the file."""
     try:
@@ -222,10 +228,8 @@ def import_published(
 
 
 def export_published(export_dir: str | os.PathLike, out: str | os.PathLike, max_shard_bytes: int) -> Path:
-    """Write a vidforge export (or a run directory's) in its family's published layout."""
-    export = Path(export_dir)
-    if not (export / CONFIG).is_file() and (export / "export" / CONFIG).is_file():
-        export = export / "export"  # a training run directory
+    """Write a vidforge export (or a run directory's: `export_folder`) in its family's published layout."""
+    export = export_folder(export_dir)
     return load(_needs(export_model(export).family, "export_weights"))(export, out, max_shard_bytes)
 
 
