@@ -125,6 +125,13 @@ class FamilySpec:
     width) the family's image-to-video pipeline samples an image at when given no size (HunyuanVideo-1.5:
     its bucket closest to the image's aspect); `infer --image` without infer.height/width takes it. None:
     the profile's size."""
+    image_resample: str = "lanczos"
+    """The PIL filter the family's pipeline resizes `infer --image` with (its VideoProcessor's `resample`:
+    diffusers' default lanczos, LTX-2's bilinear)."""
+    image_crf: int = 0
+    """The H.264 CRF at which the family's pipeline re-compresses `infer --image` before fitting and
+    encoding it, so that the image looks like the compressed video frames the model was trained on
+    (LTX-2: 33, diffusers' `apply_image_conditioning_crf`); 0: the image as given."""
     image_tokens: int = 0
     """Tokens of the image embedding a model with `image_dim` reads per clip, as the family's image encoder
     gives them (FLOP and memory estimates of image-to-video; the embedding's width is `model.image_dim`)."""

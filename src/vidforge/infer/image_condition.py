@@ -79,13 +79,8 @@ def channel_condition(
     if build is None:
         raise ValueError(f"family {model.family}: condition_channels without FamilySpec.condition_latents")
     cfg = profile.infer
-    first, seen = fit_image(
-        load_image(image),
-        cfg.height,
-        cfg.width,
-        tokenizer.spatial_compression,
-        family(model.family).image_fit,
-    )
+    spec = family(model.family)
+    first, seen = fit_image(load_image(image), cfg.height, cfg.width, tokenizer.spatial_compression, spec)
     latents = load(build)(tokenizer, first.to(tokenizer.device), cfg.frames).cpu()
     if latents.shape[1] != model.condition_channels:
         raise UserInputError(

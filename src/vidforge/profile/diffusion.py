@@ -61,7 +61,7 @@ class Diffusion(Section):
     """Probability that training replaces a caption by the learned null embedding (makes CFG possible)."""
     image_condition: float = Field(0.0, ge=0, le=1)
     """Probability that a training clip is conditioned on its own first latent frame (image-to-video, for
-    a model with `model.expand_timesteps`, Wan2.2 TI2V): that frame enters clean, its tokens at noise
+    a model with `model.expand_timesteps`, Wan2.2 TI2V and LTX-2): that frame enters clean, its tokens at noise
     level 0, and is left out of the loss, as diffusers' pipeline samples it; the rest of the clip is noised
     at the clip's level. The causal VAE encodes the first latent frame from the first pixel frame alone,
     so it is the image's latent. 0 trains text-to-video only, 1 image-to-video only."""

@@ -22,7 +22,7 @@ from vidforge.parallel.context_parallel import (
     shard_of,
 )
 from vidforge.profile import RunProfile
-from vidforge.sampling.first_frame import first_frame_network, with_first_frame
+from vidforge.sampling.first_frame import first_frame_network, holding_first_frame, with_first_frame
 from vidforge.sampling.step_cache import StepCache, installed
 from vidforge.tokens import patchify, token_grid, unpatchify
 
@@ -65,6 +65,8 @@ def sample_latents(
     text, text_mask = text.to(param.device), text_mask.to(param.device)
     denoiser = guided_denoiser(network, profile, text, text_mask, negative, cfg_group, param.dtype)
     noise = initial_noise(seeds, latent_shape).to(param.device)
+    if first_frame is not None:
+        noise, denoiser = with_first_frame(noise, first_frame), holding_first_frame(denoiser)
     generator = torch.Generator(device=param.device).manual_seed(int(seeds[0]))  # churn noise, if any
     tokens = math.prod(token_grid(tuple(latent_shape)[1:], tuple(model.config.patch)))
     with installed(model, cache):

@@ -22,7 +22,7 @@ import torch
 from vidforge.data.batching import CONDITION, IMAGE_EMB
 from vidforge.data.media import rgb
 from vidforge.errors import UserInputError
-from vidforge.families import family, load
+from vidforge.families import FamilySpec, family, load
 from vidforge.profile import RunProfile
 from vidforge.profile.model import Model
 from vidforge.tokenizers.interface import VideoTokenizer
@@ -45,28 +45,40 @@ def load_image(path: str | Path) -> Any:
         raise UserInputError(f"--image {path}: {err}; save it as an 8- or 16-bit PNG") from None
 
 
-def preprocess_image(image: Any, height: int, width: int, spatial_compression: int) -> torch.Tensor:
+def preprocess_image(
+    image: Any, height: int, width: int, spatial_compression: int, resample: str = "lanczos"
+) -> torch.Tensor:
     """An image (PIL, or (H, W, 3) uint8) -> (1, 3, height, width) float32 in [-1, 1], as the pipeline's
-    `video_processor.preprocess` makes it."""
+    `video_processor.preprocess` makes it (its processor's `resample` filter: `FamilySpec.image_resample`)."""
     from diffusers.video_processor import VideoProcessor
 
-    processor = VideoProcessor(vae_scale_factor=spatial_compression)
+    processor = VideoProcessor(vae_scale_factor=spatial_compression, resample=resample)
     return processor.preprocess(image, height=height, width=width).float()
 
 
 def fit_image(
-    image: Any, height: int, width: int, spatial_compression: int, fit: str = "resize"
+    image: Any, height: int, width: int, spatial_compression: int, spec: FamilySpec | None = None
 ) -> tuple[torch.Tensor, Any]:
     """(the image as `preprocess_image` makes it at height x width, the image the image encoder reads) as
-    the family's pipeline fits it (`FamilySpec.image_fit`): "resize" stretches it and encodes it as given;
-    "crop" resizes it to cover the size, centre-crops it (diffusers' VideoProcessor.resize, resize_mode
-    "crop") and encodes the crop."""
+    the family's pipeline (`spec`; None: Wan's) fits it: `image_fit` "resize" stretches it and encodes it
+    as given; "crop" resizes it to cover the size, centre-crops it (diffusers' VideoProcessor.resize,
+    resize_mode "crop") and encodes the crop; `image_resample` is the filter; `image_crf` > 0 first
+    re-compresses it as one H.264 frame at that CRF, by diffusers' own `apply_image_conditioning_crf`
+    (LTX-2's pipelines)."""
+    fit, crf, resample = ("resize", 0, "lanczos") if spec is None else (
+        spec.image_fit, spec.image_crf, spec.image_resample
+    )  # fmt: skip
+    if crf:
+        from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
+        from PIL import Image
+
+        image = Image.fromarray(apply_image_conditioning_crf(np.asarray(image.convert("RGB")), crf))
     if fit == "crop":
         from diffusers.video_processor import VideoProcessor
 
-        processor = VideoProcessor(vae_scale_factor=spatial_compression)
+        processor = VideoProcessor(vae_scale_factor=spatial_compression, resample=resample)
         image = processor.resize(image, height=height, width=width, resize_mode="crop")
-    return preprocess_image(image, height, width, spatial_compression), image
+    return preprocess_image(image, height, width, spatial_compression, resample), image
 
 
 def build_image_encoder(model: Model, path: str | None, device: torch.device | str) -> Any:

@@ -9,10 +9,15 @@ untouched) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1
 Its caption encoder (`text_encoder`: Gemma 3 through the text connector) and VAE (tokenizer.kind=ltx2video)
 shard and tokenize as the pipeline encodes; `infer` samples the pipeline's video latents (its token-count
 shift, shift_terminal and guidance rescale are diffusion settings a published folder's profile carries).
+Image-to-video is first-frame conditioning (`model.expand_timesteps`, always on): `infer --image` samples
+LTX2ImageToVideoPipeline's latents (the image re-compressed at its CRF, `FamilySpec.image_crf`, resized,
+its latent the clean first frame at timestep 0), and training conditions a `diffusion.image_condition`
+share of the clips on their own first latent frame, left out of the loss (Lightricks' trainer's
+first_frame_conditioning_p; an LTX2ImageToVideoPipeline folder's profile sets it, `published`).
 
 Not built yet: the audio stream (`model.audio` refused), packed rows and caption dropout
-(refused at load: `layout_rules`), image-to-video, and spatio-temporal guidance (LTX-2.3's perturbed
-attention: refused at infer, `sampling_rules`)."""
+(refused at load: `layout_rules`), and spatio-temporal guidance (LTX-2.3's perturbed attention: refused
+at infer, `sampling_rules`)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from typing import Any
 
 from vidforge.families import FamilySpec
 from vidforge.families.ltx2.model import PLAIN_BATCHES, PRESETS, LTX2Model
-from vidforge.families.ltx2.published import CLASS_NAME, NEGATIVE_PROMPT, read_published
+from vidforge.families.ltx2.published import CLASS_NAME, IMAGE_CRF, NEGATIVE_PROMPT, read_published
 
 # The four projections of both attentions of every block (self-attention and the caption cross-attention),
 # diffusers' names: what Lightricks' LTX-2 trainer (ltx-trainer's LoRA configs) and diffusers' LTX-2 LoRA
@@ -87,6 +92,9 @@ SPEC = FamilySpec(
     load_published="vidforge.families.ltx2.weights:load_published",
     profile_defaults={"diffusion.objective": "flow", **PLAIN_BATCHES},
     media_defaults=lambda model: {"curation.fps": model.frame_rate, "infer.fps": round(model.frame_rate)},
+    # LTX2ImageToVideoPipeline's default image_crf for a Gemma 3 checkpoint (resolve_default_image_crf)
+    image_crf=IMAGE_CRF,
+    image_resample="bilinear",  # the I2V pipeline's VideoProcessor(resample="bilinear")
     negative_prompt=NEGATIVE_PROMPT,
     # Gemma 3's stacked states through the text connector, as the pipeline's encode_prompt and connectors
     text_encoder="vidforge.families.ltx2.text_encoder:build",

@@ -37,6 +37,10 @@ class LTX2Model(Model, FixedBlock, NoImageInputs):
     # The cross-attention reads an RMS norm of the stream without weights (no learned float32 norm, which is
     # what cross_attn_norm costs in Wan's block).
     cross_attn_norm: ClassVar[bool] = False
+    # Image-to-video is the same network with the first latent frame clean, its tokens at timestep 0
+    # (LTX2ImageToVideoPipeline; Lightricks' trainer's first-frame conditioning): every LTX-2 model samples
+    # from an image given one (`infer --image`) and trains it with `diffusion.image_condition`.
+    expand_timesteps: ClassVar[bool] = True
 
     family: Literal["ltx2"] = FAMILY
     """LTX-2 / LTX-2.3 (Lightricks), the video path; `vidforge model import` brings its published weights in."""

@@ -23,6 +23,13 @@ CLASS_NAME = "LTX2VideoTransformer3DModel"
 CONFIG = "config.json"
 PIPELINE_INDEX = "model_index.json"
 PIPELINE_CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")
+IMAGE_TO_VIDEO = "LTX2ImageToVideoPipeline"
+# What a folder saved as LTX2ImageToVideoPipeline trains with: half of a fine-tune's clips conditioned on
+# their first latent frame, so that the one network keeps both of its tasks (Lightricks' trainer conditions
+# first_frame_conditioning_p = 0.1 of a text-to-video run's clips; set diffusion.image_condition=1 for
+# image-to-video only).
+IMAGE_TO_VIDEO_CONDITION = 0.5
+IMAGE_CRF = 33  # the I2V pipeline's H.264 re-compression of its image (Gemma 3 checkpoints: LTX-2, 2.3)
 CAPTION_TOKENS = 1024  # __call__'s max_sequence_length: Gemma tokens per caption
 NEGATIVE_PROMPT = ""  # encode_prompt's negative prompt when none is given
 HEIGHT, WIDTH, FRAMES = 512, 768, 121  # __call__'s defaults (a checkpoint without a duration head)
@@ -188,6 +195,8 @@ class Pipeline:
     connectors: Path | None
     text_layers: int
     """Gemma hidden states the connector stacks (text_proj_in_factor: the layers plus the embedding)."""
+    image_to_video: bool = False
+    """model_index.json names LTX2ImageToVideoPipeline."""
     caption_tokens: int = CAPTION_TOKENS
     negative_prompt: str = NEGATIVE_PROMPT
     size: tuple[int, int] = (HEIGHT, WIDTH)
@@ -220,8 +229,8 @@ def read_pipeline(src: Path) -> Pipeline | None:
     folder = transformer_folder(src)
     if not (folder / CONFIG).is_file() or read_json(folder / CONFIG).get("_class_name") != CLASS_NAME:
         return None
-    if (src / PIPELINE_INDEX).is_file():
-        index = read_json(src / PIPELINE_INDEX)
+    index = read_json(src / PIPELINE_INDEX) if (src / PIPELINE_INDEX).is_file() else {}
+    if index:
         if index.get("_class_name") not in PIPELINE_CLASSES:
             raise UserInputError(
                 f"{src / PIPELINE_INDEX}: _class_name {index.get('_class_name')!r} is not one of "
@@ -267,6 +276,7 @@ def read_pipeline(src: Path) -> Pipeline | None:
         tokenizer=_part(src, "tokenizer"),
         connectors=connectors,
         text_layers=int(connector_config.get("text_proj_in_factor", 49)),
+        image_to_video=index.get("_class_name") == IMAGE_TO_VIDEO,
     )
 
 
@@ -275,8 +285,8 @@ def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
     profile's existing fields: rectified flow predicting the velocity (noise - data: the scheduler's
     FlowMatchEuler step, the sampler flow-euler over the pipeline's schedule), the scheduler's shift
     rule, the guidance scale and rescale, the steps, frame rate, size and frames of `__call__`'s defaults,
-    plain batches without caption dropout (what the
-    network runs so far); the folder's VAE and its caption encoder (Gemma 3 and the text connector)."""
+    plain batches without caption dropout (what the network runs so far); the folder's VAE and its caption
+    encoder (Gemma 3 and the text connector); an image-to-video pipeline's first-frame conditioning."""
     settings: dict[str, Any] = {
         "diffusion.objective": "flow",
         "diffusion.flow_prediction": "velocity",
@@ -291,6 +301,8 @@ def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
         "infer.frames": pipeline.frames,
         **PLAIN_BATCHES,
     }
+    if pipeline.image_to_video:
+        settings["diffusion.image_condition"] = IMAGE_TO_VIDEO_CONDITION
     if pipeline.shift is not None:
         settings.update(pipeline.shift.settings(pipeline.default_tokens))
     if pipeline.vae is not None:
