@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,11 +38,20 @@ def _seconds(video: Path) -> float:
         return float(stream.duration * stream.time_base) if stream.duration else container.duration / 1e6
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU of this process's threads and its waited-for children (the CLIs run here)."""
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
+
+
 def timed(fn, *args):
-    """(seconds, result) of fn(*args)."""
-    start = time.perf_counter()
+    """(wall seconds, CPU seconds, result) of fn(*args). CPU time hardly moves with the machine's load,
+    wall time does: the pair tells a slower run from a busier machine."""
+    start, cpu = time.perf_counter(), _cpu_seconds()
     result = fn(*args)
-    return time.perf_counter() - start, result
+    return time.perf_counter() - start, _cpu_seconds() - cpu, result
 
 
 def decode_encode(videos: list[Path], out: Path, crf: int, preset: str) -> None:
@@ -165,6 +175,7 @@ def main() -> None:
     ]
     load_before = os.getloadavg()
     runs: dict[str, list[float]] = {}
+    cpu_runs: dict[str, list[float]] = {}
     summaries = {}
     for r in range(args.repeat):  # interleaved, each into a fresh directory (a vidforge rerun is a no-op)
         jobs = {
@@ -186,8 +197,9 @@ def main() -> None:
         if args.only_floor:
             del jobs["scenedetect CLI"], jobs["vidforge clip (same work, recording process)"]
         for name, (fn, *fn_args) in jobs.items():
-            seconds, summaries[name] = timed(fn, *fn_args)
+            seconds, cpu, summaries[name] = timed(fn, *fn_args)
             runs.setdefault(name, []).append(seconds)
+            cpu_runs.setdefault(name, []).append(cpu)
     # The fastest of the repeats: on a shared machine the noise only ever adds time.
     results = {name: min(times) for name, times in runs.items()}
     sd_clips = sum(1 for _ in (work / "sd0").rglob("*.mp4"))
@@ -230,6 +242,12 @@ def main() -> None:
             for sd, v in zip(runs.get("scenedetect CLI", []), runs["vidforge clip (same work)"], strict=False)
         ],
         "x_realtime_same_work": round(seconds_in / ours, 2),
+        # CPU seconds (all threads; a CLI's with its waited-for children) and ours over the floor's, by round.
+        "all_cpu_seconds": {k: [round(t, 2) for t in v] for k, v in cpu_runs.items()},
+        "rounds_cpu_ratio_to_decode_encode": [
+            round(v / f, 2)
+            for v, f in zip(cpu_runs["vidforge clip (same work)"], cpu_runs["decode+encode"], strict=True)
+        ],
     }
     for name, secs in results.items():
         print(f"{name:32s} {secs:8.2f} s")

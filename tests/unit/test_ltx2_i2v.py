@@ -36,26 +36,12 @@ def first_frame(path, size=(90, 70)):
     return path
 
 
-def _pipeline(folder) -> LTX2ImageToVideoPipeline:
-    """The I2V pipeline of the folder, its captions rounded as vidforge stores them (float16, zeros where
-    masked: `encode`)."""
-    pipe = LTX2ImageToVideoPipeline.from_pretrained(folder)
-    connect = pipe.connectors.forward
-
-    def stored_as_vidforge_stores_captions(*args, **kwargs):
-        video, audio, mask = connect(*args, **kwargs)
-        return (video * mask[..., None]).half().float(), audio, mask
-
-    pipe.connectors.forward = stored_as_vidforge_stores_captions
-    return pipe
-
-
 def test_default_infer_with_an_image_equals_the_i2v_pipeline(tmp_path, monkeypatch) -> None:
     folder = save_tiny_pipeline(tmp_path / "pipeline", audio_to_video=False)
     image = first_frame(tmp_path / "first.png")
     ours, fps, record = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch, image=image)
     assert (fps, record["image"], record["guidance"]) == (24, str(image), 3.0)
-    pipe = _pipeline(folder)
+    pipe = LTX2ImageToVideoPipeline.from_pretrained(folder)  # unmodified: infer's captions are float32 too
     theirs = pipe(
         image=Image.open(image), prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=FRAMES,
         num_inference_steps=STEPS, generator=torch.Generator().manual_seed(0),  # vidforge's seed-0 noise

@@ -107,3 +107,18 @@ def test_resampling_shows_the_frame_on_screen_and_keeps_the_duration(tmp_path, r
     (shot,) = rec.finish()
     assert (shot.start, shot.end, shot.frames, shot.fps) == (0, 10, len(sources), rate)  # 1 s at `rate`
     assert _frames_in(shot.path) == sources
+
+
+def test_an_encoder_thread_failure_is_raised_to_the_caller_and_nothing_hangs(tmp_path):
+    """The encode runs in a thread of its own: its error must reach the analysing thread (the source
+    then fails and is recorded as such), not vanish or block the queue."""
+    blocked = tmp_path / "not_a_folder"
+    blocked.write_text("")  # the shots' folder is a file: opening the first shot's encoder fails
+    rec = ShotRecorder("src.mp4", blocked, Curation(), 0, 0)
+    rec.begin(VideoInfo(W, H, Fraction(FPS), 0, 0.0, "h264"), Fraction(1, FPS))
+    with pytest.raises(OSError):
+        for i in range(40):  # more frames than the queue holds: a dead writer must not block `push`
+            rec.push(i, _frame(i))
+        rec.finish()
+    rec.discard()
+    assert list(tmp_path.iterdir()) == [blocked]

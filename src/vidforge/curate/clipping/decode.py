@@ -13,11 +13,11 @@ from pathlib import Path
 import av
 import cv2
 import numpy as np
-from av.video.reformatter import VideoReformatter
 
+from vidforge.curate.clipping.detection_picture import DetectionPicture
 from vidforge.curate.clipping.recorder_process import RecorderProcess
 from vidforge.curate.clipping.shot_recorder import ShotRecorder
-from vidforge.curate.clipping.shots import ShotDetector, detection_size, downscale, make_detector
+from vidforge.curate.clipping.shots import ShotDetector, detection_size, make_detector
 from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
 from vidforge.curate.stage import ItemError, Stage
@@ -56,11 +56,10 @@ def analyse(
 
 def _cpu_pictures(container, stream):
     """(pts, frame, BGR at detection size) of each decoded frame, by PyAV on the CPU."""
-    to_bgr = VideoReformatter()  # one swscale context for the source, not one per frame (10x faster)
-    size = None
+    picture = None
     for frame in container.decode(stream):
-        size = size or detection_size(frame.width, frame.height)
-        yield frame.pts, frame, downscale(to_bgr.reformat(frame, format="bgr24").to_ndarray(), size)
+        picture = picture or DetectionPicture(detection_size(frame.width, frame.height))
+        yield frame.pts, frame, picture(frame)
 
 
 def _gpu_pictures(source: str, container, stream):

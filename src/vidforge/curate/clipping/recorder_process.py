@@ -1,9 +1,9 @@
 """Shot recording in a second process, so one source's analysis and encoding run on two cores.
 
 A source is one unit of work; alone on a machine (a single long video), its decode + detection and its
-x264 encode shared one process, and a thread cannot take the encode (PyAV's encode re-takes the GIL per
-call). `RecorderProcess` stands where `ShotRecorder` stands in `decode._analyse`, with its interface,
-and runs the real ShotRecorder in a child process that decodes the source a second time on its own.
+x264 encode share one process (the encode in a thread of its own, shot_recorder.py). `RecorderProcess`
+stands where `ShotRecorder` stands in `decode._analyse`, with its interface, and runs the real
+ShotRecorder in a child process that decodes the source a second time on its own.
 
 The child does exactly what the in-process recorder would: the analysing parent sends, in order, each
 cut it would have handed the recorder and a `push` marker for each frame; the child decodes the same
