@@ -93,7 +93,6 @@ def test_the_preset_is_a_profile_of_the_published_size():
         ("data.packing=true", "data.packing: model.family=ltx2 runs plain batches only"),
         ("diffusion.caption_dropout=0.1", "diffusion.caption_dropout: LTX-2 trains its unconditional"),
         ("model.audio=true", "model.audio: LTX-2's audio stream is not built yet"),
-        ("parallel.tp=2", "parallel.tp: tensor parallel is not built for model.family=ltx2"),
     ],
 )
 def test_what_the_network_refuses_is_refused_at_load_in_one_line(setting, says):
