@@ -32,6 +32,14 @@ FINETUNE_TRAIN = "train"
 export/), where readers of a run's weights look besides the folder itself and its export/."""
 
 
+def weights_places(path: str | os.PathLike) -> tuple[Path, ...]:
+    """Where the weights (a model's export, a LoRA adapter) a user names as `path` are looked for, in order:
+    a `vidforge train` run's export/, a `vidforge finetune` run's train stage's export/ (`FINETUNE_TRAIN`),
+    the folder itself. Every reader of a run's weights asks here, so a run folder means the same to each."""
+    folder = Path(path)
+    return folder / "export", folder / FINETUNE_TRAIN / "export", folder
+
+
 def planted(path: Path, what: str) -> str:
     """The one-line refusal of something planted in a folder a command keeps to."""
     return f"{path} is {what} (a stage keeps to its own folders); remove it and run again"

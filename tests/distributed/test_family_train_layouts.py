@@ -1,7 +1,8 @@
 """`vidforge train` of HunyuanVideo-1.5 (image-to-video: condition latents and image tokens) and of LTX-2's
-video path under context parallel with FSDP2 over the cp ranks, and under FSDP2 data parallel, against
-one process: the same data, the same initial weights and the same noise, so each step's loss and the
-exported weights must agree; what differs is how the model, its tokens and its gradients are split.
+video path under context parallel with FSDP2 over the cp ranks, under FSDP2 data parallel, and under
+tensor parallel (the families' plans, `families/*/tensor_parallel.py`, without sequence parallel: this
+clip's 45 tokens do not split evenly), against one process: the same data, the same initial weights and
+the same noise, so each step's loss and the exported weights must agree; what differs is how the model, its tokens and its gradients are split.
 Every sample is the same clip (one a shard), so data-parallel ranks see what the single process sees.
 fp32 on CPU: relative 1e-4 over 3 AdamW steps covers reduction-order differences (as
 test_train_layouts.py); a wrong gradient moves the third loss by far more.
@@ -63,6 +64,8 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "hunyuan15-cp4-usp": ("hunyuan15", 4, {"cp": 4, "cp_impl": "usp", "cp_ulysses": 2}),
         "ltx2-cp2-ulysses": ("ltx2", 2, {"cp": 2, "cp_impl": "ulysses"}),
         "ltx2-fsdp2": ("ltx2", 2, {"dp_shard": 2}),
+        "hunyuan15-tp2": ("hunyuan15", 2, {"tp": 2, "sequence_parallel": False}),
+        "ltx2-tp2": ("ltx2", 2, {"tp": 2, "sequence_parallel": False}),
     }
 
 
@@ -171,3 +174,17 @@ def test_joint_attention_refuses_regather() -> None:
     with pytest.raises(ProfileError, match="parallel.cp_regather: .*set parallel.cp_regather=false") as err:
         _profile("hunyuan15", 2, {"cp": 2, "cp_impl": "all-gather", "cp_regather": True})
     assert "\n" not in str(err.value)
+
+
+def test_tensor_parallel_refuses_sequence_parallel_at_load_for_hunyuan15() -> None:
+    """HunyuanVideo-1.5's tensor-parallel plan has no sequence parallel (parallel.sequence_parallel defaults
+    to true): refused when the profile loads, in one line naming the fix; without it tp=2 loads, and LTX-2
+    loads with it."""
+    from vidforge.profile import ProfileError
+
+    says = "parallel.sequence_parallel: .*set parallel.sequence_parallel=false"
+    with pytest.raises(ProfileError, match=says) as err:
+        _profile("hunyuan15", 2, {"tp": 2})
+    assert "\n" not in str(err.value)
+    assert _profile("hunyuan15", 2, {"tp": 2, "sequence_parallel": False}).parallel.tp == 2
+    assert _profile("ltx2", 2, {"tp": 2}).parallel.sequence_parallel

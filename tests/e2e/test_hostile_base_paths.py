@@ -117,10 +117,10 @@ def test_finetune_dry_run_and_the_profile_it_writes_keep_the_base_path(base, tmp
     # the commands it prints when done: sampling the LoRA and merging it
     sample, merge, _ = finetune._next_commands(written, base, out, str(out / "train" / "export"), "a: 'b'")
     assert shlex.split(sample) == [
-        "vidforge", "infer", "-c", str(base), "--lora", str(out / "train"), "--prompt", "a: 'b'",
+        "vidforge", "infer", "-c", str(base), "--lora", str(out), "--prompt", "a: 'b'",
         "-o", str(out / "samples"),
     ]  # fmt: skip
-    assert shlex.split(merge)[3] == str(out / "train")
+    assert shlex.split(merge)[3] == str(out)
 
 
 def test_bench_plan_fit_writes_the_folders_paths_and_prints_commands_a_shell_reads_back(base, tmp_path):

@@ -33,7 +33,12 @@ SPEC = FamilySpec(
     network="toy_family.network:ToyNet",
     presets={"toy-1": {"architecture": "dit", "layers": 3, "hidden": 32, "heads": 2, "mlp_hidden": 64}},
     tensor_parallel="vidforge.families.vidforge.tensor_parallel:apply_tp",
-    tp_rules=(("q_norm", "k_norm", "modulation.down"), ("out", "fc2"), ("shared_modulation.", "final.modulation.")),
+    tp_rules=(
+        ("q_norm", "k_norm", "modulation.down"),
+        ("out", "fc2"),
+        ("shared_modulation.", "final.modulation."),
+        ("modulation.proj", "modulation.up"),
+    ),
     lora_targets=("q", "v"),
     block_scopes=block_scopes,
 )

@@ -1,7 +1,8 @@
 """One owner for each decision: a scan of src/vidforge finds each decision made in its owner's file and
 nowhere else. Device choice (`auto` resolved to a GPU or the CPU), meshes and process groups, FSDP, the
-training compute dtype and the file types read as videos. Each pattern is held to the second copies
-this scan was written against (`SECOND_COPIES`), so a pattern that can no longer see them fails here."""
+training compute dtype, the file types read as videos and where a run folder's weights are. Each pattern
+is held to the second copies this scan was written against (`SECOND_COPIES`), so a pattern that can no
+longer see them fails here."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ OWNERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "FSDP": ("parallel/fsdp.py", (r"\bfully_shard\(",)),
     "compute dtype": ("parallel/parallelize.py", (r"torch\.bfloat16 if .*precision",)),
     "video extensions": ("profile/data.py", (r"""["']\.?mp4["'].*["']\.?(webm|mkv|mov|avi)["']""",)),
+    # a run folder's weights: RUN/export, a finetune run's RUN/train/export, or the folder itself
+    "where a run's weights are": (
+        "files.py",
+        (
+            r"""return \w+ / ["']export["'],""",
+            r"""for \w+ in \((\w+, )?\w+ / ["']export["'](, \w+)?\):""",
+            r"""/ ["']export["'] / CONFIG\)\.is_file\(\)""",
+        ),
+    ),
 }
 
 # What the scan was written against: the second copies it replaced (each must be seen).
@@ -42,6 +52,12 @@ SECOND_COPIES = {
     "FSDP": ("        fully_shard(module, mesh=mesh)",),
     "compute dtype": ('param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32',),
     "video extensions": ('media = [e for e in members if e in ("mp4", "webm", "mkv", "mov", "avi")]',),
+    "where a run's weights are": (
+        'return folder / "export", folder / FINETUNE_TRAIN / "export", folder',
+        'for candidate in (path / "export", path):',
+        'for folder in (export_dir, export_dir / "export"):',
+        'if not (export / CONFIG).is_file() and (export / "export" / CONFIG).is_file():',
+    ),
 }
 
 

@@ -121,3 +121,44 @@ def test_one_reader_of_weight_folders() -> None:
         if call in path.read_text()
     ]
     assert found == []
+
+
+def test_a_finetune_runs_weights_are_its_train_stages_export_else_the_error_names_where_it_looked(
+    imported, tmp_path
+) -> None:
+    """`infer -c RUN` of a full `vidforge finetune` run: its train stage's export (RUN/train/export)."""
+    from vidforge.errors import UserInputError
+    from vidforge.files import FINETUNE_TRAIN
+    from vidforge.infer.weights import find_weights
+    from vidforge.weights.weights_folder import weights_model
+
+    run = tmp_path / "finetune"
+    shutil.copytree(find_weights(imported).export, run / FINETUNE_TRAIN / "export")
+    found = find_weights(run)
+    assert found.export == run / "train" / "export"
+    assert weights_model(found) == weights_model(find_weights(imported))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserInputError) as err:
+        find_weights(tmp_path / "empty")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("--checkpoint ")
+    for place in ("empty/export", "empty/train/export", f"{tmp_path / 'empty'},"):
+        assert place in message, place
+
+
+def test_model_export_of_a_finetune_run_writes_its_train_stages_export(pipeline, imported, tmp_path) -> None:
+    """`model export RUN --to diffusers` of a full `vidforge finetune` run: diffusers loads the weights the
+    published folder holds."""
+    from diffusers import WanTransformer3DModel
+
+    from vidforge.files import FINETUNE_TRAIN
+    from vidforge.infer.weights import find_export
+
+    run = tmp_path / "finetune"
+    shutil.copytree(find_export(imported), run / FINETUNE_TRAIN / "export")
+    out = tmp_path / "transformer"
+    result = CliRunner().invoke(app, ["model", "export", str(run), "--to", "diffusers", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    theirs = WanTransformer3DModel.from_pretrained(pipeline / "transformer").state_dict()
+    exported = WanTransformer3DModel.from_pretrained(out).state_dict()
+    assert exported.keys() == theirs.keys() and all(torch.equal(t, theirs[n]) for n, t in exported.items())

@@ -401,3 +401,35 @@ def test_an_adapter_is_found_in_a_finetune_runs_train_export_else_the_error_name
     assert "\n" not in message
     for place in ("empty/export", "empty/train/export", f"{tmp_path / 'empty'};"):
         assert place in message, place
+
+
+def test_the_commands_finetune_prints_for_a_lora_run_run_as_printed(wan_base, lora_run, tmp_path) -> None:
+    """`vidforge finetune`'s next commands (`_next_commands`) on a finetune run's folder: `infer -c BASE
+    --lora RUN` samples what the adapter folder itself samples, `model export RUN --merged` folds it."""
+    import shlex
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from vidforge import finetune
+    from vidforge.cli.app import app
+    from vidforge.files import FINETUNE_TRAIN
+    from vidforge.infer import run as infer_run
+    from vidforge.profile import load_profile
+
+    run = tmp_path / "finetune"
+    shutil.copytree(lora_run, run / FINETUNE_TRAIN)
+    profile = load_profile(lora_run / "export" / "profile.yaml")
+    sample, merge, _ = finetune._next_commands(profile, wan_base, run, None, "a red square moving right")
+    sets = ["diffusion.steps=2", "infer.frames=5", "infer.height=16", "infer.width=16", "infer.fps=16"]
+    argv = shlex.split(sample)
+    assert argv[:6] == ["vidforge", "infer", "-c", str(wan_base), "--lora", str(run)]
+    result = CliRunner().invoke(app, [*argv[1:], *(a for s in sets for a in ("--set", s))])
+    assert result.exit_code == 0, result.output
+    prompt = [argv[argv.index("--prompt") + 1]]
+    adapter = infer_run.run(wan_base, prompt, tmp_path / "adapter", overrides=sets, lora=lora_run / "export")
+    (printed,) = (run / "samples").glob("*.mp4")
+    assert printed.read_bytes() == Path(adapter.videos[0]).read_bytes()
+    result = CliRunner().invoke(app, shlex.split(merge)[1:])
+    assert result.exit_code == 0, result.output
+    assert (run / "merged" / "transformer" / "config.json").is_file()

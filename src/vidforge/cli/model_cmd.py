@@ -146,13 +146,14 @@ def export(
 def _other_expert(export_dir: Path) -> dict[str, str]:
     """Of a two-expert export (Wan2.2 A14B), where its low-noise expert is and how to export it too."""
     from vidforge.weights.experts import LOW
+    from vidforge.weights.weights_folder import export_folder
 
-    for folder in (export_dir, export_dir / "export"):
-        if (folder / LOW / "config.json").is_file():
-            return {
-                "low_noise": "not written; "
-                + command_line("vidforge", "model", "export", folder / LOW, "-o", "PIPELINE/transformer_2")
-            }
+    folder = export_folder(export_dir)
+    if (folder / LOW / "config.json").is_file():
+        return {
+            "low_noise": "not written; "
+            + command_line("vidforge", "model", "export", folder / LOW, "-o", "PIPELINE/transformer_2")
+        }
     return {}
 
 

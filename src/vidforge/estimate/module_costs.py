@@ -39,10 +39,6 @@ from vidforge.models.presets import build_model
 from vidforge.profile.model import Model
 from vidforge.tokens import Grid
 
-GATHERED_OUTPUT = ("modulation.proj", "modulation.up")
-"""Column-parallel layers whose output the plan all-gathers again (the vidforge family's per-sample
-modulation, `GatheredColwiseParallel`): their activations are whole, so the shard keeps their width."""
-
 
 class _FlashOnMeta(TorchFunctionMode):
     """SDPA as FlashAttention's kernel, whose meta implementation gives the tensors the GPU's saves."""
@@ -219,7 +215,7 @@ def _shard(block: nn.Module, cfg: Model, tp: int, region: set[int], gathered: se
             hooks.append(
                 layer.register_forward_hook(lambda _m, _a, out: region.difference_update(_storages(out)))
             )
-        elif not name.endswith(GATHERED_OUTPUT):
+        elif not name.endswith(rules.gathered_output):  # a gathered output keeps its width
             width = layer.out_features
             _resize(layer, "weight", 0, tp)
             _resize(layer, "bias", 0, tp)

@@ -23,6 +23,9 @@ class TensorParallelRules:
     replicated_in_block: tuple[str, ...]
     row_wise: tuple[str, ...]
     split_outside: tuple[str, ...]
+    gathered_output: tuple[str, ...] = ()
+    """Column-parallel block layers whose output the plan all-gathers again (per-sample modulation,
+    `GatheredColwiseParallel`): their weights split, their activations whole."""
 
 
 def tp_rules(family_name: str) -> TensorParallelRules:

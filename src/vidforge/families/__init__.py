@@ -83,9 +83,10 @@ class FamilySpec:
     """Named shapes (`model.preset`), each a dict of model fields."""
     tensor_parallel: str
     """fn(model, tp_mesh, sequence_parallel=bool): the family's tensor-parallel plan, applied in place."""
-    tp_rules: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
-    """What that plan splits, for the parameter counts (`TensorParallelRules`' fields: names replicated in
-    a block, the row-wise layers (whose biases stay whole), the column-split modules outside the blocks)."""
+    tp_rules: tuple[tuple[str, ...], ...]
+    """What that plan splits, for the parameter counts and the activations (`TensorParallelRules`' fields:
+    names replicated in a block, the row-wise layers (whose biases stay whole), the column-split modules
+    outside the blocks, and optionally the column-split block layers whose output is gathered again)."""
     lora_targets: tuple[str, ...]
     """LoRA's default target modules (train.lora.target_modules left empty)."""
     block_scopes: Callable[[Any], tuple[tuple[str, ...], int]]

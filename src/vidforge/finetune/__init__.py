@@ -720,16 +720,14 @@ def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None
     from vidforge.infer.weights import find_export
     from vidforge.lora import diffusers_loading
 
-    train_dir = out / FINETUNE_TRAIN
     prompt = (profile.train.validation_prompts or [caption])[0]
     # an image-to-video model samples from a first frame the user picks
     image = ("--image", "FIRST_FRAME.png") if profile.model.samples_from_image else ()
+    # the run folder itself: its readers look in its train stage's export (`files.weights_places`)
     if profile.train.lora is not None:
         after = [
-            _command(
-                "infer", "-c", base, "--lora", train_dir, *image, "--prompt", prompt, "-o", out / "samples"
-            ),
-            _command("model", "export", train_dir, "--merged", "-o", out / "merged" / "transformer"),
+            _command("infer", "-c", base, "--lora", out, *image, "--prompt", prompt, "-o", out / "samples"),
+            _command("model", "export", out, "--merged", "-o", out / "merged" / "transformer"),
         ]
         if find_export(base) is None:
             index = Path(base) / "model_index.json"  # a pipeline folder names its class
@@ -739,5 +737,5 @@ def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None
                 f"diffusers: {pipeline}.from_pretrained({str(base)!r}){diffusers_loading(pipeline, model)}"
             )
     else:
-        after = [_command("infer", "-c", train_dir, *image, "--prompt", prompt, "-o", out / "samples")]
+        after = [_command("infer", "-c", out, *image, "--prompt", prompt, "-o", out / "samples")]
     return after

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from torch import nn
 
 from vidforge.errors import UserInputError
-from vidforge.files import FINETUNE_TRAIN, output_folder, write_bytes, write_text
+from vidforge.files import output_folder, weights_places, write_bytes, write_text
 from vidforge.profile.model import Model
 from vidforge.profile.train import Lora
 
@@ -175,26 +175,19 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
     return (Path(path) / WEIGHTS).is_file() and (Path(path) / CONFIG).is_file()
 
 
-def adapter_places(path: str | os.PathLike) -> tuple[Path, ...]:
-    """Where an adapter given as `path` is looked for, in order: a training run's export/, a fine-tune
-    run's train stage's export/ (`FINETUNE_TRAIN`), the folder itself."""
-    folder = Path(path)
-    return folder / "export", folder / FINETUNE_TRAIN / "export", folder
-
-
 def find_adapter(path: str | os.PathLike) -> Path | None:
-    """The adapter folder `path` names (`adapter_places`), or None."""
-    return next((place for place in adapter_places(path) if is_adapter_folder(place)), None)
+    """The adapter folder `path` names (`files.weights_places`), or None."""
+    return next((place for place in weights_places(path) if is_adapter_folder(place)), None)
 
 
 def read_adapter(path: str | os.PathLike) -> dict[str, Any]:
     """The adapter folder's config.json (model, lora, step, base), or a UserInputError."""
-    for candidate in adapter_places(path):
+    for candidate in weights_places(path):
         if is_adapter_folder(candidate):
             record = json.loads((candidate / CONFIG).read_text())
             if record.get("format") == FORMAT:
                 return {**record, "folder": candidate}
-    looked = ", ".join(str(place) for place in adapter_places(path))
+    looked = ", ".join(str(place) for place in weights_places(path))
     raise UserInputError(
         f"--lora {path}: no {WEIGHTS} with a vidforge-lora {CONFIG} in {looked}; point at a LoRA training "
         "or fine-tune run (train.lora set) or its export folder"

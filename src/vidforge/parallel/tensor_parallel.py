@@ -1,7 +1,8 @@
 """Tensor and sequence parallel pieces every family's plan is made of (each family's plan is in its
-package: `families/vidforge/tensor_parallel.py`, `families/wan/tensor_parallel.py`): the parallel styles
-DTensor lacks (a column-wise Linear whose output is all-gathered, a replicated module whose gradient is
-left partial), the sequence-parallel region, the checks before sharding, and the reductions of partial
+package: `families/<name>/tensor_parallel.py`): the parallel styles DTensor lacks (a column-wise Linear
+whose output is all-gathered, a replicated module whose gradient is left partial), the RMSNorm over a
+width split across the ranks (`HeadsSpanningRMSNorm`: Wan's and LTX-2's q/k norms), the sequence-parallel
+region, the checks before sharding, and the reductions of partial
 gradients that FSDP does not do.
 
 Sequence parallel (`parallel.sequence_parallel`): between sub-layers the residual stream of a block holds
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import fields
-from functools import partial
+from functools import cache, partial
 
 import torch
 from torch import nn
@@ -115,6 +116,39 @@ class ReplicatedParallel(ParallelStyle):
         return distribute_module(module, device_mesh, None, self._input, self._output)
 
 
+class HeadsSpanningRMSNorm(nn.Module):
+    """`nn.RMSNorm` over a feature dimension split across the tp ranks (q/k norms across all heads, as Wan's
+    and LTX-2's, behind column-parallel projections): the mean square of the whole row's features
+    (all-reduced), each rank's shard of the weight. Built from the norm's `weight` (whole, sharded here as
+    the projection's columns, so checkpoints and the export see the whole weight) and its epsilon (both
+    families build their norms with one)."""
+
+    def __init__(self, weight: torch.Tensor, epsilon: float, mesh: DeviceMesh) -> None:
+        super().__init__()
+        (self.features,) = weight.shape
+        self.epsilon = epsilon
+        self.weight = nn.Parameter(distribute_tensor(weight.detach(), mesh, [Shard(0)]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        squares = x.float().square().sum(dim=-1, keepdim=True)
+        # The sum over ranks as DTensor collectives (torch.compile traces them; it cannot trace
+        # torch.distributed.nn's autograd all_reduce): each rank's mean feeds only its own features, so
+        # the gradients reaching it differ by rank and are declared Partial, summed on the way back.
+        partial_sums = DTensor.from_local(squares, self.weight.device_mesh, (Partial(),), run_check=False)
+        total = partial_sums.redistribute(placements=(Replicate(),)).to_local(grad_placements=(Partial(),))
+        mean = total / self.features
+        return (x.float() * torch.rsqrt(mean + self.epsilon)).type_as(x) * self.weight.to_local()
+
+    def __deepcopy__(self, memo: dict) -> HeadsSpanningRMSNorm:
+        # The weight's mesh (and its process group) cannot be copied: copies of the model (EMA, evaluation)
+        # share it.
+        clone = object.__new__(HeadsSpanningRMSNorm)
+        nn.Module.__init__(clone)
+        clone.features, clone.epsilon = self.features, self.epsilon
+        clone.weight = nn.Parameter(self.weight.detach().clone(), requires_grad=self.weight.requires_grad)
+        return clone
+
+
 # --- sequence-parallel region ---------------------------------------------------------------------------
 
 
@@ -130,20 +164,30 @@ def _gather_sequence(h: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return part.redistribute(placements=(Replicate(),)).to_local()
 
 
-class _RankTokensConditioning(Conditioning):
+class _RankTokens:
     """A block's conditioning under sequence parallel when the block adds learned per-sample rows of its
-    own to the modulation before broadcasting it (Wan's `scale_shift_table`): those rows meet only this
-    rank's tokens, so their gradient, and the modulation's, is this rank's part. `per_token` sums it over
-    the tp ranks (identity forward, all-reduce of the (N, F) rows' gradient backward), which makes the
-    table's and the time projection's gradients complete on every rank."""
+    own to the modulation before broadcasting it (Wan's and LTX-2's `scale_shift_table`): those rows meet
+    only this rank's tokens, so their gradient, and the modulation's, is this rank's part. `per_token` sums
+    it over the tp ranks (identity forward, all-reduce of the (N, F) rows' gradient backward), which makes
+    the table's and the time projection's gradients complete on every rank. Mixed into the family's own
+    `Conditioning` class (`_rank_tokens`), so its extra fields (LTX-2's `prompt_time`) come along."""
 
-    def __init__(self, cond: Conditioning, mesh: DeviceMesh) -> None:
-        super().__init__(**{f.name: getattr(cond, f.name) for f in fields(cond)})
-        self.mesh = mesh
+    mesh: DeviceMesh
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:
         rows = DTensor.from_local(values, self.mesh, (Replicate(),), run_check=False)
         return super().per_token(rows.to_local(grad_placements=(Partial(),)))
+
+
+@cache
+def _rank_tokens_class(base: type[Conditioning]) -> type[Conditioning]:
+    return type(f"RankTokens{base.__name__}", (_RankTokens, base), {})
+
+
+def _rank_tokens(cond: Conditioning, mesh: DeviceMesh) -> Conditioning:
+    rank_tokens = _rank_tokens_class(type(cond))(**{f.name: getattr(cond, f.name) for f in fields(cond)})
+    rank_tokens.mesh = mesh
+    return rank_tokens
 
 
 def _sequence_parallel_inputs(
@@ -167,7 +211,14 @@ def _sequence_parallel_inputs(
     start = mesh.get_local_rank() * local
     cond = cond.token_slice(start, start + local)
     if sum_rows:
-        cond = _RankTokensConditioning(cond, mesh)
+        if cond.time.ndim == 3:
+            # per-token rows are a rank's own slice: summing their gradients over the ranks would add
+            # other tokens' into them (not built: the table's gradient would need its own sum)
+            raise UserInputError(
+                f"parallel.sequence_parallel: a noise level per token (first-frame conditioning) has no "
+                f"sequence-parallel plan for these blocks (tp={tp}); set parallel.sequence_parallel=false"
+            )
+        cond = _rank_tokens(cond, mesh)
     return (h, cond, *args[2:]), kwargs
 
 
@@ -179,7 +230,7 @@ def apply_sequence_region(blocks: list[nn.Module], mesh: DeviceMesh, *, sum_per_
     """Make `blocks` (a model's or a pipeline stage's, in order) the sequence-parallel region: the first
     slices the row (its tokens must divide by tp), each block sees its rank's tokens and conditioning, the
     last all-gathers its output. `sum_per_sample_grads`: reduce the gradient of what blocks broadcast with
-    `Conditioning.per_token` over the tp ranks (`_RankTokensConditioning`); the DiT's modulation Linear
+    `Conditioning.per_token` over the tp ranks (`_RankTokens`); the DiT's modulation Linear
     does this in its own reduce-scatter (`GatheredColwiseParallel(partial_grad=True)`) instead."""
     for i, block in enumerate(blocks):
         block.register_forward_pre_hook(

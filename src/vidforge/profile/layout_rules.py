@@ -287,17 +287,6 @@ def _fp8(profile: RunProfile, layout: Layout) -> list[str]:
     ]
 
 
-def _image_tp(profile: RunProfile, layout: Layout) -> list[str]:
-    """The image cross-attention (`model.image_dim`: Wan2.1-I2V's add_k_proj/add_v_proj over the image
-    embedding) has no tensor-parallel plan yet; FSDP shards it."""
-    if not profile.model.image_dim or layout.tp == 1:
-        return []
-    return [
-        f"parallel.tp: the image cross-attention (model.image_dim={profile.model.image_dim}) has no "
-        f"tensor-parallel plan yet (tp={layout.tp}); set parallel.tp=1 (training shards it with FSDP)"
-    ]
-
-
 def _distill(profile: RunProfile, layout: Layout) -> list[str]:
     """DMD2's step (`vidforge.train.distill`) runs its student, teacher and fake score as whole models on
     whole sequences: one process or data parallel (FSDP, HSDP, tp), no pipeline stages or cp shards."""
@@ -372,7 +361,6 @@ RULES: tuple[Rule, ...] = (
     _sliding_tiles,
     _lora,
     _fp8,
-    _image_tp,
     _distill,
     _image_condition,
     _image_validation,
@@ -407,7 +395,7 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
 # x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
 # LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
 # own settings gave the degrees.
-SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _sliding_tiles, _image_tp, _family)
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _sliding_tiles, _family)
 
 
 def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published, family, load, names, read_published
+from vidforge.files import weights_places
 from vidforge.profile import RunProfile, load_profile
 from vidforge.profile.loading import apply_overrides, validate_profile
 from vidforge.profile.model import RUNTIME_FIELDS, Model
@@ -38,10 +39,10 @@ class WeightsFolder:
 
 
 def find_weights(src: str | os.PathLike) -> WeightsFolder | None:
-    """`src` as an export (checked first: the folder or its export/) or a published folder; None when
-    it is neither (the caller says what it accepts)."""
+    """`src` as an export (checked first: a run's export, or the folder itself: `files.weights_places`) or
+    a published folder; None when it is neither (the caller says what it accepts)."""
     path = Path(src)
-    for candidate in (path / "export", path):
+    for candidate in weights_places(path):
         if (candidate / WEIGHTS).is_file():
             return WeightsFolder(path, export=candidate)
     published = read_published(path) if path.is_dir() else None
@@ -65,9 +66,9 @@ def resolve_weights(src: str | os.PathLike, flag: str) -> WeightsFolder:
         )
     if found is None:
         raise UserInputError(
-            f"{flag} {src}: no {WEIGHTS} in it or in its export/, and not a published model folder (a "
-            "diffusers transformer or pipeline download); point at a `vidforge train` run directory that "
-            "finished, an export folder, or the downloaded model folder"
+            f"{flag} {src}: no {WEIGHTS} in {', '.join(map(str, weights_places(path)))}, and not a published "
+            "model folder (a diffusers transformer or pipeline download); point at a `vidforge train` or "
+            "`vidforge finetune` run directory that finished, an export folder, or the downloaded model folder"
         )
     return found
 
@@ -192,6 +193,12 @@ def export_profile(
     return prof
 
 
+def export_folder(src: str | os.PathLike) -> Path:
+    """The export `src` names (`files.weights_places`: a run's export, or the folder itself) by its
+    config.json; `src` itself when none has one (reading it then names the missing file)."""
+    return next((place for place in weights_places(src) if (place / CONFIG).is_file()), Path(src))
+
+
 def export_model(export: Path) -> Model:
     """An export's model section (its config.json), or a UserInputError naming the file."""
     try:
@@ -221,10 +228,8 @@ def import_published(
 
 
 def export_published(export_dir: str | os.PathLike, out: str | os.PathLike, max_shard_bytes: int) -> Path:
-    """Write a vidforge export (or a run directory's) in its family's published layout."""
-    export = Path(export_dir)
-    if not (export / CONFIG).is_file() and (export / "export" / CONFIG).is_file():
-        export = export / "export"  # a training run directory
+    """Write a vidforge export (or a run directory's: `export_folder`) in its family's published layout."""
+    export = export_folder(export_dir)
     return load(_needs(export_model(export).family, "export_weights"))(export, out, max_shard_bytes)
 
 

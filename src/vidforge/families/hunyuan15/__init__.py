@@ -2,12 +2,13 @@
 `HunyuanVideo15Transformer3DModel` module for module. Its torch-free facts: the model section and the
 published presets (`model`), how a published folder reads (`published`), LoRA's default targets; its code,
 loaded by import path: the network (`network`), the caption layout (`captions`) and its encoders
-(`text_encoder`), weight import/export (`weights`) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
+(`text_encoder`), weight import/export (`weights`) and the tensor-parallel plan (`tensor_parallel`, without
+sequence parallel).
 
 `infer` samples the pipelines' latents, text-to-video and image-to-video (`image_condition`: the first
 frame's condition latents and SigLIP's embedding, which tokenize keeps for training too). Context parallel
 splits the video tokens only (cp_impl all-gather or ulysses). Not built yet: caption dropout, packed rows,
-tensor parallel."""
+sequence parallel."""
 
 from __future__ import annotations
 
@@ -35,16 +36,22 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
     return ("full",), 12
 
 
+def no_sequence_parallel(tp: int) -> str:
+    """The refusal of sequence parallel, which this family's tensor-parallel plan lacks (`tensor_parallel`
+    says why): at load and where the plan is applied."""
+    return (
+        f"parallel.sequence_parallel: model.family=hunyuan15 has no sequence-parallel plan (tp={tp}); set "
+        "parallel.sequence_parallel=false (tensor parallel then runs on whole rows)"
+    )
+
+
 def layout_rules(profile: Any, layout: Any) -> list[str]:
-    """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
+    """What the network refuses at its first forward (or the TP plan when applied), refused at load: sequence
     parallel, re-gathering K/V under context parallel, packed rows and caption dropout
     (`model.PLAIN_BATCHES` avoid the last two)."""
     problems = []
-    if layout.tp > 1:
-        problems.append(
-            f"parallel.tp: tensor parallel is not built for model.family=hunyuan15 yet (tp={layout.tp}); set "
-            "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
-        )
+    if layout.tp > 1 and profile.parallel.sequence_parallel:
+        problems.append(no_sequence_parallel(layout.tp))
     if layout.cp > 1 and profile.parallel.cp_regather:
         problems.append(
             "parallel.cp_regather: HunyuanVideo-1.5's joint attention does not re-gather the video K/V in its "
@@ -69,7 +76,12 @@ SPEC = FamilySpec(
     network="vidforge.families.hunyuan15.network:HunyuanVideo15Transformer",
     presets=PRESETS,
     tensor_parallel="vidforge.families.hunyuan15.tensor_parallel:apply_tp",
-    tp_rules=((), (), ()),  # nothing split: tp > 1 is refused
+    tp_rules=(
+        ("norm_q", "norm_k", "norm_added_q", "norm_added_k"),
+        ("to_out.0", "to_add_out", "ff.net.2", "ff_context.net.2"),
+        (),
+        ("norm1.linear", "norm1_context.linear"),  # each stream's modulation: split, gathered again
+    ),
     lora_targets=LORA_TARGETS,
     block_scopes=block_scopes,
     vae_compression=lambda model: (4, 16),  # AutoencoderKLHunyuanVideo15's

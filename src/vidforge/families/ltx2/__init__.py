@@ -4,7 +4,7 @@ the published preset (`model`), how a published folder reads (`published`: shape
 scheduler's resolution-dependent shift, VAE compression, Gemma 3 and its connector, the pipeline's fps,
 guidance, size, frames, steps, negative prompt), LoRA's default targets; its code, loaded by import path:
 the network (`network`), weight import/export (`weights`, bitwise, the audio stream's tensors carried
-untouched) and the tensor-parallel plan (`tensor_parallel`, which refuses tp > 1 so far).
+untouched) and the tensor- and sequence-parallel plan (`tensor_parallel`).
 
 Its caption encoder (`text_encoder`: Gemma 3 through the text connector) and VAE (tokenizer.kind=ltx2video)
 shard and tokenize as the pipeline encodes; `infer` samples the pipeline's video latents (its token-count
@@ -41,15 +41,9 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
-    """What the network refuses at its first forward (or the TP plan when applied), refused at load: tensor
-    parallel, packed rows and caption dropout (`model.PLAIN_BATCHES` are the settings that
-    avoid the last two)."""
+    """What the network refuses at its first forward, refused at load: packed rows and caption dropout
+    (`model.PLAIN_BATCHES` are the settings that avoid them)."""
     problems = []
-    if layout.tp > 1:
-        problems.append(
-            f"parallel.tp: tensor parallel is not built for model.family=ltx2 yet (tp={layout.tp}); set "
-            "parallel.tp=1 (shard the weights with FSDP: parallel.dp_shard)"
-        )
     if profile.data.packing:
         problems.append(
             "data.packing: model.family=ltx2 runs plain batches only so far (packed rows are not built); "
@@ -81,7 +75,7 @@ SPEC = FamilySpec(
     network="vidforge.families.ltx2.network:LTX2Transformer",
     presets=PRESETS,
     tensor_parallel="vidforge.families.ltx2.tensor_parallel:apply_tp",
-    tp_rules=((), (), ()),  # nothing split: tp > 1 is refused
+    tp_rules=(("scale_shift_table",), ("to_out.0", "ff.net.2"), ()),
     lora_targets=LORA_TARGETS,
     block_scopes=block_scopes,
     vae_compression=lambda model: model.vae_scale[:2],  # (8, 32): frames, then height (= width)

@@ -113,6 +113,24 @@ def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], rope_type: 
     return out.flatten(-2).transpose(1, 2).flatten(2).to(x.dtype)
 
 
+def rope_columns(
+    rope: tuple[torch.Tensor, torch.Tensor], width: int, head_dim: int, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables of q's and k's columns [rank x width, (rank + 1) x width): a tensor-parallel rank's share
+    of the width (its heads), the whole tables when q holds the whole width. "interleaved" tables are per
+    feature (S, hidden), "split" ones per head (heads, S, head_dim / 2); either way a rank rotates exactly
+    its own features with the whole width's angles."""
+    cos, sin = rope
+    if cos.ndim == 2:  # interleaved: (S, hidden)
+        if cos.shape[-1] == width:
+            return rope
+        return cos[:, rank * width : (rank + 1) * width], sin[:, rank * width : (rank + 1) * width]
+    heads = width // head_dim
+    if cos.shape[0] == heads:
+        return rope
+    return cos[rank * heads : (rank + 1) * heads], sin[rank * heads : (rank + 1) * heads]
+
+
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """diffusers' weightless RMSNorm: the mean square in float32, back in x's dtype."""
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
@@ -158,6 +176,7 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(hidden, hidden)])
         self.to_gate_logits = nn.Linear(hidden, heads) if cfg.gated_attention else None
         self.attend = Attend(cfg.attention, cfg.sdpa_backend)
+        self.tp_rank = 0  # whose share of the width q/k/v hold under tensor parallel (its plan sets it)
 
     def forward(
         self,
@@ -168,6 +187,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self.norm_q(self.to_q(x)), self.norm_k(self.to_k(context)), self.to_v(context)
         if rope is not None:
+            rope = rope_columns(rope, q.shape[-1], self.head_dim, self.tp_rank)
             q, k = rotate(q, rope, self.rope_type), rotate(k, rope, self.rope_type)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))
         out = self.attend(q, k, v, mask).flatten(-2).type_as(q)
@@ -207,8 +227,10 @@ class Block(nn.Module):
             self.prompt_scale_shift_table = nn.Parameter(torch.randn(2, cfg.hidden))
 
     def forward(self, h: torch.Tensor, cond: LTX2Conditioning) -> torch.Tensor:
-        temb = cond.per_token(cond.shared_modulation)
-        params = (self.scale_shift_table[None, None] + temb.unflatten(-1, (self.rows, -1))).unbind(dim=2)
+        # the table joins the per-sample rows before they meet the tokens (Wan's order), so that sequence
+        # parallel's `per_token` sums its gradient over the ranks' tokens as well
+        rows = cond.per_token(self.scale_shift_table.flatten() + cond.shared_modulation)
+        params = rows.unflatten(-1, (self.rows, -1)).unbind(dim=2)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = params[:MODULATION]
         x = rms_norm(h, self.eps) * (1 + scale_msa) + shift_msa
         h = h + self.attn1(x, x, cond.scopes["full"].mask, cond.rope) * gate_msa

@@ -145,6 +145,7 @@ SPEC = FamilySpec(
         ("q_norm", "k_norm", "modulation.down"),
         ("out", "fc2"),
         ("shared_modulation.", "final.modulation."),
+        ("modulation.proj", "modulation.up"),  # the block's modulation: gathered again
     ),
     # The attention projections (the LoRA paper's choice).
     lora_targets=("q", "k", "v", "out"),

@@ -214,6 +214,17 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
     return ("full",), 6
 
 
+def layout_rules(profile: Any, layout: Any) -> list[str]:
+    """The image cross-attention (`model.image_dim`: Wan2.1-I2V's add_k_proj/add_v_proj over the image
+    embedding) has no tensor-parallel plan yet; FSDP shards it."""
+    if not profile.model.image_dim or layout.tp == 1:
+        return []
+    return [
+        f"parallel.tp: the image cross-attention (model.image_dim={profile.model.image_dim}) has no "
+        f"tensor-parallel plan yet (tp={layout.tp}); set parallel.tp=1 (training shards it with FSDP)"
+    ]
+
+
 SPEC = FamilySpec(
     name="wan",
     model=WanModel,
@@ -228,6 +239,7 @@ SPEC = FamilySpec(
     # diffusers' Wan trainers' choice: the attention projections.
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     block_scopes=block_scopes,
+    layout_rules=layout_rules,
     # Wan2.1's VAE 4 x 8 x 8; Wan2.2's 4 x 16 x 16, which only TI2V-5B (the one Wan with per-token noise
     # levels, expand_timesteps) is paired with
     vae_compression=lambda model: (4, 16 if model.expand_timesteps else 8),

@@ -39,10 +39,9 @@ its gradients are complete.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -53,37 +52,12 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from vidforge.families.wan.network import WanBlock, WanTransformer
-from vidforge.parallel.tensor_parallel import SEQUENCE_DIM, apply_sequence_region, check_tp_model
-
-
-class HeadsSpanningRMSNorm(nn.Module):
-    """`nn.RMSNorm` over a feature dimension split across the tp ranks: the mean square of the whole
-    row's features (all-reduced), each rank's shard of the weight."""
-
-    def __init__(self, norm: nn.RMSNorm, mesh: DeviceMesh) -> None:
-        super().__init__()
-        (self.features,) = norm.normalized_shape
-        self.eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
-        self.weight = nn.Parameter(distribute_tensor(norm.weight.detach(), mesh, [Shard(0)]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        squares = x.float().square().sum(dim=-1, keepdim=True)
-        # The sum over ranks as DTensor collectives (torch.compile traces them; it cannot trace
-        # torch.distributed.nn's autograd all_reduce): each rank's mean feeds only its own features, so
-        # the gradients reaching it differ by rank and are declared Partial, summed on the way back.
-        partial_sums = DTensor.from_local(squares, self.weight.device_mesh, (Partial(),), run_check=False)
-        total = partial_sums.redistribute(placements=(Replicate(),)).to_local(grad_placements=(Partial(),))
-        mean = total / self.features
-        return (x.float() * torch.rsqrt(mean + self.eps)).type_as(x) * self.weight.to_local()
-
-    def __deepcopy__(self, memo: dict) -> HeadsSpanningRMSNorm:
-        # The weight's mesh (and its process group) cannot be copied: copies of the model (EMA, evaluation)
-        # share it.
-        clone = object.__new__(HeadsSpanningRMSNorm)
-        nn.Module.__init__(clone)
-        clone.features, clone.eps = self.features, self.eps
-        clone.weight = nn.Parameter(self.weight.detach().clone(), requires_grad=self.weight.requires_grad)
-        return clone
+from vidforge.parallel.tensor_parallel import (
+    SEQUENCE_DIM,
+    HeadsSpanningRMSNorm,
+    apply_sequence_region,
+    check_tp_model,
+)
 
 
 def _plan(block: WanBlock, stream: Placement) -> dict[str, ParallelStyle]:
@@ -117,7 +91,7 @@ def apply_wan_tp(model: WanTransformer, tp_mesh: DeviceMesh, *, sequence_paralle
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, _plan(block, stream))
         for attn in (block.attn1, block.attn2):
-            attn.norm_q = HeadsSpanningRMSNorm(attn.norm_q, tp_mesh)
-            attn.norm_k = HeadsSpanningRMSNorm(attn.norm_k, tp_mesh)
+            attn.norm_q = HeadsSpanningRMSNorm(attn.norm_q.weight, attn.norm_q.eps, tp_mesh)
+            attn.norm_k = HeadsSpanningRMSNorm(attn.norm_k.weight, attn.norm_k.eps, tp_mesh)
     if sequence_parallel:
         apply_sequence_region(list(model.blocks.values()), tp_mesh, sum_per_sample_grads=True)

@@ -190,10 +190,9 @@ def load_diffusers_wan(
 def export_wan(export: str | os.PathLike, out: str | os.PathLike, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write the vidforge export at `export` (a wan model) as a diffusers WanTransformer3DModel folder:
     config.json and diffusion_pytorch_model.safetensors, or shards of at most `max_shard_bytes` with
-    their index (diffusers' names)."""
+    their index (diffusers' names). A run folder's export is found by the caller
+    (`weights_folder.export_published`)."""
     export = Path(export)
-    if not (export / CONFIG).is_file() and (export / "export" / CONFIG).is_file():
-        export = export / "export"  # a training run directory
     try:
         model = read_config(export)
     except (ValueError, ValidationError) as err:
