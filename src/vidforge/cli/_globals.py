@@ -6,12 +6,15 @@ an option of the same name; `--` ends the options (what follows it is left alone
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
-import click
 import typer
 from typer.core import TyperArgument, TyperGroup
 
 from vidforge.cli._errors import GuardedGroup
+
+if TYPE_CHECKING:
+    import click  # the annotation only: typer carries its own copy of click, which is the one used
 
 GLOBAL_FLAGS = frozenset({"--json", "--quiet", "-q", "--debug"})
 COMMAND_KEY = "vidforge.command"

@@ -4,26 +4,29 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
+from vidforge.cli._startup import collector_paused
 
-from vidforge import __version__
-from vidforge.cli import bench as bench_cli
-from vidforge.cli import (
-    caption_cmd,
-    clip_cmd,
-    dedup_cmd,
-    finetune_cmd,
-    infer_cmd,
-    model_cmd,
-    profile_cmd,
-    review_cmd,
-    search_cmd,
-    shard_cmd,
-    tokenize_cmd,
-    train_cmd,
-)
-from vidforge.cli._globals import COMMAND_KEY, RootGroup
-from vidforge.cli._output import Output, set_current_output, silence_library_bars
+with collector_paused():
+    import typer
+
+    from vidforge import __version__
+    from vidforge.cli import bench as bench_cli
+    from vidforge.cli import (
+        caption_cmd,
+        clip_cmd,
+        dedup_cmd,
+        finetune_cmd,
+        infer_cmd,
+        model_cmd,
+        profile_cmd,
+        review_cmd,
+        search_cmd,
+        shard_cmd,
+        tokenize_cmd,
+        train_cmd,
+    )
+    from vidforge.cli._globals import COMMAND_KEY, RootGroup
+    from vidforge.cli._output import Output, set_current_output, silence_library_bars
 
 app = typer.Typer(
     name="vidforge",

@@ -9,6 +9,7 @@ import typer
 
 from vidforge.cli._options import ProfileOpt, SetOpt, profile_from
 from vidforge.cli._output import EXIT_PARTIAL, StageBars, current_output
+from vidforge.cli._startup import collector_paused
 
 
 def clip(
@@ -43,7 +44,8 @@ def clip(
 
     Exit codes: 0 all sources processed, 3 some failed (see OUT/errors.jsonl), 2 fix your input.
     """
-    from vidforge.curate.clip import run
+    with collector_paused():  # numpy, PyAV, cv2, PySceneDetect: start-up, before the first frame
+        from vidforge.curate.clip import run
 
     out_ = current_output()
     resolved = profile_from(profile, set_)
