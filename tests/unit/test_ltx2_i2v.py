@@ -13,7 +13,6 @@ import pytest
 import torch
 from default_parity import PROMPT, vidforge_infer
 from diffusers import LTX2ImageToVideoPipeline
-from ltx2_fixtures import save_tiny_pipeline
 from PIL import Image
 
 from vidforge.errors import UserInputError
@@ -36,8 +35,8 @@ def first_frame(path, size=(90, 70)):
     return path
 
 
-def test_default_infer_with_an_image_equals_the_i2v_pipeline(tmp_path, monkeypatch) -> None:
-    folder = save_tiny_pipeline(tmp_path / "pipeline", audio_to_video=False)
+def test_default_infer_with_an_image_equals_the_i2v_pipeline(tmp_path, monkeypatch, ltx2_folder) -> None:
+    folder = ltx2_folder(False)
     image = first_frame(tmp_path / "first.png")
     ours, fps, record = vidforge_infer(folder, tmp_path / "out", SETS, monkeypatch, image=image)
     assert (fps, record["image"], record["guidance"]) == (24, str(image), 3.0)
@@ -55,18 +54,21 @@ def test_default_infer_with_an_image_equals_the_i2v_pipeline(tmp_path, monkeypat
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-def _image_to_video_folder(out):
+def _image_to_video_folder(saved, out):
     """The tiny folder saved as an image-to-video pipeline (model_index.json names
     LTX2ImageToVideoPipeline, as its save_pretrained writes it; the components are the same)."""
     import json
+    import shutil
 
-    folder = save_tiny_pipeline(out)
+    folder = shutil.copytree(saved, out)
     index = json.loads((folder / "model_index.json").read_text())
     (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": "LTX2ImageToVideoPipeline"}))
     return folder
 
 
-def test_a_conditioned_lora_step_is_the_transformer_with_a_clean_first_frame_in_float64(tmp_path) -> None:
+def test_a_conditioned_lora_step_is_the_transformer_with_a_clean_first_frame_in_float64(
+    tmp_path, ltx2_folder
+) -> None:
     """An image-to-video folder's profile trains first-frame conditioning; with every clip conditioned, the
     loss of the LoRA-adapted network is diffusers' transformer (the adapters merged into it) run on the
     first latent frame clean at timestep 0 and the rest noised at the clip's time, the squared velocity
@@ -79,7 +81,7 @@ def test_a_conditioned_lora_step_is_the_transformer_with_a_clean_first_frame_in_
     from vidforge.train.loss import DenoisingLoss
     from vidforge.weights.weights_folder import find_weights, load_published, published_profile
 
-    folder = _image_to_video_folder(tmp_path / "pipeline")
+    folder = _image_to_video_folder(ltx2_folder(), tmp_path / "pipeline")
     published = find_weights(folder).published
     assert published_profile(published, []).diffusion.image_condition == 0.5  # the folder's switch
     profile = published_profile(published, ["diffusion.image_condition=1", "train.lora={rank: 4, alpha: 8}"])
@@ -132,7 +134,9 @@ def test_a_conditioned_lora_step_is_the_transformer_with_a_clean_first_frame_in_
     assert not torch.isclose(direct, error.mean(), rtol=1e-3)
 
 
-def test_the_first_latent_frame_is_the_images_and_contradictions_are_refused_at_load(tmp_path) -> None:
+def test_the_first_latent_frame_is_the_images_and_contradictions_are_refused_at_load(
+    tmp_path, ltx2_folder
+) -> None:
     """Training conditions on a clip's own first latent frame (tokenize stores nothing more): LTX-2's
     causal VAE encodes it from the first pixel frame alone, so it is the latent `infer --image` starts from.
     A profile that turns first-frame conditioning off for LTX-2, or trains it where it cannot run, is
@@ -143,7 +147,7 @@ def test_the_first_latent_frame_is_the_images_and_contradictions_are_refused_at_
     from vidforge.tokenizers import build_tokenizer
     from vidforge.weights.weights_folder import find_weights, published_profile
 
-    folder = save_tiny_pipeline(tmp_path / "pipeline")
+    folder = ltx2_folder()
     profile = published_profile(find_weights(folder).published, [])
     assert profile.diffusion.image_condition == 0  # a text-to-video folder trains text-to-video
     tokenizer = build_tokenizer(profile)
