@@ -22,3 +22,13 @@ def token_grid(latent_thw: Sequence[int], patch: Sequence[int]) -> Grid:
                 f"{list(patch)}); crop or pad the latent, or change model.patch"
             )
     return (latent_thw[0] // patch[0], latent_thw[1] // patch[1], latent_thw[2] // patch[2])
+
+
+def clip_tokens(
+    frames: int, height: int, width: int, compression: Sequence[int], patch: Sequence[int]
+) -> int:
+    """Tokens of a clip of frames x height x width pixels: its latent under the VAE's (temporal, spatial)
+    `compression` (1 + (frames - 1) / t frames: a causal VAE's first frame alone), then the model's patch."""
+    ct, cs = compression
+    t, h, w = token_grid(((frames - 1) // ct + 1, height // cs, width // cs), patch)
+    return t * h * w

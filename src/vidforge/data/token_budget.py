@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
-from vidforge.token_grid import token_grid
+from vidforge.token_grid import clip_tokens, token_grid
 
 
 def sample_tokens(latent_shape: Sequence[int], patch: Sequence[int]) -> int:
@@ -19,9 +19,9 @@ def sample_tokens(latent_shape: Sequence[int], patch: Sequence[int]) -> int:
 def bucket_tokens(profile: RunProfile) -> dict[tuple[int, int, int], int]:
     """Tokens of a sample at each (frames, height, width) of the profile's frame and resolution buckets:
     the VAE's compression (tokenizer.temporal/spatial_compression), then the model's patch."""
-    ct, cs = profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
+    compression = (profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression)
     return {
-        (f, h, w): sample_tokens(((f - 1) // ct + 1, h // cs, w // cs), profile.model.patch)
+        (f, h, w): clip_tokens(f, h, w, compression, profile.model.patch)
         for f in profile.data.frame_buckets
         for h, w in profile.data.buckets
     }

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 from vidforge.errors import UserInputError
 from vidforge.profile import RunProfile
+from vidforge.token_grid import clip_tokens
 from vidforge.tokenizers.base import VideoTokenizer
 
 
@@ -34,13 +34,16 @@ def check_shape(profile: RunProfile, tokenizer: VideoTokenizer) -> tuple[int, in
 
 
 def sampled_tokens(profile: RunProfile) -> int:
-    """The video tokens of a sample at infer's frames x height x width: its latent grid under the profile's
-    tokenizer compression (which a VAE tokenizer is checked against) in the model's patches, the count a
-    token-count shift (`diffusion.flow_shift_tokens`) reads. (A size that does not fit is `check_shape`'s
-    to refuse.)"""
-    cfg, ct, cs = profile.infer, profile.tokenizer.temporal_compression, profile.tokenizer.spatial_compression
-    latents = (1 + (cfg.frames - 1) // ct, cfg.height // cs, cfg.width // cs)
-    return math.prod(n // p for n, p in zip(latents, profile.model.patch, strict=True))
+    """The video tokens of a sample at infer's frames x height x width, the count a token-count shift
+    (`diffusion.flow_shift_tokens`) reads."""
+    cfg, tok = profile.infer, profile.tokenizer
+    return clip_tokens(
+        cfg.frames,
+        cfg.height,
+        cfg.width,
+        (tok.temporal_compression, tok.spatial_compression),
+        profile.model.patch,
+    )
 
 
 def slug(text: str, limit: int = 40) -> str:
