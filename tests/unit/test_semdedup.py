@@ -203,10 +203,14 @@ def test_a_cluster_compared_in_small_blocks_finds_the_same_pairs() -> None:
         assert sorted(semdedup.cluster_pairs(work, 0.95, chunk=chunk)) == sorted(whole)
 
 
-def test_groups_list_each_clusters_members_then_probers_by_row() -> None:
-    """The cluster grouping (two sorted int32 row arrays, 8 bytes a clip at 2 probes) against a direct
+@pytest.mark.parametrize("sort_chunk", [None, 97])
+def test_groups_list_each_clusters_members_then_probers_by_row(monkeypatch, sort_chunk) -> None:
+    """The cluster grouping (two sorted int32 row arrays, 16 bytes a clip at 4 probes) against a direct
     listing: cluster ids with gaps, a probed cluster that has no members (skipped), rows that are not
-    finite (-1 everywhere) and rows with fewer candidates than probes (-1 padding)."""
+    finite (-1 everywhere) and rows with fewer candidates than probes (-1 padding); sorted at once and a
+    few rows at a time (`_SORT_CHUNK`, chunks ending mid-row)."""
+    if sort_chunk is not None:
+        monkeypatch.setattr(semdedup, "_SORT_CHUNK", sort_chunk)
     rng = np.random.default_rng(0)
     n, p = 3000, 4
     probes = np.stack([rng.choice(np.arange(0, 400, 3), p, replace=False) for _ in range(n)]).astype(np.int32)
@@ -224,3 +228,37 @@ def test_groups_list_each_clusters_members_then_probers_by_row() -> None:
     assert got == expected
     assert 10 not in got and any(10 in row for row in probes[:, 1:].tolist())
     assert groups.sizes.tolist() == [len(v[0]) for v in expected.values()]
+
+
+def test_groups_hold_int32_rows_and_chunk_sized_temporaries(monkeypatch) -> None:
+    """The grouping's numpy peak (tracemalloc) at 200K clips x 4 probes is its int32 row lists, 16 bytes a
+    clip, plus temporaries of one sort chunk: not a stable argsort's int64 order of N x probes (the sort
+    before this held ~100 bytes a clip, 2.5x the 10M partition's probes)."""
+    import tracemalloc
+
+    monkeypatch.setattr(semdedup, "_SORT_CHUNK", 1 << 14)
+    rng = np.random.default_rng(0)
+    n, p = 200_000, 4
+    probes = rng.integers(0, 200, (n, p)).astype(np.int32)
+    tracemalloc.start()
+    try:
+        groups = semdedup._groups(probes)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    kept = groups.member_rows.nbytes + groups.prober_rows.nbytes
+    assert kept == 16 * n
+    assert peak < kept + (2 << 20), (peak, kept)  # one chunk's temporaries: ~70 bytes x 16K entries
+
+
+def test_nearest_centroids_do_not_depend_on_the_block(monkeypatch) -> None:
+    """Clips are matched against many centroids a bounded block of rows at a time (`_SIMS_BLOCK`: at 10M
+    clips a cell's clips meet ~10K fine centroids): the nearest found are those of one matmul."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(3000, 64, generator=gen), dim=1)
+    centroids = torch.nn.functional.normalize(torch.randn(500, 64, generator=gen), dim=1)
+    whole = (x @ centroids.T).topk(4, dim=1).indices
+    monkeypatch.setattr(semdedup, "_SIMS_BLOCK", 500 * 100)  # 100 rows a block
+    assert torch.equal(semdedup._nearest(x, centroids, 4), whole)

@@ -57,7 +57,11 @@ _WHO_WRITES = {
     AESTHETIC: "dedup the output of `vidforge caption` run on it with curation.caption.aesthetic.enabled=true",
     DURATION: "rerun `vidforge clip` on it to rewrite its store",
 }
-_CHUNK = 1 << 15  # rows per matmul when assigning clips to centroids
+_CHUNK = 1 << 15  # rows gathered from the stores at a time when assigning a coarse cell's clips
+_SIMS_BLOCK = 1 << 22  # similarities per matmul when assigning clips to centroids (16 MB of float32):
+# a cell's clips are matched against the fine centroids of every cell near them, up to all K of them
+# (10K at 10M clips), and 32K rows x 10K centroids was a 1.3 GB block
+_SORT_CHUNK = 1 << 18  # entries sorted at a time by `_rows_by_key` (its temporaries ~70 bytes an entry)
 
 
 @dataclass
@@ -237,8 +241,9 @@ def _nearest(x, centroids, top: int):
 
     top = min(top, len(centroids))
     out = torch.empty((len(x), top), dtype=torch.int64, device=x.device)
-    for s in range(0, len(x), _CHUNK):
-        out[s : s + _CHUNK] = (x[s : s + _CHUNK] @ centroids.T).topk(top, dim=1).indices
+    step = max(64, _SIMS_BLOCK // max(1, len(centroids)))
+    for s in range(0, len(x), step):
+        out[s : s + step] = (x[s : s + step] @ centroids.T).topk(top, dim=1).indices
     return out
 
 
@@ -274,7 +279,11 @@ def partition(corpus: Corpus, cfg) -> np.ndarray:
     row with fewer candidate clusters than probes, and is every cluster of a row that is not finite
     (compared with nothing). `cfg` is `curation.semantic_dedup`. The vectors are read from the stores as
     they are needed: the k-means samples, one pass assigning every clip to a coarse cell, then a cell's
-    clips at a time (a few thousand rows in hand, whatever N is)."""
+    clips at a time (a few thousand rows in hand, whatever N is).
+
+    Held a clip while it runs (int32): its coarse cell 4 bytes, the cells' member lists 4, the probes
+    4 x probes; the pass over the stores keeps of each clip's `coarse_probes` nearest cells only which
+    cells its cell's clips reach (a cells x cells table)."""
     import torch
 
     device = select_device(cfg.device, "curation.semantic_dedup.device")
@@ -289,17 +298,20 @@ def partition(corpus: Corpus, cfg) -> np.ndarray:
     k = max(1, math.ceil(n / cfg.cluster_size))
     k1 = max(1, round(math.sqrt(k)))
     coarse = spherical_kmeans(rows_of(_sample(n, cfg.sample_per_cluster * k1, gen)), k1, cfg.iterations, gen)
-    near = np.concatenate(
-        [
-            _nearest(torch.from_numpy(x).to(device), coarse, cfg.coarse_probes).cpu().numpy().astype(np.int32)
-            for x in corpus.chunks()
-        ]
-    )
-    order = np.argsort(near[:, 0], kind="stable")  # each cell's clips in row order
-    bounds = np.searchsorted(near[order, 0], np.arange(len(coarse) + 1))
-    members = [order[bounds[c] : bounds[c + 1]] for c in range(len(coarse))]
+    cell = np.empty(n, np.int32)
+    # reach[c, d]: a clip of cell c has cell d among its nearest `coarse_probes` (k1 x k1, not N x probes)
+    reach = np.zeros((len(coarse), len(coarse)), bool)
+    row = 0
+    for x in corpus.chunks():
+        near = _nearest(torch.from_numpy(x).to(device), coarse, cfg.coarse_probes).cpu().numpy()
+        cell[row : row + len(near)] = near[:, 0]
+        reach[near[:, :1], near] = True
+        row += len(near)
+    members, bounds = _rows_by_key(cell[:, None], len(coarse))  # each cell's clips in row order
+    del cell
     fine, first_of = [], [0]
-    for rows in members:
+    for c in range(len(coarse)):
+        rows = members[bounds[c] : bounds[c + 1]]
         kc = max(1, round(len(rows) / cfg.cluster_size)) if len(rows) else 0
         if kc:
             sub = rows[_sample(len(rows), cfg.sample_per_cluster * kc, gen).numpy()]
@@ -307,18 +319,47 @@ def partition(corpus: Corpus, cfg) -> np.ndarray:
         first_of.append(first_of[-1] + (len(fine[-1]) if kc else 0))
     centroids = torch.cat(fine)
     probes = np.full((n, cfg.probes), -1, np.int32)
-    for rows in members:
+    for c in range(len(coarse)):
+        rows = members[bounds[c] : bounds[c + 1]]
         if not len(rows):
             continue
         # The fine centroids of every coarse cell that any member has among its nearest `coarse_probes`:
         # chosen by the cell's centroids alone, a clip near a far side of its cell missed its twin's cluster.
-        cells = np.unique(near[rows]).tolist()
+        cells = np.flatnonzero(reach[c]).tolist()
         candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=device) for d in cells])
+        among = centroids[candidates]
         for s in range(0, len(rows), _CHUNK):
-            picked = _nearest(rows_of(rows[s : s + _CHUNK]), centroids[candidates], cfg.probes)
+            picked = _nearest(rows_of(rows[s : s + _CHUNK]), among, cfg.probes)
             probes[rows[s : s + _CHUNK], : picked.shape[1]] = candidates[picked].cpu().numpy()
     probes[corpus.not_finite] = -1
     return probes
+
+
+def _rows_by_key(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of `keys` (N, c) int, grouped by key: key j's rows are `rows[bounds[j] : bounds[j + 1]]`,
+    in row order (a row once for each of its columns holding j); keys of -1 are left out. What a stable
+    argsort of `keys.ravel()` gives, but a counting sort a chunk at a time: int32 rows and chunk-sized
+    temporaries, not the argsort's int64 order and its buffer (N x c x 12 bytes)."""
+    n, c = keys.shape
+    step = max(1, _SORT_CHUNK // max(1, c))
+    counts = np.zeros(n_keys, np.int64)
+    for s in range(0, n, step):
+        k = keys[s : s + step].ravel()
+        counts += np.bincount(k[k >= 0], minlength=n_keys)
+    bounds = np.zeros(n_keys + 1, np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    rows = np.empty(int(bounds[-1]), np.int32)
+    cursor = bounds[:-1].copy()  # where each key's next row goes
+    for s in range(0, n, step):
+        k = keys[s : s + step].ravel()
+        at = np.flatnonzero(k >= 0)
+        order = np.argsort(k[at], kind="stable")
+        sorted_keys = k[at][order]
+        here = np.bincount(sorted_keys, minlength=n_keys)
+        first = np.cumsum(here) - here  # where each key starts in this chunk's sorted keys
+        rows[cursor[sorted_keys] + np.arange(len(order)) - first[sorted_keys]] = s + at[order] // max(1, c)
+        cursor += here
+    return rows, bounds
 
 
 # -- the work per cluster --------------------------------------------------------------------------------
@@ -435,22 +476,18 @@ class Groups:
 
 
 def _groups(probes: np.ndarray) -> Groups:
-    """The clusters of `probes` (N, probes) with their members and probers. Two stable sorts by cluster id
-    (rows stay in row order within a cluster): column 0 for the members, the rest for the probers."""
-    n, p = probes.shape
-    member_rows = np.argsort(probes[:, 0], kind="stable").astype(np.int32)
-    member_of = probes[member_rows, 0]
-    rest = probes[:, 1:].ravel()  # row-major: a cluster's probers come out by row
-    order = np.argsort(rest, kind="stable")
-    prober_of = rest[order]
-    prober_rows = (order // max(1, p - 1)).astype(np.int32)
-    del order, rest
-    clusters = np.unique(member_of[member_of >= 0]).astype(np.int32)
+    """The clusters of `probes` (N, probes) with their members and probers, each in row order: column 0
+    grouped by cluster id for the members, the rest for the probers (`_rows_by_key`)."""
+    n_clusters = int(probes.max()) + 1 if probes.size else 0
+    member_rows, member_at = _rows_by_key(probes[:, :1], n_clusters)
+    prober_rows, prober_at = _rows_by_key(probes[:, 1:], n_clusters)
+    clusters = np.flatnonzero(member_at[1:] > member_at[:-1]).astype(np.int32)  # a probed cluster without
+    # members is no unit
 
-    def span(of: np.ndarray) -> np.ndarray:  # a probed cluster without members lies between two spans
-        return np.stack([np.searchsorted(of, clusters, "left"), np.searchsorted(of, clusters, "right")], 1)
+    def span(at: np.ndarray) -> np.ndarray:
+        return np.stack([at[clusters], at[clusters + 1]], 1)
 
-    return Groups(clusters, member_rows, span(member_of), prober_rows, span(prober_of))
+    return Groups(clusters, member_rows, span(member_at), prober_rows, span(prober_at))
 
 
 # -- the command -----------------------------------------------------------------------------------------
