@@ -22,12 +22,14 @@ Finding the pairs in N x cluster_size work:
 Memory: the vectors stay in the stores. One pass over the stores digests the input (the resume key) and
 finds rows that are not finite, the k-means reads its samples, one more pass assigns every clip to a
 coarse cell, then a cell's and a cluster's rows are read as each is needed. What is held a clip (int32,
-at the default 4 probes): the rank 4 bytes throughout; in the partition its coarse cell 4, the cells'
-member lists 4 and the probes 16 (28); in the grouping the probes and the groups' row lists 16 (36);
-in the pairs the rank and the groups (20). Besides, bounded whatever N is: torch (~0.5 GB), a gather of
-`_CHUNK` rows (64 MB at 512-d), one similarity block (`_SIMS_BLOCK`, `_PAIR_BLOCK`: 16 MB), the fine
-centroids (K x D float32: 20 MB at 10M clips), a sort chunk (`_SORT_CHUNK`) and the clusters in flight
-(measured: docs/benchmarks.md).
+at the default 4 probes): the rank 4 bytes throughout; in the partition the coarse cell 4 until the
+cells' member lists 4 are made, then those and the probes 16 (24 with the rank at its peak); in the
+grouping the probes and the groups' row lists 16 (36); in the pairs the rank and the groups (20).
+Besides, bounded whatever N is: torch (~0.5 GB), a gather of `_CHUNK` rows (64 MB at 512-d) and the
+shard it reads while mapped (its file pages count in RSS: up to a shard), one similarity block
+(`_SIMS_BLOCK`, `_PAIR_BLOCK`: 16 MB), the fine centroids and a cell's candidates among them (K x D
+float32 each: 20 MB at 10M clips), a sort chunk (`_SORT_CHUNK`) and the clusters in flight (measured:
+docs/benchmarks.md).
 
 Output: OUT/dropped.jsonl (clip_id, run, duplicate_of, duplicate_run, similarity), OUT/summary.json.
 """
