@@ -118,9 +118,10 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims, profile: RunProf
     """The model family's tensor-parallel plan (`FamilySpec.tensor_parallel`) over `dims.mesh["tp"]` (with the profile's sequence
     parallel), in place. Training (`parallelize`) and `vidforge infer` (infer.tp) both apply it here."""
     from vidforge.families import family, load
+    from vidforge.profile.layout_rules import sequence_parallel
 
     plan = load(family(profile.model.family).tensor_parallel)
-    plan(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
+    plan(model, dims.mesh["tp"], sequence_parallel=sequence_parallel(profile))
 
 
 def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Parallel) -> None:
