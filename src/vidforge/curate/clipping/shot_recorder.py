@@ -30,6 +30,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidforge.curate.clipping import heap
 from vidforge.curate.items import RecordedShot, VideoInfo
 from vidforge.curate.video.encoder import ClipEncoder, sample_indices
 from vidforge.data.manifest import TMP_MARK, stable_id
@@ -52,6 +53,7 @@ class ShotRecorder:
         self._start = 0  # first frame of the current shot
         self._over = False  # the current shot outgrew max_seconds: not encoded further
         self._writer = _Writer(source, clips_dir, cfg, samples)
+        heap.keep_freed_memory()  # one shot's encoder buffers reused by the next (heap.py)
 
     def begin(self, info: VideoInfo, time_base: Fraction) -> None:
         """The source's stream, as known at its first frame (size, rotation, rate)."""
@@ -72,12 +74,16 @@ class ShotRecorder:
         while self.buffer:
             self._hand_over(*self.buffer.popleft())
         self._writer.send(("close", self.encoded_up_to + 1))
-        self._writer.stop()
+        try:
+            self._writer.stop()
+        finally:
+            heap.release()
         return self._writer.shots
 
     def discard(self) -> None:
         self._writer.stop(discarding=True)
         self._writer.discard()
+        heap.release()
 
     def _hand_over(self, index: int, frame: av.VideoFrame) -> None:
         if index in self.cuts or index == 0:
