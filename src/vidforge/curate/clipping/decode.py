@@ -26,6 +26,8 @@ from vidforge.curate.video.geometry import display_size, sample_aspect
 from vidforge.curate.video.gpu_decode import gpu_frames, presentation_pts
 from vidforge.profile.curation import Curation
 
+TRUNCATION_SLACK_S, TRUNCATION_SLACK = 0.5, 0.02  # how much shorter than its index a file may decode
+
 
 def analyse(
     source: str,
@@ -62,6 +64,19 @@ def _cpu_pictures(container, stream):
         yield frame.pts, frame, picture(frame)
 
 
+class _Damaged(Exception):
+    """The decoder failed (its FFmpegError is the cause): told apart from the recorder's errors, which
+    are PyAV's too (its OSErrors are FFmpegErrors) but no fault of the source's."""
+
+
+def _undamaged(pictures):
+    """`pictures`, a decoder error raised as _Damaged."""
+    try:
+        yield from pictures
+    except av.FFmpegError as err:
+        raise _Damaged from err
+
+
 def _gpu_pictures(source: str, container, stream):
     """The same from NVDEC (video/gpu_decode.py): the first frame, decoded by PyAV, gives the rotation and
     interlacing; the others come as pictures alone (frame None)."""
@@ -90,7 +105,9 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
         boundary: dict[int, np.ndarray] = {}
         collect_until, pts_list, static, rotation, interlaced = -1, [], [], 0, False
         prev_gray, first_pts, index = None, None, 0
-        pictures = _gpu_pictures(source, container, stream) if on_gpu else _cpu_pictures(container, stream)
+        pictures = _undamaged(
+            _gpu_pictures(source, container, stream) if on_gpu else _cpu_pictures(container, stream)
+        )
         try:
             for raw_pts, frame, bgr in pictures:
                 if raw_pts is None and recorder is not None:
@@ -121,12 +138,20 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
                         boundary[index] = bgr[..., ::-1].copy()
                     collect_until = _grab(cuts, ring, boundary, cfg.stitch_frames, collect_until)
                 index += 1
-        except av.FFmpegError as err:
+        except _Damaged as damaged:
+            err = damaged.__cause__
             if not pts_list:
                 raise ItemError(f"cannot decode: {error_reason(err)}") from None
-            # A damaged tail: keep the frames decoded so far (recorded as a shorter source).
+            # Damaged part-way (a cut-off download, bad bytes): the source is one error and nothing of it
+            # is kept (analyse deletes the shots recorded so far). The frames before the error may
+            # already be the decoder's concealment, and the shot it ends is no shot.
+            at = float((pts_list[-1] - first_pts) * time_base)
+            raise ItemError(
+                f"damaged after frame {len(pts_list)} ({at:.2f} s): {error_reason(err)}"
+            ) from None
         if not pts_list:
             raise ItemError("no decodable video frames")
+        _check_whole(container, stream, pts_list[-1] - first_pts + step, time_base)
         final = _indices(shots.finish(), pts_list, first_pts)
         if keep_back:
             _grab(final, ring, boundary, cfg.stitch_frames, collect_until)
@@ -178,6 +203,17 @@ def _info(stream, fps: Fraction, rotation: int, interlaced: bool) -> VideoInfo:
         sample_aspect=sar,
         interlaced=interlaced,
     )
+
+
+def _check_whole(container, stream, decoded: int, time_base: Fraction) -> None:
+    """ItemError for a file cut off part-way (a broken download or copy): an MP4/QuickTime index gives its
+    track's exact length, and with frame threads FFmpeg ends such a file at the cut without an error.
+    A shortfall under half a second or 2% (an edit list's trim) passes."""
+    if "mp4" not in container.format.name.split(",") or not stream.duration:
+        return  # other containers' durations may be estimates (MPEG-TS from the bit rate)
+    declared, got = float(stream.duration * time_base), float(decoded * time_base)
+    if declared - got > max(TRUNCATION_SLACK_S, TRUNCATION_SLACK * declared):
+        raise ItemError(f"truncated: decodes to {got:.2f} s of the {declared:.2f} s its index holds")
 
 
 def _indices(cut_pts: list[int], pts_list: list[int], first_pts: int) -> list[int]:
