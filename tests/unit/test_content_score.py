@@ -68,3 +68,19 @@ def test_fused_scores_and_cuts_are_pyscenedetects(sample_videos, theirs, ours, o
         assert scores == expected_scores, source
         assert cuts == expected_cuts, source
         assert any(s > 0 for s in scores), source
+
+
+def test_the_static_flags_mean_difference_is_numpys():
+    """decode._mean_difference (OpenCV's sum over the count) is `cv2.absdiff(a, b).mean()`, float for float:
+    the static flags compare it with curation.static_threshold."""
+    import cv2
+
+    from vidforge.curate.clipping.decode import _mean_difference
+
+    rng = np.random.default_rng(1)
+    for shape in [(144, 256), (27, 48), (1, 1), (7, 3)]:
+        for _ in range(200):
+            a = rng.integers(0, 256, shape, dtype=np.uint8)
+            b = np.clip(a + rng.integers(-3, 4, shape), 0, 255).astype(np.uint8)
+            for other in (b, rng.integers(0, 256, shape, dtype=np.uint8)):
+                assert _mean_difference(a, other) == cv2.absdiff(a, other).mean()

@@ -64,6 +64,13 @@ def _cpu_pictures(container, stream):
         yield frame.pts, frame, picture(frame)
 
 
+def _mean_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """`cv2.absdiff(a, b).mean()`, the same float: OpenCV's integer sum over the count, as numpy's exact
+    float64 sum over the count (cv2.mean multiplies by the count's reciprocal instead), at a third of
+    numpy's mean's cost."""
+    return cv2.sumElems(cv2.absdiff(a, b))[0] / a.size
+
+
 class _Damaged(Exception):
     """The decoder failed (its FFmpegError is the cause): told apart from the recorder's errors, which
     are PyAV's too (its OSErrors are FFmpegErrors) but no fault of the source's."""
@@ -123,7 +130,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
                         recorder.begin(_info(stream, fps, rotation, interlaced), time_base)
                 gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)
                 static.append(
-                    prev_gray is not None and cv2.absdiff(gray, prev_gray).mean() < cfg.static_threshold
+                    prev_gray is not None and _mean_difference(gray, prev_gray) < cfg.static_threshold
                 )
                 prev_gray = gray
                 pts_list.append(pts)
