@@ -125,7 +125,8 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *e
     assert [s["step"] for s in steps] == [1] and np.isfinite(steps[0]["loss"])
 
     samples = tmp_path / "runs" / "hy15_samples"
-    argv = ["infer", "-c", str(base), "--lora", str(run / "train"), "--prompt", PROMPT, "-o", str(samples)]
+    # the finetune run itself, as README passes it (its adapter is in train/export: files.weights_places)
+    argv = ["infer", "-c", str(base), "--lora", str(run), "--prompt", PROMPT, "-o", str(samples)]
     _invoke(
         *argv,
         "--height",
@@ -148,7 +149,7 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *e
         assert (float(stream.average_rate), len(shape), set(shape)) == (FPS, frames, {(height, width)})
 
     comfy = tmp_path / "ComfyUI" / "models" / "loras" / "hy15_lora"
-    _invoke("model", "export", str(run / "train"), "--to", "comfyui", "-o", str(comfy))
+    _invoke("model", "export", str(run), "--to", "comfyui", "-o", str(comfy))
     assert (comfy / FILE).is_file()
 
 
