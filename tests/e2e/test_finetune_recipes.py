@@ -18,8 +18,8 @@ import torch
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recipes import (  # noqa: E402
-    HERE,
     ON_CPU,
+    WAN_HERE,
     assert_trained,
     exported,
     finetune,
@@ -39,7 +39,6 @@ RECIPE = (
     "--set",
     "data.frame_buckets=[49]",
 )
-WAN = (*HERE, "text_encoder.max_length=8")  # the tiny umT5's vocabulary is ten words
 # 49 frames through Wan2.1's 4x temporal, 8x spatial VAE and the 1x2x2 patch: 13 x 30 x 52.
 TOKENS_480x832x49 = ((49 - 1) // 4 + 1) * (480 // 8 // 2) * (832 // 8 // 2)
 
@@ -65,7 +64,7 @@ def _videos(folder: Path, frames: tuple[int, ...], height: int = 480, width: int
     return write_videos(folder, frames, height, width, fps=16)
 
 
-def _finetune(videos: Path, base: Path, out: Path, *args: str, sets: tuple[str, ...] = WAN):
+def _finetune(videos: Path, base: Path, out: Path, *args: str, sets: tuple[str, ...] = WAN_HERE):
     return finetune(videos, base, out, *RECIPE, *args, sets=sets, ok=False)
 
 
@@ -93,7 +92,7 @@ def test_readme_first_recipe_trains_at_480x832x49(tmp_path) -> None:
 def test_a_token_budget_below_the_bucket_is_refused_before_any_stage(wan, tmp_path) -> None:
     out = tmp_path / "run"
     result = _finetune(
-        _videos(tmp_path / "videos", (52,), 64, 64), wan, out, sets=(*WAN, "data.token_budget=4096")
+        _videos(tmp_path / "videos", (52,), 64, 64), wan, out, sets=(*WAN_HERE, "data.token_budget=4096")
     )
     assert result.exit_code == 2
     assert f"data.token_budget=4096: the bucket of 49 frames at 480x832 is {TOKENS_480x832x49} tokens" in (
@@ -108,7 +107,7 @@ def test_a_cuda_profile_on_a_cpu_machine_is_refused_before_any_stage(wan, tmp_pa
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     out = tmp_path / "run"
-    on_cuda = tuple(s for s in WAN if s != ON_CPU)  # the recipe's own accelerator
+    on_cuda = tuple(s for s in WAN_HERE if s != ON_CPU)  # the recipe's own accelerator
     result = _finetune(_videos(tmp_path / "videos", (9,), 64, 64), wan, out, sets=on_cuda)
     assert result.exit_code == 2 and "--set cluster.accelerator=cpu" in result.output
     assert not out.exists()
@@ -119,7 +118,7 @@ def test_a_short_run_gets_a_warm_up_below_its_steps(wan) -> None:
     from vidforge.finetune import base_profile
     from vidforge.finetune.sizing import sized_settings
 
-    user = [*WAN, "data.buckets=[[480,832]]", "data.frame_buckets=[49]", "train.steps=5"]
+    user = [*WAN_HERE, "data.buckets=[[480,832]]", "data.frame_buckets=[49]", "train.steps=5"]
     profile = base_profile(wan, "dit1b_1xh200", ["train.warmup_steps=0", *user])  # finetune's placeholder
     sized = {s.key: s.value for s in sized_settings(profile, user)}
     assert sized["train.warmup_steps"] == 0 and sized["data.token_budget"] == TOKENS_480x832x49
@@ -228,7 +227,7 @@ def test_a_broken_video_is_named_by_its_source_in_clips_errors_and_the_refusal(w
     broken.write_bytes(b"not a video at all")
     (videos / "broken.txt").write_text("a broken file")
     out = tmp_path / "run"
-    sets = (*WAN, "data.buckets=[[64,64]]", "data.frame_buckets=[17]")
+    sets = (*WAN_HERE, "data.buckets=[[64,64]]", "data.frame_buckets=[17]")
     result = finetune(videos, wan, out, "--profile", "dit1b_1xh200", sets=sets, ok=False)
     assert result.exit_code == 2, result.output[-3000:]
     (error,) = [json.loads(line) for line in (out / "clips" / "errors.jsonl").read_text().splitlines()]

@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recipes import (  # noqa: E402
-    HERE,
+    WAN_HERE,
     assert_trained,
     exported,
     finetune,
@@ -37,7 +37,6 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("VIDFORGE_TEST_RECIPES") != "1",
     reason="minutes of VAE encoding: set VIDFORGE_TEST_RECIPES=1 to train README's TI2V and I2V recipes",
 )
-WAN = (*HERE, "text_encoder.max_length=8")  # the tiny umT5's vocabulary is ten words
 TI2V_CHANNELS = 48  # Wan2.2-TI2V-5B's VAE z_dim
 
 
@@ -80,7 +79,7 @@ def _latents(out: Path) -> list[dict]:
 def _finetune_and_check(tmp_path, base: Path, videos: Path, recipe: tuple[str, ...], shape, fps, tokens):
     out = tmp_path / "run"
     args = ("--profile", "dit1b_1xh200", *recipe, "--steps", "2", "--validate-every", "0")
-    result = finetune(videos, base, out, *args, sets=WAN)
+    result = finetune(videos, base, out, *args, sets=WAN_HERE)
     profile = run_profile(out)
     frames, height, width = shape
     assert profile["data"]["buckets"] == [[height, width]] and profile["data"]["frame_buckets"] == [frames]
