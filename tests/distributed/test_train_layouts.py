@@ -105,6 +105,7 @@ def miniature(name: str) -> tuple[int, list[str]]:
     uses, with its cp_impl, pipeline schedule, micro-batches, sequence parallel and recompute. Returns
     (ranks, overrides)."""
     from vidforge.profile import load_profile
+    from vidforge.profile.layout_rules import sequence_parallel
 
     profile = load_profile(name)
     layout, par = profile.layout, profile.parallel
@@ -115,7 +116,7 @@ def miniature(name: str) -> tuple[int, list[str]]:
         f"parallel.pp_schedule={par.pp_schedule}",
         f"parallel.vpp={layout.vpp}",
         f"parallel.pp_microbatches={layout.pp_microbatches}",
-        f"parallel.sequence_parallel={str(par.sequence_parallel).lower()}",
+        f"parallel.sequence_parallel={str(sequence_parallel(profile)).lower()}",
         f"train.activation_checkpointing={profile.train.activation_checkpointing}",
         *CLIP,
     ]

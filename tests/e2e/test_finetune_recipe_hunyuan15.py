@@ -105,7 +105,8 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *e
     assert_trained(run, 1)
 
     samples = tmp_path / "runs" / "hy15_samples"
-    argv = ["infer", "-c", str(base), "--lora", str(run / "train"), "--prompt", PROMPT, "-o", str(samples)]
+    # the finetune run itself, as README passes it (its adapter is in train/export: files.weights_places)
+    argv = ["infer", "-c", str(base), "--lora", str(run), "--prompt", PROMPT, "-o", str(samples)]
     invoke(
         *argv,
         "--height",
@@ -125,7 +126,7 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *e
     assert video_facts(sorted(samples.glob("*.mp4"))[0]) == (FPS, frames, {(height, width)})
 
     comfy = tmp_path / "ComfyUI" / "models" / "loras" / "hy15_lora"
-    invoke("model", "export", str(run / "train"), "--to", "comfyui", "-o", str(comfy))
+    invoke("model", "export", str(run), "--to", "comfyui", "-o", str(comfy))
     assert (comfy / FILE).is_file()
 
 

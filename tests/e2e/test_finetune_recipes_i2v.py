@@ -1,7 +1,7 @@
 """README's TI2V-5B and Wan2.1-I2V recipes take their optimizer steps at the shapes README prints (issue 44):
 `vidforge finetune` (README: "runs the same chain in one command") with each recipe's profile, buckets and
-train settings (`--full --set train.lr=1e-5 --set parallel.sequence_parallel=false` at 704x1280x121 for TI2V;
-LoRA rank 32, alpha 32, lr 1e-4 at 480x832x81 for I2V), on one generated video long enough for the frame
+train settings (`--full --set train.lr=1e-5` at 704x1280x121 for TI2V; LoRA rank 32, alpha 32, lr 1e-4 at
+480x832x81 for I2V), on one generated video long enough for the frame
 bucket and a tiny folder in the published layout with the thinnest VAE diffusers' AutoencoderKLWan builds
 (one channel, no residual blocks): the VAE's encoding at the recipe's size is the cost, so they are opt-in,
 VIDFORGE_TEST_RECIPES=1."""
@@ -98,7 +98,7 @@ def test_readme_ti2v_5b_recipe_trains_at_704x1280x121(tmp_path) -> None:
     base = _save_thinnest_ti2v_pipeline(tmp_path / "Wan2.2-TI2V-5B-tiny-Diffusers")
     videos = write_videos(tmp_path / "videos", (124,), 704, 1280, fps=24)
     recipe = ("--full", "--set", "data.buckets=[[704,1280]]", "--set", "data.frame_buckets=[121]",
-              "--set", "train.lr=1e-5", "--set", "parallel.sequence_parallel=false")  # fmt: skip
+              "--set", "train.lr=1e-5")  # fmt: skip
     # 121 frames through the 4x16x16 VAE and the 1x2x2 patch: 31 x 22 x 40 tokens.
     tokens = ((121 - 1) // 4 + 1) * (704 // 16 // 2) * (1280 // 16 // 2)
     out, profile, export = _finetune_and_check(tmp_path, base, videos, recipe, (121, 704, 1280), 24, tokens)

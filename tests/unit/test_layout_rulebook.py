@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from vidforge.bench.plan import evaluate, rank_layouts, structural_problems
-from vidforge.profile import ProfileError, load_profile
-from vidforge.profile.layout_rules import layout_problems
+from vidforge.estimate.memory_model import estimate_memory
+from vidforge.families import family
+from vidforge.profile import ProfileError, apply_overrides, load_profile, validate_profile
+from vidforge.profile.layout_rules import layout_problems, sampling_layout_problems, sequence_parallel
 from vidforge.profile.parallel import Layout
 from vidforge.train.dry_run import dry_run
 
@@ -86,9 +88,76 @@ def test_the_wan_family_trains_tp_with_and_without_sequence_parallel_and_pipelin
         "model.family=wan", "model.mlp_act=gelu-tanh", "model.adaln_lora_rank=0", "model.abs_position=none",
         "model.heads=4", "model.layers=2", "cluster.cpu_processes=2",
     ]  # fmt: skip
-    assert load_profile("local_cpu", [*wan, "parallel.tp=2", "parallel.sequence_parallel=false"])
-    assert load_profile("local_cpu", [*wan, "parallel.tp=2"]).parallel.sequence_parallel
+    assert not sequence_parallel(
+        load_profile("local_cpu", [*wan, "parallel.tp=2", "parallel.sequence_parallel=false"])
+    )
+    assert sequence_parallel(load_profile("local_cpu", [*wan, "parallel.tp=2"]))  # the family's choice: on
     assert load_profile("local_cpu", [*wan, "parallel.pp=2"])
+
+
+# HunyuanVideo-1.5 at a width where a block's input is a visible share of a rank's memory
+HY15 = {
+    "family": "hunyuan15", "layers": 2, "hidden": 256, "heads": 4, "mlp_hidden": 1024, "refiner_layers": 1,
+    "in_channels": 16, "text_dim": 64, "text_2_dim": 32, "text_2_tokens": 8, "rope_axes": [16, 24, 24],
+}  # fmt: skip
+
+
+def _hy15(**parallel):
+    data = {"model": dict(HY15), "cluster": {"gpus_per_node": 2, "accelerator": "h100"}, "parallel": parallel}
+    apply_overrides(data, family("hunyuan15").profile_defaults)
+    return validate_profile(data, "hy15")
+
+
+def _forced(profile, on: bool):
+    """The profile with parallel.sequence_parallel set past the validator (what the run does not do)."""
+    return profile.model_copy(
+        update={"parallel": profile.parallel.model_copy(update={"sequence_parallel": on})}
+    )
+
+
+def test_sequence_parallel_left_unset_is_the_familys_choice_and_the_cost_model_follows_it() -> None:
+    """parallel.sequence_parallel unset: HunyuanVideo-1.5 (whose tensor-parallel plan has none) loads at
+    tp=2 and runs without it, the planner offers its tp=2 layout and costs it as the run goes (as with false
+    set, not as under SP); asking for true is refused in one
+    line, for training and for `vidforge infer`'s infer.tp."""
+    hy15 = _hy15(tp=2)
+    assert hy15.parallel.sequence_parallel is None and not sequence_parallel(hy15)
+    memory = estimate_memory(hy15).total
+    assert memory == estimate_memory(_hy15(tp=2, sequence_parallel=False)).total
+    assert memory != estimate_memory(_forced(hy15, True)).total  # SP's all-gather buffer, its split input
+    plans = {plan.layout.tp: plan for plan in rank_layouts(hy15).ranked if plan.layout.tp > 1}
+    assert plans[2].memory.total == memory  # the planner's tp=2 is the run's
+    with pytest.raises(ProfileError) as refused:
+        _hy15(tp=2, sequence_parallel=True)
+    message = str(refused.value)
+    assert (
+        "parallel.sequence_parallel: model.family=hunyuan15's tensor-parallel plan has no sequence" in message
+    )
+    assert "set parallel.sequence_parallel=false or leave it unset" in message and "\n" not in message
+    sampling = _forced(_hy15(), True)
+    assert sampling_layout_problems(sampling, Layout(1, 1, 1, 1, 2))[0].startswith(
+        "parallel.sequence_parallel"
+    )
+    assert sampling_layout_problems(_hy15(), Layout(1, 1, 1, 1, 2)) == []
+
+
+def test_sequence_parallel_left_unset_is_on_where_the_family_has_it() -> None:
+    """The DiT's and Wan's plans have sequence parallel: unset means on, and the cost model splits a block's
+    input over tp as explicit true does; first-frame conditioning turns it off (`test_wan22_ti2v_training`)."""
+    wan = [
+        "model.family=wan", "model.mlp_act=gelu-tanh", "model.adaln_lora_rank=0", "model.abs_position=none",
+        "model.heads=4", "model.hidden=256", "model.layers=2", "cluster.gpus_per_node=2",
+        "cluster.accelerator=h100", "parallel.tp=2",
+    ]  # fmt: skip
+    for sets in (wan, ["cluster.gpus_per_node=2", "cluster.accelerator=h100", "parallel.tp=2"]):
+        profile = load_profile("local_cpu", sets)
+        assert profile.parallel.sequence_parallel is None and sequence_parallel(profile)
+        memory = estimate_memory(profile).total
+        assert (
+            memory
+            == estimate_memory(_forced(profile, True)).total
+            < estimate_memory(_forced(profile, False)).total
+        )
 
 
 def test_block_swap_runs_under_fsdp2_but_not_beside_its_cpu_offload() -> None:

@@ -52,8 +52,8 @@ def test_every_layout_the_planner_ranks_for_a_mode_the_trainer_builds(mode: str)
     ranked = {(p.layout.pp, p.layout.cp, p.layout.tp) for p in report.ranked}
     if mode == "TI2V":
         # the loss's per-token levels are not split by a cp shard, a pipeline stage or sequence parallel
-        # (on by default with tp) yet: data parallel alone
-        assert ranked == {(1, 1, 1)}, ranked
+        # yet: data and tensor parallel (sequence parallel, left unset, is off for it)
+        assert ranked == {(1, 1, tp) for tp in (1, 2, 4)}, ranked
     elif mode == "distill":
         # DMD2's step (a LocalTrainStep) takes no pipeline stage and draws no cp shard: FSDP and tp
         assert ranked == {(1, 1, tp) for tp in (1, 2, 4)}, ranked

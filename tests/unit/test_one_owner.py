@@ -1,8 +1,9 @@
 """One owner for each decision: a scan of src/vidforge finds each decision made in its owner's file and
 nowhere else. Device choice (`auto` resolved to a GPU or the CPU), meshes and process groups, FSDP, the
-training compute dtype, the file types read as videos and where a run folder's weights are. Each pattern
-is held to the second copies this scan was written against (`SECOND_COPIES`), so a pattern that can no
-longer see them fails here."""
+training compute dtype, the file types read as videos, where a run folder's weights are, whether tensor
+parallel splits the sequence and the first-frame share of a model that keeps both of its tasks. Each
+pattern is held to the second copies this scan was written against (`SECOND_COPIES`), so a pattern that can
+no longer see them fails here."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ OWNERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "FSDP": ("parallel/fsdp.py", (r"\bfully_shard\(",)),
     "compute dtype": ("parallel/parallelize.py", (r"torch\.bfloat16 if .*precision",)),
     "video extensions": ("profile/data.py", (r"""["']\.?mp4["'].*["']\.?(webm|mkv|mov|avi)["']""",)),
+    # a published model that keeps text- and image-to-video: the share of clips conditioned on a first frame
+    "both tasks' image condition": (
+        "families/both_tasks.py",
+        (r"""image_condition["']?\s*[:=]\s*0?\.5\b""", r"_CONDITION\s*=\s*0?\.5\b"),
+    ),
+    # parallel.sequence_parallel unset is the family's choice: a reader of the field itself would take it off
+    "sequence parallel": (
+        "profile/layout_rules.py",
+        (r"\w\.parallel\.sequence_parallel\b", r"\bpar\.sequence_parallel\b"),
+    ),
     # a run folder's weights: RUN/export, a finetune run's RUN/train/export, or the folder itself
     "where a run's weights are": (
         "files.py",
@@ -52,6 +63,15 @@ SECOND_COPIES = {
     "FSDP": ("        fully_shard(module, mesh=mesh)",),
     "compute dtype": ('param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32',),
     "video extensions": ('media = [e for e in members if e in ("mp4", "webm", "mkv", "mov", "avi")]',),
+    "both tasks' image condition": (
+        'TI2V_DEFAULTS = {"diffusion.image_condition": 0.5}',
+        "IMAGE_TO_VIDEO_CONDITION = 0.5",
+    ),
+    "sequence parallel": (
+        'plan(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)',
+        "sp = tp if par.sequence_parallel else 1",
+        "if layout.tp > 1 and profile.parallel.sequence_parallel:",
+    ),
     "where a run's weights are": (
         'return folder / "export", folder / FINETUNE_TRAIN / "export", folder',
         'for candidate in (path / "export", path):',

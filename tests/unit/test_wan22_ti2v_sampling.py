@@ -189,3 +189,52 @@ def test_an_image_of_another_size_is_read_as_the_pipelines_video_processor_reads
     theirs = VideoProcessor(vae_scale_factor=16).preprocess(Image.open(path), height=SIZE, width=SIZE)
     ours = preprocess_image(load_image(path), SIZE, SIZE, 16)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_finetunes_next_commands_sample_a_ti2v_model_from_text_and_from_an_image(
+    folder, image, tmp_path
+) -> None:
+    """`vidforge finetune`'s next commands for a model that kept both tasks (diffusion.image_condition > 0):
+    the text-to-video line and the optional image-to-video one, which runs as printed with the first frame
+    put in; a text-to-video fine-tune of it (image_condition 0) prints the first alone."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from vidforge import finetune
+    from vidforge.cli.app import app
+    from vidforge.files import FINETUNE_TRAIN
+    from vidforge.profile import load_profile
+
+    run = tmp_path / "run"  # a full fine-tune's folder: its weights in train/export
+    export = run / FINETUNE_TRAIN / "export"
+    result = CliRunner().invoke(app, ["model", "import", str(folder), "-o", str(export)])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(export / "profile.yaml")
+    text, from_image = finetune._next_commands(profile, folder, run, None, "a cat walks")
+    assert shlex.split(text) == [
+        "vidforge",
+        "infer",
+        "-c",
+        str(run),
+        "--prompt",
+        "a cat walks",
+        "-o",
+        str(run / "samples"),
+    ]
+    argv = shlex.split(from_image)
+    assert argv[:6] == ["vidforge", "infer", "-c", str(run), "--image", "FIRST_FRAME.png"]
+    argv[argv.index("FIRST_FRAME.png")] = str(image)
+    sets = [
+        f"infer.height={SIZE}",
+        f"infer.width={SIZE}",
+        f"infer.frames={FRAMES}",
+        f"diffusion.steps={STEPS}",
+    ]
+    result = CliRunner().invoke(app, [*argv[1:], *(a for s in sets for a in ("--set", s))])
+    assert result.exit_code == 0, result.output
+    assert len(list((run / "samples_from_image").glob("*.mp4"))) == 1
+    text_only = profile.model_copy(
+        update={"diffusion": profile.diffusion.model_copy(update={"image_condition": 0})}
+    )
+    assert finetune._next_commands(text_only, folder, run, None, "a cat walks") == [text]

@@ -8,6 +8,7 @@ import torch
 from vidforge.data.batching import BucketBatch, PackedBatch
 from vidforge.diffusion.flow import RectifiedFlow
 from vidforge.profile import ProfileError, load_profile
+from vidforge.profile.layout_rules import sequence_parallel
 from vidforge.tokens import pack_latents, patchify
 from vidforge.train.loss import DenoisingLoss
 
@@ -95,7 +96,10 @@ def test_refused_where_it_cannot_run_when_the_profile_loads() -> None:
         (["diffusion.objective=edm"], "diffusion.image_condition: needs diffusion.objective=flow"),
         ([*two, "parallel.cp=2"], "parallel.cp: first-frame conditioning (diffusion.image_condition) trains"),
         ([*two, "parallel.pp=2"], "parallel.pp: first-frame conditioning (diffusion.image_condition) trains"),
-        ([*two, "parallel.tp=2"], "parallel.sequence_parallel: first-frame conditioning"),
+        (
+            [*two, "parallel.tp=2", "parallel.sequence_parallel=true"],
+            "parallel.sequence_parallel: first-frame",
+        ),
     ]:
         with pytest.raises(ProfileError) as refused:
             load_profile(None, [*wan, *extra])
@@ -103,5 +107,8 @@ def test_refused_where_it_cannot_run_when_the_profile_loads() -> None:
         message, (field, words) = str(refused.value), says.split(": ", 1)
         assert field in message and words in message and "\n" not in message
         assert "diffusion.image_condition=0" in message  # the other fix
-    # tensor parallel without sequence parallel conditions: the per-token levels are whole on every rank
+    # tensor parallel without sequence parallel conditions: the per-token levels are whole on every rank;
+    # left unset, sequence parallel is off for it (the family's choice), on without first-frame conditioning
     assert load_profile(None, [*wan, *two, "parallel.tp=2", "parallel.sequence_parallel=false"])
+    assert not sequence_parallel(load_profile(None, [*wan, *two, "parallel.tp=2"]))
+    assert sequence_parallel(load_profile(None, [*wan, *two, "parallel.tp=2", "diffusion.image_condition=0"]))

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from vidforge.estimate.param_counts import parameter_counts, tp_local_parameters
 from vidforge.estimate.workload import Workload
 from vidforge.profile import RunProfile
+from vidforge.profile.layout_rules import sequence_parallel
 from vidforge.profile.parallel import Layout
 
 
@@ -176,7 +177,7 @@ def communication(
         )
         terms.append(CommTerm(f"cp ({impl})", size, link, bw, overlapped, formula))
     if pp > 1:
-        sp = tp if par.sequence_parallel else 1
+        sp = tp if sequence_parallel(profile) else 1
         size = microbatches * 2 * tokens * d * e / sp
         link, bw = group_link(profile, layout, ("pp",))
         formula = f"{microbatches} micro-batches x (activations forward + gradients back) {tokens:,.0f} x {d} x {e} B"

@@ -33,6 +33,7 @@ from vidforge.estimate.param_counts import (
 from vidforge.estimate.workload import Workload
 from vidforge.families import family
 from vidforge.profile import RunProfile
+from vidforge.profile.layout_rules import sequence_parallel
 from vidforge.profile.model import Model
 from vidforge.profile.parallel import Layout
 
@@ -204,6 +205,8 @@ class _Rank:
     shards: int
     blocks: int
     tp: int
+    sequence_parallel: bool
+    """Whether tensor parallel also splits the sequence (`layout_rules.sequence_parallel`)."""
     block_params: float
     outside_params: float
     local_params: float
@@ -248,6 +251,7 @@ def estimate_memory(
     blocks, tp = cfg.layers // layout.pp, layout.tp
     r = _Rank(
         profile, layout, workload, cfg, profile.train, profile.parallel, counts, prec, shards, blocks, tp,
+        sequence_parallel=sequence_parallel(profile),
         block_params=counts.block - counts.block_tp + counts.block_tp / tp,
         outside_params=counts.outside - counts.outside_tp + counts.outside_tp / tp,
         local_params=tp_local_parameters(counts, blocks, tp) / shards,
@@ -400,7 +404,7 @@ def _activation_terms(r: _Rank) -> _Activations:
     recomputed = len(checkpointed)
     kept = blocks - recomputed - len(op_level) - len(offloaded)
     in_flight = in_flight_microbatches(layout, par.pp_schedule)
-    block_input = tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
+    block_input = tokens * cfg.hidden * prec.compute / (tp if r.sequence_parallel else 1)
     # train.checkpoint_offload: the checkpointed blocks' inputs wait in host memory too
     inputs_offloaded = recomputed if train.checkpoint_offload else 0
     ops_kept = 0.0
@@ -504,7 +508,7 @@ def saved_activations(
         lora=_lora_key(r.train),
         first=first,
         tp=r.tp,
-        sequence_parallel=r.par.sequence_parallel,
+        sequence_parallel=r.sequence_parallel,
     )
     parts = {"saved for backward (read off the block)": saved.block}
     if gathered_kv_tokens:
@@ -635,7 +639,6 @@ def _communication_terms(r: _Rank, acts: _Activations) -> None:
         workload,
         cfg,
         train,
-        par,
         counts,
         prec,
         blocks,
@@ -650,7 +653,6 @@ def _communication_terms(r: _Rank, acts: _Activations) -> None:
         r.workload,
         r.cfg,
         r.train,
-        r.par,
         r.counts,
         r.prec,
         r.blocks,
@@ -683,12 +685,12 @@ def _communication_terms(r: _Rank, acts: _Activations) -> None:
             f"FSDP all-gather of 2 blocks (current + prefetched) {_gib(gather)} and reduce-scatter of one "
             f"block's gradients (compute dtype + float32) {_gib(reduce)}"
         )
-    if tp > 1 and par.sequence_parallel:
+    if tp > 1 and r.sequence_parallel:
         size = workload.tokens / layout.cp * cfg.hidden * prec.compute
         comm += size
         comm_parts.append(f"sequence-parallel all-gather of a block input {_gib(size)}")
     if layout.pp > 1:
-        size = 2 * tokens * cfg.hidden * prec.compute / (tp if par.sequence_parallel else 1)
+        size = 2 * tokens * cfg.hidden * prec.compute / (tp if r.sequence_parallel else 1)
         comm += size
         comm_parts.append(f"pipeline send + receive of one micro-batch's hidden states {_gib(size)}")
     if comm:

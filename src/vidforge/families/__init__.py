@@ -91,6 +91,9 @@ class FamilySpec:
     """LoRA's default target modules (train.lora.target_modules left empty)."""
     block_scopes: Callable[[Any], tuple[tuple[str, ...], int]]
     """model section -> (the attention scopes a block runs, the modulation chunks it projects) for FLOPs."""
+    sequence_parallel: bool = True
+    """Whether the tensor-parallel plan has sequence parallel: a run leaves it on unless something blocks it, and a profile
+    asking for it where the plan has none is refused (`profile.layout_rules.sequence_parallel`)."""
     read_published: Callable[[Path], Published | None] | None = None
     """folder -> its `Published` description, or None when it is not this family's published layout."""
     published_class: str | None = None

@@ -46,6 +46,7 @@ from vidforge.files import FINETUNE_TRAIN, atomic_file, read_csv, read_text, rea
 from vidforge.finetune import preflight
 from vidforge.finetune.sizing import sized_settings, training_clip
 from vidforge.profile import RunProfile
+from vidforge.profile.layout_rules import SamplingRun, sampling_run_problems
 from vidforge.profile.loading import dump_profile
 from vidforge.profile.overrides import Override, Settings, as_overrides, command_line
 
@@ -716,19 +717,24 @@ def _stage_keys(pairs: Sequence[tuple[Path, str]], dumped: dict[str, Any]) -> di
 
 
 def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None, caption: str) -> list[str]:
-    """What to run with the result: sampling it, merging a LoRA, loading it in diffusers."""
+    """What to run with the result: sampling it (from a first frame too, for a model that kept both tasks),
+    merging a LoRA, loading it in diffusers."""
     from vidforge.infer.weights import find_export
     from vidforge.lora import diffusers_loading
 
     prompt = (profile.train.validation_prompts or [caption])[0]
-    # an image-to-video model samples from a first frame the user picks
-    image = ("--image", "FIRST_FRAME.png") if profile.model.samples_from_image else ()
+    first_frame = ("--image", "FIRST_FRAME.png")  # a first frame the user picks
+    # an image-to-video model samples from one only
+    image = first_frame if profile.model.samples_from_image else ()
     # the run folder itself: its readers look in its train stage's export (`files.weights_places`)
+    weights = ("-c", base, "--lora", out) if profile.train.lora is not None else ("-c", out)
+    after = [_command("infer", *weights, *image, "--prompt", prompt, "-o", out / "samples")]
+    if _keeps_both_tasks(profile):
+        after.append(
+            _command("infer", *weights, *first_frame, "--prompt", prompt, "-o", out / "samples_from_image")
+        )
     if profile.train.lora is not None:
-        after = [
-            _command("infer", "-c", base, "--lora", out, *image, "--prompt", prompt, "-o", out / "samples"),
-            _command("model", "export", out, "--merged", "-o", out / "merged" / "transformer"),
-        ]
+        after.append(_command("model", "export", out, "--merged", "-o", out / "merged" / "transformer"))
         if find_export(base) is None:
             index = Path(base) / "model_index.json"  # a pipeline folder names its class
             pipeline = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
@@ -736,6 +742,13 @@ def _next_commands(profile: RunProfile, base: Path, out: Path, model: str | None
             after.append(
                 f"diffusers: {pipeline}.from_pretrained({str(base)!r}){diffusers_loading(pipeline, model)}"
             )
-    else:
-        after = [_command("infer", "-c", out, *image, "--prompt", prompt, "-o", out / "samples")]
     return after
+
+
+def _keeps_both_tasks(profile: RunProfile) -> bool:
+    """A model that samples from text and, optionally, from a first frame, and trained on both
+    (diffusion.image_condition > 0: Wan2.2 TI2V-5B, LTX-2's image-to-video folders): `vidforge infer`
+    takes an --image for it (the sampling rulebook) without needing one."""
+    if profile.model.samples_from_image or not profile.diffusion.image_condition:
+        return False
+    return not sampling_run_problems(profile, SamplingRun(image=True))

@@ -22,8 +22,15 @@ def apply_fsdp(
     host_blocks: Collection[int] = (),
 ) -> nn.Module:
     """Shard each block, then the root (embeddings, conditioning, final layer; no blocks: the root alone,
-    as the VAE fine-tune shards its VAE and discriminator). Parameters stay fp32
-    (master weights); compute runs in `param_dtype`; gradients are reduced in `reduce_dtype`.
+    as the VAE fine-tune shards its VAE and discriminator). Parameters stay fp32 (master weights); they are
+    all-gathered in `param_dtype`, and the forward runs under autocast to it (`forward_dtype`), as one
+    process's does; gradients are reduced in `reduce_dtype`.
+
+    FSDP2 would also cast every floating-point argument of each wrapped module's forward, a dataclass's
+    fields included, to `param_dtype` (`cast_forward_inputs`): the RoPE tables and the timestep rows the
+    networks compute in float32 (diffusers' RoPE is float32), which one process keeps float32 under
+    autocast, would reach every block in bf16. Off: a block sees what the layer before it made, and
+    autocast casts the matmuls' inputs as it does in one process.
 
     `host_blocks` (block swap under FSDP2, `train.lora.blocks_to_swap`): these blocks' shards live in
     pinned host memory (FSDP2's CPUOffloadPolicy for these blocks alone), copied to the device as the
@@ -31,7 +38,9 @@ def apply_fsdp(
     (the forward prefetch set here; FSDP2's backward prefetches one block ahead in reverse order
     itself). A LoRA block's frozen base has no gradients: what crosses the link back is the adapters'
     sharded gradients, and their AdamW step runs on the host."""
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    policy = MixedPrecisionPolicy(
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False
+    )
     host = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")  # pinning needs a GPU
     modules = list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
     last = len(modules) - 1
@@ -63,3 +72,13 @@ def on_host(module: nn.Module) -> bool:
     state = fully_shard.state(module) if hasattr(module, "_get_fsdp_state") else None
     group = getattr(state, "_fsdp_param_group", None)  # FSDP2 keeps the policy on the module's group only
     return group is not None and isinstance(group.offload_policy, CPUOffloadPolicy)
+
+
+def forward_dtype(module: nn.Module) -> torch.dtype | None:
+    """What an FSDP2-wrapped `module`'s forward must autocast to: its mixed-precision param_dtype where
+    that is below float32 (`apply_fsdp` casts no forward inputs); None for float32 or a module FSDP2 does
+    not wrap, which runs in its parameters' dtype as it is."""
+    state = fully_shard.state(module) if hasattr(module, "_get_fsdp_state") else None
+    policy = getattr(state, "_mp_policy", None)
+    dtype = policy.param_dtype if policy is not None else None
+    return None if dtype in (None, torch.float32) else dtype

@@ -31,8 +31,7 @@ from vidforge.profile.parallel import Parallel
 
 @dataclass
 class Parallelized:
-    """What was applied, for the run's notes (the compute dtype the caller autocasts to is
-    `compute_dtype`'s)."""
+    """What was applied, for the run's notes (the caller autocasts the forward to `autocast_dtype`)."""
 
     notes: list[str] = field(default_factory=list)
 
@@ -118,9 +117,10 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims, profile: RunProf
     """The model family's tensor-parallel plan (`FamilySpec.tensor_parallel`) over `dims.mesh["tp"]` (with the profile's sequence
     parallel), in place. Training (`parallelize`) and `vidforge infer` (infer.tp) both apply it here."""
     from vidforge.families import family, load
+    from vidforge.profile.layout_rules import sequence_parallel
 
     plan = load(family(profile.model.family).tensor_parallel)
-    plan(model, dims.mesh["tp"], sequence_parallel=profile.parallel.sequence_parallel)
+    plan(model, dims.mesh["tp"], sequence_parallel=sequence_parallel(profile))
 
 
 def apply_context_parallel(model: nn.Module, dims: ParallelDims, parallel: Parallel) -> None:
@@ -171,8 +171,8 @@ def reduced_dtype(profile: RunProfile) -> torch.dtype | None:
     return None if dtype == torch.float32 else dtype
 
 
-def autocast_dtype(dims: ParallelDims, profile: RunProfile) -> torch.dtype | None:
-    """The dtype to autocast the forward to: bf16 without FSDP (fp32 weights, bf16 compute); None with
-    FSDP, whose mixed precision casts itself, and in fp32. Known before the model exists, which the
+def autocast_dtype(profile: RunProfile) -> torch.dtype | None:
+    """The dtype to autocast the forward to: bf16 (fp32 weights, or FSDP2's bf16 copies of them: it casts
+    no forward inputs, `parallel.fsdp.apply_fsdp`), None in fp32. Known before the model exists, which the
     pipeline needs."""
-    return None if uses_fsdp(dims) else reduced_dtype(profile)
+    return reduced_dtype(profile)

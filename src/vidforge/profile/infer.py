@@ -61,7 +61,7 @@ class Infer(Section):
     """Step caching: model calls skipped where the input barely changed (one process only)."""
     tp: int = Field(1, ge=1)
     """Tensor-parallel degree of `vidforge infer --nproc N` (and `bench infer --nproc N`), for a model that
-    does not fit one GPU: the training's TP plan (parallel.sequence_parallel included) over groups of tp
+    does not fit one GPU: the training's TP plan (its sequence parallel included) over groups of tp
     ranks. Must divide N; the other N / tp ranks split the guidance branches (CFG-parallel, when guidance
     is on and they are even) and then the token sequence (parallel.cp_impl). Must divide model.heads and
     model.mlp_hidden. E.g. --nproc 4 with tp 2 and guidance: tp 2 x CFG-parallel 2."""

@@ -304,8 +304,8 @@ def _image_condition(profile: RunProfile, layout: Layout) -> list[str]:
     """First-frame conditioning (`diffusion.image_condition`, Wan2.2 TI2V) gives the first latent frame's
     tokens level 0: it needs a model with `expand_timesteps` (a level per token), the flow objective (a
     clean token's level 0 is t = 0 there only) and a student that does not generate from noise alone (no
-    train.distill). The token splits of context, pipeline and sequence parallel carry no per-token level
-    yet (under sequence parallel the rows the tp ranks sum would be each rank's own tokens')."""
+    train.distill). The token splits of context and pipeline parallel carry no per-token level yet (nor
+    sequence parallel's: `sequence_parallel_blocker`)."""
     if not profile.diffusion.image_condition:
         return []
     fix = "or set diffusion.image_condition=0"
@@ -325,12 +325,44 @@ def _image_condition(profile: RunProfile, layout: Layout) -> list[str]:
         for name, what, degree in (("cp", "context", layout.cp), ("pp", "pipeline", layout.pp))
         if degree > 1
     ]
-    if layout.tp > 1 and profile.parallel.sequence_parallel:
-        problems.append(
-            f"parallel.sequence_parallel: first-frame conditioning (diffusion.image_condition) trains without "
-            f"sequence parallel (tp={layout.tp}); set parallel.sequence_parallel=false {fix}"
-        )
     return problems
+
+
+def sequence_parallel_blocker(profile: RunProfile) -> tuple[str, str] | None:
+    """Why tensor parallel cannot also split the sequence in this run, as (what, its other fix), or None
+    when it can: the family's tensor-parallel plan has no sequence parallel (`FamilySpec.sequence_parallel`),
+    or first-frame conditioning gives tokens levels of their own, which the row split does not carry (the
+    rows the tp ranks sum would be each rank's own tokens')."""
+    name = profile.model.family
+    if not family(name).sequence_parallel:
+        return f"model.family={name}'s tensor-parallel plan has no sequence parallel", ""
+    if profile.diffusion.image_condition:
+        return (
+            "first-frame conditioning (diffusion.image_condition) trains without sequence parallel",
+            ", or set diffusion.image_condition=0",
+        )
+    return None
+
+
+def sequence_parallel(profile: RunProfile) -> bool:
+    """Whether tensor parallel also shards the sequence (Megatron SP) in this run: parallel.sequence_parallel
+    when the user set it, else the family's choice, on unless `sequence_parallel_blocker` names a reason.
+    Everything that runs or costs a layout asks here (the TP plan of training and of `vidforge infer`, the
+    memory and communication models, so `bench plan`), never the field itself."""
+    asked = profile.parallel.sequence_parallel
+    return sequence_parallel_blocker(profile) is None if asked is None else asked
+
+
+def _sequence_parallel(profile: RunProfile, layout: Layout) -> list[str]:
+    """parallel.sequence_parallel=true asked for where it cannot run (unset, the run goes without)."""
+    blocker = sequence_parallel_blocker(profile)
+    if layout.tp == 1 or profile.parallel.sequence_parallel is not True or blocker is None:
+        return []
+    what, other = blocker
+    return [
+        f"parallel.sequence_parallel: {what} (tp={layout.tp}); set parallel.sequence_parallel=false or "
+        f"leave it unset{other}"
+    ]
 
 
 def _image_validation(profile: RunProfile, layout: Layout) -> list[str]:
@@ -363,6 +395,7 @@ RULES: tuple[Rule, ...] = (
     _fp8,
     _distill,
     _image_condition,
+    _sequence_parallel,
     _image_validation,
     _family,
 )
@@ -395,7 +428,7 @@ def layout_problems(profile: RunProfile, layout: Layout | None = None) -> list[s
 # x tp(infer.tp). Of the trainer's rules only the model's hold there; the data buckets, the pipeline and
 # LoRA training are the trainer's. Their messages name the training fields: the sampler says which of its
 # own settings gave the degrees.
-SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _sliding_tiles, _family)
+SAMPLING_RULES: tuple[Rule, ...] = (_heads, _cp_2d, _sliding_tiles, _sequence_parallel, _family)
 
 
 def sampling_layout_problems(profile: RunProfile, layout: Layout) -> list[str]:

@@ -26,8 +26,11 @@ class Parallel(Section):
     -1 means "whatever the other degrees leave of the world size"."""
     tp: int = Field(1, ge=1)
     """Tensor-parallel degree (Megatron column/row split of attention and MLP). Must divide model.heads."""
-    sequence_parallel: bool = True
-    """With tp > 1, also shard norms and residuals along the sequence (Megatron SP). No effect at tp = 1."""
+    sequence_parallel: bool | None = None
+    """With tp > 1, also shard norms and residuals along the sequence (Megatron SP). No effect at tp = 1.
+    Unset: the family's choice, on where its tensor-parallel plan has sequence parallel and the run allows
+    it (not under first-frame conditioning), off otherwise (`layout_rules.sequence_parallel` decides, and
+    refuses true where it cannot run)."""
     cp: int = Field(1, ge=1)
     """Context-parallel degree: the token sequence split over this many ranks."""
     cp_impl: CpImpl = "all-gather"

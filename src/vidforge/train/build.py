@@ -40,7 +40,7 @@ class TrainParts:
     modules: list[nn.Module]  # the model, or this rank's pipeline stage modules
     optimizers: list[torch.optim.Optimizer]  # one per module (checkpoints map each to its module's names)
     ema: EMA | None
-    compute_dtype: torch.dtype | None  # what the forward autocasts to (None: FSDP casts, or fp32)
+    compute_dtype: torch.dtype | None  # what the forward autocasts to (None: fp32)
     pipeline: PipelineRunner | None = None
     notes: list[str] = field(default_factory=list)
     # train.distill: the frozen teacher, and the fake score with its own optimizer
@@ -66,7 +66,7 @@ def build(
     use_tf32(cfg.precision == "bf16")
     notes: list[str] = []
     model = _model(profile, runtime, init, cfg.lora, notes)
-    autocast = autocast_dtype(dims, profile)
+    autocast = autocast_dtype(profile)
     pipeline = None
     modules: list[nn.Module] = [model]
     if dims.pp_enabled:  # split first; each stage module is then parallelized alone
@@ -77,7 +77,7 @@ def build(
             profile.parallel.pp_schedule,
             device,
             autocast_dtype=autocast,
-            # the activations sent between stages: FSDP's param_dtype or autocast's
+            # the activations sent between stages: autocast's (FSDP's param_dtype)
             activation_dtype=reduced_dtype(profile),
         )
         modules = list(pipeline.stage_modules)

@@ -144,7 +144,7 @@ def _record(conn, source: str, recorder) -> str:
                 recorder.push(index, frame)
                 index += 1
         except av.FFmpegError:
-            pass  # a damaged tail: the parent stopped where this decode stops
+            pass  # damaged part-way: the parent fails the source too, and discards what this recorded
     while True:  # the final cuts, then the end
         message = conn.recv()
         if message[0] == "cut":

@@ -30,12 +30,19 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidforge.curate.clipping import heap
 from vidforge.curate.items import RecordedShot, VideoInfo
+from vidforge.curate.stage import one_line
 from vidforge.curate.video.encoder import ClipEncoder, sample_indices
 from vidforge.data.manifest import TMP_MARK, stable_id
 from vidforge.profile.curation import Curation
 
 QUEUE_FRAMES = 8  # frames between the analysis and the encoder thread: absorbs jitter, bounds memory
+
+
+class RecordingError(OSError):
+    """The encoder thread failed writing a shot (a full disk, a file it cannot create): no fault of the
+    source's, so not an ItemError, and the next run tries the source again. Names the shot's file."""
 
 
 class ShotRecorder:
@@ -52,6 +59,7 @@ class ShotRecorder:
         self._start = 0  # first frame of the current shot
         self._over = False  # the current shot outgrew max_seconds: not encoded further
         self._writer = _Writer(source, clips_dir, cfg, samples)
+        heap.keep_freed_memory()  # one shot's encoder buffers reused by the next (heap.py)
 
     def begin(self, info: VideoInfo, time_base: Fraction) -> None:
         """The source's stream, as known at its first frame (size, rotation, rate)."""
@@ -72,12 +80,16 @@ class ShotRecorder:
         while self.buffer:
             self._hand_over(*self.buffer.popleft())
         self._writer.send(("close", self.encoded_up_to + 1))
-        self._writer.stop()
+        try:
+            self._writer.stop()
+        finally:
+            heap.release()
         return self._writer.shots
 
     def discard(self) -> None:
         self._writer.stop(discarding=True)
         self._writer.discard()
+        heap.release()
 
     def _hand_over(self, index: int, frame: av.VideoFrame) -> None:
         if index in self.cuts or index == 0:
@@ -108,7 +120,7 @@ class _Writer:
         self._error: BaseException | None = None
         self._skip = False  # discarding, or failed: drain the queue without encoding
         self._encoder: ClipEncoder | None = None
-        self._start = 0
+        self._start, self._path = 0, clips_dir
         self._thumbs: list[np.ndarray] = []
 
     def send(self, message: tuple) -> None:
@@ -129,14 +141,18 @@ class _Writer:
             self._raise()
 
     def discard(self) -> None:
-        """Delete every file written (the thread is stopped)."""
+        """Delete every file written (the thread is stopped). Runs while another error is raised, so a
+        file it cannot delete (something else in its place) is left, without an error of its own."""
+        paths = [Path(shot.path) for shot in self.shots]
         if self._encoder is not None:
             self._encoder.abort()
-            self._encoder.path.unlink(missing_ok=True)
-            self._encoder = None
-        for shot in self.shots:
-            Path(shot.path).unlink(missing_ok=True)
-        self.shots = []
+            paths.append(self._encoder.path)
+        self._encoder, self.shots = None, []
+        for path in paths:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -148,8 +164,9 @@ class _Writer:
                 continue
             try:
                 self._apply(*message)
-            except BaseException as err:  # noqa: BLE001 - raised in the recorder's thread by its next call
-                self._error, self._skip = err, True
+            except Exception as err:  # noqa: BLE001 - raised in the recorder's thread by its next call
+                self._error, self._skip = RecordingError(f"recording {self._path}: {one_line(err)}"), True
+                self._error.__cause__ = err
 
     def _apply(self, kind: str, *args) -> None:
         if kind == "add":
@@ -165,12 +182,10 @@ class _Writer:
 
     def _open_shot(self, index: int, first_pts: int) -> None:
         name = f".shot-{stable_id(self.source)}-{index}{TMP_MARK}{os.getpid()}.mp4"
+        self._start, self._thumbs, self._path = index, [], self.clips_dir / name
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         keep = self._keep_thumbnail if self.samples else None
-        self._encoder = ClipEncoder(
-            self.clips_dir / name, self.info, self.time_base, first_pts, self.cfg, keep
-        )
-        self._start, self._thumbs = index, []
+        self._encoder = ClipEncoder(self._path, self.info, self.time_base, first_pts, self.cfg, keep)
 
     def _keep_thumbnail(self, converted: av.VideoFrame) -> None:
         self._thumbs.append(self._encoder.thumbnail(converted))

@@ -11,15 +11,17 @@ from fractions import Fraction
 
 import cv2
 import numpy as np
-from scenedetect import AdaptiveDetector, ContentDetector, FrameTimecode
+from scenedetect import AdaptiveDetector, FrameTimecode
 from scenedetect.common import Timecode
 from scenedetect.scene_manager import compute_downscale_factor
 
+from vidforge.curate.clipping.content_score import FusedAdaptiveDetector, FusedContentDetector
 from vidforge.profile.curation import Curation
 
 
 def make_detector(cfg: Curation):
-    """The profile's detector; unset fields keep PySceneDetect's defaults."""
+    """The profile's detector; unset fields keep PySceneDetect's defaults (its Content and Adaptive
+    detectors with their frame score fused: content_score.py, the same scores)."""
     if cfg.detector == "transnetv2":
         from vidforge.curate.clipping.transnetv2 import TransNetV2Detector, load_model
 
@@ -28,13 +30,13 @@ def make_detector(cfg: Curation):
     common = {} if cfg.min_scene_len is None else {"min_scene_len": cfg.min_scene_len}
     if cfg.detector == "content":
         extra = {} if cfg.content_threshold is None else {"threshold": cfg.content_threshold}
-        return ContentDetector(**common, **extra)
+        return FusedContentDetector(**common, **extra)
     options = {
         "adaptive_threshold": cfg.adaptive_threshold,
         "window_width": cfg.window_width,
         "min_content_val": cfg.min_content_val,
     }
-    return AdaptiveDetector(**common, **{k: v for k, v in options.items() if v is not None})
+    return FusedAdaptiveDetector(**common, **{k: v for k, v in options.items() if v is not None})
 
 
 def detection_size(width: int, height: int) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidforge.curate.clipping import heap
 from vidforge.curate.clipping.plan import SourcePlans
 from vidforge.curate.items import ClipPlan, ClipResult, RecordedShot
 from vidforge.curate.stage import ItemError, Stage
@@ -120,6 +121,17 @@ def transcode_source(plans: list[ClipPlan], clips_dir: Path, cfg: Curation, samp
     if not kept:
         return results
     source = kept[0].source
+    heap.keep_freed_memory()  # one clip's encoder buffers reused by the next (heap.py)
+    try:
+        results += _cut(kept, source, clips_dir, cfg, samples)
+    finally:
+        heap.release()
+    return results
+
+
+def _cut(kept: list[ClipPlan], source: str, clips_dir: Path, cfg: Curation, samples: int) -> list[ClipResult]:
+    """The kept clips (in order) from one decode of `source`."""
+    results: list[ClipResult] = []
     with open_source(source) as container:
         stream = video_stream(container)
         stream.thread_type = "AUTO"

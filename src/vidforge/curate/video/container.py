@@ -4,6 +4,7 @@ frame rate, and why a source that does not open failed (empty, truncated, not a 
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -71,8 +72,11 @@ def _open_failure(source: str, err: Exception) -> str:
 
 
 def error_reason(err: Exception) -> str:
+    """An error's first line; of PyAV's, FFmpeg's message alone (without `[Errno N]` and the call)."""
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return text.split(": '", 1)[0] if "Errno" in text else text
+    if "Errno" not in text:
+        return text
+    return re.sub(r"^\[Errno -?\d+\] ", "", text.split(": '", 1)[0])
 
 
 def video_stream(container):

@@ -39,20 +39,19 @@ def block_scopes(cfg: Any) -> tuple[tuple[str, ...], int]:
 
 def no_sequence_parallel(tp: int) -> str:
     """The refusal of sequence parallel, which this family's tensor-parallel plan lacks (`tensor_parallel`
-    says why): at load and where the plan is applied."""
+    says why), where the plan is applied (a profile asking for it is refused when it loads:
+    `SPEC.sequence_parallel` is off)."""
     return (
         f"parallel.sequence_parallel: model.family=hunyuan15 has no sequence-parallel plan (tp={tp}); set "
-        "parallel.sequence_parallel=false (tensor parallel then runs on whole rows)"
+        "parallel.sequence_parallel=false or leave it unset (tensor parallel then runs on whole rows)"
     )
 
 
 def layout_rules(profile: Any, layout: Any) -> list[str]:
-    """What the network refuses at its first forward (or the TP plan when applied), refused at load: sequence
-    parallel, re-gathering K/V under context parallel, packed rows and caption dropout
-    (`plain_batches.PLAIN_BATCHES` avoid the last two)."""
+    """What the network refuses at its first forward, refused at load: re-gathering K/V under context
+    parallel, packed rows and caption dropout (`plain_batches.PLAIN_BATCHES` avoid the last two). Sequence
+    parallel, which the TP plan lacks, is the rulebook's (`SPEC.sequence_parallel`)."""
     problems = []
-    if layout.tp > 1 and profile.parallel.sequence_parallel:
-        problems.append(no_sequence_parallel(layout.tp))
     if layout.cp > 1 and profile.parallel.cp_regather:
         problems.append(
             "parallel.cp_regather: HunyuanVideo-1.5's joint attention does not re-gather the video K/V in its "
@@ -67,6 +66,7 @@ SPEC = FamilySpec(
     network="vidforge.families.hunyuan15.network:HunyuanVideo15Transformer",
     presets=PRESETS,
     tensor_parallel="vidforge.families.hunyuan15.tensor_parallel:apply_tp",
+    sequence_parallel=False,
     tp_rules=(
         ("norm_q", "norm_k", "norm_added_q", "norm_added_k"),
         ("to_out.0", "to_add_out", "ff.net.2", "ff_context.net.2"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import Published, read_json
+from vidforge.families.both_tasks import BOTH_TASKS
 from vidforge.families.ltx2.model import FAMILY
 from vidforge.families.plain_batches import PLAIN_BATCHES
 
@@ -25,11 +26,6 @@ CONFIG = "config.json"
 PIPELINE_INDEX = "model_index.json"
 PIPELINE_CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")
 IMAGE_TO_VIDEO = "LTX2ImageToVideoPipeline"
-# What a folder saved as LTX2ImageToVideoPipeline trains with: half of a fine-tune's clips conditioned on
-# their first latent frame, so that the one network keeps both of its tasks (Lightricks' trainer conditions
-# first_frame_conditioning_p = 0.1 of a text-to-video run's clips; set diffusion.image_condition=1 for
-# image-to-video only).
-IMAGE_TO_VIDEO_CONDITION = 0.5
 IMAGE_CRF = 33  # the I2V pipeline's H.264 re-compression of its image (Gemma 3 checkpoints: LTX-2, 2.3)
 CAPTION_TOKENS = 1024  # __call__'s max_sequence_length: Gemma tokens per caption
 NEGATIVE_PROMPT = ""  # encode_prompt's negative prompt when none is given
@@ -303,7 +299,9 @@ def profile_defaults(pipeline: Pipeline) -> dict[str, Any]:
         **PLAIN_BATCHES,
     }
     if pipeline.image_to_video:
-        settings["diffusion.image_condition"] = IMAGE_TO_VIDEO_CONDITION
+        # a folder saved as LTX2ImageToVideoPipeline keeps both tasks (Lightricks' trainer conditions
+        # first_frame_conditioning_p = 0.1 of a text-to-video run's clips)
+        settings.update(BOTH_TASKS)
     if pipeline.shift is not None:
         settings.update(pipeline.shift.settings(pipeline.default_tokens))
     if pipeline.vae is not None:

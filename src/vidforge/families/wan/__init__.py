@@ -15,6 +15,7 @@ from typing import Any
 
 from vidforge.errors import UserInputError
 from vidforge.families import FamilySpec, Published, read_json
+from vidforge.families.both_tasks import BOTH_TASKS
 from vidforge.families.wan import experts as wan_experts
 from vidforge.families.wan.model import WanModel
 
@@ -60,10 +61,6 @@ PRESETS["wan2.2-ti2v-5b"] = {
     **WAN2_1, "in_channels": 48, "layers": 30, "hidden": 3072, "heads": 24, "mlp_hidden": 14336,
     "expand_timesteps": True,
 }  # fmt: skip
-# What a TI2V folder (model_index.json's expand_timesteps) trains with besides Wan2.1's: half of a
-# fine-tune's clips conditioned on their first frame so that the one network keeps both of its tasks (set
-# diffusion.image_condition=1 for image-to-video only, 0 for text-to-video only).
-TI2V_DEFAULTS = {"diffusion.image_condition": 0.5}
 
 
 def frame_rate(expand_timesteps: bool) -> int:
@@ -203,7 +200,7 @@ def read_published(src: Path) -> Published | None:
         defaults["tokenizer.image_encoder"] = str(parts["image_encoder"])
     if expands_timesteps(src):
         model["expand_timesteps"] = True
-        defaults.update(TI2V_DEFAULTS)
+        defaults.update(BOTH_TASKS)  # a TI2V folder keeps both of its tasks
     defaults["infer.fps"] = frame_rate(bool(model.get("expand_timesteps")))
     published = Published("wan", src, folder, model, defaults, "flow")
     return wan_experts.read_experts(src, published, read_json, model_fields)  # Wan2.2 A14B's two
