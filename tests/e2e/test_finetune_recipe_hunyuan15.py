@@ -17,26 +17,18 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hunyuan15_fixtures import SCALING, pipeline_parts, reference_transformer  # noqa: E402
-
-from vidforge.cli.app import app  # noqa: E402
-from vidforge.data.media import write_video  # noqa: E402
-from vidforge.data.testing import synthetic_frames  # noqa: E402
+from recipes import CAPTIONS, HERE, assert_trained, finetune, invoke, video_facts, write_videos  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, FPS = 121, 480, 848, 24  # HunyuanVideo15Pipeline's defaults for the 480p folder
 RECIPE = ("--profile", "dit1b_1xh200", "--set", f"data.buckets=[[{HEIGHT},{WIDTH}]]", "--set",
           f"data.frame_buckets=[{FRAMES}]")  # fmt: skip
 # 121 frames through the 4x temporal, 16x spatial VAE and the 1x1x1 patch: 31 x 30 x 53
 TOKENS = ((FRAMES - 1) // 4 + 1) * (HEIGHT // 16) * (WIDTH // 16)
-# This machine has no GPU; the recipe's profile trains in bf16 here as on the H200
-HERE = ("cluster.accelerator=cpu", "curation.decode_workers=0", "curation.transcode_workers=0",
-        "curation.caption.decode_workers=0", "data.prefetch=0")  # fmt: skip
 # diffusers' convert_hunyuan_video1_5_to_diffusers.py, TRANSFORMER_CONFIGS["480p_t2v"]; the VAE's and the
 # encoders' published widths (Qwen2.5-VL-7B's text model, Glyph-SDXL-v2's ByT5)
 PUBLISHED = {
@@ -49,7 +41,7 @@ PUBLISHED = {
                      "num_attention_heads": 28, "num_key_value_heads": 4},
     "text_encoder_2": {"d_model": 1472, "d_ff": 3584, "num_layers": 12, "num_heads": 6, "d_kv": 64},
 }  # fmt: skip
-PROMPT = "a red square moving right"
+PROMPT = CAPTIONS[0]  # the caption of the one training video
 
 
 def published_layout(root: Path) -> Path:
@@ -72,16 +64,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _videos(folder: Path, frames: int, height: int, width: int) -> Path:
-    folder.mkdir(parents=True)
-    write_video(folder / "clip0.mp4", synthetic_frames(frames, height, width, 0), fps=FPS)
-    (folder / "clip0.txt").write_text(PROMPT)
-    return folder
-
-
-def _invoke(*argv: str, sets: tuple[str, ...] = ()):
-    result = CliRunner().invoke(app, [*argv, *[a for s in sets for a in ("--set", s)]])
-    assert result.exit_code == 0, result.output[-3000:]
-    return result
+    return write_videos(folder, (frames,), height, width, fps=FPS)
 
 
 def test_readme_hunyuan15_recipe_dry_run_at_the_published_shape(folder, tmp_path) -> None:
@@ -91,7 +74,7 @@ def test_readme_hunyuan15_recipe_dry_run_at_the_published_shape(folder, tmp_path
         (base / part / "config.json").write_text(json.dumps({**config, **fields}))
     out = tmp_path / "run"
     argv = ["--json", "finetune", str(_videos(tmp_path / "videos", FRAMES + 3, 32, 32)), "--base", str(base)]
-    result = _invoke(*argv, "-o", str(out), "--dry-run", *RECIPE, "--steps", "2000")
+    result = invoke(*argv, "-o", str(out), "--dry-run", *RECIPE, "--steps", "2000")
     plan = json.loads(result.output.strip().splitlines()[-1])["dry_run"]
     assert plan["model"] == "hunyuan15 54 layers x 2048" and plan["clip"] == f"{FRAMES}x{HEIGHT}x{WIDTH}"
     assert TOKENS == 49290 and plan["data.token_budget"] == TOKENS
@@ -106,12 +89,10 @@ def test_readme_hunyuan15_recipe_dry_run_at_the_published_shape(folder, tmp_path
 def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *extra: str) -> None:
     """The recipe's commands as printed, at a clip of `frames` x `height` x `width` (and `extra` settings
     for finetune and infer)."""
-    import av
-
     from vidforge.lora.comfyui import FILE
 
     export = tmp_path / "runs" / "hy15_export"
-    _invoke("model", "import", str(base), "-o", str(export), "--profile", "dit1b_1xh200")
+    invoke("model", "import", str(base), "-o", str(export), "--profile", "dit1b_1xh200")
     assert "family: hunyuan15" in (export / "profile.yaml").read_text()
 
     run, size = (
@@ -119,15 +100,14 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *e
         (f"data.buckets=[[{height},{width}]]", f"data.frame_buckets=[{frames}]"),
     )
     videos = _videos(tmp_path / "videos", frames + 3, height, width)
-    argv = ["finetune", str(videos), "--base", str(base), "-o", str(run), "--profile", "dit1b_1xh200"]
-    _invoke(*argv, "--steps", "1", "--validate-every", "0", sets=(*HERE, *size, *extra))
-    steps = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1] and np.isfinite(steps[0]["loss"])
+    args = ("--profile", "dit1b_1xh200", "--steps", "1", "--validate-every", "0")
+    finetune(videos, base, run, *args, sets=(*HERE, *size, *extra))  # bf16 here, as on the H200
+    assert_trained(run, 1)
 
     samples = tmp_path / "runs" / "hy15_samples"
     # the finetune run itself, as README passes it (its adapter is in train/export: files.weights_places)
     argv = ["infer", "-c", str(base), "--lora", str(run), "--prompt", PROMPT, "-o", str(samples)]
-    _invoke(
+    invoke(
         *argv,
         "--height",
         str(height),
@@ -143,13 +123,10 @@ def _recipe(base: Path, tmp_path: Path, frames: int, height: int, width: int, *e
     assert (
         record["guidance"] == 6.0 and record["sampler"] == "flow-euler"
     )  # the folder's guider and scheduler
-    with av.open(str(sorted(samples.glob("*.mp4"))[0])) as container:
-        stream = container.streams.video[0]
-        shape = [(f.height, f.width) for f in container.decode(stream)]
-        assert (float(stream.average_rate), len(shape), set(shape)) == (FPS, frames, {(height, width)})
+    assert video_facts(sorted(samples.glob("*.mp4"))[0]) == (FPS, frames, {(height, width)})
 
     comfy = tmp_path / "ComfyUI" / "models" / "loras" / "hy15_lora"
-    _invoke("model", "export", str(run), "--to", "comfyui", "-o", str(comfy))
+    invoke("model", "export", str(run), "--to", "comfyui", "-o", str(comfy))
     assert (comfy / FILE).is_file()
 
 

@@ -12,19 +12,23 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-import yaml
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recipes import (  # noqa: E402
+    ON_CPU,
+    WAN_HERE,
+    assert_trained,
+    exported,
+    finetune,
+    run_profile,
+    thinnest_wan21_vae,
+    write_videos,
+)
 from wan_fixtures import save_tiny_wan_pipeline  # noqa: E402
 
-from vidforge.cli.app import app  # noqa: E402
-from vidforge.data.media import write_video  # noqa: E402
-from vidforge.data.testing import synthetic_frames  # noqa: E402
 from vidforge.errors import UserInputError  # noqa: E402
 
 RECIPE = (
@@ -35,9 +39,6 @@ RECIPE = (
     "--set",
     "data.frame_buckets=[49]",
 )
-# This machine has no GPU; the tiny umT5's vocabulary is ten words.
-HERE = ("cluster.accelerator=cpu", "text_encoder.max_length=8", "curation.decode_workers=0",
-        "curation.transcode_workers=0", "curation.caption.decode_workers=0", "data.prefetch=0")  # fmt: skip
 # 49 frames through Wan2.1's 4x temporal, 8x spatial VAE and the 1x2x2 patch: 13 x 30 x 52.
 TOKENS_480x832x49 = ((49 - 1) // 4 + 1) * (480 // 8 // 2) * (832 // 8 // 2)
 
@@ -48,34 +49,23 @@ def wan(tmp_path_factory) -> Path:
 
 
 def _save_thinnest_vae_pipeline(root: Path) -> Path:
-    """The tiny Wan folder with the thinnest VAE diffusers' AutoencoderKLWan builds (one channel, no
-    residual blocks, Wan2.1's 4x8x8 compression): encoding 49x480x832 is the recipe's cost, not the
-    network's; measured 28 s on 2 loaded cores where `wan_fixtures`' base_dim 8 takes 182 s."""
-    from diffusers import AutoencoderKLWan, WanPipeline
+    """The tiny Wan folder with the thinnest VAE (recipes.thinnest_wan21_vae): encoding 49x480x832 is the
+    recipe's cost, not the network's."""
+    from diffusers import WanPipeline
     from wan_fixtures import text_parts, tiny_transformer
 
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(
-        base_dim=1, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=0, temperal_downsample=[False, True, True],
-        latents_mean=[0.1, 0.2, -0.1, 0.0], latents_std=[1.5, 2.0, 0.5, 1.0],
-    )  # fmt: skip
+    vae = thinnest_wan21_vae()
     WanPipeline(transformer=tiny_transformer(), vae=vae, **text_parts()).save_pretrained(root)
     return root
 
 
 def _videos(folder: Path, frames: tuple[int, ...], height: int = 480, width: int = 832) -> Path:
-    folder.mkdir(parents=True)
-    for i, n in enumerate(frames):
-        write_video(folder / f"clip{i}.mp4", synthetic_frames(n, height, width, i), fps=16)
-        (folder / f"clip{i}.txt").write_text(
-            ["a red square moving right", "a blue square moving left"][i % 2]
-        )
-    return folder
+    return write_videos(folder, frames, height, width, fps=16)
 
 
-def _finetune(videos: Path, base: Path, out: Path, *args: str, sets: tuple[str, ...] = HERE):
-    argv = ["finetune", str(videos), "--base", str(base), "-o", str(out), *RECIPE, *args]
-    return CliRunner().invoke(app, argv + [a for s in sets for a in ("--set", s)])
+def _finetune(videos: Path, base: Path, out: Path, *args: str, sets: tuple[str, ...] = WAN_HERE):
+    return finetune(videos, base, out, *RECIPE, *args, sets=sets, ok=False)
 
 
 @pytest.mark.slow(minutes=1)
@@ -84,7 +74,7 @@ def test_readme_first_recipe_trains_at_480x832x49(tmp_path) -> None:
     result = _finetune(_videos(tmp_path / "videos", (52,)), wan, out, "--steps", "1", "--validate-every", "0")
     assert result.exit_code == 0, result.output[-3000:]
     assert TOKENS_480x832x49 == 20280
-    profile = yaml.safe_load((out / "profile.yaml").read_text())
+    profile = run_profile(out)
     assert profile["data"]["token_budget"] == TOKENS_480x832x49  # sized from the bucket, not the 4096 default
     assert profile["train"]["warmup_steps"] == 0 and profile["train"]["log_every"] == 1
     assert (profile["infer"]["frames"], profile["infer"]["height"], profile["infer"]["width"]) == (
@@ -93,17 +83,16 @@ def test_readme_first_recipe_trains_at_480x832x49(tmp_path) -> None:
         832,
     )
     assert profile["infer"]["fps"] == profile["curation"]["fps"] == 16  # Wan2.1's
-    steps = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1] and all(np.isfinite(s["loss"]) for s in steps)
+    assert_trained(out, 1)
     assert "skipping" not in result.output
-    export = json.loads((out / "train" / "export" / "config.json").read_text())
+    export = exported(out)
     assert export["step"] == 1 and export["lora"]["rank"] == 16
 
 
 def test_a_token_budget_below_the_bucket_is_refused_before_any_stage(wan, tmp_path) -> None:
     out = tmp_path / "run"
     result = _finetune(
-        _videos(tmp_path / "videos", (52,), 64, 64), wan, out, sets=(*HERE, "data.token_budget=4096")
+        _videos(tmp_path / "videos", (52,), 64, 64), wan, out, sets=(*WAN_HERE, "data.token_budget=4096")
     )
     assert result.exit_code == 2
     assert f"data.token_budget=4096: the bucket of 49 frames at 480x832 is {TOKENS_480x832x49} tokens" in (
@@ -118,7 +107,8 @@ def test_a_cuda_profile_on_a_cpu_machine_is_refused_before_any_stage(wan, tmp_pa
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     out = tmp_path / "run"
-    result = _finetune(_videos(tmp_path / "videos", (9,), 64, 64), wan, out, sets=HERE[1:])
+    on_cuda = tuple(s for s in WAN_HERE if s != ON_CPU)  # the recipe's own accelerator
+    result = _finetune(_videos(tmp_path / "videos", (9,), 64, 64), wan, out, sets=on_cuda)
     assert result.exit_code == 2 and "--set cluster.accelerator=cpu" in result.output
     assert not out.exists()
 
@@ -128,7 +118,7 @@ def test_a_short_run_gets_a_warm_up_below_its_steps(wan) -> None:
     from vidforge.finetune import base_profile
     from vidforge.finetune.sizing import sized_settings
 
-    user = [*HERE, "data.buckets=[[480,832]]", "data.frame_buckets=[49]", "train.steps=5"]
+    user = [*WAN_HERE, "data.buckets=[[480,832]]", "data.frame_buckets=[49]", "train.steps=5"]
     profile = base_profile(wan, "dit1b_1xh200", ["train.warmup_steps=0", *user])  # finetune's placeholder
     sized = {s.key: s.value for s in sized_settings(profile, user)}
     assert sized["train.warmup_steps"] == 0 and sized["data.token_budget"] == TOKENS_480x832x49
@@ -237,9 +227,8 @@ def test_a_broken_video_is_named_by_its_source_in_clips_errors_and_the_refusal(w
     broken.write_bytes(b"not a video at all")
     (videos / "broken.txt").write_text("a broken file")
     out = tmp_path / "run"
-    argv = ["finetune", str(videos), "--base", str(wan), "-o", str(out), "--profile", "dit1b_1xh200"]
-    sets = (*HERE, "data.buckets=[[64,64]]", "data.frame_buckets=[17]")
-    result = CliRunner().invoke(app, argv + [a for s in sets for a in ("--set", s)])
+    sets = (*WAN_HERE, "data.buckets=[[64,64]]", "data.frame_buckets=[17]")
+    result = finetune(videos, wan, out, "--profile", "dit1b_1xh200", sets=sets, ok=False)
     assert result.exit_code == 2, result.output[-3000:]
     (error,) = [json.loads(line) for line in (out / "clips" / "errors.jsonl").read_text().splitlines()]
     assert error["source"] == str(broken)

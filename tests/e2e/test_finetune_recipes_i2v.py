@@ -8,7 +8,6 @@ VIDFORGE_TEST_RECIPES=1."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -17,36 +16,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recipes import (  # noqa: E402
+    WAN_HERE,
+    assert_trained,
+    exported,
+    finetune,
+    run_profile,
+    thinnest_wan21_vae,
+    write_videos,
+)
 from wan_fixtures import text_parts, tiny_transformer  # noqa: E402
 from wan_i2v_fixtures import save_tiny_wan_i2v_pipeline  # noqa: E402
 
-from vidforge.cli.app import app  # noqa: E402
-from vidforge.data.media import write_video  # noqa: E402
-from vidforge.data.testing import synthetic_frames  # noqa: E402
 from vidforge.data.token_budget import sample_tokens  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("VIDFORGE_TEST_RECIPES") != "1",
     reason="minutes of VAE encoding: set VIDFORGE_TEST_RECIPES=1 to train README's TI2V and I2V recipes",
 )
-# This machine has no GPU; the tiny umT5's vocabulary is ten words.
-HERE = ("cluster.accelerator=cpu", "text_encoder.max_length=8", "curation.decode_workers=0",
-        "curation.transcode_workers=0", "curation.caption.decode_workers=0", "data.prefetch=0")  # fmt: skip
 TI2V_CHANNELS = 48  # Wan2.2-TI2V-5B's VAE z_dim
-
-
-def _thinnest_wan21_vae():
-    from diffusers import AutoencoderKLWan
-
-    return AutoencoderKLWan(
-        base_dim=1, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=0, temperal_downsample=[False, True, True],
-        latents_mean=[0.1, 0.2, -0.1, 0.0], latents_std=[1.5, 2.0, 0.5, 1.0],
-    )  # fmt: skip
 
 
 def _save_thinnest_ti2v_pipeline(root: Path) -> Path:
@@ -75,15 +66,8 @@ def _save_thinnest_i2v_pipeline(root: Path) -> Path:
     for the thinnest one of the same 4 latent channels and statistics."""
     save_tiny_wan_i2v_pipeline(root)
     shutil.rmtree(root / "vae")
-    _thinnest_wan21_vae().save_pretrained(root / "vae")
+    thinnest_wan21_vae().save_pretrained(root / "vae")
     return root
-
-
-def _video(folder: Path, frames: int, height: int, width: int, fps: int) -> Path:
-    folder.mkdir(parents=True)
-    write_video(folder / "clip0.mp4", synthetic_frames(frames, height, width, 0), fps=fps)
-    (folder / "clip0.txt").write_text("a red square moving right")
-    return folder
 
 
 def _latents(out: Path) -> list[dict]:
@@ -94,18 +78,15 @@ def _latents(out: Path) -> list[dict]:
 
 def _finetune_and_check(tmp_path, base: Path, videos: Path, recipe: tuple[str, ...], shape, fps, tokens):
     out = tmp_path / "run"
-    argv = ["finetune", str(videos), "--base", str(base), "-o", str(out), "--profile", "dit1b_1xh200"]
-    argv += [*recipe, "--steps", "2", "--validate-every", "0"]
-    result = CliRunner().invoke(app, argv + [a for s in HERE for a in ("--set", s)])
-    assert result.exit_code == 0, result.output[-3000:]
-    profile = yaml.safe_load((out / "profile.yaml").read_text())
+    args = ("--profile", "dit1b_1xh200", *recipe, "--steps", "2", "--validate-every", "0")
+    result = finetune(videos, base, out, *args, sets=WAN_HERE)
+    profile = run_profile(out)
     frames, height, width = shape
     assert profile["data"]["buckets"] == [[height, width]] and profile["data"]["frame_buckets"] == [frames]
     assert profile["data"]["token_budget"] == tokens and profile["curation"]["fps"] == fps
-    steps = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2] and all(np.isfinite(s["loss"]) for s in steps)
+    assert_trained(out, 2)
     assert "skipping" not in result.output
-    export = json.loads((out / "train" / "export" / "config.json").read_text())
+    export = exported(out)
     assert export["step"] == 2
     (sample,) = _latents(out)  # the clip the steps trained on, at the bucket's shape
     assert sample_tokens(sample["latent.npy"].shape, (1, 2, 2)) == tokens
@@ -115,7 +96,7 @@ def _finetune_and_check(tmp_path, base: Path, videos: Path, recipe: tuple[str, .
 @pytest.mark.slow(minutes=5)
 def test_readme_ti2v_5b_recipe_trains_at_704x1280x121(tmp_path) -> None:
     base = _save_thinnest_ti2v_pipeline(tmp_path / "Wan2.2-TI2V-5B-tiny-Diffusers")
-    videos = _video(tmp_path / "videos", 124, 704, 1280, fps=24)
+    videos = write_videos(tmp_path / "videos", (124,), 704, 1280, fps=24)
     recipe = ("--full", "--set", "data.buckets=[[704,1280]]", "--set", "data.frame_buckets=[121]",
               "--set", "train.lr=1e-5")  # fmt: skip
     # 121 frames through the 4x16x16 VAE and the 1x2x2 patch: 31 x 22 x 40 tokens.
@@ -130,7 +111,7 @@ def test_readme_ti2v_5b_recipe_trains_at_704x1280x121(tmp_path) -> None:
 @pytest.mark.slow(minutes=3)
 def test_readme_i2v_recipe_trains_at_480x832x81(tmp_path) -> None:
     base = _save_thinnest_i2v_pipeline(tmp_path / "Wan2.1-I2V-14B-480P-tiny-Diffusers")
-    videos = _video(tmp_path / "videos", 84, 480, 832, fps=16)
+    videos = write_videos(tmp_path / "videos", (84,), 480, 832, fps=16)
     recipe = ("--set", "data.buckets=[[480,832]]", "--set", "data.frame_buckets=[81]",
               "--set", "train.lora.rank=32", "--set", "train.lora.alpha=32", "--set", "train.lr=1e-4")  # fmt: skip
     # 81 frames through Wan2.1's 4x8x8 VAE and the 1x2x2 patch: 21 x 30 x 52 tokens.

@@ -1,74 +1,46 @@
 """README's LTX-2 recipe at the shape it prints, 512x768 x 121 frames (LTX2Pipeline's default size and
 length; 16 x 16 x 24 = 6,144 tokens through the VAE's 8x32x32): `vidforge model import`, `vidforge
 finetune --base L` (a LoRA, two optimizer steps) and `vidforge infer -c L --lora RUN/train` on one generated
-video and the tiny LTX-2 folder in the published layout (`tests/ltx2_fixtures.py`: the published VAE
-compression and scheduler at toy widths). Minutes of VAE work at that size on 2 cores: opt-in,
-VIDFORGE_TEST_RECIPES=1."""
+video and the tiny LTX-2 folder in the published layout (`tests/ltx2_fixtures.py`, conftest's
+`ltx2_folder`: the published VAE compression and scheduler at toy widths). Minutes of VAE work at that
+size on 2 cores: opt-in, VIDFORGE_TEST_RECIPES=1."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-import av
-import numpy as np
 import pytest
-import yaml
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ltx2_fixtures import save_tiny_pipeline  # noqa: E402
-
-from vidforge.cli.app import app  # noqa: E402
-from vidforge.data.media import write_video  # noqa: E402
-from vidforge.data.testing import synthetic_frames  # noqa: E402
+from recipes import assert_trained, finetune, invoke, run_profile, video_facts, write_videos  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("VIDFORGE_TEST_RECIPES") != "1",
     reason="minutes of VAE work: set VIDFORGE_TEST_RECIPES=1 to run README's LTX-2 recipe",
 )
 RECIPE = ("--set", "data.buckets=[[512,768]]", "--set", "data.frame_buckets=[121]")
-HERE = ("cluster.accelerator=cpu", "curation.decode_workers=0", "curation.transcode_workers=0",
-        "curation.caption.decode_workers=0", "data.prefetch=0")  # fmt: skip
 TOKENS = ((121 - 1) // 8 + 1) * (512 // 32) * (768 // 32)
 
 
-def _invoke(argv: list[str]) -> str:
-    result = CliRunner().invoke(app, argv)
-    assert result.exit_code == 0, result.output[-3000:]
-    return result.output
-
-
 @pytest.mark.slow(minutes=6)
-def test_readme_ltx2_recipe_imports_trains_and_samples_at_512x768x121(tmp_path) -> None:
-    base = save_tiny_pipeline(tmp_path / "LTX-2")
-    _invoke(["model", "import", str(base), "-o", str(tmp_path / "ltx2_export")])
-    assert (
-        yaml.safe_load((tmp_path / "ltx2_export" / "profile.yaml").read_text())["model"]["family"] == "ltx2"
-    )
+def test_readme_ltx2_recipe_imports_trains_and_samples_at_512x768x121(ltx2_folder, tmp_path) -> None:
+    base = ltx2_folder()
+    invoke("model", "import", str(base), "-o", str(tmp_path / "ltx2_export"))
+    assert run_profile(tmp_path / "ltx2_export")["model"]["family"] == "ltx2"
 
-    videos = tmp_path / "videos"
-    videos.mkdir()
-    write_video(videos / "clip0.mp4", synthetic_frames(124, 512, 768, 0), fps=24)
-    (videos / "clip0.txt").write_text("a red square moving right")
+    videos = write_videos(tmp_path / "videos", (124,), 512, 768, fps=24)
     run = tmp_path / "ltx2_lora"
-    argv = ["finetune", str(videos), "--base", str(base), "-o", str(run), *RECIPE, "--steps", "2",
-            "--validate-every", "0"]  # fmt: skip
-    _invoke(argv + [a for s in HERE for a in ("--set", s)])
-    profile = yaml.safe_load((run / "profile.yaml").read_text())
+    finetune(videos, base, run, *RECIPE, "--steps", "2", "--validate-every", "0")
+    profile = run_profile(run)
     assert profile["data"]["token_budget"] == TOKENS == 6144 and profile["curation"]["fps"] == 24
-    steps = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2] and all(np.isfinite(s["loss"]) for s in steps)
+    assert_trained(run, 2)
 
     out = tmp_path / "ltx2_samples"
     argv = ["infer", "-c", str(base), "--lora", str(run / "train"), "--prompt", "a cat walks on the grass",
             "-o", str(out), "--set", "diffusion.steps=2", "--set", "cluster.accelerator=cpu"]  # fmt: skip
-    _invoke(argv)
+    invoke(*argv)
     (video,) = out.glob("*.mp4")
-    with av.open(str(video)) as container:
-        stream = container.streams.video[0]
-        frames = sum(1 for _ in container.decode(stream))
-        assert (stream.height, stream.width, frames, float(stream.average_rate)) == (512, 768, 121, 24)
+    assert video_facts(video) == (24, 121, {(512, 768)})
