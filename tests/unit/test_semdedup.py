@@ -299,3 +299,21 @@ def test_probes_are_each_clips_nearest_fine_centroids_read_in_one_pass_in_row_or
         expected = allowed[(x[rows] @ centroids[allowed].T).topk(cfg.probes, dim=1).indices]
         assert np.array_equal(probes[rows.numpy()], expected.numpy()), c
     assert sum(gathered) <= cfg.sample_per_cluster * (len(coarse) + len(centroids))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gather_rows_reads_what_indexing_the_array_gives(tmp_path, dtype) -> None:
+    """`gather_rows` (the dedup's scattered reads, by position with read-ahead off) against numpy's own
+    indexing of the loaded array: rows in any order, repeated, in runs and alone."""
+    from vidforge.data.embeddings import gather_rows
+
+    array = np.random.default_rng(0).standard_normal((5000, 24)).astype(dtype)
+    path = tmp_path / "part.vectors.npy"
+    np.save(path, array)
+    rng = np.random.default_rng(1)
+    rows = np.concatenate([rng.integers(0, 5000, 3000), np.arange(100, 160), [4999, 0, 0, 7]])
+    rng.shuffle(rows)
+    assert np.array_equal(gather_rows(path, rows), array[rows])
+    assert gather_rows(path, np.zeros(0, np.int64)).shape == (0, 24)
+    with pytest.raises(IndexError):
+        gather_rows(path, np.array([5000]))

@@ -48,7 +48,7 @@ import numpy as np
 
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
-from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore, read_rows
+from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore, gather_rows, read_rows
 from vidforge.data.manifest import atomic_path, stable_id, write_json, write_jsonl
 from vidforge.data.units import UNITS_DIR, UnitLedger
 from vidforge.device import select_device
@@ -113,14 +113,14 @@ class Corpus:
         return np.searchsorted(self.run_starts, np.asarray(rows), side="right") - 1
 
     def exact(self, rows: np.ndarray) -> np.ndarray:
-        """float32 unit vectors of `rows` (any order), from the stores: each shard mapped only while its rows
-        are gathered, so the pages read do not stay in this process."""
+        """float32 unit vectors of `rows` (any order), from the stores: each row read where it lies
+        (`gather_rows`), so neither the pages read nor a read-ahead around them stay in this process."""
         rows = np.asarray(rows, np.int64)
         out = np.zeros((len(rows), self.dim), np.float32)
         part = np.searchsorted(self.starts, rows, side="right") - 1
         for p in np.unique(part):
             at = np.flatnonzero(part == p)
-            out[at] = np.load(self.files[p], mmap_mode="r")[rows[at] - self.starts[p]]
+            out[at] = gather_rows(self.files[p], rows[at] - self.starts[p])
         return _unit_rows(out)
 
     def chunks(self) -> Iterator[np.ndarray]:
