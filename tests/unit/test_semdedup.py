@@ -262,3 +262,58 @@ def test_nearest_centroids_do_not_depend_on_the_block(monkeypatch) -> None:
     whole = (x @ centroids.T).topk(4, dim=1).indices
     monkeypatch.setattr(semdedup, "_SIMS_BLOCK", 500 * 100)  # 100 rows a block
     assert torch.equal(semdedup._nearest(x, centroids, 4), whole)
+
+
+def test_probes_are_each_clips_nearest_fine_centroids_read_in_one_pass_in_row_order(
+    tmp_path, monkeypatch
+) -> None:
+    """The partition's probes, against a direct computation from the k-means' own centroids: each clip's
+    `probes` most similar fine centroids among those of the coarse cells its cell's clips reach. Beyond
+    the k-means samples, the stores are read in row order only (scattered gathers of whole cells were
+    ~1 TB of read-ahead at 10M clips)."""
+    import torch
+
+    runs, vectors = two_runs(tmp_path, n=3000, d=32)
+    cfg = load_profile(None, SETS).curation.semantic_dedup
+    fitted = []
+    kmeans = semdedup.spherical_kmeans
+    monkeypatch.setattr(semdedup, "spherical_kmeans", lambda *a: fitted.append(kmeans(*a)) or fitted[-1])
+    gathered = []
+    exact = semdedup.Corpus.exact
+    monkeypatch.setattr(
+        semdedup.Corpus, "exact", lambda self, rows: gathered.append(len(rows)) or exact(self, rows)
+    )
+    corpus = semdedup.load_corpus(runs)
+    probes = semdedup.partition(corpus, cfg)
+
+    x = torch.from_numpy(vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+    coarse, fine = fitted[0], fitted[1:]
+    near = (x @ coarse.T).topk(cfg.coarse_probes, dim=1).indices
+    cell = near[:, 0]
+    cells_with_clips = sorted(set(cell.tolist()))  # each fitted its fine centroids, in cell order
+    cell_of_fine = torch.cat([torch.full((len(f),), c) for c, f in zip(cells_with_clips, fine, strict=True)])
+    centroids = torch.cat(fine)
+    for c in cells_with_clips:
+        rows = torch.nonzero(cell == c).flatten()
+        allowed = torch.nonzero(torch.isin(cell_of_fine, torch.unique(near[rows]))).flatten()
+        expected = allowed[(x[rows] @ centroids[allowed].T).topk(cfg.probes, dim=1).indices]
+        assert np.array_equal(probes[rows.numpy()], expected.numpy()), c
+    assert sum(gathered) <= cfg.sample_per_cluster * (len(coarse) + len(centroids))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gather_rows_reads_what_indexing_the_array_gives(tmp_path, dtype) -> None:
+    """`gather_rows` (the dedup's scattered reads, by position with read-ahead off) against numpy's own
+    indexing of the loaded array: rows in any order, repeated, in runs and alone."""
+    from vidforge.data.embeddings import gather_rows
+
+    array = np.random.default_rng(0).standard_normal((5000, 24)).astype(dtype)
+    path = tmp_path / "part.vectors.npy"
+    np.save(path, array)
+    rng = np.random.default_rng(1)
+    rows = np.concatenate([rng.integers(0, 5000, 3000), np.arange(100, 160), [4999, 0, 0, 7]])
+    rng.shuffle(rows)
+    assert np.array_equal(gather_rows(path, rows), array[rows])
+    assert gather_rows(path, np.zeros(0, np.int64)).shape == (0, 24)
+    with pytest.raises(IndexError):
+        gather_rows(path, np.array([5000]))

@@ -20,16 +20,15 @@ Finding the pairs in N x cluster_size work:
    killed run resumes by cluster; the partition is saved first (OUT/plan.npy) and reused.
 
 Memory: the vectors stay in the stores. One pass over the stores digests the input (the resume key) and
-finds rows that are not finite, the k-means reads its samples, one more pass assigns every clip to a
-coarse cell, then a cell's and a cluster's rows are read as each is needed. What is held a clip (int32,
-at the default 4 probes): the rank 4 bytes throughout; in the partition the coarse cell 4 until the
-cells' member lists 4 are made, then those and the probes 16 (24 with the rank at its peak); in the
+finds rows that are not finite, the k-means reads its samples, two more passes assign every clip to a
+coarse cell and find its probes, then a cluster's rows are read as its unit needs them. What is held a
+clip (int32, at the default 4 probes): the rank 4 bytes throughout; in the partition the coarse cell 4,
+the cells' member lists 4 during the fine k-means, the probes 16 (28 with the rank at its peak); in the
 grouping the probes and the groups' row lists 16 (36); in the pairs the rank and the groups (20).
-Besides, bounded whatever N is: torch (~0.5 GB), a gather of `_CHUNK` rows (64 MB at 512-d) and the
-shard it reads while mapped (its file pages count in RSS: up to a shard), one similarity block
-(`_SIMS_BLOCK`, `_PAIR_BLOCK`: 16 MB), the fine centroids and a cell's candidates among them (K x D
-float32 each: 20 MB at 10M clips), a sort chunk (`_SORT_CHUNK`) and the clusters in flight (measured:
-docs/benchmarks.md).
+Besides, bounded whatever N is: torch (~0.5 GB), a gather of `_CHUNK` rows (64 MB at 512-d: read by
+position, `gather_rows`, so no shard's pages stay mapped), one similarity block (`_SIMS_BLOCK`,
+`_PAIR_BLOCK`: 16 MB), the fine centroids and a cell's candidates among them (K x D float32 each: 20 MB
+at 10M clips), a sort chunk (`_SORT_CHUNK`) and the clusters in flight (measured: docs/benchmarks.md).
 
 Output: OUT/dropped.jsonl (clip_id, run, duplicate_of, duplicate_run, similarity), OUT/summary.json.
 """
@@ -50,7 +49,7 @@ import numpy as np
 
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
-from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore, read_rows
+from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore, gather_rows, read_rows
 from vidforge.data.manifest import atomic_path, stable_id, write_json, write_jsonl
 from vidforge.data.units import UNITS_DIR, UnitLedger
 from vidforge.device import select_device
@@ -115,14 +114,14 @@ class Corpus:
         return np.searchsorted(self.run_starts, np.asarray(rows), side="right") - 1
 
     def exact(self, rows: np.ndarray) -> np.ndarray:
-        """float32 unit vectors of `rows` (any order), from the stores: each shard mapped only while its rows
-        are gathered, so the pages read do not stay in this process."""
+        """float32 unit vectors of `rows` (any order), from the stores: each row read where it lies
+        (`gather_rows`), so neither the pages read nor a read-ahead around them stay in this process."""
         rows = np.asarray(rows, np.int64)
         out = np.zeros((len(rows), self.dim), np.float32)
         part = np.searchsorted(self.starts, rows, side="right") - 1
         for p in np.unique(part):
             at = np.flatnonzero(part == p)
-            out[at] = np.load(self.files[p], mmap_mode="r")[rows[at] - self.starts[p]]
+            out[at] = gather_rows(self.files[p], rows[at] - self.starts[p])
         return _unit_rows(out)
 
     def chunks(self) -> Iterator[np.ndarray]:
@@ -285,12 +284,12 @@ def partition(corpus: Corpus, cfg) -> np.ndarray:
     """(N, probes) cluster ids per clip, nearest first (column 0: the cluster it belongs to); -1 pads a
     row with fewer candidate clusters than probes, and is every cluster of a row that is not finite
     (compared with nothing). `cfg` is `curation.semantic_dedup`. The vectors are read from the stores as
-    they are needed: the k-means samples, one pass assigning every clip to a coarse cell, then a cell's
-    clips at a time (a few thousand rows in hand, whatever N is).
+    they are needed: the k-means samples, one pass assigning every clip to a coarse cell, one more
+    finding its probes (`_probes`; a chunk of rows in hand, whatever N is).
 
-    Held a clip while it runs (int32): its coarse cell 4 bytes, the cells' member lists 4, the probes
-    4 x probes; the pass over the stores keeps of each clip's `coarse_probes` nearest cells only which
-    cells its cell's clips reach (a cells x cells table)."""
+    Held a clip while it runs (int32): its coarse cell 4 bytes, the cells' member lists 4 (during the
+    fine k-means), the probes 4 x probes; the first pass keeps of each clip's `coarse_probes` nearest
+    cells only which cells its cell's clips reach (a cells x cells table)."""
     import torch
 
     device = select_device(cfg.device, "curation.semantic_dedup.device")
@@ -315,7 +314,6 @@ def partition(corpus: Corpus, cfg) -> np.ndarray:
         reach[near[:, :1], near] = True
         row += len(near)
     members, bounds = _rows_by_key(cell[:, None], len(coarse))  # each cell's clips in row order
-    del cell
     fine, first_of = [], [0]
     for c in range(len(coarse)):
         rows = members[bounds[c] : bounds[c + 1]]
@@ -324,20 +322,44 @@ def partition(corpus: Corpus, cfg) -> np.ndarray:
             sub = rows[_sample(len(rows), cfg.sample_per_cluster * kc, gen).numpy()]
             fine.append(spherical_kmeans(rows_of(sub), kc, cfg.iterations, gen))
         first_of.append(first_of[-1] + (len(fine[-1]) if kc else 0))
+    del members, bounds
     centroids = torch.cat(fine)
-    probes = np.full((n, cfg.probes), -1, np.int32)
-    for c in range(len(coarse)):
-        rows = members[bounds[c] : bounds[c + 1]]
-        if not len(rows):
-            continue
-        # The fine centroids of every coarse cell that any member has among its nearest `coarse_probes`:
-        # chosen by the cell's centroids alone, a clip near a far side of its cell missed its twin's cluster.
-        cells = np.flatnonzero(reach[c]).tolist()
-        candidates = torch.cat([torch.arange(first_of[d], first_of[d + 1], device=device) for d in cells])
-        among = centroids[candidates]
-        for s in range(0, len(rows), _CHUNK):
-            picked = _nearest(rows_of(rows[s : s + _CHUNK]), among, cfg.probes)
-            probes[rows[s : s + _CHUNK], : picked.shape[1]] = candidates[picked].cpu().numpy()
+    return _probes(corpus, cell, reach, centroids, first_of, cfg.probes, device)
+
+
+def _probes(
+    corpus: Corpus, cell: np.ndarray, reach: np.ndarray, centroids, first_of: list[int], top: int, device
+):
+    """(N, top) nearest fine centroids of every clip among those of the coarse cells its cell's clips reach
+    (chosen by the cell's centroids alone, a clip near a far side of its cell missed its twin's cluster).
+
+    One pass over the stores in row order, a chunk's clips grouped by cell: gathering a cell's clips
+    instead read every clip at random, at 10M (a 20 GB store, larger than the page cache) 290 GB of
+    mapped pages' read-around in the partition's first hour, and by position still a disk round trip a
+    row."""
+    import torch
+
+    candidates: dict[int, torch.Tensor] = {}  # a cell's fine centroids, as ids into `centroids`
+
+    def candidates_of(c: int) -> torch.Tensor:
+        if c not in candidates:
+            candidates[c] = torch.cat(
+                [torch.arange(first_of[d], first_of[d + 1], device=device) for d in np.flatnonzero(reach[c])]
+            )
+        return candidates[c]
+
+    probes = np.full((len(cell), top), -1, np.int32)
+    row = 0
+    for x in corpus.chunks():
+        here = cell[row : row + len(x)]
+        for c in np.unique(here).tolist():
+            at = np.flatnonzero(here == c)
+            ids = candidates_of(c)
+            # a cell whose clips reach every cell (random vectors' cells do) needs no copy
+            among = centroids if len(ids) == len(centroids) else centroids[ids]
+            picked = _nearest(torch.from_numpy(x[at]).to(device), among, top)
+            probes[row + at, : picked.shape[1]] = ids[picked].cpu().numpy()
+        row += len(x)
     probes[corpus.not_finite] = -1
     return probes
 
