@@ -256,3 +256,32 @@ def test_an_error_in_a_set_value_names_the_set_and_one_in_the_file_names_the_fil
         "--set train.lr=0: Input should be greater than 0, got 0; "
         f"{path}: train.warmup_steps: Input should be greater than or equal to 0, got -1"
     )
+
+
+def test_field_descriptions_are_the_docstrings_under_them_as_pydantic_reads_them() -> None:
+    """Section reads each module's source once (pydantic parsed it again for every class); what it finds
+    must be what pydantic's own `use_attribute_docstrings` finds."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Ours(Section):
+        width: int = 3
+        """How wide.
+
+        In pixels."""
+        named: str = Field("x", description="given in the field")
+        """not this one"""
+        plain: int = 1
+
+    class Theirs(BaseModel):
+        model_config = ConfigDict(use_attribute_docstrings=True)
+        width: int = 3
+        """How wide.
+
+        In pixels."""
+        named: str = Field("x", description="given in the field")
+        """not this one"""
+        plain: int = 1
+
+    ours = {name: f.description for name, f in Ours.model_fields.items()}
+    assert ours == {name: f.description for name, f in Theirs.model_fields.items()}
+    assert ours == {"width": "How wide.\n\nIn pixels.", "named": "given in the field", "plain": None}
