@@ -25,10 +25,10 @@ coarse cell and find its probes, then a cluster's rows are read as its unit need
 clip (int32, at the default 4 probes): the rank 4 bytes throughout; in the partition the coarse cell 4,
 the cells' member lists 4 during the fine k-means, the probes 16 (28 with the rank at its peak); in the
 grouping the probes and the groups' row lists 16 (36); in the pairs the rank and the groups (20).
-Besides, bounded whatever N is: torch (~0.5 GB), a gather of `_CHUNK` rows (64 MB at 512-d: read by
-position, `gather_rows`, so no shard's pages stay mapped), one similarity block (`_SIMS_BLOCK`,
-`_PAIR_BLOCK`: 16 MB), the fine centroids and a cell's candidates among them (K x D float32 each: 20 MB
-at 10M clips), a sort chunk (`_SORT_CHUNK`) and the clusters in flight (measured: docs/benchmarks.md).
+Besides, bounded whatever N is: torch (~0.5 GB), a pass's chunk of `_LOAD_ROWS` rows (32 MB at 512-d)
+or a cell's k-means sample (read by position, `gather_rows`, so no shard's pages stay mapped), one
+similarity block (`_SIMS_BLOCK`, `_PAIR_BLOCK`: 16 MB), the fine centroids and a cell's candidates among
+them (K x D float32 each: 20 MB at 10M clips), a sort chunk (`_SORT_CHUNK`) and the clusters in flight (measured: docs/benchmarks.md).
 
 Output: OUT/dropped.jsonl (clip_id, run, duplicate_of, duplicate_run, similarity), OUT/summary.json.
 """
@@ -63,7 +63,6 @@ _WHO_WRITES = {
     AESTHETIC: "dedup the output of `vidforge caption` run on it with curation.caption.aesthetic.enabled=true",
     DURATION: "rerun `vidforge clip` on it to rewrite its store",
 }
-_CHUNK = 1 << 15  # rows gathered from the stores at a time when assigning a coarse cell's clips
 _SIMS_BLOCK = 1 << 22  # similarities per matmul when assigning clips to centroids (16 MB of float32):
 # a cell's clips are matched against the fine centroids of every cell near them, up to all K of them
 # (10K at 10M clips), and 32K rows x 10K centroids was a 1.3 GB block
