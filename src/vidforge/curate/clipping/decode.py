@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import cv2
 import numpy as np
 
@@ -23,7 +22,15 @@ from vidforge.curate.clipping.shots import ShotDetector, detection_size, make_de
 from vidforge.curate.inputs import is_url
 from vidforge.curate.items import Analysis, Shot, VideoInfo
 from vidforge.curate.stage import ItemError, Stage
-from vidforge.curate.video.container import error_reason, frame_rate, open_source, video_stream
+from vidforge.curate.video.container import (
+    Damaged,
+    error_reason,
+    frame_rate,
+    open_source,
+    stated_length,
+    undamaged,
+    video_stream,
+)
 from vidforge.curate.video.geometry import display_size, sample_aspect
 from vidforge.curate.video.gpu_decode import gpu_frames, presentation_pts
 from vidforge.profile.curation import Curation
@@ -87,19 +94,6 @@ def _mean_difference(a: np.ndarray, b: np.ndarray) -> float:
     return cv2.sumElems(cv2.absdiff(a, b))[0] / a.size
 
 
-class _Damaged(Exception):
-    """The decoder failed (its FFmpegError is the cause): told apart from the recorder's errors, which
-    are PyAV's too (its OSErrors are FFmpegErrors) but no fault of the source's."""
-
-
-def _undamaged(pictures):
-    """`pictures`, a decoder error raised as _Damaged."""
-    try:
-        yield from pictures
-    except av.FFmpegError as err:
-        raise _Damaged from err
-
-
 def _gpu_pictures(source: str, container, stream):
     """The same from NVDEC (video/gpu_decode.py): the first frame, decoded by PyAV, gives the rotation and
     interlacing; the others come as pictures alone (frame None)."""
@@ -128,7 +122,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
         boundary: dict[int, np.ndarray] = {}
         collect_until, pts_list, static, rotation, interlaced = -1, [], [], 0, False
         prev_gray, first_pts, index = None, None, 0
-        pictures = _undamaged(
+        pictures = undamaged(
             _gpu_pictures(source, container, stream) if on_gpu else _cpu_pictures(container, stream)
         )
         try:
@@ -161,7 +155,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
                         boundary[index] = bgr[..., ::-1].copy()
                     collect_until = _grab(cuts, ring, boundary, cfg.stitch_frames, collect_until)
                 index += 1
-        except _Damaged as damaged:
+        except Damaged as damaged:
             err = damaged.__cause__
             if not pts_list:
                 raise ItemError(f"cannot decode: {error_reason(err)}") from None
@@ -174,7 +168,7 @@ def _analyse(source: str, cfg: Curation, detector, recorder: ShotRecorder | None
             ) from None
         if not pts_list:
             raise ItemError("no decodable video frames")
-        _check_whole(container, stream, pts_list[-1] - first_pts + step, time_base)
+        _check_whole(source, container, stream, pts_list[-1] - first_pts + step, time_base)
         final = _indices(shots.finish(), pts_list, first_pts)
         if keep_back:
             _grab(final, ring, boundary, cfg.stitch_frames, collect_until)
@@ -228,15 +222,19 @@ def _info(stream, fps: Fraction, rotation: int, interlaced: bool) -> VideoInfo:
     )
 
 
-def _check_whole(container, stream, decoded: int, time_base: Fraction) -> None:
-    """ItemError for a file cut off part-way (a broken download or copy): an MP4/QuickTime index gives its
-    track's exact length, and with frame threads FFmpeg ends such a file at the cut without an error.
-    A shortfall under half a second or 2% (an edit list's trim) passes."""
-    if "mp4" not in container.format.name.split(",") or not stream.duration:
-        return  # other containers' durations may be estimates (MPEG-TS from the bit rate)
-    declared, got = float(stream.duration * time_base), float(decoded * time_base)
+def _check_whole(source: str, container, stream, decoded: int, time_base: Fraction) -> None:
+    """ItemError for a file cut off part-way (a broken download or copy): with frame threads FFmpeg ends
+    such a file at the cut without an error, so its decoded length is held to the length its container
+    states exactly (an MP4 index, a Matroska header: video/container.py's `stated_length`, which says
+    why MPEG-TS and the rest state none). A shortfall under half a second or 2% (an edit list's trim)
+    passes."""
+    stated = stated_length(source, container, stream)
+    if stated is None:
+        return
+    declared, where = stated
+    got = float(decoded * time_base)
     if declared - got > max(TRUNCATION_SLACK_S, TRUNCATION_SLACK * declared):
-        raise ItemError(f"truncated: decodes to {got:.2f} s of the {declared:.2f} s its index holds")
+        raise ItemError(f"truncated: decodes to {got:.2f} s of the {declared:.2f} s {where}")
 
 
 def _indices(cut_pts: list[int], pts_list: list[int], first_pts: int) -> list[int]:

@@ -21,14 +21,29 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from vidforge.curate.clipping.shot_recorder import RecordingError, ShotRecorder
 from vidforge.curate.items import RecordedShot, VideoInfo
+from vidforge.curate.stage import one_line
+from vidforge.curate.video.container import (
+    Damaged,
+    error_reason,
+    frame_rate,
+    open_source,
+    undamaged,
+    video_stream,
+)
 from vidforge.profile.curation import Curation
 
 log = logging.getLogger(__name__)
 
 
 class RecorderProcess:
-    """ShotRecorder's interface (`begin`, `cut`, `push`, `finish`, `discard`), recorded by a child."""
+    """ShotRecorder's interface (`begin`, `cut`, `push`, `finish`, `discard`), recorded by a child.
+
+    As in one process, a shot file the child cannot write is a `RecordingError` naming the file, raised
+    by the next call once the child has stopped (by `finish` at the latest): no fault of the source's, so
+    the next run tries it again. Any other failure of the child (it died, its own decode failed where
+    the parent's did not) leaves the clips to be cut from the source, with a warning."""
 
     def __init__(self, source: str, clips_dir: Path, cfg: Curation, lag: int, samples: int):
         self.source = source
@@ -41,6 +56,7 @@ class RecorderProcess:
         self._proc.start()
         child.close()
         self._closed = False
+        self._answer: tuple[str, Any] | None = None  # the child's answer, once it has stopped
 
     def begin(self, info: VideoInfo, time_base: Fraction) -> None:
         self._send(("begin", info, time_base))
@@ -53,11 +69,10 @@ class RecorderProcess:
 
     def finish(self) -> list[RecordedShot]:
         self._send(("finish",))
-        try:
-            kind, value = self._conn.recv()
-        except EOFError:
-            kind, value = "error", "the recording process died"
+        kind, value = self._answer or self._receive()
         self._close()
+        if kind == "recording":
+            raise RecordingError(value)
         if kind == "error":  # the clips are then cut from the source, as when nothing was recorded
             log.warning(
                 "%s: recording shots in a second process failed (%s); cutting from the source",
@@ -69,18 +84,27 @@ class RecorderProcess:
 
     def discard(self) -> None:
         if not self._closed:
-            self._send(("discard",))
-            try:
-                self._conn.recv()  # its files are gone once it answers
-            except EOFError:
-                pass
+            self._send(("discard",), raising=False)
+            if self._answer is None:
+                self._receive()  # its files are gone once it answers
             self._close()
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: tuple, raising: bool = True) -> None:
+        """Send `message` to the child; once it has stopped (its end of the pipe is closed), read its
+        answer instead, and raise its RecordingError."""
+        if self._answer is None:
+            try:
+                self._conn.send(message)
+            except OSError:  # BrokenPipeError: the child stopped, and its answer waits in the pipe
+                self._answer = self._receive()
+        if raising and self._answer is not None and self._answer[0] == "recording":
+            raise RecordingError(self._answer[1])
+
+    def _receive(self) -> tuple[str, Any]:
         try:
-            self._conn.send(message)
-        except (BrokenPipeError, OSError):
-            pass  # the child failed: finish() says why
+            return self._conn.recv()
+        except (EOFError, OSError):
+            return "error", "the recording process died"
 
     def _close(self) -> None:
         self._closed = True
@@ -89,45 +113,38 @@ class RecorderProcess:
 
 
 def _child(conn, source: str, clips_dir: Path, cfg: Curation, lag: int, samples: int) -> None:
-    from vidforge.curate.clipping.shot_recorder import ShotRecorder
-
     recorder = ShotRecorder(source, clips_dir, cfg, lag, samples)
     try:
         message = conn.recv()
-        if message[0] != "begin":
-            recorder.discard()
-            conn.send(("discarded", None))
-            return
-        recorder.begin(message[1], message[2])
-        outcome = _record(conn, source, recorder)
-        if outcome == "discard":
-            recorder.discard()
-            conn.send(("discarded", None))
-        else:
+        outcome = _record(conn, source, recorder, message[1:]) if message[0] == "begin" else "discard"
+        if outcome == "finish":
             conn.send(("done", recorder.finish()))
-    except BaseException as err:  # noqa: BLE001 - reported to the parent, which records the source's error
+        else:
+            recorder.discard()
+            conn.send(("discarded", None))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it or falls back
         recorder.discard()
+        answer = ("recording", str(err)) if isinstance(err, RecordingError) else ("error", one_line(err))
         try:
-            conn.send(("error", f"{type(err).__name__}: {err}"))
+            conn.send(answer)
         except OSError:
             pass
     finally:
         conn.close()
 
 
-def _record(conn, source: str, recorder) -> str:
-    """Decode the source and push its frames as the parent's messages allow; 'finish' or 'discard'."""
-    import av
-
-    from vidforge.curate.video.container import frame_rate, open_source, video_stream
-
+def _record(conn, source: str, recorder: ShotRecorder, begin: tuple) -> str:
+    """Decode the source and push its frames as the parent's messages allow; 'finish' or 'discard'.
+    Only the decoder's errors are the source's (Damaged); the recorder's are RecordingErrors."""
+    recorder.begin(*begin)
+    damaged = None
     with open_source(source) as container:
         stream = video_stream(container)
         stream.thread_type = "AUTO"
         step = max(1, round(1 / (frame_rate(stream) * stream.time_base)))
         last_pts, index = None, 0
         try:
-            for frame in container.decode(stream):
+            for frame in undamaged(container.decode(stream)):
                 # The same timestamp rules as decode._analyse: a frame without one follows the last.
                 pts = frame.pts if frame.pts is not None else (last_pts + step if last_pts is not None else 0)
                 if last_pts is not None and pts <= last_pts:
@@ -143,11 +160,11 @@ def _record(conn, source: str, recorder) -> str:
                         return message[0]
                 recorder.push(index, frame)
                 index += 1
-        except av.FFmpegError:
-            pass  # damaged part-way: the parent fails the source too, and discards what this recorded
-    while True:  # the final cuts, then the end
-        message = conn.recv()
+        except Damaged as err:
+            damaged = err  # the parent's decode fails there too, and has this discard what it recorded
+    while (message := conn.recv())[0] in ("cut", "push"):  # the final cuts, then the end
         if message[0] == "cut":
             recorder.cut(message[1])
-        elif message[0] != "push":
-            return message[0]
+    if message[0] == "finish" and damaged is not None:  # the parent decoded further: the file changed
+        raise RuntimeError(f"its decode failed after frame {index}: {error_reason(damaged.__cause__)}")
+    return message[0]

@@ -1,10 +1,14 @@
 """Opening a video source with PyAV: a local path or an fsspec URL, its first decodable video stream and
-frame rate, and why a source that does not open failed (empty, truncated, not a video). Decoding
-(clipping/decode.py), the recorder's own process (clipping/recorder_process.py) and transcoding all open sources here."""
+frame rate, why a source that does not open failed (empty, truncated, not a video), its decoder's errors
+told apart from an encoder's (`undamaged`), and the length its container states (`stated_length`).
+Decoding (clipping/decode.py), the recorder's own process (clipping/recorder_process.py) and transcoding
+all open sources here."""
 
 from __future__ import annotations
 
+import os
 import re
+import struct
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -92,8 +96,122 @@ def video_stream(container):
     return stream
 
 
+class Damaged(Exception):
+    """The decoder failed (its FFmpegError is the cause): told apart from an encoder's errors, which are
+    PyAV's too (its OSErrors are FFmpegErrors) but no fault of the source's."""
+
+
+def undamaged(frames):
+    """`frames` (a container's decode), a decoder error raised as Damaged."""
+    try:
+        yield from frames
+    except av.FFmpegError as err:
+        raise Damaged from err
+
+
 def frame_rate(stream) -> Fraction:
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     if not rate or rate <= 0:
         raise ItemError("no frame rate in the stream")
     return Fraction(rate.numerator, rate.denominator)
+
+
+def stated_length(source: str, container, stream) -> tuple[float, str] | None:
+    """(seconds, where it is stated): how long the video stream decodes, as its container states it
+    exactly, measured from its first frame; None where it states nothing exact.
+
+    - MP4/QuickTime: the track's duration in its index (a cut-off download keeps its index when the index
+      comes first, as in streamed files).
+    - Matroska/WebM: the Segment's Duration in its header, only when the file ends before its Segment does
+      (bytes missing at the end): the Duration spans every track, so an intact file whose audio outlasts
+      its video would read as short. A file written live (no Segment size, no Duration) states nothing.
+    - MPEG-TS states no length: FFmpeg reads the last timestamp in the file, so a cut file's duration is
+      where it was cut (measured: a 4.75 s file cut at 30% says 1.46 s and decodes 1.50 s).
+    - The rest: FFmpeg's duration may be an estimate from the bit rate."""
+    formats = container.format.name.split(",")
+    if "mp4" in formats:
+        return (float(stream.duration * stream.time_base), "its index holds") if stream.duration else None
+    if "matroska" not in formats:
+        return None
+    try:
+        head, size = _head_and_size(source)
+        segment_end, duration = _matroska_segment(head)
+    except (OSError, ValueError, IndexError, struct.error):
+        return None
+    if duration is None or segment_end is None or segment_end <= size:
+        return None
+    start = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
+    return duration - start, "its header states"
+
+
+_HEAD_BYTES = 1 << 16  # muxers write the Segment's Info before its first Cluster, in its first KBs
+# Matroska's EBML element IDs (matroska.org/technical/elements.html) on the way to the Segment's Duration.
+_EBML, _SEGMENT, _INFO, _CLUSTER = 0x1A45DFA3, 0x18538067, 0x1549A966, 0x1F43B675
+_TIMESTAMP_SCALE, _DURATION = 0x2AD7B1, 0x4489
+
+
+def _head_and_size(source: str) -> tuple[bytes, int]:
+    """The first _HEAD_BYTES of a local path or an fsspec URL, and its size in bytes."""
+    if is_url(source):
+        import fsspec
+
+        opened = fsspec.open(source, "rb")
+    else:
+        opened = open(source, "rb")  # noqa: SIM115 - closed by the with below
+    with opened as f:
+        return f.read(_HEAD_BYTES), f.seek(0, os.SEEK_END)
+
+
+def _matroska_segment(head: bytes) -> tuple[int | None, float | None]:
+    """(where the Segment ends, in bytes from the file's start, None when its size is unknown; its
+    Duration in seconds, None when not in `head`) from a Matroska file's first bytes."""
+    eid, data, size = _element(head, 0)
+    if eid != _EBML or size is None:
+        return None, None
+    eid, data, size = _element(head, data + size)
+    if eid != _SEGMENT:
+        return None, None
+    segment_end, pos = (None if size is None else data + size), data
+    while pos < len(head):  # the Segment's children, up to its first Cluster
+        eid, data, size = _element(head, pos)
+        if eid == _INFO and size is not None:
+            return segment_end, _info_duration(head[data : data + size])
+        if eid == _CLUSTER or size is None:
+            break
+        pos = data + size
+    return segment_end, None
+
+
+def _info_duration(info: bytes) -> float | None:
+    """The Duration in a Segment Info element's data, in seconds (ticks of TimestampScale ns)."""
+    scale, duration, pos = 1_000_000, None, 0  # TimestampScale's default: 1 ms a tick
+    while pos < len(info):
+        eid, data, size = _element(info, pos)
+        if size is None:
+            return None
+        value = info[data : data + size]
+        if eid == _TIMESTAMP_SCALE:
+            scale = int.from_bytes(value, "big")
+        elif eid == _DURATION:
+            duration = struct.unpack(">f" if size == 4 else ">d", value)[0]
+        pos = data + size
+    return duration * scale / 1e9 if duration is not None else None
+
+
+def _element(data: bytes, pos: int) -> tuple[int, int, int | None]:
+    """The EBML element at `pos`: its ID, where its data starts, and its data's size (None: unknown, as a
+    live writer leaves it). IndexError past `data`'s end, ValueError on bytes that are no element."""
+    eid, pos, _ = _vint(data, pos)
+    size, pos, width = _vint(data, pos)
+    size &= (1 << (7 * width)) - 1  # without the length marker
+    return eid, pos, None if size == (1 << (7 * width)) - 1 else size
+
+
+def _vint(data: bytes, pos: int) -> tuple[int, int, int]:
+    """An EBML variable-length integer at `pos`, its length marker kept: (value, where it ends, width)."""
+    width = 9 - data[pos].bit_length()  # one leading zero bit per byte beyond the first
+    if width > 8:
+        raise ValueError(f"no EBML element at byte {pos}")
+    if pos + width > len(data):
+        raise IndexError(pos)
+    return int.from_bytes(data[pos : pos + width], "big"), pos + width, width
