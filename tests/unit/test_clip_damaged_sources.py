@@ -28,6 +28,7 @@ from curation_fixtures import CLIP_OPEN_SETS
 
 from vidforge.curate import clip
 from vidforge.curate.clipping.decode import analyse
+from vidforge.curate.clipping.shot_recorder import RecordingError
 from vidforge.curate.stage import ItemError
 from vidforge.data.manifest import TMP_MARK, stable_id
 from vidforge.profile import load_profile
@@ -230,3 +231,27 @@ def test_a_shot_the_recording_process_cannot_write_is_retried_not_damage(damaged
     assert not again.partial and not _lines(out / "errors.jsonl")
     records = _lines(out / "manifest.jsonl")
     assert len(records) >= 2 and again.summary["clips_recorded"] == len(records)
+
+
+def test_the_analysis_stops_at_once_when_the_recording_process_fails(tmp_path):
+    """A long source whose first shot's file cannot be written: the analysing parent learns it from the
+    pipe the child closed (at its next push), not after decoding the rest of the source."""
+    source = tmp_path / "long.mp4"
+    with av.open(str(source), "w") as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 32, 16, "yuv420p"
+        stream.options = {"preset": "ultrafast"}
+        for i in range(4000):  # a cut at frame 30, then 2.8 minutes of one slowly changing shot
+            picture = np.full((16, 32, 3), 20 if i < 30 else 200, np.uint8)
+            picture[:8, :16] += np.uint8(i % 7)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+        container.mux(stream.encode(None))
+    _CHILD_FILE_LIMIT.append(1024)
+    try:
+        with pytest.raises(RecordingError) as caught:
+            analyse(str(source), Curation(stitch=False), record_to=tmp_path / "clips", record_process=True)
+    finally:
+        _CHILD_FILE_LIMIT.clear()
+    assert f".shot-{stable_id(str(source))}-0{TMP_MARK}" in str(caught.value)
+    assert [entry.name for entry in caught.traceback][-2:] == ["push", "_send"]
+    _nothing_left(tmp_path / "clips")
