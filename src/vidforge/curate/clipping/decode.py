@@ -35,7 +35,7 @@ from vidforge.curate.video.geometry import display_size, sample_aspect
 from vidforge.curate.video.gpu_decode import gpu_frames, presentation_pts
 from vidforge.profile.curation import Curation
 
-TRUNCATION_SLACK_S, TRUNCATION_SLACK = 0.5, 0.02  # how much shorter than its index a file may decode
+TRUNCATION_SLACK_S, TRUNCATION_SLACK = 0.5, 0.02  # how much shorter than its stated length a file may decode
 
 
 def analyse(
