@@ -127,7 +127,10 @@ def stated_length(source: str, container, stream) -> tuple[float, str] | None:
       its video would read as short. A file written live (no Segment size, no Duration) states nothing.
     - MPEG-TS states no length: FFmpeg reads the last timestamp in the file, so a cut file's duration is
       where it was cut (measured: a 4.75 s file cut at 30% says 1.46 s and decodes 1.50 s).
-    - The rest: FFmpeg's duration may be an estimate from the bit rate."""
+    - The rest: FFmpeg's duration may be an estimate from the bit rate.
+
+    FFmpeg reads the Matroska Duration (`container.duration`) but not where the Segment ends, which tells
+    a cut file from an intact one; so the few EBML elements on the way there are read here."""
     formats = container.format.name.split(",")
     if "mp4" in formats:
         return (float(stream.duration * stream.time_base), "its index holds") if stream.duration else None
