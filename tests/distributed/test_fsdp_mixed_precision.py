@@ -12,7 +12,9 @@ one process reads in float32).
 One gloo process is enough: the cast happens on the way into each module, whatever the shard count. Each
 family's tiny network (float32 master weights, perturbed off their initialisation so the output is not 0)
 runs the trainer's forward: FSDP2 with param_dtype bf16 under autocast to the profile's compute dtype, a
-forward pre-hook on every block recording the dtypes of the tables it receives."""
+forward pre-hook on every block recording the dtypes of the tables it receives and of the weights FSDP2
+gathered for it. Validation autocasts to `parallelize.forward_dtype`: the profile's dtype for an FSDP2
+model, held here to the dtype of the weights FSDP2 actually gathered."""
 
 from __future__ import annotations
 
@@ -81,24 +83,27 @@ def _inputs(model: torch.nn.Module) -> tuple[tuple, dict]:
     return (torch.randn(2, tokens, cfg.in_channels, generator=g), level, text), kwargs
 
 
-def _record_tables(model: torch.nn.Module) -> list[torch.dtype]:
-    """The dtypes of the RoPE tables every block's forward receives (its conditioning's `rope`), as a
-    forward pre-hook registered after FSDP2's own sees them."""
+def _record_tables(model: torch.nn.Module) -> tuple[list[torch.dtype], set[torch.dtype]]:
+    """The dtypes of the RoPE tables every block's forward receives (its conditioning's `rope`) and of the
+    block's floating-point weights, as a forward pre-hook registered after FSDP2's own sees them (FSDP2's
+    gathered weights in its param_dtype)."""
     seen: list[torch.dtype] = []
+    weights: set[torch.dtype] = set()
 
     def hook(module, args, kwargs):
         seen.extend(table.dtype for table in args[1].rope)
+        weights.update(p.dtype for p in module.parameters() if p.is_floating_point())
 
     for block in model.blocks.values():
         block.register_forward_pre_hook(hook, with_kwargs=True)
-    return seen
+    return seen, weights
 
 
 def _worker(rank: int, world: int) -> dict[str, dict]:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from vidforge.parallel.fsdp import apply_fsdp, forward_dtype
-    from vidforge.parallel.parallelize import autocast_dtype, compute_dtype
+    from vidforge.parallel.fsdp import apply_fsdp
+    from vidforge.parallel.parallelize import autocast_dtype, compute_dtype, forward_dtype
     from vidforge.profile import load_profile
 
     profile = load_profile("local_cpu", ["train.precision=bf16"])
@@ -107,19 +112,22 @@ def _worker(rank: int, world: int) -> dict[str, dict]:
     for name in FAMILIES:
         model = _network(name)
         args, kwargs = _inputs(model)
-        one = _record_tables(model)
+        one, _ = _record_tables(model)
         with torch.autocast("cpu", dtype=torch.bfloat16):  # one process: fp32 weights, bf16 autocast
             want = model(*args, **kwargs).detach().float()
+        unwrapped = forward_dtype(model, profile)
         model = _network(name)
         apply_fsdp(model, mesh, model.blocks, param_dtype=compute_dtype(profile))
-        tables = _record_tables(model)
+        tables, gathered = _record_tables(model)
         with torch.autocast("cpu", dtype=autocast_dtype(profile)):  # the trainer's forward (train.step)
             got = model(*args, **kwargs).detach().float()
         found[name] = {
             "one process": sorted({str(t) for t in one}),
             "fsdp2": sorted({str(t) for t in tables}),
             "blocks": len(tables) // 2,
-            "forward dtype": str(forward_dtype(model)),
+            "forward dtype": str(forward_dtype(model, profile)),
+            "gathered": sorted(str(d) for d in gathered),
+            "unwrapped forward dtype": str(unwrapped),
             "error": float((got - want).abs().max() / want.abs().max()),
         }
     return found
@@ -135,5 +143,7 @@ def test_fsdp2_bf16_blocks_receive_float32_rope_tables(results, name) -> None:
     found = results[name]
     assert found["one process"] == ["torch.float32"]  # what the network makes and one process keeps
     assert found["fsdp2"] == ["torch.float32"] and found["blocks"] == 2  # every block's, under bf16 FSDP2
-    assert found["forward dtype"] == "torch.bfloat16"  # what validation autocasts an FSDP2 model to
+    # what validation autocasts an FSDP2 model to: the weights FSDP2 gathered, bf16 as training's forward
+    assert found["gathered"] == [found["forward dtype"]] == ["torch.bfloat16"]
+    assert found["unwrapped forward dtype"] == "None"  # one process: its fp32 weights as they are
     assert found["error"] < TOL

@@ -87,6 +87,7 @@ def test_a_lora_loads_into_the_pipeline_and_samples_as_vidforge_does(
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
     # the adapter folded into its base: a transformer folder diffusers loads, equal to the adapted one
-    _invoke("model", "export", run / "train", "--merged", "-o", tmp_path / "merged" / "transformer")
+    # the finetune run itself, as README passes it (its adapter is in train/export: files.weights_places)
+    _invoke("model", "export", run, "--merged", "-o", tmp_path / "merged" / "transformer")
     merged = LTX2VideoTransformer3DModel.from_pretrained(tmp_path / "merged" / "transformer")
     torch.testing.assert_close(_video(merged.eval()), _video(pipe.transformer.eval()), rtol=1e-5, atol=1e-5)

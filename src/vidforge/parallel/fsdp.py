@@ -23,8 +23,8 @@ def apply_fsdp(
 ) -> nn.Module:
     """Shard each block, then the root (embeddings, conditioning, final layer; no blocks: the root alone,
     as the VAE fine-tune shards its VAE and discriminator). Parameters stay fp32 (master weights); they are
-    all-gathered in `param_dtype`, and the forward runs under autocast to it (`forward_dtype`), as one
-    process's does; gradients are reduced in `reduce_dtype`.
+    all-gathered in `param_dtype`, and the forward runs under autocast to it (`parallelize.forward_dtype`),
+    as one process's does; gradients are reduced in `reduce_dtype`.
 
     FSDP2 would also cast every floating-point argument of each wrapped module's forward, a dataclass's
     fields included, to `param_dtype` (`cast_forward_inputs`): the RoPE tables and the timestep rows the
@@ -72,13 +72,3 @@ def on_host(module: nn.Module) -> bool:
     state = fully_shard.state(module) if hasattr(module, "_get_fsdp_state") else None
     group = getattr(state, "_fsdp_param_group", None)  # FSDP2 keeps the policy on the module's group only
     return group is not None and isinstance(group.offload_policy, CPUOffloadPolicy)
-
-
-def forward_dtype(module: nn.Module) -> torch.dtype | None:
-    """What an FSDP2-wrapped `module`'s forward must autocast to: its mixed-precision param_dtype where
-    that is below float32 (`apply_fsdp` casts no forward inputs); None for float32 or a module FSDP2 does
-    not wrap, which runs in its parameters' dtype as it is."""
-    state = fully_shard.state(module) if hasattr(module, "_get_fsdp_state") else None
-    policy = getattr(state, "_mp_policy", None)
-    dtype = policy.param_dtype if policy is not None else None
-    return None if dtype in (None, torch.float32) else dtype

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from vidforge.memory_savers.activation_checkpoint import apply_activation_checkpointing
 from vidforge.memory_savers.activation_offload import apply_activation_offload
@@ -176,3 +177,11 @@ def autocast_dtype(profile: RunProfile) -> torch.dtype | None:
     no forward inputs, `parallel.fsdp.apply_fsdp`), None in fp32. Known before the model exists, which the
     pipeline needs."""
     return reduced_dtype(profile)
+
+
+def forward_dtype(model: nn.Module, profile: RunProfile) -> torch.dtype | None:
+    """What a forward outside the training step (validation's sampling) autocasts `model` to: where
+    `parallelize` wrapped it in FSDP2, the training step's `autocast_dtype`, since FSDP2 all-gathers its
+    weights in `compute_dtype` and casts no forward inputs (`apply_fsdp`); None for a model FSDP2 does not
+    wrap, which runs in its parameters' dtype as it is."""
+    return autocast_dtype(profile) if isinstance(model, FSDPModule) else None

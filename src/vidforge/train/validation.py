@@ -24,7 +24,7 @@ from vidforge.data.shard_index import read_index
 from vidforge.data.shard_reader import SampleError, ShardError, iter_shard
 from vidforge.data.store import is_url
 from vidforge.files import write_text
-from vidforge.parallel.fsdp import forward_dtype
+from vidforge.parallel.parallelize import forward_dtype
 from vidforge.profile import RunProfile
 from vidforge.sampling.latents import sample_latents
 from vidforge.sampling.negative import negative_caption
@@ -146,7 +146,7 @@ class Validator:
         try:
             seeds = [profile.infer.seed + i for i in range(len(prompts))]
             # under FSDP2 the forward computes in its bf16 all-gather under autocast, as training's does
-            dtype, device = forward_dtype(model), next(model.parameters()).device.type
+            dtype, device = forward_dtype(model, profile), next(model.parameters()).device.type
             with torch.autocast(device, dtype=dtype) if dtype else nullcontext():
                 latents = sample_latents(model, profile, *self._text, seeds, shape, self._negative)
         finally:

@@ -49,7 +49,15 @@ import numpy as np
 
 from vidforge.curate.executors import make_executor
 from vidforge.curate.stage import Stage, StageStats
-from vidforge.data.embeddings import AESTHETIC, DROPPED, DURATION, EmbeddingStore, gather_rows, read_rows
+from vidforge.data.embeddings import (
+    AESTHETIC,
+    DROPPED,
+    DURATION,
+    EmbeddingStore,
+    NpyHeader,
+    gather_rows,
+    read_rows,
+)
 from vidforge.data.manifest import atomic_path, stable_id, write_json, write_jsonl
 from vidforge.data.units import UNITS_DIR, UnitLedger
 from vidforge.device import select_device
@@ -85,6 +93,8 @@ class Corpus:
     dim: int
     files: list[Path]
     """The vectors file of every shard, in row order."""
+    headers: list[NpyHeader]
+    """The header of each of `files`, read when its store was opened: a gather does not parse it again."""
     id_files: list[Path]
     """The ids file of every shard, in row order: ids are read where a record names a clip (a dropped one,
     its duplicate), not held (10M ids as U16 are 640 MB)."""
@@ -120,7 +130,7 @@ class Corpus:
         part = np.searchsorted(self.starts, rows, side="right") - 1
         for p in np.unique(part):
             at = np.flatnonzero(part == p)
-            out[at] = gather_rows(self.files[p], rows[at] - self.starts[p])
+            out[at] = gather_rows(self.files[p], rows[at] - self.starts[p], self.headers[p])
         return _unit_rows(out)
 
     def chunks(self) -> Iterator[np.ndarray]:
@@ -164,9 +174,10 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
                 f"{first.model.get('name')} ({first.dim}-d); dedup runs embedded by the same model"
             )
     digest = hashlib.sha256(json.dumps([s.model for s in stores]).encode())
-    scores, files, id_files, sizes = [], [], [], []
+    scores, files, headers, id_files, sizes = [], [], [], [], []
     for s in stores:
         files += [s.folder / f"{sh['name']}.vectors.npy" for sh in s.index["shards"]]
+        headers += [s.header(sh["name"]) for sh in s.index["shards"]]
         id_files += [s.folder / f"{sh['name']}.ids.npy" for sh in s.index["shards"]]
         sizes += [sh["rows"] for sh in s.index["shards"]]
         for sh in s.index["shards"]:  # a shard at a time: the digest's bytes as before, not all ids held
@@ -197,6 +208,7 @@ def load_corpus(runs: Sequence[str | os.PathLike], keep: str = "first") -> Corpu
         model=first.model,
         dim=first.dim or 0,
         files=files,
+        headers=headers,
         id_files=id_files,
         starts=starts,
         not_finite=np.concatenate(bad) if bad else np.zeros(0, np.int64),
