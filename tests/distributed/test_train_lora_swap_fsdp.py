@@ -74,7 +74,19 @@ def _losses(sets: tuple[str, ...]) -> tuple[list[float], list[bool], list[str]]:
     gathers = [
         e.name.removeprefix("FSDP::") for e in events if e.name.startswith("FSDP::") and "blocks." in e.name
     ]
-    return out, [on_host(b) for b in bench.parts.modules[0].blocks.values()], gathers
+    blocks = bench.parts.modules[0].blocks.values()
+    # what FSDP2 itself was told (its private state; the product asks `on_host`, apply_fsdp's record)
+    assert [on_host(b) for b in blocks] == [_fsdp2_offloads(b) for b in blocks]
+    return out, [on_host(b) for b in blocks], gathers
+
+
+def _fsdp2_offloads(module) -> bool:
+    """Whether FSDP2 holds `module`'s parameter group under a CPUOffloadPolicy."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    state = fully_shard.state(module) if hasattr(module, "_get_fsdp_state") else None
+    group = getattr(state, "_fsdp_param_group", None)  # FSDP2 keeps the policy on the module's group only
+    return group is not None and isinstance(group.offload_policy, CPUOffloadPolicy)
 
 
 def _ranks(rank: int, world: int) -> dict[str, tuple[list[float], list[bool], list[str]]]:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+# The modules `apply_fsdp` gave FSDP2's CPUOffloadPolicy: what `on_host` answers from (FSDP2 keeps the
+# policy in private state only).
+_ON_HOST: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def apply_fsdp(
@@ -46,6 +51,8 @@ def apply_fsdp(
     last = len(modules) - 1
     for i, block in enumerate(modules):
         offload: OffloadPolicy = host if cpu_offload or i in host_blocks else OffloadPolicy()
+        if offload is host:
+            _ON_HOST.add(block)
         # The last block's parameters are needed again at once by the backward: keep them gathered.
         fully_shard(
             block,
@@ -57,6 +64,8 @@ def apply_fsdp(
     for i in sorted(host_blocks):
         if 0 < i <= last:
             modules[i - 1].set_modules_to_forward_prefetch([modules[i]])  # type: ignore[operator]
+    if cpu_offload:
+        _ON_HOST.add(model)
     fully_shard(
         model,
         mesh=mesh,
@@ -69,6 +78,4 @@ def apply_fsdp(
 
 def on_host(module: nn.Module) -> bool:
     """Whether `module`'s FSDP2 shards live in host memory (`apply_fsdp`'s host_blocks or cpu_offload)."""
-    state = fully_shard.state(module) if hasattr(module, "_get_fsdp_state") else None
-    group = getattr(state, "_fsdp_param_group", None)  # FSDP2 keeps the policy on the module's group only
-    return group is not None and isinstance(group.offload_policy, CPUOffloadPolicy)
+    return module in _ON_HOST
