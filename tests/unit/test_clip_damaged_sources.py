@@ -185,6 +185,19 @@ def test_a_cut_off_matroska_source_is_one_error_and_leaves_no_shot(matroska, tmp
     _nothing_left(clips)
 
 
+def test_a_matroska_source_given_as_a_url_is_held_to_its_header_too(matroska, tmp_path):
+    """An fsspec URL (here fsspec's in-memory filesystem) is opened for FFmpeg and for the header the
+    same way as a path: the cut file is the same truncated error, the intact one decodes whole."""
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for name in ("truncated.mkv", "good.mkv"):
+        memory.pipe(f"/damaged-url/{name}", matroska[name].read_bytes())
+    cfg = Curation(stitch=False)
+    with pytest.raises(ItemError, match=r"^truncated: decodes to .* of the 4\.75 s its header states$"):
+        analyse("memory://damaged-url/truncated.mkv", cfg)
+    assert analyse("memory://damaged-url/good.mkv", cfg).info.duration_s == pytest.approx(4.75, abs=0.05)
+
+
 def test_cut_off_matroska_sources_fail_and_intact_ones_pass(matroska, tmp_path):
     out = tmp_path / "out"
     run = clip.run(load_profile(None, CLIP_OPEN_SETS), [str(p) for p in matroska.values()], out)

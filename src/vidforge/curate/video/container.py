@@ -24,10 +24,8 @@ def open_source(source: str):
     """An open PyAV container for a local path or an fsspec URL; ItemError when it cannot be opened."""
     handle = None
     try:
-        if is_url(source):
-            import fsspec
-
-            handle = fsspec.open(source, "rb").open()
+        if is_url(source):  # a local path goes to FFmpeg as it is
+            handle = _open_bytes(source)
         try:
             container = av.open(handle if handle is not None else source, "r")
         except (av.FFmpegError, OSError, ValueError) as err:
@@ -39,6 +37,15 @@ def open_source(source: str):
     finally:
         if handle is not None:
             handle.close()
+
+
+def _open_bytes(source: str):
+    """A binary file of a local path or an fsspec URL (the caller closes it)."""
+    if is_url(source):
+        import fsspec
+
+        return fsspec.open(source, "rb").open()
+    return open(source, "rb")  # noqa: SIM115 - the caller's to close
 
 
 # The first bytes of the containers a video comes in: a file that starts like one but does not open is
@@ -155,13 +162,7 @@ _TIMESTAMP_SCALE, _DURATION = 0x2AD7B1, 0x4489
 
 def _head_and_size(source: str) -> tuple[bytes, int]:
     """The first _HEAD_BYTES of a local path or an fsspec URL, and its size in bytes."""
-    if is_url(source):
-        import fsspec
-
-        opened = fsspec.open(source, "rb")
-    else:
-        opened = open(source, "rb")  # noqa: SIM115 - closed by the with below
-    with opened as f:
+    with _open_bytes(source) as f:
         return f.read(_HEAD_BYTES), f.seek(0, os.SEEK_END)
 
 
